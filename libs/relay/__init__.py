@@ -1,0 +1,1 @@
+"""Relay Batches shared library: settings, ids, messages, bus, ledger, router, runtime."""

@@ -1,0 +1,86 @@
+"""Bus topology: every queue and exchange name, and the one place they are declared.
+
+Priorities: RabbitMQ delivers the higher number first. A job's integer priority is
+mapped onto ``0..MAX_PRIORITY`` (clamped) for the broker; the ledger keeps the exact
+order among queued jobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+
+MAX_PRIORITY = 9
+
+EVENT_PROGRESS = "job.progress"
+EVENT_FINISHED = "job.finished"
+EVENT_CANCELED = "job.canceled"
+
+
+def broker_priority(job_priority: int) -> int:
+    """Map a job's integer priority onto the broker's few levels (higher first)."""
+    return max(0, min(MAX_PRIORITY, job_priority))
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every bus name of one namespace."""
+
+    namespace: str
+
+    @property
+    def dispatch(self) -> str:
+        """Queue of job ids ready to run."""
+        return f"{self.namespace}.dispatch"
+
+    @property
+    def rows(self) -> str:
+        """Queue of row tasks (slices of one job's rows)."""
+        return f"{self.namespace}.rows"
+
+    @property
+    def results(self) -> str:
+        """Queue of outcome batches."""
+        return f"{self.namespace}.results"
+
+    @property
+    def events(self) -> str:
+        """Topic exchange for job events."""
+        return f"{self.namespace}.events"
+
+    @property
+    def notify(self) -> str:
+        """Queue bound to ``job.finished`` for the notifier."""
+        return f"{self.namespace}.notify"
+
+    def private(self, service: str, instance: str) -> str:
+        """Name of a per-process exclusive queue."""
+        return f"{self.namespace}.{service}.{instance}"
+
+    def durable_queues(self) -> tuple[str, ...]:
+        """Every durable queue of the namespace (tests delete them on teardown)."""
+        return (self.dispatch, self.rows, self.results, self.notify)
+
+
+async def declare_queue(channel: AbstractChannel, names: Names, queue: str) -> AbstractQueue:
+    """Declare one of the durable queues with its arguments."""
+    arguments: dict[str, int] = {}
+    if queue in (names.dispatch, names.rows):
+        arguments["x-max-priority"] = MAX_PRIORITY
+    return await channel.declare_queue(queue, durable=True, arguments=arguments or None)
+
+
+async def declare_events(channel: AbstractChannel, names: Names) -> AbstractExchange:
+    """Declare the events topic exchange."""
+    return await channel.declare_exchange(names.events, aio_pika.ExchangeType.TOPIC, durable=True)
+
+
+async def declare_all(channel: AbstractChannel, names: Names) -> None:
+    """Declare the whole durable topology (idempotent); bind ``notify`` to finished."""
+    events = await declare_events(channel, names)
+    for queue in names.durable_queues():
+        declared = await declare_queue(channel, names, queue)
+        if queue == names.notify:
+            await declared.bind(events, EVENT_FINISHED)

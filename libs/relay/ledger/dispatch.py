@@ -1,0 +1,136 @@
+"""The dispatcher's ledger: claim jobs under a lease, read row slices, record progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from relay.ledger.pool import translated
+
+_JOB_COLUMNS = (
+    "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params"
+)
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """What a dispatcher needs to know about a job it owns."""
+
+    id: str
+    model: str
+    priority: int
+    total: int
+    completed: int
+    failed: int
+    status: str
+    dispatched_upto: int
+    rows_batch_id: str
+    params: str
+
+    @property
+    def done(self) -> int:
+        """Rows with an outcome."""
+        return self.completed + self.failed
+
+
+class DispatchStore:
+    """Leases, claims and row reads for the dispatcher."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def claim_queued(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
+        """Mark up to ``limit`` queued jobs running under our lease, best priority first."""
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE batches b SET status = 'running', started_at = now(),"
+                " last_progress_at = now(), lease_owner = $1,"
+                " lease_expires_at = now() + make_interval(secs => $3)"
+                " FROM (SELECT id FROM batches WHERE status = 'queued'"
+                "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
+                f" WHERE b.id = q.id RETURNING {_prefixed('b')}",
+                owner,
+                limit,
+                lease_s,
+            )
+        return sorted((RunningJob(*r) for r in records), key=lambda j: -j.priority)
+
+    async def claim_expired(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
+        """Take over running jobs whose owner's lease expired (or that have no owner)."""
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE batches b SET lease_owner = $1,"
+                " lease_expires_at = now() + make_interval(secs => $3)"
+                " FROM (SELECT id FROM batches WHERE status = 'running'"
+                "       AND (lease_expires_at IS NULL OR lease_expires_at < now())"
+                "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
+                f" WHERE b.id = q.id RETURNING {_prefixed('b')}",
+                owner,
+                limit,
+                lease_s,
+            )
+        return sorted((RunningJob(*r) for r in records), key=lambda j: -j.priority)
+
+    async def renew(self, owner: str, job_ids: list[str], lease_s: float) -> list[RunningJob]:
+        """Extend our lease on ``job_ids``; return those still running and ours."""
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE batches SET lease_expires_at = now() + make_interval(secs => $3)"
+                " WHERE id = ANY($2::text[]) AND lease_owner = $1 AND status = 'running'"
+                f" RETURNING {_JOB_COLUMNS}",
+                owner,
+                job_ids,
+                lease_s,
+            )
+        return [RunningJob(*r) for r in records]
+
+    async def release(self, owner: str, job_ids: list[str]) -> None:
+        """Give up our lease on ``job_ids`` so another dispatcher can take them at once."""
+        async with translated():
+            await self._pool.execute(
+                "UPDATE batches SET lease_expires_at = NULL"
+                " WHERE id = ANY($2::text[]) AND lease_owner = $1",
+                owner,
+                job_ids,
+            )
+
+    async def fetch_rows(self, rows_batch_id: str, start: int, end: int) -> list[tuple[int, str]]:
+        """Rows ``start <= index < end`` of a job's input, in index order."""
+        async with translated():
+            records = await self._pool.fetch(
+                "SELECT row_index, messages FROM batch_rows"
+                " WHERE batch_id = $1 AND row_index >= $2 AND row_index < $3 ORDER BY row_index",
+                rows_batch_id,
+                start,
+                end,
+            )
+        return [(r[0], r[1]) for r in records]
+
+    async def advance(self, owner: str, job_id: str, upto: int) -> bool:
+        """Record that rows below ``upto`` are published; False if the job is no longer ours."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE batches SET dispatched_upto = GREATEST(dispatched_upto, $3)"
+                " WHERE id = $2 AND lease_owner = $1 AND status = 'running' RETURNING id",
+                owner,
+                job_id,
+                upto,
+            )
+        return value is not None
+
+    async def fail(self, job_id: str, error: str) -> bool:
+        """Guarded transition of a queued or running job to ``failed`` with ``error``."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE batches SET status = 'failed', error = $2, completed_at = now(),"
+                " lease_owner = NULL WHERE id = $1 AND status IN ('queued', 'running')"
+                " RETURNING id",
+                job_id,
+                error,
+            )
+        return value is not None
+
+
+def _prefixed(alias: str) -> str:
+    return ", ".join(f"{alias}.{c.strip()}" for c in _JOB_COLUMNS.split(","))

@@ -1,0 +1,57 @@
+"""The asyncpg pool and the boundary that turns driver errors into Relay errors."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import asyncpg
+
+from relay.errors import TransientError
+
+COMMAND_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+
+_TRANSIENT = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.InterfaceError,
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.LockNotAvailableError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+)
+
+
+async def create_pool(database_url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """Open a pool with bounded connect and command timeouts."""
+    pool = await asyncpg.create_pool(
+        database_url,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=CONNECT_TIMEOUT_S,
+        command_timeout=COMMAND_TIMEOUT_S,
+    )
+    assert pool is not None
+    return pool
+
+
+@contextlib.asynccontextmanager
+async def translated() -> AsyncIterator[None]:
+    """Raise :class:`TransientError` for connection-level failures of the driver."""
+    try:
+        yield
+    except _TRANSIENT as exc:
+        raise TransientError(f"database unavailable: {exc!r}") from exc
+
+
+async def database_ready(pool: asyncpg.Pool) -> bool:
+    """Cheap liveness check of the database behind ``pool``."""
+    try:
+        async with translated():
+            await pool.fetchval("SELECT 1", timeout=2)
+        return True
+    except TransientError:
+        return False

@@ -1,0 +1,40 @@
+"""Prometheus metrics shared by the services (prometheus-client, default registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+ROWS_PROCESSED = Counter(
+    "relay_rows_processed_total", "Row outcomes produced by this row-worker", ["outcome"]
+)
+ROWS_RECORDED = Counter(
+    "relay_rows_recorded_total", "Row outcomes newly recorded in the ledger", ["outcome"]
+)
+ROWS_DROPPED = Counter("relay_rows_dropped_total", "Rows dropped because their job was canceled")
+ROWS_IN_FLIGHT = Gauge("relay_rows_in_flight", "Rows this row-worker is calling a model for")
+UPSTREAM_LATENCY = Histogram(
+    "relay_upstream_latency_seconds",
+    "Latency of one upstream call",
+    ["deployment"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+UPSTREAM_RETRIES = Counter("relay_upstream_retries_total", "Upstream retries", ["deployment"])
+UPSTREAM_FALLBACKS = Counter(
+    "relay_upstream_fallbacks_total", "Rows that fell through to a later deployment", ["alias"]
+)
+MESSAGES_PUBLISHED = Counter("relay_messages_published_total", "Confirmed publishes", ["kind"])
+MESSAGES_CONSUMED = Counter("relay_messages_consumed_total", "Consumed messages", ["kind"])
+JOB_TRANSITIONS = Counter("relay_job_transitions_total", "Job status transitions", ["status"])
+WEBHOOK_DELIVERIES = Counter(
+    "relay_webhook_deliveries_total", "Completion webhook deliveries", ["outcome"]
+)
+HTTP_LATENCY = Histogram(
+    "relay_http_request_duration_seconds",
+    "ingest-api request latency",
+    ["method", "route", "status"],
+)
+
+
+def render_metrics() -> tuple[bytes, str]:
+    """The current metrics in the Prometheus text format, with its content type."""
+    return generate_latest(), CONTENT_TYPE_LATEST

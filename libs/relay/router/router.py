@@ -1,0 +1,121 @@
+"""The model router: a row tries its alias's deployments in order, retrying each.
+
+Within a deployment, connect errors, timeouts and retryable statuses (408, 409, 429,
+5xx) are retried with backoff (honouring ``Retry-After``); any other status falls
+through to the next deployment at once. A row failing everywhere gets
+``upstream_error: …``; it is dead-lettered when its last failure was transient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from relay.metrics import UPSTREAM_FALLBACKS, UPSTREAM_LATENCY, UPSTREAM_RETRIES
+from relay.router import openai
+from relay.router.policy import BackoffPolicy, is_retryable_status, parse_retry_after
+from relay.router.routes import Deployment, Routes
+from relay.router.types import ProviderReply, RowResult
+
+ERROR_SNIPPET_CHARS = 200
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One upstream call's result: a reply, or a failure and whether to retry it."""
+
+    reply: ProviderReply | None = None
+    error: str | None = None
+    retryable: bool = False
+    retry_after: float | None = None
+
+
+class ModelRouter:
+    """Turns ``(alias, messages, params)`` into a :class:`RowResult`."""
+
+    def __init__(
+        self,
+        routes: Routes,
+        session: aiohttp.ClientSession,
+        policy: BackoffPolicy | None = None,
+        sleep: Sleep = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.routes = routes
+        self._session = session
+        self._policy = policy or BackoffPolicy()
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+
+    async def complete(
+        self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+    ) -> RowResult:
+        """Run one row through its alias's deployments."""
+        deployments = self.routes.resolve(alias)
+        if deployments is None:
+            return RowResult(None, f"upstream_error: unknown model alias {alias!r}", 0, None)
+        attempts = 0
+        last_error = "no deployment tried"
+        last_transient = False
+        for position, deployment in enumerate(deployments):
+            if position:
+                UPSTREAM_FALLBACKS.labels(alias).inc()
+            result, used, last_transient = await self._try_deployment(deployment, messages, params)
+            attempts += used
+            if result.completion is not None:
+                return RowResult(result.completion, None, attempts, deployment.name)
+            last_error = f"{deployment.name}: {result.error}"
+        return RowResult(
+            None, f"upstream_error: {last_error}", attempts, None, dead_letter=last_transient
+        )
+
+    async def _try_deployment(
+        self, deployment: Deployment, messages: Sequence[Mapping[str, Any]], params: Any
+    ) -> tuple[ProviderReply, int, bool]:
+        """Call one deployment with retries: (reply or error, calls made, last was transient)."""
+        calls = 0
+        while True:
+            attempt = await self._call(deployment, messages, params)
+            calls += 1
+            if attempt.reply is not None:
+                return attempt.reply, calls, False
+            if not attempt.retryable or calls > deployment.max_retries:
+                return ProviderReply(error=attempt.error), calls, attempt.retryable
+            UPSTREAM_RETRIES.labels(deployment.name).inc()
+            await self._sleep(self._policy.delay(calls - 1, self._rng, attempt.retry_after))
+
+    async def _call(
+        self, deployment: Deployment, messages: Sequence[Mapping[str, Any]], params: Any
+    ) -> _Attempt:
+        url, headers, body = openai.build_request(deployment, messages, params)
+        timeout = aiohttp.ClientTimeout(total=deployment.timeout_s)
+        started = time.perf_counter()
+        try:
+            async with self._session.post(
+                url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+            ) as response:
+                raw = await response.read()
+                status = response.status
+                retry_after = response.headers.get("Retry-After")
+        except TimeoutError:
+            return _Attempt(error=f"timed out after {deployment.timeout_s:g}s", retryable=True)
+        except aiohttp.ClientError as exc:
+            return _Attempt(error=f"connection failed: {exc.__class__.__name__}", retryable=True)
+        finally:
+            UPSTREAM_LATENCY.labels(deployment.name).observe(time.perf_counter() - started)
+        if status == 200:
+            return _Attempt(reply=openai.parse_reply(raw))
+        snippet = raw[:ERROR_SNIPPET_CHARS].decode("utf-8", "replace")
+        return _Attempt(
+            error=f"HTTP {status}: {snippet}",
+            retryable=is_retryable_status(status),
+            retry_after=parse_retry_after(retry_after),
+        )

@@ -1,0 +1,1 @@
+"""aggregator: records row outcomes, moves counters, finalises jobs, announces progress."""

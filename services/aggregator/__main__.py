@@ -1,0 +1,40 @@
+"""``relay-aggregator``: read settings, open the pool and bus, run the chunk loop."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from aggregator.handlers import Aggregator
+from aggregator.service import AggregatorService
+from relay.ledger.outcomes import OutcomeStore
+from relay.ledger.pool import database_ready
+from relay.runtime import Service, run_service
+from relay.settings import Settings
+from relay.wiring import open_bus, open_pool
+
+
+async def build(
+    settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
+) -> Service:
+    """Build the aggregator from settings."""
+    pool = await open_pool(settings, resources, max_size=4)
+    bus = await open_bus(settings, resources, "aggregator")
+    aggregator = Aggregator(OutcomeStore(pool), bus.publish_event)
+    return AggregatorService(
+        bus,
+        aggregator,
+        lambda: database_ready(pool),
+        prefetch=settings.aggregator_prefetch,
+        chunk=settings.aggregator_chunk,
+        outbox_every_s=settings.reconcile_seconds,
+    )
+
+
+def main() -> None:
+    """Console entry point."""
+    run_service("aggregator", build)
+
+
+if __name__ == "__main__":
+    main()

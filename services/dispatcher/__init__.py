@@ -1,0 +1,1 @@
+"""dispatcher: claims queued jobs and releases their rows to the ``rows`` queue."""

@@ -1,0 +1,67 @@
+"""``relay-dispatcher``: read settings, open the pool and bus, run the dispatch loop."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+from dispatcher.handlers import DispatchConfig, Dispatcher
+from dispatcher.service import DispatcherService
+from relay.bus.client import Bus
+from relay.bus.topology import EVENT_FINISHED, Names, broker_priority
+from relay.ids import new_id
+from relay.ledger.dispatch import DispatchStore
+from relay.ledger.outbox import mark_finished_published
+from relay.messages import JobEvent, RowTask
+from relay.router.routes import load_routes
+from relay.runtime import Service, run_service
+from relay.settings import Settings
+from relay.wiring import open_pool
+
+
+async def build(
+    settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
+) -> Service:
+    """Build the dispatcher from settings."""
+    routes = load_routes(settings.routes_file, os.environ)
+    owner = f"dispatcher-{new_id()[:12]}"
+    pool = await open_pool(settings, resources, max_size=4)
+    bus = Bus(settings.amqp_url, Names(settings.namespace), owner)
+    await bus.connect()
+    resources.push_async_callback(bus.close)
+
+    async def publish_task(task: RowTask, priority: int) -> None:
+        await bus.publish(
+            bus.names.rows, task.encode(), kind="rows", priority=broker_priority(priority)
+        )
+
+    async def announce_failed(event: JobEvent) -> None:
+        await bus.publish_event(EVENT_FINISHED, event.encode())
+        await mark_finished_published(pool, [event.batch_id])
+
+    config = DispatchConfig(
+        owner=owner,
+        window=settings.dispatch_window,
+        slice_rows=settings.slice_rows,
+        max_running_jobs=settings.max_running_jobs,
+        lease_s=settings.lease_seconds,
+    )
+    dispatcher = Dispatcher(
+        DispatchStore(pool),
+        publish_task,
+        announce_failed,
+        lambda alias: routes.resolve(alias) is not None,
+        config,
+    )
+    log.info("configured", extra={"owner": owner, "aliases": routes.names()})
+    return DispatcherService(bus, dispatcher, settings.reconcile_seconds)
+
+
+def main() -> None:
+    """Console entry point."""
+    run_service("dispatcher", build)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The dispatcher loop: wake-ups, progress and cancel events, and a reconcile timer.
+
+Messages are wake-ups; the ledger is the truth. A missed wake-up or progress event only
+delays work until the next reconcile tick, which claims queued and orphaned jobs and
+renews leases (topping up every window on the way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from dispatcher.handlers import Dispatcher
+from relay.bus.client import Bus, settle
+from relay.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
+from relay.messages import DispatchWakeup, JobEvent
+
+log = logging.getLogger("relay.dispatcher")
+
+DISPATCH_PREFETCH = 4
+EVENTS_PREFETCH = 64
+
+
+class DispatcherService:
+    """Wires the bus and a reconcile timer to a :class:`Dispatcher`."""
+
+    def __init__(self, bus: Bus, dispatcher: Dispatcher, reconcile_s: float) -> None:
+        self._bus = bus
+        self._dispatcher = dispatcher
+        self._reconcile_s = reconcile_s
+        self._consuming = False
+
+    async def ready(self) -> bool:
+        """Connected and consuming."""
+        return self._consuming and self._bus.ready()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Dispatch until ``stop``, then hand our leases back."""
+        await self._bus.consume_events(
+            [EVENT_PROGRESS, EVENT_CANCELED], self._on_event, EVENTS_PREFETCH
+        )
+        await self._bus.consume(self._bus.names.dispatch, self._on_wakeup, DISPATCH_PREFETCH)
+        self._consuming = True
+        try:
+            await self._reconcile_loop(stop)
+        finally:
+            self._consuming = False
+            await self._bus.stop_consuming()
+            with contextlib.suppress(Exception):
+                await self._dispatcher.release_all()
+
+    async def _reconcile_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self._dispatcher.claim()
+                await self._dispatcher.renew()
+            except Exception as exc:
+                log.warning("reconcile_failed", extra={"error": repr(exc)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._reconcile_s)
+
+    async def _on_wakeup(self, message: AbstractIncomingMessage) -> None:
+        async def handle(body: bytes) -> None:
+            DispatchWakeup.decode(body)
+            await self._dispatcher.claim()
+
+        await settle(message, "dispatch", handle)
+
+    async def _on_event(self, message: AbstractIncomingMessage) -> None:
+        async def handle(body: bytes) -> None:
+            event = JobEvent.decode(body)
+            if message.routing_key == EVENT_CANCELED:
+                self._dispatcher.forget(event.batch_id)
+            else:
+                await self._dispatcher.on_progress(event)
+
+        await settle(message, "event", handle)

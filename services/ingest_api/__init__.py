@@ -1,0 +1,1 @@
+"""ingest-api: the public HTTP API — accept, read, list, cancel, stream results."""

@@ -1,0 +1,76 @@
+"""``relay-ingest-api``: read settings, open the pool and bus, serve the public API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from ingest_api.announce import announcer_for
+from ingest_api.app import build_app
+from ingest_api.routes import ApiDeps
+from ingest_api.validation import SubmitLimits
+from relay.ledger.jobs import JobStore
+from relay.ledger.keys import KeyStore
+from relay.ledger.pool import database_ready
+from relay.router.routes import load_routes
+from relay.runtime import Service, run_service
+from relay.settings import Settings
+from relay.wiring import open_bus, open_pool
+
+
+class IngestService:
+    """Serves the API until stopped."""
+
+    def __init__(self, runner: web.AppRunner, ready: Callable[[], Awaitable[bool]]) -> None:
+        self._runner = runner
+        self._ready = ready
+
+    async def ready(self) -> bool:
+        """Connected to the broker and the database."""
+        return await self._ready()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop``; then stop accepting and finish open requests."""
+        await stop.wait()
+        await self._runner.cleanup()
+
+
+async def build(
+    settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
+) -> Service:
+    """Build the API from settings and start listening."""
+    routes = load_routes(settings.routes_file, os.environ)
+    pool = await open_pool(settings, resources, max_size=10)
+    bus = await open_bus(settings, resources, "ingest-api")
+    jobs = JobStore(pool)
+    deps = ApiDeps(
+        jobs=jobs,
+        announcer=announcer_for(bus, jobs),
+        model_known=lambda alias: routes.resolve(alias) is not None,
+        limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),
+        max_body_bytes=settings.max_body_bytes,
+    )
+
+    async def ready() -> bool:
+        return bus.ready() and await database_ready(pool)
+
+    app = build_app(deps, KeyStore(pool).workspace_for_key, ready)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.shutdown_grace_s)
+    await runner.setup()
+    await web.TCPSite(runner, settings.api_host, settings.api_port).start()
+    log.info("listening", extra={"host": settings.api_host, "port": settings.api_port})
+    return IngestService(runner, ready)
+
+
+def main() -> None:
+    """Console entry point (the API port also serves /healthz, /readyz, /metrics)."""
+    run_service("ingest-api", build, health=False)
+
+
+if __name__ == "__main__":
+    main()

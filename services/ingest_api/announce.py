@@ -1,0 +1,30 @@
+"""The ingest-api's bus side-effects: wake a dispatcher, announce a cancel."""
+
+from __future__ import annotations
+
+from ingest_api.routes import Announcer
+from relay.batches import Batch
+from relay.bus.client import Bus
+from relay.bus.topology import EVENT_CANCELED, EVENT_FINISHED, broker_priority
+from relay.ledger.jobs import JobStore
+from relay.messages import DispatchWakeup, JobEvent
+
+
+def announcer_for(bus: Bus, jobs: JobStore) -> Announcer:
+    """The API's bus side-effects, each publish awaiting its confirm."""
+
+    async def wake_dispatcher(batch: Batch) -> None:
+        await bus.publish(
+            bus.names.dispatch,
+            DispatchWakeup(batch.id, batch.priority).encode(),
+            kind="dispatch",
+            priority=broker_priority(batch.priority),
+        )
+
+    async def job_canceled(batch: Batch) -> None:
+        event = JobEvent(batch.id, batch.status, batch.total, batch.completed, batch.failed)
+        await bus.publish_event(EVENT_CANCELED, event.encode())
+        await bus.publish_event(EVENT_FINISHED, event.encode())
+        await jobs.mark_finished_published([batch.id])
+
+    return Announcer(wake_dispatcher, job_canceled)

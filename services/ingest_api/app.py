@@ -1,0 +1,27 @@
+"""Building the ingest-api aiohttp application from its dependencies."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from ingest_api.middleware import ResolveKey, auth_middleware, error_middleware
+from ingest_api.routes import DEPS, ApiDeps, add_batch_routes
+from relay.health import add_health_routes
+
+BODY_SLACK = 1024
+
+
+def build_app(
+    deps: ApiDeps, resolve_key: ResolveKey, ready: Callable[[], Awaitable[bool]]
+) -> web.Application:
+    """The public API with its error and auth middleware and the service endpoints."""
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware(resolve_key)],
+        client_max_size=deps.max_body_bytes + BODY_SLACK,
+    )
+    app[DEPS] = deps
+    add_batch_routes(app)
+    add_health_routes(app, ready)
+    return app

@@ -1,0 +1,107 @@
+"""HTTP edge policy: API.md's error object for every failure, Bearer-key auth, timing."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from relay.errors import ERROR_TYPES, ApiError, TransientError
+from relay.metrics import HTTP_LATENCY
+
+log = logging.getLogger("relay.ingest_api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ResolveKey = Callable[[str], Awaitable[str | None]]
+
+WORKSPACE = web.AppKey("workspace_resolver", object)
+WORKSPACE_ID = web.RequestKey("workspace_id", str)  # the caller's workspace, set by auth
+
+
+def json_response(data: object, status: int = 200) -> web.Response:
+    """A JSON response encoded with orjson."""
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+    """API.md's error object with ``status``."""
+    error_type = ERROR_TYPES.get(
+        status, "invalid_request_error" if status < 500 else "internal_error"
+    )
+    body = {"error": {"type": error_type, "message": message, "param": param}}
+    return json_response(body, status)
+
+
+_HTTP_MESSAGES = {
+    404: "no such route",
+    405: "method not allowed on this route",
+    413: "request body too large",
+}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every exception into the error object; never leak a stack trace."""
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except ApiError as exc:
+        status = exc.status
+        return json_response(exc.body(), exc.status)
+    except web.HTTPException as exc:
+        status = exc.status
+        if exc.status < 400:
+            raise
+        message = _HTTP_MESSAGES.get(exc.status, exc.reason)
+        return error_response(exc.status, message)
+    except TransientError as exc:
+        status = 503
+        log.warning("dependency_unavailable", extra={"error": str(exc), "path": request.path})
+        return error_response(503, "service temporarily unavailable, retry shortly")
+    except Exception as exc:
+        log.exception("request_failed", extra={"path": request.path, "error": repr(exc)})
+        return error_response(500, "internal error")
+    finally:
+        route = request.match_info.route.resource
+        name = route.canonical if route is not None else "unmatched"
+        HTTP_LATENCY.labels(request.method, name, str(status)).observe(
+            time.perf_counter() - started
+        )
+
+
+def auth_middleware(
+    resolve: ResolveKey,
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Require ``Authorization: Bearer <key>`` on ``/v1/…``; store the workspace id."""
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith("/v1/"):
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, "missing API key: send Authorization: Bearer <key>")
+        key = key.strip()
+        # Header bytes that are not UTF-8 arrive as surrogates: such a key cannot exist.
+        workspace_id = await resolve(key) if _is_utf8(key) else None
+        if workspace_id is None:
+            raise ApiError(401, "invalid API key")
+        request[WORKSPACE_ID] = workspace_id
+        return await handler(request)
+
+    return authenticate
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,1 @@
+"""notifier: POSTs the completion webhook of every finished run, once."""

@@ -1,0 +1,1 @@
+"""``relay``: the admin command line (migrations, keys, the local dev supervisor)."""

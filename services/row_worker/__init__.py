@@ -1,0 +1,1 @@
+"""row-worker: takes row tasks, calls models through the router, publishes outcomes."""

@@ -1,0 +1,49 @@
+"""``relay-row-worker``: read settings, build the router, bus and runner, run."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import aiohttp
+
+from relay.router.policy import BackoffPolicy
+from relay.router.router import ModelRouter
+from relay.router.routes import load_routes
+from relay.runtime import Service, run_service
+from relay.settings import Settings
+from relay.wiring import open_bus
+from row_worker.batcher import OutcomeBatcher
+from row_worker.handlers import RowRunner
+from row_worker.service import RowWorkerService, rows_prefetch
+
+
+async def build(
+    settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
+) -> Service:
+    """Build the row-worker from settings (routes are validated here, before any work)."""
+    routes = load_routes(settings.routes_file, os.environ)
+    bus = await open_bus(settings, resources, "row-worker")
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    session = aiohttp.ClientSession(connector=connector)
+    resources.push_async_callback(session.close)
+    router = ModelRouter(routes, session, BackoffPolicy())
+    batcher = OutcomeBatcher(
+        lambda body: bus.publish(bus.names.results, body, kind="results"),
+        max_rows=settings.results_flush_rows,
+        flush_s=settings.results_flush_ms / 1000,
+    )
+    runner = RowRunner(router, batcher.add, settings.batch_concurrency)
+    prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
+    log.info("configured", extra={"aliases": routes.names(), "prefetch": prefetch})
+    return RowWorkerService(bus, runner, batcher, prefetch, settings.shutdown_grace_s)
+
+
+def main() -> None:
+    """Console entry point."""
+    run_service("row-worker", build)
+
+
+if __name__ == "__main__":
+    main()

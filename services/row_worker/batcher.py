@@ -1,0 +1,85 @@
+"""Collects row outcomes and publishes them in small confirmed batches.
+
+``add`` returns only once the outcome's batch is confirmed by the broker, so a task is
+acked only after every one of its rows has a durable outcome. A batch goes out when it
+reaches ``max_rows`` or ``flush_s`` after its first outcome, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from relay.messages import OutcomeBatch, RowOutcome
+
+log = logging.getLogger("relay.row_worker.batcher")
+
+Publish = Callable[[bytes], Awaitable[None]]
+
+PUBLISH_ATTEMPTS = 20
+PUBLISH_RETRY_S = 0.5
+
+
+class OutcomeBatcher:
+    """Batches outcomes by count or time; every ``add`` waits for its confirm."""
+
+    def __init__(self, publish: Publish, max_rows: int, flush_s: float) -> None:
+        self._publish = publish
+        self._max_rows = max_rows
+        self._flush_s = flush_s
+        self._pending: list[tuple[RowOutcome, asyncio.Future[None]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    async def add(self, outcome: RowOutcome) -> None:
+        """Queue ``outcome`` for publishing and wait until the broker confirmed it."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((outcome, future))
+        if len(self._pending) >= self._max_rows:
+            self._flush_now()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._flush_s, self._flush_now)
+        await asyncio.shield(future)
+
+    def _flush_now(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._pending:
+            return
+        items, self._pending = self._pending, []
+        task = asyncio.create_task(self._send(items), name="outcome-flush")
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _send(self, items: list[tuple[RowOutcome, asyncio.Future[None]]]) -> None:
+        body = OutcomeBatch(tuple(o for o, _ in items)).encode()
+        error: BaseException | None = None
+        for attempt in range(PUBLISH_ATTEMPTS):
+            try:
+                await self._publish(body)
+                error = None
+                break
+            except asyncio.CancelledError as exc:
+                error = exc
+                break
+            except Exception as exc:
+                error = exc
+                log.warning(
+                    "outcome_publish_failed", extra={"attempt": attempt, "error": repr(exc)}
+                )
+                await asyncio.sleep(PUBLISH_RETRY_S)
+        for _, future in items:
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(RuntimeError(f"outcome publish failed: {error!r}"))
+
+    async def drain(self) -> None:
+        """Publish whatever is pending and wait for every flush in progress."""
+        self._flush_now()
+        if self._flushes:
+            await asyncio.gather(*self._flushes, return_exceptions=True)

@@ -1,0 +1,1 @@
+"""scheduler: spawns queued runs of cron templates when their ticks fall due."""

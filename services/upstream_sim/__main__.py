@@ -1,0 +1,111 @@
+"""``relay-upstream-sim``: read ``RELAY_SIM_*`` from the environment and serve the simulator.
+
+``RELAY_SIM_LATENCY_MS`` (default 0), ``RELAY_SIM_ERROR_RATE`` (fraction 0..1, default 0),
+``RELAY_SIM_HOST`` (default 127.0.0.1) and ``RELAY_SIM_PORT`` (default 8090; 0 picks a
+free port). A bad value exits 2; SIGTERM or SIGINT stops the server and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from relay.logging import setup_logging
+from relay.settings import ConfigError
+from upstream_sim.app import SimConfig, build_app
+
+SERVICE = "upstream-sim"
+SHUTDOWN_GRACE_S = 1.0  # in-flight calls get this long after a signal; hung ones are cut
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Everything the simulator process is configured with."""
+
+    config: SimConfig
+    host: str = "127.0.0.1"
+    port: int = 8090
+
+
+def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be within {low:g}..{high:g}, got {raw!r}")
+    return value
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ConfigError(f"{name} must be a port number 0..65535, got {raw!r}")
+    return int(raw)
+
+
+def options_from_env(env: Mapping[str, str]) -> SimOptions:
+    """Read the ``RELAY_SIM_*`` variables; raise :class:`ConfigError` on a bad value."""
+    config = SimConfig(
+        latency_ms=_number(env, "RELAY_SIM_LATENCY_MS", 0.0, 0.0, 3_600_000.0),
+        error_rate=_number(env, "RELAY_SIM_ERROR_RATE", 0.0, 0.0, 1.0),
+    )
+    host = env.get("RELAY_SIM_HOST", "").strip() or "127.0.0.1"
+    return SimOptions(config=config, host=host, port=_port(env, "RELAY_SIM_PORT", 8090))
+
+
+async def serve(options: SimOptions, log: logging.Logger) -> None:
+    """Serve until SIGTERM or SIGINT, then close the listener and in-flight calls."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(
+        build_app(options.config),
+        access_log=None,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, options.host, options.port).start()
+        port = runner.addresses[0][1]
+        log.info("started", extra={"host": options.host, "port": port})
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+    log.info("stopped")
+
+
+def main() -> None:
+    """Entry point of ``relay-upstream-sim``."""
+    try:
+        options = options_from_env(os.environ)
+    except ConfigError as exc:
+        print(f"relay-{SERVICE}: configuration error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    log = setup_logging(SERVICE)
+    try:
+        asyncio.run(serve(options, log))
+    except OSError as exc:
+        log.error(
+            "listen_failed", extra={"host": options.host, "port": options.port, "error": str(exc)}
+        )
+        sys.exit(1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

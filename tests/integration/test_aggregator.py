@@ -1,0 +1,148 @@
+"""The aggregator against the real ledger and broker: redelivery never counts twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aio_pika
+import asyncpg
+import orjson
+import pytest
+
+from aggregator.handlers import Aggregator
+from aggregator.service import AggregatorService
+from relay.bus.client import Bus
+from relay.bus.topology import EVENT_FINISHED, EVENT_PROGRESS
+from relay.ids import new_id
+from relay.ledger.dispatch import DispatchStore
+from relay.ledger.jobs import JobStore, NewBatch
+from relay.ledger.keys import KeyStore
+from relay.ledger.outcomes import OutcomeStore
+from relay.messages import JobEvent, OutcomeBatch, RowOutcome
+from tests.support import AMQP_URL, Isolation, wait_until
+
+
+async def running_batch(pool: asyncpg.Pool, total: int) -> str:
+    """A batch of ``total`` rows, claimed so it is ``running``."""
+    workspace = await KeyStore(pool).ensure_workspace(f"agg-{new_id()[:6]}")
+    batch = await JobStore(pool).create(
+        NewBatch(new_id(), workspace, "agg", "gpt-4o-mini", 0, total, None, None, None),
+        ((f"c-{i}", '[{"role":"user","content":"x"}]') for i in range(total)),
+    )
+    claimed = await DispatchStore(pool).claim_queued("test-owner", 1000, 30)
+    assert batch.id in {job.id for job in claimed}
+    return batch.id
+
+
+def outcome(batch_id: str, index: int, content: str | None = "ok") -> RowOutcome:
+    """A content outcome, or an error one when ``content`` is None."""
+    error = None if content is not None else "upstream_error: boom"
+    return RowOutcome(batch_id, index, content, error, attempts=1)
+
+
+async def counters(pool: asyncpg.Pool, batch_id: str) -> tuple[str, int, int, int]:
+    """(status, completed, failed, result rows) of a batch."""
+    row = await pool.fetchrow(
+        "SELECT status, completed, failed,"
+        " (SELECT count(*) FROM row_results WHERE batch_id = $1) AS results"
+        " FROM batches WHERE id = $1",
+        batch_id,
+    )
+    return row["status"], row["completed"], row["failed"], row["results"]
+
+
+async def test_outcome_store_inserts_each_row_once(pool: asyncpg.Pool) -> None:
+    batch_id = await running_batch(pool, 3)
+    store = OutcomeStore(pool)
+    first = await store.record([outcome(batch_id, 0), outcome(batch_id, 0), outcome(batch_id, 1)])
+    assert [(p.completed, p.failed, p.new_completed) for p in first] == [(2, 0, 2)]
+    again = await store.record([outcome(batch_id, 0), outcome(batch_id, 1, None)])
+    assert again == []
+    last = await store.record([outcome(batch_id, 2, None), outcome(batch_id, 1)])
+    assert [(p.status, p.completed, p.failed) for p in last] == [("completed", 2, 1)]
+    assert await counters(pool, batch_id) == ("completed", 2, 1, 3)
+    assert await store.record([outcome(batch_id, 0)]) == []
+
+
+async def test_outcomes_after_cancel_are_discarded(pool: asyncpg.Pool) -> None:
+    batch_id = await running_batch(pool, 3)
+    store = OutcomeStore(pool)
+    await store.record([outcome(batch_id, 0)])
+    workspace = await pool.fetchval("SELECT workspace_id FROM batches WHERE id = $1", batch_id)
+    await JobStore(pool).cancel(workspace, batch_id)
+    assert await store.record([outcome(batch_id, 1), outcome(batch_id, 2)]) == []
+    assert await counters(pool, batch_id) == ("canceled", 1, 0, 1)
+
+
+@pytest.fixture
+async def aggregator_service(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[AggregatorService]:
+    """The aggregator service consuming the real results queue."""
+
+    async def db_ready() -> bool:
+        return True
+
+    service = AggregatorService(
+        bus,
+        Aggregator(OutcomeStore(pool), bus.publish_event),
+        db_ready,
+        prefetch=16,
+        chunk=8,
+        outbox_every_s=0.2,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    await wait_until(service.ready, 10, "the aggregator to consume")
+    yield service
+    stop.set()
+    await asyncio.wait_for(task, 10)
+
+
+async def test_redelivered_outcome_is_counted_once(
+    pool: asyncpg.Pool, bus: Bus, iso: Isolation, aggregator_service: AggregatorService
+) -> None:
+    batch_id = await running_batch(pool, 2)
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        events = await channel.get_exchange(bus.names.events)
+        watch = await channel.declare_queue("", exclusive=True)
+        await watch.bind(events, EVENT_FINISHED)
+        await watch.bind(events, EVENT_PROGRESS)
+
+        duplicate = OutcomeBatch((outcome(batch_id, 0, "first"),)).encode()
+        await bus.publish(bus.names.results, duplicate, kind="results")
+        await bus.publish(bus.names.results, duplicate, kind="results")
+        await bus.publish(
+            bus.names.results,
+            OutcomeBatch((outcome(batch_id, 0, "other"), outcome(batch_id, 1, None))).encode(),
+            kind="results",
+        )
+
+        async def finished() -> bool:
+            return (await counters(pool, batch_id))[0] == "completed"
+
+        await wait_until(finished, 15, "the batch to complete")
+        # A late duplicate after the job ended changes nothing either.
+        await bus.publish(bus.names.results, duplicate, kind="results")
+
+        async def results_queue_empty() -> bool:
+            queue = await channel.declare_queue(bus.names.results, passive=True)
+            return queue.declaration_result.message_count == 0
+
+        await wait_until(results_queue_empty, 15, "the results queue to drain")
+        assert await counters(pool, batch_id) == ("completed", 1, 1, 2)
+        content = await pool.fetchval(
+            "SELECT content FROM row_results WHERE batch_id = $1 AND row_index = 0", batch_id
+        )
+        assert content == "first"
+
+        received: list[tuple[str, JobEvent]] = []
+        while (message := await watch.get(fail=False, timeout=5)) is not None:
+            await message.ack()
+            event = JobEvent.decode(message.body)
+            if event.batch_id == batch_id:
+                received.append((message.routing_key or "", event))
+        finished_events = [e for key, e in received if key == EVENT_FINISHED]
+        assert [(e.status, e.completed, e.failed) for e in finished_events] == [("completed", 1, 1)]
+        assert orjson.loads(duplicate)["kind"] == "results"

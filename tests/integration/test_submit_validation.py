@@ -1,0 +1,650 @@
+"""API.md's submit rules, limits and error objects, over real HTTP against the ingest-api.
+
+Every rejected request is checked for its exact status, error ``type`` and ``param``, and
+for a message that says what was wrong. The accepted boundaries are checked as well, so
+an off-by-one in either direction shows up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+
+from relay.ids import new_id
+from tests.integration.conftest import TEST_LIMITS, TEST_MAX_BODY
+from tests.support import ApiClient
+
+MODEL = "gpt-4o-mini"
+ID_RE = re.compile(r"^[0-9a-f]{32}$")
+TIMESTAMP_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+DROP = object()  # marks a top-level field to leave out of the body
+MAX_ROWS = TEST_LIMITS.max_rows
+MAX_BYTES = TEST_LIMITS.max_content_bytes
+INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
+
+
+def msg(content: Any = "hello", role: Any = "user") -> dict[str, Any]:
+    """One chat message."""
+    return {"role": role, "content": content}
+
+
+def req(custom_id: Any = DROP, messages: Any = DROP) -> dict[str, Any]:
+    """One request row; by default a single user message and no custom_id."""
+    row: dict[str, Any] = {"messages": [msg()] if messages is DROP else messages}
+    if custom_id is not DROP:
+        row["custom_id"] = custom_id
+    return row
+
+
+def good_rows(n: int) -> list[dict[str, Any]]:
+    """``n`` valid rows with distinct explicit custom ids."""
+    return [req(f"r-{i}") for i in range(n)]
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    """A valid submission with ``fields`` replaced (``DROP`` removes a field)."""
+    base: dict[str, Any] = {"model": MODEL, "requests": good_rows(2)}
+    base.update(fields)
+    return {k: v for k, v in base.items() if v is not DROP}
+
+
+def assert_error(
+    status: int,
+    data: Any,
+    *,
+    expected_status: int,
+    error_type: str,
+    param: str | None,
+    fragment: str | None = None,
+) -> None:
+    """``data`` is exactly API.md's error object with these values."""
+    assert status == expected_status, (status, data)
+    assert isinstance(data, dict) and set(data) == {"error"}, data
+    error = data["error"]
+    assert set(error) == {"type", "message", "param"}, error
+    assert error["type"] == error_type, error
+    assert error["param"] == param, error
+    assert isinstance(error["message"], str) and error["message"], error
+    if fragment is not None:
+        assert fragment in error["message"], error
+
+
+def assert_invalid(status: int, data: Any, param: str | None, fragment: str | None) -> None:
+    """A 400 ``invalid_request_error`` naming ``param``."""
+    assert_error(
+        status,
+        data,
+        expected_status=400,
+        error_type="invalid_request_error",
+        param=param,
+        fragment=fragment,
+    )
+
+
+async def post_raw(
+    client: ApiClient, raw: bytes | AsyncIterator[bytes], content_type: str | None
+) -> tuple[int, Any]:
+    """POST ``raw`` to /v1/batches with ``content_type`` (None: aiohttp's default)."""
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    return await client.request("POST", "/v1/batches", data=raw, headers=headers)
+
+
+# --- the submit rule table -----------------------------------------------------------
+
+CONTENT_OVER_ASCII = "a" * (MAX_BYTES + 1)
+CONTENT_OVER_UTF8 = "€" * (MAX_BYTES // 3 + 1)  # few characters, more than MAX_BYTES bytes
+CONTENT_AT_LIMIT_UTF8 = "€" * (MAX_BYTES // 3) + "a" * (MAX_BYTES % 3)
+
+SUBMIT_RULES = [
+    # model
+    pytest.param(body(model=DROP), "model", "required", id="model-missing"),
+    pytest.param(body(model="gpt-9-imaginary"), "model", "unknown", id="model-unknown"),
+    pytest.param(body(model=""), "model", "unknown", id="model-empty"),
+    pytest.param(body(model=None), "model", "string", id="model-null"),
+    pytest.param(body(model=4), "model", "string", id="model-not-string"),
+    # requests
+    pytest.param(body(requests=DROP), "requests", "required", id="requests-missing"),
+    pytest.param(body(requests=[]), "requests", "non-empty array", id="requests-empty"),
+    pytest.param(body(requests=None), "requests", "non-empty array", id="requests-null"),
+    pytest.param(body(requests="hi"), "requests", "non-empty array", id="requests-string"),
+    pytest.param(body(requests={"0": req()}), "requests", "non-empty array", id="requests-object"),
+    pytest.param(
+        body(requests=good_rows(MAX_ROWS + 1)),
+        "requests",
+        f"at most {MAX_ROWS}",
+        id="requests-over-max-rows",
+    ),
+    pytest.param(
+        body(requests=[req(), "hello"]), "requests[1]", "must be an object", id="row-string"
+    ),
+    pytest.param(body(requests=[None]), "requests[0]", "must be an object", id="row-null"),
+    pytest.param(
+        body(requests=[req(), req(), [msg()]]), "requests[2]", "must be an object", id="row-list"
+    ),
+    # messages, at index 3 as in API.md's example
+    pytest.param(
+        body(requests=[*good_rows(3), {"custom_id": "r-3"}]),
+        "requests[3].messages",
+        "requests[3].messages must be a non-empty array",
+        id="messages-missing",
+    ),
+    pytest.param(
+        body(requests=[*good_rows(3), req("r-3", [])]),
+        "requests[3].messages",
+        "requests[3].messages must be a non-empty array",
+        id="messages-empty",
+    ),
+    pytest.param(
+        body(requests=[*good_rows(3), req("r-3", "hello")]),
+        "requests[3].messages",
+        "requests[3].messages must be a non-empty array",
+        id="messages-string",
+    ),
+    pytest.param(
+        body(requests=[*good_rows(3), req("r-3", {"role": "user", "content": "x"})]),
+        "requests[3].messages",
+        "requests[3].messages must be a non-empty array",
+        id="messages-object",
+    ),
+    pytest.param(
+        body(requests=[req("a", [msg(), "hello"])]),
+        "requests[0].messages[1]",
+        "must be an object",
+        id="message-not-object",
+    ),
+    # role
+    pytest.param(
+        body(requests=[req("a"), req("b", [msg(), msg(role="robot")])]),
+        "requests[1].messages[1].role",
+        "system, developer, user, assistant",
+        id="role-unknown",
+    ),
+    pytest.param(
+        body(requests=[req("a", [msg(role="User")])]),
+        "requests[0].messages[0].role",
+        "system, developer, user, assistant",
+        id="role-wrong-case",
+    ),
+    pytest.param(
+        body(requests=[req("a", [{"content": "hi"}])]),
+        "requests[0].messages[0].role",
+        "system, developer, user, assistant",
+        id="role-missing",
+    ),
+    pytest.param(
+        body(requests=[req("a", [msg(role=1)])]),
+        "requests[0].messages[0].role",
+        "system, developer, user, assistant",
+        id="role-not-string",
+    ),
+    # content
+    pytest.param(
+        body(requests=[req("a", [msg(content=42)])]),
+        "requests[0].messages[0].content",
+        "must be a string",
+        id="content-number",
+    ),
+    pytest.param(
+        body(requests=[req("a", [msg(content=None)])]),
+        "requests[0].messages[0].content",
+        "must be a string",
+        id="content-null",
+    ),
+    pytest.param(
+        body(requests=[req("a", [{"role": "user"}])]),
+        "requests[0].messages[0].content",
+        "must be a string",
+        id="content-missing",
+    ),
+    pytest.param(
+        body(requests=[req("a", [msg(content=[{"type": "text", "text": "hi"}])])]),
+        "requests[0].messages[0].content",
+        "must be a string",
+        id="content-parts-list",
+    ),
+    pytest.param(
+        body(requests=[req("a"), req("b", [msg(), msg(content=CONTENT_OVER_ASCII)])]),
+        "requests[1].messages[1].content",
+        f"at most {MAX_BYTES} bytes",
+        id="content-over-limit-ascii",
+    ),
+    pytest.param(
+        body(requests=[req("a", [msg(content=CONTENT_OVER_UTF8)])]),
+        "requests[0].messages[0].content",
+        f"at most {MAX_BYTES} bytes",
+        id="content-over-limit-multibyte",
+    ),
+    # custom_id
+    pytest.param(
+        body(requests=[req("row-2"), req()]),
+        "requests[1].custom_id",
+        "'row-2'",
+        id="custom-id-explicit-collides-with-default",
+    ),
+    pytest.param(
+        body(requests=[req(), req("row-1")]),
+        "requests[1].custom_id",
+        "'row-1'",
+        id="custom-id-default-collides-with-explicit",
+    ),
+    pytest.param(
+        body(requests=[req("x"), req("y"), req("x")]),
+        "requests[2].custom_id",
+        "'x'",
+        id="custom-id-explicit-duplicate",
+    ),
+    pytest.param(
+        body(requests=[req("a"), req(7)]),
+        "requests[1].custom_id",
+        "must be a string",
+        id="custom-id-number",
+    ),
+    pytest.param(
+        body(requests=[req(["a"])]),
+        "requests[0].custom_id",
+        "must be a string",
+        id="custom-id-list",
+    ),
+    # name
+    pytest.param(body(name="n" * 257), "name", "256", id="name-too-long"),
+    pytest.param(body(name=12), "name", "string", id="name-not-string"),
+    # priority
+    pytest.param(body(priority="5"), "priority", "integer", id="priority-string"),
+    pytest.param(body(priority=5.5), "priority", "integer", id="priority-float"),
+    pytest.param(body(priority=True), "priority", "integer", id="priority-bool"),
+    pytest.param(body(priority=[5]), "priority", "integer", id="priority-list"),
+    pytest.param(body(priority=INT32_MAX + 1), "priority", "between", id="priority-over-int32"),
+    pytest.param(body(priority=INT32_MIN - 1), "priority", "between", id="priority-under-int32"),
+    # cron
+    pytest.param(body(cron="* * * *"), "cron", "5 fields", id="cron-4-fields"),
+    pytest.param(body(cron="0 0 * * * *"), "cron", "5 fields", id="cron-6-fields"),
+    pytest.param(body(cron=""), "cron", "5 fields", id="cron-empty"),
+    pytest.param(body(cron="@daily"), "cron", None, id="cron-nickname"),
+    pytest.param(body(cron="61 * * * *"), "cron", "not valid", id="cron-minute-61"),
+    pytest.param(body(cron="* 24 * * *"), "cron", "not valid", id="cron-hour-24"),
+    pytest.param(body(cron="* * * * funday"), "cron", "not valid", id="cron-bad-weekday"),
+    pytest.param(body(cron="*/0 * * * *"), "cron", None, id="cron-zero-step"),
+    pytest.param(body(cron=5), "cron", "string", id="cron-not-string"),
+    # webhookUrl
+    pytest.param(
+        body(webhookUrl="/relay-webhook"), "webhookUrl", "absolute", id="webhook-relative"
+    ),
+    pytest.param(
+        body(webhookUrl="my-app/relay-webhook"), "webhookUrl", "absolute", id="webhook-no-scheme"
+    ),
+    pytest.param(
+        body(webhookUrl="ftp://my-app/relay-webhook"), "webhookUrl", "http", id="webhook-ftp"
+    ),
+    pytest.param(body(webhookUrl="https://"), "webhookUrl", "absolute", id="webhook-no-host"),
+    pytest.param(
+        body(webhookUrl="javascript:alert(1)"), "webhookUrl", "http", id="webhook-javascript"
+    ),
+    pytest.param(body(webhookUrl=42), "webhookUrl", "string", id="webhook-number"),
+    pytest.param(
+        body(webhookUrl={"url": "https://x"}), "webhookUrl", "string", id="webhook-object"
+    ),
+]
+
+
+@pytest.mark.parametrize(("payload", "param", "fragment"), SUBMIT_RULES)
+async def test_submit_rule_violation_is_400_with_param(
+    client_a: ApiClient, payload: dict[str, Any], param: str, fragment: str | None
+) -> None:
+    status, data = await client_a.request("POST", "/v1/batches", json=payload)
+    assert_invalid(status, data, param, fragment)
+
+
+ACCEPTED_BOUNDARIES = [
+    pytest.param(body(requests=good_rows(MAX_ROWS)), id="exactly-max-rows"),
+    pytest.param(body(requests=[req("a", [msg(content="a" * MAX_BYTES)])]), id="content-at-limit"),
+    pytest.param(
+        body(requests=[req("a", [msg(content=CONTENT_AT_LIMIT_UTF8)])]),
+        id="content-at-limit-multibyte",
+    ),
+    pytest.param(body(requests=[req("a", [msg(content="")])]), id="content-empty-string"),
+    pytest.param(
+        body(
+            requests=[req("a", [msg(role=r) for r in ("system", "developer", "user", "assistant")])]
+        ),
+        id="every-role",
+    ),
+    pytest.param(body(requests=[req("row-1"), req(), req("row-9")]), id="custom-id-own-default"),
+    pytest.param(body(name="n" * 256), id="name-at-limit"),
+    pytest.param(body(priority=INT32_MAX), id="priority-int32-max"),
+    pytest.param(body(priority=INT32_MIN), id="priority-int32-min"),
+    pytest.param(body(priority=-3), id="priority-negative"),
+    pytest.param(body(webhookUrl="http://127.0.0.1:8080/hook"), id="webhook-http-with-port"),
+    pytest.param(body(webhookUrl="https://my-app/relay-webhook"), id="webhook-https"),
+    pytest.param(body(name=None, webhookUrl=None, cron=None), id="optional-fields-null"),
+    pytest.param(body(unknownField={"x": 1}), id="unknown-top-level-field-ignored"),
+]
+
+
+@pytest.mark.parametrize("payload", ACCEPTED_BOUNDARIES)
+async def test_submit_at_the_boundary_is_accepted(
+    client_a: ApiClient, payload: dict[str, Any]
+) -> None:
+    status, data = await client_a.request("POST", "/v1/batches", json=payload)
+    assert status == 201, data
+    assert data["total"] == len(payload["requests"])
+
+
+# --- the body itself -----------------------------------------------------------------
+
+BAD_BODIES = [
+    pytest.param(b"{not json", "JSON", id="not-json"),
+    pytest.param(b"", "JSON", id="empty"),
+    pytest.param(b'{"model": "gpt-4o-mini",', "JSON", id="truncated"),
+    pytest.param(b'{"model": "\xff\xfe"}', "JSON", id="invalid-utf8"),
+    pytest.param(b'{"model": "\\ud800"}', "JSON", id="lone-surrogate"),
+    pytest.param(b'{"priority": 1e400}', "JSON", id="number-overflow"),
+    pytest.param(orjson.dumps([body()]), "object", id="array"),
+    pytest.param(b'"a batch"', "object", id="string"),
+    pytest.param(b"null", "object", id="null"),
+    pytest.param(b"42", "object", id="number"),
+]
+
+
+@pytest.mark.parametrize(("raw", "fragment"), BAD_BODIES)
+async def test_body_not_a_json_object_is_400(
+    client_a: ApiClient, raw: bytes, fragment: str
+) -> None:
+    status, data = await post_raw(client_a, raw, "application/json")
+    assert_invalid(status, data, None, fragment)
+
+
+@pytest.mark.parametrize("priority", [b"18446744073709551616", b"-9223372036854775809"])
+async def test_priority_beyond_int64_is_400(client_a: ApiClient, priority: bytes) -> None:
+    raw = orjson.dumps(body())[:-1] + b',"priority":' + priority + b"}"
+    status, data = await post_raw(client_a, raw, "application/json")
+    assert_invalid(status, data, "priority", "integer")
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/jsonl",
+        None,  # aiohttp sends application/octet-stream for raw bytes
+    ],
+)
+async def test_non_json_content_type_is_415(client_a: ApiClient, content_type: str | None) -> None:
+    status, data = await post_raw(client_a, orjson.dumps(body()), content_type)
+    assert_error(
+        status,
+        data,
+        expected_status=415,
+        error_type="unsupported_media_type",
+        param=None,
+        fragment="application/json",
+    )
+
+
+async def test_json_content_type_with_charset_is_accepted(client_a: ApiClient) -> None:
+    status, data = await post_raw(client_a, orjson.dumps(body()), "application/json; charset=utf-8")
+    assert status == 201, data
+
+
+def oversized_body(size: int) -> bytes:
+    """A syntactically valid submission of exactly ``size`` bytes."""
+    head = orjson.dumps(body())[:-1] + b',"padding":"'
+    tail = b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
+
+
+async def chunks(raw: bytes, size: int = 16 * 1024) -> AsyncIterator[bytes]:
+    """``raw`` as a chunked upload (no Content-Length)."""
+    for start in range(0, len(raw), size):
+        yield raw[start : start + size]
+
+
+def assert_too_large(status: int, data: Any) -> None:
+    assert_error(
+        status,
+        data,
+        expected_status=413,
+        error_type="request_too_large",
+        param=None,
+        fragment=str(TEST_MAX_BODY),
+    )
+
+
+async def test_body_at_the_size_limit_is_accepted(client_a: ApiClient) -> None:
+    status, data = await post_raw(client_a, oversized_body(TEST_MAX_BODY), "application/json")
+    assert status == 201, data
+
+
+@pytest.mark.parametrize("size", [TEST_MAX_BODY + 1, 2 * TEST_MAX_BODY])
+async def test_body_over_the_size_limit_is_413(client_a: ApiClient, size: int) -> None:
+    status, data = await post_raw(client_a, oversized_body(size), "application/json")
+    assert_too_large(status, data)
+
+
+@pytest.mark.parametrize("size", [TEST_MAX_BODY + 1, 2 * TEST_MAX_BODY])
+async def test_chunked_body_over_the_size_limit_is_413(client_a: ApiClient, size: int) -> None:
+    status, data = await post_raw(client_a, chunks(oversized_body(size)), "application/json")
+    assert_too_large(status, data)
+
+
+# --- authentication ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        pytest.param({}, id="no-authorization"),
+        pytest.param({"Authorization": "Bearer"}, id="bearer-without-key"),
+        pytest.param({"Authorization": "Bearer    "}, id="bearer-blank-key"),
+        pytest.param({"Authorization": "Basic dXNlcjpwYXNz"}, id="basic-scheme"),
+        pytest.param({"Authorization": "rk_just-the-key"}, id="no-scheme"),
+    ],
+)
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/batches"), ("GET", "/v1/batches")])
+async def test_missing_key_is_401(
+    client_a: ApiClient,
+    http: aiohttp.ClientSession,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+) -> None:
+    headers = {**headers, "Content-Type": "application/json"}
+    async with http.request(
+        method, client_a.base_url + path, headers=headers, data=orjson.dumps(body())
+    ) as response:
+        data = orjson.loads(await response.read())
+    assert_error(
+        response.status, data, expected_status=401, error_type="authentication_error", param=None
+    )
+
+
+@pytest.mark.parametrize("key", ["rk_unknown-key-0000000000000000", "ключ", "x" * 5000])
+async def test_unknown_key_is_401(client_a: ApiClient, key: str) -> None:
+    status, data = await client_a.request("POST", "/v1/batches", json=body(), key=key)
+    assert_error(status, data, expected_status=401, error_type="authentication_error", param=None)
+
+
+async def raw_http(server: TestServer, request: bytes) -> tuple[int, Any]:
+    """Send ``request`` byte for byte on a fresh connection; (status, decoded JSON body)."""
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        response = await asyncio.wait_for(reader.read(), timeout=30)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, payload = response.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, orjson.loads(payload)
+
+
+async def test_key_that_is_not_utf8_is_401(api_server: TestServer) -> None:
+    status, data = await raw_http(
+        api_server,
+        b"GET /v1/batches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer rk_\xff\xfe\r\n"
+        b"Connection: close\r\n\r\n",
+    )
+    assert_error(status, data, expected_status=401, error_type="authentication_error", param=None)
+
+
+# --- the happy path ------------------------------------------------------------------
+
+
+def assert_created(data: dict[str, Any]) -> None:
+    """The five fields API.md promises on every 201, with the right shapes."""
+    assert set(data) >= {"id", "object", "status", "total", "next_run_at"}, data
+    assert ID_RE.match(data["id"]), data
+    assert data["object"] == "batch"
+
+
+async def test_submit_returns_201_with_a_queued_batch(client_a: ApiClient) -> None:
+    payload = body(
+        name="Review sentiment — October",
+        priority=5,
+        webhookUrl="https://my-app/relay-webhook",
+        cron=None,
+    )
+    status, data = await client_a.request("POST", "/v1/batches", json=payload)
+    assert status == 201, data
+    assert_created(data)
+    assert data["status"] == "queued"
+    assert data["total"] == 2
+    assert data["next_run_at"] is None
+    assert data["name"] == "Review sentiment — October"
+    assert data["model"] == MODEL
+    assert data["priority"] == 5
+    assert (data["completed"], data["failed"], data["dead_letter"]) == (0, 0, 0)
+    assert TIMESTAMP_RE.match(data["created_at"]), data
+    assert (data["started_at"], data["completed_at"], data["error"]) == (None, None, None)
+    assert (data["cron"], data["template_id"]) == (None, None)
+    assert await client_a.get(data["id"]) == data
+
+
+async def test_submit_defaults_priority_and_name(client_a: ApiClient) -> None:
+    created = await client_a.submit({"model": MODEL, "requests": [req()]})
+    assert_created(created)
+    assert created["status"] == "queued"
+    assert created["total"] == 1
+    assert created["priority"] == 0
+    assert isinstance(created["name"], str) and created["name"].strip()
+    assert created["next_run_at"] is None
+
+
+async def test_default_custom_ids_are_accepted_in_any_mix(client_a: ApiClient) -> None:
+    created = await client_a.submit(body(requests=[req(), req("mine"), req()]))
+    assert created["total"] == 3
+
+
+async def test_cron_submission_is_a_scheduled_template(client_a: ApiClient) -> None:
+    before = datetime.now(UTC).replace(microsecond=0)
+    created = await client_a.submit(body(cron="*/5 * * * 1-5"))
+    assert_created(created)
+    assert created["status"] == "scheduled"
+    assert created["cron"] == "*/5 * * * 1-5"
+    assert TIMESTAMP_RE.match(created["next_run_at"]), created
+    next_run = datetime.strptime(created["next_run_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert next_run > before
+    assert next_run.minute % 5 == 0 and next_run.second == 0
+    assert next_run.isoweekday() <= 5
+    assert (await client_a.get(created["id"]))["status"] == "scheduled"
+
+
+# --- reading: unknown ids, list parameters, routes -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "batch_id",
+    [
+        pytest.param(new_id(), id="well-formed-unknown"),
+        pytest.param("not-an-id", id="malformed"),
+        pytest.param(new_id().upper(), id="uppercase-hex"),
+        pytest.param(new_id()[:31], id="31-chars"),
+        pytest.param(new_id() + "0", id="33-chars"),
+        pytest.param(new_id() + "%0A", id="trailing-newline"),
+        pytest.param("%27%3B%20DROP%20TABLE%20batches", id="sql-ish"),
+        pytest.param("%FF%FE", id="not-utf8"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("method", "suffix"),
+    [("GET", ""), ("GET", "/results"), ("GET", "/dead_letter"), ("POST", "/cancel")],
+)
+async def test_unknown_batch_is_404(
+    client_a: ApiClient, batch_id: str, method: str, suffix: str
+) -> None:
+    status, data = await client_a.request(method, f"/v1/batches/{batch_id}{suffix}")
+    assert_error(
+        status, data, expected_status=404, error_type="not_found_error", param="id", fragment="no"
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        pytest.param("limit=0", "limit", id="limit-0"),
+        pytest.param("limit=101", "limit", id="limit-101"),
+        pytest.param("limit=-1", "limit", id="limit-negative"),
+        pytest.param("limit=abc", "limit", id="limit-text"),
+        pytest.param("limit=", "limit", id="limit-empty"),
+        pytest.param("limit=2.5", "limit", id="limit-fraction"),
+        pytest.param("limit=%C2%B2", "limit", id="limit-superscript-two"),
+        pytest.param("limit=%D9%A3", "limit", id="limit-arabic-indic-digit"),
+        pytest.param("status=bogus", "status", id="status-unknown"),
+        pytest.param("status=QUEUED", "status", id="status-wrong-case"),
+        pytest.param("status=", "status", id="status-empty"),
+        pytest.param("status=%FF", "status", id="status-not-utf8"),
+        pytest.param("after=bogus", "after", id="after-malformed"),
+    ],
+)
+async def test_bad_list_parameter_is_400(client_a: ApiClient, query: str, param: str) -> None:
+    status, data = await client_a.request("GET", f"/v1/batches?{query}")
+    assert_invalid(status, data, param, param)
+
+
+@pytest.mark.parametrize("limit", [1, 100])
+async def test_list_limit_bounds_are_accepted(client_a: ApiClient, limit: int) -> None:
+    await client_a.submit(body())
+    status, data = await client_a.request("GET", f"/v1/batches?limit={limit}")
+    assert status == 200, data
+    assert data["object"] == "list"
+    assert 1 <= len(data["data"]) <= limit
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/nothing-here"), ("GET", "/v1/batches/x/y/z"), ("GET", "/nothing-here")],
+)
+async def test_unknown_route_is_404_with_error_object(
+    client_a: ApiClient, method: str, path: str
+) -> None:
+    status, data = await client_a.request(method, path)
+    assert_error(status, data, expected_status=404, error_type="not_found_error", param=None)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("DELETE", "/v1/batches"),
+        ("PUT", "/v1/batches"),
+        ("DELETE", f"/v1/batches/{new_id()}"),
+        ("PATCH", f"/v1/batches/{new_id()}"),
+        ("GET", f"/v1/batches/{new_id()}/cancel"),
+        ("POST", f"/v1/batches/{new_id()}/results"),
+    ],
+)
+async def test_wrong_method_is_405_with_error_object(
+    client_a: ApiClient, method: str, path: str
+) -> None:
+    status, data = await client_a.request(method, path)
+    assert_error(status, data, expected_status=405, error_type="invalid_request_error", param=None)

@@ -1,0 +1,185 @@
+"""Running Relay's services as real OS processes for e2e and chaos tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from tests.support import Isolation, free_port, wait_until
+
+BIN = Path(sys.executable).parent
+SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
+_PORT_LINE = re.compile(rb'"action":"(?:health_listening|listening|started)".*?"port":(\d+)')
+
+
+@dataclass
+class ServiceProcess:
+    """One service process with its log file."""
+
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        """Start (or restart) the process, appending to its log."""
+        self.starts += 1
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [str(BIN / f"relay-{self.name.split('#')[0]}")],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    @property
+    def pid(self) -> int:
+        """The current process id."""
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the process."""
+        if self.alive():
+            assert self.process is not None
+            os.kill(self.process.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        """Wait for exit; return the exit code."""
+        assert self.process is not None
+        return self.process.wait(timeout)
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGTERM, wait, SIGKILL if it hangs; return the exit code."""
+        if self.process is None:
+            return None
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait(10)
+
+    def health_port(self) -> int | None:
+        """The port from the last start's log line, once it is written."""
+        if not self.log_path.exists():
+            return None
+        found = _PORT_LINE.findall(self.log_path.read_bytes())
+        return int(found[-1]) if found else None
+
+    async def wait_ready(self, session: aiohttp.ClientSession, timeout: float = 30) -> None:
+        """Wait until ``/readyz`` answers 200 on the current process."""
+
+        async def ready() -> bool:
+            if not self.alive():
+                raise AssertionError(f"{self.name} exited; see {self.log_path}")
+            port = self.health_port()
+            if port is None:
+                return False
+            path = "/healthz" if self.name == "upstream-sim" else "/readyz"
+            try:
+                async with session.get(
+                    f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(2)
+                ) as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(ready, timeout, f"{self.name} to be ready")
+
+
+@dataclass
+class System:
+    """The whole system: simulator plus services, each its own process."""
+
+    iso: Isolation
+    log_dir: Path
+    api_port: int
+    sim_port: int
+    base_env: dict[str, str]
+    processes: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        """Base URL of the public API."""
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def sim_url(self) -> str:
+        """Base URL of the upstream simulator."""
+        return f"http://127.0.0.1:{self.sim_port}"
+
+    def add(self, name: str, **env: str) -> ServiceProcess:
+        """Create (not start) a process ``name`` (``row-worker#2`` for a second worker)."""
+        proc_env = {**self.base_env, **env}
+        log_path = self.log_dir / f"{name.replace('#', '-')}.log"
+        proc = ServiceProcess(name, proc_env, log_path)
+        self.processes[name] = proc
+        return proc
+
+    async def start_all(self, session: aiohttp.ClientSession) -> None:
+        """Start every process and wait until each is ready."""
+        for proc in self.processes.values():
+            proc.start()
+        for proc in self.processes.values():
+            await proc.wait_ready(session)
+
+    def stop_all(self) -> dict[str, int | None]:
+        """SIGTERM everything; return exit codes."""
+        return {name: proc.stop() for name, proc in self.processes.items()}
+
+
+def build_system(
+    iso: Isolation,
+    log_dir: Path,
+    *,
+    workers: int = 1,
+    sim_env: dict[str, str] | None = None,
+    **overrides: str,
+) -> System:
+    """Describe a system for ``iso``: routes file, environment, every process."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    sim_port, api_port = free_port(), free_port()
+    routes = log_dir / "routes.toml"
+    routes.write_text(
+        '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\n\n'
+        "[deployments.sim]\n"
+        'provider = "openai"\n'
+        f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
+        'model = "sim-echo"\ntimeout_s = 30\nmax_retries = 3\n'
+    )
+    env = {
+        **os.environ,
+        "RELAY_DATABASE_URL": iso.database_url,
+        "RELAY_NAMESPACE": iso.namespace,
+        "RELAY_ROUTES_FILE": str(routes),
+        "RELAY_API_PORT": str(api_port),
+        "RELAY_HEALTH_PORT": "0",
+        "RELAY_RECONCILE_SECONDS": "0.5",
+        "RELAY_SHUTDOWN_GRACE_S": "10",
+        **overrides,
+    }
+    system = System(iso, log_dir, api_port, sim_port, env)
+    system.add("upstream-sim", RELAY_SIM_PORT=str(sim_port), **(sim_env or {}))
+    for name in SERVICES:
+        if name == "row-worker":
+            for n in range(workers):
+                system.add("row-worker" if n == 0 else f"row-worker#{n + 1}")
+        else:
+            system.add(name)
+    return system

@@ -1,0 +1,181 @@
+"""Helpers shared by the integration and e2e tiers: isolated ledger and bus, waits,
+free ports, a webhook receiver and a client for the public API."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import aiohttp
+import asyncpg
+import orjson
+from aiohttp import web
+
+from relay.bus.topology import Names
+from relay.ids import new_id
+from relay_cli import admin
+
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """One test session's own database and bus namespace."""
+
+    database_url: str
+    database: str
+    namespace: str
+
+
+async def create_isolation(tag: str) -> Isolation:
+    """A fresh, migrated database and a unique namespace."""
+    suffix = new_id()[:10]
+    database = f"relay_test_{tag}_{suffix}"
+    url = f"postgresql://postgres@127.0.0.1:5432/{database}"
+    await admin.migrate(url)
+    return Isolation(url, database, f"t{tag}{suffix}")
+
+
+async def drop_isolation(iso: Isolation) -> None:
+    """Drop the database and every queue of the namespace."""
+    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=10)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{iso.database}" WITH (FORCE)')
+    finally:
+        await conn.close()
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        names = Names(iso.namespace)
+        for queue in names.durable_queues():
+            await channel.queue_delete(queue)
+        await channel.exchange_delete(names.events)
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[Any]], timeout: float, what: str, every: float = 0.1
+) -> Any:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class WebhookReceiver:
+    """A local HTTP server that records every POST body it receives."""
+
+    port: int = 0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        """Where to send webhooks."""
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    async def start(self) -> None:
+        """Listen on a free port."""
+
+        async def hook(request: web.Request) -> web.Response:
+            self.bodies.append(orjson.loads(await request.read()))
+            self.headers.append(dict(request.headers))
+            return web.Response(status=204)
+
+        app = web.Application()
+        app.router.add_post("/hook", hook)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        """Stop listening."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def for_batch(self, batch_id: str) -> list[dict[str, Any]]:
+        """The bodies received for ``batch_id``."""
+        return [b for b in self.bodies if b.get("id") == batch_id]
+
+
+class ApiClient:
+    """A thin client of the public API, as a user's script would write it."""
+
+    def __init__(self, base_url: str, key: str, session: aiohttp.ClientSession) -> None:
+        self.base_url = base_url
+        self.key = key
+        self._session = session
+
+    def _headers(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.key}"}
+
+    async def request(
+        self, method: str, path: str, *, json: Any = None, key: str | None = None, **kw: Any
+    ) -> tuple[int, Any]:
+        """Send one request; return (status, decoded JSON body)."""
+        headers = {**self._headers(key), **kw.pop("headers", {})}
+        if json is not None:
+            kw["data"] = orjson.dumps(json)
+            headers.setdefault("Content-Type", "application/json")
+        async with self._session.request(
+            method, self.base_url + path, headers=headers, timeout=aiohttp.ClientTimeout(60), **kw
+        ) as response:
+            raw = await response.read()
+            return response.status, orjson.loads(raw) if raw else None
+
+    async def submit(self, body: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+        """POST a batch and insist on 201."""
+        status, data = await self.request("POST", "/v1/batches", json=body, key=key)
+        assert status == 201, (status, data)
+        return data
+
+    async def get(self, batch_id: str) -> dict[str, Any]:
+        """GET a batch and insist on 200."""
+        status, data = await self.request("GET", f"/v1/batches/{batch_id}")
+        assert status == 200, (status, data)
+        return data
+
+    async def wait_status(
+        self, batch_id: str, statuses: set[str], timeout: float
+    ) -> dict[str, Any]:
+        """Poll until the batch reaches one of ``statuses``."""
+
+        async def reached() -> dict[str, Any] | None:
+            batch = await self.get(batch_id)
+            return batch if batch["status"] in statuses else None
+
+        return await wait_until(reached, timeout, f"batch {batch_id} to reach {statuses}", 0.2)
+
+    async def results(self, batch_id: str) -> dict[str, Any]:
+        """GET the results document and insist on 200."""
+        status, data = await self.request("GET", f"/v1/batches/{batch_id}/results")
+        assert status == 200, (status, data)
+        return data
+
+
+def rows(n: int, template: str = "row {i}") -> list[dict[str, Any]]:
+    """``n`` single-message requests with custom ids ``r-0``…"""
+    return [
+        {"custom_id": f"r-{i}", "messages": [{"role": "user", "content": template.format(i=i)}]}
+        for i in range(n)
+    ]

@@ -1,0 +1,372 @@
+"""Unit tests of the dispatcher's windowed release of rows, on an in-memory store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from dispatcher.handlers import FETCH_SLICES, DispatchConfig, Dispatcher
+from relay.ledger.dispatch import RunningJob
+from relay.messages import JobEvent, RowTask, TaskRow
+
+OWNER = "dispatcher-test"
+LEASE_S = 30.0
+
+
+def messages_json(index: int) -> str:
+    return f'[{{"role":"user","content":"row {index}"}}]'
+
+
+def job(
+    job_id: str = "job1",
+    *,
+    total: int = 100,
+    priority: int = 5,
+    model: str = "gpt-4o-mini",
+    completed: int = 0,
+    failed: int = 0,
+    dispatched_upto: int = 0,
+    params: str = '{"temperature":0}',
+) -> RunningJob:
+    return RunningJob(
+        id=job_id,
+        model=model,
+        priority=priority,
+        total=total,
+        completed=completed,
+        failed=failed,
+        status="running",
+        dispatched_upto=dispatched_upto,
+        rows_batch_id=f"rows-{job_id}",
+        params=params,
+    )
+
+
+@dataclass
+class FakeStore:
+    """The dispatcher's ledger in memory, with every call recorded."""
+
+    queued: list[RunningJob] = field(default_factory=list)
+    expired: list[RunningJob] = field(default_factory=list)
+    alive: dict[str, RunningJob] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+    calls: list[tuple] = field(default_factory=list)
+    fetches: list[tuple[str, int, int]] = field(default_factory=list)
+    advanced: list[tuple[str, int]] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    released: list[list[str]] = field(default_factory=list)
+    totals: dict[str, int] = field(default_factory=dict)
+
+    def _take(self, pool: list[RunningJob], limit: int) -> list[RunningJob]:
+        taken = sorted(pool, key=lambda j: -j.priority)[:limit]
+        for j in taken:
+            pool.remove(j)
+            self.alive[j.id] = j
+            self.totals[j.rows_batch_id] = j.total
+        return taken
+
+    async def claim_queued(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
+        self.calls.append(("claim_queued", owner, limit, lease_s))
+        return self._take(self.queued, limit)
+
+    async def claim_expired(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
+        self.calls.append(("claim_expired", owner, limit, lease_s))
+        return self._take(self.expired, limit)
+
+    async def renew(self, owner: str, job_ids: list[str], lease_s: float) -> list[RunningJob]:
+        self.calls.append(("renew", owner, sorted(job_ids), lease_s))
+        return [self.alive[i] for i in job_ids if i in self.alive]
+
+    async def release(self, owner: str, job_ids: list[str]) -> None:
+        self.released.append(sorted(job_ids))
+
+    async def fetch_rows(self, rows_batch_id: str, start: int, end: int) -> list[tuple[int, str]]:
+        self.fetches.append((rows_batch_id, start, end))
+        assert 0 <= start < end <= self.totals[rows_batch_id]
+        return [(i, messages_json(i)) for i in range(start, end)]
+
+    async def advance(self, owner: str, job_id: str, upto: int) -> bool:
+        assert owner == OWNER
+        self.advanced.append((job_id, upto))
+        return job_id not in self.lost
+
+    async def fail(self, job_id: str, error: str) -> bool:
+        self.failed.append((job_id, error))
+        return True
+
+
+@dataclass
+class Recorder:
+    """Fake publishers: every row task with its priority, every announced event."""
+
+    tasks: list[tuple[RowTask, int]] = field(default_factory=list)
+    events: list[JobEvent] = field(default_factory=list)
+
+    async def publish(self, task: RowTask, priority: int) -> None:
+        self.tasks.append((task, priority))
+
+    async def announce(self, event: JobEvent) -> None:
+        self.events.append(event)
+
+    def indexes(self, batch_id: str | None = None) -> list[list[int]]:
+        """Row indexes of each published slice, in publish order."""
+        return [
+            [r.index for r in task.rows]
+            for task, _ in self.tasks
+            if batch_id is None or task.batch_id == batch_id
+        ]
+
+    def flat(self, batch_id: str | None = None) -> list[int]:
+        return [i for part in self.indexes(batch_id) for i in part]
+
+
+@pytest.fixture
+def store() -> FakeStore:
+    return FakeStore()
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+def make_dispatcher(
+    store: FakeStore,
+    recorder: Recorder,
+    *,
+    window: int = 20,
+    slice_rows: int = 4,
+    max_running_jobs: int = 8,
+    known: frozenset[str] = frozenset({"gpt-4o-mini"}),
+) -> Dispatcher:
+    config = DispatchConfig(OWNER, window, slice_rows, max_running_jobs, LEASE_S)
+    return Dispatcher(store, recorder.publish, recorder.announce, known.__contains__, config)
+
+
+def progress(
+    batch_id: str, completed: int, failed: int = 0, status: str = "running", total: int = 100
+) -> JobEvent:
+    return JobEvent(batch_id, status, total, completed, failed)
+
+
+def slices(start: int, end: int, size: int) -> list[list[int]]:
+    return [list(range(i, min(i + size, end))) for i in range(start, end, size)]
+
+
+async def test_claim_publishes_one_window_in_consecutive_slices(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100, priority=7))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    assert await dispatcher.claim() == 1
+    assert recorder.indexes() == slices(0, 20, 4)
+    assert all(priority == 7 for _, priority in recorder.tasks)
+    first, _ = recorder.tasks[0]
+    assert first == RowTask(
+        "job1",
+        "gpt-4o-mini",
+        tuple(TaskRow(i, messages_json(i)) for i in range(4)),
+        '{"temperature":0}',
+    )
+    assert store.advanced == [("job1", 20)]
+    assert dispatcher.jobs["job1"].dispatched_upto == 20
+
+
+async def test_window_not_a_multiple_of_slice_publishes_whole_slices_only(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100))
+    dispatcher = make_dispatcher(store, recorder, window=10, slice_rows=4)
+    await dispatcher.claim()
+    assert recorder.indexes() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert dispatcher.jobs["job1"].dispatched_upto == 8
+
+
+async def test_on_progress_tops_up_exactly_to_the_window(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    recorder.tasks.clear()
+
+    await dispatcher.on_progress(progress("job1", completed=6, failed=2))
+    assert recorder.indexes() == slices(20, 28, 4)
+    assert dispatcher.jobs["job1"].dispatched_upto == 28  # done (8) + window (20)
+
+    recorder.tasks.clear()
+    await dispatcher.on_progress(progress("job1", completed=9, failed=2))  # done 11
+    # Only 3 rows of room: less than a slice, nothing goes out yet.
+    assert recorder.tasks == []
+    await dispatcher.on_progress(progress("job1", completed=10, failed=2))  # done 12
+    assert recorder.indexes() == [[28, 29, 30, 31]]
+    assert dispatcher.jobs["job1"].dispatched_upto == 32
+    assert store.advanced == [("job1", 20), ("job1", 28), ("job1", 32)]
+
+
+async def test_stale_progress_never_moves_done_back(store: FakeStore, recorder: Recorder) -> None:
+    store.queued.append(job(total=100))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    await dispatcher.on_progress(progress("job1", completed=8))
+    recorder.tasks.clear()
+    await dispatcher.on_progress(progress("job1", completed=2))
+    assert recorder.tasks == []
+    assert dispatcher.jobs["job1"].done == 8
+
+
+async def test_progress_of_an_unknown_job_is_ignored(store: FakeStore, recorder: Recorder) -> None:
+    dispatcher = make_dispatcher(store, recorder)
+    await dispatcher.on_progress(progress("other", completed=5))
+    assert recorder.tasks == []
+    assert store.fetches == []
+
+
+async def test_resume_from_dispatched_upto(store: FakeStore, recorder: Recorder) -> None:
+    store.expired.append(job(total=100, completed=30, failed=2, dispatched_upto=40))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    assert await dispatcher.claim() == 1
+    # done 32 + window 20 = 52: rows 40..51, nothing before 40.
+    assert recorder.indexes() == slices(40, 52, 4)
+    assert store.fetches == [("rows-job1", 40, 52)]
+    assert store.advanced == [("job1", 52)]
+
+
+async def test_unknown_model_fails_the_job(store: FakeStore, recorder: Recorder) -> None:
+    store.queued.append(job(model="mystery", total=12, completed=0, failed=0))
+    dispatcher = make_dispatcher(store, recorder)
+    assert await dispatcher.claim() == 1
+    assert store.failed == [("job1", "model alias 'mystery' is not in the routes file")]
+    assert recorder.events == [JobEvent("job1", "failed", 12, 0, 0)]
+    assert recorder.tasks == []
+    assert store.fetches == []
+    assert dispatcher.jobs == {}
+
+
+@pytest.mark.parametrize("status", ["completed", "failed", "canceled"])
+async def test_terminal_progress_forgets_the_job(
+    store: FakeStore, recorder: Recorder, status: str
+) -> None:
+    store.queued.append(job(total=100))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    recorder.tasks.clear()
+    await dispatcher.on_progress(progress("job1", completed=20, status=status))
+    assert "job1" not in dispatcher.jobs
+    assert recorder.tasks == []
+    await dispatcher.on_progress(progress("job1", completed=20))
+    assert recorder.tasks == []
+
+
+async def test_renew_drops_jobs_the_store_no_longer_returns(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued += [job("keep", total=100), job("lose", total=100)]
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    recorder.tasks.clear()
+    del store.alive["lose"]
+    store.alive["keep"] = replace(store.alive["keep"], completed=4)
+
+    await dispatcher.renew()
+
+    assert set(dispatcher.jobs) == {"keep"}
+    assert ("renew", OWNER, ["keep", "lose"], LEASE_S) in store.calls
+    # The surviving job's counters were refreshed and its window topped up.
+    assert recorder.indexes() == [[20, 21, 22, 23]]
+    assert {task.batch_id for task, _ in recorder.tasks} == {"keep"}
+
+
+async def test_renew_without_jobs_does_not_touch_the_store(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    dispatcher = make_dispatcher(store, recorder)
+    await dispatcher.renew()
+    assert store.calls == []
+
+
+@pytest.mark.parametrize(
+    ("total", "window", "slice_rows"),
+    [(10, 100, 4), (10, 4, 4), (7, 3, 2), (13, 5, 5), (5, 1, 1), (3, 100, 16)],
+)
+async def test_short_last_slice_and_no_index_past_total(
+    store: FakeStore, recorder: Recorder, total: int, window: int, slice_rows: int
+) -> None:
+    store.queued.append(job(total=total))
+    dispatcher = make_dispatcher(store, recorder, window=window, slice_rows=slice_rows)
+    await dispatcher.claim()
+    done = 0
+    while "job1" in dispatcher.jobs and not dispatcher.jobs["job1"].exhausted:
+        done = dispatcher.jobs["job1"].dispatched_upto  # every published row finished
+        await dispatcher.on_progress(progress("job1", completed=done, total=total))
+    assert recorder.flat() == list(range(total))
+    assert recorder.indexes() == slices(0, total, slice_rows)
+    assert all(len(part) <= slice_rows for part in recorder.indexes())
+    assert max(recorder.flat()) == total - 1
+    assert store.advanced[-1] == ("job1", total)
+
+
+async def test_fetches_are_bounded_to_a_few_slices(store: FakeStore, recorder: Recorder) -> None:
+    store.queued.append(job(total=200))
+    dispatcher = make_dispatcher(store, recorder, window=1000, slice_rows=4)
+    await dispatcher.claim()
+    step = 4 * FETCH_SLICES
+    assert store.fetches == [
+        ("rows-job1", start, min(200, start + step)) for start in range(0, 200, step)
+    ]
+    assert recorder.flat() == list(range(200))
+    assert dispatcher.jobs["job1"].exhausted
+
+
+async def test_lost_lease_on_advance_stops_releasing(store: FakeStore, recorder: Recorder) -> None:
+    store.queued.append(job(total=200))
+    store.lost.add("job1")
+    dispatcher = make_dispatcher(store, recorder, window=1000, slice_rows=4)
+    await dispatcher.claim()
+    assert store.advanced == [("job1", 4 * FETCH_SLICES)]
+    assert recorder.flat() == list(range(4 * FETCH_SLICES))
+    assert dispatcher.jobs == {}
+
+
+async def test_claim_prefers_expired_then_queued_up_to_the_limit(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.expired.append(job("orphan", priority=1, total=4))
+    store.queued += [job("low", priority=2, total=4), job("high", priority=9, total=4)]
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4, max_running_jobs=2)
+    assert await dispatcher.claim() == 2
+    assert store.calls == [
+        ("claim_expired", OWNER, 2, LEASE_S),
+        ("claim_queued", OWNER, 1, LEASE_S),
+    ]
+    # Adopted highest priority first.
+    assert [(task.batch_id, prio) for task, prio in recorder.tasks] == [
+        ("high", 9),
+        ("orphan", 1),
+    ]
+    store.calls.clear()
+    assert await dispatcher.claim() == 0
+    assert store.calls == []
+
+
+async def test_release_all_gives_up_every_lease(store: FakeStore, recorder: Recorder) -> None:
+    store.queued += [job("a"), job("b")]
+    dispatcher = make_dispatcher(store, recorder)
+    await dispatcher.claim()
+    await dispatcher.release_all()
+    assert store.released == [["a", "b"]]
+    assert dispatcher.jobs == {}
+
+
+async def test_window_smaller_than_a_slice_still_releases_one_slice(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=10))
+    dispatcher = make_dispatcher(store, recorder, window=3, slice_rows=4)
+    await dispatcher.claim()
+    assert recorder.indexes() == [[0, 1, 2, 3]]
+    await dispatcher.on_progress(progress("job1", completed=4, total=10))
+    await dispatcher.on_progress(progress("job1", completed=8, total=10))
+    assert recorder.indexes() == slices(0, 10, 4)
+    assert dispatcher.jobs["job1"].exhausted

@@ -1,0 +1,211 @@
+"""Unit tests of the bus messages: round-trips, the raw-JSON row embedding, and rejects."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from relay.messages import (
+    SCHEMA_VERSION,
+    DecodedRowTask,
+    DispatchWakeup,
+    JobEvent,
+    MessageError,
+    OutcomeBatch,
+    RowOutcome,
+    RowTask,
+    TaskRow,
+)
+
+MESSAGES_1 = '[{"role":"user","content":"hi"}]'
+MESSAGES_2 = '[{"role":"system","content":"be brief"},{"role":"user","content":"ünï ✓"}]'
+
+
+def body(**fields: object) -> bytes:
+    return orjson.dumps(fields)
+
+
+# --- round-trips -------------------------------------------------------------------------
+
+
+def test_dispatch_wakeup_round_trip() -> None:
+    message = DispatchWakeup("b1", 7)
+    assert orjson.loads(message.encode()) == {
+        "v": SCHEMA_VERSION,
+        "kind": "dispatch",
+        "batch_id": "b1",
+        "priority": 7,
+    }
+    assert DispatchWakeup.decode(message.encode()) == message
+
+
+def test_job_event_round_trip() -> None:
+    message = JobEvent("b1", "running", 10, 4, 1)
+    assert orjson.loads(message.encode()) == {
+        "v": SCHEMA_VERSION,
+        "kind": "job",
+        "batch_id": "b1",
+        "status": "running",
+        "total": 10,
+        "completed": 4,
+        "failed": 1,
+    }
+    assert JobEvent.decode(message.encode()) == message
+
+
+def test_outcome_batch_round_trip() -> None:
+    outcomes = (
+        RowOutcome("b1", 0, "hello", None, 1, False, "primary", 3, 5),
+        RowOutcome("b1", 1, None, "upstream_error: x: HTTP 503: busy", 4, True, None, 0, 0),
+        RowOutcome("b2", 9, "", None, 2),
+    )
+    message = OutcomeBatch(outcomes)
+    assert orjson.loads(message.encode()) == {
+        "v": SCHEMA_VERSION,
+        "kind": "results",
+        "outcomes": [
+            ["b1", 0, "hello", None, 1, False, "primary", 3, 5],
+            ["b1", 1, None, "upstream_error: x: HTTP 503: busy", 4, True, None, 0, 0],
+            ["b2", 9, "", None, 2, False, None, 0, 0],
+        ],
+    }
+    assert OutcomeBatch.decode(message.encode()) == message
+
+
+def test_empty_outcome_batch_round_trip() -> None:
+    assert OutcomeBatch.decode(OutcomeBatch(()).encode()) == OutcomeBatch(())
+
+
+def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
+    task = RowTask(
+        "b1",
+        "gpt-4o-mini",
+        (TaskRow(4, MESSAGES_1), TaskRow(5, MESSAGES_2)),
+        params_json='{"temperature":0.5}',
+    )
+    encoded = task.encode()
+    # The row messages travel as the very JSON text they were given, not re-serialised.
+    assert MESSAGES_1.encode() in encoded
+    assert MESSAGES_2.encode() in encoded
+    assert orjson.loads(encoded) == {
+        "v": SCHEMA_VERSION,
+        "kind": "rows",
+        "batch_id": "b1",
+        "model": "gpt-4o-mini",
+        "params": {"temperature": 0.5},
+        "rows": [[4, orjson.loads(MESSAGES_1)], [5, orjson.loads(MESSAGES_2)]],
+    }
+    decoded = RowTask.decode(encoded)
+    assert decoded == DecodedRowTask(
+        "b1",
+        "gpt-4o-mini",
+        ((4, orjson.loads(MESSAGES_1)), (5, orjson.loads(MESSAGES_2))),
+        {"temperature": 0.5},
+    )
+    assert all(isinstance(messages, list) for _, messages in decoded.rows)
+
+
+def test_row_task_default_params() -> None:
+    decoded = RowTask.decode(RowTask("b1", "m", (TaskRow(0, MESSAGES_1),)).encode())
+    assert decoded.params == {}
+    assert decoded.rows == ((0, [{"role": "user", "content": "hi"}]),)
+
+
+def test_row_task_null_params_decode_as_empty() -> None:
+    raw = body(v=SCHEMA_VERSION, kind="rows", batch_id="b", model="m", params=None, rows=[])
+    assert RowTask.decode(raw) == DecodedRowTask("b", "m", (), {})
+
+
+# --- rejects -----------------------------------------------------------------------------
+
+Decode = Callable[[bytes], object]
+
+DECODERS: list[Decode] = [
+    DispatchWakeup.decode,
+    RowTask.decode,
+    OutcomeBatch.decode,
+    JobEvent.decode,
+]
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+@pytest.mark.parametrize("raw", [b"", b"not json", b"{", b"\xff\xfe"])
+def test_bad_json_is_rejected(decode: Decode, raw: bytes) -> None:
+    with pytest.raises(MessageError, match="body is not JSON"):
+        decode(raw)
+
+
+@pytest.mark.parametrize("decode", DECODERS)
+@pytest.mark.parametrize("raw", [b"[]", b"1", b'"x"', b"null"])
+def test_non_object_is_rejected(decode: Decode, raw: bytes) -> None:
+    with pytest.raises(MessageError, match="body is not an object"):
+        decode(raw)
+
+
+@pytest.mark.parametrize(
+    ("cls", "message"),
+    [
+        (DispatchWakeup, DispatchWakeup("b", 1)),
+        (JobEvent, JobEvent("b", "running", 1, 0, 0)),
+        (OutcomeBatch, OutcomeBatch(())),
+        (RowTask, RowTask("b", "m", ())),
+    ],
+)
+@pytest.mark.parametrize("version", [None, 0, 2, "1"])
+def test_wrong_version_is_rejected(cls: Any, message: Any, version: object) -> None:
+    data = orjson.loads(message.encode())
+    if version is None:
+        del data["v"]
+    else:
+        data["v"] = version
+    with pytest.raises(MessageError, match=f"unsupported schema version {version!r}"):
+        cls.decode(orjson.dumps(data))
+
+
+def test_wrong_kind_is_rejected() -> None:
+    with pytest.raises(MessageError) as err:
+        JobEvent.decode(DispatchWakeup("b", 1).encode())
+    assert str(err.value) == "expected job, got 'dispatch'"
+    with pytest.raises(MessageError, match="expected rows, got 'results'"):
+        RowTask.decode(OutcomeBatch(()).encode())
+    with pytest.raises(MessageError, match="expected dispatch, got None"):
+        DispatchWakeup.decode(body(v=SCHEMA_VERSION, batch_id="b", priority=1))
+
+
+@pytest.mark.parametrize(
+    ("decode", "fields"),
+    [
+        (DispatchWakeup.decode, {"kind": "dispatch", "batch_id": "b"}),
+        (DispatchWakeup.decode, {"kind": "dispatch", "batch_id": "b", "priority": "high"}),
+        (JobEvent.decode, {"kind": "job", "batch_id": "b", "status": "running", "total": 1}),
+        (OutcomeBatch.decode, {"kind": "results"}),
+        (OutcomeBatch.decode, {"kind": "results", "outcomes": [["b", 0, "x", None, 1]]}),
+        (OutcomeBatch.decode, {"kind": "results", "outcomes": [1]}),
+        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m"}),
+        (RowTask.decode, {"kind": "rows", "model": "m", "rows": []}),
+        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0]]}),
+        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0, 5]]}),
+        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0, "hi"]]}),
+        (
+            RowTask.decode,
+            {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0, {"role": "user"}]]},
+        ),
+        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [["x", []]]}),
+        (
+            RowTask.decode,
+            {"kind": "rows", "batch_id": "b", "model": "m", "rows": [], "params": [1]},
+        ),
+    ],
+)
+def test_missing_or_malformed_field_is_rejected(decode: Decode, fields: dict[str, Any]) -> None:
+    with pytest.raises(MessageError):
+        decode(body(v=SCHEMA_VERSION, **fields))
+
+
+def test_row_messages_that_are_not_an_array_are_rejected() -> None:
+    raw = body(v=SCHEMA_VERSION, kind="rows", batch_id="b", model="m", rows=[[0, "hi"]])
+    with pytest.raises(MessageError, match="row messages are not an array: str"):
+        RowTask.decode(raw)

@@ -1,0 +1,171 @@
+"""Unit tests of the notifier: the completion webhook body, once-only delivery, records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+import orjson
+import pytest
+
+from notifier.handlers import PostResult, deliver_webhook
+from relay.batches import Batch
+from relay.messages import JobEvent
+
+HOOK = "https://my-app.example/relay-webhook"
+
+BATCH = Batch(
+    id="9f2c1b7e4a8d4e51b0c6d3f2a1e5c7b9",
+    workspace_id="ws1",
+    name="Review sentiment — October",
+    model="gpt-4o-mini",
+    priority=5,
+    status="completed",
+    total=3,
+    completed=2,
+    failed=1,
+    dead_letter=1,
+    webhook_url=HOOK,
+    cron=None,
+    next_run_at=None,
+    template_id=None,
+    rows_batch_id="9f2c1b7e4a8d4e51b0c6d3f2a1e5c7b9",
+    params="{}",
+    error=None,
+    created_at=datetime(2026, 10, 4, 9, 12, 44, tzinfo=UTC),
+    started_at=datetime(2026, 10, 4, 9, 12, 45, tzinfo=UTC),
+    completed_at=datetime(2026, 10, 4, 9, 20, 1, 123456, tzinfo=UTC),
+)
+
+EVENT = JobEvent(BATCH.id, "completed", 3, 2, 1)
+
+
+@dataclass
+class FakeStore:
+    """Batches and webhook deliveries in memory; a delivery can be claimed once."""
+
+    batches: dict[str, Batch] = field(default_factory=dict)
+    claims: dict[str, str] = field(default_factory=dict)
+    finished: list[tuple[str, str, int | None, str | None]] = field(default_factory=list)
+
+    async def batch(self, batch_id: str) -> Batch | None:
+        return self.batches.get(batch_id)
+
+    async def claim(self, batch_id: str, url: str) -> bool:
+        if batch_id in self.claims:
+            return False
+        self.claims[batch_id] = url
+        return True
+
+    async def finish(
+        self, batch_id: str, status: str, status_code: int | None, error: str | None
+    ) -> None:
+        self.finished.append((batch_id, status, status_code, error))
+
+
+@dataclass
+class FakePost:
+    """Records every POST and answers with a fixed result."""
+
+    result: PostResult = field(default_factory=lambda: PostResult(204))
+    posts: list[tuple[str, bytes]] = field(default_factory=list)
+
+    async def __call__(self, url: str, body: bytes) -> PostResult:
+        self.posts.append((url, body))
+        return self.result
+
+
+def store_with(batch: Batch) -> FakeStore:
+    return FakeStore(batches={batch.id: batch})
+
+
+async def test_delivers_the_api_webhook_body() -> None:
+    store, post = store_with(BATCH), FakePost()
+    assert await deliver_webhook(EVENT, store, post) == "delivered"
+    ((url, body),) = post.posts
+    assert url == HOOK
+    assert body == orjson.dumps(
+        {
+            "id": "9f2c1b7e4a8d4e51b0c6d3f2a1e5c7b9",
+            "name": "Review sentiment — October",
+            "status": "completed",
+            "total": 3,
+            "completed": 2,
+            "failed": 1,
+            "dead_letter": 1,
+            "completed_at": "2026-10-04T09:20:01Z",
+        }
+    )
+    assert store.claims == {BATCH.id: HOOK}
+    assert store.finished == [(BATCH.id, "delivered", 204, None)]
+
+
+async def test_canceled_run_reports_canceled() -> None:
+    batch = replace(BATCH, status="canceled", completed=1, failed=0, dead_letter=0)
+    store, post = store_with(batch), FakePost(PostResult(200))
+    assert await deliver_webhook(JobEvent(batch.id, "canceled", 3, 1, 0), store, post) == (
+        "delivered"
+    )
+    assert orjson.loads(post.posts[0][1]) == {
+        "id": batch.id,
+        "name": batch.name,
+        "status": "canceled",
+        "total": 3,
+        "completed": 1,
+        "failed": 0,
+        "dead_letter": 0,
+        "completed_at": "2026-10-04T09:20:01Z",
+    }
+
+
+async def test_second_delivery_is_claimed_already_and_posts_nothing() -> None:
+    store, post = store_with(BATCH), FakePost()
+    assert await deliver_webhook(EVENT, store, post) == "delivered"
+    assert await deliver_webhook(EVENT, store, post) == "already_delivered"
+    assert len(post.posts) == 1
+    assert store.finished == [(BATCH.id, "delivered", 204, None)]
+
+
+async def test_no_webhook_url() -> None:
+    store, post = store_with(replace(BATCH, webhook_url=None)), FakePost()
+    assert await deliver_webhook(EVENT, store, post) == "no_webhook"
+    assert post.posts == []
+    assert store.claims == {}
+    assert store.finished == []
+
+
+async def test_unknown_batch_has_no_webhook() -> None:
+    store, post = FakeStore(), FakePost()
+    assert await deliver_webhook(EVENT, store, post) == "no_webhook"
+    assert post.posts == []
+    assert store.claims == {}
+
+
+async def test_cron_template_never_posts() -> None:
+    store, post = store_with(replace(BATCH, cron="0 * * * *", status="scheduled")), FakePost()
+    assert await deliver_webhook(EVENT, store, post) == "no_webhook"
+    assert post.posts == []
+
+
+async def test_failed_post_is_recorded_with_its_error() -> None:
+    store = store_with(BATCH)
+    post = FakePost(PostResult(None, "timed out after 10s"))
+    assert await deliver_webhook(EVENT, store, post) == "failed"
+    assert len(post.posts) == 1
+    assert store.finished == [(BATCH.id, "failed", None, "timed out after 10s")]
+    # Failed or not, the delivery was claimed: no second attempt.
+    assert await deliver_webhook(EVENT, store, post) == "already_delivered"
+    assert len(post.posts) == 1
+
+
+@pytest.mark.parametrize("code", [199, 301, 404, 500])
+async def test_non_2xx_is_a_failed_delivery(code: int) -> None:
+    store, post = store_with(BATCH), FakePost(PostResult(code))
+    assert await deliver_webhook(EVENT, store, post) == "failed"
+    assert store.finished == [(BATCH.id, "failed", code, None)]
+
+
+@pytest.mark.parametrize(("code", "delivered"), [(200, True), (299, True), (300, False)])
+def test_post_result_delivered(code: int, delivered: bool) -> None:
+    assert PostResult(code).delivered is delivered
+    assert PostResult(None, "boom").delivered is False

@@ -1,0 +1,391 @@
+"""Unit tests of the model router against a scripted local upstream (aiohttp TestServer).
+
+Every test scripts what each deployment answers, call by call; backoff sleeps go to a
+recorder that returns at once, and jitter comes from a seeded ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from relay.router.policy import BackoffPolicy
+from relay.router.router import ModelRouter
+from relay.router.routes import Deployment, Routes
+from relay.router.types import Completion, RowResult
+
+ALIAS = "chat"
+MESSAGES = [{"role": "user", "content": "hi"}]
+SEED = 42
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class SleepRecorder:
+    """A stand-in for asyncio.sleep that records the delays and returns at once."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def reply(content: str = "ok", prompt_tokens: int = 3, completion_tokens: int = 5) -> Handler:
+    """A 200 chat completions answer."""
+
+    async def handler(request: web.Request) -> web.Response:
+        body = {
+            "choices": [{"message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+        }
+        return web.json_response(body)
+
+    return handler
+
+
+def status(code: int, text: str = "", headers: dict[str, str] | None = None) -> Handler:
+    """An error answer with ``code`` and a short text body."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(status=code, text=text or f"status {code}", headers=headers)
+
+    return handler
+
+
+def raw(body: bytes) -> Handler:
+    """A 200 whose body is ``body`` as is."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(status=200, body=body, content_type="application/json")
+
+    return handler
+
+
+@dataclass
+class Call:
+    """One request the upstream received."""
+
+    deployment: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class Upstream:
+    """A scripted upstream: each deployment path answers from its own list of handlers.
+
+    The last handler of a list repeats for every further call.
+    """
+
+    server: TestServer
+    scripts: dict[str, list[Handler]] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+
+    def script(self, deployment: str, *handlers: Handler) -> None:
+        self.scripts[deployment] = list(handlers)
+
+    def base_url(self, deployment: str) -> str:
+        return str(self.server.make_url(f"/{deployment}/v1"))
+
+    def count(self, deployment: str) -> int:
+        return sum(1 for c in self.calls if c.deployment == deployment)
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["deployment"]
+        body = orjson.loads(await request.read())
+        self.calls.append(Call(name, dict(request.headers), body))
+        handlers = self.scripts[name]
+        handler = handlers.pop(0) if len(handlers) > 1 else handlers[0]
+        return await handler(request)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    app = web.Application()
+    server = TestServer(app)
+    up = Upstream(server)
+    app.router.add_post("/{deployment}/v1/chat/completions", up.dispatch)
+    await server.start_server()
+    yield up
+    await server.close()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+@pytest.fixture
+def sleep() -> SleepRecorder:
+    return SleepRecorder()
+
+
+def deployment(upstream: Upstream, name: str, **overrides: Any) -> Deployment:
+    spec: dict[str, Any] = {
+        "name": name,
+        "provider": "openai",
+        "base_url": upstream.base_url(name),
+        "model": f"model-{name}",
+        "timeout_s": 5.0,
+        "max_retries": 3,
+    }
+    spec.update(overrides)
+    return Deployment(**spec)
+
+
+def make_router(
+    session: aiohttp.ClientSession, sleep: SleepRecorder, *deployments: Deployment
+) -> ModelRouter:
+    routes = Routes({ALIAS: tuple(deployments)})
+    return ModelRouter(routes, session, BackoffPolicy(), sleep=sleep, rng=random.Random(SEED))
+
+
+def jitter(count: int, base: float = 0.05, cap: float = 5.0) -> list[float]:
+    """The delays the default policy draws for retries 0..count-1 from a fresh seeded rng."""
+    rng = random.Random(SEED)
+    return [rng.uniform(0.0, min(cap, base * 2**n)) for n in range(count)]
+
+
+async def test_first_call_succeeds(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", reply("hello", 7, 2))
+    router = make_router(session, sleep, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(Completion("hello", 7, 2), None, 1, "a", dead_letter=False)
+    assert sleep.delays == []
+
+
+async def test_request_carries_model_messages_params_and_key(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", reply())
+    dep = deployment(
+        upstream,
+        "a",
+        api_key="sk-test",
+        headers={"X-Team": "relay"},
+        params={"temperature": 0.1, "max_tokens": 10},
+    )
+    router = make_router(session, sleep, dep)
+    await router.complete(ALIAS, MESSAGES, {"max_tokens": 99, "model": "ignored"})
+    (call,) = upstream.calls
+    assert call.body == {
+        "temperature": 0.1,
+        "max_tokens": 99,
+        "model": "model-a",
+        "messages": MESSAGES,
+    }
+    assert call.headers["Authorization"] == "Bearer sk-test"
+    assert call.headers["X-Team"] == "relay"
+    assert call.headers["Content-Type"] == "application/json"
+
+
+async def test_503_twice_then_200_retries_with_jitter(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(503), status(503), reply("third time"))
+    router = make_router(session, sleep, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(Completion("third time", 3, 5), None, 3, "a")
+    assert sleep.delays == jitter(2)
+    assert 0.0 <= sleep.delays[0] <= 0.05
+    assert 0.0 <= sleep.delays[1] <= 0.1
+
+
+async def test_400_is_permanent_and_not_retried(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(400, "bad request: messages"))
+    router = make_router(session, sleep, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(
+        None, "upstream_error: a: HTTP 400: bad request: messages", 1, None, dead_letter=False
+    )
+    assert sleep.delays == []
+
+
+async def test_400_falls_through_to_next_deployment_at_once(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(400))
+    upstream.script("b", reply("from b"))
+    router = make_router(session, sleep, deployment(upstream, "a"), deployment(upstream, "b"))
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(Completion("from b", 3, 5), None, 2, "b")
+    assert sleep.delays == []
+    assert [c.deployment for c in upstream.calls] == ["a", "b"]
+    assert upstream.calls[1].body["model"] == "model-b"
+
+
+async def test_always_503_on_a_falls_back_to_b(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(503))
+    upstream.script("b", reply("from b"))
+    router = make_router(
+        session, sleep, deployment(upstream, "a", max_retries=2), deployment(upstream, "b")
+    )
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(Completion("from b", 3, 5), None, 4, "b")
+    assert upstream.count("a") == 3
+    assert upstream.count("b") == 1
+    assert sleep.delays == jitter(2)
+
+
+async def test_every_deployment_transient_is_dead_lettered(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(503, "a is down"))
+    upstream.script("b", status(500, "b is down"))
+    router = make_router(
+        session,
+        sleep,
+        deployment(upstream, "a", max_retries=1),
+        deployment(upstream, "b", max_retries=2),
+    )
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(
+        None, "upstream_error: b: HTTP 500: b is down", 5, None, dead_letter=True
+    )
+    assert upstream.count("a") == 2
+    assert upstream.count("b") == 3
+    assert len(sleep.delays) == 3
+
+
+async def test_transient_then_permanent_is_not_dead_lettered(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(503))
+    upstream.script("b", status(422, "unprocessable"))
+    router = make_router(
+        session,
+        sleep,
+        deployment(upstream, "a", max_retries=0),
+        deployment(upstream, "b"),
+    )
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(
+        None, "upstream_error: b: HTTP 422: unprocessable", 2, None, dead_letter=False
+    )
+    assert sleep.delays == []
+
+
+async def test_permanent_then_transient_is_dead_lettered(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(401, "no key"))
+    upstream.script("b", status(503, "busy"))
+    router = make_router(
+        session, sleep, deployment(upstream, "a"), deployment(upstream, "b", max_retries=1)
+    )
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(None, "upstream_error: b: HTTP 503: busy", 3, None, dead_letter=True)
+
+
+async def test_429_honours_retry_after(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script(
+        "a",
+        status(429, "slow down", {"Retry-After": "2"}),
+        status(429, "slow down", {"Retry-After": "600"}),
+        reply("finally"),
+    )
+    router = make_router(session, sleep, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(Completion("finally", 3, 5), None, 3, "a")
+    # Retry-After wins over jitter, and is capped by the policy (5 s by default).
+    assert sleep.delays == [2.0, 5.0]
+
+
+async def test_retry_budget_is_max_retries(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(429, "limited"))
+    router = make_router(session, sleep, deployment(upstream, "a", max_retries=4))
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(
+        None, "upstream_error: a: HTTP 429: limited", 5, None, dead_letter=True
+    )
+    assert sleep.delays == jitter(4)
+
+
+async def test_error_body_is_truncated(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(400, "x" * 1000))
+    router = make_router(session, sleep, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result.error == "upstream_error: a: HTTP 400: " + "x" * 200
+
+
+async def test_malformed_200_falls_through_and_is_not_dead_lettered(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", raw(b'{"choices": []}'))
+    router = make_router(session, sleep, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(
+        None, "upstream_error: a: malformed response from upstream", 1, None, dead_letter=False
+    )
+    assert sleep.delays == []
+
+
+async def test_unknown_alias(session: aiohttp.ClientSession, sleep: SleepRecorder) -> None:
+    router = ModelRouter(Routes({}), session, sleep=sleep, rng=random.Random(SEED))
+    result = await router.complete("nope", MESSAGES, {})
+    assert result == RowResult(None, "upstream_error: unknown model alias 'nope'", 0, None)
+
+
+async def test_connection_refused_is_transient(
+    session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dead = Deployment("dead", "openai", f"http://127.0.0.1:{port}/v1", "m", max_retries=2)
+    router = make_router(session, sleep, dead)
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(
+        None,
+        "upstream_error: dead: connection failed: ClientConnectorError",
+        3,
+        None,
+        dead_letter=True,
+    )
+    assert sleep.delays == jitter(2)
+
+
+async def test_timeout_is_retried_then_dead_lettered(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    never = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await never.wait()
+        return web.Response(status=200)
+
+    upstream.script("a", hang)
+    router = make_router(session, sleep, deployment(upstream, "a", timeout_s=0.2, max_retries=2))
+    try:
+        result = await router.complete(ALIAS, MESSAGES, {})
+    finally:
+        never.set()  # let the hanging handlers end so the server closes promptly
+    assert result == RowResult(
+        None, "upstream_error: a: timed out after 0.2s", 3, None, dead_letter=True
+    )
+    assert upstream.count("a") == 3
+    assert sleep.delays == jitter(2)

@@ -1,0 +1,214 @@
+"""Unit tests of the routes file: aliases → deployments, and one clear line per mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relay.router.routes import Deployment, load_routes, parse_routes
+from relay.settings import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+VALID = """
+[aliases."gpt-4o-mini"]
+deployments = ["primary", "backup"]
+
+[aliases.claude]
+deployments = ["backup"]
+
+[deployments.primary]
+provider = "openai"
+base_url = "https://api.example.com/v1/"
+model = "gpt-4o-mini-2024"
+api_key_env = "PRIMARY_KEY"
+timeout_s = 12.5
+max_retries = 2
+headers = { "X-Team" = "relay" }
+params = { temperature = 0.2 }
+
+[deployments.backup]
+provider = "anthropic"
+base_url = "http://127.0.0.1:9000"
+model = "claude-x"
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "routes.toml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def deployment(**overrides: object) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "provider": "openai",
+        "base_url": "http://127.0.0.1:8090/v1",
+        "model": "sim-echo",
+    }
+    spec.update(overrides)
+    return spec
+
+
+def routes_data(spec: object, names: list[str] | None = None) -> dict[str, object]:
+    return {
+        "deployments": {"d1": spec},
+        "aliases": {"a": {"deployments": names if names is not None else ["d1"]}},
+    }
+
+
+def test_valid_file_loads_aliases_in_order(tmp_path: Path) -> None:
+    routes = load_routes(write(tmp_path, VALID), {"PRIMARY_KEY": "sk-123"})
+    assert list(routes.aliases) == ["gpt-4o-mini", "claude"]
+    assert routes.names() == ["claude", "gpt-4o-mini"]
+    primary, backup = routes.resolve("gpt-4o-mini") or ()
+    assert primary == Deployment(
+        name="primary",
+        provider="openai",
+        base_url="https://api.example.com/v1",
+        model="gpt-4o-mini-2024",
+        api_key="sk-123",
+        timeout_s=12.5,
+        max_retries=2,
+        headers={"X-Team": "relay"},
+        params={"temperature": 0.2},
+    )
+    assert backup == Deployment(
+        name="backup", provider="anthropic", base_url="http://127.0.0.1:9000", model="claude-x"
+    )
+    assert routes.resolve("claude") == (backup,)
+    assert routes.resolve("nope") is None
+
+
+def test_local_routes_file_loads() -> None:
+    routes = load_routes(str(REPO / "deploy" / "routes.local.toml"), {})
+    assert routes.names() == ["gpt-4o-mini"]
+    (sim,) = routes.resolve("gpt-4o-mini") or ()
+    assert sim == Deployment(
+        name="local-sim",
+        provider="openai",
+        base_url="http://127.0.0.1:8090/v1",
+        model="sim-echo",
+        api_key=None,
+        timeout_s=30.0,
+        max_retries=3,
+    )
+
+
+def test_unknown_provider() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes(routes_data(deployment(provider="cohere")), {})
+    assert str(err.value) == (
+        "routes: deployment 'd1' has unknown provider 'cohere' (expected one of anthropic, openai)"
+    )
+
+
+def test_missing_provider() -> None:
+    spec = deployment()
+    del spec["provider"]
+    with pytest.raises(ConfigError, match=r"deployment 'd1' has unknown provider None"):
+        parse_routes(routes_data(spec), {})
+
+
+def test_alias_naming_a_missing_deployment() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes(routes_data(deployment(), ["d1", "ghost"]), {})
+    assert str(err.value) == "routes: alias 'a' names missing deployment 'ghost'"
+
+
+def test_alias_with_empty_deployments_list() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes(routes_data(deployment(), []), {})
+    assert str(err.value) == "routes: alias 'a' needs a non-empty deployments list"
+
+
+def test_missing_api_key_variable() -> None:
+    data = routes_data(deployment(api_key_env="RELAY_TEST_KEY"))
+    with pytest.raises(ConfigError) as err:
+        parse_routes(data, {"OTHER": "x"})
+    assert str(err.value) == "routes: deployment 'd1' needs environment variable RELAY_TEST_KEY"
+
+
+def test_empty_api_key_variable_counts_as_missing() -> None:
+    data = routes_data(deployment(api_key_env="RELAY_TEST_KEY"))
+    with pytest.raises(ConfigError, match="needs environment variable RELAY_TEST_KEY"):
+        parse_routes(data, {"RELAY_TEST_KEY": ""})
+
+
+def test_api_key_read_from_env() -> None:
+    data = routes_data(deployment(api_key_env="RELAY_TEST_KEY"))
+    routes = parse_routes(data, {"RELAY_TEST_KEY": "sk-live"})
+    assert (routes.resolve("a") or ())[0].api_key == "sk-live"
+
+
+@pytest.mark.parametrize("base_url", ["ftp://example.com", "example.com/v1", "", 42, None])
+def test_bad_base_url(base_url: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes(routes_data(deployment(base_url=base_url)), {})
+    assert str(err.value) == "routes: deployment 'd1' needs an http(s) base_url"
+
+
+def test_missing_model() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes(routes_data(deployment(model="")), {})
+    assert str(err.value) == "routes: deployment 'd1' needs a model"
+
+
+@pytest.mark.parametrize("value", [-1, "30", True])
+def test_bad_timeout(value: object) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes(routes_data(deployment(timeout_s=value)), {})
+    assert str(err.value) == "routes: deployment 'd1': timeout_s must be a non-negative number"
+
+
+def test_bad_headers() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes(routes_data(deployment(headers={"X-N": 1})), {})
+    assert str(err.value) == "routes: deployment 'd1': headers must be a table of strings"
+
+
+def test_deployment_not_a_table() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes(routes_data("openai"), {})
+    assert str(err.value) == "routes: deployment 'd1' must be a table"
+
+
+def test_sections_not_tables() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes({"deployments": [], "aliases": {}}, {})
+    assert str(err.value) == "routes: [deployments] and [aliases] must be tables"
+
+
+def test_no_aliases(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, '[deployments.d1]\nprovider = "openai"\nbase_url = "http://x"\nmodel = "m"\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        load_routes(path, {})
+    assert str(err.value) == f"routes file {path!r}: no [aliases.*] defined"
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError) as err:
+        load_routes(path, {})
+    assert str(err.value) == f"routes file {path!r} does not exist (RELAY_ROUTES_FILE)"
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    path = write(tmp_path, "[aliases\nbroken = ")
+    with pytest.raises(ConfigError) as err:
+        load_routes(path, {})
+    message = str(err.value)
+    assert message.startswith(f"routes file {path!r} is not valid TOML: ")
+    assert "\n" not in message
+
+
+def test_errors_name_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID)
+    with pytest.raises(ConfigError) as err:
+        load_routes(path, {})
+    assert str(err.value) == (
+        f"routes file {path!r}: deployment 'primary' needs environment variable PRIMARY_KEY"
+    )

@@ -1,0 +1,355 @@
+"""Unit tests of the row-worker: the runner (concurrency, cancel, one outcome per row)
+and the outcome batcher (count/time flush, add waits for the confirm, failures)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from relay.messages import DecodedRowTask, OutcomeBatch, RowOutcome
+from relay.router.types import Completion, RowResult
+from row_worker import batcher as batcher_module
+from row_worker.batcher import OutcomeBatcher
+from row_worker.handlers import CanceledJobs, RowRunner, to_outcome
+
+WAIT_S = 5.0  # generous upper bound for anything a test waits on; never a fixed sleep
+
+
+def row_messages(index: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"row {index}"}]
+
+
+def make_task(batch_id: str, indexes: Sequence[int], model: str = "m") -> DecodedRowTask:
+    return DecodedRowTask(
+        batch_id, model, tuple((i, row_messages(i)) for i in indexes), {"temperature": 0}
+    )
+
+
+def index_of(messages: Sequence[Mapping[str, Any]]) -> int:
+    return int(str(messages[0]["content"]).removeprefix("row "))
+
+
+@dataclass
+class FakeRouter:
+    """Records calls; each call can be held on a gate until the test opens it."""
+
+    gated: bool = False
+    fail_with: Exception | None = None
+    calls: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+    started: asyncio.Queue[tuple[str, int]] = field(default_factory=asyncio.Queue)
+    gates: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
+    cancelled: list[tuple[str, int]] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    def gate(self, batch_id: str, index: int) -> asyncio.Event:
+        return self.gates.setdefault((batch_id, index), asyncio.Event())
+
+    def open(self, batch_id: str, index: int) -> None:
+        self.gate(batch_id, index).set()
+
+    async def next_started(self) -> tuple[str, int]:
+        return await asyncio.wait_for(self.started.get(), WAIT_S)
+
+    async def complete(
+        self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+    ) -> RowResult:
+        index = index_of(messages)
+        batch_id = str(params.get("batch", alias))
+        self.calls.append((alias, index, dict(params)))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.started.put_nowait((batch_id, index))
+        try:
+            if self.gated:
+                await self.gate(batch_id, index).wait()
+            if self.fail_with is not None:
+                raise self.fail_with
+            return RowResult(Completion(f"echo {index}", 2, 3), None, 1, "dep")
+        except asyncio.CancelledError:
+            self.cancelled.append((batch_id, index))
+            raise
+        finally:
+            self.in_flight -= 1
+
+
+@dataclass
+class Sink:
+    """Collects outcomes."""
+
+    outcomes: list[RowOutcome] = field(default_factory=list)
+
+    async def __call__(self, outcome: RowOutcome) -> None:
+        self.outcomes.append(outcome)
+
+
+def tagged(batch_id: str, indexes: Sequence[int]) -> DecodedRowTask:
+    """A task whose params tell the fake router which job a call belongs to."""
+    return DecodedRowTask(
+        batch_id, batch_id, tuple((i, row_messages(i)) for i in indexes), {"batch": batch_id}
+    )
+
+
+async def settle() -> None:
+    """Let every ready callback run (no time passes)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+# --- RowRunner ---------------------------------------------------------------------------
+
+
+async def test_every_row_gets_one_outcome_with_its_index() -> None:
+    router, sink = FakeRouter(), Sink()
+    runner = RowRunner(router, sink, concurrency=4)
+    assert await runner.handle_task(make_task("b1", range(10, 20))) == 10
+    assert sorted(o.row_index for o in sink.outcomes) == list(range(10, 20))
+    assert sorted(sink.outcomes, key=lambda o: o.row_index) == [
+        RowOutcome("b1", i, f"echo {i}", None, 1, False, "dep", 2, 3) for i in range(10, 20)
+    ]
+    assert all(call == ("m", call[1], {"temperature": 0}) for call in router.calls)
+
+
+async def test_never_more_than_concurrency_calls_in_flight() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    runner = RowRunner(router, sink, concurrency=3)
+    running = asyncio.create_task(runner.handle_task(tagged("b1", range(8))))
+
+    first = {await router.next_started() for _ in range(3)}
+    assert first == {("b1", 0), ("b1", 1), ("b1", 2)}
+    await settle()
+    assert router.started.empty()  # the fourth row waits for a slot
+    assert router.in_flight == 3
+
+    for index in range(8):
+        router.open("b1", index)
+        if index + 3 < 8:
+            assert await router.next_started() == ("b1", index + 3)
+        await settle()
+        assert router.in_flight <= 3
+
+    assert await asyncio.wait_for(running, WAIT_S) == 8
+    assert router.max_in_flight == 3
+    assert sorted(o.row_index for o in sink.outcomes) == list(range(8))
+
+
+async def test_concurrency_is_shared_across_tasks() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    runner = RowRunner(router, sink, concurrency=2)
+    one = asyncio.create_task(runner.handle_task(tagged("b1", range(3))))
+    two = asyncio.create_task(runner.handle_task(tagged("b2", range(3))))
+    await router.next_started()
+    await router.next_started()
+    await settle()
+    assert router.in_flight == 2
+    for gate_key in [(b, i) for b in ("b1", "b2") for i in range(3)]:
+        router.open(*gate_key)
+    assert await asyncio.wait_for(asyncio.gather(one, two), WAIT_S) == [3, 3]
+    assert router.max_in_flight == 2
+    assert len(sink.outcomes) == 6
+
+
+async def test_canceled_job_rows_are_dropped_without_a_call() -> None:
+    router, sink = FakeRouter(), Sink()
+    runner = RowRunner(router, sink, concurrency=2)
+    assert runner.cancel_job("b1") == 0
+    assert await runner.handle_task(make_task("b1", range(5))) == 0
+    assert router.calls == []
+    assert sink.outcomes == []
+    # Other jobs are unaffected.
+    assert await runner.handle_task(make_task("b2", [0])) == 1
+
+
+async def test_cancel_aborts_in_flight_calls_and_drops_waiting_rows() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    runner = RowRunner(router, sink, concurrency=2)
+    running = asyncio.create_task(runner.handle_task(tagged("b1", range(5))))
+    started = {await router.next_started() for _ in range(2)}
+    assert started == {("b1", 0), ("b1", 1)}
+
+    assert runner.cancel_job("b1") == 2
+
+    assert await asyncio.wait_for(running, WAIT_S) == 0
+    assert sorted(router.cancelled) == [("b1", 0), ("b1", 1)]
+    assert len(router.calls) == 2  # rows 2..4 never reached the router
+    assert sink.outcomes == []
+    assert router.in_flight == 0
+
+
+async def test_cancel_leaves_other_jobs_running() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    runner = RowRunner(router, sink, concurrency=4)
+    doomed = asyncio.create_task(runner.handle_task(tagged("b1", range(2))))
+    kept = asyncio.create_task(runner.handle_task(tagged("b2", range(2))))
+    assert {await router.next_started() for _ in range(4)} == {
+        ("b1", 0),
+        ("b1", 1),
+        ("b2", 0),
+        ("b2", 1),
+    }
+    assert runner.cancel_job("b1") == 2
+    assert await asyncio.wait_for(doomed, WAIT_S) == 0
+    router.open("b2", 0)
+    router.open("b2", 1)
+    assert await asyncio.wait_for(kept, WAIT_S) == 2
+    assert sorted((o.batch_id, o.row_index) for o in sink.outcomes) == [("b2", 0), ("b2", 1)]
+    assert sorted(router.cancelled) == [("b1", 0), ("b1", 1)]
+
+
+async def test_router_exception_becomes_an_internal_error_outcome() -> None:
+    router, sink = FakeRouter(fail_with=ValueError("boom")), Sink()
+    runner = RowRunner(router, sink, concurrency=2)
+    assert await runner.handle_task(make_task("b1", [0, 1])) == 2
+    assert sorted(sink.outcomes, key=lambda o: o.row_index) == [
+        RowOutcome("b1", i, None, "internal_error: ValueError", 1, False, None, 0, 0)
+        for i in (0, 1)
+    ]
+
+
+async def test_sink_failure_propagates_from_handle_task() -> None:
+    async def broken_sink(outcome: RowOutcome) -> None:
+        raise RuntimeError("outcome publish failed")
+
+    runner = RowRunner(FakeRouter(), broken_sink, concurrency=2)
+    with pytest.raises(RuntimeError, match="outcome publish failed"):
+        await runner.handle_task(make_task("b1", [0, 1]))
+
+
+def test_to_outcome_of_a_failure() -> None:
+    result = RowResult(None, "upstream_error: a: HTTP 503: x", 4, None, dead_letter=True)
+    assert to_outcome("b", 3, result) == RowOutcome(
+        "b", 3, None, "upstream_error: a: HTTP 503: x", 4, True, None, 0, 0
+    )
+    assert to_outcome("b", 3, RowResult(None, None, 1, None)).error == "upstream_error: unknown"
+
+
+def test_to_outcome_of_a_success_ignores_dead_letter() -> None:
+    result = RowResult(Completion("hi", 1, 2), None, 2, "dep", dead_letter=True)
+    assert to_outcome("b", 0, result) == RowOutcome("b", 0, "hi", None, 2, False, "dep", 1, 2)
+
+
+def test_canceled_jobs_memory_is_bounded() -> None:
+    canceled = CanceledJobs(capacity=2)
+    for batch_id in ("a", "b", "a", "c"):
+        canceled.add(batch_id)
+    assert "a" in canceled
+    assert "c" in canceled
+    assert "b" not in canceled
+
+
+# --- OutcomeBatcher ----------------------------------------------------------------------
+
+
+def outcome(index: int, batch_id: str = "b1") -> RowOutcome:
+    return RowOutcome(batch_id, index, f"echo {index}", None, 1)
+
+
+@dataclass
+class FakePublish:
+    """Records every published body; can be held on a gate or made to fail."""
+
+    gate: asyncio.Event | None = None
+    failures: int = 0
+    bodies: list[bytes] = field(default_factory=list)
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, body: bytes) -> None:
+        self.bodies.append(body)
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("broker away")
+
+    def batches(self) -> list[list[int]]:
+        return [[o.row_index for o in OutcomeBatch.decode(b).outcomes] for b in self.bodies]
+
+
+async def test_flush_at_max_rows_without_waiting_for_the_timer() -> None:
+    publish = FakePublish()
+    batcher = OutcomeBatcher(publish, max_rows=3, flush_s=3600)
+    await asyncio.wait_for(asyncio.gather(*(batcher.add(outcome(i)) for i in range(3))), WAIT_S)
+    assert publish.batches() == [[0, 1, 2]]
+    assert OutcomeBatch.decode(publish.bodies[0]) == OutcomeBatch(tuple(map(outcome, range(3))))
+
+
+async def test_full_batches_go_out_as_they_fill() -> None:
+    publish = FakePublish()
+    batcher = OutcomeBatcher(publish, max_rows=2, flush_s=3600)
+    adds = [asyncio.create_task(batcher.add(outcome(i))) for i in range(5)]
+    # Four rows make two full batches; the fifth waits for its (hour-long) timer.
+    await asyncio.wait_for(asyncio.gather(*adds[:4]), WAIT_S)
+    await settle()
+    assert not adds[4].done()
+    assert publish.batches() == [[0, 1], [2, 3]]
+    await batcher.drain()
+    await asyncio.wait_for(adds[4], WAIT_S)
+    assert publish.batches() == [[0, 1], [2, 3], [4]]
+
+
+async def test_flush_by_time_for_fewer_rows() -> None:
+    publish = FakePublish()
+    batcher = OutcomeBatcher(publish, max_rows=100, flush_s=0.005)
+    await asyncio.wait_for(asyncio.gather(batcher.add(outcome(0)), batcher.add(outcome(1))), WAIT_S)
+    assert publish.batches() == [[0, 1]]
+
+
+async def test_add_returns_only_after_the_publish_completed() -> None:
+    gate = asyncio.Event()
+    publish = FakePublish(gate=gate)
+    batcher = OutcomeBatcher(publish, max_rows=2, flush_s=3600)
+    adds = [asyncio.create_task(batcher.add(outcome(i))) for i in range(2)]
+    await asyncio.wait_for(publish.entered.wait(), WAIT_S)
+    await settle()
+    assert not any(a.done() for a in adds)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*adds), WAIT_S)
+    assert publish.batches() == [[0, 1]]
+
+
+async def test_publish_failure_propagates_to_every_waiter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(batcher_module, "PUBLISH_ATTEMPTS", 3)
+    monkeypatch.setattr(batcher_module, "PUBLISH_RETRY_S", 0)
+    publish = FakePublish(failures=1000)
+    batcher = OutcomeBatcher(publish, max_rows=2, flush_s=3600)
+    results = await asyncio.wait_for(
+        asyncio.gather(batcher.add(outcome(0)), batcher.add(outcome(1)), return_exceptions=True),
+        WAIT_S,
+    )
+    assert [type(r) for r in results] == [RuntimeError, RuntimeError]
+    assert all(str(r) == "outcome publish failed: ConnectionError('broker away')" for r in results)
+    assert publish.batches() == [[0, 1]] * 3
+
+
+async def test_publish_is_retried_until_it_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batcher_module, "PUBLISH_ATTEMPTS", 3)
+    monkeypatch.setattr(batcher_module, "PUBLISH_RETRY_S", 0)
+    publish = FakePublish(failures=2)
+    batcher = OutcomeBatcher(publish, max_rows=1, flush_s=3600)
+    await asyncio.wait_for(batcher.add(outcome(7)), WAIT_S)
+    assert publish.batches() == [[7], [7], [7]]
+
+
+async def test_drain_publishes_pending_outcomes() -> None:
+    publish = FakePublish()
+    batcher = OutcomeBatcher(publish, max_rows=100, flush_s=3600)
+    adds = [asyncio.create_task(batcher.add(outcome(i))) for i in range(3)]
+    await settle()
+    assert publish.bodies == []
+    await asyncio.wait_for(batcher.drain(), WAIT_S)
+    await asyncio.wait_for(asyncio.gather(*adds), WAIT_S)
+    assert publish.batches() == [[0, 1, 2]]
+
+
+async def test_drain_with_nothing_pending_publishes_nothing() -> None:
+    publish = FakePublish()
+    batcher = OutcomeBatcher(publish, max_rows=10, flush_s=3600)
+    await batcher.drain()
+    assert publish.bodies == []

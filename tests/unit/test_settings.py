@@ -1,0 +1,142 @@
+"""Unit tests of the settings object: defaults, clamping, clear errors, masked URLs."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.settings import ConfigError, Settings
+
+
+def test_defaults_with_an_empty_environment() -> None:
+    settings = Settings.from_env({})
+    assert settings == Settings()
+    assert settings.database_url == "postgresql://postgres@127.0.0.1:5432/relay"
+    assert settings.amqp_url == "amqp://guest:guest@127.0.0.1:5672/"
+    assert settings.namespace == "relay"
+    assert settings.routes_file == "deploy/routes.local.toml"
+    assert settings.api_port == 8080
+    assert settings.batch_concurrency == 4
+    assert settings.webhook_timeout_s == 10.0
+    assert settings.max_rows == 100_000
+    assert settings.max_body_bytes == 100 * 1024 * 1024
+    assert settings.log_level == "INFO"
+
+
+def test_empty_values_mean_default() -> None:
+    env = {"RELAY_API_PORT": "", "RELAY_NAMESPACE": "", "RELAY_LEASE_SECONDS": ""}
+    assert Settings.from_env(env) == Settings()
+
+
+def test_values_are_read() -> None:
+    env = {
+        "RELAY_DATABASE_URL": "postgresql://relay:pw@db:5432/prod",
+        "RELAY_AMQP_URL": "amqps://relay:pw@mq:5671/",
+        "RELAY_NAMESPACE": "t_ns-1",
+        "RELAY_ROUTES_FILE": "/etc/relay/routes.toml",
+        "RELAY_API_PORT": "9000",
+        "RELAY_BATCH_CONCURRENCY": "16",
+        "RELAY_SLICE_ROWS": "8",
+        "RELAY_LEASE_SECONDS": "2.5",
+        "RELAY_LOG_LEVEL": "debug",
+        "UNRELATED": "ignored",
+    }
+    settings = Settings.from_env(env)
+    assert settings.database_url == "postgresql://relay:pw@db:5432/prod"
+    assert settings.amqp_url == "amqps://relay:pw@mq:5671/"
+    assert settings.namespace == "t_ns-1"
+    assert settings.routes_file == "/etc/relay/routes.toml"
+    assert settings.api_port == 9000
+    assert settings.batch_concurrency == 16
+    assert settings.slice_rows == 8
+    assert settings.lease_seconds == 2.5
+    assert settings.log_level == "DEBUG"
+
+
+def test_reads_the_process_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAY_API_PORT", "8181")
+    assert Settings.from_env().api_port == 8181
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("0", 1), ("-3", 1), ("1", 1), ("4", 4), ("32", 32), ("99", 32)]
+)
+def test_batch_concurrency_is_clamped(raw: str, expected: int) -> None:
+    assert Settings.from_env({"RELAY_BATCH_CONCURRENCY": raw}).batch_concurrency == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "attr", "raw", "expected"),
+    [
+        ("RELAY_SLICE_ROWS", "slice_rows", "0", 1),
+        ("RELAY_SLICE_ROWS", "slice_rows", "5000", 1000),
+        ("RELAY_DISPATCH_WINDOW", "dispatch_window", "0", 1),
+        ("RELAY_RESULTS_FLUSH_ROWS", "results_flush_rows", "-1", 1),
+        ("RELAY_AGGREGATOR_PREFETCH", "aggregator_prefetch", "0", 1),
+    ],
+)
+def test_other_bounded_integers(name: str, attr: str, raw: str, expected: int) -> None:
+    assert getattr(Settings.from_env({name: raw}), attr) == expected
+
+
+@pytest.mark.parametrize(
+    "name", ["RELAY_BATCH_CONCURRENCY", "RELAY_API_PORT", "RELAY_MAX_ROWS", "RELAY_SLICE_ROWS"]
+)
+@pytest.mark.parametrize("raw", ["four", "1.5", "0x10"])
+def test_bad_integer_names_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({name: raw})
+    assert str(err.value) == f"{name} must be an integer, got {raw!r}"
+
+
+def test_bad_number_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"RELAY_LEASE_SECONDS": "soon"})
+    assert str(err.value) == "RELAY_LEASE_SECONDS must be a number, got 'soon'"
+
+
+@pytest.mark.parametrize("raw", ["relay.prod", "a b", "ns/1", "ns*", "-_"])
+def test_bad_namespace(raw: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"RELAY_NAMESPACE": raw})
+    assert str(err.value) == (f"RELAY_NAMESPACE may hold letters, digits, '-' and '_', got {raw!r}")
+
+
+@pytest.mark.parametrize("raw", ["relay", "t_abc-123", "X9"])
+def test_good_namespace(raw: str) -> None:
+    assert Settings.from_env({"RELAY_NAMESPACE": raw}).namespace == raw
+
+
+def test_describe_masks_passwords_in_urls() -> None:
+    settings = Settings.from_env(
+        {
+            "RELAY_DATABASE_URL": "postgresql://relay:s3cr3t-db@db.internal:5432/relay",
+            "RELAY_AMQP_URL": "amqp://relay:hunter2@mq.internal:5672/vhost",
+        }
+    )
+    described = settings.describe()
+    assert described["database_url"] == "postgresql://relay:***@db.internal:5432/relay"
+    assert described["amqp_url"] == "amqp://relay:***@mq.internal:5672/vhost"
+    assert "s3cr3t-db" not in repr(described)
+    assert "hunter2" not in repr(described)
+    # Everything else is reported as is, one key per setting.
+    assert described["namespace"] == "relay"
+    assert described["batch_concurrency"] == 4
+    assert set(described) == set(Settings.__dataclass_fields__)
+
+
+def test_describe_masks_a_password_containing_at_signs() -> None:
+    settings = Settings(amqp_url="amqp://user:p@ss@w0rd@mq:5672/")
+    assert settings.describe()["amqp_url"] == "amqp://user:***@mq:5672/"
+
+
+def test_describe_leaves_urls_without_credentials_alone() -> None:
+    settings = Settings(database_url="postgresql:///relay", amqp_url="amqp://mq:5672/")
+    described = settings.describe()
+    assert described["database_url"] == "postgresql:///relay"
+    assert described["amqp_url"] == "amqp://mq:5672/"
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings()
+    with pytest.raises(AttributeError):
+        settings.namespace = "other"  # type: ignore[misc]

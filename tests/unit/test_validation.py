@@ -1,0 +1,607 @@
+"""Unit tests of the submission validation (API.md, "Submit a batch")."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from ingest_api.validation import (
+    BatchSpec,
+    RowInput,
+    SubmitLimits,
+    decode_json_object,
+    parse_priority_field,
+    validate_batch_options,
+    validate_cron,
+    validate_request_rows,
+    validate_submit,
+)
+from relay.errors import ApiError
+
+MODELS = frozenset({"gpt-4o-mini", "claude-haiku"})
+LIMITS = SubmitLimits()
+HI = [{"role": "user", "content": "hi"}]
+HI_JSON = '[{"content":"hi","role":"user"}]'
+
+
+def body(**fields: object) -> dict[str, object]:
+    """A valid submission with one row, with ``fields`` replacing or adding keys."""
+    payload: dict[str, object] = {"model": "gpt-4o-mini", "requests": [{"messages": HI}]}
+    payload.update(fields)
+    return payload
+
+
+def rows(*requests: object) -> dict[str, object]:
+    return body(requests=list(requests))
+
+
+def rejected(payload: object, limits: SubmitLimits = LIMITS) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        validate_submit(payload, limits, MODELS)  # type: ignore[arg-type]
+    assert info.value.status == 400
+    assert info.value.type == "invalid_request_error"
+    return info.value
+
+
+def assert_invalid(
+    payload: object, param: str, fragment: str, limits: SubmitLimits = LIMITS
+) -> ApiError:
+    """400 with exactly ``param``; the message names the field and contains ``fragment``."""
+    err = rejected(payload, limits)
+    assert err.param == param
+    assert err.message.startswith(param), err.message
+    assert fragment in err.message, err.message
+    return err
+
+
+# --- decode_json_object --------------------------------------------------------------
+
+
+def test_decode_json_object_returns_the_object() -> None:
+    assert decode_json_object(b' {"model": "m", "n": [1, 2.5]} ') == {"model": "m", "n": [1, 2.5]}
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"{'a': 1}", b"\xff\xfe", b"NaN", b'{"a": 1e999}'])
+def test_decode_json_object_rejects_non_json(raw: bytes) -> None:
+    with pytest.raises(ApiError) as info:
+        decode_json_object(raw)
+    assert (info.value.status, info.value.param) == (400, None)
+    assert info.value.message == "request body must be JSON"
+
+
+@pytest.mark.parametrize("raw", [b"[]", b"[{}]", b"1", b'"text"', b"null", b"true"])
+def test_decode_json_object_rejects_non_objects(raw: bytes) -> None:
+    with pytest.raises(ApiError) as info:
+        decode_json_object(raw)
+    assert (info.value.status, info.value.param) == (400, None)
+    assert info.value.message == "request body must be a JSON object"
+
+
+# --- whole submission ----------------------------------------------------------------
+
+
+def test_minimal_submission_gets_the_defaults() -> None:
+    spec = validate_submit(
+        rows({"messages": HI}, {"messages": HI}, {"messages": HI}), LIMITS, MODELS
+    )
+    assert spec == BatchSpec(
+        name=None,
+        model="gpt-4o-mini",
+        priority=0,
+        webhook_url=None,
+        cron=None,
+        rows=[RowInput("row-1", HI_JSON), RowInput("row-2", HI_JSON), RowInput("row-3", HI_JSON)],
+    )
+
+
+def test_full_submission_from_api_md() -> None:
+    raw = """{
+      "name": "Review sentiment — October",
+      "model": "gpt-4o-mini",
+      "requests": [
+        { "custom_id": "r-1",
+          "messages": [{ "role": "user", "content": "Classify: great product!" }] },
+        { "custom_id": "r-2",
+          "messages": [{ "role": "user", "content": "Classify: terrible service" }] }
+      ],
+      "priority": 5,
+      "webhookUrl": "https://my-app/relay-webhook",
+      "cron": null
+    }""".encode()
+    spec = validate_submit(decode_json_object(raw), LIMITS, MODELS)
+    assert spec.name == "Review sentiment — October"
+    assert (spec.model, spec.priority, spec.cron) == ("gpt-4o-mini", 5, None)
+    assert spec.webhook_url == "https://my-app/relay-webhook"
+    assert spec.rows == [
+        RowInput("r-1", '[{"content":"Classify: great product!","role":"user"}]'),
+        RowInput("r-2", '[{"content":"Classify: terrible service","role":"user"}]'),
+    ]
+
+
+def test_explicit_nulls_are_absent() -> None:
+    spec = validate_submit(body(name=None, webhookUrl=None, cron=None), LIMITS, MODELS)
+    assert (spec.name, spec.webhook_url, spec.cron) == (None, None, None)
+
+
+def test_unknown_top_level_keys_are_ignored() -> None:
+    spec = validate_submit(body(params={"temperature": 0.2}, extra=[1]), LIMITS, MODELS)
+    assert spec.rows == [RowInput("row-1", HI_JSON)]
+
+
+@pytest.mark.parametrize("payload", [[], ["model"], None, "text", 5])
+def test_top_level_not_an_object(payload: object) -> None:
+    err = rejected(payload)
+    assert err.param is None
+    assert err.message == "request body must be a JSON object"
+
+
+# --- model ---------------------------------------------------------------------------
+
+
+def test_model_is_required() -> None:
+    payload = body()
+    del payload["model"]
+    assert_invalid(payload, "model", "required")
+
+
+@pytest.mark.parametrize("model", [None, 5, ["gpt-4o-mini"], {"id": "gpt-4o-mini"}])
+def test_model_must_be_a_string(model: object) -> None:
+    assert_invalid(body(model=model), "model", "must be a string")
+
+
+def test_unknown_model() -> None:
+    err = assert_invalid(body(model="gpt-5-ultra"), "model", "unknown")
+    assert "'gpt-5-ultra'" in err.message
+
+
+def test_unknown_model_message_is_cut_short() -> None:
+    err = assert_invalid(body(model="x" * 10_000), "model", "unknown")
+    assert len(err.message) < 200
+
+
+def test_model_checked_against_any_container() -> None:
+    spec = validate_submit(body(model="claude-haiku"), LIMITS, {"claude-haiku": object()})
+    assert spec.model == "claude-haiku"
+
+
+# --- requests ------------------------------------------------------------------------
+
+
+def test_requests_is_required() -> None:
+    payload = body()
+    del payload["requests"]
+    assert_invalid(payload, "requests", "required")
+
+
+@pytest.mark.parametrize("value", [[], None, {}, "rows", 3, {"messages": HI}])
+def test_requests_must_be_a_non_empty_array(value: object) -> None:
+    err = assert_invalid(body(requests=value), "requests", "")
+    assert err.message == "requests must be a non-empty array"
+
+
+def test_too_many_requests() -> None:
+    limits = SubmitLimits(max_rows=3)
+    assert len(validate_submit(rows(*[{"messages": HI}] * 3), limits, MODELS).rows) == 3
+    assert_invalid(
+        rows(*[{"messages": HI}] * 4), "requests", "at most 3 requests per batch", limits
+    )
+
+
+def test_default_row_limit_is_100_000() -> None:
+    assert LIMITS.max_rows == 100_000
+    assert_invalid(rows(*[{"messages": HI}] * 100_001), "requests", "at most 100,000")
+
+
+@pytest.mark.parametrize("row", ["text", 1, None, [], [{"messages": HI}], True])
+def test_request_must_be_an_object(row: object) -> None:
+    assert_invalid(rows({"messages": HI}, row), "requests[1]", "must be an object")
+
+
+@pytest.mark.parametrize("messages", [[], None, {}, "hi", {"role": "user", "content": "hi"}])
+def test_messages_must_be_a_non_empty_array(messages: object) -> None:
+    err = assert_invalid(
+        rows({"messages": HI}, {"messages": HI}, {"messages": HI}, {"messages": messages}),
+        "requests[3].messages",
+        "",
+    )
+    assert err.message == "requests[3].messages must be a non-empty array"  # API.md's example
+
+
+def test_messages_missing() -> None:
+    assert_invalid(rows({"custom_id": "a"}), "requests[0].messages", "non-empty array")
+
+
+@pytest.mark.parametrize("message", ["hi", None, 5, [], ["user", "hi"]])
+def test_message_must_be_an_object(message: object) -> None:
+    payload = rows({"messages": HI}, {"messages": [HI[0], message]})
+    assert_invalid(payload, "requests[1].messages[1]", "must be an object")
+
+
+@pytest.mark.parametrize("role", ["tool", "User", "", None, 5, ["user"], {"user": 1}])
+def test_message_role_must_be_known(role: object) -> None:
+    payload = rows({"messages": [HI[0], {"role": role, "content": "x"}]})
+    assert_invalid(
+        payload,
+        "requests[0].messages[1].role",
+        "must be one of system, developer, user, assistant",
+    )
+
+
+def test_message_role_missing() -> None:
+    payload = rows({"messages": [{"content": "x"}]})
+    assert_invalid(payload, "requests[0].messages[0].role", "must be one of")
+
+
+@pytest.mark.parametrize("role", ["system", "developer", "user", "assistant"])
+def test_every_role_is_accepted(role: str) -> None:
+    spec = validate_submit(rows({"messages": [{"role": role, "content": "x"}]}), LIMITS, MODELS)
+    assert spec.rows[0].messages_json == f'[{{"content":"x","role":"{role}"}}]'
+
+
+@pytest.mark.parametrize("content", [None, 5, 1.5, True, ["hi"], {"type": "text", "text": "hi"}])
+def test_message_content_must_be_a_string(content: object) -> None:
+    bad = {"messages": [{"role": "user", "content": content}, HI[0]]}
+    payload = rows({"messages": HI}, {"messages": HI}, bad)
+    assert_invalid(payload, "requests[2].messages[0].content", "must be a string")
+
+
+def test_message_content_missing() -> None:
+    assert_invalid(
+        rows({"messages": [{"role": "user"}]}), "requests[0].messages[0].content", "string"
+    )
+
+
+def test_content_limit_counts_utf8_bytes() -> None:
+    limits = SubmitLimits(max_content_bytes=8)
+
+    def one_message(content: str) -> dict[str, object]:
+        return rows({"messages": [{"role": "user", "content": content}]})
+
+    for fits in ("12345678", "éééé", "😀😀"):  # 8 bytes as 8, 4 and 2 characters
+        assert validate_submit(one_message(fits), limits, MODELS).rows
+    for too_big in ("123456789", "ééééé", "😀😀x"):
+        param = "requests[0].messages[0].content"
+        assert_invalid(one_message(too_big), param, "at most 8 bytes", limits)
+
+
+def test_default_content_limit_is_one_mebibyte() -> None:
+    mib = 1024 * 1024
+    for fits in ("a" * mib, "😀" * (mib // 4)):
+        payload = rows({"messages": [{"role": "user", "content": fits}]})
+        assert validate_submit(payload, LIMITS, MODELS).rows
+    for too_big in ("a" * (mib + 1), "😀" * (mib // 4) + "a", "é" * (mib // 2 + 1)):
+        payload = rows({"messages": [HI[0], {"role": "user", "content": too_big}]})
+        assert_invalid(payload, "requests[0].messages[1].content", f"at most {mib} bytes")
+
+
+def test_content_with_lone_surrogate_is_a_400() -> None:
+    # orjson never decodes one, but a payload built another way might carry it.
+    payload = rows({"messages": [HI[0], {"role": "user", "content": "bad \ud800"}]})
+    assert_invalid(payload, "requests[0].messages[1].content", "valid Unicode")
+
+
+def test_first_bad_message_is_reported() -> None:
+    payload = rows(
+        {"messages": HI},
+        {"messages": [HI[0], {"role": "robot", "content": 1}, {"content": None}]},
+    )
+    assert_invalid(payload, "requests[1].messages[1].role", "must be one of")
+
+
+# --- messages_json -------------------------------------------------------------------
+
+
+def test_messages_json_is_compact_with_only_role_and_content() -> None:
+    messages = [
+        {"role": "system", "content": "Be terse.", "name": "sys", "extra": {"a": [1]}},
+        {"content": 'Say "hi"\nplease — ünïcødé 😀', "role": "user"},
+        {"role": "assistant", "content": "", "tool_calls": None},
+    ]
+    spec = validate_submit(rows({"messages": messages}), LIMITS, MODELS)
+    text = spec.rows[0].messages_json
+    assert text == (
+        '[{"content":"Be terse.","role":"system"},'
+        '{"content":"Say \\"hi\\"\\nplease — ünïcødé 😀","role":"user"},'
+        '{"content":"","role":"assistant"}]'
+    )
+    assert orjson.loads(text) == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": 'Say "hi"\nplease — ünïcødé 😀'},
+        {"role": "assistant", "content": ""},
+    ]
+
+
+def test_messages_json_does_not_depend_on_key_order_or_extra_keys() -> None:
+    variants = [
+        {"role": "user", "content": "hi"},
+        {"content": "hi", "role": "user"},
+        {"name": "n", "content": "hi", "role": "user"},
+    ]
+    spec = validate_submit(rows(*({"messages": [m]} for m in variants)), LIMITS, MODELS)
+    assert {row.messages_json for row in spec.rows} == {HI_JSON}
+
+
+def test_input_messages_are_not_modified() -> None:
+    message = {"role": "user", "content": "hi", "name": "n"}
+    validate_submit(rows({"messages": [message]}), LIMITS, MODELS)
+    assert message == {"role": "user", "content": "hi", "name": "n"}
+
+
+# --- custom_id -----------------------------------------------------------------------
+
+
+def test_custom_ids_default_by_one_based_position() -> None:
+    spec = validate_submit(
+        rows({"messages": HI}, {"custom_id": "mine", "messages": HI}, {"messages": HI}),
+        LIMITS,
+        MODELS,
+    )
+    assert [row.custom_id for row in spec.rows] == ["row-1", "mine", "row-3"]
+
+
+@pytest.mark.parametrize("custom_id", [7, 1.5, True, ["a"], {"id": "a"}])
+def test_custom_id_must_be_a_string(custom_id: object) -> None:
+    payload = rows({"messages": HI}, {"custom_id": custom_id, "messages": HI})
+    assert_invalid(payload, "requests[1].custom_id", "must be a string")
+
+
+def test_custom_id_length() -> None:
+    spec = validate_submit(rows({"custom_id": "x" * 256, "messages": HI}), LIMITS, MODELS)
+    assert spec.rows[0].custom_id == "x" * 256
+    payload = rows({"custom_id": "x" * 257, "messages": HI})
+    assert_invalid(payload, "requests[0].custom_id", "at most 256 characters")
+
+
+def test_duplicate_custom_id_names_the_later_one() -> None:
+    payload = rows(
+        {"custom_id": "a", "messages": HI},
+        {"custom_id": "b", "messages": HI},
+        {"custom_id": "a", "messages": HI},
+        {"custom_id": "b", "messages": HI},
+    )
+    err = assert_invalid(payload, "requests[2].custom_id", "'a'")
+    assert "requests[0].custom_id" in err.message
+
+
+def test_duplicate_after_defaulting() -> None:
+    payload = rows({"custom_id": "row-2", "messages": HI}, {"messages": HI})
+    assert_invalid(payload, "requests[1].custom_id", "'row-2'")
+
+
+# --- name ----------------------------------------------------------------------------
+
+
+def test_name() -> None:
+    assert validate_submit(body(name="October"), LIMITS, MODELS).name == "October"
+    assert validate_submit(body(name="n" * 256), LIMITS, MODELS).name == "n" * 256
+    assert_invalid(body(name="n" * 257), "name", "at most 256 characters")
+
+
+@pytest.mark.parametrize("name", [5, True, ["a"], {"a": 1}])
+def test_name_must_be_a_string(name: object) -> None:
+    assert_invalid(body(name=name), "name", "must be a string")
+
+
+# --- priority ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("priority", [0, 5, -5, 2**31 - 1, -(2**31)])
+def test_priority_accepted(priority: int) -> None:
+    assert validate_submit(body(priority=priority), LIMITS, MODELS).priority == priority
+
+
+@pytest.mark.parametrize("priority", ["5", 5.5, 5.0, True, False, [5], {"p": 5}])
+def test_priority_must_be_an_integer(priority: object) -> None:
+    assert_invalid(body(priority=priority), "priority", "must be an integer")
+
+
+def test_priority_5_point_0_from_json_is_rejected() -> None:
+    payload = decode_json_object(orjson.dumps(body()).replace(b"{", b'{"priority":5.0,', 1))
+    assert payload["priority"] == 5.0
+    assert_invalid(payload, "priority", "must be an integer")
+
+
+@pytest.mark.parametrize("priority", [2**31, -(2**31) - 1, 2**64])
+def test_priority_range(priority: int) -> None:
+    assert_invalid(body(priority=priority), "priority", "between -2147483648 and 2147483647")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("5", 5), ("-5", -5), ("+7", 7), (" 12\n", 12), ("0", 0), ("2147483647", 2**31 - 1)],
+)
+def test_parse_priority_field(text: str, expected: int) -> None:
+    assert parse_priority_field(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", " ", "5.0", "5.5", "1_000", "abc", "0x10", "٣", "--5", "5 5"])
+def test_parse_priority_field_rejects_non_integers(text: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_priority_field(text)
+    assert (info.value.status, info.value.param) == (400, "priority")
+    assert info.value.message == "priority must be an integer"
+
+
+@pytest.mark.parametrize("text", ["2147483648", "-2147483649", "9" * 5000])
+def test_parse_priority_field_range(text: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_priority_field(text)
+    assert (info.value.status, info.value.param) == (400, "priority")
+    assert "between" in info.value.message
+
+
+# --- cron ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "stored"),
+    [
+        ("*/5 * * * *", "*/5 * * * *"),
+        ("0 9 * * MON-FRI", "0 9 * * MON-FRI"),
+        ("  0\t0  1 * *\n", "0 0 1 * *"),
+        ("0 0 29 2 *", "0 0 29 2 *"),
+    ],
+)
+def test_cron_accepted_and_normalized(expr: str, stored: str) -> None:
+    assert validate_submit(body(cron=expr), LIMITS, MODELS).cron == stored
+    assert validate_cron(expr) == stored
+
+
+@pytest.mark.parametrize("expr", ["0 0 * * * *", "* * * *", "@daily", "", "   ", "0 0 1 1 * 2030"])
+def test_cron_needs_exactly_five_fields(expr: str) -> None:
+    assert_invalid(body(cron=expr), "cron", "exactly 5 fields")
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["60 * * * *", "0 24 * * *", "a b c d e", "*/0 * * * *", "R * * * *", "H * * * *", "٣ * * * *"],
+)
+def test_cron_invalid_field(expr: str) -> None:
+    assert_invalid(body(cron=expr), "cron", "is not valid")
+
+
+def test_cron_that_never_fires() -> None:
+    assert_invalid(body(cron="0 0 30 2 *"), "cron", "never fires")
+
+
+@pytest.mark.parametrize("expr", [5, True, ["* * * * *"], {"cron": "* * * * *"}])
+def test_cron_must_be_a_string(expr: object) -> None:
+    assert_invalid(body(cron=expr), "cron", "must be a string")
+
+
+def test_cron_length_is_bounded() -> None:
+    assert_invalid(body(cron=",".join(["1"] * 200) + " * * * *"), "cron", "at most 256")
+
+
+def test_validate_cron_alone_raises_with_param_cron() -> None:
+    with pytest.raises(ApiError) as info:
+        validate_cron("* * * * * *")
+    assert (info.value.status, info.value.param) == (400, "cron")
+
+
+# --- webhookUrl ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://my-app/relay-webhook",
+        "http://localhost:8080/hook?x=1#f",
+        "HTTPS://Example.COM",
+        "https://[::1]:9000/h",
+        "https://user:pw@hooks.example.com/x",
+    ],
+)
+def test_webhook_url_accepted(url: str) -> None:
+    assert validate_submit(body(webhookUrl=url), LIMITS, MODELS).webhook_url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "ftp://example.com/x",
+        "javascript:alert(1)",
+        "mailto:ops@example.com",
+        "/relative/hook",
+        "my-app/hook",
+        "//my-app/hook",
+        "https://",
+        "http:///path",
+        "http://:80/x",
+        "https://exa mple.com/",
+        "https://example.com/\n",
+        " https://example.com/",
+        "https://example.com/\x00",
+        "http://[::1/x",
+        "http://example.com:99999/",
+        "http://example.com:port/",
+    ],
+)
+def test_webhook_url_rejected(url: str) -> None:
+    assert_invalid(body(webhookUrl=url), "webhookUrl", "absolute http or https URL")
+
+
+@pytest.mark.parametrize("url", [5, True, ["https://x.io"], {"url": "https://x.io"}])
+def test_webhook_url_must_be_a_string(url: object) -> None:
+    assert_invalid(body(webhookUrl=url), "webhookUrl", "must be a string")
+
+
+def test_webhook_url_length() -> None:
+    base = "https://example.com/"
+    ok = base + "a" * (2048 - len(base))
+    assert validate_submit(body(webhookUrl=ok), LIMITS, MODELS).webhook_url == ok
+    assert_invalid(body(webhookUrl=ok + "a"), "webhookUrl", "at most 2048 characters")
+
+
+# --- pieces reused by the upload endpoint --------------------------------------------
+
+
+def test_validate_batch_options_for_form_fields() -> None:
+    fields = {"model": "claude-haiku", "priority": parse_priority_field("3"), "cron": "0 * * * *"}
+    name, model, priority, webhook_url, cron = validate_batch_options(fields, MODELS)
+    assert (name, model, priority, webhook_url, cron) == (
+        None,
+        "claude-haiku",
+        3,
+        None,
+        "0 * * * *",
+    )
+
+
+def test_validate_request_rows_with_a_prefix() -> None:
+    requests = [{"messages": HI}, {"messages": [{"role": "user", "content": 5}]}]
+    with pytest.raises(ApiError) as info:
+        validate_request_rows(requests, LIMITS, param_prefix="file[0]")
+    assert info.value.param == "file[0][1].messages[0].content"
+    assert validate_request_rows(requests[:1], LIMITS, "file[0]") == [RowInput("row-1", HI_JSON)]
+
+
+# --- robustness ----------------------------------------------------------------------
+
+ODD_VALUES: list[object] = [None, True, 0, -1, 2**70, 1.5, "", "x", [], [None], {}, {"a": []}]
+
+
+@pytest.mark.parametrize("value", ODD_VALUES)
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("model",),
+        ("name",),
+        ("priority",),
+        ("cron",),
+        ("webhookUrl",),
+        ("requests",),
+        ("requests", 0),
+        ("requests", 0, "messages"),
+        ("requests", 0, "messages", 0),
+        ("requests", 0, "messages", 0, "role"),
+        ("requests", 0, "messages", 0, "content"),
+        ("requests", 0, "custom_id"),
+    ],
+)
+def test_odd_values_give_a_spec_or_a_400(path: tuple[str | int, ...], value: object) -> None:
+    payload = orjson.loads(orjson.dumps(body()))
+    target = payload
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    try:
+        validate_submit(payload, LIMITS, MODELS)
+    except ApiError as err:
+        assert err.status == 400
+        assert err.param is not None
+
+
+def test_null_priority_and_custom_id_mean_absent() -> None:
+    spec = validate_submit(
+        {
+            "model": "gpt-4o-mini",
+            "priority": None,
+            "requests": [{"custom_id": None, "messages": [{"role": "user", "content": "x"}]}],
+        },
+        SubmitLimits(),
+        {"gpt-4o-mini"},
+    )
+    assert spec.priority == 0
+    assert spec.rows[0].custom_id == "row-1"
