@@ -7,6 +7,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+import orjson
+
 
 class Status(StrEnum):
     """Every status a batch can have (a CHECK constraint in the ledger says the same)."""
@@ -54,6 +56,8 @@ class Batch:
     created_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     @classmethod
     def from_record(cls, record: Any) -> Batch:
@@ -80,6 +84,11 @@ class Batch:
             "cron": self.cron,
             "next_run_at": iso(self.next_run_at),
             "template_id": self.template_id,
+            "params": orjson.loads(self.params),
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+            },
         }
 
     def webhook_body(self) -> dict[str, Any]:

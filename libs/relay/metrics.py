@@ -22,6 +22,12 @@ UPSTREAM_RETRIES = Counter("relay_upstream_retries_total", "Upstream retries", [
 UPSTREAM_FALLBACKS = Counter(
     "relay_upstream_fallbacks_total", "Rows that fell through to a later deployment", ["alias"]
 )
+UPSTREAM_COOLDOWNS = Counter(
+    "relay_upstream_cooldowns_total", "Cooldowns started for a failing deployment", ["deployment"]
+)
+UPSTREAM_COOLDOWN_ACTIVE = Gauge(
+    "relay_upstream_cooldown_active", "1 while a deployment is cooling down", ["deployment"]
+)
 MESSAGES_PUBLISHED = Counter("relay_messages_published_total", "Confirmed publishes", ["kind"])
 MESSAGES_CONSUMED = Counter("relay_messages_consumed_total", "Consumed messages", ["kind"])
 JOB_TRANSITIONS = Counter("relay_job_transitions_total", "Job status transitions", ["status"])

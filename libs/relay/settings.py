@@ -67,6 +67,11 @@ class Settings:
     aggregator_chunk: int = 64
     aggregator_prefetch: int = 256
     webhook_timeout_s: float = 10.0
+    retry_base_ms: float = 200.0
+    retry_cap_s: float = 10.0
+    cooldown_failures: int = 5
+    cooldown_window_s: float = 10.0
+    cooldown_s: float = 30.0
     max_body_bytes: int = 100 * 1024 * 1024
     max_rows: int = 100_000
     max_content_bytes: int = 1024 * 1024
@@ -98,6 +103,11 @@ class Settings:
             aggregator_chunk=max(1, _int(env, "RELAY_AGGREGATOR_CHUNK", d.aggregator_chunk)),
             aggregator_prefetch=max(1, _int(env, "RELAY_AGGREGATOR_PREFETCH", 256)),
             webhook_timeout_s=_float(env, "RELAY_WEBHOOK_TIMEOUT_S", d.webhook_timeout_s),
+            retry_base_ms=_float(env, "RELAY_RETRY_BASE_MS", d.retry_base_ms),
+            retry_cap_s=_float(env, "RELAY_RETRY_CAP_S", d.retry_cap_s),
+            cooldown_failures=max(1, _int(env, "RELAY_COOLDOWN_FAILURES", d.cooldown_failures)),
+            cooldown_window_s=_float(env, "RELAY_COOLDOWN_WINDOW_S", d.cooldown_window_s),
+            cooldown_s=_float(env, "RELAY_COOLDOWN_S", d.cooldown_s),
             max_body_bytes=_int(env, "RELAY_MAX_BODY_BYTES", d.max_body_bytes),
             max_rows=_int(env, "RELAY_MAX_ROWS", d.max_rows),
             max_content_bytes=_int(env, "RELAY_MAX_CONTENT_BYTES", d.max_content_bytes),

@@ -1,18 +1,18 @@
-"""Streaming a job's results as one JSON document or as ndjson, a page at a time."""
+"""Streaming long row lists (results, dead letters) as one JSON document or as ndjson,
+a keyset page at a time, so memory does not grow with the job's size."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
 
 from relay.batches import TERMINAL, Batch
-from relay.ledger.jobs import ResultRow
+from relay.ledger.jobs import DeadLetterRow, ResultRow
 
 NDJSON = "application/x-ndjson"
-
-Pages = AsyncIterator[list[ResultRow]]
 
 
 def row_object(row: ResultRow) -> dict[str, str | None]:
@@ -22,38 +22,52 @@ def row_object(row: ResultRow) -> dict[str, str | None]:
     return {"custom_id": row.custom_id, "error": row.error}
 
 
+def dead_letter_object(row: DeadLetterRow) -> dict[str, Any]:
+    """API.md's dead-letter row: ``{custom_id, error, attempts}``."""
+    return {"custom_id": row.custom_id, "error": row.error, "attempts": row.attempts}
+
+
 def wants_ndjson(request: web.Request) -> bool:
     """True when the client asked for ``application/x-ndjson``."""
     return NDJSON in request.headers.get("Accept", "")
 
 
-async def stream_results(request: web.Request, batch: Batch, pages: Pages) -> web.StreamResponse:
-    """Write the results of ``batch`` (none until it is terminal) page by page."""
+async def stream_list(
+    request: web.Request,
+    head: dict[str, Any],
+    pages: AsyncIterator[list[Any]] | None,
+    to_object: Callable[[Any], dict[str, Any]],
+) -> web.StreamResponse:
+    """Write ``{**head, "data": [...]}`` (or one object per line for ndjson) page by page.
+
+    ``pages`` None means an empty list.
+    """
     ndjson = wants_ndjson(request)
     response = web.StreamResponse(
         headers={"Content-Type": NDJSON if ndjson else "application/json"}
     )
     await response.prepare(request)
-    if batch.status not in TERMINAL:
-        if not ndjson:
-            await response.write(_head(batch) + b"]}")
-        await response.write_eof()
-        return response
+    dumps = orjson.dumps
     if ndjson:
-        async for page in pages:
-            await response.write(b"".join(orjson.dumps(row_object(r)) + b"\n" for r in page))
+        if pages is not None:
+            async for page in pages:
+                await response.write(b"".join(dumps(to_object(r)) + b"\n" for r in page))
     else:
-        await response.write(_head(batch))
+        await response.write(dumps(head)[:-1] + (b',"data":[' if head else b'{"data":['))
         first = True
-        async for page in pages:
-            chunk = b",".join(orjson.dumps(row_object(r)) for r in page)
-            await response.write(chunk if first else b"," + chunk)
-            first = False
+        if pages is not None:
+            async for page in pages:
+                chunk = b",".join(dumps(to_object(r)) for r in page)
+                await response.write(chunk if first else b"," + chunk)
+                first = False
         await response.write(b"]}")
     await response.write_eof()
     return response
 
 
-def _head(batch: Batch) -> bytes:
-    prefix = orjson.dumps({"id": batch.id, "status": batch.status})
-    return prefix[:-1] + b',"data":['
+async def stream_results(
+    request: web.Request, batch: Batch, pages: AsyncIterator[list[ResultRow]]
+) -> web.StreamResponse:
+    """The results of ``batch``: none until it is terminal, then every outcome in order."""
+    head = {"id": batch.id, "status": batch.status}
+    return await stream_list(request, head, pages if batch.status in TERMINAL else None, row_object)

@@ -11,7 +11,7 @@ from aiohttp import web
 from croniter import croniter
 
 from ingest_api.middleware import WORKSPACE_ID, json_response
-from ingest_api.results import stream_results
+from ingest_api.results import dead_letter_object, stream_list, stream_results
 from ingest_api.validation import SubmitLimits, decode_json_object, validate_submit
 from relay.batches import TERMINAL, Batch, Status
 from relay.errors import ApiError, ConflictError, invalid
@@ -93,6 +93,7 @@ async def create_batch(request: web.Request) -> web.Response:
         webhook_url=spec.webhook_url,
         cron=spec.cron,
         next_run_at=next_tick(spec.cron, now) if spec.cron else None,
+        params=spec.params_json,
     )
     batch = await deps.jobs.create(new, ((r.custom_id, r.messages_json) for r in spec.rows))
     log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
@@ -148,12 +149,11 @@ async def get_results(request: web.Request) -> web.StreamResponse:
     return await stream_results(request, batch, request.app[DEPS].jobs.result_pages(batch))
 
 
-async def get_dead_letters(request: web.Request) -> web.Response:
-    """``GET /v1/batches/{id}/dead_letter``."""
+async def get_dead_letters(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/batches/{id}/dead_letter``: streamed, in row order (ndjson on request)."""
     batch = await _find(request)
-    rows = await request.app[DEPS].jobs.dead_letters(batch)
-    data = [{"custom_id": r.custom_id, "error": r.error, "attempts": r.attempts} for r in rows]
-    return json_response({"id": batch.id, "data": data})
+    pages = request.app[DEPS].jobs.dead_letter_pages(batch)
+    return await stream_list(request, {"id": batch.id}, pages, dead_letter_object)
 
 
 async def cancel_batch(request: web.Request) -> web.Response:

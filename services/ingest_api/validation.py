@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import orjson
 from croniter import CroniterBadDateError, CroniterError, croniter
 
+from ingest_api.params import validate_params
 from relay.errors import ApiError, invalid
 
 ROLES: frozenset[str] = frozenset({"system", "developer", "user", "assistant"})
@@ -67,6 +68,7 @@ class BatchSpec:
     webhook_url: str | None
     cron: str | None
     rows: list[RowInput]
+    params_json: str = "{}"
 
 
 class BatchOptions(NamedTuple):
@@ -110,6 +112,7 @@ def validate_submit(
         webhook_url=options.webhook_url,
         cron=options.cron,
         rows=rows,
+        params_json=validate_params(payload.get("params")),
     )
 
 

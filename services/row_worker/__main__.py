@@ -8,6 +8,7 @@ import os
 
 import aiohttp
 
+from relay.router.cooldown import CooldownPolicy, Cooldowns
 from relay.router.policy import BackoffPolicy
 from relay.router.router import ModelRouter
 from relay.router.routes import load_routes
@@ -28,7 +29,16 @@ async def build(
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     session = aiohttp.ClientSession(connector=connector)
     resources.push_async_callback(session.close)
-    router = ModelRouter(routes, session, BackoffPolicy())
+    router = ModelRouter(
+        routes,
+        session,
+        BackoffPolicy(settings.retry_base_ms / 1000, settings.retry_cap_s),
+        cooldowns=Cooldowns(
+            CooldownPolicy(
+                settings.cooldown_failures, settings.cooldown_window_s, settings.cooldown_s
+            )
+        ),
+    )
     batcher = OutcomeBatcher(
         lambda body: bus.publish(bus.names.results, body, kind="results"),
         max_rows=settings.results_flush_rows,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 import asyncpg
 
@@ -14,6 +15,20 @@ from relay.ledger.outbox import mark_finished_published
 from relay.ledger.pool import translated
 
 RESULT_PAGE_ROWS = 5000
+T = TypeVar("T")
+
+# $1 batch id, $2 the batch whose rows it uses, $3 last row index seen, $4 page size.
+_RESULTS_PAGE = (
+    "SELECT o.row_index, r.custom_id, o.content, o.error"
+    " FROM row_results o JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = o.row_index"
+    " WHERE o.batch_id = $1 AND o.row_index > $3 ORDER BY o.row_index LIMIT $4"
+)
+_DEAD_LETTER_PAGE = (
+    "SELECT o.row_index, r.custom_id, o.error, o.attempts"
+    " FROM row_results o JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = o.row_index"
+    " WHERE o.batch_id = $1 AND o.dead_letter AND o.row_index > $3"
+    " ORDER BY o.row_index LIMIT $4"
+)
 
 
 @dataclass(frozen=True)
@@ -131,43 +146,33 @@ class JobStore:
             raise ConflictError(batch_id)
         return Batch.from_record(record)
 
-    async def result_pages(
+    def result_pages(
         self, batch: Batch, page_rows: int = RESULT_PAGE_ROWS
     ) -> AsyncIterator[list[ResultRow]]:
-        """Yield the job's outcomes in row order, a keyset page at a time."""
+        """The job's outcomes in row order, a keyset page at a time."""
+        return self._pages(_RESULTS_PAGE, batch, page_rows, ResultRow)
+
+    def dead_letter_pages(
+        self, batch: Batch, page_rows: int = RESULT_PAGE_ROWS
+    ) -> AsyncIterator[list[DeadLetterRow]]:
+        """The job's dead-letter rows in row order, a keyset page at a time."""
+        return self._pages(_DEAD_LETTER_PAGE, batch, page_rows, DeadLetterRow)
+
+    async def _pages(
+        self, sql: str, batch: Batch, page_rows: int, factory: Callable[..., T]
+    ) -> AsyncIterator[list[T]]:
         last = -1
         while True:
             async with translated():
                 records = await self._pool.fetch(
-                    "SELECT o.row_index, r.custom_id, o.content, o.error"
-                    " FROM row_results o JOIN batch_rows r"
-                    "   ON r.batch_id = $2 AND r.row_index = o.row_index"
-                    " WHERE o.batch_id = $1 AND o.row_index > $3"
-                    " ORDER BY o.row_index LIMIT $4",
-                    batch.id,
-                    batch.rows_batch_id,
-                    last,
-                    page_rows,
+                    sql, batch.id, batch.rows_batch_id, last, page_rows
                 )
             if not records:
                 return
-            yield [ResultRow(*r) for r in records]
+            yield [factory(*r) for r in records]
             if len(records) < page_rows:
                 return
             last = records[-1][0]
-
-    async def dead_letters(self, batch: Batch) -> list[DeadLetterRow]:
-        """The job's dead-letter rows in row order (bounded by the job's size)."""
-        async with translated():
-            records = await self._pool.fetch(
-                "SELECT o.row_index, r.custom_id, o.error, o.attempts"
-                " FROM row_results o JOIN batch_rows r"
-                "   ON r.batch_id = $2 AND r.row_index = o.row_index"
-                " WHERE o.batch_id = $1 AND o.dead_letter ORDER BY o.row_index",
-                batch.id,
-                batch.rows_batch_id,
-            )
-        return [DeadLetterRow(*r) for r in records]
 
     async def mark_finished_published(self, batch_ids: list[str]) -> None:
         """Record that ``job.finished`` went out for these jobs."""

@@ -32,19 +32,23 @@ ins AS (
     FROM input i JOIN batches b ON b.id = i.batch_id
     WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
     ON CONFLICT (batch_id, row_index) DO NOTHING
-    RETURNING batch_id, error IS NULL AS ok, dead_letter
+    RETURNING batch_id, error IS NULL AS ok, dead_letter, prompt_tokens, completion_tokens
 ),
 counts AS (
     SELECT batch_id,
            count(*) FILTER (WHERE ok) AS ok,
            count(*) FILTER (WHERE NOT ok) AS bad,
-           count(*) FILTER (WHERE dead_letter) AS dl
+           count(*) FILTER (WHERE dead_letter) AS dl,
+           sum(prompt_tokens) AS pt,
+           sum(completion_tokens) AS ct
     FROM ins GROUP BY batch_id
 )
 UPDATE batches b SET
     completed = b.completed + c.ok,
     failed = b.failed + c.bad,
     dead_letter = b.dead_letter + c.dl,
+    prompt_tokens = b.prompt_tokens + c.pt,
+    completion_tokens = b.completion_tokens + c.ct,
     last_progress_at = now(),
     status = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
                   THEN 'completed' ELSE b.status END,

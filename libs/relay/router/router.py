@@ -1,9 +1,11 @@
 """The model router: a row tries its alias's deployments in order, retrying each.
 
 Within a deployment, connect errors, timeouts and retryable statuses (408, 409, 429,
-5xx) are retried with backoff (honouring ``Retry-After``); any other status falls
-through to the next deployment at once. A row failing everywhere gets
-``upstream_error: …``; it is dead-lettered when its last failure was transient.
+5xx) are retried with backoff (honouring ``Retry-After``) up to its ``max_retries``;
+any other status falls through to the next deployment at once. A deployment cooling
+down (see :mod:`relay.router.cooldown`) is skipped while another is available. A row
+failing everywhere gets ``upstream_error: …``; it is dead-lettered when its last
+failure was transient (worth replaying), and only failed when it was permanent.
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import aiohttp
 
 from relay.metrics import UPSTREAM_FALLBACKS, UPSTREAM_LATENCY, UPSTREAM_RETRIES
-from relay.router import openai
+from relay.router import anthropic, openai
+from relay.router.cooldown import CooldownPolicy, Cooldowns
 from relay.router.policy import BackoffPolicy, is_retryable_status, parse_retry_after
 from relay.router.routes import Deployment, Routes
 from relay.router.types import ProviderReply, RowResult
 
 ERROR_SNIPPET_CHARS = 200
+PROVIDERS: dict[str, ModuleType] = {"openai": openai, "anthropic": anthropic}
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -38,6 +43,15 @@ class _Attempt:
     retry_after: float | None = None
 
 
+@dataclass(frozen=True)
+class _DeploymentResult:
+    """What one deployment made of a row."""
+
+    reply: ProviderReply
+    calls: int
+    transient: bool
+
+
 class ModelRouter:
     """Turns ``(alias, messages, params)`` into a :class:`RowResult`."""
 
@@ -48,12 +62,14 @@ class ModelRouter:
         policy: BackoffPolicy | None = None,
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
+        cooldowns: Cooldowns | None = None,
     ) -> None:
         self.routes = routes
         self._session = session
         self._policy = policy or BackoffPolicy()
         self._sleep = sleep
         self._rng = rng or random.Random()
+        self._cooldowns = cooldowns or Cooldowns(CooldownPolicy())
 
     async def complete(
         self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
@@ -65,37 +81,55 @@ class ModelRouter:
         attempts = 0
         last_error = "no deployment tried"
         last_transient = False
-        for position, deployment in enumerate(deployments):
+        for position, deployment in enumerate(self._order(deployments)):
             if position:
                 UPSTREAM_FALLBACKS.labels(alias).inc()
-            result, used, last_transient = await self._try_deployment(deployment, messages, params)
-            attempts += used
-            if result.completion is not None:
-                return RowResult(result.completion, None, attempts, deployment.name)
-            last_error = f"{deployment.name}: {result.error}"
+            has_next = position + 1 < len(deployments)
+            result = await self._try_deployment(deployment, messages, params, has_next)
+            attempts += result.calls
+            if result.reply.completion is not None:
+                return RowResult(result.reply.completion, None, attempts, deployment.name)
+            last_error = f"{deployment.name}: {result.reply.error}"
+            last_transient = result.transient
         return RowResult(
             None, f"upstream_error: {last_error}", attempts, None, dead_letter=last_transient
         )
 
+    def _order(self, deployments: tuple[Deployment, ...]) -> list[Deployment]:
+        """Deployments in fallback order, those cooling down moved behind the others."""
+        ready = [d for d in deployments if not self._cooldowns.cooling(d.name)]
+        return ready + [d for d in deployments if d not in ready]
+
     async def _try_deployment(
-        self, deployment: Deployment, messages: Sequence[Mapping[str, Any]], params: Any
-    ) -> tuple[ProviderReply, int, bool]:
-        """Call one deployment with retries: (reply or error, calls made, last was transient)."""
+        self,
+        deployment: Deployment,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        has_next: bool,
+    ) -> _DeploymentResult:
+        """Call one deployment with retries until success, a permanent error or give-up."""
         calls = 0
         while True:
             attempt = await self._call(deployment, messages, params)
             calls += 1
             if attempt.reply is not None:
-                return attempt.reply, calls, False
-            if not attempt.retryable or calls > deployment.max_retries:
-                return ProviderReply(error=attempt.error), calls, attempt.retryable
+                if attempt.reply.completion is not None:
+                    self._cooldowns.record_success(deployment.name)
+                return _DeploymentResult(attempt.reply, calls, False)
+            if not attempt.retryable:
+                return _DeploymentResult(ProviderReply(error=attempt.error), calls, False)
+            self._cooldowns.record_failure(deployment.name)
+            out_of_budget = calls > deployment.max_retries
+            if out_of_budget or (has_next and self._cooldowns.cooling(deployment.name)):
+                return _DeploymentResult(ProviderReply(error=attempt.error), calls, True)
             UPSTREAM_RETRIES.labels(deployment.name).inc()
             await self._sleep(self._policy.delay(calls - 1, self._rng, attempt.retry_after))
 
     async def _call(
         self, deployment: Deployment, messages: Sequence[Mapping[str, Any]], params: Any
     ) -> _Attempt:
-        url, headers, body = openai.build_request(deployment, messages, params)
+        provider = PROVIDERS[deployment.provider]
+        url, headers, body = provider.build_request(deployment, messages, params)
         timeout = aiohttp.ClientTimeout(total=deployment.timeout_s)
         started = time.perf_counter()
         try:
@@ -112,7 +146,7 @@ class ModelRouter:
         finally:
             UPSTREAM_LATENCY.labels(deployment.name).observe(time.perf_counter() - started)
         if status == 200:
-            return _Attempt(reply=openai.parse_reply(raw))
+            return _Attempt(reply=provider.parse_reply(raw))
         snippet = raw[:ERROR_SNIPPET_CHARS].decode("utf-8", "replace")
         return _Attempt(
             error=f"HTTP {status}: {snippet}",
