@@ -150,6 +150,7 @@ def build_system(
     *,
     workers: int = 1,
     sim_env: dict[str, str] | None = None,
+    max_retries: int = 3,
     **overrides: str,
 ) -> System:
     """Describe a system for ``iso``: routes file, environment, every process."""
@@ -161,7 +162,7 @@ def build_system(
         "[deployments.sim]\n"
         'provider = "openai"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
-        'model = "sim-echo"\ntimeout_s = 30\nmax_retries = 3\n'
+        f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
     )
     env = {
         **os.environ,

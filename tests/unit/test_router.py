@@ -19,9 +19,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from relay.router.cooldown import CooldownPolicy, Cooldowns
 from relay.router.policy import BackoffPolicy
 from relay.router.router import ModelRouter
-from relay.router.routes import Deployment, Routes
+from relay.router.routes import Deployment, Routes, parse_routes
 from relay.router.types import Completion, RowResult
 
 ALIAS = "chat"
@@ -389,3 +390,37 @@ async def test_timeout_is_retried_then_dead_lettered(
     )
     assert upstream.count("a") == 3
     assert sleep.delays == jitter(2)
+
+
+async def test_a_cooling_deployment_is_skipped_while_another_is_ready() -> None:
+    calls: list[str] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        return web.json_response({"choices": [{"message": {"content": "ok"}}]})
+
+    app = web.Application()
+    app.router.add_post("/a/chat/completions", chat)
+    app.router.add_post("/b/chat/completions", chat)
+    server = TestServer(app)
+    await server.start_server()
+    routes = parse_routes(
+        {
+            "aliases": {"m": {"deployments": ["a", "b"]}},
+            "deployments": {
+                "a": {"provider": "openai", "base_url": str(server.make_url("/a")), "model": "x"},
+                "b": {"provider": "openai", "base_url": str(server.make_url("/b")), "model": "x"},
+            },
+        },
+        {},
+    )
+    cooldowns = Cooldowns(CooldownPolicy(threshold=1, window_s=10, cooldown_s=60))
+    cooldowns.record_failure("a")
+    try:
+        async with aiohttp.ClientSession() as session:
+            router = ModelRouter(routes, session, cooldowns=cooldowns)
+            result = await router.complete("m", [{"role": "user", "content": "hi"}], {})
+    finally:
+        await server.close()
+    assert (result.deployment, result.attempts) == ("b", 1)
+    assert calls == ["/b/chat/completions"]

@@ -1,0 +1,248 @@
+"""The model router against the upstream simulator and an Anthropic-shaped fake, over
+real loopback HTTP: retries, fallback, dead letters, permanent failures, timeouts."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from relay.router.cooldown import CooldownPolicy, Cooldowns
+from relay.router.policy import BackoffPolicy
+from relay.router.router import ModelRouter
+from relay.router.routes import Routes, parse_routes
+from upstream_sim.app import SimConfig, build_app
+
+USER = [{"role": "user", "content": "hello"}]
+
+
+async def _serve(app: web.Application) -> TestServer:
+    server = TestServer(app, handler_cancellation=True)
+    await server.start_server()
+    return server
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[TestServer]:
+    """A healthy simulator."""
+    server = await _serve(build_app(SimConfig()))
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+async def broken_sim() -> AsyncIterator[TestServer]:
+    """A simulator that answers 503 to every call."""
+    server = await _serve(build_app(SimConfig(error_rate=1.0, seed=1)))
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """The router's HTTP client."""
+    async with aiohttp.ClientSession() as created:
+        yield created
+
+
+def _deployment(server: TestServer, **extra: Any) -> dict[str, Any]:
+    return {
+        "provider": "openai",
+        "base_url": str(server.make_url("/v1")),
+        "model": "sim-echo",
+        "timeout_s": 5,
+        "max_retries": 3,
+        **extra,
+    }
+
+
+def _routes(deployments: dict[str, dict[str, Any]], order: list[str]) -> Routes:
+    return parse_routes({"aliases": {"m": {"deployments": order}}, "deployments": deployments}, {})
+
+
+def _router(routes: Routes, session: aiohttp.ClientSession) -> ModelRouter:
+    return ModelRouter(
+        routes,
+        session,
+        BackoffPolicy(base_s=0.001, cap_s=0.01),
+        rng=random.Random(7),
+        cooldowns=Cooldowns(CooldownPolicy(threshold=1000)),
+    )
+
+
+def _user(content: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": content}]
+
+
+async def test_two_503s_then_success_completes_with_three_attempts(
+    sim: TestServer, session: aiohttp.ClientSession
+) -> None:
+    router = _router(_routes({"a": _deployment(sim)}, ["a"]), session)
+    result = await router.complete("m", _user("retry me [sim:fail-first=2]"), {})
+    assert result.completion is not None
+    assert result.completion.content == "echo: retry me [sim:fail-first=2]"
+    assert (result.attempts, result.deployment, result.error) == (3, "a", None)
+
+
+async def test_429_with_retry_after_is_retried(
+    sim: TestServer, session: aiohttp.ClientSession
+) -> None:
+    slept: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        slept.append(delay)
+
+    router = ModelRouter(
+        _routes({"a": _deployment(sim)}, ["a"]),
+        session,
+        BackoffPolicy(base_s=0.001, cap_s=2.0),
+        sleep=sleep,
+    )
+    result = await router.complete("m", _user("slow down [sim:retry-after=1]"), {})
+    assert result.completion is not None
+    assert result.attempts == 2
+    assert slept == [1.0]
+
+
+async def test_always_503_on_a_falls_back_to_b(
+    sim: TestServer, broken_sim: TestServer, session: aiohttp.ClientSession
+) -> None:
+    routes = _routes({"a": _deployment(broken_sim), "b": _deployment(sim)}, ["a", "b"])
+    result = await _router(routes, session).complete("m", USER, {})
+    assert result.completion is not None
+    assert result.completion.content == "echo: hello"
+    assert result.deployment == "b"
+    assert result.attempts == 4 + 1
+
+
+async def test_failing_on_every_deployment_is_dead_lettered(
+    broken_sim: TestServer, session: aiohttp.ClientSession
+) -> None:
+    routes = _routes(
+        {"a": _deployment(broken_sim, max_retries=1), "b": _deployment(broken_sim)}, ["a", "b"]
+    )
+    result = await _router(routes, session).complete("m", USER, {})
+    assert result.completion is None
+    assert result.dead_letter is True
+    assert result.attempts == 2 + 4
+    assert result.error is not None
+    assert result.error.startswith("upstream_error: b: HTTP 503")
+
+
+async def test_a_400_fails_at_once_without_dead_letter(
+    sim: TestServer, session: aiohttp.ClientSession
+) -> None:
+    routes = _routes({"a": _deployment(sim)}, ["a"])
+    result = await _router(routes, session).complete("m", _user("bad [sim:status=400]"), {})
+    assert result.completion is None
+    assert (result.attempts, result.dead_letter) == (1, False)
+    assert result.error is not None
+    assert result.error.startswith("upstream_error: a: HTTP 400")
+
+
+async def test_a_hanging_upstream_is_cut_at_timeout(
+    sim: TestServer, session: aiohttp.ClientSession
+) -> None:
+    routes = _routes({"a": _deployment(sim, timeout_s=0.3, max_retries=1)}, ["a"])
+    result = await _router(routes, session).complete("m", _user("wait [sim:hang]"), {})
+    assert result.completion is None
+    assert result.attempts == 2
+    assert result.dead_letter is True
+    assert result.error == "upstream_error: a: timed out after 0.3s"
+
+
+async def test_usage_and_params_reach_the_upstream(session: aiohttp.ClientSession) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(orjson.loads(await request.read()))
+        return web.json_response(
+            {
+                "choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 3},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    server = await _serve(app)
+    try:
+        deployment = _deployment(server, params={"temperature": 0.1, "max_tokens": 50})
+        router = _router(_routes({"a": deployment}, ["a"]), session)
+        result = await router.complete("m", USER, {"temperature": 0.7, "seed": 5})
+    finally:
+        await server.close()
+    assert result.completion is not None
+    assert (result.completion.prompt_tokens, result.completion.completion_tokens) == (11, 3)
+    assert seen == [
+        {"temperature": 0.7, "max_tokens": 50, "seed": 5, "model": "sim-echo", "messages": USER}
+    ]
+
+
+async def test_anthropic_messages_shape_over_http(session: aiohttp.ClientSession) -> None:
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+
+    async def messages(request: web.Request) -> web.Response:
+        seen.append((dict(request.headers), orjson.loads(await request.read())))
+        return web.json_response(
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Bonjour"},
+                    {"type": "text", "text": " !"},
+                ],
+                "usage": {"input_tokens": 21, "output_tokens": 4},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", messages)
+    server = await _serve(app)
+    routes = parse_routes(
+        {
+            "aliases": {"claude": {"deployments": ["anthropic"]}},
+            "deployments": {
+                "anthropic": {
+                    "provider": "anthropic",
+                    "base_url": str(server.make_url("/v1")),
+                    "model": "claude-x",
+                    "api_key_env": "ANTHROPIC_KEY",
+                }
+            },
+        },
+        {"ANTHROPIC_KEY": "sk-ant-test"},
+    )
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": "French."},
+        {"role": "user", "content": "Hello"},
+    ]
+    try:
+        result = await _router(routes, session).complete(
+            "claude", chat, {"temperature": 0.2, "stop": "END", "seed": 3}
+        )
+    finally:
+        await server.close()
+    assert result.completion is not None
+    assert result.completion.content == "Bonjour !"
+    assert (result.completion.prompt_tokens, result.completion.completion_tokens) == (21, 4)
+    [(headers, body)] = seen
+    assert headers["x-api-key"] == "sk-ant-test"
+    assert headers["anthropic-version"] == "2023-06-01"
+    assert "Authorization" not in headers
+    assert body == {
+        "model": "claude-x",
+        "max_tokens": 1024,
+        "system": "Be brief.\n\nFrench.",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "temperature": 0.2,
+        "stop_sequences": ["END"],
+    }

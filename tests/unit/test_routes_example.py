@@ -1,0 +1,23 @@
+"""The shipped example routes file stays valid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from relay.router.routes import load_routes
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "routes.example.toml"
+
+
+def test_the_example_routes_file_loads_with_its_keys_set() -> None:
+    routes = load_routes(
+        str(EXAMPLE),
+        {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "sk-ant-test"},
+    )
+    assert routes.names() == ["claude-haiku", "gpt-4o-mini", "llama-local"]
+    assert [d.name for d in routes.resolve("gpt-4o-mini") or ()] == [
+        "openai-4o-mini",
+        "local-vllm",
+    ]
+    anthropic = (routes.resolve("claude-haiku") or ())[0]
+    assert (anthropic.provider, anthropic.api_key) == ("anthropic", "sk-ant-test")
