@@ -172,6 +172,7 @@ def build_system(
         "RELAY_API_PORT": str(api_port),
         "RELAY_HEALTH_PORT": "0",
         "RELAY_RECONCILE_SECONDS": "0.5",
+        "RELAY_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8,::1/128",
         "RELAY_SHUTDOWN_GRACE_S": "10",
         **overrides,
     }

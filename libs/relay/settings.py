@@ -10,6 +10,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from relay.netguard import IPNetwork, parse_networks
+
 
 class ConfigError(Exception):
     """A setting has a value the service cannot start with."""
@@ -67,6 +69,7 @@ class Settings:
     aggregator_chunk: int = 64
     aggregator_prefetch: int = 256
     webhook_timeout_s: float = 10.0
+    webhook_allow_networks: tuple[IPNetwork, ...] = ()
     retry_base_ms: float = 200.0
     retry_cap_s: float = 10.0
     cooldown_failures: int = 5
@@ -103,6 +106,7 @@ class Settings:
             aggregator_chunk=max(1, _int(env, "RELAY_AGGREGATOR_CHUNK", d.aggregator_chunk)),
             aggregator_prefetch=max(1, _int(env, "RELAY_AGGREGATOR_PREFETCH", 256)),
             webhook_timeout_s=_float(env, "RELAY_WEBHOOK_TIMEOUT_S", d.webhook_timeout_s),
+            webhook_allow_networks=_networks(env, "RELAY_WEBHOOK_ALLOW_NETWORKS"),
             retry_base_ms=_float(env, "RELAY_RETRY_BASE_MS", d.retry_base_ms),
             retry_cap_s=_float(env, "RELAY_RETRY_CAP_S", d.retry_cap_s),
             cooldown_failures=max(1, _int(env, "RELAY_COOLDOWN_FAILURES", d.cooldown_failures)),
@@ -122,8 +126,17 @@ class Settings:
             value = getattr(self, f.name)
             if f.name in {"database_url", "amqp_url"}:
                 value = _mask_url(str(value))
+            if f.name == "webhook_allow_networks":
+                value = [str(n) for n in value]
             out[f.name] = value
         return out
+
+
+def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
+    try:
+        return parse_networks(env.get(name, ""))
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be comma-separated CIDRs: {exc}") from None
 
 
 def _namespace(value: str) -> str:

@@ -14,6 +14,7 @@ from ingest_api.announce import announcer_for
 from ingest_api.app import build_app
 from ingest_api.routes import ApiDeps
 from ingest_api.validation import SubmitLimits
+from relay.ledger.idempotency import IdempotencyStore
 from relay.ledger.jobs import JobStore
 from relay.ledger.keys import KeyStore
 from relay.ledger.pool import database_ready
@@ -50,6 +51,7 @@ async def build(
     jobs = JobStore(pool)
     deps = ApiDeps(
         jobs=jobs,
+        idempotency=IdempotencyStore(pool),
         announcer=announcer_for(bus, jobs),
         model_known=lambda alias: routes.resolve(alias) is not None,
         limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),

@@ -10,12 +10,14 @@ from datetime import UTC, datetime
 from aiohttp import web
 from croniter import croniter
 
+from ingest_api.idempotency import claim_for, replay
 from ingest_api.middleware import WORKSPACE_ID, json_response
 from ingest_api.results import dead_letter_object, stream_list, stream_results
 from ingest_api.validation import SubmitLimits, decode_json_object, validate_submit
 from relay.batches import TERMINAL, Batch, Status
 from relay.errors import ApiError, ConflictError, invalid
 from relay.ids import is_valid_id, new_id
+from relay.ledger.idempotency import IdempotencyStore, KeyTaken
 from relay.ledger.jobs import JobStore, NewBatch
 
 log = logging.getLogger("relay.ingest_api")
@@ -37,6 +39,7 @@ class ApiDeps:
     """Everything the handlers use, built once in ``__main__``."""
 
     jobs: JobStore
+    idempotency: IdempotencyStore
     announcer: Announcer
     model_known: Callable[[str], bool]
     limits: SubmitLimits
@@ -81,6 +84,12 @@ async def create_batch(request: web.Request) -> web.Response:
     """``POST /v1/batches``: validate, store rows with COPY, wake a dispatcher."""
     deps = request.app[DEPS]
     raw = await read_json_body(request, deps.max_body_bytes)
+    workspace_id = request[WORKSPACE_ID]
+    claim = claim_for(request, workspace_id, raw)
+    if claim is not None:
+        stored = await deps.idempotency.find(workspace_id, claim.key)
+        if stored is not None:
+            return replay(stored, claim)
     spec = validate_submit(decode_json_object(raw), deps.limits, _Models(deps.model_known))
     now = datetime.now(UTC)
     new = NewBatch(
@@ -95,7 +104,16 @@ async def create_batch(request: web.Request) -> web.Response:
         next_run_at=next_tick(spec.cron, now) if spec.cron else None,
         params=spec.params_json,
     )
-    batch = await deps.jobs.create(new, ((r.custom_id, r.messages_json) for r in spec.rows))
+    try:
+        batch = await deps.jobs.create(
+            new, ((r.custom_id, r.messages_json) for r in spec.rows), claim
+        )
+    except KeyTaken:
+        assert claim is not None
+        stored = await deps.idempotency.find(workspace_id, claim.key)
+        if stored is None:
+            raise ApiError(409, "a concurrent request holds this key", "Idempotency-Key") from None
+        return replay(stored, claim)
     log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
     if batch.status == Status.QUEUED:
         try:

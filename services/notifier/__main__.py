@@ -5,9 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
-import aiohttp
-
-from notifier.service import NotifierService, http_poster
+from notifier.http import guarded_poster
+from notifier.service import NotifierService
 from relay.ledger.deliveries import DeliveryStore
 from relay.ledger.pool import database_ready
 from relay.runtime import Service, run_service
@@ -21,9 +20,12 @@ async def build(
     """Build the notifier from settings."""
     pool = await open_pool(settings, resources, max_size=4)
     bus = await open_bus(settings, resources, "notifier")
-    session = aiohttp.ClientSession()
-    resources.push_async_callback(session.close)
-    post = http_poster(session, settings.webhook_timeout_s)
+    post = guarded_poster(settings.webhook_allow_networks, settings.webhook_timeout_s)
+    if settings.webhook_allow_networks:
+        log.warning(
+            "webhook_allow_list",
+            extra={"networks": [str(n) for n in settings.webhook_allow_networks]},
+        )
     return NotifierService(bus, DeliveryStore(pool), post, lambda: database_ready(pool))
 
 

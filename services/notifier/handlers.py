@@ -1,4 +1,5 @@
-"""Delivering one completion webhook: claim, POST (bounded, no retry), record.
+"""Delivering one completion webhook: claim, sign, POST (guarded, bounded, no retry),
+record.
 
 The claim comes first so a redelivered ``job.finished`` never POSTs twice: the price is
 that a crash between claim and POST loses that one delivery, which matches the
@@ -17,6 +18,7 @@ import orjson
 from relay.batches import Batch
 from relay.messages import JobEvent
 from relay.metrics import WEBHOOK_DELIVERIES
+from relay.webhooks import signed_headers
 
 log = logging.getLogger("relay.notifier")
 
@@ -27,6 +29,7 @@ class PostResult:
 
     status_code: int | None
     error: str | None = None
+    refused: bool = False
 
     @property
     def delivered(self) -> bool:
@@ -34,7 +37,7 @@ class PostResult:
         return self.status_code is not None and 200 <= self.status_code < 300
 
 
-Post = Callable[[str, bytes], Awaitable[PostResult]]
+Post = Callable[[str, bytes, dict[str, str]], Awaitable[PostResult]]
 
 
 class Store(Protocol):
@@ -43,8 +46,11 @@ class Store(Protocol):
     async def batch(self, batch_id: str) -> Batch | None:
         """Read a batch."""
 
-    async def claim(self, batch_id: str, url: str) -> bool:
+    async def claim(self, batch_id: str, url: str, message_id: str) -> bool:
         """Claim the delivery."""
+
+    async def signing_secret(self, workspace_id: str) -> str:
+        """The workspace's webhook signing secret."""
 
     async def finish(
         self, batch_id: str, status: str, status_code: int | None, error: str | None
@@ -57,11 +63,13 @@ async def deliver_webhook(event: JobEvent, store: Store, post: Post) -> str:
     batch = await store.batch(event.batch_id)
     if batch is None or not batch.webhook_url or batch.cron:
         return "no_webhook"
-    if not await store.claim(batch.id, batch.webhook_url):
+    message_id = f"msg_{batch.id}"
+    if not await store.claim(batch.id, batch.webhook_url, message_id):
         return "already_delivered"
     body = orjson.dumps(batch.webhook_body())
-    result = await post(batch.webhook_url, body)
-    outcome = "delivered" if result.delivered else "failed"
+    secret = await store.signing_secret(batch.workspace_id)
+    result = await post(batch.webhook_url, body, signed_headers(secret, message_id, body))
+    outcome = "delivered" if result.delivered else "refused" if result.refused else "failed"
     await store.finish(batch.id, outcome, result.status_code, result.error)
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     log.info(

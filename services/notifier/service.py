@@ -5,36 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 from aio_pika.abc import AbstractIncomingMessage
 
-from notifier.handlers import Post, PostResult, Store, deliver_webhook
+from notifier.handlers import Post, Store, deliver_webhook
 from relay.bus.client import Bus, settle
 from relay.messages import JobEvent
 
 NOTIFY_PREFETCH = 16
-
-
-def http_poster(session: aiohttp.ClientSession, timeout_s: float) -> Post:
-    """A :data:`Post` that sends JSON with a total timeout and follows no redirect."""
-
-    async def post(url: str, body: bytes) -> PostResult:
-        try:
-            async with session.post(
-                url,
-                data=body,
-                headers={"Content-Type": "application/json", "User-Agent": "relay-batches"},
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-                allow_redirects=False,
-            ) as response:
-                await response.read()
-                return PostResult(response.status)
-        except TimeoutError:
-            return PostResult(None, f"timed out after {timeout_s:g}s")
-        except (aiohttp.ClientError, ValueError) as exc:
-            return PostResult(None, f"{exc.__class__.__name__}: {exc}")
-
-    return post
 
 
 class NotifierService:

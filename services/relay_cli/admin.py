@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import asyncpg
 
-from relay.ledger.keys import CreatedKey, KeyStore
+from relay.ledger.keys import CreatedKey, KeyInfo, KeyStore, WorkspaceInfo
 from relay.ledger.migrate import apply_migrations, ensure_database
+
+
+class AdminError(Exception):
+    """An admin command cannot do what was asked (unknown workspace, key…)."""
 
 
 async def migrate(database_url: str) -> list[str]:
@@ -18,13 +25,54 @@ async def migrate(database_url: str) -> list[str]:
         await conn.close()
 
 
-async def create_key(database_url: str, workspace: str, key: str | None = None) -> CreatedKey:
-    """Create (or reuse) workspace ``workspace`` and a new API key for it."""
+@asynccontextmanager
+async def _keys(database_url: str) -> AsyncIterator[KeyStore]:
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1, timeout=10)
     assert pool is not None
     try:
-        store = KeyStore(pool)
-        workspace_id = await store.ensure_workspace(workspace)
-        return await store.create_key(workspace_id, key)
+        yield KeyStore(pool)
     finally:
         await pool.close()
+
+
+async def create_key(database_url: str, workspace: str, key: str | None = None) -> CreatedKey:
+    """Create (or reuse) workspace ``workspace`` and a new API key for it."""
+    async with _keys(database_url) as store:
+        workspace_id = await store.ensure_workspace(workspace)
+        return await store.create_key(workspace_id, key)
+
+
+async def list_keys(database_url: str, workspace: str | None) -> list[KeyInfo]:
+    """Keys of every workspace, or of one."""
+    async with _keys(database_url) as store:
+        if workspace is not None and await store.workspace_id(workspace) is None:
+            raise AdminError(f"no workspace named {workspace!r}")
+        return await store.list_keys(workspace)
+
+
+async def revoke_key(database_url: str, key_id: str) -> None:
+    """Revoke key ``key_id``; :class:`AdminError` if there is no such active key."""
+    async with _keys(database_url) as store:
+        if not await store.revoke_key(key_id):
+            raise AdminError(f"no active key with id {key_id!r}")
+
+
+async def create_workspace(database_url: str, name: str) -> str:
+    """Create workspace ``name`` (idempotent); return its id."""
+    async with _keys(database_url) as store:
+        return await store.ensure_workspace(name)
+
+
+async def list_workspaces(database_url: str) -> list[WorkspaceInfo]:
+    """Every workspace."""
+    async with _keys(database_url) as store:
+        return await store.list_workspaces()
+
+
+async def rotate_webhook_secret(database_url: str, name: str) -> str:
+    """A new webhook signing secret for workspace ``name``."""
+    async with _keys(database_url) as store:
+        secret = await store.rotate_webhook_secret(name)
+    if secret is None:
+        raise AdminError(f"no workspace named {name!r}")
+    return secret

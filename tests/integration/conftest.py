@@ -16,6 +16,7 @@ from ingest_api.routes import ApiDeps
 from ingest_api.validation import SubmitLimits
 from relay.bus.client import Bus
 from relay.bus.topology import Names
+from relay.ledger.idempotency import IdempotencyStore
 from relay.ledger.jobs import JobStore
 from relay.ledger.keys import KeyStore
 from relay.ledger.pool import create_pool
@@ -72,6 +73,7 @@ async def api_server(pool: asyncpg.Pool, bus: Bus, routes: Routes) -> AsyncItera
     jobs = JobStore(pool)
     deps = ApiDeps(
         jobs=jobs,
+        idempotency=IdempotencyStore(pool),
         announcer=announcer_for(bus, jobs),
         model_known=lambda alias: routes.resolve(alias) is not None,
         limits=TEST_LIMITS,

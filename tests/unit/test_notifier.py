@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -11,6 +12,7 @@ import pytest
 from notifier.handlers import PostResult, deliver_webhook
 from relay.batches import Batch
 from relay.messages import JobEvent
+from relay.webhooks import verify
 
 HOOK = "https://my-app.example/relay-webhook"
 
@@ -51,11 +53,14 @@ class FakeStore:
     async def batch(self, batch_id: str) -> Batch | None:
         return self.batches.get(batch_id)
 
-    async def claim(self, batch_id: str, url: str) -> bool:
+    async def claim(self, batch_id: str, url: str, message_id: str) -> bool:
         if batch_id in self.claims:
             return False
         self.claims[batch_id] = url
         return True
+
+    async def signing_secret(self, workspace_id: str) -> str:
+        return SECRET
 
     async def finish(
         self, batch_id: str, status: str, status_code: int | None, error: str | None
@@ -69,10 +74,15 @@ class FakePost:
 
     result: PostResult = field(default_factory=lambda: PostResult(204))
     posts: list[tuple[str, bytes]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
 
-    async def __call__(self, url: str, body: bytes) -> PostResult:
+    async def __call__(self, url: str, body: bytes, headers: dict[str, str]) -> PostResult:
         self.posts.append((url, body))
+        self.headers.append(headers)
         return self.result
+
+
+SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 
 
 def store_with(batch: Batch) -> FakeStore:
@@ -169,3 +179,20 @@ async def test_non_2xx_is_a_failed_delivery(code: int) -> None:
 def test_post_result_delivered(code: int, delivered: bool) -> None:
     assert PostResult(code).delivered is delivered
     assert PostResult(None, "boom").delivered is False
+
+
+async def test_the_webhook_is_signed_with_the_workspace_secret() -> None:
+    store, post = store_with(BATCH), FakePost()
+    await deliver_webhook(EVENT, store, post)
+    [headers] = post.headers
+    [(_, body)] = post.posts
+    assert headers["webhook-id"] == f"msg_{BATCH.id}"
+    assert verify(SECRET, headers, body)
+    assert not verify(SECRET, headers, body + b" ")
+
+
+async def test_a_refused_delivery_is_recorded_as_refused() -> None:
+    store = store_with(BATCH)
+    post = FakePost(PostResult(None, "refused: 127.0.0.1 is loopback", refused=True))
+    assert await deliver_webhook(EVENT, store, post) == "refused"
+    assert store.finished == [(BATCH.id, "refused", None, "refused: 127.0.0.1 is loopback")]

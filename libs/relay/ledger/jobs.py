@@ -8,9 +8,11 @@ from datetime import datetime
 from typing import TypeVar
 
 import asyncpg
+import orjson
 
 from relay.batches import CANCELABLE, Batch, Status
 from relay.errors import ConflictError
+from relay.ledger.idempotency import IdempotencyClaim, record_response
 from relay.ledger.outbox import mark_finished_published
 from relay.ledger.pool import translated
 
@@ -73,8 +75,17 @@ class JobStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def create(self, new: NewBatch, rows: Iterable[tuple[str, str]]) -> Batch:
-        """Insert the batch and COPY its rows in one transaction."""
+    async def create(
+        self,
+        new: NewBatch,
+        rows: Iterable[tuple[str, str]],
+        claim: IdempotencyClaim | None = None,
+    ) -> Batch:
+        """Insert the batch and COPY its rows in one transaction.
+
+        With ``claim``, the 201 response is recorded for its ``Idempotency-Key`` in the same
+        transaction (:class:`KeyTaken` and nothing created if the key was used first).
+        """
         status = Status.SCHEDULED if new.cron else Status.QUEUED
         async with translated(), self._pool.acquire() as conn, conn.transaction():
             record = await conn.fetchrow(
@@ -101,7 +112,11 @@ class JobStore:
                 ),
                 columns=("batch_id", "row_index", "custom_id", "messages"),
             )
-        return Batch.from_record(record)
+            batch = Batch.from_record(record)
+            if claim is not None:
+                body = orjson.dumps(batch.to_api()).decode()
+                await record_response(conn, claim, 201, body)
+        return batch
 
     async def get(self, workspace_id: str, batch_id: str) -> Batch | None:
         """The batch ``batch_id`` if it belongs to ``workspace_id``."""
