@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 
-.PHONY: setup run test unit integration e2e lint format migrate clean
+.PHONY: setup run test unit integration e2e lint format migrate clean bench
 
 setup: $(STAMP)
 
@@ -42,6 +42,10 @@ format: setup
 	$(BIN)/ruff format libs services tests
 	$(BIN)/ruff check --fix libs services tests
 
+
+# Benchmarks (tests/bench): never part of `make test`; writes bench-report.json.
+bench: setup
+	$(PYTEST) tests/bench -s -o timeout=3600
 
 clean:
 	rm -rf $(VENV) build *.egg-info test-output bench-report.json

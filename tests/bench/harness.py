@@ -1,0 +1,178 @@
+"""Benchmark plumbing: systems to measure, the ideal client, RSS sampling, statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from relay_cli import admin
+from tests.processes import System, build_system
+from tests.support import ApiClient, create_isolation, drop_isolation, rows
+
+RUNS = 3
+MIB = 1024 * 1024
+
+
+@dataclass
+class Figure:
+    """Repeated measurements of one quantity."""
+
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        """The median sample."""
+        return statistics.median(self.samples)
+
+    def keys(self, name: str) -> dict[str, float]:
+        """``name``, ``name_min``, ``name_max`` for the report."""
+        return {
+            name: round(self.median, 3),
+            f"{name}_min": round(min(self.samples), 3),
+            f"{name}_max": round(max(self.samples), 3),
+        }
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size of ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class RssSampler:
+    """Samples the RSS of processes every few ms while running; keeps each one's peak."""
+
+    def __init__(self, pids: dict[str, int], every_s: float = 0.05) -> None:
+        self._pids = pids
+        self._every = every_s
+        self.peaks: dict[str, float] = dict.fromkeys(pids, 0.0)
+        self._task: asyncio.Task[None] | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            for name, pid in self._pids.items():
+                self.peaks[name] = max(self.peaks[name], rss_mib(pid))
+            await asyncio.sleep(self._every)
+
+    def __enter__(self) -> RssSampler:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+@dataclass
+class Bench:
+    """A running system plus a signed-in client."""
+
+    system: System
+    api: ApiClient
+    http: aiohttp.ClientSession
+
+    def pids(self) -> dict[str, int]:
+        """Service name → pid for every Relay service (not the simulator)."""
+        return {
+            name: proc.pid for name, proc in self.system.processes.items() if name != "upstream-sim"
+        }
+
+    async def run_batch(self, n: int, template: str = "row {i}") -> tuple[float, float]:
+        """Submit ``n`` rows, wait for ``completed``; return (submit seconds, total seconds)."""
+        body = orjson.dumps({"model": "gpt-4o-mini", "requests": rows(n, template)})
+        started = time.perf_counter()
+        async with self.http.post(
+            f"{self.api.base_url}/v1/batches",
+            data=io.BytesIO(body),
+            headers={"Authorization": f"Bearer {self.api.key}", "Content-Type": "application/json"},
+        ) as response:
+            created = await response.json()
+            assert response.status == 201, created
+        submitted = time.perf_counter() - started
+        await self.wait_completed(created["id"], n)
+        return submitted, time.perf_counter() - started
+
+    async def wait_completed(self, batch_id: str, n: int) -> None:
+        """Poll the batch every 50 ms until it is completed with every row."""
+        while True:
+            batch = await self.api.get(batch_id)
+            if batch["status"] == "completed":
+                assert batch["completed"] == n, batch
+                return
+            assert batch["status"] in {"queued", "running"}, batch
+            await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def bench_system(
+    out: Path,
+    tag: str,
+    http: aiohttp.ClientSession,
+    *,
+    workers: int = 1,
+    concurrency: int = 32,
+    latency_ms: int = 0,
+    **env: str,
+) -> AsyncIterator[Bench]:
+    """A whole system on a fresh database, torn down afterwards."""
+    iso = await create_isolation(f"bench{tag}")
+    system = build_system(
+        iso,
+        out / f"bench-{tag}",
+        workers=workers,
+        sim_env={"RELAY_SIM_LATENCY_MS": str(latency_ms)},
+        RELAY_BATCH_CONCURRENCY=str(concurrency),
+        **env,
+    )
+    try:
+        await system.start_all(http)
+        key = (await admin.create_key(iso.database_url, "bench")).key
+        yield Bench(system, ApiClient(system.api_url, key, http), http)
+    finally:
+        system.stop_all()
+        await drop_isolation(iso)
+
+
+async def ideal_client(sim_url: str, n: int, concurrency: int) -> float:
+    """Seconds for a plain asyncio client to send ``n`` chat requests with ``concurrency``."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            while not queue.empty():
+                i = queue.get_nowait()
+                body = {"model": "sim-echo", "messages": [{"role": "user", "content": f"row {i}"}]}
+                async with session.post(
+                    f"{sim_url}/v1/chat/completions",
+                    data=orjson.dumps(body),
+                    headers={"Content-Type": "application/json"},
+                ) as response:
+                    data: Any = await response.json()
+                    assert response.status == 200, data
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - started
+
+
+async def repeat(runs: int, measure: Callable[[], Awaitable[float]]) -> Figure:
+    """Run ``measure`` ``runs`` times."""
+    figure = Figure()
+    for _ in range(runs):
+        figure.samples.append(await measure())
+    return figure

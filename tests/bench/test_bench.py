@@ -1,0 +1,170 @@
+"""Benchmarks (``make bench``): the pipeline against the upstream's own limits.
+
+Every figure is the median of :data:`RUNS` runs, with min and max, measured on this
+machine with all services, Postgres and RabbitMQ sharing it. The Markdown table is
+printed at the end and the figures are written to ``bench-report.json``.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from tests.bench.harness import (
+    MIB,
+    RUNS,
+    Figure,
+    RssSampler,
+    bench_system,
+    ideal_client,
+    repeat,
+)
+from tests.support import rows
+
+PIPELINE_ROWS = 20_000
+LATENCY_MS = 200
+SCALING_ROWS_PER_WORKER = 1_600
+
+
+async def test_ingest_rows_per_second(
+    output_dir: Path, http: aiohttp.ClientSession, report: dict[str, Any]
+) -> None:
+    async with bench_system(output_dir, "ingest", http, RELAY_DISPATCH_WINDOW="1") as bench:
+        api_pid = bench.system.processes["ingest-api"].pid
+        for n in (10_000, 100_000):
+            body = orjson.dumps({"model": "gpt-4o-mini", "requests": rows(n)})
+            figure = Figure()
+            peak = 0.0
+            for _ in range(RUNS):
+                with RssSampler({"ingest-api": api_pid}) as sampler:
+                    started = time.perf_counter()
+                    async with http.post(
+                        f"{bench.api.base_url}/v1/batches",
+                        data=io.BytesIO(body),
+                        headers={
+                            "Authorization": f"Bearer {bench.api.key}",
+                            "Content-Type": "application/json",
+                        },
+                    ) as response:
+                        assert response.status == 201
+                    figure.samples.append(n / (time.perf_counter() - started))
+                peak = max(peak, sampler.peaks["ingest-api"])
+            report.update(figure.keys(f"ingest_rows_per_s_{n}"))
+            report[f"ingest_peak_rss_mib_{n}"] = round(peak, 1)
+            if n == 100_000:
+                report.update(figure.keys("ingest_rows_per_s"))
+
+
+async def test_pipeline_against_the_ideal_client_at_zero_latency(
+    output_dir: Path, http: aiohttp.ClientSession, report: dict[str, Any]
+) -> None:
+    concurrency = 32
+    async with bench_system(output_dir, "zero", http, concurrency=concurrency) as bench:
+        await bench.run_batch(1_000)  # warm-up: connections, caches, JIT-free but still
+        pipeline = Figure()
+        ideal = Figure()
+        for _ in range(RUNS):
+            _, total = await bench.run_batch(PIPELINE_ROWS)
+            pipeline.samples.append(PIPELINE_ROWS / total)
+            seconds = await ideal_client(bench.system.sim_url, PIPELINE_ROWS, concurrency)
+            ideal.samples.append(PIPELINE_ROWS / seconds)
+    report.update(pipeline.keys("pipeline_rows_per_s"))
+    report.update(ideal.keys("ideal_rows_per_s"))
+    ratios = Figure([p / i for p, i in zip(pipeline.samples, ideal.samples, strict=True)])
+    report.update(ratios.keys("pipeline_to_ideal_ratio"))
+
+
+async def _rows_per_s_at_latency(
+    output_dir: Path, http: aiohttp.ClientSession, workers: int, rows_n: int
+) -> Figure:
+    async with bench_system(
+        output_dir, f"lat{workers}", http, workers=workers, concurrency=32, latency_ms=LATENCY_MS
+    ) as bench:
+        await bench.run_batch(64 * workers)
+
+        async def once() -> float:
+            _, total = await bench.run_batch(rows_n)
+            return rows_n / total
+
+        return await repeat(RUNS, once)
+
+
+async def test_littles_law_efficiency_and_worker_scaling(
+    output_dir: Path, http: aiohttp.ClientSession, report: dict[str, Any]
+) -> None:
+    by_workers: dict[int, Figure] = {}
+    for workers in (1, 2, 4):
+        by_workers[workers] = await _rows_per_s_at_latency(
+            output_dir, http, workers, SCALING_ROWS_PER_WORKER * workers
+        )
+        report.update(by_workers[workers].keys(f"rows_per_s_{workers}x32_at_200ms"))
+    for workers in (1, 4):
+        limit = workers * 32 / (LATENCY_MS / 1000)
+        efficiency = Figure([s / limit for s in by_workers[workers].samples])
+        report.update(efficiency.keys(f"littles_law_efficiency_{workers}x32"))
+    one = by_workers[1].median
+    for workers in (2, 4):
+        speedup = Figure([s / one for s in by_workers[workers].samples])
+        report.update(speedup.keys(f"scaling_1_to_{workers}"))
+
+
+async def test_results_streaming_and_memory_on_a_100k_job(
+    output_dir: Path, http: aiohttp.ClientSession, report: dict[str, Any]
+) -> None:
+    n = 100_000
+    async with bench_system(output_dir, "big", http, concurrency=32) as bench:
+        with RssSampler(bench.pids()) as sampler:
+            body = orjson.dumps({"model": "gpt-4o-mini", "requests": rows(n)})
+            async with http.post(
+                f"{bench.api.base_url}/v1/batches",
+                data=io.BytesIO(body),
+                headers={
+                    "Authorization": f"Bearer {bench.api.key}",
+                    "Content-Type": "application/json",
+                },
+            ) as response:
+                created = await response.json()
+            await bench.wait_completed(created["id"], n)
+        report["service_peak_rss_mib"] = {k: round(v, 1) for k, v in sampler.peaks.items()}
+        report["max_service_rss_mib"] = round(max(sampler.peaks.values()), 1)
+
+        api_pid = bench.system.processes["ingest-api"].pid
+        for accept, key in (("application/json", "json"), ("application/x-ndjson", "ndjson")):
+            figure = Figure()
+            with RssSampler({"ingest-api": api_pid}) as stream_sampler:
+                for _ in range(RUNS):
+                    started = time.perf_counter()
+                    size = 0
+                    async with http.get(
+                        f"{bench.api.base_url}/v1/batches/{created['id']}/results",
+                        headers={"Authorization": f"Bearer {bench.api.key}", "Accept": accept},
+                    ) as response:
+                        async for chunk in response.content.iter_chunked(MIB):
+                            size += len(chunk)
+                    figure.samples.append(n / (time.perf_counter() - started))
+            report.update(figure.keys(f"results_rows_per_s_{key}"))
+            report[f"results_{key}_ingest_rss_mib"] = round(stream_sampler.peaks["ingest-api"], 1)
+            report[f"results_{key}_bytes"] = size
+            if key == "json":
+                report.update(figure.keys("results_rows_per_s"))
+
+
+def test_print_the_table(report: dict[str, Any]) -> None:
+    lines = [
+        "| figure | median | min | max |",
+        "|---|---|---|---|",
+    ]
+    for key in sorted(report):
+        if key.endswith(("_min", "_max")) or not isinstance(report[key], int | float):
+            continue
+        lo, hi = report.get(f"{key}_min", ""), report.get(f"{key}_max", "")
+        lines.append(f"| {key} | {report[key]} | {lo} | {hi} |")
+    for key in sorted(report):
+        if isinstance(report[key], dict):
+            lines.append(f"| {key} | {report[key]} | | |")
+    print("\n" + "\n".join(lines))
