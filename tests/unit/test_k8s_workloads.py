@@ -67,6 +67,11 @@ def test_probes_hit_healthz_and_readyz_on_the_service_port(overlay: str) -> None
     for service in SERVICES:
         (container,) = pod_spec(_service_deployment(rendered, service))["containers"]
         expected = settings.api_port if service == "ingest-api" else settings.health_port
+        annotations = _service_deployment(rendered, service)["spec"]["template"]["metadata"][
+            "annotations"
+        ]
+        assert annotations["prometheus.io/port"] == str(expected), service
+        assert annotations["prometheus.io/path"] == "/metrics", service
         for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
             check = container[probe]["httpGet"]
             assert check["path"] == path, (service, probe)
