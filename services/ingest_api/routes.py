@@ -19,6 +19,7 @@ from relay.errors import ApiError, ConflictError, invalid
 from relay.ids import is_valid_id, new_id
 from relay.ledger.idempotency import IdempotencyStore, KeyTaken
 from relay.ledger.jobs import JobStore, NewBatch
+from relay.metrics import JOB_TRANSITIONS
 
 log = logging.getLogger("relay.ingest_api")
 
@@ -115,6 +116,7 @@ async def create_batch(request: web.Request) -> web.Response:
             raise ApiError(409, "a concurrent request holds this key", "Idempotency-Key") from None
         return replay(stored, claim)
     log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
+    JOB_TRANSITIONS.labels(batch.status).inc()
     if batch.status == Status.QUEUED:
         try:
             await deps.announcer.wake_dispatcher(batch)
@@ -186,6 +188,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
         current = await _find(request)
         raise ApiError(409, f"batch is already {current.status}", "id") from None
     log.info("batch_canceled", extra={"batch_id": batch.id})
+    JOB_TRANSITIONS.labels(batch.status).inc()
     try:
         await deps.announcer.job_canceled(batch)
     except Exception as exc:

@@ -105,6 +105,7 @@ class RowWorkerService:
         )
 
     async def _on_event(self, message: AbstractIncomingMessage) -> None:
+        MESSAGES_CONSUMED.labels("event").inc()
         try:
             event = JobEvent.decode(message.body)
         except MessageError as exc:

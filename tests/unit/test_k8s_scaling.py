@@ -1,0 +1,141 @@
+"""Scaling and disruption: ingest-api on CPU, row-workers on the real rows queue (KEDA, or
+the HPA component on an external metric), and a PodDisruptionBudget per service."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from relay.bus.topology import Names
+from tests.keda_checks import scaled_object_problems, trigger_auth_problems
+from tests.manifests import (
+    MIN_K8S,
+    OVERLAYS,
+    SERVICES,
+    Rendered,
+    containers,
+    env_sources,
+    pod_labels,
+    render,
+    selector_matches,
+)
+
+AUTOSCALED = ("ingest-api", "row-worker")
+
+
+def _rows_queue(rendered: Rendered) -> str:
+    """The rows queue name the services compute from the rendered settings."""
+    return Names(rendered.settings().namespace).rows
+
+
+def _keda_problems(rendered: Rendered, scaled: dict) -> list[str]:
+    return scaled_object_problems(
+        scaled,
+        rendered.names("Deployment"),
+        rendered.names("TriggerAuthentication"),
+        MIN_K8S,
+    )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ingest_api_scales_on_cpu(overlay: str) -> None:
+    rendered = render(overlay)
+    (hpa,) = rendered.of_kind("HorizontalPodAutoscaler")
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "ingest-api",
+    }
+    assert 1 <= spec["minReplicas"] <= spec["maxReplicas"]
+    (metric,) = spec["metrics"]
+    assert metric["type"] == "Resource"
+    assert metric["resource"]["name"] == "cpu"
+    (container,) = containers(rendered.get("Deployment", "ingest-api"))
+    assert container["resources"]["requests"]["cpu"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_autoscaled_deployments_leave_replicas_to_the_autoscaler(overlay: str) -> None:
+    rendered = render(overlay)
+    for name in AUTOSCALED:
+        assert "replicas" not in rendered.get("Deployment", name)["spec"], name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_has_a_disruption_budget_selecting_only_its_pods(overlay: str) -> None:
+    rendered = render(overlay)
+    deployments = rendered.of_kind("Deployment")
+    for service in SERVICES:
+        budget = rendered.get("PodDisruptionBudget", service)
+        selector = budget["spec"]["selector"]["matchLabels"]
+        matched = [
+            d["metadata"]["name"] for d in deployments if selector_matches(selector, pod_labels(d))
+        ]
+        assert matched == [service]
+        assert ("maxUnavailable" in budget["spec"]) != ("minAvailable" in budget["spec"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_keda_scales_row_workers_on_the_real_rows_queue(overlay: str) -> None:
+    rendered = render(overlay)
+    scaled = rendered.get("ScaledObject", "row-worker")
+    assert _keda_problems(rendered, scaled) == []
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "row-worker"
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["metadata"]["queueName"] == _rows_queue(rendered) == "relay.rows"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_keda_reads_the_broker_url_from_the_services_secret(overlay: str) -> None:
+    rendered = render(overlay)
+    scaled = rendered.get("ScaledObject", "row-worker")
+    auth_name = scaled["spec"]["triggers"][0]["authenticationRef"]["name"]
+    auth = rendered.get("TriggerAuthentication", auth_name)
+    assert trigger_auth_problems(auth) == []
+    (ref,) = auth["spec"]["secretTargetRef"]
+    (worker,) = containers(rendered.get("Deployment", "row-worker"))
+    amqp = dict(env_sources(worker))["RELAY_AMQP_URL"]["valueFrom"]["secretKeyRef"]
+    assert (ref["parameter"], ref["name"], ref["key"]) == ("host", amqp["name"], amqp["key"])
+
+
+def test_the_keda_checks_catch_a_wrong_queue_target_and_field() -> None:
+    rendered = render("prod")
+    good = rendered.get("ScaledObject", "row-worker")
+    cases = {
+        "scaleTargetRef": ("scaleTargetRef", {"name": "no-such-deployment"}),
+        "unknown spec field": ("minReplicas", 1),
+        "replica range": ("maxReplicaCount", 0),
+    }
+    for expected, (field, value) in cases.items():
+        broken = copy.deepcopy(good)
+        broken["spec"][field] = value
+        assert any(expected in p for p in _keda_problems(rendered, broken)), expected
+    broken = copy.deepcopy(good)
+    broken["spec"]["triggers"][0]["metadata"]["queueNmae"] = "relay.rows"
+    assert any("queueNmae" in p for p in _keda_problems(rendered, broken))
+    broken = copy.deepcopy(good)
+    broken["spec"]["triggers"][0]["metadata"]["mode"] = "Depth"
+    assert _keda_problems(rendered, broken)
+    broken = copy.deepcopy(good)
+    broken["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
+        "stabilisation"
+    ] = 1
+    assert any("behavior" in p for p in _keda_problems(rendered, broken))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_hpa_component_replaces_keda_with_an_external_metric_on_the_rows_queue(
+    overlay: str,
+) -> None:
+    rendered = render(overlay, hpa_component=True)
+    assert rendered.of_kind("ScaledObject") == []
+    assert rendered.of_kind("TriggerAuthentication") == []
+    hpa = rendered.get("HorizontalPodAutoscaler", "row-worker")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "row-worker"
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "External"
+    selector = metric["external"]["metric"]["selector"]["matchLabels"]
+    assert selector == {"queue": _rows_queue(rendered)}
+    assert rendered.get("HorizontalPodAutoscaler", "ingest-api")
