@@ -39,9 +39,6 @@ HTTP_LATENCY = Histogram(
     "ingest-api request latency",
     ["method", "route", "status"],
 )
-UPSTREAM_COOLDOWNS = Counter(
-    "relay_upstream_cooldowns_total", "Times a deployment was put in cooldown", ["deployment"]
-)
 
 
 def render_metrics() -> tuple[bytes, str]:
