@@ -11,8 +11,8 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 from relay.health import bound_port, start_health_server
 from relay.settings import ConfigError, Settings
@@ -79,6 +79,15 @@ async def _run(
             await runner.cleanup()
 
 
+def run_loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
+    """Run ``main`` on uvloop (the default: less CPU per message and request) or asyncio."""
+    if event_loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
+
+
 def run_service(
     name: str, factory: ServiceFactory, *, health: bool = True, env: dict[str, str] | None = None
 ) -> None:
@@ -93,7 +102,7 @@ def run_service(
     log = setup_logging(name, settings.log_level)
     log.info("starting", extra={"settings": settings.describe()})
     try:
-        code = asyncio.run(_serve(factory, settings, log, health))
+        code = run_loop(_serve(factory, settings, log, health), settings.event_loop)
     except ConfigError as exc:
         print(f"relay-{name}: configuration error: {exc}", file=sys.stderr)
         sys.exit(2)

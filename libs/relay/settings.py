@@ -42,6 +42,13 @@ def _str(env: Mapping[str, str], name: str, default: str) -> str:
     return default if raw is None or raw == "" else raw
 
 
+def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = _str(env, name, default)
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
 def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
@@ -64,10 +71,11 @@ class Settings:
     max_running_jobs: int = 64
     lease_seconds: float = 30.0
     reconcile_seconds: float = 2.0
-    results_flush_ms: float = 5.0
+    results_flush_ms: float = 10.0
     results_flush_rows: int = 64
     aggregator_chunk: int = 64
     aggregator_prefetch: int = 256
+    aggregator_linger_ms: float = 5.0
     webhook_timeout_s: float = 10.0
     webhook_allow_networks: tuple[IPNetwork, ...] = ()
     retry_base_ms: float = 200.0
@@ -80,6 +88,7 @@ class Settings:
     max_content_bytes: int = 1024 * 1024
     shutdown_grace_s: float = 20.0
     log_level: str = "INFO"
+    event_loop: str = "uvloop"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -105,6 +114,7 @@ class Settings:
             results_flush_rows=max(1, _int(env, "RELAY_RESULTS_FLUSH_ROWS", 64)),
             aggregator_chunk=max(1, _int(env, "RELAY_AGGREGATOR_CHUNK", d.aggregator_chunk)),
             aggregator_prefetch=max(1, _int(env, "RELAY_AGGREGATOR_PREFETCH", 256)),
+            aggregator_linger_ms=_float(env, "RELAY_AGGREGATOR_LINGER_MS", d.aggregator_linger_ms),
             webhook_timeout_s=_float(env, "RELAY_WEBHOOK_TIMEOUT_S", d.webhook_timeout_s),
             webhook_allow_networks=_networks(env, "RELAY_WEBHOOK_ALLOW_NETWORKS"),
             retry_base_ms=_float(env, "RELAY_RETRY_BASE_MS", d.retry_base_ms),
@@ -117,6 +127,7 @@ class Settings:
             max_content_bytes=_int(env, "RELAY_MAX_CONTENT_BYTES", d.max_content_bytes),
             shutdown_grace_s=_float(env, "RELAY_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             log_level=_str(env, "RELAY_LOG_LEVEL", d.log_level).upper(),
+            event_loop=_choice(env, "RELAY_EVENT_LOOP", d.event_loop, ("uvloop", "asyncio")),
         )
 
     def describe(self) -> dict[str, object]:

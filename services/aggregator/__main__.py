@@ -28,6 +28,7 @@ async def build(
         prefetch=settings.aggregator_prefetch,
         chunk=settings.aggregator_chunk,
         outbox_every_s=settings.reconcile_seconds,
+        linger_s=settings.aggregator_linger_ms / 1000,
     )
 
 

@@ -1,6 +1,7 @@
 """The aggregator loop: take outcome messages in chunks, record, ack, announce.
 
-A chunk is whatever arrived up to ``chunk`` messages; the messages are acked only after
+A chunk is what arrives within ``linger_s`` of its first message, up to ``chunk``
+messages; the messages are acked only after
 the chunk's transaction committed and its events were confirmed. If recording fails
 (database away), the chunk is requeued after a pause and redelivered later.
 """
@@ -35,6 +36,7 @@ class AggregatorService:
         prefetch: int,
         chunk: int,
         outbox_every_s: float,
+        linger_s: float = 0.005,
     ) -> None:
         self._bus = bus
         self._aggregator = aggregator
@@ -42,6 +44,7 @@ class AggregatorService:
         self._prefetch = prefetch
         self._chunk = chunk
         self._outbox_every_s = outbox_every_s
+        self._linger_s = linger_s
         self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._consuming = False
 
@@ -77,8 +80,18 @@ class AggregatorService:
             getter.cancel()
             return []
         chunk = [getter.result()]
-        while len(chunk) < self._chunk and not self._inbox.empty():
-            chunk.append(self._inbox.get_nowait())
+        deadline = asyncio.get_running_loop().time() + self._linger_s
+        while len(chunk) < self._chunk:
+            if self._inbox.empty():
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                try:
+                    chunk.append(await asyncio.wait_for(self._inbox.get(), remaining))
+                except TimeoutError:
+                    break
+            else:
+                chunk.append(self._inbox.get_nowait())
         return chunk
 
     async def _record(self, chunk: list[AbstractIncomingMessage]) -> None:

@@ -26,6 +26,7 @@ log = logging.getLogger("relay.dispatcher")
 PublishTask = Callable[[RowTask, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
 FETCH_SLICES = 16
+TOP_UP_FRACTION = 4
 
 
 class Store(Protocol):
@@ -170,13 +171,18 @@ class Dispatcher:
             self.jobs.clear()
 
     async def top_up(self, owned: OwnedJob) -> None:
-        """Publish slices until the job's window is full or its rows are all out."""
+        """Publish slices until the job's window is full or its rows are all out.
+
+        Rows go out in batches of at least a quarter window (or one slice, or the rest of
+        the job), so a stream of small progress events costs few ledger reads.
+        """
         # A window smaller than one slice would never release anything: use one slice.
         window = max(self._config.window, self._config.slice_rows)
+        batch = max(self._config.slice_rows, window // TOP_UP_FRACTION)
         async with owned.lock:
             while not owned.exhausted and owned.job.id in self.jobs:
                 room = owned.done + window - owned.dispatched_upto
-                if room < min(self._config.slice_rows, owned.job.total - owned.dispatched_upto):
+                if room < min(batch, owned.job.total - owned.dispatched_upto):
                     return
                 if not await self._release_rows(owned, room):
                     self.forget(owned.job.id)

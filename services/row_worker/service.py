@@ -20,8 +20,9 @@ log = logging.getLogger("relay.row_worker")
 
 
 def rows_prefetch(concurrency: int, slice_rows: int) -> int:
-    """Task messages to hold: enough rows to fill every slot, plus one task of look-ahead."""
-    return math.ceil(concurrency / slice_rows) + 1
+    """Task messages to hold: rows for every slot twice over (a finished task stays unacked
+    until its outcomes are confirmed, so its rows must not starve the slots), plus one."""
+    return math.ceil(2 * concurrency / slice_rows) + 1
 
 
 class RowWorkerService:

@@ -200,6 +200,9 @@ async def test_on_progress_tops_up_exactly_to_the_window(
     # Only 3 rows of room: less than a slice, nothing goes out yet.
     assert recorder.tasks == []
     await dispatcher.on_progress(progress("job1", completed=10, failed=2))  # done 12
+    # 4 rows of room: a slice, but less than a quarter window (5): still nothing.
+    assert recorder.tasks == []
+    await dispatcher.on_progress(progress("job1", completed=11, failed=2))  # done 13
     assert recorder.indexes() == [[28, 29, 30, 31]]
     assert dispatcher.jobs["job1"].dispatched_upto == 32
     assert store.advanced == [("job1", 20), ("job1", 28), ("job1", 32)]
@@ -267,7 +270,7 @@ async def test_renew_drops_jobs_the_store_no_longer_returns(
     await dispatcher.claim()
     recorder.tasks.clear()
     del store.alive["lose"]
-    store.alive["keep"] = replace(store.alive["keep"], completed=4)
+    store.alive["keep"] = replace(store.alive["keep"], completed=5)
 
     await dispatcher.renew()
 
