@@ -41,6 +41,7 @@ class ApiDeps:
     model_known: Callable[[str], bool]
     limits: SubmitLimits
     max_body_bytes: int
+    model_names: Callable[[], list[str]] = list  # the router's public aliases
 
 
 DEPS = web.AppKey("deps", ApiDeps)

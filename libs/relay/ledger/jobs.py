@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -60,33 +60,15 @@ class JobStore:
 
     async def create(self, new: NewBatch, rows: Iterable[tuple[str, str]]) -> Batch:
         """Insert the batch and COPY its rows in one transaction."""
-        status = Status.SCHEDULED if new.cron else Status.QUEUED
         async with translated(), self._pool.acquire() as conn, conn.transaction():
-            record = await conn.fetchrow(
-                "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
-                " webhook_url, cron, next_run_at, rows_batch_id, params)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $1, $11) RETURNING *",
-                new.id,
-                new.workspace_id,
-                new.name,
-                new.model,
-                new.priority,
-                status,
-                new.total,
-                new.webhook_url,
-                new.cron,
-                new.next_run_at,
-                new.params,
-            )
-            await conn.copy_records_to_table(
-                "batch_rows",
-                records=(
-                    (new.id, index, custom_id, messages)
-                    for index, (custom_id, messages) in enumerate(rows)
-                ),
-                columns=("batch_id", "row_index", "custom_id", "messages"),
-            )
-        return Batch.from_record(record)
+            return await _insert_batch(conn, new, rows)
+
+    async def create_many(
+        self, batches: Sequence[tuple[NewBatch, Iterable[tuple[str, str]]]]
+    ) -> list[Batch]:
+        """Insert several batches with their rows in one transaction: all or none."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            return [await _insert_batch(conn, new, rows) for new, rows in batches]
 
     async def get(self, workspace_id: str, batch_id: str) -> Batch | None:
         """The batch ``batch_id`` if it belongs to ``workspace_id``."""
@@ -172,3 +154,34 @@ class JobStore:
     async def mark_finished_published(self, batch_ids: list[str]) -> None:
         """Record that ``job.finished`` went out for these jobs."""
         await mark_finished_published(self._pool, batch_ids)
+
+
+async def _insert_batch(
+    conn: asyncpg.Connection, new: NewBatch, rows: Iterable[tuple[str, str]]
+) -> Batch:
+    """INSERT the batch and COPY its rows on ``conn`` (the caller owns the transaction)."""
+    status = Status.SCHEDULED if new.cron else Status.QUEUED
+    record = await conn.fetchrow(
+        "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
+        " webhook_url, cron, next_run_at, rows_batch_id, params)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $1, $11) RETURNING *",
+        new.id,
+        new.workspace_id,
+        new.name,
+        new.model,
+        new.priority,
+        status,
+        new.total,
+        new.webhook_url,
+        new.cron,
+        new.next_run_at,
+        new.params,
+    )
+    await conn.copy_records_to_table(
+        "batch_rows",
+        records=(
+            (new.id, index, custom_id, messages) for index, (custom_id, messages) in enumerate(rows)
+        ),
+        columns=("batch_id", "row_index", "custom_id", "messages"),
+    )
+    return Batch.from_record(record)
