@@ -1,4 +1,5 @@
-"""``relay``: ``migrate``, ``keys create --workspace W`` and ``dev`` (the local system)."""
+"""``relay``: ``migrate``, ``keys create --workspace W``, ``dev`` (the local system) and
+``batch …`` (the public API from a terminal, see :mod:`relay_cli.batch`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 
 from relay.settings import ConfigError, Settings
 from relay_cli import admin
+from relay_cli.batch import add_batch_parser, run_batch
 from relay_cli.supervisor import say, service_children, supervise
 
 DEV_WORKSPACE = "dev"
@@ -25,12 +27,15 @@ def _parser() -> argparse.ArgumentParser:
     create = keys_sub.add_parser("create", help="create an API key (printed once)")
     create.add_argument("--workspace", required=True, help="workspace name (created if new)")
     sub.add_parser("dev", help="run every service and the simulator locally (make run)")
+    add_batch_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     args = _parser().parse_args(argv)
+    if args.command == "batch":
+        sys.exit(run_batch(args))
     try:
         settings = Settings.from_env()
     except ConfigError as exc:
