@@ -159,6 +159,7 @@ async function poll(generation) {
   } catch (err) {
     if (generation !== state.generation) return;
     setText("job-error", `Could not load the job: ${err.message}`);
+    if (err.status === 404) return; // no such job in this workspace: nothing to wait for
   }
   setTimeout(() => generation === state.generation && poll(generation), POLL_MS);
 }
