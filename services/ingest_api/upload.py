@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.multipart import BadContentDispositionHeader, BadContentDispositionParam
 
 from ingest_api.middleware import WORKSPACE_ID, json_response
 from ingest_api.models import KnownModels
@@ -42,6 +44,7 @@ MAX_FILES = 100
 MAX_PARTS = MAX_FILES + 50
 MAX_FIELD_BYTES = 8 * 1024
 READ_CHUNK = 64 * 1024
+_BAD_DISPOSITION = (BadContentDispositionHeader, BadContentDispositionParam)
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,11 @@ async def read_upload_form(request: web.Request, max_bytes: int) -> UploadForm:
         return await _read_parts(request, max_bytes)
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(max_bytes) from None
-    except (ValueError, RuntimeError, TypeError) as exc:  # aiohttp's malformed-body errors
-        raise invalid(f"malformed multipart body: {exc}") from None
+    except (ValueError, RuntimeError, TypeError, HttpProcessingError, *_BAD_DISPOSITION) as exc:
+        # aiohttp's errors for a malformed body or part headers (its warnings about a bad
+        # Content-Disposition are raised only where warnings are errors, as in the tests)
+        message = exc.message if isinstance(exc, HttpProcessingError) else str(exc)
+        raise invalid(f"malformed multipart body: {_printable(message)}") from None
 
 
 async def _read_parts(request: web.Request, max_bytes: int) -> UploadForm:
@@ -116,7 +122,7 @@ async def _read_parts(request: web.Request, max_bytes: int) -> UploadForm:
             raise invalid("nested multipart bodies are not supported")
         if part.name == FILE_FIELD and part.filename:
             data = await _read_limited(part, budget, _too_large(max_bytes))
-            files.append(UploadedFile(_base_name(part.filename), data))
+            files.append(UploadedFile(clean_filename(part.filename), data))
             if len(files) > MAX_FILES:
                 raise invalid(f"at most {MAX_FILES} files per upload", FILE_FIELD)
         elif part.name in OPTION_FIELDS:
@@ -147,9 +153,17 @@ def _add_field(fields: dict[str, str], name: str, data: bytes) -> None:
         raise invalid(f"{name} must be UTF-8 text", name) from None
 
 
-def _base_name(filename: str) -> str:
-    """The last path component (clients may send a full path)."""
-    return PurePosixPath(filename.replace("\\", "/")).name or filename
+def _printable(text: str, limit: int = 200) -> str:
+    return "".join(ch for ch in text[:limit] if ch.isprintable())
+
+
+def clean_filename(filename: str) -> str:
+    """The last path component (clients may send a full path), printable characters only.
+
+    The name ends up as the job's name in the ledger, where a NUL cannot be stored.
+    """
+    base = PurePosixPath(filename.replace("\\", "/")).name or filename
+    return _printable(base, len(base))
 
 
 # --- 2. validate ----------------------------------------------------------------------

@@ -189,6 +189,38 @@ async def test_body_over_the_limit_is_413_declared_or_chunked(fresh: ApiClient) 
     assert await job_count(fresh) == 0
 
 
+def file_part_body(disposition: bytes) -> bytes:
+    """A multipart body (boundary ``b``) with the model and one file part."""
+    return (
+        b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\n' + MODEL.encode() + b"\r\n"
+        b"--b\r\nContent-Disposition: " + disposition + b"\r\n\r\nhello\r\n--b--\r\n"
+    )
+
+
+async def test_a_filename_with_control_characters_is_cleaned(fresh: ApiClient) -> None:
+    raw = file_part_body(b"form-data; name=\"file\"; filename*=utf-8''dir%2Fa%00b%01.csv")
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    status, body = await upload(fresh, raw, headers=headers)
+    assert status == 201, body
+    assert body["data"][0]["name"] == "ab.csv"
+
+
+@pytest.mark.parametrize(
+    "disposition",
+    [
+        pytest.param(b'form-data; name="file"; filename="a\x00b.csv"', id="nul-in-header"),
+        pytest.param(b'\\orm-data;\x9dname="file"', id="bad-disposition"),
+    ],
+)
+async def test_malformed_part_headers_are_400(fresh: ApiClient, disposition: bytes) -> None:
+    raw = file_part_body(disposition)
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    status, body = await upload(fresh, raw, headers=headers)
+    assert status == 400, body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert await job_count(fresh) == 0
+
+
 async def test_malformed_multipart_is_400(fresh: ApiClient) -> None:
     headers = {"Content-Type": "multipart/form-data; boundary=zzz"}
     status, body = await upload(fresh, b"this is not multipart at all", headers=headers)

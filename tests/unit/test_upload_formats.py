@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from ingest_api.upload import job_name, validate_upload_options
+from ingest_api.upload import clean_filename, job_name, validate_upload_options
 from ingest_api.upload_formats import LineError, file_format, parse_upload_file
 from ingest_api.validation import RowInput, SubmitLimits
 from relay.errors import ApiError
@@ -184,3 +184,10 @@ def test_job_names() -> None:
     assert job_name("October", "a.csv", 1) == "October"
     assert job_name("October", "a.csv", 2) == "October — a.csv"
     assert len(job_name("n" * 256, "a.csv", 2)) == 256
+
+
+def test_clean_filename_keeps_the_printable_base_name() -> None:
+    assert clean_filename("reviews.csv") == "reviews.csv"
+    assert clean_filename("C:\\data\\q3 réviews.csv") == "q3 réviews.csv"
+    assert clean_filename("/tmp/x/a.jsonl") == "a.jsonl"
+    assert clean_filename("a\x00b\n.csv") == "ab.csv"
