@@ -129,8 +129,9 @@ async def _read_parts(request: web.Request, max_bytes: int) -> UploadForm:
             name = part.name
             data = await _read_limited(part, MAX_FIELD_BYTES, invalid(f"{name} is too long", name))
             _add_field(fields, name, data)
-        else:  # unknown parts and empty file inputs are read and ignored
-            data = await _read_limited(part, budget, _too_large(max_bytes))
+        else:  # unknown parts and empty file inputs are read and dropped
+            budget -= await _drain(part, budget, _too_large(max_bytes))
+            continue
         budget -= len(data)
     raise invalid(f"at most {MAX_PARTS} parts per upload")
 
@@ -144,13 +145,26 @@ async def _read_limited(part: BodyPartReader, limit: int, error: ApiError) -> by
     return bytes(buffer)
 
 
+async def _drain(part: BodyPartReader, limit: int, error: ApiError) -> int:
+    size = 0
+    while chunk := await part.read_chunk(READ_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise error
+    return size
+
+
 def _add_field(fields: dict[str, str], name: str, data: bytes) -> None:
+    """A form field is one line of UTF-8 text (the ledger cannot store a NUL)."""
     if name in fields:
         raise invalid(f"{name} is given more than once", name)
     try:
-        fields[name] = data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise invalid(f"{name} must be UTF-8 text", name) from None
+    if not text.isprintable():
+        raise invalid(f"{name} must be one line of text without control characters", name)
+    fields[name] = text
 
 
 def _printable(text: str, limit: int = 200) -> str:

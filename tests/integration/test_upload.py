@@ -147,6 +147,22 @@ async def test_rejected_uploads_create_no_job(
     assert await job_count(fresh) == 0
 
 
+@pytest.mark.parametrize("value", ["a\x00b", "two\nlines", "tab\there"])
+async def test_a_field_with_control_characters_is_refused(fresh: ApiClient, value: str) -> None:
+    status, body = await upload(fresh, form([("a.csv", CSV)], name=value))
+    assert (status, body["error"]["param"]) == (400, "name"), body
+    assert await job_count(fresh) == 0
+
+
+async def test_unknown_parts_are_ignored(fresh: ApiClient) -> None:
+    data = form([("a.csv", CSV)])
+    data.add_field("note", "ignored")
+    data.add_field("file", b"", filename="", content_type="application/octet-stream")
+    status, body = await upload(fresh, data)
+    assert status == 201, body
+    assert [b["name"] for b in body["data"]] == ["a.csv"]
+
+
 async def test_a_field_given_twice_is_refused(fresh: ApiClient) -> None:
     data = form([("a.csv", CSV)])
     data.add_field("model", MODEL)
