@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from relay.settings import ClientSettings, ConfigError
+from relay_cli.batch import UsageError, watch_job
 from relay_cli.client import ApiFailure
 from relay_cli.progress import RateMeter, bar, clock, eta_seconds, progress_line, summary_line
 
@@ -78,3 +81,52 @@ def test_client_settings_from_env() -> None:
     assert ClientSettings.from_env(env) == ClientSettings("http://api:9", "rk_1", 5.0)
     with pytest.raises(ConfigError):
         ClientSettings.from_env({"RELAY_CLI_TIMEOUT_S": "0"})
+
+
+class FakeClient:
+    """Answers ``get`` with one batch object after another (the last one repeats)."""
+
+    def __init__(self, *states: dict[str, object]) -> None:
+        self.states = list(states)
+
+    async def get(self, batch_id: str) -> dict[str, object]:
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_watch_redraws_one_line_on_a_terminal_and_exits_zero_when_completed() -> None:
+    client = FakeClient(
+        batch(status="queued", completed=0, failed=0),
+        batch(completed=500, failed=0),
+        batch(status="completed", completed=1000, failed=0),
+    )
+    err = Terminal()
+    code = await watch_job(client, "a" * 32, 0.001, err)  # type: ignore[arg-type]
+    assert code == 0
+    drawn = err.getvalue()
+    assert drawn.count("\r") == 3 and drawn.count("\x1b[K") == 3
+    assert "  50%  500/1000" in drawn
+    assert drawn.splitlines()[-1].startswith(f"{'a' * 32} completed: 1000 rows")
+
+
+@pytest.mark.parametrize("final", ["failed", "canceled"])
+async def test_watch_prints_changes_only_off_a_terminal_and_fails_unless_completed(
+    final: str,
+) -> None:
+    same = batch(completed=10, failed=0)
+    client = FakeClient(same, same, same, batch(status=final, completed=10, failed=0))
+    err = io.StringIO()
+    assert await watch_job(client, "a" * 32, 0.001, err) == 1  # type: ignore[arg-type]
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 3  # running once, the final state, the summary
+    assert lines[1].endswith(final) and lines[2].startswith(f"{'a' * 32} {final}:")
+
+
+async def test_watch_refuses_a_cron_template() -> None:
+    client = FakeClient(batch(status="scheduled"))
+    with pytest.raises(UsageError, match="cron template"):
+        await watch_job(client, "a" * 32, 0.001, io.StringIO())  # type: ignore[arg-type]
