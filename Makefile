@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 
-.PHONY: setup run test unit integration e2e lint format migrate clean bench
+.PHONY: setup run test unit integration e2e lint format migrate clean bench browser
 
 setup: $(STAMP)
 
@@ -22,7 +22,7 @@ run: setup
 	$(BIN)/relay dev
 
 # The whole suite against the real Postgres and RabbitMQ (no benchmarks).
-test: setup lint
+test: setup lint browser
 	$(PYTEST) tests/unit tests/integration tests/e2e
 
 unit: setup
@@ -31,8 +31,21 @@ unit: setup
 integration: setup
 	$(PYTEST) tests/integration
 
-e2e: setup
+e2e: setup browser
 	$(PYTEST) tests/e2e
+
+# Debian's Chromium for the panel's browser tests (Playwright drives it; it never
+# downloads a browser). Installed only when missing; apt's output goes to a log.
+APT_LOG := test-output/apt-chromium.log
+browser:
+	@test -x /usr/bin/chromium || { \
+	  echo "installing Debian's chromium for the browser tests (log: $(APT_LOG))"; \
+	  mkdir -p test-output; \
+	  sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  { $$sudo apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium; } \
+	    >$(APT_LOG) 2>&1 || { cat $(APT_LOG); exit 1; }; \
+	}
 
 lint: setup
 	$(BIN)/ruff check libs services tests

@@ -163,3 +163,29 @@ def _mask_url(url: str) -> str:
     creds, host = rest.rsplit("@", 1)
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}"
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The ``relay batch`` command line's settings: which API, which key, how long to wait.
+
+    Flags given on the command line override these.
+    """
+
+    url: str = "http://127.0.0.1:8080"
+    api_key: str | None = None
+    timeout_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientSettings:
+        """Read ``RELAY_URL``, ``RELAY_API_KEY`` and ``RELAY_CLI_TIMEOUT_S``."""
+        env = os.environ if env is None else env
+        d = cls()
+        timeout_s = _float(env, "RELAY_CLI_TIMEOUT_S", d.timeout_s)
+        if timeout_s <= 0:
+            raise ConfigError(f"RELAY_CLI_TIMEOUT_S must be positive, got {timeout_s}")
+        return cls(
+            url=_str(env, "RELAY_URL", d.url),
+            api_key=env.get("RELAY_API_KEY") or None,
+            timeout_s=timeout_s,
+        )

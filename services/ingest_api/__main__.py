@@ -56,6 +56,7 @@ async def build(
         model_known=lambda alias: routes.resolve(alias) is not None,
         limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),
         max_body_bytes=settings.max_body_bytes,
+        model_names=routes.names,
     )
 
     async def ready() -> bool:

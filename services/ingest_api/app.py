@@ -7,7 +7,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from ingest_api.middleware import ResolveKey, auth_middleware, error_middleware
+from ingest_api.models import add_model_routes
+from ingest_api.panel import add_panel_routes
 from ingest_api.routes import DEPS, ApiDeps, add_batch_routes
+from ingest_api.upload import add_upload_routes
 from relay.health import add_health_routes
 
 BODY_SLACK = 1024
@@ -23,5 +26,8 @@ def build_app(
     )
     app[DEPS] = deps
     add_batch_routes(app)
+    add_upload_routes(app)
+    add_model_routes(app)
+    add_panel_routes(app)
     add_health_routes(app, ready)
     return app

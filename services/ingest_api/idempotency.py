@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from relay.errors import ApiError, invalid
-from relay.ledger.idempotency import IdempotencyClaim, StoredResponse
+from relay.ledger.idempotency import IdempotencyClaim, IdempotencyStore, KeyTaken, StoredResponse
 
 HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255
@@ -42,3 +43,33 @@ def replay(stored: StoredResponse, claim: IdempotencyClaim) -> web.Response:
         content_type="application/json",
         headers={"Idempotent-Replayed": "true"},
     )
+
+
+Respond = Callable[[IdempotencyClaim | None], Awaitable[web.Response]]
+
+
+async def idempotent(
+    request: web.Request,
+    store: IdempotencyStore,
+    workspace_id: str,
+    canonical_body: bytes,
+    respond: Respond,
+) -> web.Response:
+    """Run ``respond`` once per ``Idempotency-Key``: replay the first response otherwise.
+
+    ``respond`` gets the claim to record inside its creating transaction (None when the
+    request has no key) and may raise :class:`KeyTaken` if a concurrent twin won.
+    """
+    claim = claim_for(request, workspace_id, canonical_body)
+    if claim is None:
+        return await respond(None)
+    stored = await store.find(workspace_id, claim.key)
+    if stored is not None:
+        return replay(stored, claim)
+    try:
+        return await respond(claim)
+    except KeyTaken:
+        stored = await store.find(workspace_id, claim.key)
+        if stored is None:
+            raise ApiError(409, "a concurrent request holds this key", HEADER) from None
+        return replay(stored, claim)

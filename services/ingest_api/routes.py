@@ -10,14 +10,14 @@ from datetime import UTC, datetime
 from aiohttp import web
 from croniter import croniter
 
-from ingest_api.idempotency import claim_for, replay
+from ingest_api.idempotency import idempotent
 from ingest_api.middleware import WORKSPACE_ID, json_response
 from ingest_api.results import dead_letter_object, stream_list, stream_results
 from ingest_api.validation import SubmitLimits, decode_json_object, validate_submit
 from relay.batches import TERMINAL, Batch, Status
 from relay.errors import ApiError, ConflictError, invalid
 from relay.ids import is_valid_id, new_id
-from relay.ledger.idempotency import IdempotencyStore, KeyTaken
+from relay.ledger.idempotency import IdempotencyClaim, IdempotencyStore
 from relay.ledger.jobs import JobStore, NewBatch
 from relay.metrics import JOB_TRANSITIONS
 
@@ -45,6 +45,7 @@ class ApiDeps:
     model_known: Callable[[str], bool]
     limits: SubmitLimits
     max_body_bytes: int
+    model_names: Callable[[], list[str]] = list  # the router's public aliases
 
 
 DEPS = web.AppKey("deps", ApiDeps)
@@ -86,44 +87,40 @@ async def create_batch(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     raw = await read_json_body(request, deps.max_body_bytes)
     workspace_id = request[WORKSPACE_ID]
-    claim = claim_for(request, workspace_id, raw)
-    if claim is not None:
-        stored = await deps.idempotency.find(workspace_id, claim.key)
-        if stored is not None:
-            return replay(stored, claim)
-    spec = validate_submit(decode_json_object(raw), deps.limits, _Models(deps.model_known))
-    now = datetime.now(UTC)
-    new = NewBatch(
-        id=new_id(),
-        workspace_id=request[WORKSPACE_ID],
-        name=spec.name or f"batch {now.strftime('%Y-%m-%dT%H:%M:%SZ')}",
-        model=spec.model,
-        priority=spec.priority,
-        total=len(spec.rows),
-        webhook_url=spec.webhook_url,
-        cron=spec.cron,
-        next_run_at=next_tick(spec.cron, now) if spec.cron else None,
-        params=spec.params_json,
-    )
-    try:
-        batch = await deps.jobs.create(
-            new, ((r.custom_id, r.messages_json) for r in spec.rows), claim
+
+    async def respond(claim: IdempotencyClaim | None) -> web.Response:
+        spec = validate_submit(decode_json_object(raw), deps.limits, _Models(deps.model_known))
+        now = datetime.now(UTC)
+        new = NewBatch(
+            id=new_id(),
+            workspace_id=workspace_id,
+            name=spec.name or f"batch {now.strftime('%Y-%m-%dT%H:%M:%SZ')}",
+            model=spec.model,
+            priority=spec.priority,
+            total=len(spec.rows),
+            webhook_url=spec.webhook_url,
+            cron=spec.cron,
+            next_run_at=next_tick(spec.cron, now) if spec.cron else None,
+            params=spec.params_json,
         )
-    except KeyTaken:
-        assert claim is not None
-        stored = await deps.idempotency.find(workspace_id, claim.key)
-        if stored is None:
-            raise ApiError(409, "a concurrent request holds this key", "Idempotency-Key") from None
-        return replay(stored, claim)
-    log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
-    JOB_TRANSITIONS.labels(batch.status).inc()
-    if batch.status == Status.QUEUED:
-        try:
-            await deps.announcer.wake_dispatcher(batch)
-        except Exception as exc:
-            # The batch is committed; the dispatcher's reconcile scan will find it.
-            log.warning("wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})
-    return json_response(batch.to_api(), status=201)
+        rows = ((r.custom_id, r.messages_json) for r in spec.rows)
+        batch = await deps.jobs.create(new, rows, claim)
+        JOB_TRANSITIONS.labels(batch.status).inc()
+        log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
+        if batch.status == Status.QUEUED:
+            await wake(deps, batch)
+        return json_response(batch.to_api(), status=201)
+
+    return await idempotent(request, deps.idempotency, workspace_id, raw, respond)
+
+
+async def wake(deps: ApiDeps, batch: Batch) -> None:
+    """Wake a dispatcher for a new queued batch; a lost wake-up only delays it."""
+    try:
+        await deps.announcer.wake_dispatcher(batch)
+    except Exception as exc:
+        # The batch is committed; the dispatcher's reconcile scan will find it.
+        log.warning("wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})
 
 
 async def _find(request: web.Request) -> Batch:

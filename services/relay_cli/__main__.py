@@ -1,4 +1,5 @@
-"""``relay``: migrations, workspaces, keys and ``dev`` (the local system of ``make run``)."""
+"""``relay``: migrations, workspaces, keys, ``dev`` (the local system of ``make run``) and
+``batch …`` (the public API from a terminal, see :mod:`relay_cli.batch`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from relay.batches import iso
 from relay.settings import ConfigError, Settings
 from relay_cli import admin
+from relay_cli.batch import add_batch_parser, run_batch
 from relay_cli.supervisor import say, service_children, supervise
 
 DEV_WORKSPACE = "dev"
@@ -42,12 +44,15 @@ def _parser() -> argparse.ArgumentParser:
     rotate.add_argument("name")
 
     sub.add_parser("dev", help="run every service and the simulator locally (make run)")
+    add_batch_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     args = _parser().parse_args(argv)
+    if args.command == "batch":
+        sys.exit(run_batch(args))
     try:
         settings = Settings.from_env()
     except ConfigError as exc:

@@ -78,6 +78,7 @@ async def api_server(pool: asyncpg.Pool, bus: Bus, routes: Routes) -> AsyncItera
         model_known=lambda alias: routes.resolve(alias) is not None,
         limits=TEST_LIMITS,
         max_body_bytes=TEST_MAX_BODY,
+        model_names=routes.names,
     )
 
     async def ready() -> bool:

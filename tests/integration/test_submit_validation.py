@@ -648,3 +648,18 @@ async def test_wrong_method_is_405_with_error_object(
 ) -> None:
     status, data = await client_a.request(method, path)
     assert_error(status, data, expected_status=405, error_type="invalid_request_error", param=None)
+
+
+async def test_nul_in_content_is_stored_and_nul_in_custom_id_is_400(client_a: ApiClient) -> None:
+    ok = {
+        "model": "gpt-4o-mini",
+        "requests": [{"messages": [{"role": "user", "content": "nul \u0000 inside"}]}],
+    }
+    status, created = await client_a.request("POST", "/v1/batches", json=ok)
+    assert status == 201, created
+    bad = {
+        "model": "gpt-4o-mini",
+        "requests": [{"custom_id": "x\u0000", "messages": [{"role": "user", "content": "x"}]}],
+    }
+    status, error = await client_a.request("POST", "/v1/batches", json=bad)
+    assert (status, error["error"]["param"]) == (400, "requests[0].custom_id")

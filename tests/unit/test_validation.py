@@ -605,3 +605,27 @@ def test_null_priority_and_custom_id_mean_absent() -> None:
     )
     assert spec.priority == 0
     assert spec.rows[0].custom_id == "row-1"
+
+
+def test_nul_characters_in_custom_id_and_name_are_400() -> None:
+    # Postgres text cannot hold NUL; message content is stored as escaped JSON, so it can.
+    message = [{"role": "user", "content": "a\x00b"}]
+    with pytest.raises(ApiError) as caught:
+        validate_submit(
+            {"model": "gpt-4o-mini", "requests": [{"custom_id": "a\x00", "messages": message}]},
+            SubmitLimits(),
+            MODELS,
+        )
+    assert (caught.value.status, caught.value.param) == (400, "requests[0].custom_id")
+    assert "NUL" in caught.value.message
+    with pytest.raises(ApiError) as caught:
+        validate_submit(
+            {"model": "gpt-4o-mini", "name": "x\x00", "requests": [{"messages": message}]},
+            SubmitLimits(),
+            MODELS,
+        )
+    assert (caught.value.status, caught.value.param) == (400, "name")
+    spec = validate_submit(
+        {"model": "gpt-4o-mini", "requests": [{"messages": message}]}, SubmitLimits(), MODELS
+    )
+    assert "\\u0000" in spec.rows[0].messages_json

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -86,37 +86,27 @@ class JobStore:
         With ``claim``, the 201 response is recorded for its ``Idempotency-Key`` in the same
         transaction (:class:`KeyTaken` and nothing created if the key was used first).
         """
-        status = Status.SCHEDULED if new.cron else Status.QUEUED
         async with translated(), self._pool.acquire() as conn, conn.transaction():
-            record = await conn.fetchrow(
-                "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
-                " webhook_url, cron, next_run_at, rows_batch_id, params)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $1, $11) RETURNING *",
-                new.id,
-                new.workspace_id,
-                new.name,
-                new.model,
-                new.priority,
-                status,
-                new.total,
-                new.webhook_url,
-                new.cron,
-                new.next_run_at,
-                new.params,
-            )
-            await conn.copy_records_to_table(
-                "batch_rows",
-                records=(
-                    (new.id, index, custom_id, messages)
-                    for index, (custom_id, messages) in enumerate(rows)
-                ),
-                columns=("batch_id", "row_index", "custom_id", "messages"),
-            )
-            batch = Batch.from_record(record)
+            batch = await _insert_batch(conn, new, rows)
             if claim is not None:
-                body = orjson.dumps(batch.to_api()).decode()
-                await record_response(conn, claim, 201, body)
+                await record_response(conn, claim, 201, orjson.dumps(batch.to_api()).decode())
         return batch
+
+    async def create_many(
+        self,
+        batches: Sequence[tuple[NewBatch, Iterable[tuple[str, str]]]],
+        claim: IdempotencyClaim | None = None,
+    ) -> list[Batch]:
+        """Insert several batches with their rows in one transaction: all or none.
+
+        With ``claim``, the 201 list response is recorded as :meth:`create` does.
+        """
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            created = [await _insert_batch(conn, new, rows) for new, rows in batches]
+            if claim is not None:
+                body = {"object": "list", "data": [b.to_api() for b in created]}
+                await record_response(conn, claim, 201, orjson.dumps(body).decode())
+        return created
 
     async def get(self, workspace_id: str, batch_id: str) -> Batch | None:
         """The batch ``batch_id`` if it belongs to ``workspace_id``."""
@@ -192,3 +182,34 @@ class JobStore:
     async def mark_finished_published(self, batch_ids: list[str]) -> None:
         """Record that ``job.finished`` went out for these jobs."""
         await mark_finished_published(self._pool, batch_ids)
+
+
+async def _insert_batch(
+    conn: asyncpg.Connection, new: NewBatch, rows: Iterable[tuple[str, str]]
+) -> Batch:
+    """INSERT the batch and COPY its rows on ``conn`` (the caller owns the transaction)."""
+    status = Status.SCHEDULED if new.cron else Status.QUEUED
+    record = await conn.fetchrow(
+        "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
+        " webhook_url, cron, next_run_at, rows_batch_id, params)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $1, $11) RETURNING *",
+        new.id,
+        new.workspace_id,
+        new.name,
+        new.model,
+        new.priority,
+        status,
+        new.total,
+        new.webhook_url,
+        new.cron,
+        new.next_run_at,
+        new.params,
+    )
+    await conn.copy_records_to_table(
+        "batch_rows",
+        records=(
+            (new.id, index, custom_id, messages) for index, (custom_id, messages) in enumerate(rows)
+        ),
+        columns=("batch_id", "row_index", "custom_id", "messages"),
+    )
+    return Batch.from_record(record)

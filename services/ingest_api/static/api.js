@@ -1,0 +1,124 @@
+// The public API, seen from the browser: the key in sessionStorage, JSON calls with a
+// timeout, API.md's error object turned into ApiError, and streamed ndjson results.
+
+const KEY_NAME = "relay.apiKey";
+const TIMEOUT_MS = 30_000;
+const UPLOAD_TIMEOUT_MS = 10 * 60_000;
+
+export class ApiError extends Error {
+  constructor(status, type, message, param) {
+    super(message);
+    this.status = status;
+    this.type = type;
+    this.param = param ?? null;
+  }
+}
+
+export function getKey() {
+  return sessionStorage.getItem(KEY_NAME);
+}
+
+export function setKey(key) {
+  sessionStorage.setItem(KEY_NAME, key);
+}
+
+export function clearKey() {
+  sessionStorage.removeItem(KEY_NAME);
+}
+
+function headers(extra = {}, key = getKey()) {
+  return { Authorization: `Bearer ${key ?? ""}`, ...extra };
+}
+
+async function errorFrom(response) {
+  try {
+    const body = await response.json();
+    const e = body.error ?? {};
+    return new ApiError(response.status, e.type, e.message ?? response.statusText, e.param);
+  } catch {
+    return new ApiError(response.status, "internal_error", `HTTP ${response.status}`, null);
+  }
+}
+
+/** Any 401 means the key is no longer good: the app listens for this and signs out. */
+function checkAuth(error) {
+  if (error.status === 401) window.dispatchEvent(new CustomEvent("relay:unauthorized"));
+  return error;
+}
+
+/** One JSON request; throws ApiError (or a network/timeout error). */
+export async function request(method, path, { body, key, timeoutMs = TIMEOUT_MS } = {}) {
+  let response;
+  try {
+    response = await fetch(path, {
+      method,
+      body,
+      headers: headers({ Accept: "application/json" }, key ?? getKey()),
+      signal: AbortSignal.timeout(timeoutMs),
+    });
+  } catch (err) {
+    throw new ApiError(0, "network_error", networkMessage(err), null);
+  }
+  if (!response.ok) {
+    const error = await errorFrom(response);
+    throw key ? error : checkAuth(error);
+  }
+  return response.json();
+}
+
+function networkMessage(err) {
+  if (err?.name === "TimeoutError") return "the server did not answer in time; try again";
+  return "cannot reach the server; check your connection and try again";
+}
+
+export const api = {
+  models: (key) => request("GET", "/v1/models", { key }),
+  list: (params) => request("GET", `/v1/batches?${new URLSearchParams(params)}`),
+  get: (id) => request("GET", `/v1/batches/${encodeURIComponent(id)}`),
+  cancel: (id) => request("POST", `/v1/batches/${encodeURIComponent(id)}/cancel`),
+  deadLetters: (id) => request("GET", `/v1/batches/${encodeURIComponent(id)}/dead_letter`),
+  upload: (form) =>
+    request("POST", "/v1/batches/upload", { body: form, timeoutMs: UPLOAD_TIMEOUT_MS }),
+};
+
+/**
+ * Stream a terminal job's results as ndjson and call onRow(row, index) for each; stop
+ * early when onRow returns false. Memory stays bounded by one network chunk.
+ */
+export async function streamResults(id, onRow, timeoutMs = UPLOAD_TIMEOUT_MS) {
+  const stop = new AbortController();
+  const signal = AbortSignal.any([stop.signal, AbortSignal.timeout(timeoutMs)]);
+  let response;
+  try {
+    response = await fetch(`/v1/batches/${encodeURIComponent(id)}/results`, {
+      headers: headers({ Accept: "application/x-ndjson" }),
+      signal,
+    });
+  } catch (err) {
+    throw new ApiError(0, "network_error", networkMessage(err), null);
+  }
+  if (!response.ok) throw checkAuth(await errorFrom(response));
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  let index = 0;
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let newline;
+      while ((newline = buffer.indexOf("\n")) >= 0) {
+        const line = buffer.slice(0, newline);
+        buffer = buffer.slice(newline + 1);
+        if (!line.trim()) continue;
+        if (onRow(JSON.parse(line), index++) === false) {
+          stop.abort();
+          return;
+        }
+      }
+    }
+  } catch (err) {
+    if (stop.signal.aborted) return;
+    throw new ApiError(0, "network_error", networkMessage(err), null);
+  }
+}

@@ -1,0 +1,42 @@
+// Downloading a job's results as JSONL or CSV, built in the browser from the ndjson stream.
+
+import { streamResults } from "./api.js";
+
+const CSV_COLUMNS = ["custom_id", "content", "error"];
+
+/** One CSV field, quoted when it holds a comma, a quote or a line break (RFC 4180). */
+export function csvField(value) {
+  const text = value === null || value === undefined ? "" : String(value);
+  return /[",\r\n]/.test(text) ? `"${text.replaceAll('"', '""')}"` : text;
+}
+
+/** One CSV record with CRLF, the RFC 4180 line ending. */
+export function csvLine(values) {
+  return `${values.map(csvField).join(",")}\r\n`;
+}
+
+async function collect(id, format) {
+  const parts = format === "csv" ? [csvLine(CSV_COLUMNS)] : [];
+  await streamResults(id, (row) => {
+    parts.push(
+      format === "csv"
+        ? csvLine(CSV_COLUMNS.map((c) => row[c]))
+        : `${JSON.stringify(row)}\n`,
+    );
+  });
+  return parts;
+}
+
+/** Fetch the results and hand them to the browser as a file download. */
+export async function downloadResults(id, format) {
+  const parts = await collect(id, format);
+  const type = format === "csv" ? "text/csv" : "application/x-ndjson";
+  const url = URL.createObjectURL(new Blob(parts, { type }));
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = `${id}-results.${format}`;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}

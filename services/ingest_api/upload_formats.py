@@ -1,0 +1,159 @@
+"""Reading an uploaded ``.csv`` or ``.jsonl`` file into validated request rows.
+
+Pure functions, no aiohttp: the upload endpoint calls :func:`parse_upload_file` on each
+file and turns a :class:`LineError` into a 400 naming the file and the line.
+
+``.csv``: one prompt per record, each becoming one ``user`` message; quoted fields may
+hold commas, quotes (doubled) and newlines (the ``csv`` module, strict). A record must
+have exactly one field: a prompt with a comma has to be quoted. Blank lines are skipped.
+A first record whose only field is ``prompt`` (any case) is a header and skipped. Custom
+ids default to ``row-1``, ``row-2``, … by record.
+
+``.jsonl``: one request object ``{custom_id?, messages}`` per line, the same rules as a
+``requests`` element of ``POST /v1/batches``; blank lines are skipped.
+
+Both are UTF-8 (a leading byte-order mark is ignored). Line numbers are 1-based physical
+lines of the file; a CSV record spanning several lines is reported at its first line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import orjson
+
+from ingest_api.validation import RowInput, SubmitLimits, validate_request_rows
+from relay.errors import ApiError
+
+FORMATS = (".csv", ".jsonl")
+CSV_HEADER = "prompt"
+_PREFIX = "rows"
+_ROW_REF = re.compile(r"rows\[(\d+)\]")
+_DUPLICATE_REF = re.compile(r"duplicates rows\[(\d+)\]\.custom_id$")
+
+
+class LineError(Exception):
+    """What is wrong with an uploaded file, and on which line (None: the whole file)."""
+
+    def __init__(self, line: int | None, reason: str) -> None:
+        super().__init__(reason)
+        self.line = line
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class RawRow:
+    """One request object read from a file, with the line it starts on."""
+
+    line: int
+    request: object
+
+
+def file_format(filename: str) -> str | None:
+    """``.csv`` or ``.jsonl`` from the file name (any case), else None."""
+    lowered = filename.lower()
+    return next((ext for ext in FORMATS if lowered.endswith(ext)), None)
+
+
+def parse_upload_file(filename: str, data: bytes, limits: SubmitLimits) -> list[RowInput]:
+    """Validated rows of one uploaded file; :class:`LineError` on the first bad line."""
+    kind = file_format(filename)
+    if kind is None:
+        raise LineError(None, f"file name must end in {' or '.join(FORMATS)}")
+    text = _decode(data)
+    raw = list(_csv_rows(text, limits) if kind == ".csv" else _jsonl_rows(text, limits))
+    if not raw:
+        raise LineError(None, "the file holds no rows")
+    try:
+        return validate_request_rows([r.request for r in raw], limits, _PREFIX)
+    except ApiError as exc:
+        raise _relabel(exc, [r.line for r in raw]) from None
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise LineError(line, "not valid UTF-8 text") from None
+
+
+def _too_many(limits: SubmitLimits) -> LineError:
+    return LineError(None, f"a file may hold at most {limits.max_rows:,} rows (one job each)")
+
+
+def _csv_rows(text: str, limits: SubmitLimits) -> Iterator[RawRow]:
+    """One ``user`` message per CSV record."""
+    # The field limit counts characters; content is limited in bytes later, and a
+    # character is at least one byte, so this never refuses a prompt that would pass.
+    csv.field_size_limit(max(limits.max_content_bytes, 1))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    count = 0
+    while True:
+        line = reader.line_num + 1
+        try:
+            record = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise LineError(line, _csv_reason(str(exc), limits)) from None
+        if not record or (count == 0 and _is_header(record, line)):
+            continue
+        if len(record) != 1:
+            raise LineError(
+                line,
+                f"expected one field (the prompt), found {len(record)};"
+                " put a prompt that holds commas in double quotes",
+            )
+        if not record[0].strip():
+            raise LineError(line, "the prompt is empty")
+        count += 1
+        if count > limits.max_rows:
+            raise _too_many(limits)
+        yield RawRow(line, {"messages": [{"role": "user", "content": record[0]}]})
+
+
+def _is_header(record: list[str], line: int) -> bool:
+    return line == 1 and len(record) == 1 and record[0].strip().lower() == CSV_HEADER
+
+
+def _csv_reason(message: str, limits: SubmitLimits) -> str:
+    if "field larger than field limit" in message:
+        return f"the prompt is longer than {limits.max_content_bytes} bytes"
+    if "unexpected end of data" in message:
+        return "a quoted field is not closed (missing double quote)"
+    return f"not valid CSV ({message})"
+
+
+def _jsonl_rows(text: str, limits: SubmitLimits) -> Iterator[RawRow]:
+    """One request object per line."""
+    # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
+    # which may stand unescaped inside a JSON string.
+    count = 0
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            request = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise LineError(number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if type(request) is not dict:
+            raise LineError(number, "must be a JSON object {custom_id?, messages}")
+        count += 1
+        if count > limits.max_rows:
+            raise _too_many(limits)
+        yield RawRow(number, request)
+
+
+def _relabel(exc: ApiError, lines: list[int]) -> LineError:
+    """Turn ``rows[3].messages …`` from the row validator into line terms."""
+    first = _ROW_REF.match(exc.message)
+    if first is None:  # not about one row
+        return LineError(None, exc.message)
+    rest = exc.message[first.end() :].lstrip(".")
+    rest = _DUPLICATE_REF.sub(lambda m: f"duplicates line {lines[int(m.group(1))]}", rest)
+    return LineError(lines[int(first.group(1))], rest)

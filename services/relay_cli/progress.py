@@ -1,0 +1,91 @@
+"""The progress line of ``relay batch watch``: bar, percent, rate and ETA (pure functions).
+
+Rate is rows with an outcome per second over a sliding window of recent observations,
+so it follows the job's current speed; ETA is the rows left at that rate.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+BAR_WIDTH = 30
+RATE_WINDOW_S = 15.0
+
+
+@dataclass
+class RateMeter:
+    """Rows per second from ``(seconds, rows done)`` observations."""
+
+    window_s: float = RATE_WINDOW_S
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def observe(self, now: float, done: int) -> None:
+        """Record that ``done`` rows had an outcome at time ``now`` (monotonic seconds)."""
+        self.samples.append((now, done))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
+
+    def rate(self) -> float | None:
+        """Rows per second over the window; None until two observations apart in time."""
+        if len(self.samples) < 2:
+            return None
+        (t0, d0), (t1, d1) = self.samples[0], self.samples[-1]
+        if t1 <= t0:
+            return None
+        return max(0.0, (d1 - d0) / (t1 - t0))
+
+
+def done_rows(batch: dict[str, Any]) -> int:
+    """Rows with an outcome: ``completed + failed``."""
+    return int(batch["completed"]) + int(batch["failed"])
+
+
+def eta_seconds(remaining: int, rate: float | None) -> float | None:
+    """Seconds to finish ``remaining`` rows at ``rate``; None when unknown."""
+    if remaining <= 0:
+        return 0.0
+    if not rate:
+        return None
+    return remaining / rate
+
+
+def clock(seconds: float | None) -> str:
+    """``1:05:09``, ``4:07`` or ``--:--`` for unknown."""
+    if seconds is None:
+        return "--:--"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    """``[#########.....................]`` for ``fraction`` in 0..1."""
+    filled = min(width, max(0, int(fraction * width)))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def percent_bar(batch: dict[str, Any]) -> str:
+    """``[############..................]  40%  400/1000``."""
+    total = int(batch["total"])
+    done = done_rows(batch)
+    fraction = done / total if total else 1.0
+    return f"{bar(fraction)} {int(fraction * 100):3d}%  {done}/{total}"
+
+
+def progress_line(batch: dict[str, Any], rate: float | None) -> str:
+    """``[####......]  40%  400/1000  failed 2  12.5 rows/s  ETA 0:48  running``."""
+    failed = f"  failed {batch['failed']}" if batch["failed"] else ""
+    speed = "--- rows/s" if rate is None else f"{rate:.1f} rows/s"
+    eta = clock(eta_seconds(int(batch["total"]) - done_rows(batch), rate))
+    return f"{percent_bar(batch)}{failed}  {speed}  ETA {eta}  {batch['status']}"
+
+
+def summary_line(batch: dict[str, Any], elapsed_s: float) -> str:
+    """The final line: ``completed: 1000 rows, 998 ok, 2 failed, 0 dead letter in 0:42``."""
+    return (
+        f"{batch['id']} {batch['status']}: {batch['total']} rows, {batch['completed']} ok,"
+        f" {batch['failed']} failed, {batch['dead_letter']} dead letter in {clock(elapsed_s)}"
+    )

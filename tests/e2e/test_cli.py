@@ -1,0 +1,161 @@
+"""``relay batch …`` as a user runs it: a subprocess talking HTTP to the e2e system."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from tests.processes import System
+from tests.support import ApiClient
+
+RELAY = str(Path(sys.executable).parent / "relay")
+ID_LINE = re.compile(r"^([0-9a-f]{32})  (queued|scheduled)  (\d+) rows  (.+)$")
+CLI_TIMEOUT_S = 90
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished CLI run."""
+
+    code: int
+    out: str
+    err: str
+
+
+async def relay(system: System, key: str, *args: str) -> Run:
+    """Run ``relay batch ARGS`` against the e2e system with ``key``; wait for it to exit."""
+    env = {**os.environ, "RELAY_URL": system.api_url, "RELAY_API_KEY": key}
+    process = await asyncio.create_subprocess_exec(
+        RELAY,
+        "batch",
+        *args,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    assert process.returncode is not None
+    return Run(process.returncode, out.decode(), err.decode())
+
+
+def created_ids(run: Run) -> list[str]:
+    """The job ids ``submit`` printed, one line each."""
+    ids = []
+    for line in run.out.splitlines():
+        match = ID_LINE.match(line)
+        assert match, (line, run)
+        ids.append(match.group(1))
+    return ids
+
+
+async def test_submit_wait_prints_the_id_and_exits_zero_when_completed(
+    system: System, api_key: str, api: ApiClient, tmp_path: Path
+) -> None:
+    prompts = tmp_path / "prompts.csv"
+    prompts.write_text('prompt\nfirst\n"second, with a comma"\nthird\n')
+    run = await relay(system, api_key, "submit", str(prompts), "--model", "gpt-4o-mini", "--wait")
+    assert run.code == 0, run
+    (batch_id,) = created_ids(run)
+    assert f"{batch_id} completed: 3 rows, 3 ok, 0 failed" in run.err
+    assert "100%  3/3" in run.err
+    batch = await api.get(batch_id)
+    assert (batch["status"], batch["name"], batch["completed"]) == ("completed", "prompts.csv", 3)
+    results = await api.results(batch_id)
+    assert [r["content"] for r in results["data"]] == [
+        "echo: first",
+        "echo: second, with a comma",
+        "echo: third",
+    ]
+
+
+async def test_results_o_writes_one_json_line_per_row_in_order(
+    system: System, api_key: str, api: ApiClient, tmp_path: Path
+) -> None:
+    source = tmp_path / "rows.jsonl"
+    requests = [
+        {"custom_id": f"c-{i}", "messages": [{"role": "user", "content": f"line {i}"}]}
+        for i in range(60)
+    ]
+    source.write_bytes(b"\n".join(orjson.dumps(r) for r in requests) + b"\n")
+    submitted = await relay(
+        system, api_key, "submit", str(source), "--model", "gpt-4o-mini", "--priority", "3"
+    )
+    assert submitted.code == 0, submitted
+    (batch_id,) = created_ids(submitted)
+    watched = await relay(system, api_key, "watch", batch_id, "--interval", "0.3")
+    assert watched.code == 0, watched
+    assert "ETA" in watched.err and "rows/s" in watched.err
+
+    out = tmp_path / "out.jsonl"
+    run = await relay(system, api_key, "results", batch_id, "-o", str(out))
+    assert run.code == 0, run
+    assert f"wrote 60 rows of {batch_id}" in run.err
+    lines = out.read_bytes().splitlines()
+    assert [orjson.loads(line) for line in lines] == [
+        {"custom_id": f"c-{i}", "content": f"echo: line {i}"} for i in range(60)
+    ]
+    assert not (tmp_path / "out.jsonl.part").exists()
+
+    status = await relay(system, api_key, "status", batch_id)
+    assert status.code == 0, status
+    assert re.search(r"^status\s+completed$", status.out, re.M), status.out
+    assert re.search(r"^priority\s+3$", status.out, re.M), status.out
+    listed = await relay(system, api_key, "list", "--status", "completed", "--limit", "100")
+    assert listed.code == 0 and batch_id in listed.out, listed
+
+
+async def test_a_bad_key_prints_the_api_message_on_one_line(system: System, api_key: str) -> None:
+    run = await relay(system, "rk_not_a_real_key", "list")
+    assert run.code == 1, run
+    assert run.out == ""
+    assert run.err == "relay: invalid API key (401 authentication_error)\n"
+
+    run = await relay(system, api_key, "status", "0" * 32)
+    assert run.code == 1, run
+    assert run.err.count("\n") == 1 and "404 not_found_error" in run.err, run
+
+
+async def test_an_unknown_model_and_a_bad_line_are_one_readable_line(
+    system: System, api_key: str, tmp_path: Path
+) -> None:
+    good = tmp_path / "good.csv"
+    good.write_text("hello\n")
+    run = await relay(system, api_key, "submit", str(good), "--model", "no-such-model")
+    assert run.code == 1, run
+    assert run.err == (
+        "relay: model 'no-such-model' is unknown (400 invalid_request_error, param model)\n"
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "ok"}]}\n{oops\n')
+    run = await relay(system, api_key, "submit", str(good), str(bad), "--model", "gpt-4o-mini")
+    assert run.code == 1, run
+    assert run.err.startswith("relay: 'bad.jsonl' line 2: not valid JSON"), run
+    assert run.err.endswith("(400 invalid_request_error, param file[1])\n"), run
+
+
+async def test_watch_of_a_canceled_job_exits_non_zero(
+    system: System, api_key: str, tmp_path: Path
+) -> None:
+    slow = tmp_path / "slow.csv"
+    slow.write_text("".join(f"[sim:delay-ms=200] slow {i}\n" for i in range(200)))
+    submitted = await relay(system, api_key, "submit", str(slow), "--model", "gpt-4o-mini")
+    (batch_id,) = created_ids(submitted)
+    canceled = await relay(system, api_key, "cancel", batch_id)
+    assert (canceled.code, canceled.out) == (0, f"{batch_id}  canceled\n"), canceled
+    watched = await relay(system, api_key, "watch", batch_id)
+    assert watched.code == 1, watched
+    assert f"{batch_id} canceled:" in watched.err
+    results = await relay(system, api_key, "cancel", batch_id)
+    assert results.code == 1 and "409 conflict_error" in results.err, results

@@ -1,0 +1,276 @@
+"""The panel in real headless Chromium (Debian's package, driven by Playwright) against the
+e2e system: every service its own process. Assertions are on the DOM; screenshots of the
+job list and a job page land in ``test-output/panel/`` for a person to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+from playwright.async_api import Browser, Locator, Page, async_playwright, expect
+
+from relay.ids import new_id
+from relay_cli import admin
+from tests.processes import System
+from tests.support import ApiClient
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+UI_TIMEOUT_MS = 20_000
+RUN_TIMEOUT_MS = 90_000  # a whole (small) job, on a shared 2-core machine
+REVIEWS_CSV = 'Classify: great product\n"Classify: good, but pricey"\nClassify: meh\n'
+CHATS_JSONL = b"".join(
+    orjson.dumps({"custom_id": f"chat-{i}", "messages": [{"role": "user", "content": f"hi {i}"}]})
+    + b"\n"
+    for i in range(30)
+)
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    """Debian's Chromium, headless; never a browser downloaded by Playwright."""
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
+        yield launched
+        await launched.close()
+
+
+@pytest.fixture
+async def panel_key(system: System) -> str:
+    """A key of a workspace of the test's own, so its job list starts empty."""
+    created = await admin.create_key(system.iso.database_url, f"panel-{new_id()[:12]}")
+    return created.key
+
+
+@pytest.fixture
+async def page(browser: Browser, system: System) -> AsyncIterator[Page]:
+    """A fresh browser context (own session storage) on the panel."""
+    context = await browser.new_context(
+        accept_downloads=True, viewport={"width": 1366, "height": 900}
+    )
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    opened = await context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    await opened.goto(f"{system.api_url}/panel")
+    yield opened
+    await context.close()
+    assert errors == [], f"uncaught errors in the panel: {errors}"
+
+
+@pytest.fixture
+def shots(output_dir: Path) -> Path:
+    """Where the screenshots go."""
+    folder = output_dir / "panel"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+async def sign_in(page: Page, key: str) -> None:
+    """Sign in through the form and wait for the job list."""
+    await page.get_by_label("API key").fill(key)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("heading", name="Jobs", level=1)).to_be_visible()
+
+
+async def upload(page: Page, files: list[Path], **fields: str) -> None:
+    """Fill the New batch form and submit it."""
+    await page.get_by_role("link", name="New batch").click()
+    await expect(page.get_by_label("Model")).to_have_value("gpt-4o-mini")
+    await page.get_by_label("Files (.csv, .jsonl)").set_input_files(files)
+    for label, value in fields.items():
+        await page.get_by_label(label).fill(value)
+    await page.get_by_role("button", name="Create jobs").click()
+
+
+def job_row(page: Page, name: str) -> Locator:
+    """The job list's row whose name link reads ``name``."""
+    link = page.get_by_role("link", name=name, exact=True)
+    return page.locator("#jobs-body tr").filter(has=link)
+
+
+async def workspace_jobs(system: System, key: str, api: ApiClient) -> list[dict[str, object]]:
+    """The jobs of ``key``'s workspace, through the public API."""
+    status, body = await api.request("GET", "/v1/batches?limit=100", key=key)
+    assert status == 200, body
+    return list(body["data"])
+
+
+async def test_sign_in_refuses_a_bad_key_and_sign_out_forgets_the_key(
+    page: Page, panel_key: str
+) -> None:
+    await page.get_by_label("API key").fill("rk_wrong")
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.locator("#api-key-error")).to_have_text("invalid API key")
+    await expect(page.get_by_role("navigation", name="Main")).to_be_hidden()
+
+    await page.get_by_label("API key").fill(panel_key)
+    await page.keyboard.press("Enter")  # keyboard-usable: Enter submits the form
+    await expect(page.get_by_role("heading", name="Jobs", level=1)).to_be_visible()
+    assert await page.evaluate("sessionStorage.getItem('relay.apiKey')") == panel_key
+    await expect(page.locator("#jobs-empty")).to_be_visible()
+
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    assert await page.evaluate("sessionStorage.getItem('relay.apiKey')") is None
+
+
+async def test_upload_two_files_watch_them_complete_open_a_job_and_download(
+    page: Page, panel_key: str, tmp_path: Path, shots: Path
+) -> None:
+    reviews, chats = tmp_path / "reviews.csv", tmp_path / "chats.jsonl"
+    reviews.write_text(REVIEWS_CSV)
+    chats.write_bytes(CHATS_JSONL)
+    await sign_in(page, panel_key)
+    await page.evaluate("window.relayNoReload = true")
+
+    await upload(page, [reviews, chats], **{"Priority": "4"})
+    await expect(page.get_by_role("status")).to_contain_text("Created 2 jobs")
+    await expect(page.locator("#jobs-body tr")).to_have_count(2)
+    for name, total in (("reviews.csv", 3), ("chats.jsonl", 30)):
+        row = job_row(page, name)
+        await expect(row.locator("[data-status]")).to_have_text("completed", timeout=RUN_TIMEOUT_MS)
+        await expect(row.get_by_role("progressbar")).to_have_attribute("value", "100")
+        await expect(row).to_contain_text(f"{total} / {total} (100%)")
+        await expect(row.get_by_role("button", name=f"Cancel {name}")).to_have_count(0)
+        await expect(row.locator("td").nth(3)).to_have_text("4")
+    assert await page.evaluate("window.relayNoReload") is True  # live, without a reload
+    await page.screenshot(path=shots / "job-list.png", full_page=True)
+
+    await page.get_by_role("link", name="reviews.csv", exact=True).click()
+    await expect(page.get_by_role("heading", name="reviews.csv", level=1)).to_be_visible()
+    await expect(page.locator("#count-completed")).to_have_text("3")
+    await expect(page.locator("#count-failed")).to_have_text("0")
+    results = page.locator("#results-body tr")
+    await expect(results).to_have_count(3)
+    await expect(results.nth(1)).to_contain_text("echo: Classify: good, but pricey")
+    await expect(page.locator("#dead-note")).to_have_text("No dead letters.")
+    await page.screenshot(path=shots / "job-page.png", full_page=True)
+
+    jsonl = await download(page, "Download JSONL")
+    assert [orjson.loads(line) for line in jsonl.splitlines()] == [
+        {"custom_id": "row-1", "content": "echo: Classify: great product"},
+        {"custom_id": "row-2", "content": "echo: Classify: good, but pricey"},
+        {"custom_id": "row-3", "content": "echo: Classify: meh"},
+    ]
+    table = list(csv.reader(io.StringIO(await download(page, "Download CSV"), newline="")))
+    assert table == [
+        ["custom_id", "content", "error"],
+        ["row-1", "echo: Classify: great product", ""],
+        ["row-2", "echo: Classify: good, but pricey", ""],
+        ["row-3", "echo: Classify: meh", ""],
+    ]
+
+    await page.get_by_role("link", name="All jobs").click()
+    await page.get_by_role("link", name="chats.jsonl", exact=True).click()
+    await expect(page.locator("#results-page")).to_have_text("Rows 1–25")
+    await expect(page.locator("#results-body tr")).to_have_count(25)
+    await page.get_by_role("button", name="Next").click()
+    await expect(page.locator("#results-page")).to_have_text("Rows 26–30")
+    await expect(page.locator("#results-body tr").first).to_contain_text("chat-25")
+    await expect(page.get_by_role("button", name="Next")).to_be_disabled()
+
+
+async def download(page: Page, button: str) -> str:
+    """Click a download button; return the downloaded file's text."""
+    async with page.expect_download() as info:
+        await page.get_by_role("button", name=button).click()
+    downloaded = await info.value
+    path = await downloaded.path()
+    return await asyncio.to_thread(Path(path).read_text, encoding="utf-8")
+
+
+async def test_cancel_a_running_slow_job(
+    page: Page, panel_key: str, tmp_path: Path, system: System, api: ApiClient, shots: Path
+) -> None:
+    slow = tmp_path / "slow.csv"
+    slow.write_text("".join(f"[sim:delay-ms=200] slow {i}\n" for i in range(400)))
+    await sign_in(page, panel_key)
+    await upload(page, [slow])
+    row = job_row(page, "slow.csv")
+    await expect(row.locator("[data-status]")).to_have_text("running", timeout=RUN_TIMEOUT_MS)
+
+    await page.screenshot(path=shots / "job-list-running.png", full_page=True)
+    await row.get_by_role("button", name="Cancel slow.csv").click()
+    dialog = page.get_by_role("dialog")
+    await expect(dialog).to_contain_text("slow.csv")
+    await page.screenshot(path=shots / "cancel-dialog.png")
+    await dialog.get_by_role("button", name="Cancel job").click()
+    await expect(row.locator("[data-status]")).to_have_text("canceled")
+    await expect(row.get_by_role("button", name="Cancel slow.csv")).to_have_count(0)
+
+    (job,) = await workspace_jobs(system, panel_key, api)
+    assert job["status"] == "canceled"
+    assert int(job["completed"]) < 400  # type: ignore[call-overload]
+
+
+async def test_a_malformed_jsonl_line_is_shown_by_its_file_and_creates_no_job(
+    page: Page, panel_key: str, tmp_path: Path, system: System, api: ApiClient, shots: Path
+) -> None:
+    good, bad = tmp_path / "good.csv", tmp_path / "bad.jsonl"
+    good.write_text("fine\n")
+    bad.write_bytes(CHATS_JSONL[: CHATS_JSONL.index(b"\n") + 1] + b"\n{not json\n")
+    await sign_in(page, panel_key)
+    await upload(page, [good, bad])
+
+    bad_item = page.locator("#file-list li").filter(has_text="bad.jsonl")
+    await expect(bad_item.get_by_role("alert")).to_contain_text(
+        "'bad.jsonl' line 3: not valid JSON"
+    )
+    await expect(
+        page.locator("#file-list li").filter(has_text="good.csv").get_by_role("alert")
+    ).to_have_count(0)
+    await expect(page.get_by_label("Files (.csv, .jsonl)")).to_have_attribute(
+        "aria-invalid", "true"
+    )
+    assert await workspace_jobs(system, panel_key, api) == []
+    await page.screenshot(path=shots / "upload-error.png", full_page=True)
+
+    await page.get_by_role("link", name="Jobs", exact=True).click()
+    await expect(page.locator("#jobs-empty")).to_be_visible()
+
+
+async def test_a_cron_template_shows_its_schedule_and_cancels_from_its_page(
+    page: Page, panel_key: str, tmp_path: Path
+) -> None:
+    weekly = tmp_path / "weekly.csv"
+    weekly.write_text("prompt\nsummarise the week\n")
+    await sign_in(page, panel_key)
+    await upload(
+        page,
+        [weekly],
+        **{"Name (optional)": "Weekly", "Cron schedule (optional, UTC)": "0 6 * * 1"},
+    )
+    row = job_row(page, "Weekly")
+    await expect(row.locator("[data-status]")).to_have_text("scheduled")
+    await row.get_by_role("link", name="Weekly").click()
+
+    details = page.locator("#job-details")
+    await expect(details).to_contain_text("0 6 * * 1")
+    await expect(details.locator("dt", has_text="Next run")).to_have_count(1)
+    await expect(page.locator("#job-runs")).to_have_text("No runs yet.")
+    await expect(page.locator("#results-note")).to_have_text("Results appear when the job ends.")
+    await expect(page.get_by_role("button", name="Download CSV")).to_be_disabled()
+
+    await page.get_by_role("button", name="Cancel job").click()
+    await page.get_by_role("dialog").get_by_role("button", name="Cancel job").click()
+    await expect(page.locator("#job-status [data-status]")).to_have_text("canceled")
+    await expect(page.get_by_role("button", name="Cancel job")).to_be_hidden()
+    await expect(page.locator("#results-note")).to_have_text("No results.")

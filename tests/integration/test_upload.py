@@ -1,0 +1,315 @@
+"""``POST /v1/batches/upload``, ``GET /v1/models`` and the panel's static files, over real
+HTTP against the ingest-api on the real Postgres and RabbitMQ.
+
+No dispatcher runs here, so created jobs stay ``queued`` (or ``scheduled``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+
+from relay.ids import new_id
+from relay_cli import admin
+from tests.integration.conftest import TEST_MAX_BODY
+from tests.support import ApiClient, Isolation
+
+MODEL = "gpt-4o-mini"
+CSV = b'Classify: great product\n"Classify: good, but pricey"\n'
+JSONL = (
+    b'{"custom_id": "j-1", "messages": [{"role": "user", "content": "first"}]}\n'
+    b'{"messages": [{"role": "system", "content": "be brief"}, '
+    b'{"role": "user", "content": "second"}]}\n'
+)
+
+
+@pytest.fixture
+async def fresh(iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession) -> ApiClient:
+    """A client of a workspace of its own, empty at the start of the test."""
+    created = await admin.create_key(iso.database_url, f"upload-{new_id()[:12]}")
+    return ApiClient(str(api_server.make_url("")).rstrip("/"), created.key, http)
+
+
+def form(files: list[tuple[str, bytes]], **fields: str) -> aiohttp.FormData:
+    """A multipart body with ``file`` parts and option fields (model defaults to MODEL)."""
+    data = aiohttp.FormData(default_to_multipart=True)
+    for name, value in {"model": MODEL, **fields}.items():
+        data.add_field(name, value)
+    for filename, content in files:
+        data.add_field("file", content, filename=filename, content_type="text/plain")
+    return data
+
+
+async def upload(client: ApiClient, body: Any, **kw: Any) -> tuple[int, Any]:
+    """POST ``body`` to the upload endpoint."""
+    return await client.request("POST", "/v1/batches/upload", data=body, **kw)
+
+
+async def job_count(client: ApiClient) -> int:
+    """How many jobs the client's workspace has."""
+    status, page = await client.request("GET", "/v1/batches?limit=100")
+    assert status == 200, page
+    return len(page["data"])
+
+
+async def stored_rows(pool: asyncpg.Pool, batch_id: str) -> list[tuple[str, Any]]:
+    """(custom_id, messages) of every stored row, in order."""
+    records = await pool.fetch(
+        "SELECT custom_id, messages FROM batch_rows WHERE batch_id = $1 ORDER BY row_index",
+        batch_id,
+    )
+    return [(r["custom_id"], orjson.loads(r["messages"])) for r in records]
+
+
+def user(content: str) -> list[dict[str, str]]:
+    return [{"content": content, "role": "user"}]
+
+
+async def test_one_job_per_file_with_rows_in_order(fresh: ApiClient, pool: asyncpg.Pool) -> None:
+    status, body = await upload(fresh, form([("reviews.csv", CSV), ("chats.jsonl", JSONL)]))
+    assert status == 201, body
+    assert body["object"] == "list"
+    csv_job, jsonl_job = body["data"]
+    assert (csv_job["name"], csv_job["total"], csv_job["status"]) == ("reviews.csv", 2, "queued")
+    assert (jsonl_job["name"], jsonl_job["total"]) == ("chats.jsonl", 2)
+    assert await fresh.get(csv_job["id"]) == csv_job
+    assert await stored_rows(pool, csv_job["id"]) == [
+        ("row-1", user("Classify: great product")),
+        ("row-2", user("Classify: good, but pricey")),
+    ]
+    assert await stored_rows(pool, jsonl_job["id"]) == [
+        ("j-1", user("first")),
+        ("row-2", [{"content": "be brief", "role": "system"}, *user("second")]),
+    ]
+
+
+async def test_options_apply_to_every_job(fresh: ApiClient) -> None:
+    fields = {
+        "name": "October",
+        "priority": "7",
+        "webhookUrl": "https://example.com/hook",
+        "cron": "0 6 * * 1",
+    }
+    status, body = await upload(fresh, form([("a.csv", b"x\n"), ("b.csv", b"y\n")], **fields))
+    assert status == 201, body
+    for job, filename in zip(body["data"], ["a.csv", "b.csv"], strict=True):
+        assert job["name"] == f"October — {filename}"
+        assert (job["priority"], job["cron"], job["status"]) == (7, "0 6 * * 1", "scheduled")
+        assert job["next_run_at"] is not None
+
+
+async def test_blank_optional_fields_are_absent(fresh: ApiClient) -> None:
+    fields = {"name": "", "priority": "", "webhookUrl": "", "cron": ""}
+    status, body = await upload(fresh, form([("only.jsonl", JSONL)], **fields))
+    assert status == 201, body
+    (job,) = body["data"]
+    assert (job["name"], job["priority"], job["cron"]) == ("only.jsonl", 0, None)
+
+
+async def test_a_bad_line_names_file_and_line_and_creates_no_job(fresh: ApiClient) -> None:
+    bad = JSONL + b'{"messages": "not a list"}\n'
+    status, body = await upload(fresh, form([("good.csv", CSV), ("bad.jsonl", bad)]))
+    assert status == 400, body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["param"] == "file[1]"
+    assert body["error"]["message"] == "'bad.jsonl' line 3: messages must be a non-empty array"
+    assert await job_count(fresh) == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "files", "param", "fragment"),
+    [
+        pytest.param({"model": "nope"}, [("a.csv", CSV)], "model", "unknown", id="model"),
+        pytest.param({"priority": "high"}, [("a.csv", CSV)], "priority", "integer", id="priority"),
+        pytest.param({"cron": "61 * * * *"}, [("a.csv", CSV)], "cron", "not valid", id="cron"),
+        pytest.param({}, [], "file", "at least one file", id="no-files"),
+        pytest.param({}, [("a.txt", b"hi")], "file[0]", "'a.txt': file name", id="extension"),
+        pytest.param({}, [("a.csv", b"a,b\n")], "file[0]", "'a.csv' line 1", id="csv-fields"),
+    ],
+)
+async def test_rejected_uploads_create_no_job(
+    fresh: ApiClient,
+    fields: dict[str, str],
+    files: list[tuple[str, bytes]],
+    param: str,
+    fragment: str,
+) -> None:
+    status, body = await upload(fresh, form(files, **fields))
+    assert status == 400, body
+    assert body["error"]["param"] == param
+    assert fragment in body["error"]["message"]
+    assert await job_count(fresh) == 0
+
+
+@pytest.mark.parametrize("value", ["a\x00b", "two\nlines", "tab\there"])
+async def test_a_field_with_control_characters_is_refused(fresh: ApiClient, value: str) -> None:
+    status, body = await upload(fresh, form([("a.csv", CSV)], name=value))
+    assert (status, body["error"]["param"]) == (400, "name"), body
+    assert await job_count(fresh) == 0
+
+
+async def test_unknown_parts_are_ignored(fresh: ApiClient) -> None:
+    data = form([("a.csv", CSV)])
+    data.add_field("note", "ignored")
+    data.add_field("file", b"", filename="", content_type="application/octet-stream")
+    status, body = await upload(fresh, data)
+    assert status == 201, body
+    assert [b["name"] for b in body["data"]] == ["a.csv"]
+
+
+async def test_a_field_given_twice_is_refused(fresh: ApiClient) -> None:
+    data = form([("a.csv", CSV)])
+    data.add_field("model", MODEL)
+    status, body = await upload(fresh, data)
+    assert (status, body["error"]["param"]) == (400, "model")
+
+
+async def test_wrong_content_type_is_415(fresh: ApiClient) -> None:
+    status, body = await fresh.request(
+        "POST", "/v1/batches/upload", json={"model": MODEL, "requests": []}
+    )
+    assert (status, body["error"]["type"]) == (415, "unsupported_media_type")
+
+
+def multipart_bytes(size: int) -> tuple[bytes, str]:
+    """A multipart body with one .csv file of about ``size`` bytes, and its content type."""
+    boundary = "relayboundary"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{MODEL}\r\n'
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="file"; filename="big.csv"\r\n'
+        "Content-Type: text/csv\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    return head + b"p\n" * (size // 2) + tail, f"multipart/form-data; boundary={boundary}"
+
+
+async def test_body_over_the_limit_is_413_declared_or_chunked(fresh: ApiClient) -> None:
+    raw, content_type = multipart_bytes(TEST_MAX_BODY + 10)
+    headers = {"Content-Type": content_type}
+    status, body = await upload(fresh, raw, headers=headers)
+    assert (status, body["error"]["type"]) == (413, "request_too_large")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(raw), 32 * 1024):
+            yield raw[start : start + 32 * 1024]
+
+    status, body = await upload(fresh, chunks(), headers=headers)
+    assert (status, body["error"]["type"]) == (413, "request_too_large")
+    assert await job_count(fresh) == 0
+
+
+def file_part_body(disposition: bytes) -> bytes:
+    """A multipart body (boundary ``b``) with the model and one file part."""
+    return (
+        b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\n' + MODEL.encode() + b"\r\n"
+        b"--b\r\nContent-Disposition: " + disposition + b"\r\n\r\nhello\r\n--b--\r\n"
+    )
+
+
+async def test_a_filename_with_control_characters_is_cleaned(fresh: ApiClient) -> None:
+    raw = file_part_body(b"form-data; name=\"file\"; filename*=utf-8''dir%2Fa%00b%01.csv")
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    status, body = await upload(fresh, raw, headers=headers)
+    assert status == 201, body
+    assert body["data"][0]["name"] == "ab.csv"
+
+
+@pytest.mark.parametrize(
+    "disposition",
+    [
+        pytest.param(b'form-data; name="file"; filename="a\x00b.csv"', id="nul-in-header"),
+        pytest.param(b'\\orm-data;\x9dname="file"', id="bad-disposition"),
+    ],
+)
+async def test_malformed_part_headers_are_400(fresh: ApiClient, disposition: bytes) -> None:
+    raw = file_part_body(disposition)
+    headers = {"Content-Type": "multipart/form-data; boundary=b"}
+    status, body = await upload(fresh, raw, headers=headers)
+    assert status == 400, body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert await job_count(fresh) == 0
+
+
+async def test_malformed_multipart_is_400(fresh: ApiClient) -> None:
+    headers = {"Content-Type": "multipart/form-data; boundary=zzz"}
+    status, body = await upload(fresh, b"this is not multipart at all", headers=headers)
+    assert status == 400, body
+    assert body["error"]["type"] == "invalid_request_error"
+
+
+async def test_upload_needs_a_key(fresh: ApiClient) -> None:
+    status, body = await upload(fresh, form([("a.csv", CSV)]), key="rk_not_a_key")
+    assert (status, body["error"]["type"]) == (401, "authentication_error")
+
+
+async def test_models_lists_the_router_aliases(fresh: ApiClient) -> None:
+    status, body = await fresh.request("GET", "/v1/models")
+    assert status == 200
+    assert body == {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+    status, body = await fresh.request("GET", "/v1/models", key="rk_not_a_key")
+    assert status == 401
+
+
+async def test_panel_is_served_without_a_key_with_a_strict_policy(
+    api_server: TestServer, http: aiohttp.ClientSession
+) -> None:
+    base = str(api_server.make_url("")).rstrip("/")
+    async with http.get(f"{base}/panel") as response:
+        assert response.status == 200
+        assert response.content_type == "text/html"
+        assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+        page = await response.text()
+    assert '<script type="module" src="/panel/static/main.js">' in page
+    assert "http://" not in page and "https://" not in page.replace("https://my-app", "")
+    async with http.get(f"{base}/panel/static/main.js") as response:
+        assert response.status == 200
+        assert response.content_type == "text/javascript"
+    for missing in ("/panel/static/nope.js", "/panel/static/..%2f__init__.py"):
+        async with http.get(base + missing) as response:
+            assert response.status == 404
+            assert (await response.json())["error"]["type"] == "not_found_error"
+
+
+async def test_idempotency_key_on_upload_replays_and_creates_once(fresh: ApiClient) -> None:
+    files = [
+        ("a.csv", b"one\ntwo\n"),
+        ("b.jsonl", b'{"messages":[{"role":"user","content":"x"}]}\n'),
+    ]
+    headers = {"Idempotency-Key": f"upload-{new_id()}"}
+    s1, first = await upload(fresh, form(files, name="idem"), headers=headers)
+    s2, second = await upload(fresh, form(files, name="idem"), headers=headers)
+    assert (s1, s2) == (201, 201)
+    assert second == first
+    assert await job_count(fresh) == 2
+    s3, conflict = await upload(fresh, form(files[:1], name="idem"), headers=headers)
+    assert (s3, conflict["error"]["type"], conflict["error"]["param"]) == (
+        409,
+        "conflict_error",
+        "Idempotency-Key",
+    )
+    assert await job_count(fresh) == 2
+
+
+async def test_uploaded_jobs_are_invisible_to_another_workspace(
+    fresh: ApiClient, client_b: ApiClient
+) -> None:
+    status, created = await upload(fresh, form([("a.csv", b"hello\n")]))
+    assert status == 201
+    batch_id = created["data"][0]["id"]
+    for method, path in (
+        ("GET", f"/v1/batches/{batch_id}"),
+        ("GET", f"/v1/batches/{batch_id}/results"),
+        ("GET", f"/v1/batches/{batch_id}/dead_letter"),
+        ("POST", f"/v1/batches/{batch_id}/cancel"),
+    ):
+        status, body = await client_b.request(method, path)
+        assert (status, body["error"]["type"]) == (404, "not_found_error"), path
+    _, listing = await client_b.request("GET", "/v1/batches?limit=100")
+    assert batch_id not in {b["id"] for b in listing["data"]}

@@ -1,0 +1,193 @@
+"""Reading uploaded .csv and .jsonl files: rows, custom ids, and the line of each error."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from ingest_api.upload import clean_filename, job_name, validate_upload_options
+from ingest_api.upload_formats import LineError, file_format, parse_upload_file
+from ingest_api.validation import RowInput, SubmitLimits
+from relay.errors import ApiError
+
+LIMITS = SubmitLimits(max_rows=5, max_content_bytes=64)
+
+
+def contents(rows: list[RowInput]) -> list[tuple[str, str]]:
+    """(custom_id, content of the single user message) per row."""
+    out = []
+    for row in rows:
+        messages = orjson.loads(row.messages_json)
+        assert [m["role"] for m in messages] == ["user"]
+        out.append((row.custom_id, messages[0]["content"]))
+    return out
+
+
+def line_error(filename: str, data: bytes, limits: SubmitLimits = LIMITS) -> LineError:
+    with pytest.raises(LineError) as caught:
+        parse_upload_file(filename, data, limits)
+    return caught.value
+
+
+# --- csv --------------------------------------------------------------------------------
+
+
+def test_csv_one_prompt_per_record_with_quoted_commas_quotes_and_newlines() -> None:
+    data = b'plain prompt\n"Classify: good, cheap"\n"She said ""hi"""\n"two\nlines"\nlast'
+    assert contents(parse_upload_file("a.csv", data, LIMITS)) == [
+        ("row-1", "plain prompt"),
+        ("row-2", "Classify: good, cheap"),
+        ("row-3", 'She said "hi"'),
+        ("row-4", "two\nlines"),
+        ("row-5", "last"),
+    ]
+
+
+def test_csv_header_bom_crlf_and_blank_lines() -> None:
+    data = "\ufeffPrompt\r\nfirst\r\n\r\nsecond\r\n".encode()
+    assert contents(parse_upload_file("A.CSV", data, LIMITS)) == [
+        ("row-1", "first"),
+        ("row-2", "second"),
+    ]
+
+
+def test_csv_prompt_only_on_a_later_line_is_not_a_header() -> None:
+    assert contents(parse_upload_file("a.csv", b"first\nprompt\n", LIMITS)) == [
+        ("row-1", "first"),
+        ("row-2", "prompt"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "line", "fragment"),
+    [
+        pytest.param(b"ok\nhas, comma\n", 2, "found 2", id="unquoted-comma"),
+        pytest.param(b'ok\n"two\nlines"\n"open\nquote', 4, "not closed", id="unclosed-quote"),
+        pytest.param(b'ok\n"x"y\n', 2, "not valid CSV", id="text-after-quote"),
+        pytest.param(b'ok\n"  "\n', 2, "empty", id="blank-prompt"),
+        pytest.param(b"ok\n" + b"x" * 65 + b"\n", 2, "64 bytes", id="too-long"),
+        pytest.param(b"ok\n" + "€".encode() * 22 + b"\n", 2, "at most 64 bytes", id="utf8-long"),
+        pytest.param(b"ok\nbad \xff byte\n", 2, "UTF-8", id="not-utf8"),
+    ],
+)
+def test_csv_errors_name_the_line(data: bytes, line: int, fragment: str) -> None:
+    error = line_error("a.csv", data)
+    assert error.line == line
+    assert fragment in error.reason
+
+
+def test_csv_more_rows_than_the_limit() -> None:
+    error = line_error("a.csv", b"\n".join(b"p%d" % i for i in range(6)))
+    assert error.line is None
+    assert "at most 5 rows" in error.reason
+
+
+# --- jsonl ------------------------------------------------------------------------------
+
+
+def row(content: str, custom_id: str | None = None) -> bytes:
+    body: dict[str, object] = {"messages": [{"role": "user", "content": content}]}
+    if custom_id is not None:
+        body["custom_id"] = custom_id
+    return orjson.dumps(body)
+
+
+def test_jsonl_one_request_per_line_defaults_ids_by_position() -> None:
+    data = b"\n".join([row("a", "x-1"), b"", row("b"), row("c\u2028d")]) + b"\n"
+    assert contents(parse_upload_file("b.jsonl", data, LIMITS)) == [
+        ("x-1", "a"),
+        ("row-2", "b"),
+        ("row-3", "c\u2028d"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("lines", "line", "fragment"),
+    [
+        pytest.param([row("a"), b"{not json"], 2, "not valid JSON", id="bad-json"),
+        pytest.param([row("a"), b"[1, 2]"], 2, "JSON object", id="not-object"),
+        pytest.param([row("a"), b'{"messages": []}'], 2, "messages must be", id="no-messages"),
+        pytest.param(
+            [row("a"), b"", b'{"messages": [{"role": "robot", "content": "x"}]}'],
+            3,
+            "messages[0].role must be one of",
+            id="bad-role",
+        ),
+        pytest.param(
+            [row("a", "same"), row("b"), row("c", "same")],
+            3,
+            "custom_id 'same' duplicates line 1",
+            id="duplicate-id",
+        ),
+        pytest.param(
+            [row("a", "rows[9]"), row("b", "rows[9]")],
+            2,
+            "custom_id 'rows[9]' duplicates line 1",
+            id="duplicate-id-that-looks-like-a-reference",
+        ),
+    ],
+)
+def test_jsonl_errors_name_the_line(lines: list[bytes], line: int, fragment: str) -> None:
+    error = line_error("b.jsonl", b"\n".join(lines))
+    assert error.line == line
+    assert fragment in error.reason
+    assert "rows[" not in error.reason.replace("'rows[9]'", "")
+
+
+@pytest.mark.parametrize(
+    ("filename", "data", "fragment"),
+    [
+        pytest.param("c.txt", b"hello", ".csv or .jsonl", id="wrong-extension"),
+        pytest.param("c.jsonl", b"\n  \n", "no rows", id="empty-jsonl"),
+        pytest.param("c.csv", b"prompt\n", "no rows", id="header-only-csv"),
+    ],
+)
+def test_whole_file_errors(filename: str, data: bytes, fragment: str) -> None:
+    error = line_error(filename, data)
+    assert error.line is None
+    assert fragment in error.reason
+
+
+def test_file_format_by_extension() -> None:
+    assert file_format("x.CSV") == ".csv"
+    assert file_format("x.jsonl") == ".jsonl"
+    assert file_format("x.json") is None
+
+
+# --- options and names --------------------------------------------------------------------
+
+
+def test_upload_options_treat_blank_fields_as_absent() -> None:
+    fields = {"model": "m", "priority": " 7 ", "name": "", "webhookUrl": " ", "cron": ""}
+    options = validate_upload_options(fields, {"m"})  # type: ignore[arg-type]
+    assert tuple(options) == (None, "m", 7, None, None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        pytest.param({"priority": "1"}, "model", id="model-missing"),
+        pytest.param({"model": "m", "priority": "5.5"}, "priority", id="priority-float"),
+        pytest.param({"model": "m", "cron": "* *"}, "cron", id="cron-short"),
+        pytest.param({"model": "m", "webhookUrl": "ftp://x"}, "webhookUrl", id="webhook-scheme"),
+        pytest.param({"model": "other"}, "model", id="model-unknown"),
+    ],
+)
+def test_upload_options_errors(fields: dict[str, str], param: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        validate_upload_options(fields, {"m"})  # type: ignore[arg-type]
+    assert (caught.value.status, caught.value.param) == (400, param)
+
+
+def test_job_names() -> None:
+    assert job_name(None, "a.csv", 2) == "a.csv"
+    assert job_name("October", "a.csv", 1) == "October"
+    assert job_name("October", "a.csv", 2) == "October — a.csv"
+    assert len(job_name("n" * 256, "a.csv", 2)) == 256
+
+
+def test_clean_filename_keeps_the_printable_base_name() -> None:
+    assert clean_filename("reviews.csv") == "reviews.csv"
+    assert clean_filename("C:\\data\\q3 réviews.csv") == "q3 réviews.csv"
+    assert clean_filename("/tmp/x/a.jsonl") == "a.jsonl"
+    assert clean_filename("a\x00b\n.csv") == "ab.csv"
