@@ -89,17 +89,22 @@ class Bench:
             name: proc.pid for name, proc in self.system.processes.items() if name != "upstream-sim"
         }
 
-    async def run_batch(self, n: int, template: str = "row {i}") -> tuple[float, float]:
-        """Submit ``n`` rows, wait for ``completed``; return (submit seconds, total seconds)."""
-        body = orjson.dumps({"model": "gpt-4o-mini", "requests": rows(n, template)})
-        started = time.perf_counter()
+    async def post(self, body: bytes) -> dict[str, Any]:
+        """POST an encoded batch body; insist on 201 and return the created batch."""
         async with self.http.post(
             f"{self.api.base_url}/v1/batches",
             data=io.BytesIO(body),
             headers={"Authorization": f"Bearer {self.api.key}", "Content-Type": "application/json"},
         ) as response:
-            created = await response.json()
+            created: dict[str, Any] = await response.json()
             assert response.status == 201, created
+            return created
+
+    async def run_batch(self, n: int, template: str = "row {i}") -> tuple[float, float]:
+        """Submit ``n`` rows, wait for ``completed``; return (submit seconds, total seconds)."""
+        body = orjson.dumps({"model": "gpt-4o-mini", "requests": rows(n, template)})
+        started = time.perf_counter()
+        created = await self.post(body)
         submitted = time.perf_counter() - started
         await self.wait_completed(created["id"], n)
         return submitted, time.perf_counter() - started

@@ -7,7 +7,6 @@ printed at the end and the figures are written to ``bench-report.json``.
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 from typing import Any
@@ -43,15 +42,7 @@ async def test_ingest_rows_per_second(
             for _ in range(RUNS):
                 with RssSampler({"ingest-api": api_pid}) as sampler:
                     started = time.perf_counter()
-                    async with http.post(
-                        f"{bench.api.base_url}/v1/batches",
-                        data=io.BytesIO(body),
-                        headers={
-                            "Authorization": f"Bearer {bench.api.key}",
-                            "Content-Type": "application/json",
-                        },
-                    ) as response:
-                        assert response.status == 201
+                    await bench.post(body)
                     figure.samples.append(n / (time.perf_counter() - started))
                 peak = max(peak, sampler.peaks["ingest-api"])
             report.update(figure.keys(f"ingest_rows_per_s_{n}"))
@@ -120,15 +111,7 @@ async def test_results_streaming_and_memory_on_a_100k_job(
     async with bench_system(output_dir, "big", http, concurrency=32) as bench:
         with RssSampler(bench.pids()) as sampler:
             body = orjson.dumps({"model": "gpt-4o-mini", "requests": rows(n)})
-            async with http.post(
-                f"{bench.api.base_url}/v1/batches",
-                data=io.BytesIO(body),
-                headers={
-                    "Authorization": f"Bearer {bench.api.key}",
-                    "Content-Type": "application/json",
-                },
-            ) as response:
-                created = await response.json()
+            created = await bench.post(body)
             await bench.wait_completed(created["id"], n)
         report["service_peak_rss_mib"] = {k: round(v, 1) for k, v in sampler.peaks.items()}
         report["max_service_rss_mib"] = round(max(sampler.peaks.values()), 1)

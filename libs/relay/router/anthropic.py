@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from relay.router.routes import Deployment
-from relay.router.types import Completion, ProviderReply
+from relay.router.types import ProviderReply, reply_with_usage
 
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 1024
@@ -72,15 +72,4 @@ def parse_reply(raw: bytes) -> ProviderReply:
         text = "".join(b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text")
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return ProviderReply(error="malformed response from upstream")
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    return ProviderReply(
-        completion=Completion(
-            content=text,
-            prompt_tokens=_int(usage.get("input_tokens")),
-            completion_tokens=_int(usage.get("output_tokens")),
-        )
-    )
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return reply_with_usage(text, data.get("usage"), "input_tokens", "output_tokens")

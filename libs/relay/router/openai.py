@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from relay.router.routes import Deployment
-from relay.router.types import Completion, ProviderReply
+from relay.router.types import ProviderReply, reply_with_usage
 
 
 def build_request(
@@ -31,16 +31,4 @@ def parse_reply(raw: bytes) -> ProviderReply:
         return ProviderReply(error="malformed response from upstream")
     if not isinstance(content, str):
         content = "" if content is None else orjson.dumps(content).decode()
-    usage = data.get("usage") if isinstance(data, dict) else None
-    usage = usage if isinstance(usage, dict) else {}
-    return ProviderReply(
-        completion=Completion(
-            content=content,
-            prompt_tokens=_int(usage.get("prompt_tokens")),
-            completion_tokens=_int(usage.get("completion_tokens")),
-        )
-    )
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return reply_with_usage(content, data.get("usage"), "prompt_tokens", "completion_tokens")

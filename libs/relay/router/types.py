@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -31,3 +32,22 @@ class RowResult:
     attempts: int
     deployment: str | None
     dead_letter: bool = False
+
+
+def reply_with_usage(
+    content: str, usage: Any, prompt_key: str, completion_key: str
+) -> ProviderReply:
+    """A successful reply whose token counts come from a provider's ``usage`` object
+    (missing or malformed counts are 0)."""
+    usage = usage if isinstance(usage, dict) else {}
+    return ProviderReply(
+        completion=Completion(
+            content=content,
+            prompt_tokens=_count(usage.get(prompt_key)),
+            completion_tokens=_count(usage.get(completion_key)),
+        )
+    )
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
