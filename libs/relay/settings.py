@@ -35,6 +35,13 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
 
 
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _float(env, name, default)
+    if not value > 0:
+        raise ConfigError(f"{name} must be a number above 0, got {env.get(name)!r}")
+    return value
+
+
 def _str(env: Mapping[str, str], name: str, default: str) -> str:
     raw = env.get(name)
     return default if raw is None or raw == "" else raw
@@ -72,6 +79,8 @@ class Settings:
     max_content_bytes: int = 1024 * 1024
     shutdown_grace_s: float = 20.0
     log_level: str = "INFO"
+    stall_seconds: float = 120.0
+    scheduler_max_sleep_s: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -103,6 +112,10 @@ class Settings:
             max_content_bytes=_int(env, "RELAY_MAX_CONTENT_BYTES", d.max_content_bytes),
             shutdown_grace_s=_float(env, "RELAY_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             log_level=_str(env, "RELAY_LOG_LEVEL", d.log_level).upper(),
+            stall_seconds=_positive(env, "RELAY_STALL_SECONDS", d.stall_seconds),
+            scheduler_max_sleep_s=_positive(
+                env, "RELAY_SCHEDULER_MAX_SLEEP_S", d.scheduler_max_sleep_s
+            ),
         )
 
     def describe(self) -> dict[str, object]:

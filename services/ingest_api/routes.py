@@ -30,6 +30,7 @@ class Announcer:
 
     wake_dispatcher: Callable[[Batch], Awaitable[None]]
     job_canceled: Callable[[Batch], Awaitable[None]]
+    template_created: Callable[[Batch], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,12 @@ async def create_batch(request: web.Request) -> web.Response:
         except Exception as exc:
             # The batch is committed; the dispatcher's reconcile scan will find it.
             log.warning("wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})
+    elif batch.status == Status.SCHEDULED:
+        try:
+            await deps.announcer.template_created(batch)
+        except Exception as exc:
+            # The template is committed; schedulers find it within their sleep cap.
+            log.warning("template_wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})
     return json_response(batch.to_api(), status=201)
 
 
@@ -130,7 +137,12 @@ async def list_batches(request: web.Request) -> web.Response:
     status = query.get("status")
     if status is not None and status not in set(Status):
         raise invalid(f"status must be one of {', '.join(s.value for s in Status)}", "status")
-    page, more = await request.app[DEPS].jobs.list(request[WORKSPACE_ID], limit, after, status)
+    template_id = query.get("template_id")
+    if template_id is not None and not is_valid_id(template_id):
+        raise invalid("template_id must be a batch id", "template_id")
+    page, more = await request.app[DEPS].jobs.list(
+        request[WORKSPACE_ID], limit, after, status, template_id
+    )
     return json_response({"object": "list", "data": [b.to_api() for b in page], "has_more": more})
 
 
