@@ -14,6 +14,8 @@ from relay.runtime import Service, run_service
 from relay.settings import Settings
 from relay.wiring import open_bus, open_pool
 
+CLAIM_MARGIN_S = 20.0
+
 
 async def build(
     settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
@@ -24,7 +26,16 @@ async def build(
     session = aiohttp.ClientSession()
     resources.push_async_callback(session.close)
     post = http_poster(session, settings.webhook_timeout_s)
-    return NotifierService(bus, DeliveryStore(pool), post, lambda: database_ready(pool))
+    # A claim outlives any POST (bounded by the webhook timeout) by a wide margin.
+    store = DeliveryStore(pool, claim_s=settings.webhook_timeout_s + CLAIM_MARGIN_S)
+    return NotifierService(
+        bus,
+        store,
+        post,
+        lambda: database_ready(pool),
+        recover_every_s=settings.reconcile_seconds,
+        grace_s=settings.shutdown_grace_s,
+    )
 
 
 def main() -> None:
