@@ -29,7 +29,7 @@ from tests.checks import (
     wait_terminal,
 )
 from tests.faults import TcpProxy, close_broker_connections, terminate_db_backends
-from tests.processes import System, build_system
+from tests.processes import ServiceProcess, System, build_system
 from tests.support import (
     ApiClient,
     WebhookReceiver,
@@ -40,6 +40,7 @@ from tests.support import (
 )
 
 DB_SERVICES = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier")
+GRACE_S = 10  # RELAY_SHUTDOWN_GRACE_S of build_system
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +93,13 @@ async def rapi(rsystem: System, http: aiohttp.ClientSession) -> ApiClient:
     return ApiClient(rsystem.api_url, created.key, http)
 
 
-async def submit(api: ApiClient, n: int, webhooks: WebhookReceiver | None = None) -> str:
-    """A batch of ``n`` rows that each take a few milliseconds upstream."""
+async def submit(
+    api: ApiClient, n: int, webhooks: WebhookReceiver | None = None, delay_ms: int = 5
+) -> str:
+    """A batch of ``n`` rows that each take ``delay_ms`` upstream."""
     body: dict[str, object] = {
         "model": "gpt-4o-mini",
-        "requests": rows(n, "row {i} [sim:delay-ms=5]"),
+        "requests": rows(n, f"row {{i}} [sim:delay-ms={delay_ms}]"),
     }
     if webhooks is not None:
         body["webhookUrl"] = webhooks.url
@@ -118,23 +121,36 @@ def custom_ids(n: int) -> list[str]:
     return [f"r-{i}" for i in range(n)]
 
 
-async def test_sigterm_to_a_row_worker_mid_batch_loses_no_row(
+async def test_sigterm_mid_batch_to_a_row_worker_and_every_service_loses_no_row(
     rsystem: System, rapi: ApiClient, http: aiohttp.ClientSession, webhooks: WebhookReceiver
 ) -> None:
-    batch_id = await submit(rapi, 3000, webhooks)
-    await wait_progress(rapi, batch_id, 300)
+    """Each service in turn gets SIGTERM while the batch runs: it drains, exits 0 and is
+    started again; the row-worker first, whose in-flight rows must finish, not vanish."""
+    batch_id = await submit(rapi, 4000, webhooks, delay_ms=10)
+    done = 200
+    await wait_progress(rapi, batch_id, done)
     worker = rsystem.processes["row-worker"]
-    worker.signal(signal.SIGTERM)
-    code = await asyncio.to_thread(worker.wait, 30)
-    assert code == 0
+    await sigterm_and_restart(worker, http)
     log = worker.log_path.read_text()
     assert '"action":"draining"' in log
     assert "tasks_handed_back" not in log, "in-flight rows were not finished within the grace"
 
+    for name in ("dispatcher", "aggregator", "notifier", "scheduler", "ingest-api"):
+        done += 100
+        await wait_progress(rapi, batch_id, done)
+        await sigterm_and_restart(rsystem.processes[name], http)
+
     await wait_terminal(rapi, batch_id, 120)
-    await assert_exactly_once(rapi, rsystem.iso.database_url, batch_id, custom_ids(3000), webhooks)
-    worker.start()
-    await worker.wait_ready(http)
+    await assert_exactly_once(rapi, rsystem.iso.database_url, batch_id, custom_ids(4000), webhooks)
+
+
+async def sigterm_and_restart(proc: ServiceProcess, http: aiohttp.ClientSession) -> None:
+    """SIGTERM, insist on exit 0 within the grace period, start again, wait until ready."""
+    proc.signal(signal.SIGTERM)
+    code = await asyncio.to_thread(proc.wait, GRACE_S + 5)
+    assert code == 0, f"{proc.name} exited with {code} on SIGTERM"
+    proc.start()
+    await proc.wait_ready(http)
 
 
 async def test_every_service_reconnects_to_the_broker(
