@@ -15,10 +15,12 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aio_pika
 import aiohttp
 import asyncpg
 import pytest
 
+from relay.bus.topology import Names
 from relay_cli import admin
 from tests.checks import (
     assert_exactly_once,
@@ -31,6 +33,7 @@ from tests.checks import (
 from tests.faults import TcpProxy, close_broker_connections, terminate_db_backends
 from tests.processes import ServiceProcess, System, build_system
 from tests.support import (
+    AMQP_URL,
     ApiClient,
     WebhookReceiver,
     create_isolation,
@@ -74,6 +77,7 @@ async def rsystem(
         RELAY_DISPATCH_WINDOW="128",
         RELAY_LEASE_SECONDS="5",
         RELAY_SCHEDULER_MAX_SLEEP_S="1",
+        RELAY_STALL_SECONDS="3",
     )
     try:
         await system.start_all(http)
@@ -203,6 +207,42 @@ async def test_every_service_reconnects_to_the_database(
 
     await wait_terminal(rapi, batch_id, 120)
     await assert_exactly_once(rapi, rsystem.iso.database_url, batch_id, custom_ids(2000), webhooks)
+
+
+async def test_rows_lost_in_the_broker_are_published_again_after_a_stall(
+    rsystem: System, rapi: ApiClient, http: aiohttp.ClientSession, webhooks: WebhookReceiver
+) -> None:
+    """Both row-workers stop, the queued rows vanish (a broker replaced without its
+    disk), the workers come back to an empty queue: after RELAY_STALL_SECONDS (3 s here)
+    without progress the dispatcher re-publishes every row without an outcome."""
+    workers = [p for p in rsystem.processes.values() if p.name.startswith("row-worker")]
+    batch_id = await submit(rapi, 1000, webhooks, delay_ms=10)
+    await wait_progress(rapi, batch_id, 100)
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        assert await asyncio.to_thread(worker.wait, GRACE_S + 5) == 0
+    lost = await _purge_rows_queue(rsystem.iso.namespace)
+    assert lost > 0, "the window should have had rows waiting in the broker"
+    before = await rapi.get(batch_id)
+    assert before["status"] == "running"
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        await worker.wait_ready(http)
+
+    await wait_terminal(rapi, batch_id, 60)
+    assert '"action":"job_stalled"' in rsystem.processes["dispatcher"].log_path.read_text()
+    await assert_exactly_once(rapi, rsystem.iso.database_url, batch_id, custom_ids(1000), webhooks)
+
+
+async def _purge_rows_queue(namespace: str) -> int:
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(Names(namespace).rows, passive=True)
+        purged = await queue.purge()
+        return int(purged.message_count or 0)
 
 
 async def test_a_cron_template_spawns_runs_that_complete_with_their_own_webhook(

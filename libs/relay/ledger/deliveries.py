@@ -14,6 +14,7 @@ from relay.batches import Batch
 from relay.ledger.pool import translated
 
 MAX_CLAIMS = 3
+DEFAULT_CLAIM_S = 30.0
 
 _RECLAIM = """
 UPDATE webhook_deliveries d
@@ -37,7 +38,7 @@ WHERE status = 'sending' AND claims >= $2
 class DeliveryStore:
     """The ``webhook_deliveries`` table and the batch read the notifier needs."""
 
-    def __init__(self, pool: asyncpg.Pool, claim_s: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, claim_s: float = DEFAULT_CLAIM_S) -> None:
         self._pool = pool
         self._claim_s = claim_s
 
