@@ -24,6 +24,7 @@ from scheduler.handlers import Scheduler
 log = logging.getLogger("relay.scheduler")
 
 RETRY_PAUSE_S = 1.0
+MIN_SLEEP_S = 0.1
 EVENTS_PREFETCH = 16
 
 Clock = Callable[[], datetime]
@@ -85,7 +86,9 @@ class SchedulerService:
         except Exception as exc:
             log.warning("pass_failed", extra={"error": repr(exc)})
             return RETRY_PAUSE_S
-        return sleep_seconds(result.wake_at, self._clock(), self._max_sleep_s)
+        delay = sleep_seconds(result.wake_at, self._clock(), self._max_sleep_s)
+        # A template due but locked by another scheduler must not make this loop spin.
+        return max(MIN_SLEEP_S, delay)
 
     async def _sleep(self, delay: float, stop: asyncio.Event) -> None:
         waiters = {
