@@ -225,3 +225,30 @@ class JobEvent:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class TemplateCreated:
+    """`<ns>.events` (topic) ``template.created``: a cron template was stored.
+
+    A wake-up for the schedulers, so a template whose first tick is sooner than their
+    current sleep is not late; the ledger (``next_run_at``) stays the truth.
+    """
+
+    template_id: str
+    next_run_at: str
+
+    KIND = "template"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus."""
+        return _dump(self.KIND, {"template_id": self.template_id, "next_run_at": self.next_run_at})
+
+    @classmethod
+    def decode(cls, body: bytes) -> TemplateCreated:
+        """Parse a bus body; raise :class:`MessageError` if it is not one."""
+        d = _load(body, cls.KIND)
+        try:
+            return cls(template_id=str(d["template_id"]), next_run_at=str(d["next_run_at"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc

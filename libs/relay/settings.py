@@ -37,6 +37,13 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
 
 
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _float(env, name, default)
+    if not value > 0:
+        raise ConfigError(f"{name} must be a number above 0, got {env.get(name)!r}")
+    return value
+
+
 def _str(env: Mapping[str, str], name: str, default: str) -> str:
     raw = env.get(name)
     return default if raw is None or raw == "" else raw
@@ -89,6 +96,8 @@ class Settings:
     shutdown_grace_s: float = 20.0
     log_level: str = "INFO"
     event_loop: str = "uvloop"
+    stall_seconds: float = 120.0
+    scheduler_max_sleep_s: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -128,6 +137,10 @@ class Settings:
             shutdown_grace_s=_float(env, "RELAY_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             log_level=_str(env, "RELAY_LOG_LEVEL", d.log_level).upper(),
             event_loop=_choice(env, "RELAY_EVENT_LOOP", d.event_loop, ("uvloop", "asyncio")),
+            stall_seconds=_positive(env, "RELAY_STALL_SECONDS", d.stall_seconds),
+            scheduler_max_sleep_s=_positive(
+                env, "RELAY_SCHEDULER_MAX_SLEEP_S", d.scheduler_max_sleep_s
+            ),
         )
 
     def describe(self) -> dict[str, object]:

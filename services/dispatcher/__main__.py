@@ -13,6 +13,7 @@ from relay.bus.topology import EVENT_FINISHED, Names, broker_priority
 from relay.ids import new_id
 from relay.ledger.dispatch import DispatchStore
 from relay.ledger.outbox import mark_finished_published
+from relay.ledger.pool import database_ready
 from relay.messages import JobEvent, RowTask
 from relay.router.routes import load_routes
 from relay.runtime import Service, run_service
@@ -46,6 +47,7 @@ async def build(
         slice_rows=settings.slice_rows,
         max_running_jobs=settings.max_running_jobs,
         lease_s=settings.lease_seconds,
+        stall_s=settings.stall_seconds,
     )
     dispatcher = Dispatcher(
         DispatchStore(pool),
@@ -55,7 +57,13 @@ async def build(
         config,
     )
     log.info("configured", extra={"owner": owner, "aliases": routes.names()})
-    return DispatcherService(bus, dispatcher, settings.reconcile_seconds)
+    return DispatcherService(
+        bus,
+        dispatcher,
+        settings.reconcile_seconds,
+        lambda: database_ready(pool),
+        settings.shutdown_grace_s,
+    )
 
 
 def main() -> None:

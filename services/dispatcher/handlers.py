@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from relay.batches import TERMINAL, Status
-from relay.ledger.dispatch import RunningJob
+from relay.ledger.dispatch import RunningJob, StalledJob
 from relay.messages import JobEvent, RowTask, TaskRow
 from relay.metrics import JOB_TRANSITIONS
 
@@ -44,8 +44,15 @@ class Store(Protocol):
     async def release(self, owner: str, job_ids: list[str]) -> None:
         """Let go of leases."""
 
-    async def fetch_rows(self, rows_batch_id: str, start: int, end: int) -> list[tuple[int, str]]:
-        """Read input rows."""
+    async def fetch_rows(
+        self, job_id: str, rows_batch_id: str, start: int, end: int
+    ) -> list[tuple[int, str]]:
+        """Read input rows that have no outcome yet."""
+
+    async def claim_stalled(
+        self, owner: str, job_ids: list[str], stall_s: float
+    ) -> list[StalledJob]:
+        """Our jobs without progress for ``stall_s`` (their stall clock restarts)."""
 
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
         """Record dispatched_upto."""
@@ -63,6 +70,7 @@ class DispatchConfig:
     slice_rows: int
     max_running_jobs: int
     lease_s: float
+    stall_s: float = 120.0
 
 
 @dataclass
@@ -164,6 +172,36 @@ class Dispatcher:
                 owned.done = max(owned.done, job.done)
                 await self.top_up(owned)
 
+    async def recover_stalled(self) -> int:
+        """Re-publish the unfinished rows of our jobs that made no progress for a while.
+
+        Rows lost in the broker (a broker replaced without its disk) would otherwise
+        keep a job running forever. The job's window is rewound to its first row
+        without an outcome and topped up again; rows that have an outcome are skipped,
+        and a row still queued somewhere gets a duplicate the aggregator ignores.
+        """
+        if not self.jobs:
+            return 0
+        cfg = self._config
+        stalled = await self._store.claim_stalled(cfg.owner, list(self.jobs), cfg.stall_s)
+        for found in stalled:
+            owned = self.jobs.get(found.id)
+            if owned is None or found.first_unfinished is None:
+                continue
+            log.warning(
+                "job_stalled",
+                extra={
+                    "batch_id": found.id,
+                    "from_row": found.first_unfinished,
+                    "dispatched_upto": owned.dispatched_upto,
+                    "stall_s": cfg.stall_s,
+                },
+            )
+            async with owned.lock:
+                owned.dispatched_upto = min(owned.dispatched_upto, found.first_unfinished)
+            await self.top_up(owned)
+        return len(stalled)
+
     async def release_all(self) -> None:
         """Give up every lease (clean shutdown), so another dispatcher takes over at once."""
         if self.jobs:
@@ -196,7 +234,7 @@ class Dispatcher:
         if start + count < job.total:
             count -= count % size
         end = min(job.total, start + count)
-        rows = await self._store.fetch_rows(job.rows_batch_id, start, end)
+        rows = await self._store.fetch_rows(job.id, job.rows_batch_id, start, end)
         slices = [rows[i : i + size] for i in range(0, len(rows), size)]
         await asyncio.gather(
             *(

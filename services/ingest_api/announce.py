@@ -1,13 +1,18 @@
-"""The ingest-api's bus side-effects: wake a dispatcher, announce a cancel."""
+"""The ingest-api's bus side-effects: wake a dispatcher, announce a cancel or a template."""
 
 from __future__ import annotations
 
 from ingest_api.routes import Announcer
-from relay.batches import Batch
+from relay.batches import Batch, iso
 from relay.bus.client import Bus
-from relay.bus.topology import EVENT_CANCELED, EVENT_FINISHED, broker_priority
+from relay.bus.topology import (
+    EVENT_CANCELED,
+    EVENT_FINISHED,
+    EVENT_TEMPLATE_CREATED,
+    broker_priority,
+)
 from relay.ledger.jobs import JobStore
-from relay.messages import DispatchWakeup, JobEvent
+from relay.messages import DispatchWakeup, JobEvent, TemplateCreated
 
 
 def announcer_for(bus: Bus, jobs: JobStore) -> Announcer:
@@ -27,4 +32,8 @@ def announcer_for(bus: Bus, jobs: JobStore) -> Announcer:
         await bus.publish_event(EVENT_FINISHED, event.encode())
         await jobs.mark_finished_published([batch.id])
 
-    return Announcer(wake_dispatcher, job_canceled)
+    async def template_created(batch: Batch) -> None:
+        created = TemplateCreated(batch.id, iso(batch.next_run_at) or "")
+        await bus.publish_event(EVENT_TEMPLATE_CREATED, created.encode())
+
+    return Announcer(wake_dispatcher, job_canceled, template_created)

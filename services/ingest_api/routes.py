@@ -33,6 +33,7 @@ class Announcer:
 
     wake_dispatcher: Callable[[Batch], Awaitable[None]]
     job_canceled: Callable[[Batch], Awaitable[None]]
+    template_created: Callable[[Batch], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -107,19 +108,24 @@ async def create_batch(request: web.Request) -> web.Response:
         batch = await deps.jobs.create(new, rows, claim)
         JOB_TRANSITIONS.labels(batch.status).inc()
         log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
-        if batch.status == Status.QUEUED:
-            await wake(deps, batch)
+        await wake(deps, batch)
         return json_response(batch.to_api(), status=201)
 
     return await idempotent(request, deps.idempotency, workspace_id, raw, respond)
 
 
 async def wake(deps: ApiDeps, batch: Batch) -> None:
-    """Wake a dispatcher for a new queued batch; a lost wake-up only delays it."""
+    """Wake a dispatcher for a new queued batch, or schedulers for a new cron template.
+
+    The batch is committed: a lost wake-up only delays it (dispatchers reconcile from the
+    ledger, schedulers look again within their sleep cap).
+    """
     try:
-        await deps.announcer.wake_dispatcher(batch)
+        if batch.status == Status.QUEUED:
+            await deps.announcer.wake_dispatcher(batch)
+        elif batch.status == Status.SCHEDULED:
+            await deps.announcer.template_created(batch)
     except Exception as exc:
-        # The batch is committed; the dispatcher's reconcile scan will find it.
         log.warning("wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})
 
 
@@ -148,7 +154,12 @@ async def list_batches(request: web.Request) -> web.Response:
     status = query.get("status")
     if status is not None and status not in set(Status):
         raise invalid(f"status must be one of {', '.join(s.value for s in Status)}", "status")
-    page, more = await request.app[DEPS].jobs.list(request[WORKSPACE_ID], limit, after, status)
+    template_id = query.get("template_id")
+    if template_id is not None and not is_valid_id(template_id):
+        raise invalid("template_id must be a batch id", "template_id")
+    page, more = await request.app[DEPS].jobs.list(
+        request[WORKSPACE_ID], limit, after, status, template_id
+    )
     return json_response({"object": "list", "data": [b.to_api() for b in page], "has_more": more})
 
 

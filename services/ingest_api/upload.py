@@ -34,7 +34,7 @@ from ingest_api.validation import (
     parse_priority_field,
     validate_batch_options,
 )
-from relay.batches import Batch, Status
+from relay.batches import Batch
 from relay.errors import ApiError, invalid
 from relay.ids import new_id
 from relay.ledger.idempotency import IdempotencyClaim
@@ -274,6 +274,5 @@ async def create_jobs(
     for batch in batches:
         JOB_TRANSITIONS.labels(batch.status).inc()
         log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
-        if batch.status == Status.QUEUED:
-            await wake(deps, batch)
+        await wake(deps, batch)
     return batches

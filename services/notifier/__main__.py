@@ -13,6 +13,8 @@ from relay.runtime import Service, run_service
 from relay.settings import Settings
 from relay.wiring import open_bus, open_pool
 
+CLAIM_MARGIN_S = 20.0
+
 
 async def build(
     settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
@@ -26,7 +28,16 @@ async def build(
             "webhook_allow_list",
             extra={"networks": [str(n) for n in settings.webhook_allow_networks]},
         )
-    return NotifierService(bus, DeliveryStore(pool), post, lambda: database_ready(pool))
+    # A claim outlives any POST (bounded by the webhook timeout) by a wide margin.
+    store = DeliveryStore(pool, claim_s=settings.webhook_timeout_s + CLAIM_MARGIN_S)
+    return NotifierService(
+        bus,
+        store,
+        post,
+        lambda: database_ready(pool),
+        recover_every_s=settings.reconcile_seconds,
+        grace_s=settings.shutdown_grace_s,
+    )
 
 
 def main() -> None:

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 RESTART_PAUSE_S = 1.0
+MAX_RESTART_PAUSE_S = 30.0
+STABLE_RUN_S = 30.0
 STOP_TIMEOUT_S = 30.0
 
 
@@ -29,6 +31,7 @@ class Child:
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     started_at: float = field(default=0.0)
+    crash_streak: int = 0
 
 
 def say(message: str) -> None:
@@ -59,6 +62,27 @@ async def supervise(children: list[Child], stop: asyncio.Event) -> None:
     await asyncio.gather(*watchers, return_exceptions=True)
 
 
+def exit_reason(code: int) -> str:
+    """Why a child ended, from its return code (negative: killed by that signal)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"was killed by {name}"
+
+
+def restart_pause(child: Child, now: float) -> float:
+    """Pause before restarting: short after a long run, doubling while it keeps crashing
+    at once (Kubernetes' crash-loop back-off, in small)."""
+    if now - child.started_at >= STABLE_RUN_S:
+        child.crash_streak = 0
+    pause = min(MAX_RESTART_PAUSE_S, RESTART_PAUSE_S * 2**child.crash_streak)
+    child.crash_streak += 1
+    return pause
+
+
 async def _watch(child: Child, stop: asyncio.Event) -> None:
     while not stop.is_set():
         assert child.process is not None
@@ -66,10 +90,13 @@ async def _watch(child: Child, stop: asyncio.Event) -> None:
         if stop.is_set():
             return
         child.restarts += 1
-        reason = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        say(f"{child.name} {reason}; restarting (restart #{child.restarts})")
+        pause = restart_pause(child, time.monotonic())
+        say(
+            f"{child.name} (pid {child.process.pid}) {exit_reason(code)}; "
+            f"restarting in {pause:g}s (restart #{child.restarts})"
+        )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), RESTART_PAUSE_S)
+            await asyncio.wait_for(stop.wait(), pause)
         if not stop.is_set():
             await start(child)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from dispatcher.handlers import FETCH_SLICES, DispatchConfig, Dispatcher
-from relay.ledger.dispatch import RunningJob
+from relay.ledger.dispatch import RunningJob, StalledJob
 from relay.messages import JobEvent, RowTask, TaskRow
 
 OWNER = "dispatcher-test"
@@ -57,6 +57,8 @@ class FakeStore:
     failed: list[tuple[str, str]] = field(default_factory=list)
     released: list[list[str]] = field(default_factory=list)
     totals: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, set[int]] = field(default_factory=dict)
+    stalled: dict[str, int | None] = field(default_factory=dict)
 
     def _take(self, pool: list[RunningJob], limit: int) -> list[RunningJob]:
         taken = sorted(pool, key=lambda j: -j.priority)[:limit]
@@ -81,10 +83,21 @@ class FakeStore:
     async def release(self, owner: str, job_ids: list[str]) -> None:
         self.released.append(sorted(job_ids))
 
-    async def fetch_rows(self, rows_batch_id: str, start: int, end: int) -> list[tuple[int, str]]:
+    async def fetch_rows(
+        self, job_id: str, rows_batch_id: str, start: int, end: int
+    ) -> list[tuple[int, str]]:
         self.fetches.append((rows_batch_id, start, end))
         assert 0 <= start < end <= self.totals[rows_batch_id]
-        return [(i, messages_json(i)) for i in range(start, end)]
+        done = self.outcomes.get(job_id, set())
+        return [(i, messages_json(i)) for i in range(start, end) if i not in done]
+
+    async def claim_stalled(
+        self, owner: str, job_ids: list[str], stall_s: float
+    ) -> list[StalledJob]:
+        self.calls.append(("claim_stalled", owner, sorted(job_ids), stall_s))
+        found = [StalledJob(i, self.stalled[i]) for i in job_ids if i in self.stalled]
+        self.stalled.clear()
+        return found
 
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
         assert owner == OWNER
@@ -373,3 +386,54 @@ async def test_window_smaller_than_a_slice_still_releases_one_slice(
     await dispatcher.on_progress(progress("job1", completed=8, total=10))
     assert recorder.indexes() == slices(0, 10, 4)
     assert dispatcher.jobs["job1"].exhausted
+
+
+# --- crash recovery: takeover and stalls -----------------------------------------------
+
+
+async def test_takeover_resumes_at_dispatched_upto_and_skips_rows_with_an_outcome(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.expired.append(job(total=100, completed=30, dispatched_upto=40))
+    store.outcomes["job1"] = set(range(30)) | {40, 41}
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    assert await dispatcher.claim() == 1
+    assert recorder.flat() == list(range(42, 48))
+    assert store.advanced == [("job1", 48)]
+
+
+async def test_a_stalled_job_republishes_only_its_rows_without_an_outcome(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    assert recorder.flat() == list(range(20))
+    # Rows 10, 11 and 14..19 were lost in the broker; the others have outcomes.
+    store.outcomes["job1"] = set(range(10)) | {12, 13}
+    dispatcher.jobs["job1"].done = 12
+    store.stalled["job1"] = 10
+    recorder.tasks.clear()
+
+    assert await dispatcher.recover_stalled() == 1
+    assert ("claim_stalled", OWNER, ["job1"], 120.0) in store.calls
+    assert recorder.flat() == [10, 11, *range(14, 30)]
+    assert dispatcher.jobs["job1"].dispatched_upto == 30
+
+
+async def test_a_stalled_job_with_every_row_done_publishes_nothing(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=8))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    recorder.tasks.clear()
+    store.stalled["job1"] = None
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.tasks == []
+
+
+async def test_no_owned_jobs_means_no_stall_query(store: FakeStore, recorder: Recorder) -> None:
+    dispatcher = make_dispatcher(store, recorder)
+    assert await dispatcher.recover_stalled() == 0
+    assert not [c for c in store.calls if c[0] == "claim_stalled"]

@@ -1,5 +1,9 @@
 """The bus client: one robust connection, a confirmed publisher and consumers.
 
+After the broker restarts (or closes the connection), aio-pika reconnects and restores
+every channel, queue, binding and consumer this bus declared; :meth:`Bus.ready` is
+False from the moment the connection drops until that restore is complete.
+
 Ack policy lives here (:func:`settle`): ack after the handler's effect is durable, reject
 undecodable messages without requeue, requeue on any other failure, never settle on
 cancellation. Acking a delivery from before a reconnect fails harmlessly (the broker
@@ -30,6 +34,7 @@ log = logging.getLogger("relay.bus")
 
 PUBLISH_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10.0
+RECONNECT_INTERVAL_S = 2.0
 
 MessageCallback = Callable[[AbstractIncomingMessage], Awaitable[None]]
 SETTLE_ERRORS = (AMQPError, ChannelInvalidStateError, RuntimeError, ConnectionError)
@@ -49,29 +54,55 @@ class Bus:
         self._consumer_channels: list[AbstractChannel] = []
         self._queues: list[AbstractQueue] = []
         self._consumers: list[tuple[AbstractQueue, str]] = []
+        # Set when the connection drops, cleared once aio-pika restored every channel.
+        self._restoring = False
 
     async def connect(self) -> None:
-        """Connect (robustly), open the publisher channel and declare the topology."""
-        self._connection = await aio_pika.connect_robust(
+        """Connect (robustly), open the publisher channel and declare the topology.
+
+        The connection is named after the service (and carries the namespace), so an
+        operator — or a test — can find and close exactly this service's connection.
+        """
+        connection = await aio_pika.connect_robust(
             self._url,
             timeout=CONNECT_TIMEOUT_S,
-            client_properties={"connection_name": self._service},
+            reconnect_interval=RECONNECT_INTERVAL_S,
+            client_properties={
+                "connection_name": self._service,
+                "relay_namespace": self.names.namespace,
+            },
         )
-        channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        connection.close_callbacks.add(self._on_connection_lost)
+        connection.reconnect_callbacks.add(self._on_reconnected)
+        self._connection = connection
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await declare_all(channel, self.names)
         self._events = await declare_events(channel, self.names)
         self._publish_channel = channel
 
+    def _on_connection_lost(self, _: object, exc: BaseException | None) -> None:
+        if self._connection is not None and not self._restoring:
+            self._restoring = True
+            log.warning("broker_connection_lost", extra={"error": repr(exc)})
+
+    def _on_reconnected(self, _: object) -> None:
+        if self._restoring:
+            self._restoring = False
+            log.info("broker_reconnected", extra={"consumers": len(self._consumers)})
+
     def ready(self) -> bool:
-        """True while connected with every consumer this bus registered."""
+        """True while connected with every channel (and so every consumer) restored."""
         conn = self._connection
-        return conn is not None and not conn.is_closed and conn.connected.is_set()
+        if conn is None or conn.is_closed or not conn.connected.is_set() or self._restoring:
+            return False
+        channels = [self._publish_channel, *self._consumer_channels]
+        return all(ch is not None and not ch.is_closed for ch in channels)
 
     async def close(self) -> None:
         """Close the connection (channels and consumers with it)."""
         if self._connection is not None:
-            await self._connection.close()
-            self._connection = None
+            connection, self._connection = self._connection, None
+            await connection.close()
 
     async def publish(self, queue: str, body: bytes, *, kind: str, priority: int = 0) -> None:
         """Publish a persistent message to a durable queue and wait for the confirm."""

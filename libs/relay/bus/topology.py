@@ -17,6 +17,7 @@ MAX_PRIORITY = 9
 EVENT_PROGRESS = "job.progress"
 EVENT_FINISHED = "job.finished"
 EVENT_CANCELED = "job.canceled"
+EVENT_TEMPLATE_CREATED = "template.created"
 
 
 def broker_priority(job_priority: int) -> int:

@@ -1,4 +1,10 @@
-"""Webhook deliveries: claimed before the POST so a redelivered event never POSTs twice."""
+"""Webhook deliveries: claimed before the POST so a redelivered event never POSTs twice.
+
+A claim carries an expiry longer than any POST can take. A claim still ``sending`` past
+its expiry belongs to a notifier that died between claiming and recording the result;
+another notifier (or the same one after a restart) may take it over, a bounded number
+of times, and then gives up with ``failed``.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,34 @@ from relay.batches import Batch
 from relay.ledger.keys import generate_webhook_secret
 from relay.ledger.pool import translated
 
+MAX_CLAIMS = 3
+DEFAULT_CLAIM_S = 30.0
+
+_RECLAIM = """
+UPDATE webhook_deliveries d
+SET claim_expires_at = now() + make_interval(secs => $1), claims = d.claims + 1
+FROM (SELECT batch_id FROM webhook_deliveries
+      WHERE status = 'sending' AND claims < $2
+        AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
+      ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) q
+WHERE d.batch_id = q.batch_id
+RETURNING d.batch_id
+"""
+
+_ABANDON = """
+UPDATE webhook_deliveries SET status = 'failed', finished_at = now(),
+    error = 'notifier stopped during delivery ' || claims || ' times; giving up'
+WHERE status = 'sending' AND claims >= $2
+  AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
+"""
+
 
 class DeliveryStore:
     """The ``webhook_deliveries`` table and the batch read the notifier needs."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, claim_s: float = DEFAULT_CLAIM_S) -> None:
         self._pool = pool
+        self._claim_s = claim_s
 
     async def batch(self, batch_id: str) -> Batch | None:
         """The batch ``batch_id`` (any workspace: the notifier serves them all)."""
@@ -25,12 +53,14 @@ class DeliveryStore:
         """Claim the one delivery of ``batch_id``; False if it was claimed before."""
         async with translated():
             value = await self._pool.fetchval(
-                "INSERT INTO webhook_deliveries (batch_id, url, status, message_id)"
-                " VALUES ($1, $2, 'sending', $3)"
+                "INSERT INTO webhook_deliveries (batch_id, url, status, message_id,"
+                " claim_expires_at)"
+                " VALUES ($1, $2, 'sending', $3, now() + make_interval(secs => $4))"
                 " ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id",
                 batch_id,
                 url,
                 message_id,
+                self._claim_s,
             )
         return value is not None
 
@@ -45,6 +75,13 @@ class DeliveryStore:
                     generate_webhook_secret(),
                 )
             )
+
+    async def reclaim_expired(self, limit: int = 20) -> list[str]:
+        """Take over expired ``sending`` claims (their notifier died); give up old ones."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(_ABANDON, self._claim_s, MAX_CLAIMS)
+            records = await conn.fetch(_RECLAIM, self._claim_s, MAX_CLAIMS, limit)
+        return [r[0] for r in records]
 
     async def finish(
         self, batch_id: str, status: str, status_code: int | None, error: str | None

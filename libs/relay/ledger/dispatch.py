@@ -1,4 +1,5 @@
-"""The dispatcher's ledger: claim jobs under a lease, read row slices, record progress."""
+"""The dispatcher's ledger: claim jobs under a lease, read row slices, record progress,
+find stalled jobs."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ class RunningJob:
     def done(self) -> int:
         """Rows with an outcome."""
         return self.completed + self.failed
+
+
+@dataclass(frozen=True)
+class StalledJob:
+    """A job that made no progress for the stall timeout; ``first_unfinished`` is None
+    when every row has an outcome (the job is about to finish)."""
+
+    id: str
+    first_unfinished: int | None
 
 
 class DispatchStore:
@@ -95,17 +105,51 @@ class DispatchStore:
                 job_ids,
             )
 
-    async def fetch_rows(self, rows_batch_id: str, start: int, end: int) -> list[tuple[int, str]]:
-        """Rows ``start <= index < end`` of a job's input, in index order."""
+    async def fetch_rows(
+        self, job_id: str, rows_batch_id: str, start: int, end: int
+    ) -> list[tuple[int, str]]:
+        """Rows ``start <= index < end`` of a job's input that have no outcome yet, in order.
+
+        Rows that already have an outcome are never released again (a dispatcher that
+        resumes or re-publishes after a stall skips them).
+        """
         async with translated():
             records = await self._pool.fetch(
-                "SELECT row_index, messages FROM batch_rows"
-                " WHERE batch_id = $1 AND row_index >= $2 AND row_index < $3 ORDER BY row_index",
+                "SELECT r.row_index, r.messages FROM batch_rows r"
+                " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
+                " AND NOT EXISTS (SELECT 1 FROM row_results o"
+                "   WHERE o.batch_id = $1 AND o.row_index = r.row_index)"
+                " ORDER BY r.row_index",
+                job_id,
                 rows_batch_id,
                 start,
                 end,
             )
         return [(r[0], r[1]) for r in records]
+
+    async def claim_stalled(
+        self, owner: str, job_ids: list[str], stall_s: float
+    ) -> list[StalledJob]:
+        """Our running jobs without progress for ``stall_s``, each with its first unfinished row.
+
+        Claiming restarts the job's stall clock (``last_progress_at = now()``), so a job
+        is re-published at most once per stall period, by its owner only.
+        """
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE batches b SET last_progress_at = now()"
+                " WHERE b.id = ANY($2::text[]) AND b.lease_owner = $1 AND b.status = 'running'"
+                " AND COALESCE(b.last_progress_at, b.started_at, b.created_at)"
+                "     < now() - make_interval(secs => $3)"
+                " RETURNING b.id, (SELECT min(r.row_index) FROM batch_rows r"
+                "   WHERE r.batch_id = b.rows_batch_id AND NOT EXISTS ("
+                "     SELECT 1 FROM row_results o"
+                "     WHERE o.batch_id = b.id AND o.row_index = r.row_index))",
+                owner,
+                job_ids,
+                stall_s,
+            )
+        return [StalledJob(r[0], r[1]) for r in records]
 
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
         """Record that rows below ``upto`` are published; False if the job is no longer ours."""

@@ -117,13 +117,22 @@ class JobStore:
         return None if record is None else Batch.from_record(record)
 
     async def list(
-        self, workspace_id: str, limit: int, after: str | None, status: str | None
+        self,
+        workspace_id: str,
+        limit: int,
+        after: str | None,
+        status: str | None,
+        template_id: str | None = None,
     ) -> tuple[list[Batch], bool]:
-        """Newest first; ``after`` is the last id of the previous page. Returns (page, more)."""
+        """Newest first; ``after`` is the last id of the previous page. Returns (page, more).
+
+        ``template_id`` keeps only the runs of that cron template.
+        """
         async with translated():
             records = await self._pool.fetch(
                 "SELECT b.* FROM batches b WHERE b.workspace_id = $1"
                 " AND ($3::text IS NULL OR b.status = $3)"
+                " AND ($5::text IS NULL OR b.template_id = $5)"
                 " AND ($2::text IS NULL OR (b.created_at, b.id) < ("
                 "   SELECT a.created_at, a.id FROM batches a"
                 "   WHERE a.id = $2 AND a.workspace_id = $1))"
@@ -132,6 +141,7 @@ class JobStore:
                 after,
                 status,
                 limit + 1,
+                template_id,
             )
         page = [Batch.from_record(r) for r in records[:limit]]
         return page, len(records) > limit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -11,10 +12,14 @@ from relay.errors import TransientError
 
 COMMAND_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 2.0
 
 _TRANSIENT = (
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
+    # admin_shutdown / crash_shutdown / query_canceled: a restart or a terminated backend.
+    asyncpg.OperatorInterventionError,
+    asyncpg.TooManyConnectionsError,
     asyncpg.InterfaceError,
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
@@ -48,10 +53,12 @@ async def translated() -> AsyncIterator[None]:
 
 
 async def database_ready(pool: asyncpg.Pool) -> bool:
-    """Cheap liveness check of the database behind ``pool``."""
+    """Cheap liveness check of the database behind ``pool`` (False, never an error)."""
     try:
         async with translated():
-            await pool.fetchval("SELECT 1", timeout=2)
+            # Bounds the acquire (a reconnect) as well as the query.
+            await asyncio.wait_for(pool.fetchval("SELECT 1"), READY_TIMEOUT_S)
         return True
-    except TransientError:
+    except (TransientError, asyncpg.PostgresError):
+        # e.g. the database refusing connections for a while (ALLOW_CONNECTIONS false).
         return False

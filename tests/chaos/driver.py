@@ -1,0 +1,186 @@
+"""The chaos driver: run one batch while killing service processes and disrupting servers.
+
+A plan is a shuffled list of faults: ``kill -9`` of each service kind at least once and
+of the row-workers several times (each killed process restarted at once, as a
+supervisor would), optionally followed by a RabbitMQ and a Postgres disruption. Faults
+are paced by progress, not by the clock: before each one the batch must have moved on
+by a random number of rows, so every fault lands mid-run on a system that has healed
+from the previous one. The batch is then checked by :func:`tests.checks.assert_exactly_once`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import orjson
+
+from tests.checks import Verdict, assert_exactly_once, services_of, wait_terminal
+from tests.processes import System
+from tests.support import ApiClient, WebhookReceiver, rows, wait_until
+
+KILLABLE = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier")
+RESTART_READY_TIMEOUT_S = 60
+GATE_TIMEOUT_S = 120
+
+ServerFault = Callable[[], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class ChaosSettings:
+    """The knobs of one chaos run (environment overrides in :func:`from_env`)."""
+
+    rows: int = 5000
+    latency_ms: int = 40
+    extra_worker_kills: int = 3
+    min_step: int = 50
+    max_step: int = 200
+    seed: int = 0
+
+    @classmethod
+    def from_env(cls, rows: int, latency_ms: int, extra_worker_kills: int) -> ChaosSettings:
+        """A variant's defaults, each overridable by ``RELAY_CHAOS_ROWS``,
+        ``RELAY_CHAOS_LATENCY_MS``, ``RELAY_CHAOS_WORKER_KILLS``; ``RELAY_CHAOS_SEED``
+        replays a run (default: a new seed, recorded in the report)."""
+        env = os.environ
+        return cls(
+            rows=int(env.get("RELAY_CHAOS_ROWS", rows)),
+            latency_ms=int(env.get("RELAY_CHAOS_LATENCY_MS", latency_ms)),
+            extra_worker_kills=int(env.get("RELAY_CHAOS_WORKER_KILLS", extra_worker_kills)),
+            seed=int(env.get("RELAY_CHAOS_SEED", time.time_ns() % 1_000_000)),
+        )
+
+
+@dataclass
+class Fault:
+    """One fault as it happened."""
+
+    kind: str
+    target: str
+    rows_done: int
+    recovered_s: float
+    detail: str = ""
+
+
+@dataclass
+class ChaosReport:
+    """Everything a chaos run did and found (written as JSON under test-output/chaos)."""
+
+    variant: str
+    seed: int
+    rows: int
+    latency_ms: int
+    faults: list[Fault] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    verdict: dict[str, object] = field(default_factory=dict)
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def kills(self) -> list[Fault]:
+        """The ``kill -9`` faults."""
+        return [f for f in self.faults if f.kind == "kill -9"]
+
+    def write(self, directory: Path) -> Path:
+        """Write the report as JSON; return its path."""
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.variant}.json"
+        body = asdict(self) | {"kills": len(self.kills), "rounds": len(self.faults)}
+        path.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
+        return path
+
+
+def kill_plan(system: System, rng: random.Random, extra_worker_kills: int) -> list[str]:
+    """Process names to kill: every service kind once, then row-workers again, shuffled."""
+    workers = [name for name in system.processes if name.startswith("row-worker")]
+    plan = [*KILLABLE, rng.choice(workers)]
+    plan += [rng.choice(workers) for _ in range(extra_worker_kills)]
+    rng.shuffle(plan)
+    return plan
+
+
+async def rows_done(database_url: str, batch_id: str) -> tuple[str, int]:
+    """(status, rows with an outcome) of a batch, straight from the ledger."""
+    conn = await asyncpg.connect(database_url, timeout=10)
+    try:
+        row = await conn.fetchrow(
+            "SELECT status, completed + failed FROM batches WHERE id = $1", batch_id
+        )
+    finally:
+        await conn.close()
+    assert row is not None
+    return row[0], row[1]
+
+
+async def wait_for_progress(database_url: str, batch_id: str, target: int, fault: str) -> int:
+    """Wait until ``target`` rows are done; fail if the batch ends before ``fault`` ran."""
+
+    async def reached() -> int | None:
+        status, done = await rows_done(database_url, batch_id)
+        if status != "running" and status != "queued":
+            raise AssertionError(
+                f"the batch ended ({status}) before {fault}: make it slower "
+                "(RELAY_CHAOS_LATENCY_MS) or the plan shorter"
+            )
+        return done if done >= target else None
+
+    return int(await wait_until(reached, GATE_TIMEOUT_S, f"{target} rows done", 0.1))
+
+
+async def kill_and_restart(system: System, name: str, http: aiohttp.ClientSession) -> float:
+    """``kill -9`` one process, start it again, wait until ready; seconds to ready."""
+    proc = system.processes[name]
+    proc.signal(signal.SIGKILL)
+    code = await asyncio.to_thread(proc.wait, 10)
+    assert code == -signal.SIGKILL, f"{name} exited with {code} instead of being killed"
+    started = time.monotonic()
+    proc.start()
+    await proc.wait_ready(http, RESTART_READY_TIMEOUT_S)
+    return time.monotonic() - started
+
+
+async def run_chaos(
+    variant: str,
+    system: System,
+    api: ApiClient,
+    http: aiohttp.ClientSession,
+    webhooks: WebhookReceiver,
+    settings: ChaosSettings,
+    server_faults: list[tuple[str, ServerFault]],
+) -> ChaosReport:
+    """Submit the batch, run the plan, wait for the end, check it; return the report."""
+    rng = random.Random(settings.seed)
+    report = ChaosReport(variant, settings.seed, settings.rows, settings.latency_ms)
+    started = time.monotonic()
+    batch = await api.submit(
+        {"model": "gpt-4o-mini", "requests": rows(settings.rows), "webhookUrl": webhooks.url}
+    )
+    url = system.iso.database_url
+    done = 0
+    for name in kill_plan(system, rng, settings.extra_worker_kills):
+        step = rng.randint(settings.min_step, settings.max_step)
+        done = await wait_for_progress(url, batch["id"], done + step, f"killing {name}")
+        recovered = await kill_and_restart(system, name, http)
+        report.faults.append(Fault("kill -9", name, done, round(recovered, 2)))
+    for target, fault in server_faults:
+        step = rng.randint(settings.min_step, settings.max_step)
+        done = await wait_for_progress(url, batch["id"], done + step, f"disrupting {target}")
+        at = time.monotonic()
+        detail = await fault()
+        for proc in services_of(system):
+            await proc.wait_ready(http, RESTART_READY_TIMEOUT_S)
+        report.faults.append(Fault("server", target, done, round(time.monotonic() - at, 2), detail))
+    await wait_terminal(api, batch["id"], 300)
+    report.elapsed_s = round(time.monotonic() - started, 1)
+    verdict: Verdict = await assert_exactly_once(
+        api, url, batch["id"], [f"r-{i}" for i in range(settings.rows)], webhooks
+    )
+    report.verdict = asdict(verdict)
+    return report

@@ -1,0 +1,82 @@
+"""Chaos, full (``make chaos``): the kill plan, then RabbitMQ and Postgres disrupted
+mid-run — really restarted (``RELAY_CHAOS_SERVERS=restart``) or only this system's
+connections dropped and refused (``sever``). Collected only when that variable is set."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from relay_cli import admin
+from tests.chaos.conftest import CHAOS_ENV, SERVERS_MODE
+from tests.chaos.driver import ChaosSettings, run_chaos
+from tests.chaos.servers import restart_faults, sever_faults
+from tests.faults import TcpProxy
+from tests.processes import SERVICES, build_system
+from tests.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
+
+
+@pytest.fixture
+async def proxies() -> AsyncIterator[tuple[TcpProxy, TcpProxy]]:
+    """Proxies in front of RabbitMQ and Postgres (used by the ``sever`` mode only)."""
+    amqp, pg = TcpProxy("127.0.0.1", 5672), TcpProxy("127.0.0.1", 5432)
+    await amqp.start()
+    await pg.start()
+    yield amqp, pg
+    await amqp.stop()
+    await pg.stop()
+
+
+@pytest.mark.timeout(900)
+async def test_kills_and_server_disruptions_mid_batch_lose_nothing(
+    output_dir: Path,
+    http: aiohttp.ClientSession,
+    webhooks: WebhookReceiver,
+    proxies: tuple[TcpProxy, TcpProxy],
+) -> None:
+    settings = ChaosSettings.from_env(rows=5000, latency_ms=80, extra_worker_kills=4)
+    iso = await create_isolation("chaosfull")
+    log_dir = output_dir / f"chaos-{SERVERS_MODE}"
+    for old in log_dir.glob("*.log"):
+        old.unlink()
+    amqp, pg = proxies
+    servers = {}
+    if SERVERS_MODE == "sever":
+        servers = {
+            "RELAY_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp.port}/",
+            "RELAY_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{pg.port}/{iso.database}",
+        }
+    system = build_system(
+        iso,
+        log_dir,
+        workers=2,
+        sim_env={"RELAY_SIM_LATENCY_MS": str(settings.latency_ms)},
+        **CHAOS_ENV,
+        **servers,
+    )
+    try:
+        await system.start_all(http)
+        key = await admin.create_key(iso.database_url, "chaos")
+        api = ApiClient(system.api_url, key.key, http)
+        faults = (
+            restart_faults() if SERVERS_MODE == "restart" else sever_faults(system, amqp, pg, http)
+        )
+        report = await run_chaos(
+            f"full-{SERVERS_MODE}", system, api, http, webhooks, settings, faults
+        )
+    finally:
+        codes = await asyncio.to_thread(system.stop_all)
+        await drop_isolation(iso)
+    report.exit_codes = codes
+    report.write(output_dir / "chaos")
+
+    killed = Counter(f.target.split("#")[0] for f in report.kills)
+    assert set(killed) == set(SERVICES), killed
+    assert [f.target for f in report.faults if f.kind == "server"] == ["rabbitmq", "postgres"]
+    assert len(webhooks.bodies) == 1, "a webhook arrived after the check"
+    assert all(code == 0 for code in codes.values()), f"unclean exits after chaos: {codes}"
