@@ -118,7 +118,10 @@ class DispatchStore:
                 "SELECT r.row_index, r.messages FROM batch_rows r"
                 " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
                 " AND NOT EXISTS (SELECT 1 FROM row_results o"
-                "   WHERE o.batch_id = $1 AND o.row_index = r.row_index)"
+                "   WHERE o.batch_id = $1 AND o.row_index = r.row_index"
+                # The range again, so even a generic plan reads only this slice's
+                # outcomes through the primary key (never all of the job's results).
+                "   AND o.row_index >= $3 AND o.row_index < $4)"
                 " ORDER BY r.row_index",
                 job_id,
                 rows_batch_id,
