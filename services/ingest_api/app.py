@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from ingest_api.middleware import ResolveKey, auth_middleware, error_middleware
+from ingest_api.openapi import add_openapi_route
 from ingest_api.routes import DEPS, ApiDeps, add_batch_routes
 from relay.health import add_health_routes
 
@@ -24,4 +25,5 @@ def build_app(
     app[DEPS] = deps
     add_batch_routes(app)
     add_health_routes(app, ready)
+    add_openapi_route(app)
     return app
