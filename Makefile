@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 
-.PHONY: setup run test unit integration e2e lint format migrate clean
+.PHONY: setup run test unit integration e2e fuzz lint format migrate clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,13 @@ integration: setup
 
 e2e: setup
 	$(PYTEST) tests/e2e
+
+# Schemathesis against a live ingest-api, far longer than the bounded run in `make test`,
+# with a random seed (RELAY_FUZZ_SEED=n to replay one). Report in test-output/openapi/.
+FUZZ_EXAMPLES ?= 400
+fuzz: setup
+	RELAY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) RELAY_FUZZ_SEED=$(RELAY_FUZZ_SEED) RELAY_FUZZ_TIMEOUT_S=3300 \
+		$(PYTEST) -rP --timeout=3600 tests/integration/test_openapi_fuzz.py
 
 lint: setup
 	$(BIN)/ruff check libs services tests
