@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 
-.PHONY: setup run test unit integration e2e chaos lint format migrate clean bench browser
+.PHONY: setup run test unit integration e2e chaos fuzz lint format migrate clean bench browser
 
 setup: $(STAMP)
 
@@ -52,6 +52,13 @@ browser:
 # this run's own connections instead. Reports: test-output/chaos/*.json.
 chaos: setup
 	RELAY_CHAOS_SERVERS=$${RELAY_CHAOS_SERVERS:-restart} $(PYTEST) tests/chaos
+
+# Schemathesis against a live ingest-api, far longer than the bounded run in `make test`,
+# with a random seed (RELAY_FUZZ_SEED=n to replay one). Report in test-output/openapi/.
+FUZZ_EXAMPLES ?= 400
+fuzz: setup
+	RELAY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) RELAY_FUZZ_SEED=$(RELAY_FUZZ_SEED) RELAY_FUZZ_TIMEOUT_S=3300 \
+		$(PYTEST) -rP --timeout=3600 tests/integration/test_openapi_fuzz.py
 
 lint: setup
 	$(BIN)/ruff check libs services tests

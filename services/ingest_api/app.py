@@ -8,6 +8,7 @@ from aiohttp import web
 
 from ingest_api.middleware import ResolveKey, auth_middleware, error_middleware
 from ingest_api.models import add_model_routes
+from ingest_api.openapi import add_openapi_route
 from ingest_api.panel import add_panel_routes
 from ingest_api.routes import DEPS, ApiDeps, add_batch_routes
 from ingest_api.upload import add_upload_routes
@@ -30,4 +31,5 @@ def build_app(
     add_model_routes(app)
     add_panel_routes(app)
     add_health_routes(app, ready)
+    add_openapi_route(app)
     return app

@@ -48,12 +48,14 @@ def _stop(value: object, param: str) -> str | list[str]:
 
 
 def _response_format(value: object, param: str) -> dict[str, object]:
-    if type(value) is not dict or value.get("type") not in RESPONSE_FORMAT_TYPES:
+    kind = value.get("type") if type(value) is dict else None
+    if type(value) is not dict or type(kind) is not str or kind not in RESPONSE_FORMAT_TYPES:
         raise invalid(
             f"{param}.type must be one of {', '.join(sorted(RESPONSE_FORMAT_TYPES))}",
             f"{param}.type",
         )
-    if value["type"] == "json_schema":
+    # Checked whenever present: a stored ``json_schema`` must be an object whatever ``type``.
+    if kind == "json_schema" or "json_schema" in value:
         schema = value.get("json_schema")
         if type(schema) is not dict:
             raise invalid(f"{param}.json_schema must be an object", f"{param}.json_schema")

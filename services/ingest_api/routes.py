@@ -166,9 +166,11 @@ async def list_batches(request: web.Request) -> web.Response:
 def _page_limit(raw: str | None) -> int:
     if raw is None:
         return DEFAULT_PAGE
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE:
+    digits = raw.lstrip("0")  # int() refuses over 4,300 digits: never hand it that many
+    short = raw.isascii() and raw.isdigit() and len(digits) <= len(str(MAX_PAGE))
+    if not short or not 1 <= int(digits or "0") <= MAX_PAGE:
         raise invalid(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
-    return int(raw)
+    return int(digits)
 
 
 async def get_results(request: web.Request) -> web.StreamResponse:

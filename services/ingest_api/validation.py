@@ -157,7 +157,7 @@ def _validate_name(name: object) -> str | None:
         raise invalid("name must be a string", "name")
     if len(name) > MAX_NAME_CHARS:
         raise invalid(f"name must be at most {MAX_NAME_CHARS} characters", "name")
-    if "\x00" in name:
+    if "\x00" in name:  # Postgres text cannot hold NUL
         raise invalid("name must not contain NUL characters", "name")
     return name
 
@@ -292,7 +292,7 @@ def validate_request_rows(
             elif (
                 type(custom_id) is not str
                 or len(custom_id) > MAX_CUSTOM_ID_CHARS
-                or "\x00" in custom_id
+                or "\x00" in custom_id  # Postgres text cannot hold NUL
             ):
                 raise _custom_id_error(custom_id, f"{param_prefix}[{i}].custom_id")
             if n_keys != 2 * len(messages):  # some message has extra keys: drop them
@@ -361,9 +361,9 @@ def _unencodable_error(messages: list[object], param: str) -> ApiError:
 def _custom_id_error(custom_id: object, param: str) -> ApiError:
     if type(custom_id) is not str:
         return invalid(f"{param} must be a string", param)
-    if "\x00" in custom_id:
-        return invalid(f"{param} must not contain NUL characters", param)
-    return invalid(f"{param} must be at most {MAX_CUSTOM_ID_CHARS} characters", param)
+    if len(custom_id) > MAX_CUSTOM_ID_CHARS:
+        return invalid(f"{param} must be at most {MAX_CUSTOM_ID_CHARS} characters", param)
+    return invalid(f"{param} must not contain NUL characters", param)
 
 
 def _check_unique(ids: list[str], param_prefix: str) -> None:

@@ -598,6 +598,7 @@ async def test_unknown_batch_is_404(
         pytest.param("limit=abc", "limit", id="limit-text"),
         pytest.param("limit=", "limit", id="limit-empty"),
         pytest.param("limit=2.5", "limit", id="limit-fraction"),
+        pytest.param("limit=" + "1" * 5000, "limit", id="limit-5000-digits"),
         pytest.param("limit=%C2%B2", "limit", id="limit-superscript-two"),
         pytest.param("limit=%D9%A3", "limit", id="limit-arabic-indic-digit"),
         pytest.param("status=bogus", "status", id="status-unknown"),

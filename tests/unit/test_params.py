@@ -41,7 +41,13 @@ def test_every_supported_param_is_kept() -> None:
         ({"stop": [1]}, "params.stop"),
         ({"response_format": {"type": "xml"}}, "params.response_format.type"),
         ({"response_format": "json"}, "params.response_format.type"),
+        ({"response_format": {"type": {}}}, "params.response_format.type"),
+        ({"response_format": {"type": ["text"]}}, "params.response_format.type"),
         ({"response_format": {"type": "json_schema"}}, "params.response_format.json_schema"),
+        (
+            {"response_format": {"type": "text", "json_schema": [None]}},
+            "params.response_format.json_schema",
+        ),
         ({"temprature": 0.5}, "params.temprature"),
     ],
 )

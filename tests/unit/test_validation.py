@@ -352,6 +352,11 @@ def test_custom_id_length() -> None:
     assert_invalid(payload, "requests[0].custom_id", "at most 256 characters")
 
 
+def test_custom_id_without_nul() -> None:
+    payload = rows({"messages": HI}, {"custom_id": "a\x00b", "messages": HI})
+    assert_invalid(payload, "requests[1].custom_id", "must not contain NUL")
+
+
 def test_duplicate_custom_id_names_the_later_one() -> None:
     payload = rows(
         {"custom_id": "a", "messages": HI},
@@ -375,6 +380,10 @@ def test_name() -> None:
     assert validate_submit(body(name="October"), LIMITS, MODELS).name == "October"
     assert validate_submit(body(name="n" * 256), LIMITS, MODELS).name == "n" * 256
     assert_invalid(body(name="n" * 257), "name", "at most 256 characters")
+
+
+def test_name_without_nul() -> None:
+    assert_invalid(body(name="Oct\x00ober"), "name", "must not contain NUL")
 
 
 @pytest.mark.parametrize("name", [5, True, ["a"], {"a": 1}])
