@@ -18,6 +18,9 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from aggregator.handlers import Aggregator, decode_bodies
 from relay.bus.client import Bus, ack, reject
+from relay.errors import PermanentError
+from relay.ledger.outcomes import JobProgress
+from relay.messages import RowOutcome
 from relay.metrics import MESSAGES_CONSUMED
 
 log = logging.getLogger("relay.aggregator")
@@ -99,7 +102,7 @@ class AggregatorService:
         outcomes, bad = decode_bodies([m.body for m in chunk])
         started = time.perf_counter()
         try:
-            progress = await self._aggregator.record(outcomes)
+            progress = await self._record_outcomes(outcomes)
         except Exception as exc:
             log.error("record_failed", extra={"messages": len(chunk), "error": repr(exc)})
             await asyncio.sleep(RETRY_PAUSE_S)
@@ -120,6 +123,16 @@ class AggregatorService:
                 "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
             },
         )
+
+    async def _record_outcomes(self, outcomes: list[RowOutcome]) -> list[JobProgress]:
+        """Record a chunk; if the ledger refuses its data, record it outcome by outcome so
+        one unstorable reply cannot hold back (or requeue) the rest forever."""
+        try:
+            return await self._aggregator.record(outcomes)
+        except PermanentError as exc:
+            log.error("chunk_refused", extra={"outcomes": len(outcomes), "error": str(exc)})
+            await self._aggregator.record_each(outcomes)
+            return []
 
     async def _outbox_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

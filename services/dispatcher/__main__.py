@@ -55,6 +55,7 @@ async def build(
         announce_failed,
         lambda alias: routes.resolve(alias) is not None,
         config,
+        rows_waiting=lambda: bus.ready_count(bus.names.rows),
     )
     log.info("configured", extra={"owner": owner, "aliases": routes.names()})
     return DispatcherService(

@@ -26,7 +26,28 @@ log = logging.getLogger("relay.dispatcher")
 PublishTask = Callable[[RowTask, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
 FETCH_SLICES = 16
+MAX_TASK_BYTES = 4 * 1024 * 1024
 TOP_UP_FRACTION = 4
+
+
+def slice_rows(
+    rows: list[tuple[int, str]], max_rows: int, max_bytes: int
+) -> list[list[tuple[int, str]]]:
+    """Consecutive rows cut into task slices of at most ``max_rows`` rows and (unless a
+    single row is larger) ``max_bytes`` of messages, so no broker message grows huge."""
+    slices: list[list[tuple[int, str]]] = []
+    current: list[tuple[int, str]] = []
+    size = 0
+    for row in rows:
+        length = len(row[1])
+        if current and (len(current) >= max_rows or size + length > max_bytes):
+            slices.append(current)
+            current, size = [], 0
+        current.append(row)
+        size += length
+    if current:
+        slices.append(current)
+    return slices
 
 
 class Store(Protocol):
@@ -98,16 +119,27 @@ class Dispatcher:
         announce_failed: AnnounceFailed,
         model_known: Callable[[str], bool],
         config: DispatchConfig,
+        rows_waiting: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self._store = store
         self._publish_task = publish_task
         self._announce_failed = announce_failed
         self._model_known = model_known
         self._config = config
+        self._rows_waiting = rows_waiting
+        self._claiming = asyncio.Lock()
         self.jobs: dict[str, OwnedJob] = {}
 
     async def claim(self) -> int:
-        """Claim queued and orphaned jobs up to our limit; start releasing their rows."""
+        """Claim queued and orphaned jobs up to our limit; start releasing their rows.
+
+        One claim at a time (wake-ups and the reconcile loop race otherwise, and each
+        would see the same room), and a job we already own is never adopted twice.
+        """
+        async with self._claiming:
+            return await self._claim()
+
+    async def _claim(self) -> int:
         room = self._config.max_running_jobs - len(self.jobs)
         if room <= 0:
             return 0
@@ -116,7 +148,8 @@ class Dispatcher:
         if len(claimed) < room:
             claimed += await self._store.claim_queued(cfg.owner, room - len(claimed), cfg.lease_s)
         for job in sorted(claimed, key=lambda j: -j.priority):
-            await self._adopt(job)
+            if job.id not in self.jobs:
+                await self._adopt(job)
         return len(claimed)
 
     async def _adopt(self, job: RunningJob) -> None:
@@ -182,6 +215,11 @@ class Dispatcher:
         """
         if not self.jobs:
             return 0
+        if self._rows_waiting is not None and await self._rows_waiting() > 0:
+            # Rows are still queued: jobs without progress are waiting their turn (behind
+            # higher priorities or a slow upstream), not lost. Re-publishing would only
+            # pile duplicates, each a paid upstream call, on top of them.
+            return 0
         cfg = self._config
         stalled = await self._store.claim_stalled(cfg.owner, list(self.jobs), cfg.stall_s)
         for found in stalled:
@@ -235,7 +273,7 @@ class Dispatcher:
             count -= count % size
         end = min(job.total, start + count)
         rows = await self._store.fetch_rows(job.id, job.rows_batch_id, start, end)
-        slices = [rows[i : i + size] for i in range(0, len(rows), size)]
+        slices = slice_rows(rows, size, MAX_TASK_BYTES)
         await asyncio.gather(
             *(
                 self._publish_task(

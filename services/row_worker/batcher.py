@@ -2,7 +2,8 @@
 
 ``add`` returns only once the outcome's batch is confirmed by the broker, so a task is
 acked only after every one of its rows has a durable outcome. A batch goes out when it
-reaches ``max_rows`` or ``flush_s`` after its first outcome, whichever comes first.
+reaches ``max_rows`` outcomes or :data:`MAX_BATCH_BYTES` of text, or ``flush_s`` after
+its first outcome, whichever comes first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ log = logging.getLogger("relay.row_worker.batcher")
 Publish = Callable[[bytes], Awaitable[None]]
 
 PUBLISH_ATTEMPTS = 20
+MAX_BATCH_BYTES = 4 * 1024 * 1024
 PUBLISH_RETRY_S = 0.5
 
 
@@ -29,6 +31,7 @@ class OutcomeBatcher:
         self._max_rows = max_rows
         self._flush_s = flush_s
         self._pending: list[tuple[RowOutcome, asyncio.Future[None]]] = []
+        self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[None]] = set()
 
@@ -36,7 +39,8 @@ class OutcomeBatcher:
         """Queue ``outcome`` for publishing and wait until the broker confirmed it."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((outcome, future))
-        if len(self._pending) >= self._max_rows:
+        self._pending_bytes += len(outcome.content or outcome.error or "")
+        if len(self._pending) >= self._max_rows or self._pending_bytes >= MAX_BATCH_BYTES:
             self._flush_now()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._flush_s, self._flush_now)
@@ -49,6 +53,7 @@ class OutcomeBatcher:
         if not self._pending:
             return
         items, self._pending = self._pending, []
+        self._pending_bytes = 0
         task = asyncio.create_task(self._send(items), name="outcome-flush")
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)

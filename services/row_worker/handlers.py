@@ -123,17 +123,30 @@ class RowRunner:
             return RowResult(None, f"internal_error: {exc.__class__.__name__}", 1, None)
 
 
+INT32_MAX = 2**31 - 1
+
+
+def storable_text(text: str) -> str:
+    """``text`` as the ledger can store it: NUL (which Postgres text refuses) becomes U+FFFD."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
+def _tokens(count: int) -> int:
+    return max(0, min(INT32_MAX, count))
+
+
 def to_outcome(batch_id: str, index: int, result: RowResult) -> RowOutcome:
-    """The bus outcome of one row's router result."""
+    """The bus outcome of one row's router result, made storable by the ledger."""
     completion = result.completion
+    error = None if completion is not None else (result.error or "upstream_error: unknown")
     return RowOutcome(
         batch_id=batch_id,
         row_index=index,
-        content=None if completion is None else completion.content,
-        error=None if completion is not None else (result.error or "upstream_error: unknown"),
+        content=None if completion is None else storable_text(completion.content),
+        error=None if error is None else storable_text(error),
         attempts=result.attempts,
         dead_letter=completion is None and result.dead_letter,
         deployment=result.deployment,
-        prompt_tokens=0 if completion is None else completion.prompt_tokens,
-        completion_tokens=0 if completion is None else completion.completion_tokens,
+        prompt_tokens=0 if completion is None else _tokens(completion.prompt_tokens),
+        completion_tokens=0 if completion is None else _tokens(completion.completion_tokens),
     )

@@ -146,3 +146,71 @@ async def test_redelivered_outcome_is_counted_once(
         finished_events = [e for key, e in received if key == EVENT_FINISHED]
         assert [(e.status, e.completed, e.failed) for e in finished_events] == [("completed", 1, 1)]
         assert orjson.loads(duplicate)["kind"] == "results"
+
+
+async def _watch(
+    bus: Bus, channel: aio_pika.abc.AbstractChannel, key: str
+) -> aio_pika.abc.AbstractQueue:
+    events = await channel.get_exchange(bus.names.events)
+    queue = await channel.declare_queue("", exclusive=True)
+    await queue.bind(events, key)
+    return queue
+
+
+async def _drain(queue: aio_pika.abc.AbstractQueue, batch_id: str) -> list[JobEvent]:
+    found: list[JobEvent] = []
+    while (message := await queue.get(fail=False, timeout=5)) is not None:
+        await message.ack()
+        event = JobEvent.decode(message.body)
+        if event.batch_id == batch_id:
+            found.append(event)
+    return found
+
+
+async def test_an_unstorable_outcome_becomes_that_rows_error_and_the_job_completes(
+    pool: asyncpg.Pool, bus: Bus, aggregator_service: AggregatorService
+) -> None:
+    batch_id = await running_batch(pool, 3)
+    poison = outcome(batch_id, 1, "nul \x00 in a reply")  # Postgres text refuses NUL
+    chunk = OutcomeBatch((outcome(batch_id, 0), poison, outcome(batch_id, 2))).encode()
+    await bus.publish(bus.names.results, chunk, kind="results")
+
+    async def finished() -> bool:
+        return (await counters(pool, batch_id))[0] == "completed"
+
+    await wait_until(finished, 15, "the batch with a poison outcome to complete")
+    assert await counters(pool, batch_id) == ("completed", 2, 1, 3)
+    error = await pool.fetchval(
+        "SELECT error FROM row_results WHERE batch_id = $1 AND row_index = 1", batch_id
+    )
+    assert error == "internal_error: the upstream reply could not be stored"
+
+
+async def test_outcomes_for_a_canceled_job_repeat_the_cancel_once(
+    pool: asyncpg.Pool, bus: Bus, aggregator_service: AggregatorService
+) -> None:
+    batch_id = await running_batch(pool, 4)
+    workspace = await pool.fetchval("SELECT workspace_id FROM batches WHERE id = $1", batch_id)
+    await JobStore(pool).cancel(workspace, batch_id)
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        watch = await _watch(bus, channel, "job.canceled")
+        for index in (0, 1):
+            body = OutcomeBatch((outcome(batch_id, index),)).encode()
+            await bus.publish(bus.names.results, body, kind="results")
+
+        async def repeated() -> bool:
+            queue = await channel.declare_queue(watch.name, passive=True)
+            return (queue.declaration_result.message_count or 0) > 0
+
+        await wait_until(repeated, 15, "the cancel to be broadcast again")
+
+        async def results_drained() -> bool:
+            queue = await channel.declare_queue(bus.names.results, passive=True)
+            return queue.declaration_result.message_count == 0
+
+        await wait_until(results_drained, 15, "the results queue to drain")
+        events = await _drain(watch, batch_id)
+    assert [e.status for e in events] == ["canceled"]
+    assert await counters(pool, batch_id) == ("canceled", 0, 0, 0)

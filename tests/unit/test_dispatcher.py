@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -437,3 +438,52 @@ async def test_no_owned_jobs_means_no_stall_query(store: FakeStore, recorder: Re
     dispatcher = make_dispatcher(store, recorder)
     assert await dispatcher.recover_stalled() == 0
     assert not [c for c in store.calls if c[0] == "claim_stalled"]
+
+
+async def test_no_stall_recovery_while_rows_are_still_queued(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100))
+    waiting = [37]
+
+    async def rows_waiting() -> int:
+        return waiting[0]
+
+    config = DispatchConfig(OWNER, 20, 4, 8, LEASE_S)
+    dispatcher = Dispatcher(
+        store,
+        recorder.publish,
+        recorder.announce,
+        {"gpt-4o-mini"}.__contains__,
+        config,
+        rows_waiting=rows_waiting,
+    )
+    await dispatcher.claim()
+    store.stalled["job1"] = 0
+    recorder.tasks.clear()
+    assert await dispatcher.recover_stalled() == 0
+    assert not [c for c in store.calls if c[0] == "claim_stalled"]
+    assert recorder.tasks == []
+    waiting[0] = 0
+    assert await dispatcher.recover_stalled() == 1
+
+
+async def test_concurrent_claims_never_exceed_the_running_limit(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued += [job(f"job{i}", total=8) for i in range(10)]
+    dispatcher = make_dispatcher(store, recorder, max_running_jobs=3)
+    await asyncio.gather(*(dispatcher.claim() for _ in range(5)))
+    assert len(dispatcher.jobs) == 3
+
+
+def test_slices_are_cut_by_rows_and_by_bytes() -> None:
+    from dispatcher.handlers import slice_rows
+
+    rows = [(i, "x" * size) for i, size in enumerate([10, 10, 10, 50, 10, 10])]
+    assert [[i for i, _ in part] for part in slice_rows(rows, 4, 1000)] == [[0, 1, 2, 3], [4, 5]]
+    assert [[i for i, _ in part] for part in slice_rows(rows, 4, 35)] == [
+        [0, 1, 2],
+        [3],
+        [4, 5],
+    ]

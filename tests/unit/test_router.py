@@ -424,3 +424,36 @@ async def test_a_cooling_deployment_is_skipped_while_another_is_ready() -> None:
         await server.close()
     assert (result.deployment, result.attempts) == ("b", 1)
     assert calls == ["/b/chat/completions"]
+
+
+async def test_a_reply_over_the_size_cap_fails_the_deployment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import relay.router.router as router_module
+
+    monkeypatch.setattr(router_module, "MAX_REPLY_BYTES", 1000)
+
+    async def chat(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"message": {"content": "x" * 5000}}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    server = TestServer(app)
+    await server.start_server()
+    routes = parse_routes(
+        {
+            "aliases": {"m": {"deployments": ["a"]}},
+            "deployments": {
+                "a": {"provider": "openai", "base_url": str(server.make_url("/v1")), "model": "x"}
+            },
+        },
+        {},
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            result = await ModelRouter(routes, session).complete("m", MESSAGES, {})
+    finally:
+        await server.close()
+    assert result.completion is None
+    assert result.error == "upstream_error: a: reply larger than 1000 bytes"
+    assert (result.attempts, result.dead_letter) == (1, False)

@@ -212,3 +212,22 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
     assert str(err.value) == (
         f"routes file {path!r}: deployment 'primary' needs environment variable PRIMARY_KEY"
     )
+
+
+def test_a_zero_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_routes(
+            {
+                "aliases": {"m": {"deployments": ["d"]}},
+                "deployments": {
+                    "d": {
+                        "provider": "openai",
+                        "base_url": "http://x",
+                        "model": "m",
+                        "timeout_s": 0,
+                    }
+                },
+            },
+            {},
+        )
+    assert "timeout_s must be greater than 0" in str(err.value)

@@ -353,3 +353,13 @@ async def test_drain_with_nothing_pending_publishes_nothing() -> None:
     batcher = OutcomeBatcher(publish, max_rows=10, flush_s=3600)
     await batcher.drain()
     assert publish.bodies == []
+
+
+def test_outcomes_are_made_storable() -> None:
+    from relay.router.types import Completion, RowResult
+    from row_worker.handlers import to_outcome
+
+    done = to_outcome("b" * 32, 3, RowResult(Completion("a\x00b", 2**40, -5), None, 1, "d"))
+    assert (done.content, done.prompt_tokens, done.completion_tokens) == ("a\ufffdb", 2**31 - 1, 0)
+    failed = to_outcome("b" * 32, 4, RowResult(None, "upstream_error: d: HTTP 500: \x00", 2, None))
+    assert failed.error == "upstream_error: d: HTTP 500: \ufffd"

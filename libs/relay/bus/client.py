@@ -133,6 +133,11 @@ class Bus:
         )
         MESSAGES_PUBLISHED.labels(routing_key).inc()
 
+    async def ready_count(self, queue: str) -> int:
+        """Messages ready (not yet delivered) in one of the durable queues."""
+        declared = await declare_queue(self._require_channel(), self.names, queue)
+        return int(declared.declaration_result.message_count or 0)
+
     async def consume(self, queue: str, callback: MessageCallback, prefetch: int) -> None:
         """Consume a durable queue on a channel of its own with ``prefetch`` unacked."""
         channel = await self._new_consumer_channel(prefetch)

@@ -103,6 +103,15 @@ class OutcomeStore:
             records = await conn.fetch(_RECORD, *columns, locked)
         return [JobProgress(*r) for r in records]
 
+    async def canceled_among(self, batch_ids: list[str]) -> list[str]:
+        """Which of ``batch_ids`` are canceled (outcomes still arriving for them)."""
+        async with translated():
+            records = await self._pool.fetch(
+                "SELECT id FROM batches WHERE id = ANY($1::text[]) AND status = 'canceled'",
+                batch_ids,
+            )
+        return [r[0] for r in records]
+
     async def unannounced_terminal(self, older_than_s: float, limit: int = 100) -> list[str]:
         """Terminal jobs whose ``job.finished`` was not yet published (outbox scan)."""
         async with translated():

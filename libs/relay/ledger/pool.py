@@ -8,11 +8,14 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
-from relay.errors import TransientError
+from relay.errors import PermanentError, TransientError
 
 COMMAND_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 2.0
+
+# Data the database will never accept, however often it is retried.
+_PERMANENT = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
 
 _TRANSIENT = (
     asyncpg.PostgresConnectionError,
@@ -45,11 +48,14 @@ async def create_pool(database_url: str, *, min_size: int = 1, max_size: int = 1
 
 @contextlib.asynccontextmanager
 async def translated() -> AsyncIterator[None]:
-    """Raise :class:`TransientError` for connection-level failures of the driver."""
+    """Raise :class:`TransientError` for connection-level failures of the driver and
+    :class:`PermanentError` for data the database refuses (NUL in text, out of range)."""
     try:
         yield
     except _TRANSIENT as exc:
         raise TransientError(f"database unavailable: {exc!r}") from exc
+    except _PERMANENT as exc:
+        raise PermanentError(f"database refused the data: {exc!r}") from exc
 
 
 async def database_ready(pool: asyncpg.Pool) -> bool:

@@ -28,6 +28,7 @@ from relay.router.routes import Deployment, Routes
 from relay.router.types import ProviderReply, RowResult
 
 ERROR_SNIPPET_CHARS = 200
+MAX_REPLY_BYTES = 8 * 1024 * 1024
 PROVIDERS: dict[str, ModuleType] = {"openai": openai, "anthropic": anthropic}
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -50,6 +51,19 @@ class _DeploymentResult:
     reply: ProviderReply
     calls: int
     transient: bool
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, read until EOF or until it exceeds ``limit`` bytes (then ``limit + 1``)."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await response.content.read(limit + 1 - size)
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
 
 
 class ModelRouter:
@@ -136,7 +150,7 @@ class ModelRouter:
             async with self._session.post(
                 url, data=body, headers=headers, timeout=timeout, allow_redirects=False
             ) as response:
-                raw = await response.read()
+                raw = await read_capped(response, MAX_REPLY_BYTES)
                 status = response.status
                 retry_after = response.headers.get("Retry-After")
         except TimeoutError:
@@ -145,6 +159,8 @@ class ModelRouter:
             return _Attempt(error=f"connection failed: {exc.__class__.__name__}", retryable=True)
         finally:
             UPSTREAM_LATENCY.labels(deployment.name).observe(time.perf_counter() - started)
+        if status == 200 and len(raw) > MAX_REPLY_BYTES:
+            return _Attempt(reply=ProviderReply(error=f"reply larger than {MAX_REPLY_BYTES} bytes"))
         if status == 200:
             return _Attempt(reply=provider.parse_reply(raw))
         snippet = raw[:ERROR_SNIPPET_CHARS].decode("utf-8", "replace")

@@ -98,7 +98,7 @@ def _deployment(name: str, spec: Any, env: Mapping[str, str], where: str) -> Dep
         base_url=base_url.rstrip("/"),
         model=model,
         api_key=_api_key(name, spec.get("api_key_env"), env, where),
-        timeout_s=_number(name, spec, "timeout_s", 60.0, where),
+        timeout_s=_timeout(name, spec, where),
         max_retries=int(_number(name, spec, "max_retries", 3, where)),
         headers=_str_table(name, spec, "headers", where),
         params=dict(spec.get("params", {})),
@@ -121,6 +121,14 @@ def _number(name: str, spec: dict[str, Any], key: str, default: float, where: st
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ConfigError(where + f"deployment {name!r}: {key} must be a non-negative number")
     return float(value)
+
+
+def _timeout(name: str, spec: dict[str, Any], where: str) -> float:
+    value = _number(name, spec, "timeout_s", 60.0, where)
+    if value <= 0:
+        # aiohttp reads a zero timeout as "no timeout": refuse it.
+        raise ConfigError(where + f"deployment {name!r}: timeout_s must be greater than 0")
+    return value
 
 
 def _str_table(name: str, spec: dict[str, Any], key: str, where: str) -> dict[str, str]:
