@@ -109,11 +109,7 @@ class AggregatorService:
             for message in chunk:
                 await reject(message, requeue=True)
             return
-        for position, message in enumerate(chunk):
-            if position in bad:
-                await reject(message, requeue=False)
-            else:
-                await ack(message)
+        await self._settle(chunk, bad)
         log.debug(
             "chunk_recorded",
             extra={
@@ -123,6 +119,20 @@ class AggregatorService:
                 "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
             },
         )
+
+    @staticmethod
+    async def _settle(chunk: list[AbstractIncomingMessage], bad: list[int]) -> None:
+        """Ack the chunk (one ``multiple`` ack when every message was good: the chunk holds
+        every earlier unsettled delivery of the channel, since chunks are taken in order and
+        settled one at a time) and reject the undecodable messages."""
+        if not bad:
+            await ack(chunk[-1], multiple=True)
+            return
+        for position, message in enumerate(chunk):
+            if position in bad:
+                await reject(message, requeue=False)
+            else:
+                await ack(message)
 
     async def _record_outcomes(self, outcomes: list[RowOutcome]) -> list[JobProgress]:
         """Record a chunk; if the ledger refuses its data, record it outcome by outcome so

@@ -192,10 +192,11 @@ def aio_pika_id() -> str:
     return new_id()[:12]
 
 
-async def ack(message: AbstractIncomingMessage) -> None:
-    """Ack, ignoring a channel that closed since delivery (the broker will redeliver)."""
+async def ack(message: AbstractIncomingMessage, *, multiple: bool = False) -> None:
+    """Ack (with ``multiple``, every earlier delivery of its channel too), ignoring a channel
+    that closed since delivery (the broker will redeliver)."""
     try:
-        await message.ack()
+        await message.ack(multiple=multiple)
     except SETTLE_ERRORS as exc:
         log.warning("ack_failed", extra={"error": repr(exc)})
 
