@@ -6,7 +6,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from ingest_api.middleware import ResolveKey, auth_middleware, error_middleware
+from ingest_api.middleware import (
+    ResolveKey,
+    auth_middleware,
+    error_middleware,
+    log_stream_aborts_once,
+)
 from ingest_api.models import add_model_routes
 from ingest_api.openapi import add_openapi_route
 from ingest_api.panel import add_panel_routes
@@ -21,6 +26,7 @@ def build_app(
     deps: ApiDeps, resolve_key: ResolveKey, ready: Callable[[], Awaitable[bool]]
 ) -> web.Application:
     """The public API with its error and auth middleware and the service endpoints."""
+    log_stream_aborts_once()
     app = web.Application(
         middlewares=[error_middleware, auth_middleware(resolve_key)],
         client_max_size=deps.max_body_bytes + BODY_SLACK,

@@ -19,6 +19,7 @@ ResolveKey = Callable[[str], Awaitable[str | None]]
 
 WORKSPACE = web.AppKey("workspace_resolver", object)
 WORKSPACE_ID = web.RequestKey("workspace_id", str)  # the caller's workspace, set by auth
+STREAMING = web.RequestKey("streaming", bool)  # True once a streamed body has begun
 
 
 def json_response(data: object, status: int = 200) -> web.Response:
@@ -44,35 +45,66 @@ _HTTP_MESSAGES = {
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every exception into the error object; never leak a stack trace."""
+    """Turn every exception into the error object; never leak a stack trace.
+
+    Once a streamed body has begun (:data:`STREAMING`), the status line and some of the
+    body are on the wire: a second response would be written into the body and end it
+    cleanly, so the failure is logged here and re-raised, and aiohttp aborts the
+    connection; the client sees an incomplete transfer.
+    """
     started = time.perf_counter()
     status = 500
     try:
         response = await handler(request)
         status = response.status
         return response
-    except ApiError as exc:
-        status = exc.status
-        return json_response(exc.body(), exc.status)
-    except web.HTTPException as exc:
-        status = exc.status
-        if exc.status < 400:
-            raise
-        message = _HTTP_MESSAGES.get(exc.status, exc.reason)
-        return error_response(exc.status, message)
-    except TransientError as exc:
-        status = 503
-        log.warning("dependency_unavailable", extra={"error": str(exc), "path": request.path})
-        return error_response(503, "service temporarily unavailable, retry shortly")
     except Exception as exc:
-        log.exception("request_failed", extra={"path": request.path, "error": repr(exc)})
-        return error_response(500, "internal error")
+        if request.get(STREAMING, False):
+            log.warning("stream_aborted", extra={"path": request.path, "error": repr(exc)})
+            raise StreamAborted(request.path) from exc
+        if isinstance(exc, web.HTTPException) and exc.status < 400:
+            status = exc.status
+            raise
+        response = _error_for(request, exc)
+        status = response.status
+        return response
     finally:
         route = request.match_info.route.resource
         name = route.canonical if route is not None else "unmatched"
         HTTP_LATENCY.labels(request.method, name, str(status)).observe(
             time.perf_counter() - started
         )
+
+
+def _error_for(request: web.Request, exc: Exception) -> web.Response:
+    """The error object answering ``exc`` (no response has been started)."""
+    if isinstance(exc, ApiError):
+        return json_response(exc.body(), exc.status)
+    if isinstance(exc, web.HTTPException):
+        return error_response(exc.status, _HTTP_MESSAGES.get(exc.status, exc.reason))
+    if isinstance(exc, TransientError):
+        log.warning("dependency_unavailable", extra={"error": str(exc), "path": request.path})
+        return error_response(503, "service temporarily unavailable, retry shortly")
+    log.error("request_failed", exc_info=exc, extra={"path": request.path, "error": repr(exc)})
+    return error_response(500, "internal error")
+
+
+class StreamAborted(Exception):
+    """A streamed response failed after its headers were sent (logged as ``stream_aborted``)."""
+
+
+class _AlreadyLogged(logging.Filter):
+    """Drops aiohttp's own report of a :class:`StreamAborted`: it is logged once, by us."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamAborted))
+
+
+def log_stream_aborts_once(server_logger: logging.Logger | None = None) -> None:
+    """Keep aiohttp's server logger from reporting a stream abort a second time."""
+    target = server_logger or logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _AlreadyLogged) for f in target.filters):
+        target.addFilter(_AlreadyLogged())
 
 
 def auth_middleware(

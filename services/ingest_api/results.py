@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ingest_api.middleware import STREAMING
 from relay.batches import TERMINAL, Batch
 from relay.ledger.jobs import DeadLetterRow, ResultRow
 
@@ -47,6 +48,7 @@ async def stream_list(
         headers={"Content-Type": NDJSON if ndjson else "application/json"}
     )
     await response.prepare(request)
+    request[STREAMING] = True  # from here on a failure can only abort the connection
     dumps = orjson.dumps
     if ndjson:
         if pages is not None:

@@ -8,13 +8,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from aiohttp import web
-from croniter import croniter
 
 from ingest_api.idempotency import idempotent
 from ingest_api.middleware import WORKSPACE_ID, json_response
 from ingest_api.results import dead_letter_object, stream_list, stream_results
-from ingest_api.validation import SubmitLimits, decode_json_object, validate_submit
+from ingest_api.validation import (
+    KnownModels,
+    SubmitLimits,
+    decode_json_object,
+    validate_submit,
+)
 from relay.batches import TERMINAL, Batch, Status
+from relay.cron import next_tick
 from relay.errors import ApiError, ConflictError, invalid
 from relay.ids import is_valid_id, new_id
 from relay.ledger.idempotency import IdempotencyClaim, IdempotencyStore
@@ -78,11 +83,6 @@ async def read_json_body(request: web.Request, max_bytes: int) -> bytes:
     return raw
 
 
-def next_tick(expr: str, now: datetime) -> datetime:
-    """The first tick of ``expr`` strictly after ``now`` (UTC)."""
-    return croniter(expr, now).get_next(datetime).astimezone(UTC)
-
-
 async def create_batch(request: web.Request) -> web.Response:
     """``POST /v1/batches``: validate, store rows with COPY, wake a dispatcher."""
     deps = request.app[DEPS]
@@ -90,7 +90,7 @@ async def create_batch(request: web.Request) -> web.Response:
     workspace_id = request[WORKSPACE_ID]
 
     async def respond(claim: IdempotencyClaim | None) -> web.Response:
-        spec = validate_submit(decode_json_object(raw), deps.limits, _Models(deps.model_known))
+        spec = validate_submit(decode_json_object(raw), deps.limits, KnownModels(deps.model_known))
         now = datetime.now(UTC)
         new = NewBatch(
             id=new_id(),
@@ -205,13 +205,3 @@ async def cancel_batch(request: web.Request) -> web.Response:
         # Committed; the aggregator's outbox scan announces the finish later.
         log.warning("cancel_announce_failed", extra={"batch_id": batch.id, "error": repr(exc)})
     return json_response(batch.to_api())
-
-
-class _Models:
-    """A container view of the router's aliases for validation."""
-
-    def __init__(self, known: Callable[[str], bool]) -> None:
-        self._known = known
-
-    def __contains__(self, alias: object) -> bool:
-        return isinstance(alias, str) and self._known(alias)

@@ -23,18 +23,19 @@ from aiohttp.multipart import BadContentDispositionHeader, BadContentDisposition
 
 from ingest_api.idempotency import idempotent
 from ingest_api.middleware import WORKSPACE_ID, json_response
-from ingest_api.models import KnownModels
-from ingest_api.routes import DEPS, ApiDeps, next_tick, wake
+from ingest_api.routes import DEPS, ApiDeps, wake
 from ingest_api.upload_formats import LineError, parse_upload_file
 from ingest_api.validation import (
     MAX_NAME_CHARS,
     BatchOptions,
+    KnownModels,
     RowInput,
     SubmitLimits,
     parse_priority_field,
     validate_batch_options,
 )
 from relay.batches import Batch
+from relay.cron import next_tick
 from relay.errors import ApiError, invalid
 from relay.ids import new_id
 from relay.ledger.idempotency import IdempotencyClaim

@@ -16,7 +16,7 @@ separate slow path only once the fast check has failed.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import urlsplit
@@ -36,6 +36,16 @@ PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
 _ABSENT = object()
 _QUOTE_CHARS = 64
+
+
+class KnownModels:
+    """``alias in KnownModels(pred)``: the router's aliases as a container for validation."""
+
+    def __init__(self, known: Callable[[str], bool]) -> None:
+        self._known = known
+
+    def __contains__(self, alias: object) -> bool:
+        return isinstance(alias, str) and self._known(alias)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from notifier.handlers import claim_seconds
 from notifier.http import guarded_poster
 from notifier.service import NotifierService
 from relay.ledger.deliveries import DeliveryStore
@@ -12,8 +13,6 @@ from relay.ledger.pool import database_ready
 from relay.runtime import Service, run_service
 from relay.settings import Settings
 from relay.wiring import open_bus, open_pool
-
-CLAIM_MARGIN_S = 20.0
 
 
 async def build(
@@ -28,8 +27,8 @@ async def build(
             "webhook_allow_list",
             extra={"networks": [str(n) for n in settings.webhook_allow_networks]},
         )
-    # A claim outlives any POST (bounded by the webhook timeout) by a wide margin.
-    store = DeliveryStore(pool, claim_s=settings.webhook_timeout_s + CLAIM_MARGIN_S)
+    # A claim outlives a whole delivery: POST, then recording it (see claim_seconds).
+    store = DeliveryStore(pool, claim_s=claim_seconds(settings.webhook_timeout_s))
     return NotifierService(
         bus,
         store,

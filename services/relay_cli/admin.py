@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
+from relay.errors import ConflictError
 from relay.ledger.keys import CreatedKey, KeyInfo, KeyStore, WorkspaceInfo
 from relay.ledger.migrate import apply_migrations, ensure_database
 
@@ -36,10 +37,14 @@ async def _keys(database_url: str) -> AsyncIterator[KeyStore]:
 
 
 async def create_key(database_url: str, workspace: str, key: str | None = None) -> CreatedKey:
-    """Create (or reuse) workspace ``workspace`` and a new API key for it."""
+    """Create (or reuse) workspace ``workspace`` and a new API key for it (or ``key``,
+    reused when it is stored for that workspace already)."""
     async with _keys(database_url) as store:
         workspace_id = await store.ensure_workspace(workspace)
-        return await store.create_key(workspace_id, key)
+        try:
+            return await store.create_key(workspace_id, key)
+        except ConflictError as exc:
+            raise AdminError(f"cannot use that key for workspace {workspace!r}: {exc}") from None
 
 
 async def list_keys(database_url: str, workspace: str | None) -> list[KeyInfo]:

@@ -90,6 +90,10 @@ class RelayClient:
                 if response.status >= 400:
                     raise await _failure(response)
                 yield response
+        except aiohttp.ClientPayloadError as exc:
+            # The answer began but broke off (the server aborted a stream): never a result.
+            reason = _one_line(str(exc)) or type(exc).__name__
+            raise ApiFailure(f"incomplete response from {self.url}: {reason}") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             reason = _one_line(str(exc)) or type(exc).__name__
             raise ApiFailure(f"cannot reach {self.url}: {reason}") from None

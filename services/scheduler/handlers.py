@@ -13,12 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Protocol
 
-from croniter import croniter
-
 from relay.batches import iso
+from relay.cron import latest_tick, next_tick
 from relay.ledger.schedule import DueTemplate, Plan, PlannedTick, SpawnedRun
 
 log = logging.getLogger("relay.scheduler")
@@ -38,18 +37,6 @@ class Store(Protocol):
 
     async def earliest_next_run(self) -> datetime | None:
         """The soonest next_run_at of any scheduled template."""
-
-
-def latest_tick(expr: str, now: datetime) -> datetime:
-    """The latest tick of ``expr`` at or before ``now`` (UTC)."""
-    previous = croniter(expr, now).get_prev(datetime)
-    following = croniter(expr, previous).get_next(datetime)
-    return (following if following <= now else previous).astimezone(UTC)
-
-
-def next_tick(expr: str, now: datetime) -> datetime:
-    """The first tick of ``expr`` strictly after ``now`` (UTC)."""
-    return croniter(expr, now).get_next(datetime).astimezone(UTC)
 
 
 def run_name(template_name: str, tick: datetime) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from notifier.handlers import PostResult, deliver_webhook
 from relay.batches import Batch
+from relay.ledger.deliveries import Claim
 from relay.messages import JobEvent
 from relay.webhooks import verify
 
@@ -53,19 +54,20 @@ class FakeStore:
     async def batch(self, batch_id: str) -> Batch | None:
         return self.batches.get(batch_id)
 
-    async def claim(self, batch_id: str, url: str, message_id: str) -> bool:
+    async def claim(self, batch_id: str, url: str, message_id: str) -> Claim | None:
         if batch_id in self.claims:
-            return False
+            return None
         self.claims[batch_id] = url
-        return True
+        return Claim(batch_id, 1)
 
     async def signing_secret(self, workspace_id: str) -> str:
         return SECRET
 
     async def finish(
-        self, batch_id: str, status: str, status_code: int | None, error: str | None
-    ) -> None:
-        self.finished.append((batch_id, status, status_code, error))
+        self, claim: Claim, status: str, status_code: int | None, error: str | None
+    ) -> bool:
+        self.finished.append((claim.batch_id, status, status_code, error))
+        return True
 
 
 @dataclass

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import logging
+from dataclasses import dataclass, field, replace
 
+import orjson
 import pytest
 
+from notifier import __main__ as notifier_main
 from notifier import handlers
 from notifier.handlers import PostResult, deliver_webhook, recover_deliveries
 from relay.batches import Batch
 from relay.errors import TransientError
+from relay.ledger.deliveries import Claim
+from relay.settings import Settings
 from tests.unit.test_notifier import BATCH, EVENT, HOOK, FakePost, FakeStore
 
 
@@ -20,17 +26,17 @@ class RecoveringStore(FakeStore):
     expired: list[str] = field(default_factory=list)
     finish_failures: int = 0
 
-    async def reclaim_expired(self, limit: int = 20) -> list[str]:
+    async def reclaim_expired(self, limit: int = 20) -> list[Claim]:
         taken, self.expired = self.expired[:limit], self.expired[limit:]
-        return taken
+        return [Claim(batch_id, 2) for batch_id in taken]
 
     async def finish(
-        self, batch_id: str, status: str, status_code: int | None, error: str | None
-    ) -> None:
+        self, claim: Claim, status: str, status_code: int | None, error: str | None
+    ) -> bool:
         if self.finish_failures:
             self.finish_failures -= 1
             raise TransientError("database unavailable")
-        await super().finish(batch_id, status, status_code, error)
+        return await super().finish(claim, status, status_code, error)
 
 
 def store_with(
@@ -65,3 +71,62 @@ async def test_recording_outlives_a_short_database_outage(
     assert await deliver_webhook(EVENT, store, post) == "delivered"
     assert len(post.posts) == 1
     assert store.finished == [(BATCH.id, "delivered", 202, None)]
+
+
+@pytest.mark.parametrize("timeout_s", [0.5, 5.0, 10.0, 60.0])
+def test_a_claim_outlives_a_whole_delivery(timeout_s: float) -> None:
+    # POST (DNS + request under one deadline) counted twice, the record's retry budget,
+    # and a margin: a live notifier is never taken over.
+    claim_s = handlers.claim_seconds(timeout_s)
+    assert claim_s >= 2 * timeout_s + handlers.RECORD_BUDGET_S + handlers.CLAIM_MARGIN_S
+    assert handlers.CLAIM_MARGIN_S > 0
+
+
+async def test_the_notifier_claims_for_claim_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[float] = []
+
+    class RecordingStore:
+        def __init__(self, pool: object, claim_s: float) -> None:
+            built.append(claim_s)
+
+    async def fake_open(*args: object, **kwargs: object) -> object:
+        return object()
+
+    monkeypatch.setattr(notifier_main, "open_pool", fake_open)
+    monkeypatch.setattr(notifier_main, "open_bus", fake_open)
+    monkeypatch.setattr(notifier_main, "DeliveryStore", RecordingStore)
+    settings = Settings.from_env({"RELAY_WEBHOOK_TIMEOUT_S": "7"})
+    async with contextlib.AsyncExitStack() as resources:
+        await notifier_main.build(settings, logging.getLogger("test"), resources)
+    assert built == [handlers.claim_seconds(7.0)]
+
+
+async def test_recording_gives_up_after_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handlers, "RECORD_RETRY_S", 0.01)
+    monkeypatch.setattr(handlers, "RECORD_BUDGET_S", 0.1)
+    store, post = store_with(BATCH, finish_failures=10**9), FakePost()
+    with pytest.raises(TransientError, match=r"within 0\.1s"):
+        await deliver_webhook(EVENT, store, post)
+    assert len(post.posts) == 1
+
+
+async def test_expired_claims_are_taken_over_one_at_a_time() -> None:
+    # Each claim's clock must start right before its own POST, not before the others'.
+    second = replace(BATCH, id="b" * 32)
+    store = store_with(BATCH, expired=[BATCH.id, second.id])
+    store.batches[second.id] = second
+    steps: list[str] = []
+    reclaim, post = store.reclaim_expired, FakePost()
+
+    async def logged_reclaim(limit: int = 20) -> list[Claim]:
+        taken = await reclaim(limit)
+        steps.extend(f"claim {c.batch_id[:1]}" for c in taken)
+        return taken
+
+    async def logged_post(url: str, body: bytes, headers: dict[str, str]) -> PostResult:
+        steps.append(f"post {orjson.loads(body)['id'][:1]}")
+        return await post(url, body, headers)
+
+    store.reclaim_expired = logged_reclaim  # type: ignore[method-assign]
+    assert await recover_deliveries(store, logged_post) == 2
+    assert steps == [f"claim {BATCH.id[:1]}", f"post {BATCH.id[:1]}", "claim b", "post b"]

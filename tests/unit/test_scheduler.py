@@ -8,32 +8,12 @@ import pytest
 
 from relay.ledger.schedule import DueTemplate, PlannedTick
 from relay.messages import MessageError, TemplateCreated
-from scheduler.handlers import latest_tick, next_tick, plan_ticks, run_name
+from scheduler.handlers import plan_ticks, run_name
 from scheduler.service import sleep_seconds
 
 
 def at(hh: int, mm: int, ss: int = 0, us: int = 0) -> datetime:
     return datetime(2030, 3, 4, hh, mm, ss, us, tzinfo=UTC)
-
-
-@pytest.mark.parametrize(
-    ("expr", "now", "expected"),
-    [
-        ("* * * * *", at(12, 5), at(12, 5)),  # exactly on a tick: that tick
-        ("* * * * *", at(12, 5, 0, 1), at(12, 5)),
-        ("* * * * *", at(12, 5, 59, 999999), at(12, 5)),
-        ("*/15 * * * *", at(12, 44, 59), at(12, 30)),
-        ("0 9 * * *", at(8, 59), datetime(2030, 3, 3, 9, 0, tzinfo=UTC)),
-    ],
-)
-def test_latest_tick_is_at_or_before_now(expr: str, now: datetime, expected: datetime) -> None:
-    assert latest_tick(expr, now) == expected
-
-
-def test_next_tick_is_strictly_after_now() -> None:
-    assert next_tick("* * * * *", at(12, 5)) == at(12, 6)
-    assert next_tick("* * * * *", at(12, 5, 30)) == at(12, 6)
-    assert next_tick("0 9 * * *", at(9, 0)) == datetime(2030, 3, 5, 9, 0, tzinfo=UTC)
 
 
 def test_a_backlog_of_missed_ticks_plans_one_run_for_the_latest() -> None:

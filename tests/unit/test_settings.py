@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from relay.settings import ConfigError, Settings
@@ -140,3 +142,45 @@ def test_settings_are_frozen() -> None:
     settings = Settings()
     with pytest.raises(AttributeError):
         settings.namespace = "other"  # type: ignore[misc]
+
+
+POSITIVE_DURATIONS = [
+    ("RELAY_LEASE_SECONDS", "lease_seconds"),
+    ("RELAY_RECONCILE_SECONDS", "reconcile_seconds"),
+    ("RELAY_RESULTS_FLUSH_MS", "results_flush_ms"),
+    ("RELAY_WEBHOOK_TIMEOUT_S", "webhook_timeout_s"),
+    ("RELAY_RETRY_CAP_S", "retry_cap_s"),
+    ("RELAY_COOLDOWN_WINDOW_S", "cooldown_window_s"),
+    ("RELAY_COOLDOWN_S", "cooldown_s"),
+    # A grace of 0 would hand back every in-flight row at once on SIGTERM: refused too.
+    ("RELAY_SHUTDOWN_GRACE_S", "shutdown_grace_s"),
+]
+
+
+@pytest.mark.parametrize(("name", "attr"), POSITIVE_DURATIONS)
+@pytest.mark.parametrize("raw", ["0", "-1", "-0.5", "nan"])
+def test_durations_must_be_above_zero(name: str, attr: str, raw: str) -> None:
+    # 0 would disable an aiohttp timeout or spin a loop; a negative one is meaningless.
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({name: raw})
+    assert str(err.value) == f"{name} must be a number above 0, got {raw!r}"
+
+
+@pytest.mark.parametrize(("name", "attr"), POSITIVE_DURATIONS)
+def test_positive_durations_are_read(name: str, attr: str) -> None:
+    assert getattr(Settings.from_env({name: "0.25"}), attr) == 0.25
+
+
+@dataclass(frozen=True)
+class _OtherDefaults(Settings):
+    batch_concurrency: int = 7
+    results_flush_rows: int = 9
+    aggregator_prefetch: int = 11
+
+
+def test_integer_defaults_come_from_the_dataclass() -> None:
+    # from_env must not repeat the defaults as literals that can drift from the fields.
+    settings = _OtherDefaults.from_env({})
+    assert settings.batch_concurrency == 7
+    assert settings.results_flush_rows == 9
+    assert settings.aggregator_prefetch == 11

@@ -7,6 +7,7 @@ import pytest
 
 from ingest_api.validation import (
     BatchSpec,
+    KnownModels,
     RowInput,
     SubmitLimits,
     decode_json_object,
@@ -638,3 +639,24 @@ def test_nul_characters_in_custom_id_and_name_are_400() -> None:
         {"model": "gpt-4o-mini", "requests": [{"messages": message}]}, SubmitLimits(), MODELS
     )
     assert "\\u0000" in spec.rows[0].messages_json
+
+
+def test_known_models_is_a_container_of_the_routers_aliases() -> None:
+    known = KnownModels(lambda alias: alias == "gpt-4o-mini")
+    assert "gpt-4o-mini" in known
+    assert "other" not in known
+    assert 42 not in known  # never hands a non-string to the router
+    spec = validate_submit(
+        {"model": "gpt-4o-mini", "requests": [{"messages": [{"role": "user", "content": "x"}]}]},
+        SubmitLimits(),
+        known,
+    )
+    assert spec.model == "gpt-4o-mini"
+
+
+def test_ingest_api_has_one_known_models_class() -> None:
+    from ingest_api import models, routes, upload
+
+    assert routes.KnownModels is upload.KnownModels is KnownModels
+    assert not hasattr(routes, "_Models")
+    assert not hasattr(models, "KnownModels")

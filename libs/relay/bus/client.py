@@ -154,8 +154,7 @@ class Bus:
         declared = await channel.declare_queue(name, exclusive=True, auto_delete=True)
         for key in routing_keys:
             await declared.bind(exchange, key)
-        self._queues.append(declared)
-        await self._start(declared, callback)
+        await self._start(declared, callback)  # _start keeps the queue's strong reference
 
     async def _new_consumer_channel(self, prefetch: int) -> AbstractChannel:
         if self._connection is None:

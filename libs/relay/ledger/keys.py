@@ -16,6 +16,7 @@ from datetime import datetime
 
 import asyncpg
 
+from relay.errors import ConflictError
 from relay.ids import new_id
 from relay.ledger.pool import translated
 
@@ -119,19 +120,31 @@ class KeyStore:
         return None if value is None else secret
 
     async def create_key(self, workspace_id: str, key: str | None = None) -> CreatedKey:
-        """Store a new key (or the given one) for ``workspace_id``; return it once."""
+        """Store a new key (or the given one) for ``workspace_id``; return it once.
+
+        A given key that is stored already (``relay dev`` with ``RELAY_DEV_API_KEY`` run
+        again) is returned with its stored id; :class:`ConflictError` if it belongs to
+        another workspace or was revoked, since it could not serve this workspace.
+        """
         secret = key or generate_key()
-        key_id = new_id()
+        digest = hash_key(secret)
         async with translated():
-            await self._pool.execute(
+            key_id = await self._pool.fetchval(
                 "INSERT INTO api_keys (id, workspace_id, key_hash, prefix) VALUES ($1, $2, $3, $4)"
-                " ON CONFLICT (key_hash) DO NOTHING",
-                key_id,
+                " ON CONFLICT (key_hash) DO NOTHING RETURNING id",
+                new_id(),
                 workspace_id,
-                hash_key(secret),
+                digest,
                 secret[:DISPLAY_PREFIX_CHARS],
             )
-        return CreatedKey(key_id, workspace_id, secret)
+            if key_id is not None:
+                return CreatedKey(str(key_id), workspace_id, secret)
+            # Stored before: this new statement sees the committed row (keys are never
+            # deleted, only revoked).
+            existing = await self._pool.fetchrow(
+                "SELECT id, workspace_id, revoked_at FROM api_keys WHERE key_hash = $1", digest
+            )
+        return _reuse(existing, workspace_id, secret)
 
     async def list_keys(self, workspace: str | None = None) -> list[KeyInfo]:
         """Keys (all, or of one workspace by name), newest first."""
@@ -168,3 +181,13 @@ class KeyStore:
             if hmac.compare_digest(bytes(record["key_hash"]), digest):
                 found = str(record["workspace_id"])
         return found
+
+
+def _reuse(existing: asyncpg.Record, workspace_id: str, secret: str) -> CreatedKey:
+    """The stored key ``existing`` for ``workspace_id``, if it can serve that workspace."""
+    shown = f"{secret[:DISPLAY_PREFIX_CHARS]}… (id {existing['id']})"
+    if existing["workspace_id"] != workspace_id:
+        raise ConflictError(f"the key {shown} already belongs to another workspace")
+    if existing["revoked_at"] is not None:
+        raise ConflictError(f"the key {shown} was revoked; choose another key")
+    return CreatedKey(str(existing["id"]), workspace_id, secret)

@@ -1,0 +1,121 @@
+"""Webhook claims against the real ledger: a notifier whose claim was taken over (it
+outlived its claim) cannot overwrite the record of the notifier that holds it now."""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+import orjson
+import pytest
+
+from notifier.handlers import PostResult, deliver_webhook, recover_deliveries
+from relay.ids import new_id
+from relay.ledger.deliveries import MAX_CLAIMS, Claim, DeliveryStore
+from relay.ledger.jobs import JobStore, NewBatch
+from relay.ledger.keys import KeyStore
+from relay.messages import JobEvent
+
+HOOK = "http://127.0.0.1:9/hook"  # never connected to: every Post here is a fake
+
+
+async def new_batch(pool: asyncpg.Pool) -> str:
+    """A one-row batch with a webhook URL."""
+    workspace = await KeyStore(pool).ensure_workspace(f"fence-{new_id()[:6]}")
+    batch = await JobStore(pool).create(
+        NewBatch(new_id(), workspace, "fence", "gpt-4o-mini", 0, 1, HOOK, None, None),
+        iter([("c-0", '[{"role":"user","content":"hi"}]')]),
+    )
+    return batch.id
+
+
+async def expire(pool: asyncpg.Pool, batch_id: str) -> None:
+    """Make the current claim look like its notifier died long ago."""
+    await pool.execute(
+        "UPDATE webhook_deliveries SET claim_expires_at = now() - interval '1 second'"
+        " WHERE batch_id = $1",
+        batch_id,
+    )
+
+
+async def delivery(pool: asyncpg.Pool, batch_id: str) -> tuple[str, int | None, int]:
+    row = await pool.fetchrow(
+        "SELECT status, status_code, claims FROM webhook_deliveries WHERE batch_id = $1",
+        batch_id,
+    )
+    assert row is not None
+    return row["status"], row["status_code"], row["claims"]
+
+
+async def test_claims_are_numbered_and_a_stale_finish_is_fenced_out(pool: asyncpg.Pool) -> None:
+    batch_id = await new_batch(pool)
+    store = DeliveryStore(pool, claim_s=30)
+    first = await store.claim(batch_id, HOOK, f"msg_{batch_id}")
+    assert first == Claim(batch_id, 1)
+    assert await store.claim(batch_id, HOOK, f"msg_{batch_id}") is None
+    await expire(pool, batch_id)
+    assert await store.reclaim_expired() == [Claim(batch_id, 2)]
+
+    # The first notifier was only slow: its late record must not land.
+    assert not await store.finish(first, "failed", 500, None)
+    assert await delivery(pool, batch_id) == ("sending", None, 2)
+    assert await store.finish(Claim(batch_id, 2), "delivered", 204, None)
+    assert await delivery(pool, batch_id) == ("delivered", 204, 2)
+    # Neither claim can write again once the delivery is recorded.
+    assert not await store.finish(first, "failed", 500, None)
+    assert not await store.finish(Claim(batch_id, 2), "failed", 500, None)
+    assert await delivery(pool, batch_id) == ("delivered", 204, 2)
+
+
+async def test_a_given_up_claim_cannot_be_finished(pool: asyncpg.Pool) -> None:
+    batch_id = await new_batch(pool)
+    store = DeliveryStore(pool, claim_s=30)
+    claim = await store.claim(batch_id, HOOK, f"msg_{batch_id}")
+    assert claim is not None
+    await pool.execute(
+        "UPDATE webhook_deliveries SET claims = $2, claim_expires_at = now() - interval '1s'"
+        " WHERE batch_id = $1",
+        batch_id,
+        MAX_CLAIMS,
+    )
+    assert await store.reclaim_expired() == []  # given up: failed, nobody holds it
+    assert not await store.finish(Claim(batch_id, MAX_CLAIMS), "delivered", 204, None)
+    status, _, _ = await delivery(pool, batch_id)
+    assert status == "failed"
+
+
+class SlowPost:
+    """The slow notifier's POST: while it is 'in flight', its claim expires and a second
+    notifier takes the delivery over, POSTs and records it; then it answers 500."""
+
+    def __init__(self, pool: asyncpg.Pool, store: DeliveryStore, batch_id: str) -> None:
+        self._pool, self._store, self._batch_id = pool, store, batch_id
+        self.bodies: list[bytes] = []
+        self.takeover_posts: list[bytes] = []
+
+    async def __call__(self, url: str, body: bytes, headers: dict[str, str]) -> PostResult:
+        self.bodies.append(body)
+        await expire(self._pool, self._batch_id)
+        assert await recover_deliveries(self._store, self._takeover) == 1
+        return PostResult(500)
+
+    async def _takeover(self, url: str, body: bytes, headers: dict[str, str]) -> PostResult:
+        self.takeover_posts.append(body)
+        return PostResult(204)
+
+
+async def test_a_notifier_that_outlived_its_claim_does_not_overwrite_the_record(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    batch_id = await new_batch(pool)
+    store = DeliveryStore(pool, claim_s=30)
+    post = SlowPost(pool, store, batch_id)
+    event = JobEvent(batch_id, "completed", 1, 1, 0)
+    with caplog.at_level(logging.INFO, logger="relay.notifier"):
+        await deliver_webhook(event, store, post)
+    assert len(post.bodies) == len(post.takeover_posts) == 1
+    assert orjson.loads(post.takeover_posts[0])["id"] == batch_id
+    # The takeover's record stands; the slow notifier's 500 was fenced out, and logged.
+    assert await delivery(pool, batch_id) == ("delivered", 204, 2)
+    fenced = [r for r in caplog.records if r.getMessage() == "webhook_record_fenced"]
+    assert [(r.__dict__["batch_id"], r.__dict__["claim"]) for r in fenced] == [(batch_id, 1)]
