@@ -78,11 +78,11 @@ class Settings:
     max_running_jobs: int = 64
     lease_seconds: float = 30.0
     reconcile_seconds: float = 2.0
-    results_flush_ms: float = 10.0
+    results_flush_ms: float = 25.0
     results_flush_rows: int = 64
     aggregator_chunk: int = 64
     aggregator_prefetch: int = 256
-    aggregator_linger_ms: float = 5.0
+    aggregator_linger_ms: float = 20.0
     webhook_timeout_s: float = 10.0
     webhook_allow_networks: tuple[IPNetwork, ...] = ()
     retry_base_ms: float = 200.0

@@ -59,7 +59,8 @@ async def stream_list(
         first = True
         if pages is not None:
             async for page in pages:
-                chunk = b",".join(dumps(to_object(r)) for r in page)
+                # One encoder call per page: the array's brackets are dropped to splice it.
+                chunk = dumps([to_object(r) for r in page])[1:-1]
                 await response.write(chunk if first else b"," + chunk)
                 first = False
         await response.write(b"]}")

@@ -55,6 +55,9 @@ class _DeploymentResult:
 
 async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
     """The body, read until EOF or until it exceeds ``limit`` bytes (then ``limit + 1``)."""
+    declared = response.content_length
+    if declared is not None and declared <= limit:
+        return await response.read()  # the usual case: one read of a known, small body
     parts: list[bytes] = []
     size = 0
     while size <= limit:
@@ -84,6 +87,7 @@ class ModelRouter:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._cooldowns = cooldowns or Cooldowns(CooldownPolicy())
+        self._prepared: dict[str, tuple[aiohttp.ClientTimeout, Any]] = {}
 
     async def complete(
         self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
@@ -109,10 +113,23 @@ class ModelRouter:
             None, f"upstream_error: {last_error}", attempts, None, dead_letter=last_transient
         )
 
-    def _order(self, deployments: tuple[Deployment, ...]) -> list[Deployment]:
+    def _order(self, deployments: tuple[Deployment, ...]) -> Sequence[Deployment]:
         """Deployments in fallback order, those cooling down moved behind the others."""
         ready = [d for d in deployments if not self._cooldowns.cooling(d.name)]
+        if len(ready) == len(deployments):
+            return deployments
         return ready + [d for d in deployments if d not in ready]
+
+    def _per_deployment(self, deployment: Deployment) -> tuple[aiohttp.ClientTimeout, Any]:
+        """The deployment's timeout object and latency metric, built once (hot path)."""
+        cached = self._prepared.get(deployment.name)
+        if cached is None:
+            cached = (
+                aiohttp.ClientTimeout(total=deployment.timeout_s),
+                UPSTREAM_LATENCY.labels(deployment.name),
+            )
+            self._prepared[deployment.name] = cached
+        return cached
 
     async def _try_deployment(
         self,
@@ -144,7 +161,7 @@ class ModelRouter:
     ) -> _Attempt:
         provider = PROVIDERS[deployment.provider]
         url, headers, body = provider.build_request(deployment, messages, params)
-        timeout = aiohttp.ClientTimeout(total=deployment.timeout_s)
+        timeout, latency = self._per_deployment(deployment)
         started = time.perf_counter()
         try:
             async with self._session.post(
@@ -158,7 +175,7 @@ class ModelRouter:
         except aiohttp.ClientError as exc:
             return _Attempt(error=f"connection failed: {exc.__class__.__name__}", retryable=True)
         finally:
-            UPSTREAM_LATENCY.labels(deployment.name).observe(time.perf_counter() - started)
+            latency.observe(time.perf_counter() - started)
         if status == 200 and len(raw) > MAX_REPLY_BYTES:
             return _Attempt(reply=ProviderReply(error=f"reply larger than {MAX_REPLY_BYTES} bytes"))
         if status == 200:
