@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from relay.bus.topology import EVENT_CANCELED, EVENT_FINISHED, EVENT_PROGRESS
+from relay.announce import announce_finished
+from relay.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
 from relay.errors import PermanentError
 from relay.ledger.outcomes import JobProgress
 from relay.messages import JobEvent, MessageError, OutcomeBatch, RowOutcome
@@ -147,10 +148,9 @@ class Aggregator:
         await self._announce_finished(finished)
 
     async def _announce_finished(self, jobs: list[JobProgress]) -> None:
-        if not jobs:
-            return
-        await asyncio.gather(*(self._publish(EVENT_FINISHED, _event(j).encode()) for j in jobs))
-        await self._store.mark_finished_published([job.id for job in jobs])
+        await announce_finished(
+            self._publish, self._store.mark_finished_published, [_event(j) for j in jobs]
+        )
 
 
 def unstorable(outcome: RowOutcome) -> RowOutcome:

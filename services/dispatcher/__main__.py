@@ -8,8 +8,9 @@ import os
 
 from dispatcher.handlers import DispatchConfig, Dispatcher
 from dispatcher.service import DispatcherService
+from relay.announce import announce_finished
 from relay.bus.client import Bus
-from relay.bus.topology import EVENT_FINISHED, Names, broker_priority
+from relay.bus.topology import Names, broker_priority
 from relay.ids import new_id
 from relay.ledger.dispatch import DispatchStore
 from relay.ledger.outbox import mark_finished_published
@@ -38,8 +39,9 @@ async def build(
         )
 
     async def announce_failed(event: JobEvent) -> None:
-        await bus.publish_event(EVENT_FINISHED, event.encode())
-        await mark_finished_published(pool, [event.batch_id])
+        await announce_finished(
+            bus.publish_event, lambda ids: mark_finished_published(pool, ids), [event]
+        )
 
     config = DispatchConfig(
         owner=owner,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ingest_api.routes import Announcer
+from relay.announce import announce_finished
 from relay.batches import Batch, iso
 from relay.bus.client import Bus
 from relay.bus.topology import (
     EVENT_CANCELED,
-    EVENT_FINISHED,
     EVENT_TEMPLATE_CREATED,
     broker_priority,
 )
@@ -29,8 +29,7 @@ def announcer_for(bus: Bus, jobs: JobStore) -> Announcer:
     async def job_canceled(batch: Batch) -> None:
         event = JobEvent(batch.id, batch.status, batch.total, batch.completed, batch.failed)
         await bus.publish_event(EVENT_CANCELED, event.encode())
-        await bus.publish_event(EVENT_FINISHED, event.encode())
-        await jobs.mark_finished_published([batch.id])
+        await announce_finished(bus.publish_event, jobs.mark_finished_published, [event])
 
     async def template_created(batch: Batch) -> None:
         created = TemplateCreated(batch.id, iso(batch.next_run_at) or "")

@@ -67,10 +67,8 @@ def routes() -> Routes:
     )
 
 
-@pytest.fixture(scope="session")
-async def api_server(pool: asyncpg.Pool, bus: Bus, routes: Routes) -> AsyncIterator[TestServer]:
-    """The ingest-api application on a real loopback port."""
-    jobs = JobStore(pool)
+async def start_api(pool: asyncpg.Pool, bus: Bus, routes: Routes, jobs: JobStore) -> TestServer:
+    """Start the ingest-api application, on ``jobs``, on a real loopback port."""
     deps = ApiDeps(
         jobs=jobs,
         idempotency=IdempotencyStore(pool),
@@ -86,6 +84,13 @@ async def api_server(pool: asyncpg.Pool, bus: Bus, routes: Routes) -> AsyncItera
 
     server = TestServer(build_app(deps, KeyStore(pool).workspace_for_key, ready))
     await server.start_server()
+    return server
+
+
+@pytest.fixture(scope="session")
+async def api_server(pool: asyncpg.Pool, bus: Bus, routes: Routes) -> AsyncIterator[TestServer]:
+    """The ingest-api application on a real loopback port."""
+    server = await start_api(pool, bus, routes, JobStore(pool))
     yield server
     await server.close()
 

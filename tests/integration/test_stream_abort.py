@@ -18,20 +18,14 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
-from aiohttp.test_utils import TestServer
 
-from ingest_api.announce import announcer_for
-from ingest_api.app import build_app
-from ingest_api.routes import ApiDeps
 from relay.batches import Batch
 from relay.bus.client import Bus
 from relay.errors import TransientError
-from relay.ledger.idempotency import IdempotencyStore
 from relay.ledger.jobs import DeadLetterRow, JobStore, ResultRow
-from relay.ledger.keys import KeyStore
 from relay.router.routes import Routes
 from relay_cli import admin
-from tests.integration.conftest import TEST_LIMITS, TEST_MAX_BODY
+from tests.integration.conftest import start_api
 from tests.support import ApiClient, Isolation
 
 RELAY = str(Path(sys.executable).parent / "relay")
@@ -66,22 +60,7 @@ async def broken_api(
     iso: Isolation, pool: asyncpg.Pool, bus: Bus, routes: Routes, http: aiohttp.ClientSession
 ) -> AsyncIterator[ApiClient]:
     """An ingest-api whose row listings break mid-stream, and a client of it."""
-    jobs = BrokenJobs(pool)
-    deps = ApiDeps(
-        jobs=jobs,
-        idempotency=IdempotencyStore(pool),
-        announcer=announcer_for(bus, jobs),
-        model_known=lambda alias: routes.resolve(alias) is not None,
-        limits=TEST_LIMITS,
-        max_body_bytes=TEST_MAX_BODY,
-        model_names=routes.names,
-    )
-
-    async def ready() -> bool:
-        return True
-
-    server = TestServer(build_app(deps, KeyStore(pool).workspace_for_key, ready))
-    await server.start_server()
+    server = await start_api(pool, bus, routes, BrokenJobs(pool))
     created = await admin.create_key(iso.database_url, "stream-abort")
     yield ApiClient(str(server.make_url("")).rstrip("/"), created.key, http)
     await server.close()
