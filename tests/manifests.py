@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from relay.settings import Settings
+from relay_batches.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -29,7 +29,7 @@ HPA_COMPONENT = K8S / "components" / "row-worker-hpa"
 SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
 # Services that load the routes file at start-up (and so need it and the provider keys).
 ROUTED_SERVICES = ("ingest-api", "dispatcher", "row-worker")
-# relay.runtime waits RELAY_SHUTDOWN_GRACE_S, then this long more before exiting 1.
+# relay_batches.runtime waits RELAY_SHUTDOWN_GRACE_S, then this long more before exiting 1.
 RUNTIME_HARD_DEADLINE_S = 5
 SECRETS = {"relay-connections", "relay-provider-keys"}
 WORKLOAD_KINDS = ("Deployment", "Job")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from aggregator.handlers import Aggregator
-from aggregator.service import AggregatorService
-from relay.ledger.outcomes import OutcomeStore
-from relay.ledger.pool import database_ready
-from relay.runtime import Service, run_service
-from relay.settings import Settings
-from relay.wiring import open_bus, open_pool
+from relay_batches.services.aggregator.core import Aggregator
+from relay_batches.services.aggregator.service import AggregatorService
+
+from relay_batches.ledger.outcomes import OutcomeStore
+from relay_batches.ledger.pool import database_ready
+from relay_batches.runtime import Service, run_service
+from relay_batches.settings import Settings
+from relay_batches.wiring import open_bus, open_pool
 
 
 async def build(

@@ -6,34 +6,35 @@ import contextlib
 import logging
 import os
 
-from dispatcher.handlers import DispatchConfig, Dispatcher
-from dispatcher.service import DispatcherService
-from relay.announce import announce_finished
-from relay.bus.client import Bus
-from relay.bus.topology import Names, broker_priority
-from relay.ids import new_id
-from relay.ledger.dispatch import DispatchStore
-from relay.ledger.outbox import mark_finished_published
-from relay.ledger.pool import database_ready
-from relay.messages import JobEvent, RowTask
-from relay.router.routes import load_routes
-from relay.runtime import Service, run_service
-from relay.settings import Settings
-from relay.wiring import open_pool
+from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from relay_batches.services.dispatcher.service import DispatcherService
+
+from relay_batches.announce import announce_finished
+from relay_batches.bus.client import Bus
+from relay_batches.bus.topology import Names, broker_priority
+from relay_batches.ids import new_id
+from relay_batches.ledger.dispatch import DispatchStore
+from relay_batches.ledger.outbox import mark_finished_published
+from relay_batches.ledger.pool import database_ready
+from relay_batches.messages import JobEvent, SliceMessage
+from relay_batches.router.aliases import load_aliases
+from relay_batches.runtime import Service, run_service
+from relay_batches.settings import Settings
+from relay_batches.wiring import open_pool
 
 
 async def build(
     settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
 ) -> Service:
     """Build the dispatcher from settings."""
-    routes = load_routes(settings.routes_file, os.environ)
+    aliases = load_aliases(settings.routes_file, os.environ)
     owner = f"dispatcher-{new_id()[:12]}"
     pool = await open_pool(settings, resources, max_size=4)
     bus = Bus(settings.amqp_url, Names(settings.namespace), owner)
     await bus.connect()
     resources.push_async_callback(bus.close)
 
-    async def publish_task(task: RowTask, priority: int) -> None:
+    async def publish_slice(task: SliceMessage, priority: int) -> None:
         await bus.publish(
             bus.names.rows, task.encode(), kind="rows", priority=broker_priority(priority)
         )
@@ -53,13 +54,13 @@ async def build(
     )
     dispatcher = Dispatcher(
         DispatchStore(pool),
-        publish_task,
+        publish_slice,
         announce_failed,
-        lambda alias: routes.resolve(alias) is not None,
+        lambda alias: aliases.resolve(alias) is not None,
         config,
         rows_waiting=lambda: bus.ready_count(bus.names.rows),
     )
-    log.info("configured", extra={"owner": owner, "aliases": routes.names()})
+    log.info("configured", extra={"owner": owner, "aliases": aliases.names()})
     return DispatcherService(
         bus,
         dispatcher,

@@ -17,12 +17,12 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aio_pika.abc import AbstractIncomingMessage
+from relay_batches.services.dispatcher.core import Dispatcher
 
-from dispatcher.handlers import Dispatcher
-from relay.bus.client import Bus, settle
-from relay.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
-from relay.inflight import InFlight
-from relay.messages import DispatchWakeup, JobEvent
+from relay_batches.bus.client import Bus, settle
+from relay_batches.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
+from relay_batches.inflight import InFlight
+from relay_batches.messages import DispatchWakeup, JobEvent
 
 log = logging.getLogger("relay.dispatcher")
 

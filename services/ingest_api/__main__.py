@@ -9,19 +9,19 @@ import os
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from relay_batches.services.ingest_api.app import build_app
+from relay_batches.services.ingest_api.publishing import publisher_for
+from relay_batches.services.ingest_api.routes import ApiDeps
+from relay_batches.services.ingest_api.validation import SubmitLimits
 
-from ingest_api.announce import announcer_for
-from ingest_api.app import build_app
-from ingest_api.routes import ApiDeps
-from ingest_api.validation import SubmitLimits
-from relay.ledger.idempotency import IdempotencyStore
-from relay.ledger.jobs import JobStore
-from relay.ledger.keys import KeyStore
-from relay.ledger.pool import database_ready
-from relay.router.routes import load_routes
-from relay.runtime import Service, run_service
-from relay.settings import Settings
-from relay.wiring import open_bus, open_pool
+from relay_batches.ledger.idempotency import IdempotencyStore
+from relay_batches.ledger.jobs import JobStore
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.pool import database_ready
+from relay_batches.router.aliases import load_aliases
+from relay_batches.runtime import Service, run_service
+from relay_batches.settings import Settings
+from relay_batches.wiring import open_bus, open_pool
 
 
 class IngestService:
@@ -45,18 +45,18 @@ async def build(
     settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
 ) -> Service:
     """Build the API from settings and start listening."""
-    routes = load_routes(settings.routes_file, os.environ)
+    aliases = load_aliases(settings.routes_file, os.environ)
     pool = await open_pool(settings, resources, max_size=10)
     bus = await open_bus(settings, resources, "ingest-api")
     jobs = JobStore(pool)
     deps = ApiDeps(
         jobs=jobs,
         idempotency=IdempotencyStore(pool),
-        announcer=announcer_for(bus, jobs),
-        model_known=lambda alias: routes.resolve(alias) is not None,
+        announcer=publisher_for(bus, jobs),
+        model_known=lambda alias: aliases.resolve(alias) is not None,
         limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),
         max_body_bytes=settings.max_body_bytes,
-        model_names=routes.names,
+        model_names=aliases.names,
     )
 
     async def ready() -> bool:

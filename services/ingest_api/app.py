@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-
-from ingest_api.middleware import (
+from relay_batches.services.ingest_api.middleware import (
     ResolveKey,
     auth_middleware,
     error_middleware,
     log_stream_aborts_once,
 )
-from ingest_api.models import add_model_routes
-from ingest_api.openapi import add_openapi_route
-from ingest_api.panel import add_panel_routes
-from ingest_api.routes import DEPS, ApiDeps, add_batch_routes
-from ingest_api.upload import add_upload_routes
-from relay.health import add_health_routes
+from relay_batches.services.ingest_api.models import add_model_routes
+from relay_batches.services.ingest_api.openapi import add_openapi_route
+from relay_batches.services.ingest_api.panel import add_panel_routes
+from relay_batches.services.ingest_api.routes import DEPS, ApiDeps, add_batch_routes
+from relay_batches.services.ingest_api.upload import add_upload_routes
+
+from relay_batches.health import add_health_routes
 
 BODY_SLACK = 1024
 

@@ -7,8 +7,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from relay.errors import ApiError, invalid
-from relay.ledger.idempotency import IdempotencyClaim, IdempotencyStore, KeyTaken, StoredResponse
+from relay_batches.errors import ApiError, invalid
+from relay_batches.ledger.idempotency import (
+    IdempotencyClaim,
+    IdempotencyStore,
+    KeyTaken,
+    StoredResponse,
+)
 
 HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255

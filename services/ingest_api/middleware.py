@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from relay.errors import ERROR_TYPES, ApiError, TransientError
-from relay.metrics import HTTP_LATENCY
+from relay_batches.errors import ERROR_TYPES, ApiError, TransientError
+from relay_batches.metrics import HTTP_LATENCY
 
 log = logging.getLogger("relay.ingest_api")
 

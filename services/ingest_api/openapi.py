@@ -22,7 +22,7 @@ _RESOURCE = "openapi.json"
 @cache
 def document_bytes() -> bytes:
     """The document as served: the packaged file, compacted (read once per process)."""
-    raw = resources.files("ingest_api").joinpath(_RESOURCE).read_bytes()
+    raw = resources.files("relay_batches.services.ingest_api").joinpath(_RESOURCE).read_bytes()
     return orjson.dumps(orjson.loads(raw))
 
 

@@ -1,4 +1,4 @@
-"""Batch-level model parameters (``params`` of ``POST /v1/batches``), applied to every row.
+"""Job-level model parameters (``params`` of ``POST /v1/batches``), applied to every row.
 
 Only the parameters every provider can honour (or that translate cleanly) are
 accepted; an unknown key is a 400 so a typo never silently changes nothing.
@@ -10,7 +10,7 @@ import math
 
 import orjson
 
-from relay.errors import invalid
+from relay_batches.errors import invalid
 
 MAX_TOKENS_LIMIT = 1_000_000
 MAX_STOP_SEQUENCES = 4

@@ -8,10 +8,10 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from relay_batches.services.ingest_api.middleware import STREAMING
 
-from ingest_api.middleware import STREAMING
-from relay.batches import TERMINAL, Batch
-from relay.ledger.jobs import DeadLetterRow, ResultRow
+from relay_batches.ledger.jobs import DeadLetterRow, ResultRow
+from relay_batches.model import TERMINAL, Job
 
 NDJSON = "application/x-ndjson"
 
@@ -69,7 +69,7 @@ async def stream_list(
 
 
 async def stream_results(
-    request: web.Request, batch: Batch, pages: AsyncIterator[list[ResultRow]]
+    request: web.Request, batch: Job, pages: AsyncIterator[list[ResultRow]]
 ) -> web.StreamResponse:
     """The results of ``batch``: none until it is terminal, then every outcome in order."""
     head = {"id": batch.id, "status": batch.status}

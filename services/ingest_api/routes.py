@@ -8,23 +8,27 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from aiohttp import web
-
-from ingest_api.idempotency import idempotent
-from ingest_api.middleware import WORKSPACE_ID, json_response
-from ingest_api.results import dead_letter_object, stream_list, stream_results
-from ingest_api.validation import (
+from relay_batches.services.ingest_api.idempotency import idempotent
+from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.results import (
+    dead_letter_object,
+    stream_list,
+    stream_results,
+)
+from relay_batches.services.ingest_api.validation import (
     KnownModels,
     SubmitLimits,
     decode_json_object,
     validate_submit,
 )
-from relay.batches import TERMINAL, Batch, Status
-from relay.cron import next_tick
-from relay.errors import ApiError, ConflictError, invalid
-from relay.ids import is_valid_id, new_id
-from relay.ledger.idempotency import IdempotencyClaim, IdempotencyStore
-from relay.ledger.jobs import JobStore, NewBatch
-from relay.metrics import JOB_TRANSITIONS
+
+from relay_batches.cron import next_tick
+from relay_batches.errors import ApiError, ConflictError, invalid
+from relay_batches.ids import is_valid_id, new_id
+from relay_batches.ledger.idempotency import IdempotencyClaim, IdempotencyStore
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.metrics import JOB_TRANSITIONS
+from relay_batches.model import TERMINAL, Job, Status
 
 log = logging.getLogger("relay.ingest_api")
 
@@ -36,9 +40,9 @@ MAX_PAGE = 100
 class Announcer:
     """The bus side-effects of the API (each awaits a confirm)."""
 
-    wake_dispatcher: Callable[[Batch], Awaitable[None]]
-    job_canceled: Callable[[Batch], Awaitable[None]]
-    template_created: Callable[[Batch], Awaitable[None]]
+    wake_dispatcher: Callable[[Job], Awaitable[None]]
+    job_canceled: Callable[[Job], Awaitable[None]]
+    template_created: Callable[[Job], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ async def create_batch(request: web.Request) -> web.Response:
     async def respond(claim: IdempotencyClaim | None) -> web.Response:
         spec = validate_submit(decode_json_object(raw), deps.limits, KnownModels(deps.model_known))
         now = datetime.now(UTC)
-        new = NewBatch(
+        new = NewJob(
             id=new_id(),
             workspace_id=workspace_id,
             name=spec.name or f"batch {now.strftime('%Y-%m-%dT%H:%M:%SZ')}",
@@ -114,7 +118,7 @@ async def create_batch(request: web.Request) -> web.Response:
     return await idempotent(request, deps.idempotency, workspace_id, raw, respond)
 
 
-async def wake(deps: ApiDeps, batch: Batch) -> None:
+async def wake(deps: ApiDeps, batch: Job) -> None:
     """Wake a dispatcher for a new queued batch, or schedulers for a new cron template.
 
     The batch is committed: a lost wake-up only delays it (dispatchers reconcile from the
@@ -129,7 +133,7 @@ async def wake(deps: ApiDeps, batch: Batch) -> None:
         log.warning("wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})
 
 
-async def _find(request: web.Request) -> Batch:
+async def _find(request: web.Request) -> Job:
     batch_id = request.match_info["id"]
     batch = None
     if is_valid_id(batch_id):

@@ -20,12 +20,11 @@ import orjson
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.multipart import BadContentDispositionHeader, BadContentDispositionParam
-
-from ingest_api.idempotency import idempotent
-from ingest_api.middleware import WORKSPACE_ID, json_response
-from ingest_api.routes import DEPS, ApiDeps, wake
-from ingest_api.upload_formats import LineError, parse_upload_file
-from ingest_api.validation import (
+from relay_batches.services.ingest_api.idempotency import idempotent
+from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.routes import DEPS, ApiDeps, wake
+from relay_batches.services.ingest_api.upload_formats import LineError, parse_upload_file
+from relay_batches.services.ingest_api.validation import (
     MAX_NAME_CHARS,
     BatchOptions,
     KnownModels,
@@ -34,13 +33,14 @@ from ingest_api.validation import (
     parse_priority_field,
     validate_batch_options,
 )
-from relay.batches import Batch
-from relay.cron import next_tick
-from relay.errors import ApiError, invalid
-from relay.ids import new_id
-from relay.ledger.idempotency import IdempotencyClaim
-from relay.ledger.jobs import NewBatch
-from relay.metrics import JOB_TRANSITIONS
+
+from relay_batches.cron import next_tick
+from relay_batches.errors import ApiError, invalid
+from relay_batches.ids import new_id
+from relay_batches.ledger.idempotency import IdempotencyClaim
+from relay_batches.ledger.jobs import NewJob
+from relay_batches.metrics import JOB_TRANSITIONS
+from relay_batches.model import Job
 
 log = logging.getLogger("relay.ingest_api")
 
@@ -73,7 +73,7 @@ class UploadForm:
 class PlannedJob:
     """A validated job, ready to insert."""
 
-    new: NewBatch
+    new: NewJob
     rows: list[RowInput]
 
 
@@ -247,8 +247,8 @@ def job_name(name: str | None, filename: str, files: int) -> str:
 
 def _new_batch(
     options: BatchOptions, name: str, total: int, workspace_id: str, now: datetime
-) -> NewBatch:
-    return NewBatch(
+) -> NewJob:
+    return NewJob(
         id=new_id(),
         workspace_id=workspace_id,
         name=name,
@@ -266,7 +266,7 @@ def _new_batch(
 
 async def create_jobs(
     deps: ApiDeps, planned: list[PlannedJob], claim: IdempotencyClaim | None = None
-) -> list[Batch]:
+) -> list[Job]:
     """Insert every planned job in one transaction, then wake a dispatcher for each."""
     batches = await deps.jobs.create_many(
         [(job.new, ((r.custom_id, r.messages_json) for r in job.rows)) for job in planned],

@@ -25,9 +25,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
+from relay_batches.services.ingest_api.validation import (
+    RowInput,
+    SubmitLimits,
+    validate_request_rows,
+)
 
-from ingest_api.validation import RowInput, SubmitLimits, validate_request_rows
-from relay.errors import ApiError
+from relay_batches.errors import ApiError
 
 FORMATS = (".csv", ".jsonl")
 CSV_HEADER = "prompt"

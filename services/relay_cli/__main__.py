@@ -1,5 +1,5 @@
 """``relay``: migrations, workspaces, keys, ``dev`` (the local system of ``make run``) and
-``batch …`` (the public API from a terminal, see :mod:`relay_cli.batch`)."""
+``batch …`` (the public API from a terminal, see :mod:`relay_batches.services.relay_cli.batch`)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import signal
 import sys
 from collections.abc import Callable
 
-from relay.batches import iso
-from relay.settings import ConfigError, Settings
-from relay_cli import admin
-from relay_cli.batch import add_batch_parser, run_batch
-from relay_cli.supervisor import say, service_children, supervise
+from relay_batches.services.relay_cli import admin
+from relay_batches.services.relay_cli.batch import add_batch_parser, run_batch
+from relay_batches.services.relay_cli.supervisor import say, service_children, supervise
+
+from relay_batches.model import iso
+from relay_batches.settings import ConfigError, Settings
 
 DEV_WORKSPACE = "dev"
 DEV_SIM_PORT = 8090

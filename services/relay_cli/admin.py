@@ -7,9 +7,9 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
-from relay.errors import ConflictError
-from relay.ledger.keys import CreatedKey, KeyInfo, KeyStore, WorkspaceInfo
-from relay.ledger.migrate import apply_migrations, ensure_database
+from relay_batches.errors import ConflictError
+from relay_batches.ledger.keys import CreatedKey, KeyInfo, KeyStore, WorkspaceInfo
+from relay_batches.ledger.migrate import apply_migrations, ensure_database
 
 
 class AdminError(Exception):

@@ -18,11 +18,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
+from relay_batches.services.relay_cli.client import ApiFailure, RelayClient
+from relay_batches.services.relay_cli.progress import (
+    RateMeter,
+    done_rows,
+    percent_bar,
+    progress_line,
+    summary_line,
+)
 
-from relay.batches import TERMINAL, Status
-from relay.settings import ClientSettings, ConfigError
-from relay_cli.client import ApiFailure, RelayClient
-from relay_cli.progress import RateMeter, done_rows, percent_bar, progress_line, summary_line
+from relay_batches.model import TERMINAL, Status
+from relay_batches.settings import ClientSettings, ConfigError
 
 DEFAULT_INTERVAL_S = 1.0
 

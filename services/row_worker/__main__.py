@@ -7,30 +7,30 @@ import logging
 import os
 
 import aiohttp
+from relay_batches.services.row_worker.batcher import OutcomeBatcher
+from relay_batches.services.row_worker.core import RowRunner
+from relay_batches.services.row_worker.service import RowWorkerService, rows_prefetch
 
-from relay.router.cooldown import CooldownPolicy, Cooldowns
-from relay.router.policy import BackoffPolicy
-from relay.router.router import ModelRouter
-from relay.router.routes import load_routes
-from relay.runtime import Service, run_service
-from relay.settings import Settings
-from relay.wiring import open_bus
-from row_worker.batcher import OutcomeBatcher
-from row_worker.handlers import RowRunner
-from row_worker.service import RowWorkerService, rows_prefetch
+from relay_batches.router.aliases import load_aliases
+from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
+from relay_batches.router.policy import BackoffPolicy
+from relay_batches.router.router import ModelRouter
+from relay_batches.runtime import Service, run_service
+from relay_batches.settings import Settings
+from relay_batches.wiring import open_bus
 
 
 async def build(
     settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
 ) -> Service:
     """Build the row-worker from settings (routes are validated here, before any work)."""
-    routes = load_routes(settings.routes_file, os.environ)
+    aliases = load_aliases(settings.routes_file, os.environ)
     bus = await open_bus(settings, resources, "row-worker")
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     session = aiohttp.ClientSession(connector=connector)
     resources.push_async_callback(session.close)
     router = ModelRouter(
-        routes,
+        aliases,
         session,
         BackoffPolicy(settings.retry_base_ms / 1000, settings.retry_cap_s),
         cooldowns=Cooldowns(
@@ -46,7 +46,7 @@ async def build(
     )
     runner = RowRunner(router, batcher.add, settings.batch_concurrency)
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
-    log.info("configured", extra={"aliases": routes.names(), "prefetch": prefetch})
+    log.info("configured", extra={"aliases": aliases.names(), "prefetch": prefetch})
     return RowWorkerService(bus, runner, batcher, prefetch, settings.shutdown_grace_s)
 
 

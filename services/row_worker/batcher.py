@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from relay.messages import OutcomeBatch, RowOutcome
+from relay_batches.messages import OutcomesMessage, RowOutcome
 
 log = logging.getLogger("relay.row_worker.batcher")
 
@@ -59,7 +59,7 @@ class OutcomeBatcher:
         task.add_done_callback(self._flushes.discard)
 
     async def _send(self, items: list[tuple[RowOutcome, asyncio.Future[None]]]) -> None:
-        body = OutcomeBatch(tuple(o for o, _ in items)).encode()
+        body = OutcomesMessage(tuple(o for o, _ in items)).encode()
         error: BaseException | None = None
         for attempt in range(PUBLISH_ATTEMPTS):
             try:

@@ -8,13 +8,13 @@ import math
 import time
 
 from aio_pika.abc import AbstractIncomingMessage
+from relay_batches.services.row_worker.batcher import OutcomeBatcher
+from relay_batches.services.row_worker.core import RowRunner
 
-from relay.bus.client import Bus, ack, reject
-from relay.bus.topology import EVENT_CANCELED
-from relay.messages import JobEvent, MessageError, RowTask
-from relay.metrics import MESSAGES_CONSUMED
-from row_worker.batcher import OutcomeBatcher
-from row_worker.handlers import RowRunner
+from relay_batches.bus.client import Bus, ack, reject
+from relay_batches.bus.topology import EVENT_CANCELED
+from relay_batches.messages import JobEvent, MessageError, SliceMessage
+from relay_batches.metrics import MESSAGES_CONSUMED
 
 log = logging.getLogger("relay.row_worker")
 
@@ -51,7 +51,7 @@ class RowWorkerService:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop``; then stop intake and let in-flight tasks finish."""
         await self._bus.consume_events([EVENT_CANCELED], self._on_event)
-        await self._bus.consume(self._bus.names.rows, self._on_task, self._prefetch)
+        await self._bus.consume(self._bus.names.rows, self._on_slice, self._prefetch)
         self._consuming = True
         log.info("consuming", extra={"prefetch": self._prefetch})
         await stop.wait()
@@ -71,7 +71,7 @@ class RowWorkerService:
                 log.warning("tasks_handed_back", extra={"tasks": len(late)})
         await self._batcher.drain()
 
-    async def _on_task(self, message: AbstractIncomingMessage) -> None:
+    async def _on_slice(self, message: AbstractIncomingMessage) -> None:
         handler = asyncio.create_task(self._handle(message), name="row-task")
         self._handlers.add(handler)
         handler.add_done_callback(self._handlers.discard)
@@ -79,24 +79,24 @@ class RowWorkerService:
     async def _handle(self, message: AbstractIncomingMessage) -> None:
         MESSAGES_CONSUMED.labels("rows").inc()
         try:
-            task = RowTask.decode(message.body)
+            task = SliceMessage.decode(message.body)
         except MessageError as exc:
-            log.error("task_rejected", extra={"error": str(exc)})
+            log.error("slice_rejected", extra={"error": str(exc)})
             await reject(message, requeue=False)
             return
         started = time.perf_counter()
         try:
-            done = await self._runner.handle_task(task)
+            done = await self._runner.handle_slice(task)
         except asyncio.CancelledError:
             # Shutdown deadline: no ack; the broker redelivers the task to another worker.
             raise
         except Exception as exc:
-            log.error("task_failed", extra={"batch_id": task.batch_id, "error": repr(exc)})
+            log.error("slice_failed", extra={"batch_id": task.batch_id, "error": repr(exc)})
             await reject(message, requeue=True)
             return
         await ack(message)
         log.debug(
-            "task_done",
+            "slice_done",
             extra={
                 "batch_id": task.batch_id,
                 "rows": len(task.rows),

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import uvloop
 from aiohttp import web
+from relay_batches.services.upstream_sim.app import SimConfig, build_app
 
-from relay.logging import setup_logging
-from relay.settings import ConfigError
-from upstream_sim.app import SimConfig, build_app
+from relay_batches.logging import setup_logging
+from relay_batches.settings import ConfigError
 
 SERVICE = "upstream-sim"
 SHUTDOWN_GRACE_S = 1.0  # in-flight calls get this long after a signal; hung ones are cut

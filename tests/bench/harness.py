@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+from relay_batches.services.relay_cli import admin
 
-from relay_cli import admin
 from tests.processes import System, build_system
 from tests.support import ApiClient, create_isolation, drop_isolation, rows
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from relay_batches.services.relay_cli import admin
 
-from relay_cli import admin
 from tests.chaos.conftest import CHAOS_ENV
 from tests.chaos.driver import ChaosSettings, run_chaos
 from tests.processes import SERVICES, build_system

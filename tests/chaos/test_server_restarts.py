@@ -11,8 +11,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from relay_batches.services.relay_cli import admin
 
-from relay_cli import admin
 from tests.chaos.conftest import CHAOS_ENV, SERVERS_MODE
 from tests.chaos.driver import ChaosSettings, run_chaos
 from tests.chaos.servers import restart_faults, sever_faults

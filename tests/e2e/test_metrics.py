@@ -13,7 +13,7 @@ import aio_pika
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.bus.topology import Names
+from relay_batches.bus.topology import Names
 from tests.processes import SERVICES, System
 from tests.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until
 

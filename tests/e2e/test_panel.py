@@ -14,9 +14,9 @@ from pathlib import Path
 import orjson
 import pytest
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
+from relay_batches.services.relay_cli import admin
 
-from relay.ids import new_id
-from relay_cli import admin
+from relay_batches.ids import new_id
 from tests.processes import System
 from tests.support import ApiClient
 

@@ -19,9 +19,9 @@ import aio_pika
 import aiohttp
 import asyncpg
 import pytest
+from relay_batches.services.relay_cli import admin
 
-from relay.bus.topology import Names
-from relay_cli import admin
+from relay_batches.bus.topology import Names
 from tests.checks import (
     assert_exactly_once,
     readyz,

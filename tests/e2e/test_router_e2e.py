@@ -8,8 +8,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from relay_batches.services.relay_cli import admin
 
-from relay_cli import admin
 from tests.processes import build_system
 from tests.support import ApiClient, create_isolation, drop_isolation, rows
 

@@ -7,7 +7,7 @@ import asyncio
 import aio_pika
 import aiohttp
 
-from relay.bus.topology import Names
+from relay_batches.bus.topology import Names
 from tests.e2e.conftest import sim_calls
 from tests.processes import System
 from tests.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until

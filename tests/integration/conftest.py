@@ -9,19 +9,19 @@ import aiohttp
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestServer
+from relay_batches.services.ingest_api.app import build_app
+from relay_batches.services.ingest_api.publishing import publisher_for
+from relay_batches.services.ingest_api.routes import ApiDeps
+from relay_batches.services.ingest_api.validation import SubmitLimits
+from relay_batches.services.relay_cli import admin
 
-from ingest_api.announce import announcer_for
-from ingest_api.app import build_app
-from ingest_api.routes import ApiDeps
-from ingest_api.validation import SubmitLimits
-from relay.bus.client import Bus
-from relay.bus.topology import Names
-from relay.ledger.idempotency import IdempotencyStore
-from relay.ledger.jobs import JobStore
-from relay.ledger.keys import KeyStore
-from relay.ledger.pool import create_pool
-from relay.router.routes import Routes, parse_routes
-from relay_cli import admin
+from relay_batches.bus.client import Bus
+from relay_batches.bus.topology import Names
+from relay_batches.ledger.idempotency import IdempotencyStore
+from relay_batches.ledger.jobs import JobStore
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.pool import create_pool
+from relay_batches.router.aliases import AliasTable, parse_aliases
 from tests.support import AMQP_URL, ApiClient, Isolation, create_isolation, drop_isolation
 
 TEST_LIMITS = SubmitLimits(max_rows=50, max_content_bytes=1024)
@@ -54,9 +54,9 @@ async def bus(iso: Isolation) -> AsyncIterator[Bus]:
 
 
 @pytest.fixture(scope="session")
-def routes() -> Routes:
-    """Routes with the alias the tests use (the URL is never called by the API)."""
-    return parse_routes(
+def aliases() -> AliasTable:
+    """An alias table with the alias the tests use (the URL is never called by the API)."""
+    return parse_aliases(
         {
             "aliases": {"gpt-4o-mini": {"deployments": ["sim"]}},
             "deployments": {
@@ -67,16 +67,18 @@ def routes() -> Routes:
     )
 
 
-async def start_api(pool: asyncpg.Pool, bus: Bus, routes: Routes, jobs: JobStore) -> TestServer:
+async def start_api(
+    pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, jobs: JobStore
+) -> TestServer:
     """Start the ingest-api application, on ``jobs``, on a real loopback port."""
     deps = ApiDeps(
         jobs=jobs,
         idempotency=IdempotencyStore(pool),
-        announcer=announcer_for(bus, jobs),
-        model_known=lambda alias: routes.resolve(alias) is not None,
+        announcer=publisher_for(bus, jobs),
+        model_known=lambda alias: aliases.resolve(alias) is not None,
         limits=TEST_LIMITS,
         max_body_bytes=TEST_MAX_BODY,
-        model_names=routes.names,
+        model_names=aliases.names,
     )
 
     async def ready() -> bool:
@@ -88,9 +90,11 @@ async def start_api(pool: asyncpg.Pool, bus: Bus, routes: Routes, jobs: JobStore
 
 
 @pytest.fixture(scope="session")
-async def api_server(pool: asyncpg.Pool, bus: Bus, routes: Routes) -> AsyncIterator[TestServer]:
+async def api_server(
+    pool: asyncpg.Pool, bus: Bus, aliases: AliasTable
+) -> AsyncIterator[TestServer]:
     """The ingest-api application on a real loopback port."""
-    server = await start_api(pool, bus, routes, JobStore(pool))
+    server = await start_api(pool, bus, aliases, JobStore(pool))
     yield server
     await server.close()
 

@@ -9,17 +9,17 @@ import aio_pika
 import asyncpg
 import orjson
 import pytest
+from relay_batches.services.aggregator.core import Aggregator
+from relay_batches.services.aggregator.service import AggregatorService
 
-from aggregator.handlers import Aggregator
-from aggregator.service import AggregatorService
-from relay.bus.client import Bus
-from relay.bus.topology import EVENT_FINISHED, EVENT_PROGRESS
-from relay.ids import new_id
-from relay.ledger.dispatch import DispatchStore
-from relay.ledger.jobs import JobStore, NewBatch
-from relay.ledger.keys import KeyStore
-from relay.ledger.outcomes import OutcomeStore
-from relay.messages import JobEvent, OutcomeBatch, RowOutcome
+from relay_batches.bus.client import Bus
+from relay_batches.bus.topology import EVENT_FINISHED, EVENT_PROGRESS
+from relay_batches.ids import new_id
+from relay_batches.ledger.dispatch import DispatchStore
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.outcomes import OutcomeStore
+from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
 from tests.support import AMQP_URL, Isolation, wait_until
 
 
@@ -27,7 +27,7 @@ async def running_batch(pool: asyncpg.Pool, total: int) -> str:
     """A batch of ``total`` rows, claimed so it is ``running``."""
     workspace = await KeyStore(pool).ensure_workspace(f"agg-{new_id()[:6]}")
     batch = await JobStore(pool).create(
-        NewBatch(new_id(), workspace, "agg", "gpt-4o-mini", 0, total, None, None, None),
+        NewJob(new_id(), workspace, "agg", "gpt-4o-mini", 0, total, None, None, None),
         ((f"c-{i}", '[{"role":"user","content":"x"}]') for i in range(total)),
     )
     claimed = await DispatchStore(pool).claim_queued("test-owner", 1000, 30)
@@ -110,12 +110,12 @@ async def test_redelivered_outcome_is_counted_once(
         await watch.bind(events, EVENT_FINISHED)
         await watch.bind(events, EVENT_PROGRESS)
 
-        duplicate = OutcomeBatch((outcome(batch_id, 0, "first"),)).encode()
+        duplicate = OutcomesMessage((outcome(batch_id, 0, "first"),)).encode()
         await bus.publish(bus.names.results, duplicate, kind="results")
         await bus.publish(bus.names.results, duplicate, kind="results")
         await bus.publish(
             bus.names.results,
-            OutcomeBatch((outcome(batch_id, 0, "other"), outcome(batch_id, 1, None))).encode(),
+            OutcomesMessage((outcome(batch_id, 0, "other"), outcome(batch_id, 1, None))).encode(),
             kind="results",
         )
 
@@ -172,7 +172,7 @@ async def test_an_unstorable_outcome_becomes_that_rows_error_and_the_job_complet
 ) -> None:
     batch_id = await running_batch(pool, 3)
     poison = outcome(batch_id, 1, "nul \x00 in a reply")  # Postgres text refuses NUL
-    chunk = OutcomeBatch((outcome(batch_id, 0), poison, outcome(batch_id, 2))).encode()
+    chunk = OutcomesMessage((outcome(batch_id, 0), poison, outcome(batch_id, 2))).encode()
     await bus.publish(bus.names.results, chunk, kind="results")
 
     async def finished() -> bool:
@@ -197,7 +197,7 @@ async def test_outcomes_for_a_canceled_job_repeat_the_cancel_once(
         channel = await connection.channel()
         watch = await _watch(bus, channel, "job.canceled")
         for index in (0, 1):
-            body = OutcomeBatch((outcome(batch_id, index),)).encode()
+            body = OutcomesMessage((outcome(batch_id, index),)).encode()
             await bus.publish(bus.names.results, body, kind="results")
 
         async def repeated() -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from relay.bus.client import Bus
-from relay.bus.topology import EVENT_CANCELED, Names
+from relay_batches.bus.client import Bus
+from relay_batches.bus.topology import EVENT_CANCELED, Names
 from tests.support import AMQP_URL, Isolation
 
 

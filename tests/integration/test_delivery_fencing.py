@@ -8,13 +8,13 @@ import logging
 import asyncpg
 import orjson
 import pytest
+from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
-from notifier.handlers import PostResult, deliver_webhook, recover_deliveries
-from relay.ids import new_id
-from relay.ledger.deliveries import MAX_CLAIMS, Claim, DeliveryStore
-from relay.ledger.jobs import JobStore, NewBatch
-from relay.ledger.keys import KeyStore
-from relay.messages import JobEvent
+from relay_batches.ids import new_id
+from relay_batches.ledger.deliveries import MAX_CLAIMS, Claim, DeliveryStore
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.messages import JobEvent
 
 HOOK = "http://127.0.0.1:9/hook"  # never connected to: every Post here is a fake
 
@@ -23,7 +23,7 @@ async def new_batch(pool: asyncpg.Pool) -> str:
     """A one-row batch with a webhook URL."""
     workspace = await KeyStore(pool).ensure_workspace(f"fence-{new_id()[:6]}")
     batch = await JobStore(pool).create(
-        NewBatch(new_id(), workspace, "fence", "gpt-4o-mini", 0, 1, HOOK, None, None),
+        NewJob(new_id(), workspace, "fence", "gpt-4o-mini", 0, 1, HOOK, None, None),
         iter([("c-0", '[{"role":"user","content":"hi"}]')]),
     )
     return batch.id

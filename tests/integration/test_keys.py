@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
+from relay_batches.services.relay_cli import admin
 
-from relay.errors import ConflictError
-from relay.ids import new_id
-from relay.ledger.keys import KeyStore, generate_key
-from relay_cli import admin
+from relay_batches.errors import ConflictError
+from relay_batches.ids import new_id
+from relay_batches.ledger.keys import KeyStore, generate_key
 from tests.support import Isolation
 
 

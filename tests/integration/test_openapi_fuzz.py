@@ -26,13 +26,13 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
+from relay_batches.services.ingest_api.openapi import load_document
+from relay_batches.services.relay_cli import admin
 
-from ingest_api.openapi import load_document
-from relay.ledger.dispatch import DispatchStore
-from relay.ledger.outcomes import OutcomeStore
-from relay.ledger.pool import create_pool
-from relay.messages import RowOutcome
-from relay_cli import admin
+from relay_batches.ledger.dispatch import DispatchStore
+from relay_batches.ledger.outcomes import OutcomeStore
+from relay_batches.ledger.pool import create_pool
+from relay_batches.messages import RowOutcome
 from tests.openapi_ops import component_validator, documented_operations, registered_operations
 from tests.processes import BIN, build_system
 from tests.support import ApiClient, Isolation, create_isolation, drop_isolation, rows

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import aiohttp
 from aiohttp.test_utils import TestServer
+from relay_batches.services.ingest_api.openapi import load_document
 
-from ingest_api.openapi import load_document
 from tests.openapi_ops import (
     documented_operations,
     registered_operations,

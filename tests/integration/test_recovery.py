@@ -10,16 +10,16 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
-from dispatcher.handlers import DispatchConfig, Dispatcher
-from notifier.handlers import PostResult, deliver_webhook, recover_deliveries
-from relay.ids import new_id
-from relay.ledger.deliveries import MAX_CLAIMS, DeliveryStore
-from relay.ledger.dispatch import DispatchStore
-from relay.ledger.jobs import JobStore, NewBatch
-from relay.ledger.keys import KeyStore
-from relay.ledger.outcomes import OutcomeStore
-from relay.messages import JobEvent, RowOutcome, RowTask
+from relay_batches.ids import new_id
+from relay_batches.ledger.deliveries import MAX_CLAIMS, DeliveryStore
+from relay_batches.ledger.dispatch import DispatchStore
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.outcomes import OutcomeStore
+from relay_batches.messages import JobEvent, RowOutcome, SliceMessage
 from tests.support import WebhookReceiver
 
 WINDOW, SLICE = 20, 4
@@ -29,7 +29,7 @@ async def new_batch(pool: asyncpg.Pool, total: int, webhook_url: str | None = No
     """A queued batch of ``total`` rows."""
     workspace = await KeyStore(pool).ensure_workspace(f"rec-{new_id()[:6]}")
     batch = await JobStore(pool).create(
-        NewBatch(new_id(), workspace, "rec", "gpt-4o-mini", 0, total, webhook_url, None, None),
+        NewJob(new_id(), workspace, "rec", "gpt-4o-mini", 0, total, webhook_url, None, None),
         ((f"c-{i}", f'[{{"role":"user","content":"row {i}"}}]') for i in range(total)),
     )
     return batch.id
@@ -39,9 +39,9 @@ class Published:
     """The rows a dispatcher released, per job."""
 
     def __init__(self) -> None:
-        self.tasks: list[RowTask] = []
+        self.tasks: list[SliceMessage] = []
 
-    async def publish(self, task: RowTask, priority: int) -> None:
+    async def publish(self, task: SliceMessage, priority: int) -> None:
         self.tasks.append(task)
 
     async def announce(self, event: JobEvent) -> None:

@@ -12,12 +12,12 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from relay_batches.services.upstream_sim.app import SimConfig, build_app
 
-from relay.router.cooldown import CooldownPolicy, Cooldowns
-from relay.router.policy import BackoffPolicy
-from relay.router.router import ModelRouter
-from relay.router.routes import Routes, parse_routes
-from upstream_sim.app import SimConfig, build_app
+from relay_batches.router.aliases import AliasTable, parse_aliases
+from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
+from relay_batches.router.policy import BackoffPolicy
+from relay_batches.router.router import ModelRouter
 
 USER = [{"role": "user", "content": "hello"}]
 
@@ -62,13 +62,13 @@ def _deployment(server: TestServer, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _routes(deployments: dict[str, dict[str, Any]], order: list[str]) -> Routes:
-    return parse_routes({"aliases": {"m": {"deployments": order}}, "deployments": deployments}, {})
+def _aliases(deployments: dict[str, dict[str, Any]], order: list[str]) -> AliasTable:
+    return parse_aliases({"aliases": {"m": {"deployments": order}}, "deployments": deployments}, {})
 
 
-def _router(routes: Routes, session: aiohttp.ClientSession) -> ModelRouter:
+def _router(aliases: AliasTable, session: aiohttp.ClientSession) -> ModelRouter:
     return ModelRouter(
-        routes,
+        aliases,
         session,
         BackoffPolicy(base_s=0.001, cap_s=0.01),
         rng=random.Random(7),
@@ -83,7 +83,7 @@ def _user(content: str) -> list[dict[str, str]]:
 async def test_two_503s_then_success_completes_with_three_attempts(
     sim: TestServer, session: aiohttp.ClientSession
 ) -> None:
-    router = _router(_routes({"a": _deployment(sim)}, ["a"]), session)
+    router = _router(_aliases({"a": _deployment(sim)}, ["a"]), session)
     result = await router.complete("m", _user("retry me [sim:fail-first=2]"), {})
     assert result.completion is not None
     assert result.completion.content == "echo: retry me [sim:fail-first=2]"
@@ -99,7 +99,7 @@ async def test_429_with_retry_after_is_retried(
         slept.append(delay)
 
     router = ModelRouter(
-        _routes({"a": _deployment(sim)}, ["a"]),
+        _aliases({"a": _deployment(sim)}, ["a"]),
         session,
         BackoffPolicy(base_s=0.001, cap_s=2.0),
         sleep=sleep,
@@ -113,8 +113,8 @@ async def test_429_with_retry_after_is_retried(
 async def test_always_503_on_a_falls_back_to_b(
     sim: TestServer, broken_sim: TestServer, session: aiohttp.ClientSession
 ) -> None:
-    routes = _routes({"a": _deployment(broken_sim), "b": _deployment(sim)}, ["a", "b"])
-    result = await _router(routes, session).complete("m", USER, {})
+    aliases = _aliases({"a": _deployment(broken_sim), "b": _deployment(sim)}, ["a", "b"])
+    result = await _router(aliases, session).complete("m", USER, {})
     assert result.completion is not None
     assert result.completion.content == "echo: hello"
     assert result.deployment == "b"
@@ -124,10 +124,10 @@ async def test_always_503_on_a_falls_back_to_b(
 async def test_failing_on_every_deployment_is_dead_lettered(
     broken_sim: TestServer, session: aiohttp.ClientSession
 ) -> None:
-    routes = _routes(
+    aliases = _aliases(
         {"a": _deployment(broken_sim, max_retries=1), "b": _deployment(broken_sim)}, ["a", "b"]
     )
-    result = await _router(routes, session).complete("m", USER, {})
+    result = await _router(aliases, session).complete("m", USER, {})
     assert result.completion is None
     assert result.dead_letter is True
     assert result.attempts == 2 + 4
@@ -138,8 +138,8 @@ async def test_failing_on_every_deployment_is_dead_lettered(
 async def test_a_400_fails_at_once_without_dead_letter(
     sim: TestServer, session: aiohttp.ClientSession
 ) -> None:
-    routes = _routes({"a": _deployment(sim)}, ["a"])
-    result = await _router(routes, session).complete("m", _user("bad [sim:status=400]"), {})
+    aliases = _aliases({"a": _deployment(sim)}, ["a"])
+    result = await _router(aliases, session).complete("m", _user("bad [sim:status=400]"), {})
     assert result.completion is None
     assert (result.attempts, result.dead_letter) == (1, False)
     assert result.error is not None
@@ -149,8 +149,8 @@ async def test_a_400_fails_at_once_without_dead_letter(
 async def test_a_hanging_upstream_is_cut_at_timeout(
     sim: TestServer, session: aiohttp.ClientSession
 ) -> None:
-    routes = _routes({"a": _deployment(sim, timeout_s=0.3, max_retries=1)}, ["a"])
-    result = await _router(routes, session).complete("m", _user("wait [sim:hang]"), {})
+    aliases = _aliases({"a": _deployment(sim, timeout_s=0.3, max_retries=1)}, ["a"])
+    result = await _router(aliases, session).complete("m", _user("wait [sim:hang]"), {})
     assert result.completion is None
     assert result.attempts == 2
     assert result.dead_letter is True
@@ -174,7 +174,7 @@ async def test_usage_and_params_reach_the_upstream(session: aiohttp.ClientSessio
     server = await _serve(app)
     try:
         deployment = _deployment(server, params={"temperature": 0.1, "max_tokens": 50})
-        router = _router(_routes({"a": deployment}, ["a"]), session)
+        router = _router(_aliases({"a": deployment}, ["a"]), session)
         result = await router.complete("m", USER, {"temperature": 0.7, "seed": 5})
     finally:
         await server.close()
@@ -206,7 +206,7 @@ async def test_anthropic_messages_shape_over_http(session: aiohttp.ClientSession
     app = web.Application()
     app.router.add_post("/v1/messages", messages)
     server = await _serve(app)
-    routes = parse_routes(
+    aliases = parse_aliases(
         {
             "aliases": {"claude": {"deployments": ["anthropic"]}},
             "deployments": {
@@ -226,7 +226,7 @@ async def test_anthropic_messages_shape_over_http(session: aiohttp.ClientSession
         {"role": "user", "content": "Hello"},
     ]
     try:
-        result = await _router(routes, session).complete(
+        result = await _router(aliases, session).complete(
             "claude", chat, {"temperature": 0.2, "stop": "END", "seed": 3}
         )
     finally:

@@ -16,17 +16,17 @@ import aio_pika
 import aiohttp
 import asyncpg
 import pytest
+from relay_batches.services.scheduler.core import Scheduler, TickResult
+from relay_batches.services.scheduler.service import SchedulerService
 
-from relay.bus.client import Bus
-from relay.bus.topology import EVENT_TEMPLATE_CREATED
-from relay.ids import new_id
-from relay.ledger.jobs import JobStore, NewBatch
-from relay.ledger.keys import KeyStore
-from relay.ledger.pool import create_pool
-from relay.ledger.schedule import ScheduleStore, SpawnedRun
-from relay.messages import TemplateCreated
-from scheduler.handlers import Scheduler, TickResult
-from scheduler.service import SchedulerService
+from relay_batches.bus.client import Bus
+from relay_batches.bus.topology import EVENT_TEMPLATE_CREATED
+from relay_batches.ids import new_id
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.pool import create_pool
+from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
+from relay_batches.messages import TemplateCreated
 from tests.processes import ServiceProcess
 from tests.support import AMQP_URL, ApiClient, Isolation, wait_until
 
@@ -49,7 +49,7 @@ async def make_template(
     """Store a 3-row cron template directly; return its id."""
     workspace = await KeyStore(pool).ensure_workspace(f"sched-{new_id()[:6]}")
     batch = await JobStore(pool).create(
-        NewBatch(
+        NewJob(
             new_id(),
             workspace,
             name,

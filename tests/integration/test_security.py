@@ -15,17 +15,17 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp import web
+from relay_batches.services.notifier.core import deliver_webhook
+from relay_batches.services.notifier.http import guarded_poster
+from relay_batches.services.relay_cli import admin
 
-from notifier.handlers import deliver_webhook
-from notifier.http import guarded_poster
-from relay.ids import new_id
-from relay.ledger import keys as keys_module
-from relay.ledger.deliveries import DeliveryStore
-from relay.ledger.jobs import JobStore, NewBatch
-from relay.ledger.keys import KeyStore
-from relay.messages import JobEvent
-from relay.netguard import parse_networks
-from relay_cli import admin
+from relay_batches.ids import new_id
+from relay_batches.ledger import keys as keys_module
+from relay_batches.ledger.deliveries import DeliveryStore
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.messages import JobEvent
+from relay_batches.netguard import parse_networks
 from tests.support import ApiClient, Isolation, WebhookReceiver, rows
 
 RELAY = Path(sys.executable).parent / "relay"
@@ -164,7 +164,7 @@ async def _finished_batch(pool: asyncpg.Pool, url: str) -> tuple[str, str]:
     store = KeyStore(pool)
     workspace_id = await store.ensure_workspace(f"hooks-{new_id()[:6]}")
     batch = await JobStore(pool).create(
-        NewBatch(new_id(), workspace_id, "hooked", "gpt-4o-mini", 0, 1, url, None, None),
+        NewJob(new_id(), workspace_id, "hooked", "gpt-4o-mini", 0, 1, url, None, None),
         [("c-0", "[]")],
     )
     await pool.execute(

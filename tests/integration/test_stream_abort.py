@@ -18,13 +18,13 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
+from relay_batches.services.relay_cli import admin
 
-from relay.batches import Batch
-from relay.bus.client import Bus
-from relay.errors import TransientError
-from relay.ledger.jobs import DeadLetterRow, JobStore, ResultRow
-from relay.router.routes import Routes
-from relay_cli import admin
+from relay_batches.bus.client import Bus
+from relay_batches.errors import TransientError
+from relay_batches.ledger.jobs import DeadLetterRow, JobStore, ResultRow
+from relay_batches.model import Job
+from relay_batches.router.aliases import AliasTable
 from tests.integration.conftest import start_api
 from tests.support import ApiClient, Isolation
 
@@ -37,19 +37,19 @@ class BrokenJobs(JobStore):
     """The real JobStore, except that listing rows fails after the first page, and
     listing batches fails at once (the database went away before any byte was sent)."""
 
-    async def list(self, *args: Any, **kwargs: Any) -> tuple[list[Batch], bool]:
+    async def list(self, *args: Any, **kwargs: Any) -> tuple[list[Job], bool]:
         raise TransientError("database unavailable")
 
     async def _first_page_then_outage(self, page: list[object]) -> AsyncIterator[list[object]]:
         yield page
         raise TransientError("database unavailable")
 
-    def result_pages(self, batch: Batch, page_rows: int = 0) -> AsyncIterator[list[ResultRow]]:
+    def result_pages(self, batch: Job, page_rows: int = 0) -> AsyncIterator[list[ResultRow]]:
         page = [ResultRow(0, "c-0", "first row", None)]
         return self._first_page_then_outage(page)  # type: ignore[arg-type, return-value]
 
     def dead_letter_pages(
-        self, batch: Batch, page_rows: int = 0
+        self, batch: Job, page_rows: int = 0
     ) -> AsyncIterator[list[DeadLetterRow]]:
         page = [DeadLetterRow(0, "c-0", "upstream_error: sim: 503", 3)]
         return self._first_page_then_outage(page)  # type: ignore[arg-type, return-value]
@@ -57,10 +57,10 @@ class BrokenJobs(JobStore):
 
 @pytest.fixture(scope="module")
 async def broken_api(
-    iso: Isolation, pool: asyncpg.Pool, bus: Bus, routes: Routes, http: aiohttp.ClientSession
+    iso: Isolation, pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, http: aiohttp.ClientSession
 ) -> AsyncIterator[ApiClient]:
     """An ingest-api whose row listings break mid-stream, and a client of it."""
-    server = await start_api(pool, bus, routes, BrokenJobs(pool))
+    server = await start_api(pool, bus, aliases, BrokenJobs(pool))
     created = await admin.create_key(iso.database_url, "stream-abort")
     yield ApiClient(str(server.make_url("")).rstrip("/"), created.key, http)
     await server.close()

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from relay.ids import new_id
+from relay_batches.ids import new_id
 from tests.integration.conftest import TEST_LIMITS, TEST_MAX_BODY
 from tests.support import ApiClient
 

@@ -14,9 +14,9 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
+from relay_batches.services.relay_cli import admin
 
-from relay.ids import new_id
-from relay_cli import admin
+from relay_batches.ids import new_id
 from tests.integration.conftest import TEST_MAX_BODY
 from tests.support import ApiClient, Isolation
 

@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
+from relay_batches.services.relay_cli import admin
 
-from relay.ids import new_id
-from relay_cli import admin
+from relay_batches.ids import new_id
 from tests.support import ApiClient, Isolation, rows
 
 MODEL = "gpt-4o-mini"

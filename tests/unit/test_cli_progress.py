@@ -5,11 +5,18 @@ from __future__ import annotations
 import io
 
 import pytest
+from relay_batches.services.relay_cli.batch import UsageError, watch_job
+from relay_batches.services.relay_cli.client import ApiFailure
+from relay_batches.services.relay_cli.progress import (
+    RateMeter,
+    bar,
+    clock,
+    eta_seconds,
+    progress_line,
+    summary_line,
+)
 
-from relay.settings import ClientSettings, ConfigError
-from relay_cli.batch import UsageError, watch_job
-from relay_cli.client import ApiFailure
-from relay_cli.progress import RateMeter, bar, clock, eta_seconds, progress_line, summary_line
+from relay_batches.settings import ClientSettings, ConfigError
 
 
 def batch(**fields: object) -> dict[str, object]:

@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from relay.router.routes import load_routes
-from relay.settings import Settings
+from relay_batches.router.aliases import load_aliases
+from relay_batches.settings import Settings
 from tests.manifests import DEPLOY, RUNTIME_HARD_DEADLINE_S, SERVICES, console_scripts, load_yaml
 
 COMPOSE = DEPLOY / "compose.yaml"
@@ -120,7 +120,7 @@ def test_the_routes_file_points_at_the_simulator_service_by_name(tmp_path: Path)
         assert (target, mode) == (env["RELAY_ROUTES_FILE"], "ro")
         routes_path = COMPOSE.parent / source
         assert routes_path.is_file()
-    routes = load_routes(str(routes_path), {})
+    routes = load_aliases(str(routes_path), {})
     (deployment,) = routes.resolve("gpt-4o-mini") or ()
     url = urlsplit(deployment.base_url)
     assert url.hostname == "upstream-sim"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.router.cooldown import CooldownPolicy, Cooldowns
+from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 
 
 class FakeClock:

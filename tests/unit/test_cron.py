@@ -1,15 +1,15 @@
-"""Unit tests of the shared cron helper (relay.cron), used by ingest-api and the scheduler."""
+"""Unit tests of the shared cron helper (relay_batches.cron), used by ingest-api and scheduler."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 import pytest
+from relay_batches.services.ingest_api import routes, upload
+from relay_batches.services.scheduler import core
 
-from ingest_api import routes, upload
-from relay import cron
-from relay.cron import latest_tick, next_tick
-from scheduler import handlers
+from relay_batches import cron
+from relay_batches.cron import latest_tick, next_tick
 
 
 def at(hh: int, mm: int, ss: int = 0, us: int = 0) -> datetime:
@@ -41,5 +41,5 @@ def test_ingest_api_and_scheduler_share_one_cron_helper() -> None:
     # from the same code, or the two could disagree about when a template runs.
     assert routes.next_tick is cron.next_tick
     assert upload.next_tick is cron.next_tick
-    assert handlers.next_tick is cron.next_tick
-    assert handlers.latest_tick is cron.latest_tick
+    assert core.next_tick is cron.next_tick
+    assert core.latest_tick is cron.latest_tick

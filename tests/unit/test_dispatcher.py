@@ -6,10 +6,10 @@ import asyncio
 from dataclasses import dataclass, field, replace
 
 import pytest
+from relay_batches.services.dispatcher.core import FETCH_SLICES, DispatchConfig, Dispatcher
 
-from dispatcher.handlers import FETCH_SLICES, DispatchConfig, Dispatcher
-from relay.ledger.dispatch import RunningJob, StalledJob
-from relay.messages import JobEvent, RowTask, TaskRow
+from relay_batches.ledger.dispatch import RunningJob, StalledJob
+from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 
 OWNER = "dispatcher-test"
 LEASE_S = 30.0
@@ -114,10 +114,10 @@ class FakeStore:
 class Recorder:
     """Fake publishers: every row task with its priority, every announced event."""
 
-    tasks: list[tuple[RowTask, int]] = field(default_factory=list)
+    tasks: list[tuple[SliceMessage, int]] = field(default_factory=list)
     events: list[JobEvent] = field(default_factory=list)
 
-    async def publish(self, task: RowTask, priority: int) -> None:
+    async def publish(self, task: SliceMessage, priority: int) -> None:
         self.tasks.append((task, priority))
 
     async def announce(self, event: JobEvent) -> None:
@@ -177,10 +177,10 @@ async def test_claim_publishes_one_window_in_consecutive_slices(
     assert recorder.indexes() == slices(0, 20, 4)
     assert all(priority == 7 for _, priority in recorder.tasks)
     first, _ = recorder.tasks[0]
-    assert first == RowTask(
+    assert first == SliceMessage(
         "job1",
         "gpt-4o-mini",
-        tuple(TaskRow(i, messages_json(i)) for i in range(4)),
+        tuple(SliceRow(i, messages_json(i)) for i in range(4)),
         '{"temperature":0}',
     )
     assert store.advanced == [("job1", 20)]
@@ -478,7 +478,7 @@ async def test_concurrent_claims_never_exceed_the_running_limit(
 
 
 def test_slices_are_cut_by_rows_and_by_bytes() -> None:
-    from dispatcher.handlers import slice_rows
+    from relay_batches.services.dispatcher.core import slice_rows
 
     rows = [(i, "x" * size) for i, size in enumerate([10, 10, 10, 50, 10, 10])]
     assert [[i for i, _ in part] for part in slice_rows(rows, 4, 1000)] == [[0, 1, 2, 3], [4, 5]]

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from relay.health import add_health_routes
+from relay_batches.health import add_health_routes
 
 
 @pytest.fixture

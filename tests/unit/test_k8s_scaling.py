@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from relay.bus.topology import Names
+from relay_batches.bus.topology import Names
 from tests.keda_checks import scaled_object_problems, trigger_auth_problems
 from tests.manifests import (
     MIN_K8S,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.router.routes import load_routes
+from relay_batches.router.aliases import load_aliases
 from tests.manifests import (
     OVERLAYS,
     ROUTED_SERVICES,
@@ -173,7 +173,7 @@ def test_routed_services_mount_the_routes_file_and_get_provider_keys(
     path.write_text(rendered.routes_toml())
     deployments = tomllib.loads(path.read_text())["deployments"].values()
     keys = {d["api_key_env"] for d in deployments if "api_key_env" in d}
-    routes = load_routes(str(path), dict.fromkeys(keys, "set-by-the-secret"))
+    routes = load_aliases(str(path), dict.fromkeys(keys, "set-by-the-secret"))
     assert routes.resolve("gpt-4o-mini")
 
 

@@ -8,16 +8,16 @@ from typing import Any
 import orjson
 import pytest
 
-from relay.messages import (
+from relay_batches.messages import (
     SCHEMA_VERSION,
-    DecodedRowTask,
+    DecodedSlice,
     DispatchWakeup,
     JobEvent,
     MessageError,
-    OutcomeBatch,
+    OutcomesMessage,
     RowOutcome,
-    RowTask,
-    TaskRow,
+    SliceMessage,
+    SliceRow,
 )
 
 MESSAGES_1 = '[{"role":"user","content":"hi"}]'
@@ -62,7 +62,7 @@ def test_outcome_batch_round_trip() -> None:
         RowOutcome("b1", 1, None, "upstream_error: x: HTTP 503: busy", 4, True, None, 0, 0),
         RowOutcome("b2", 9, "", None, 2),
     )
-    message = OutcomeBatch(outcomes)
+    message = OutcomesMessage(outcomes)
     assert orjson.loads(message.encode()) == {
         "v": SCHEMA_VERSION,
         "kind": "results",
@@ -72,18 +72,18 @@ def test_outcome_batch_round_trip() -> None:
             ["b2", 9, "", None, 2, False, None, 0, 0],
         ],
     }
-    assert OutcomeBatch.decode(message.encode()) == message
+    assert OutcomesMessage.decode(message.encode()) == message
 
 
 def test_empty_outcome_batch_round_trip() -> None:
-    assert OutcomeBatch.decode(OutcomeBatch(()).encode()) == OutcomeBatch(())
+    assert OutcomesMessage.decode(OutcomesMessage(()).encode()) == OutcomesMessage(())
 
 
 def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
-    task = RowTask(
+    task = SliceMessage(
         "b1",
         "gpt-4o-mini",
-        (TaskRow(4, MESSAGES_1), TaskRow(5, MESSAGES_2)),
+        (SliceRow(4, MESSAGES_1), SliceRow(5, MESSAGES_2)),
         params_json='{"temperature":0.5}',
     )
     encoded = task.encode()
@@ -98,8 +98,8 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         "params": {"temperature": 0.5},
         "rows": [[4, orjson.loads(MESSAGES_1)], [5, orjson.loads(MESSAGES_2)]],
     }
-    decoded = RowTask.decode(encoded)
-    assert decoded == DecodedRowTask(
+    decoded = SliceMessage.decode(encoded)
+    assert decoded == DecodedSlice(
         "b1",
         "gpt-4o-mini",
         ((4, orjson.loads(MESSAGES_1)), (5, orjson.loads(MESSAGES_2))),
@@ -109,14 +109,14 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
 
 
 def test_row_task_default_params() -> None:
-    decoded = RowTask.decode(RowTask("b1", "m", (TaskRow(0, MESSAGES_1),)).encode())
+    decoded = SliceMessage.decode(SliceMessage("b1", "m", (SliceRow(0, MESSAGES_1),)).encode())
     assert decoded.params == {}
     assert decoded.rows == ((0, [{"role": "user", "content": "hi"}]),)
 
 
 def test_row_task_null_params_decode_as_empty() -> None:
     raw = body(v=SCHEMA_VERSION, kind="rows", batch_id="b", model="m", params=None, rows=[])
-    assert RowTask.decode(raw) == DecodedRowTask("b", "m", (), {})
+    assert SliceMessage.decode(raw) == DecodedSlice("b", "m", (), {})
 
 
 # --- rejects -----------------------------------------------------------------------------
@@ -125,8 +125,8 @@ Decode = Callable[[bytes], object]
 
 DECODERS: list[Decode] = [
     DispatchWakeup.decode,
-    RowTask.decode,
-    OutcomeBatch.decode,
+    SliceMessage.decode,
+    OutcomesMessage.decode,
     JobEvent.decode,
 ]
 
@@ -150,8 +150,8 @@ def test_non_object_is_rejected(decode: Decode, raw: bytes) -> None:
     [
         (DispatchWakeup, DispatchWakeup("b", 1)),
         (JobEvent, JobEvent("b", "running", 1, 0, 0)),
-        (OutcomeBatch, OutcomeBatch(())),
-        (RowTask, RowTask("b", "m", ())),
+        (OutcomesMessage, OutcomesMessage(())),
+        (SliceMessage, SliceMessage("b", "m", ())),
     ],
 )
 @pytest.mark.parametrize("version", [None, 0, 2, "1"])
@@ -170,7 +170,7 @@ def test_wrong_kind_is_rejected() -> None:
         JobEvent.decode(DispatchWakeup("b", 1).encode())
     assert str(err.value) == "expected job, got 'dispatch'"
     with pytest.raises(MessageError, match="expected rows, got 'results'"):
-        RowTask.decode(OutcomeBatch(()).encode())
+        SliceMessage.decode(OutcomesMessage(()).encode())
     with pytest.raises(MessageError, match="expected dispatch, got None"):
         DispatchWakeup.decode(body(v=SCHEMA_VERSION, batch_id="b", priority=1))
 
@@ -181,21 +181,21 @@ def test_wrong_kind_is_rejected() -> None:
         (DispatchWakeup.decode, {"kind": "dispatch", "batch_id": "b"}),
         (DispatchWakeup.decode, {"kind": "dispatch", "batch_id": "b", "priority": "high"}),
         (JobEvent.decode, {"kind": "job", "batch_id": "b", "status": "running", "total": 1}),
-        (OutcomeBatch.decode, {"kind": "results"}),
-        (OutcomeBatch.decode, {"kind": "results", "outcomes": [["b", 0, "x", None, 1]]}),
-        (OutcomeBatch.decode, {"kind": "results", "outcomes": [1]}),
-        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m"}),
-        (RowTask.decode, {"kind": "rows", "model": "m", "rows": []}),
-        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0]]}),
-        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0, 5]]}),
-        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0, "hi"]]}),
+        (OutcomesMessage.decode, {"kind": "results"}),
+        (OutcomesMessage.decode, {"kind": "results", "outcomes": [["b", 0, "x", None, 1]]}),
+        (OutcomesMessage.decode, {"kind": "results", "outcomes": [1]}),
+        (SliceMessage.decode, {"kind": "rows", "batch_id": "b", "model": "m"}),
+        (SliceMessage.decode, {"kind": "rows", "model": "m", "rows": []}),
+        (SliceMessage.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0]]}),
+        (SliceMessage.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0, 5]]}),
+        (SliceMessage.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0, "hi"]]}),
         (
-            RowTask.decode,
+            SliceMessage.decode,
             {"kind": "rows", "batch_id": "b", "model": "m", "rows": [[0, {"role": "user"}]]},
         ),
-        (RowTask.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [["x", []]]}),
+        (SliceMessage.decode, {"kind": "rows", "batch_id": "b", "model": "m", "rows": [["x", []]]}),
         (
-            RowTask.decode,
+            SliceMessage.decode,
             {"kind": "rows", "batch_id": "b", "model": "m", "rows": [], "params": [1]},
         ),
     ],
@@ -208,4 +208,4 @@ def test_missing_or_malformed_field_is_rejected(decode: Decode, fields: dict[str
 def test_row_messages_that_are_not_an_array_are_rejected() -> None:
     raw = body(v=SCHEMA_VERSION, kind="rows", batch_id="b", model="m", rows=[[0, "hi"]])
     with pytest.raises(MessageError, match="row messages are not an array: str"):
-        RowTask.decode(raw)
+        SliceMessage.decode(raw)

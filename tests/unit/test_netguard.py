@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.netguard import parse_networks, refusal_reason
+from relay_batches.netguard import parse_networks, refusal_reason
 
 
 @pytest.mark.parametrize(

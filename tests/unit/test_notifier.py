@@ -8,16 +8,16 @@ from datetime import UTC, datetime
 
 import orjson
 import pytest
+from relay_batches.services.notifier.core import PostResult, deliver_webhook
 
-from notifier.handlers import PostResult, deliver_webhook
-from relay.batches import Batch
-from relay.ledger.deliveries import Claim
-from relay.messages import JobEvent
-from relay.webhooks import verify
+from relay_batches.ledger.deliveries import Claim
+from relay_batches.messages import JobEvent
+from relay_batches.model import Job
+from relay_batches.webhooks import verify
 
 HOOK = "https://my-app.example/relay-webhook"
 
-BATCH = Batch(
+BATCH = Job(
     id="9f2c1b7e4a8d4e51b0c6d3f2a1e5c7b9",
     workspace_id="ws1",
     name="Review sentiment — October",
@@ -47,11 +47,11 @@ EVENT = JobEvent(BATCH.id, "completed", 3, 2, 1)
 class FakeStore:
     """Batches and webhook deliveries in memory; a delivery can be claimed once."""
 
-    batches: dict[str, Batch] = field(default_factory=dict)
+    batches: dict[str, Job] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
     finished: list[tuple[str, str, int | None, str | None]] = field(default_factory=list)
 
-    async def batch(self, batch_id: str) -> Batch | None:
+    async def batch(self, batch_id: str) -> Job | None:
         return self.batches.get(batch_id)
 
     async def claim(self, batch_id: str, url: str, message_id: str) -> Claim | None:
@@ -87,7 +87,7 @@ class FakePost:
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
 
 
-def store_with(batch: Batch) -> FakeStore:
+def store_with(batch: Job) -> FakeStore:
     return FakeStore(batches={batch.id: batch})
 
 

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from relay_batches.services.notifier import http
+from relay_batches.services.notifier.http import MAX_REPLY_BYTES, guarded_poster
 
-from notifier import http
-from notifier.http import MAX_REPLY_BYTES, guarded_poster
-from relay.netguard import parse_networks
+from relay_batches.netguard import parse_networks
 
 LOOPBACK = parse_networks("127.0.0.0/8")
 TIMEOUT_S = 1.0
@@ -21,7 +21,7 @@ SLOW_S = 0.6  # each step alone fits in TIMEOUT_S; both together do not
 
 
 class Receiver:
-    """Routes for a misbehaving webhook receiver, and what it observed."""
+    """HTTP routes for a misbehaving webhook receiver, and what it observed."""
 
     def __init__(self) -> None:
         self.hung_up = asyncio.Event()

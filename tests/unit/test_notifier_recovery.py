@@ -8,14 +8,14 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 import pytest
+from relay_batches.services.notifier import __main__ as notifier_main
+from relay_batches.services.notifier import core
+from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
-from notifier import __main__ as notifier_main
-from notifier import handlers
-from notifier.handlers import PostResult, deliver_webhook, recover_deliveries
-from relay.batches import Batch
-from relay.errors import TransientError
-from relay.ledger.deliveries import Claim
-from relay.settings import Settings
+from relay_batches.errors import TransientError
+from relay_batches.ledger.deliveries import Claim
+from relay_batches.model import Job
+from relay_batches.settings import Settings
 from tests.unit.test_notifier import BATCH, EVENT, HOOK, FakePost, FakeStore
 
 
@@ -40,7 +40,7 @@ class RecoveringStore(FakeStore):
 
 
 def store_with(
-    batch: Batch, expired: list[str] | None = None, finish_failures: int = 0
+    batch: Job, expired: list[str] | None = None, finish_failures: int = 0
 ) -> RecoveringStore:
     return RecoveringStore(
         batches={batch.id: batch}, expired=expired or [], finish_failures=finish_failures
@@ -66,7 +66,7 @@ async def test_an_expired_claim_of_a_vanished_batch_is_closed_without_a_post() -
 async def test_recording_outlives_a_short_database_outage(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(handlers, "RECORD_RETRY_S", 0)
+    monkeypatch.setattr(core, "RECORD_RETRY_S", 0)
     store, post = store_with(BATCH, finish_failures=3), FakePost(PostResult(202))
     assert await deliver_webhook(EVENT, store, post) == "delivered"
     assert len(post.posts) == 1
@@ -77,9 +77,9 @@ async def test_recording_outlives_a_short_database_outage(
 def test_a_claim_outlives_a_whole_delivery(timeout_s: float) -> None:
     # POST (DNS + request under one deadline) counted twice, the record's retry budget,
     # and a margin: a live notifier is never taken over.
-    claim_s = handlers.claim_seconds(timeout_s)
-    assert claim_s >= 2 * timeout_s + handlers.RECORD_BUDGET_S + handlers.CLAIM_MARGIN_S
-    assert handlers.CLAIM_MARGIN_S > 0
+    claim_s = core.claim_seconds(timeout_s)
+    assert claim_s >= 2 * timeout_s + core.RECORD_BUDGET_S + core.CLAIM_MARGIN_S
+    assert core.CLAIM_MARGIN_S > 0
 
 
 async def test_the_notifier_claims_for_claim_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,12 +98,12 @@ async def test_the_notifier_claims_for_claim_seconds(monkeypatch: pytest.MonkeyP
     settings = Settings.from_env({"RELAY_WEBHOOK_TIMEOUT_S": "7"})
     async with contextlib.AsyncExitStack() as resources:
         await notifier_main.build(settings, logging.getLogger("test"), resources)
-    assert built == [handlers.claim_seconds(7.0)]
+    assert built == [core.claim_seconds(7.0)]
 
 
 async def test_recording_gives_up_after_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handlers, "RECORD_RETRY_S", 0.01)
-    monkeypatch.setattr(handlers, "RECORD_BUDGET_S", 0.1)
+    monkeypatch.setattr(core, "RECORD_RETRY_S", 0.01)
+    monkeypatch.setattr(core, "RECORD_BUDGET_S", 0.1)
     store, post = store_with(BATCH, finish_failures=10**9), FakePost()
     with pytest.raises(TransientError, match=r"within 0\.1s"):
         await deliver_webhook(EVENT, store, post)

@@ -9,15 +9,15 @@ from typing import Any
 import jsonschema_rs
 import orjson
 import pytest
+from relay_batches.services.ingest_api import params, validation
+from relay_batches.services.ingest_api.openapi import load_document
+from relay_batches.services.ingest_api.routes import DEFAULT_PAGE, MAX_PAGE
 
 # The official OpenAPI 3.1 meta-schema, as schemathesis bundles it (schemathesis is pinned).
 from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
-from ingest_api import params, validation
-from ingest_api.openapi import load_document
-from ingest_api.routes import DEFAULT_PAGE, MAX_PAGE
-from relay.batches import Batch, Status
-from relay.errors import ERROR_TYPES, ApiError
+from relay_batches.errors import ERROR_TYPES, ApiError
+from relay_batches.model import Job, Status
 from tests.openapi_ops import component_validator, documented_operations
 
 DOC = load_document()
@@ -29,7 +29,7 @@ EXAMPLE = DOC["paths"]["/v1/batches"]["post"]["requestBody"]["content"]["applica
 ]["two-rows"]["value"]
 
 
-def batch(**fields: Any) -> Batch:
+def batch(**fields: Any) -> Job:
     """A batch as the ledger returns it."""
     values: dict[str, Any] = {
         "id": "9f2c1b7e4a8d4e51b0c6d3f2a1e5c7b9",
@@ -55,7 +55,7 @@ def batch(**fields: Any) -> Batch:
         "prompt_tokens": 12,
         "completion_tokens": 7,
     }
-    return Batch(**{**values, **fields})
+    return Job(**{**values, **fields})
 
 
 def operations() -> list[tuple[str, str, dict[str, Any]]]:

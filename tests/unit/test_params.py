@@ -1,12 +1,12 @@
-"""Batch-level ``params`` validation."""
+"""Job-level ``params`` validation."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
+from relay_batches.services.ingest_api.params import validate_params
 
-from ingest_api.params import validate_params
-from relay.errors import ApiError
+from relay_batches.errors import ApiError
 
 
 def test_absent_params_are_an_empty_object() -> None:

@@ -19,11 +19,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from relay.router.cooldown import CooldownPolicy, Cooldowns
-from relay.router.policy import BackoffPolicy
-from relay.router.router import ModelRouter
-from relay.router.routes import Deployment, Routes, parse_routes
-from relay.router.types import Completion, RowResult
+from relay_batches.router.aliases import AliasTable, Deployment, parse_aliases
+from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
+from relay_batches.router.policy import BackoffPolicy
+from relay_batches.router.router import ModelRouter
+from relay_batches.router.types import Completion, RowResult
 
 ALIAS = "chat"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -149,8 +149,8 @@ def deployment(upstream: Upstream, name: str, **overrides: Any) -> Deployment:
 def make_router(
     session: aiohttp.ClientSession, sleep: SleepRecorder, *deployments: Deployment
 ) -> ModelRouter:
-    routes = Routes({ALIAS: tuple(deployments)})
-    return ModelRouter(routes, session, BackoffPolicy(), sleep=sleep, rng=random.Random(SEED))
+    aliases = AliasTable({ALIAS: tuple(deployments)})
+    return ModelRouter(aliases, session, BackoffPolicy(), sleep=sleep, rng=random.Random(SEED))
 
 
 def jitter(count: int, base: float = 0.05, cap: float = 5.0) -> list[float]:
@@ -346,7 +346,7 @@ async def test_malformed_200_falls_through_and_is_not_dead_lettered(
 
 
 async def test_unknown_alias(session: aiohttp.ClientSession, sleep: SleepRecorder) -> None:
-    router = ModelRouter(Routes({}), session, sleep=sleep, rng=random.Random(SEED))
+    router = ModelRouter(AliasTable({}), session, sleep=sleep, rng=random.Random(SEED))
     result = await router.complete("nope", MESSAGES, {})
     assert result == RowResult(None, "upstream_error: unknown model alias 'nope'", 0, None)
 
@@ -404,7 +404,7 @@ async def test_a_cooling_deployment_is_skipped_while_another_is_ready() -> None:
     app.router.add_post("/b/chat/completions", chat)
     server = TestServer(app)
     await server.start_server()
-    routes = parse_routes(
+    aliases = parse_aliases(
         {
             "aliases": {"m": {"deployments": ["a", "b"]}},
             "deployments": {
@@ -418,7 +418,7 @@ async def test_a_cooling_deployment_is_skipped_while_another_is_ready() -> None:
     cooldowns.record_failure("a")
     try:
         async with aiohttp.ClientSession() as session:
-            router = ModelRouter(routes, session, cooldowns=cooldowns)
+            router = ModelRouter(aliases, session, cooldowns=cooldowns)
             result = await router.complete("m", [{"role": "user", "content": "hi"}], {})
     finally:
         await server.close()
@@ -429,7 +429,7 @@ async def test_a_cooling_deployment_is_skipped_while_another_is_ready() -> None:
 async def test_a_reply_over_the_size_cap_fails_the_deployment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import relay.router.router as router_module
+    import relay_batches.router.router as router_module
 
     monkeypatch.setattr(router_module, "MAX_REPLY_BYTES", 1000)
 
@@ -440,7 +440,7 @@ async def test_a_reply_over_the_size_cap_fails_the_deployment(
     app.router.add_post("/v1/chat/completions", chat)
     server = TestServer(app)
     await server.start_server()
-    routes = parse_routes(
+    aliases = parse_aliases(
         {
             "aliases": {"m": {"deployments": ["a"]}},
             "deployments": {
@@ -451,7 +451,7 @@ async def test_a_reply_over_the_size_cap_fails_the_deployment(
     )
     try:
         async with aiohttp.ClientSession() as session:
-            result = await ModelRouter(routes, session).complete("m", MESSAGES, {})
+            result = await ModelRouter(aliases, session).complete("m", MESSAGES, {})
     finally:
         await server.close()
     assert result.completion is None

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relay.router.policy import BackoffPolicy, is_retryable_status, parse_retry_after
+from relay_batches.router.policy import BackoffPolicy, is_retryable_status, parse_retry_after
 
 NOW = datetime(2026, 10, 4, 9, 12, 44, tzinfo=UTC)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.router.routes import Deployment, load_routes, parse_routes
-from relay.settings import ConfigError
+from relay_batches.router.aliases import Deployment, load_aliases, parse_aliases
+from relay_batches.settings import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def routes_data(spec: object, names: list[str] | None = None) -> dict[str, objec
 
 
 def test_valid_file_loads_aliases_in_order(tmp_path: Path) -> None:
-    routes = load_routes(write(tmp_path, VALID), {"PRIMARY_KEY": "sk-123"})
+    routes = load_aliases(write(tmp_path, VALID), {"PRIMARY_KEY": "sk-123"})
     assert list(routes.aliases) == ["gpt-4o-mini", "claude"]
     assert routes.names() == ["claude", "gpt-4o-mini"]
     primary, backup = routes.resolve("gpt-4o-mini") or ()
@@ -82,7 +82,7 @@ def test_valid_file_loads_aliases_in_order(tmp_path: Path) -> None:
 
 
 def test_local_routes_file_loads() -> None:
-    routes = load_routes(str(REPO / "deploy" / "routes.local.toml"), {})
+    routes = load_aliases(str(REPO / "deploy" / "routes.local.toml"), {})
     assert routes.names() == ["gpt-4o-mini"]
     (sim,) = routes.resolve("gpt-4o-mini") or ()
     assert sim == Deployment(
@@ -98,7 +98,7 @@ def test_local_routes_file_loads() -> None:
 
 def test_unknown_provider() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes(routes_data(deployment(provider="cohere")), {})
+        parse_aliases(routes_data(deployment(provider="cohere")), {})
     assert str(err.value) == (
         "routes: deployment 'd1' has unknown provider 'cohere' (expected one of anthropic, openai)"
     )
@@ -108,75 +108,75 @@ def test_missing_provider() -> None:
     spec = deployment()
     del spec["provider"]
     with pytest.raises(ConfigError, match=r"deployment 'd1' has unknown provider None"):
-        parse_routes(routes_data(spec), {})
+        parse_aliases(routes_data(spec), {})
 
 
 def test_alias_naming_a_missing_deployment() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes(routes_data(deployment(), ["d1", "ghost"]), {})
+        parse_aliases(routes_data(deployment(), ["d1", "ghost"]), {})
     assert str(err.value) == "routes: alias 'a' names missing deployment 'ghost'"
 
 
 def test_alias_with_empty_deployments_list() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes(routes_data(deployment(), []), {})
+        parse_aliases(routes_data(deployment(), []), {})
     assert str(err.value) == "routes: alias 'a' needs a non-empty deployments list"
 
 
 def test_missing_api_key_variable() -> None:
     data = routes_data(deployment(api_key_env="RELAY_TEST_KEY"))
     with pytest.raises(ConfigError) as err:
-        parse_routes(data, {"OTHER": "x"})
+        parse_aliases(data, {"OTHER": "x"})
     assert str(err.value) == "routes: deployment 'd1' needs environment variable RELAY_TEST_KEY"
 
 
 def test_empty_api_key_variable_counts_as_missing() -> None:
     data = routes_data(deployment(api_key_env="RELAY_TEST_KEY"))
     with pytest.raises(ConfigError, match="needs environment variable RELAY_TEST_KEY"):
-        parse_routes(data, {"RELAY_TEST_KEY": ""})
+        parse_aliases(data, {"RELAY_TEST_KEY": ""})
 
 
 def test_api_key_read_from_env() -> None:
     data = routes_data(deployment(api_key_env="RELAY_TEST_KEY"))
-    routes = parse_routes(data, {"RELAY_TEST_KEY": "sk-live"})
+    routes = parse_aliases(data, {"RELAY_TEST_KEY": "sk-live"})
     assert (routes.resolve("a") or ())[0].api_key == "sk-live"
 
 
 @pytest.mark.parametrize("base_url", ["ftp://example.com", "example.com/v1", "", 42, None])
 def test_bad_base_url(base_url: object) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes(routes_data(deployment(base_url=base_url)), {})
+        parse_aliases(routes_data(deployment(base_url=base_url)), {})
     assert str(err.value) == "routes: deployment 'd1' needs an http(s) base_url"
 
 
 def test_missing_model() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes(routes_data(deployment(model="")), {})
+        parse_aliases(routes_data(deployment(model="")), {})
     assert str(err.value) == "routes: deployment 'd1' needs a model"
 
 
 @pytest.mark.parametrize("value", [-1, "30", True])
 def test_bad_timeout(value: object) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes(routes_data(deployment(timeout_s=value)), {})
+        parse_aliases(routes_data(deployment(timeout_s=value)), {})
     assert str(err.value) == "routes: deployment 'd1': timeout_s must be a non-negative number"
 
 
 def test_bad_headers() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes(routes_data(deployment(headers={"X-N": 1})), {})
+        parse_aliases(routes_data(deployment(headers={"X-N": 1})), {})
     assert str(err.value) == "routes: deployment 'd1': headers must be a table of strings"
 
 
 def test_deployment_not_a_table() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes(routes_data("openai"), {})
+        parse_aliases(routes_data("openai"), {})
     assert str(err.value) == "routes: deployment 'd1' must be a table"
 
 
 def test_sections_not_tables() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes({"deployments": [], "aliases": {}}, {})
+        parse_aliases({"deployments": [], "aliases": {}}, {})
     assert str(err.value) == "routes: [deployments] and [aliases] must be tables"
 
 
@@ -185,21 +185,21 @@ def test_no_aliases(tmp_path: Path) -> None:
         tmp_path, '[deployments.d1]\nprovider = "openai"\nbase_url = "http://x"\nmodel = "m"\n'
     )
     with pytest.raises(ConfigError) as err:
-        load_routes(path, {})
+        load_aliases(path, {})
     assert str(err.value) == f"routes file {path!r}: no [aliases.*] defined"
 
 
 def test_missing_file(tmp_path: Path) -> None:
     path = str(tmp_path / "absent.toml")
     with pytest.raises(ConfigError) as err:
-        load_routes(path, {})
+        load_aliases(path, {})
     assert str(err.value) == f"routes file {path!r} does not exist (RELAY_ROUTES_FILE)"
 
 
 def test_invalid_toml(tmp_path: Path) -> None:
     path = write(tmp_path, "[aliases\nbroken = ")
     with pytest.raises(ConfigError) as err:
-        load_routes(path, {})
+        load_aliases(path, {})
     message = str(err.value)
     assert message.startswith(f"routes file {path!r} is not valid TOML: ")
     assert "\n" not in message
@@ -208,7 +208,7 @@ def test_invalid_toml(tmp_path: Path) -> None:
 def test_errors_name_the_file(tmp_path: Path) -> None:
     path = write(tmp_path, VALID)
     with pytest.raises(ConfigError) as err:
-        load_routes(path, {})
+        load_aliases(path, {})
     assert str(err.value) == (
         f"routes file {path!r}: deployment 'primary' needs environment variable PRIMARY_KEY"
     )
@@ -216,7 +216,7 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
 
 def test_a_zero_timeout_is_refused() -> None:
     with pytest.raises(ConfigError) as err:
-        parse_routes(
+        parse_aliases(
             {
                 "aliases": {"m": {"deployments": ["d"]}},
                 "deployments": {

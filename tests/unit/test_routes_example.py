@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relay.router.routes import load_routes
+from relay_batches.router.aliases import load_aliases
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "routes.example.toml"
 
 
 def test_the_example_routes_file_loads_with_its_keys_set() -> None:
-    routes = load_routes(
+    routes = load_aliases(
         str(EXAMPLE),
         {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "sk-ant-test"},
     )

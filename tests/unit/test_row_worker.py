@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from relay_batches.services.row_worker import batcher as batcher_module
+from relay_batches.services.row_worker.batcher import OutcomeBatcher
+from relay_batches.services.row_worker.core import CanceledJobs, RowRunner, to_outcome
 
-from relay.messages import DecodedRowTask, OutcomeBatch, RowOutcome
-from relay.router.types import Completion, RowResult
-from row_worker import batcher as batcher_module
-from row_worker.batcher import OutcomeBatcher
-from row_worker.handlers import CanceledJobs, RowRunner, to_outcome
+from relay_batches.messages import DecodedSlice, OutcomesMessage, RowOutcome
+from relay_batches.router.types import Completion, RowResult
 
 WAIT_S = 5.0  # generous upper bound for anything a test waits on; never a fixed sleep
 
@@ -23,8 +23,8 @@ def row_messages(index: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"row {index}"}]
 
 
-def make_task(batch_id: str, indexes: Sequence[int], model: str = "m") -> DecodedRowTask:
-    return DecodedRowTask(
+def make_task(batch_id: str, indexes: Sequence[int], model: str = "m") -> DecodedSlice:
+    return DecodedSlice(
         batch_id, model, tuple((i, row_messages(i)) for i in indexes), {"temperature": 0}
     )
 
@@ -87,9 +87,9 @@ class Sink:
         self.outcomes.append(outcome)
 
 
-def tagged(batch_id: str, indexes: Sequence[int]) -> DecodedRowTask:
+def tagged(batch_id: str, indexes: Sequence[int]) -> DecodedSlice:
     """A task whose params tell the fake router which job a call belongs to."""
-    return DecodedRowTask(
+    return DecodedSlice(
         batch_id, batch_id, tuple((i, row_messages(i)) for i in indexes), {"batch": batch_id}
     )
 
@@ -106,7 +106,7 @@ async def settle() -> None:
 async def test_every_row_gets_one_outcome_with_its_index() -> None:
     router, sink = FakeRouter(), Sink()
     runner = RowRunner(router, sink, concurrency=4)
-    assert await runner.handle_task(make_task("b1", range(10, 20))) == 10
+    assert await runner.handle_slice(make_task("b1", range(10, 20))) == 10
     assert sorted(o.row_index for o in sink.outcomes) == list(range(10, 20))
     assert sorted(sink.outcomes, key=lambda o: o.row_index) == [
         RowOutcome("b1", i, f"echo {i}", None, 1, False, "dep", 2, 3) for i in range(10, 20)
@@ -117,7 +117,7 @@ async def test_every_row_gets_one_outcome_with_its_index() -> None:
 async def test_never_more_than_concurrency_calls_in_flight() -> None:
     router, sink = FakeRouter(gated=True), Sink()
     runner = RowRunner(router, sink, concurrency=3)
-    running = asyncio.create_task(runner.handle_task(tagged("b1", range(8))))
+    running = asyncio.create_task(runner.handle_slice(tagged("b1", range(8))))
 
     first = {await router.next_started() for _ in range(3)}
     assert first == {("b1", 0), ("b1", 1), ("b1", 2)}
@@ -140,8 +140,8 @@ async def test_never_more_than_concurrency_calls_in_flight() -> None:
 async def test_concurrency_is_shared_across_tasks() -> None:
     router, sink = FakeRouter(gated=True), Sink()
     runner = RowRunner(router, sink, concurrency=2)
-    one = asyncio.create_task(runner.handle_task(tagged("b1", range(3))))
-    two = asyncio.create_task(runner.handle_task(tagged("b2", range(3))))
+    one = asyncio.create_task(runner.handle_slice(tagged("b1", range(3))))
+    two = asyncio.create_task(runner.handle_slice(tagged("b2", range(3))))
     await router.next_started()
     await router.next_started()
     await settle()
@@ -157,17 +157,17 @@ async def test_canceled_job_rows_are_dropped_without_a_call() -> None:
     router, sink = FakeRouter(), Sink()
     runner = RowRunner(router, sink, concurrency=2)
     assert runner.cancel_job("b1") == 0
-    assert await runner.handle_task(make_task("b1", range(5))) == 0
+    assert await runner.handle_slice(make_task("b1", range(5))) == 0
     assert router.calls == []
     assert sink.outcomes == []
     # Other jobs are unaffected.
-    assert await runner.handle_task(make_task("b2", [0])) == 1
+    assert await runner.handle_slice(make_task("b2", [0])) == 1
 
 
 async def test_cancel_aborts_in_flight_calls_and_drops_waiting_rows() -> None:
     router, sink = FakeRouter(gated=True), Sink()
     runner = RowRunner(router, sink, concurrency=2)
-    running = asyncio.create_task(runner.handle_task(tagged("b1", range(5))))
+    running = asyncio.create_task(runner.handle_slice(tagged("b1", range(5))))
     started = {await router.next_started() for _ in range(2)}
     assert started == {("b1", 0), ("b1", 1)}
 
@@ -183,8 +183,8 @@ async def test_cancel_aborts_in_flight_calls_and_drops_waiting_rows() -> None:
 async def test_cancel_leaves_other_jobs_running() -> None:
     router, sink = FakeRouter(gated=True), Sink()
     runner = RowRunner(router, sink, concurrency=4)
-    doomed = asyncio.create_task(runner.handle_task(tagged("b1", range(2))))
-    kept = asyncio.create_task(runner.handle_task(tagged("b2", range(2))))
+    doomed = asyncio.create_task(runner.handle_slice(tagged("b1", range(2))))
+    kept = asyncio.create_task(runner.handle_slice(tagged("b2", range(2))))
     assert {await router.next_started() for _ in range(4)} == {
         ("b1", 0),
         ("b1", 1),
@@ -203,7 +203,7 @@ async def test_cancel_leaves_other_jobs_running() -> None:
 async def test_router_exception_becomes_an_internal_error_outcome() -> None:
     router, sink = FakeRouter(fail_with=ValueError("boom")), Sink()
     runner = RowRunner(router, sink, concurrency=2)
-    assert await runner.handle_task(make_task("b1", [0, 1])) == 2
+    assert await runner.handle_slice(make_task("b1", [0, 1])) == 2
     assert sorted(sink.outcomes, key=lambda o: o.row_index) == [
         RowOutcome("b1", i, None, "internal_error: ValueError", 1, False, None, 0, 0)
         for i in (0, 1)
@@ -216,7 +216,7 @@ async def test_sink_failure_propagates_from_handle_task() -> None:
 
     runner = RowRunner(FakeRouter(), broken_sink, concurrency=2)
     with pytest.raises(RuntimeError, match="outcome publish failed"):
-        await runner.handle_task(make_task("b1", [0, 1]))
+        await runner.handle_slice(make_task("b1", [0, 1]))
 
 
 def test_to_outcome_of_a_failure() -> None:
@@ -267,7 +267,7 @@ class FakePublish:
             raise ConnectionError("broker away")
 
     def batches(self) -> list[list[int]]:
-        return [[o.row_index for o in OutcomeBatch.decode(b).outcomes] for b in self.bodies]
+        return [[o.row_index for o in OutcomesMessage.decode(b).outcomes] for b in self.bodies]
 
 
 async def test_flush_at_max_rows_without_waiting_for_the_timer() -> None:
@@ -275,7 +275,9 @@ async def test_flush_at_max_rows_without_waiting_for_the_timer() -> None:
     batcher = OutcomeBatcher(publish, max_rows=3, flush_s=3600)
     await asyncio.wait_for(asyncio.gather(*(batcher.add(outcome(i)) for i in range(3))), WAIT_S)
     assert publish.batches() == [[0, 1, 2]]
-    assert OutcomeBatch.decode(publish.bodies[0]) == OutcomeBatch(tuple(map(outcome, range(3))))
+    assert OutcomesMessage.decode(publish.bodies[0]) == OutcomesMessage(
+        tuple(map(outcome, range(3)))
+    )
 
 
 async def test_full_batches_go_out_as_they_fill() -> None:
@@ -356,8 +358,9 @@ async def test_drain_with_nothing_pending_publishes_nothing() -> None:
 
 
 def test_outcomes_are_made_storable() -> None:
-    from relay.router.types import Completion, RowResult
-    from row_worker.handlers import to_outcome
+    from relay_batches.services.row_worker.core import to_outcome
+
+    from relay_batches.router.types import Completion, RowResult
 
     done = to_outcome("b" * 32, 3, RowResult(Completion("a\x00b", 2**40, -5), None, 1, "d"))
     assert (done.content, done.prompt_tokens, done.completion_tokens) == ("a\ufffdb", 2**31 - 1, 0)

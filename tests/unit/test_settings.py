@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from relay.settings import ConfigError, Settings
+from relay_batches.settings import ConfigError, Settings
 
 
 def test_defaults_with_an_empty_environment() -> None:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from relay_batches.services.ingest_api.upload import (
+    clean_filename,
+    job_name,
+    validate_upload_options,
+)
+from relay_batches.services.ingest_api.upload_formats import (
+    LineError,
+    file_format,
+    parse_upload_file,
+)
+from relay_batches.services.ingest_api.validation import RowInput, SubmitLimits
 
-from ingest_api.upload import clean_filename, job_name, validate_upload_options
-from ingest_api.upload_formats import LineError, file_format, parse_upload_file
-from ingest_api.validation import RowInput, SubmitLimits
-from relay.errors import ApiError
+from relay_batches.errors import ApiError
 
 LIMITS = SubmitLimits(max_rows=5, max_content_bytes=64)
 

@@ -11,10 +11,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-
-from relay.settings import ConfigError
-from upstream_sim.__main__ import main, options_from_env
-from upstream_sim.app import (
+from relay_batches.services.upstream_sim.__main__ import main, options_from_env
+from relay_batches.services.upstream_sim.app import (
     HANG_SECONDS,
     NO_TRIGGERS,
     STATE_KEY,
@@ -26,6 +24,8 @@ from upstream_sim.app import (
     estimate_tokens,
     parse_triggers,
 )
+
+from relay_batches.settings import ConfigError
 
 CHAT = "/v1/chat/completions"
 Client = TestClient[aiohttp.web.Request, aiohttp.web.Application]

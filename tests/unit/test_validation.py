@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
-from ingest_api.validation import (
+from relay_batches.services.ingest_api.validation import (
     BatchSpec,
     KnownModels,
     RowInput,
@@ -17,7 +16,8 @@ from ingest_api.validation import (
     validate_request_rows,
     validate_submit,
 )
-from relay.errors import ApiError
+
+from relay_batches.errors import ApiError
 
 MODELS = frozenset({"gpt-4o-mini", "claude-haiku"})
 LIMITS = SubmitLimits()
@@ -655,7 +655,7 @@ def test_known_models_is_a_container_of_the_routers_aliases() -> None:
 
 
 def test_ingest_api_has_one_known_models_class() -> None:
-    from ingest_api import models, routes, upload
+    from relay_batches.services.ingest_api import models, routes, upload
 
     assert routes.KnownModels is upload.KnownModels is KnownModels
     assert not hasattr(routes, "_Models")

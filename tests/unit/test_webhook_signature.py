@@ -6,7 +6,7 @@ import base64
 import hashlib
 import hmac
 
-from relay.webhooks import signature, signed_headers, verify
+from relay_batches.webhooks import signature, signed_headers, verify
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 BODY = b'{"id":"abc","status":"completed"}'

@@ -1,0 +1,231 @@
+"""The bus client: one robust connection, a confirmed publisher and consumers.
+
+After the broker restarts (or closes the connection), aio-pika reconnects and restores
+every channel, queue, binding and consumer this bus declared; :meth:`Bus.ready` is
+False from the moment the connection drops until that restore is complete.
+
+Ack policy lives here (:func:`settle`): ack after the handler's effect is durable, reject
+undecodable messages without requeue, requeue on any other failure, never settle on
+cancellation. Acking a delivery from before a reconnect fails harmlessly (the broker
+redelivers it), so that error is swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
+
+from relay_batches.bus.topology import Names, declare_all, declare_events, declare_queue
+from relay_batches.messages import MessageError
+from relay_batches.metrics import MESSAGES_CONSUMED, MESSAGES_PUBLISHED
+
+log = logging.getLogger("relay.bus")
+
+PUBLISH_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 10.0
+RECONNECT_INTERVAL_S = 2.0
+
+MessageCallback = Callable[[AbstractIncomingMessage], Awaitable[None]]
+SETTLE_ERRORS = (AMQPError, ChannelInvalidStateError, RuntimeError, ConnectionError)
+
+
+class Bus:
+    """A service's view of RabbitMQ: publish with confirms, consume with bounded prefetch."""
+
+    def __init__(self, amqp_url: str, names: Names, service: str) -> None:
+        self.names = names
+        self._url = amqp_url
+        self._service = service
+        self._connection: AbstractRobustConnection | None = None
+        self._publish_channel: AbstractChannel | None = None
+        self._events: AbstractExchange | None = None
+        # Strong references so robust reconnects restore them.
+        self._consumer_channels: list[AbstractChannel] = []
+        self._queues: list[AbstractQueue] = []
+        self._consumers: list[tuple[AbstractQueue, str]] = []
+        # Set when the connection drops, cleared once aio-pika restored every channel.
+        self._restoring = False
+
+    async def connect(self) -> None:
+        """Connect (robustly), open the publisher channel and declare the topology.
+
+        The connection is named after the service (and carries the namespace), so an
+        operator — or a test — can find and close exactly this service's connection.
+        """
+        connection = await aio_pika.connect_robust(
+            self._url,
+            timeout=CONNECT_TIMEOUT_S,
+            reconnect_interval=RECONNECT_INTERVAL_S,
+            client_properties={
+                "connection_name": self._service,
+                "relay_namespace": self.names.namespace,
+            },
+        )
+        connection.close_callbacks.add(self._on_connection_lost)
+        connection.reconnect_callbacks.add(self._on_reconnected)
+        self._connection = connection
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await declare_all(channel, self.names)
+        self._events = await declare_events(channel, self.names)
+        self._publish_channel = channel
+
+    def _on_connection_lost(self, _: object, exc: BaseException | None) -> None:
+        if self._connection is not None and not self._restoring:
+            self._restoring = True
+            log.warning("broker_connection_lost", extra={"error": repr(exc)})
+
+    def _on_reconnected(self, _: object) -> None:
+        if self._restoring:
+            self._restoring = False
+            log.info("broker_reconnected", extra={"consumers": len(self._consumers)})
+
+    def ready(self) -> bool:
+        """True while connected with every channel (and so every consumer) restored."""
+        conn = self._connection
+        if conn is None or conn.is_closed or not conn.connected.is_set() or self._restoring:
+            return False
+        channels = [self._publish_channel, *self._consumer_channels]
+        return all(ch is not None and not ch.is_closed for ch in channels)
+
+    async def close(self) -> None:
+        """Close the connection (channels and consumers with it)."""
+        if self._connection is not None:
+            connection, self._connection = self._connection, None
+            await connection.close()
+
+    async def publish(self, queue: str, body: bytes, *, kind: str, priority: int = 0) -> None:
+        """Publish a persistent message to a durable queue and wait for the confirm."""
+        channel = self._require_channel()
+        message = aio_pika.Message(
+            body,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            priority=priority,
+            content_type="application/json",
+        )
+        await channel.default_exchange.publish(
+            message, routing_key=queue, mandatory=True, timeout=PUBLISH_TIMEOUT_S
+        )
+        MESSAGES_PUBLISHED.labels(kind).inc()
+
+    async def publish_event(self, routing_key: str, body: bytes) -> None:
+        """Publish a job event on the topic exchange and wait for the confirm.
+
+        Events are not mandatory: nobody may be listening for progress right now.
+        """
+        self._require_channel()
+        assert self._events is not None
+        message = aio_pika.Message(
+            body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, content_type="application/json"
+        )
+        await self._events.publish(
+            message, routing_key=routing_key, mandatory=False, timeout=PUBLISH_TIMEOUT_S
+        )
+        MESSAGES_PUBLISHED.labels(routing_key).inc()
+
+    async def ready_count(self, queue: str) -> int:
+        """Messages ready (not yet delivered) in one of the durable queues."""
+        declared = await declare_queue(self._require_channel(), self.names, queue)
+        return int(declared.declaration_result.message_count or 0)
+
+    async def consume(self, queue: str, callback: MessageCallback, prefetch: int) -> None:
+        """Consume a durable queue on a channel of its own with ``prefetch`` unacked."""
+        channel = await self._new_consumer_channel(prefetch)
+        declared = await declare_queue(channel, self.names, queue)
+        await self._start(declared, callback)
+
+    async def consume_events(
+        self, routing_keys: Iterable[str], callback: MessageCallback, prefetch: int = 64
+    ) -> None:
+        """Consume job events through a private auto-delete queue bound to ``routing_keys``."""
+        channel = await self._new_consumer_channel(prefetch)
+        exchange = await declare_events(channel, self.names)
+        name = self.names.private(self._service, aio_pika_id())
+        declared = await channel.declare_queue(name, exclusive=True, auto_delete=True)
+        for key in routing_keys:
+            await declared.bind(exchange, key)
+        await self._start(declared, callback)  # _start keeps the queue's strong reference
+
+    async def _new_consumer_channel(self, prefetch: int) -> AbstractChannel:
+        if self._connection is None:
+            raise RuntimeError("bus is not connected")
+        channel = await self._connection.channel(publisher_confirms=False)
+        await channel.set_qos(prefetch_count=prefetch)
+        self._consumer_channels.append(channel)
+        return channel
+
+    async def _start(self, queue: AbstractQueue, callback: MessageCallback) -> None:
+        self._queues.append(queue)
+        tag = await queue.consume(callback, no_ack=False)
+        self._consumers.append((queue, tag))
+
+    async def stop_consuming(self) -> None:
+        """Cancel every consumer: no new deliveries; unacked ones stay ours to settle."""
+        consumers, self._consumers = self._consumers, []
+        for queue, tag in consumers:
+            try:
+                await queue.cancel(tag, timeout=5)
+            except (*SETTLE_ERRORS, TimeoutError) as exc:
+                log.warning("consumer_cancel_failed", extra={"error": repr(exc)})
+
+    def _require_channel(self) -> AbstractChannel:
+        if self._publish_channel is None:
+            raise RuntimeError("bus is not connected")
+        return self._publish_channel
+
+
+def aio_pika_id() -> str:
+    """A short random suffix for private queue names."""
+    from relay_batches.ids import new_id
+
+    return new_id()[:12]
+
+
+async def ack(message: AbstractIncomingMessage, *, multiple: bool = False) -> None:
+    """Ack (with ``multiple``, every earlier delivery of its channel too), ignoring a channel
+    that closed since delivery (the broker will redeliver)."""
+    try:
+        await message.ack(multiple=multiple)
+    except SETTLE_ERRORS as exc:
+        log.warning("ack_failed", extra={"error": repr(exc)})
+
+
+async def reject(message: AbstractIncomingMessage, *, requeue: bool) -> None:
+    """Reject (nack), ignoring a channel that closed since delivery."""
+    try:
+        await message.nack(requeue=requeue)
+    except SETTLE_ERRORS as exc:
+        log.warning("nack_failed", extra={"error": repr(exc)})
+
+
+RETRY_PAUSE_S = 0.5
+
+
+async def settle(
+    message: AbstractIncomingMessage, kind: str, handle: Callable[[bytes], Awaitable[None]]
+) -> None:
+    """Run ``handle(body)`` and settle the delivery by the ack policy of the module doc."""
+    MESSAGES_CONSUMED.labels(kind).inc()
+    try:
+        await handle(message.body)
+    except MessageError as exc:
+        log.error("message_rejected", extra={"kind": kind, "error": str(exc)})
+        await reject(message, requeue=False)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.exception("handler_failed", extra={"kind": kind, "error": repr(exc)})
+        await asyncio.sleep(RETRY_PAUSE_S)
+        await reject(message, requeue=True)
+    else:
+        await ack(message)

@@ -1,0 +1,50 @@
+"""The small HTTP port every service serves: ``/healthz``, ``/readyz`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from relay_batches.metrics import render_metrics
+
+ReadyCheck = Callable[[], Awaitable[bool]]
+
+
+def add_health_routes(app: web.Application, ready: ReadyCheck) -> None:
+    """Add the three service endpoints to ``app``; ``ready`` says whether deps are up."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        if await ready():
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "not_ready"}, status=503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body, content_type = render_metrics()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+
+
+async def start_health_server(host: str, port: int, ready: ReadyCheck) -> web.AppRunner:
+    """Serve the health endpoints on ``host:port`` (port 0 picks a free one)."""
+    app = web.Application()
+    add_health_routes(app, ready)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The TCP port a started runner listens on."""
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    return 0

@@ -1,0 +1,118 @@
+"""Webhook deliveries: claimed before the POST so a redelivered event never POSTs twice.
+
+A claim carries an expiry longer than any POST can take. A claim still ``sending`` past
+its expiry belongs to a notifier that died between claiming and recording the result;
+another notifier (or the same one after a restart) may take it over, a bounded number
+of times, and then gives up with ``failed``.
+
+Every claim and takeover bumps ``claims``, and the holder records its result only while
+the row is still ``sending`` with the ``claims`` it was given: a notifier whose claim was
+taken over (it outlived its claim) cannot overwrite the new owner's record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from relay_batches.ledger.keys import generate_webhook_secret
+from relay_batches.ledger.pool import translated
+from relay_batches.model import Job
+
+MAX_CLAIMS = 3
+DEFAULT_CLAIM_S = 30.0
+
+_RECLAIM = """
+UPDATE webhook_deliveries d
+SET claim_expires_at = now() + make_interval(secs => $1), claims = d.claims + 1
+FROM (SELECT batch_id FROM webhook_deliveries
+      WHERE status = 'sending' AND claims < $2
+        AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
+      ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) q
+WHERE d.batch_id = q.batch_id
+RETURNING d.batch_id, d.claims
+"""
+
+_FINISH = """
+UPDATE webhook_deliveries SET status = $3, status_code = $4, error = $5, finished_at = now()
+WHERE batch_id = $1 AND claims = $2 AND status = 'sending'
+RETURNING batch_id
+"""
+
+_ABANDON = """
+UPDATE webhook_deliveries SET status = 'failed', finished_at = now(),
+    error = 'notifier stopped during delivery ' || claims || ' times; giving up'
+WHERE status = 'sending' AND claims >= $2
+  AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A delivery we hold: its batch and the claim number that fences our record."""
+
+    batch_id: str
+    number: int
+
+
+class DeliveryStore:
+    """The ``webhook_deliveries`` table and the batch read the notifier needs."""
+
+    def __init__(self, pool: asyncpg.Pool, claim_s: float = DEFAULT_CLAIM_S) -> None:
+        self._pool = pool
+        self._claim_s = claim_s
+
+    async def batch(self, batch_id: str) -> Job | None:
+        """The batch ``batch_id`` (any workspace: the notifier serves them all)."""
+        async with translated():
+            record = await self._pool.fetchrow("SELECT * FROM batches WHERE id = $1", batch_id)
+        return None if record is None else Job.from_record(record)
+
+    async def claim(self, batch_id: str, url: str, message_id: str) -> Claim | None:
+        """Claim the one delivery of ``batch_id``; None if it was claimed before."""
+        async with translated():
+            number = await self._pool.fetchval(
+                "INSERT INTO webhook_deliveries (batch_id, url, status, message_id,"
+                " claim_expires_at)"
+                " VALUES ($1, $2, 'sending', $3, now() + make_interval(secs => $4))"
+                " ON CONFLICT (batch_id) DO NOTHING RETURNING claims",
+                batch_id,
+                url,
+                message_id,
+                self._claim_s,
+            )
+        return None if number is None else Claim(batch_id, number)
+
+    async def signing_secret(self, workspace_id: str) -> str:
+        """The workspace's webhook secret, created on first use for older workspaces."""
+        async with translated():
+            return str(
+                await self._pool.fetchval(
+                    "UPDATE workspaces SET webhook_secret ="
+                    " COALESCE(webhook_secret, $2) WHERE id = $1 RETURNING webhook_secret",
+                    workspace_id,
+                    generate_webhook_secret(),
+                )
+            )
+
+    async def reclaim_expired(self, limit: int = 20) -> list[Claim]:
+        """Take over expired ``sending`` claims (their notifier died); give up old ones."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(_ABANDON, self._claim_s, MAX_CLAIMS)
+            records = await conn.fetch(_RECLAIM, self._claim_s, MAX_CLAIMS, limit)
+        return [Claim(r[0], r[1]) for r in records]
+
+    async def finish(
+        self, claim: Claim, status: str, status_code: int | None, error: str | None
+    ) -> bool:
+        """Record how the delivery ended (``delivered``, ``failed`` or ``refused``).
+
+        False, recording nothing, when ``claim`` is no longer the live one (it expired
+        and was taken over, or given up): the record belongs to whoever holds it now.
+        """
+        async with translated():
+            value = await self._pool.fetchval(
+                _FINISH, claim.batch_id, claim.number, status, status_code, error
+            )
+        return value is not None

@@ -1,0 +1,183 @@
+"""The dispatcher's ledger: claim jobs under a lease, read row slices, record progress,
+find stalled jobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from relay_batches.ledger.pool import translated
+
+_JOB_COLUMNS = (
+    "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params"
+)
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """What a dispatcher needs to know about a job it owns."""
+
+    id: str
+    model: str
+    priority: int
+    total: int
+    completed: int
+    failed: int
+    status: str
+    dispatched_upto: int
+    rows_batch_id: str
+    params: str
+
+    @property
+    def done(self) -> int:
+        """Rows with an outcome."""
+        return self.completed + self.failed
+
+
+@dataclass(frozen=True)
+class StalledJob:
+    """A job that made no progress for the stall timeout; ``first_unfinished`` is None
+    when every row has an outcome (the job is about to finish)."""
+
+    id: str
+    first_unfinished: int | None
+
+
+class DispatchStore:
+    """Leases, claims and row reads for the dispatcher."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def claim_queued(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
+        """Mark up to ``limit`` queued jobs running under our lease, best priority first."""
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE batches b SET status = 'running', started_at = now(),"
+                " last_progress_at = now(), lease_owner = $1,"
+                " lease_expires_at = now() + make_interval(secs => $3)"
+                " FROM (SELECT id FROM batches WHERE status = 'queued'"
+                "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
+                f" WHERE b.id = q.id RETURNING {_prefixed('b')}",
+                owner,
+                limit,
+                lease_s,
+            )
+        return sorted((RunningJob(*r) for r in records), key=lambda j: -j.priority)
+
+    async def claim_expired(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
+        """Take over running jobs whose owner's lease expired (or that have no owner)."""
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE batches b SET lease_owner = $1,"
+                " lease_expires_at = now() + make_interval(secs => $3)"
+                " FROM (SELECT id FROM batches WHERE status = 'running'"
+                "       AND (lease_expires_at IS NULL OR lease_expires_at < now())"
+                "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
+                f" WHERE b.id = q.id RETURNING {_prefixed('b')}",
+                owner,
+                limit,
+                lease_s,
+            )
+        return sorted((RunningJob(*r) for r in records), key=lambda j: -j.priority)
+
+    async def renew(self, owner: str, job_ids: list[str], lease_s: float) -> list[RunningJob]:
+        """Extend our lease on ``job_ids``; return those still running and ours."""
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE batches SET lease_expires_at = now() + make_interval(secs => $3)"
+                " WHERE id = ANY($2::text[]) AND lease_owner = $1 AND status = 'running'"
+                f" RETURNING {_JOB_COLUMNS}",
+                owner,
+                job_ids,
+                lease_s,
+            )
+        return [RunningJob(*r) for r in records]
+
+    async def release(self, owner: str, job_ids: list[str]) -> None:
+        """Give up our lease on ``job_ids`` so another dispatcher can take them at once."""
+        async with translated():
+            await self._pool.execute(
+                "UPDATE batches SET lease_expires_at = NULL"
+                " WHERE id = ANY($2::text[]) AND lease_owner = $1",
+                owner,
+                job_ids,
+            )
+
+    async def fetch_rows(
+        self, job_id: str, rows_batch_id: str, start: int, end: int
+    ) -> list[tuple[int, str]]:
+        """Rows ``start <= index < end`` of a job's input that have no outcome yet, in order.
+
+        Rows that already have an outcome are never released again (a dispatcher that
+        resumes or re-publishes after a stall skips them).
+        """
+        async with translated():
+            records = await self._pool.fetch(
+                "SELECT r.row_index, r.messages FROM batch_rows r"
+                " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
+                " AND NOT EXISTS (SELECT 1 FROM row_results o"
+                "   WHERE o.batch_id = $1 AND o.row_index = r.row_index"
+                # The range again, so even a generic plan reads only this slice's
+                # outcomes through the primary key (never all of the job's results).
+                "   AND o.row_index >= $3 AND o.row_index < $4)"
+                " ORDER BY r.row_index",
+                job_id,
+                rows_batch_id,
+                start,
+                end,
+            )
+        return [(r[0], r[1]) for r in records]
+
+    async def claim_stalled(
+        self, owner: str, job_ids: list[str], stall_s: float
+    ) -> list[StalledJob]:
+        """Our running jobs without progress for ``stall_s``, each with its first unfinished row.
+
+        Claiming restarts the job's stall clock (``last_progress_at = now()``), so a job
+        is re-published at most once per stall period, by its owner only.
+        """
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE batches b SET last_progress_at = now()"
+                " WHERE b.id = ANY($2::text[]) AND b.lease_owner = $1 AND b.status = 'running'"
+                " AND COALESCE(b.last_progress_at, b.started_at, b.created_at)"
+                "     < now() - make_interval(secs => $3)"
+                " RETURNING b.id, (SELECT min(r.row_index) FROM batch_rows r"
+                "   WHERE r.batch_id = b.rows_batch_id AND NOT EXISTS ("
+                "     SELECT 1 FROM row_results o"
+                "     WHERE o.batch_id = b.id AND o.row_index = r.row_index))",
+                owner,
+                job_ids,
+                stall_s,
+            )
+        return [StalledJob(r[0], r[1]) for r in records]
+
+    async def advance(self, owner: str, job_id: str, upto: int) -> bool:
+        """Record that rows below ``upto`` are published; False if the job is no longer ours."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE batches SET dispatched_upto = GREATEST(dispatched_upto, $3)"
+                " WHERE id = $2 AND lease_owner = $1 AND status = 'running' RETURNING id",
+                owner,
+                job_id,
+                upto,
+            )
+        return value is not None
+
+    async def fail(self, job_id: str, error: str) -> bool:
+        """Guarded transition of a queued or running job to ``failed`` with ``error``."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE batches SET status = 'failed', error = $2, completed_at = now(),"
+                " lease_owner = NULL WHERE id = $1 AND status IN ('queued', 'running')"
+                " RETURNING id",
+                job_id,
+                error,
+            )
+        return value is not None
+
+
+def _prefixed(alias: str) -> str:
+    return ", ".join(f"{alias}.{c.strip()}" for c in _JOB_COLUMNS.split(","))

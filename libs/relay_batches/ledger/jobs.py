@@ -1,0 +1,225 @@
+"""Jobs as the ingest-api sees them: create (COPY), read, list, cancel, stream results."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+import asyncpg
+import orjson
+
+from relay_batches.errors import ConflictError
+from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
+from relay_batches.ledger.outbox import mark_finished_published
+from relay_batches.ledger.pool import translated
+from relay_batches.model import CANCELABLE, Job, Status
+
+RESULT_PAGE_ROWS = 5000
+T = TypeVar("T")
+
+# $1 batch id, $2 the batch whose rows it uses, $3 last row index seen, $4 page size.
+_RESULTS_PAGE = (
+    "SELECT o.row_index, r.custom_id, o.content, o.error"
+    " FROM row_results o JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = o.row_index"
+    " WHERE o.batch_id = $1 AND o.row_index > $3 ORDER BY o.row_index LIMIT $4"
+)
+_DEAD_LETTER_PAGE = (
+    "SELECT o.row_index, r.custom_id, o.error, o.attempts"
+    " FROM row_results o JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = o.row_index"
+    " WHERE o.batch_id = $1 AND o.dead_letter AND o.row_index > $3"
+    " ORDER BY o.row_index LIMIT $4"
+)
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """Everything needed to insert a batch; ``rows`` yields ``(custom_id, messages_json)``."""
+
+    id: str
+    workspace_id: str
+    name: str
+    model: str
+    priority: int
+    total: int
+    webhook_url: str | None
+    cron: str | None
+    next_run_at: datetime | None
+    params: str = "{}"
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One row of a job's results."""
+
+    row_index: int
+    custom_id: str
+    content: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class DeadLetterRow:
+    """One row on a job's dead-letter list."""
+
+    row_index: int
+    custom_id: str
+    error: str
+    attempts: int
+
+
+class JobStore:
+    """The ``batches``/``batch_rows``/``row_results`` queries of the public API."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def create(
+        self,
+        new: NewJob,
+        rows: Iterable[tuple[str, str]],
+        claim: IdempotencyClaim | None = None,
+    ) -> Job:
+        """Insert the batch and COPY its rows in one transaction.
+
+        With ``claim``, the 201 response is recorded for its ``Idempotency-Key`` in the same
+        transaction (:class:`KeyTaken` and nothing created if the key was used first).
+        """
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            batch = await _insert_batch(conn, new, rows)
+            if claim is not None:
+                await record_response(conn, claim, 201, orjson.dumps(batch.to_api()).decode())
+        return batch
+
+    async def create_many(
+        self,
+        batches: Sequence[tuple[NewJob, Iterable[tuple[str, str]]]],
+        claim: IdempotencyClaim | None = None,
+    ) -> list[Job]:
+        """Insert several batches with their rows in one transaction: all or none.
+
+        With ``claim``, the 201 list response is recorded as :meth:`create` does.
+        """
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            created = [await _insert_batch(conn, new, rows) for new, rows in batches]
+            if claim is not None:
+                body = {"object": "list", "data": [b.to_api() for b in created]}
+                await record_response(conn, claim, 201, orjson.dumps(body).decode())
+        return created
+
+    async def get(self, workspace_id: str, batch_id: str) -> Job | None:
+        """The batch ``batch_id`` if it belongs to ``workspace_id``."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                "SELECT * FROM batches WHERE id = $1 AND workspace_id = $2", batch_id, workspace_id
+            )
+        return None if record is None else Job.from_record(record)
+
+    async def list(
+        self,
+        workspace_id: str,
+        limit: int,
+        after: str | None,
+        status: str | None,
+        template_id: str | None = None,
+    ) -> tuple[list[Job], bool]:
+        """Newest first; ``after`` is the last id of the previous page. Returns (page, more).
+
+        ``template_id`` keeps only the runs of that cron template.
+        """
+        async with translated():
+            records = await self._pool.fetch(
+                "SELECT b.* FROM batches b WHERE b.workspace_id = $1"
+                " AND ($3::text IS NULL OR b.status = $3)"
+                " AND ($5::text IS NULL OR b.template_id = $5)"
+                " AND ($2::text IS NULL OR (b.created_at, b.id) < ("
+                "   SELECT a.created_at, a.id FROM batches a"
+                "   WHERE a.id = $2 AND a.workspace_id = $1))"
+                " ORDER BY b.created_at DESC, b.id DESC LIMIT $4",
+                workspace_id,
+                after,
+                status,
+                limit + 1,
+                template_id,
+            )
+        page = [Job.from_record(r) for r in records[:limit]]
+        return page, len(records) > limit
+
+    async def cancel(self, workspace_id: str, batch_id: str) -> Job:
+        """Guarded transition to ``canceled``; :class:`ConflictError` if already terminal."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                "UPDATE batches SET status = 'canceled', completed_at = now(),"
+                " next_run_at = NULL, lease_owner = NULL"
+                " WHERE id = $1 AND workspace_id = $2 AND status = ANY($3::text[]) RETURNING *",
+                batch_id,
+                workspace_id,
+                sorted(CANCELABLE),
+            )
+        if record is None:
+            raise ConflictError(batch_id)
+        return Job.from_record(record)
+
+    def result_pages(
+        self, batch: Job, page_rows: int = RESULT_PAGE_ROWS
+    ) -> AsyncIterator[list[ResultRow]]:
+        """The job's outcomes in row order, a keyset page at a time."""
+        return self._pages(_RESULTS_PAGE, batch, page_rows, ResultRow)
+
+    def dead_letter_pages(
+        self, batch: Job, page_rows: int = RESULT_PAGE_ROWS
+    ) -> AsyncIterator[list[DeadLetterRow]]:
+        """The job's dead-letter rows in row order, a keyset page at a time."""
+        return self._pages(_DEAD_LETTER_PAGE, batch, page_rows, DeadLetterRow)
+
+    async def _pages(
+        self, sql: str, batch: Job, page_rows: int, factory: Callable[..., T]
+    ) -> AsyncIterator[list[T]]:
+        last = -1
+        while True:
+            async with translated():
+                records = await self._pool.fetch(
+                    sql, batch.id, batch.rows_batch_id, last, page_rows
+                )
+            if not records:
+                return
+            yield [factory(*r) for r in records]
+            if len(records) < page_rows:
+                return
+            last = records[-1][0]
+
+    async def mark_finished_published(self, batch_ids: list[str]) -> None:
+        """Record that ``job.finished`` went out for these jobs."""
+        await mark_finished_published(self._pool, batch_ids)
+
+
+async def _insert_batch(
+    conn: asyncpg.Connection, new: NewJob, rows: Iterable[tuple[str, str]]
+) -> Job:
+    """INSERT the batch and COPY its rows on ``conn`` (the caller owns the transaction)."""
+    status = Status.SCHEDULED if new.cron else Status.QUEUED
+    record = await conn.fetchrow(
+        "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
+        " webhook_url, cron, next_run_at, rows_batch_id, params)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $1, $11) RETURNING *",
+        new.id,
+        new.workspace_id,
+        new.name,
+        new.model,
+        new.priority,
+        status,
+        new.total,
+        new.webhook_url,
+        new.cron,
+        new.next_run_at,
+        new.params,
+    )
+    await conn.copy_records_to_table(
+        "batch_rows",
+        records=(
+            (new.id, index, custom_id, messages) for index, (custom_id, messages) in enumerate(rows)
+        ),
+        columns=("batch_id", "row_index", "custom_id", "messages"),
+    )
+    return Job.from_record(record)

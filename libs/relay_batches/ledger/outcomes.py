@@ -1,0 +1,154 @@
+"""The aggregator's ledger: idempotent outcome inserts, counters, terminal status, outbox."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from relay_batches.ledger.outbox import mark_finished_published
+from relay_batches.ledger.pool import translated
+from relay_batches.messages import RowOutcome
+from relay_batches.model import TERMINAL
+
+_LOCK_RUNNING = (
+    "SELECT id FROM batches WHERE id = ANY($1::text[]) AND status = 'running'"
+    " ORDER BY id FOR UPDATE"
+)
+
+_RECORD = """
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
+                         $6::bool[], $7::text[], $8::int[], $9::int[])
+        AS t(batch_id, row_index, content, error, attempts, dead_letter, deployment,
+             prompt_tokens, completion_tokens)
+),
+ins AS (
+    INSERT INTO row_results (batch_id, row_index, content, error, attempts, dead_letter,
+                             deployment, prompt_tokens, completion_tokens)
+    SELECT i.batch_id, i.row_index, i.content, i.error, i.attempts, i.dead_letter,
+           i.deployment, i.prompt_tokens, i.completion_tokens
+    FROM input i JOIN batches b ON b.id = i.batch_id
+    WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
+    ON CONFLICT (batch_id, row_index) DO NOTHING
+    RETURNING batch_id, error IS NULL AS ok, dead_letter, prompt_tokens, completion_tokens
+),
+counts AS (
+    SELECT batch_id,
+           count(*) FILTER (WHERE ok) AS ok,
+           count(*) FILTER (WHERE NOT ok) AS bad,
+           count(*) FILTER (WHERE dead_letter) AS dl,
+           sum(prompt_tokens) AS pt,
+           sum(completion_tokens) AS ct
+    FROM ins GROUP BY batch_id
+)
+UPDATE batches b SET
+    completed = b.completed + c.ok,
+    failed = b.failed + c.bad,
+    dead_letter = b.dead_letter + c.dl,
+    prompt_tokens = b.prompt_tokens + c.pt,
+    completion_tokens = b.completion_tokens + c.ct,
+    last_progress_at = now(),
+    status = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
+                  THEN 'completed' ELSE b.status END,
+    completed_at = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
+                        THEN now() ELSE b.completed_at END,
+    lease_owner = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
+                       THEN NULL ELSE b.lease_owner END
+FROM counts c WHERE b.id = c.batch_id
+RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad
+"""
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """A job's counters after a chunk of outcomes was recorded."""
+
+    id: str
+    status: str
+    total: int
+    completed: int
+    failed: int
+    new_completed: int = 0
+    new_failed: int = 0
+
+    @property
+    def terminal(self) -> bool:
+        """Whether this chunk finished the job."""
+        return self.status in TERMINAL
+
+
+class OutcomeStore:
+    """Records row outcomes exactly once and moves counters by what was inserted."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def record(self, outcomes: Sequence[RowOutcome]) -> list[JobProgress]:
+        """Insert new outcomes of running jobs; ignore duplicates and outcomes of others.
+
+        The running jobs are locked first (in id order, so aggregators never deadlock), so
+        a concurrent cancel either happens before (and the outcomes are discarded) or
+        after (and sees the counters including them).
+        """
+        if not outcomes:
+            return []
+        batch_ids = sorted({o.batch_id for o in outcomes})
+        columns = _columns(outcomes)
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            locked = [r[0] for r in await conn.fetch(_LOCK_RUNNING, batch_ids)]
+            if not locked:
+                return []
+            records = await conn.fetch(_RECORD, *columns, locked)
+        return [JobProgress(*r) for r in records]
+
+    async def canceled_among(self, batch_ids: list[str]) -> list[str]:
+        """Which of ``batch_ids`` are canceled (outcomes still arriving for them)."""
+        async with translated():
+            records = await self._pool.fetch(
+                "SELECT id FROM batches WHERE id = ANY($1::text[]) AND status = 'canceled'",
+                batch_ids,
+            )
+        return [r[0] for r in records]
+
+    async def unannounced_terminal(self, older_than_s: float, limit: int = 100) -> list[str]:
+        """Terminal jobs whose ``job.finished`` was not yet published (outbox scan)."""
+        async with translated():
+            records = await self._pool.fetch(
+                "SELECT id FROM batches WHERE NOT finished_published"
+                " AND status IN ('completed', 'failed', 'canceled')"
+                " AND completed_at < now() - make_interval(secs => $1)"
+                " ORDER BY completed_at LIMIT $2",
+                older_than_s,
+                limit,
+            )
+        return [r[0] for r in records]
+
+    async def snapshot(self, batch_ids: list[str]) -> list[JobProgress]:
+        """Current counters of ``batch_ids`` (for events published from the outbox)."""
+        async with translated():
+            records = await self._pool.fetch(
+                "SELECT id, status, total, completed, failed FROM batches"
+                " WHERE id = ANY($1::text[])",
+                batch_ids,
+            )
+        return [JobProgress(*r) for r in records]
+
+    async def mark_finished_published(self, batch_ids: list[str]) -> None:
+        """Record that ``job.finished`` went out for these jobs."""
+        await mark_finished_published(self._pool, batch_ids)
+
+
+def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
+    return (
+        [o.batch_id for o in outcomes],
+        [o.row_index for o in outcomes],
+        [o.content for o in outcomes],
+        [o.error for o in outcomes],
+        [o.attempts for o in outcomes],
+        [o.dead_letter for o in outcomes],
+        [o.deployment for o in outcomes],
+        [o.prompt_tokens for o in outcomes],
+        [o.completion_tokens for o in outcomes],
+    )

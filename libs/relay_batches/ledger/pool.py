@@ -1,0 +1,70 @@
+"""The asyncpg pool and the boundary that turns driver errors into Relay errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import asyncpg
+
+from relay_batches.errors import PermanentError, TransientError
+
+COMMAND_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+READY_TIMEOUT_S = 2.0
+
+# Data the database will never accept, however often it is retried.
+_PERMANENT = (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError)
+
+_TRANSIENT = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    # admin_shutdown / crash_shutdown / query_canceled: a restart or a terminated backend.
+    asyncpg.OperatorInterventionError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.InterfaceError,
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.LockNotAvailableError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+)
+
+
+async def create_pool(database_url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """Open a pool with bounded connect and command timeouts."""
+    pool = await asyncpg.create_pool(
+        database_url,
+        min_size=min_size,
+        max_size=max_size,
+        timeout=CONNECT_TIMEOUT_S,
+        command_timeout=COMMAND_TIMEOUT_S,
+    )
+    assert pool is not None
+    return pool
+
+
+@contextlib.asynccontextmanager
+async def translated() -> AsyncIterator[None]:
+    """Raise :class:`TransientError` for connection-level failures of the driver and
+    :class:`PermanentError` for data the database refuses (NUL in text, out of range)."""
+    try:
+        yield
+    except _TRANSIENT as exc:
+        raise TransientError(f"database unavailable: {exc!r}") from exc
+    except _PERMANENT as exc:
+        raise PermanentError(f"database refused the data: {exc!r}") from exc
+
+
+async def database_ready(pool: asyncpg.Pool) -> bool:
+    """Cheap liveness check of the database behind ``pool`` (False, never an error)."""
+    try:
+        async with translated():
+            # Bounds the acquire (a reconnect) as well as the query.
+            await asyncio.wait_for(pool.fetchval("SELECT 1"), READY_TIMEOUT_S)
+        return True
+    except (TransientError, asyncpg.PostgresError):
+        # e.g. the database refusing connections for a while (ALLOW_CONNECTIONS false).
+        return False

@@ -1,0 +1,254 @@
+"""Every bus message, one frozen dataclass per kind, with versioned orjson encode/decode.
+
+A message that does not decode (bad JSON, wrong version, missing field) raises
+:class:`MessageError`; consumers reject such a message without requeue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+SCHEMA_VERSION = 1
+
+
+class MessageError(ValueError):
+    """A message body that is not a valid message of the expected kind."""
+
+
+def _load(body: bytes, kind: str) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MessageError(f"{kind}: body is not JSON") from exc
+    if not isinstance(data, dict):
+        raise MessageError(f"{kind}: body is not an object")
+    if data.get("v") != SCHEMA_VERSION:
+        raise MessageError(f"{kind}: unsupported schema version {data.get('v')!r}")
+    if data.get("kind") != kind:
+        raise MessageError(f"expected {kind}, got {data.get('kind')!r}")
+    return data
+
+
+def _dump(kind: str, payload: dict[str, Any]) -> bytes:
+    return orjson.dumps({"v": SCHEMA_VERSION, "kind": kind, **payload})
+
+
+@dataclass(frozen=True)
+class DispatchWakeup:
+    """`<ns>.dispatch`: a job became runnable; a dispatcher should look at the ledger."""
+
+    batch_id: str
+    priority: int
+
+    KIND = "dispatch"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus."""
+        return _dump(self.KIND, {"batch_id": self.batch_id, "priority": self.priority})
+
+    @classmethod
+    def decode(cls, body: bytes) -> DispatchWakeup:
+        """Parse a bus body; raise :class:`MessageError` if it is not one."""
+        d = _load(body, cls.KIND)
+        try:
+            return cls(batch_id=str(d["batch_id"]), priority=int(d["priority"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class SliceRow:
+    """One row of a task: its index in the job and its messages (raw JSON text)."""
+
+    index: int
+    messages_json: str
+
+
+@dataclass(frozen=True)
+class SliceMessage:
+    """`<ns>.rows`: a slice of consecutive rows of one job for a row-worker."""
+
+    batch_id: str
+    model: str
+    rows: tuple[SliceRow, ...]
+    params_json: str = "{}"
+
+    KIND = "rows"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus; row messages are embedded as raw JSON fragments."""
+        return _dump(
+            self.KIND,
+            {
+                "batch_id": self.batch_id,
+                "model": self.model,
+                "params": orjson.Fragment(self.params_json),
+                "rows": [[r.index, orjson.Fragment(r.messages_json)] for r in self.rows],
+            },
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> DecodedSlice:
+        """Parse a bus body into a task whose row messages are already decoded."""
+        d = _load(body, cls.KIND)
+        try:
+            rows = tuple((int(i), _message_list(m)) for i, m in d["rows"])
+            params = d.get("params") or {}
+            if not isinstance(params, dict):
+                raise TypeError("params is not an object")
+            return DecodedSlice(str(d["batch_id"]), str(d["model"]), rows, params)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+
+
+def _message_list(value: Any) -> list[Any]:
+    """A row's messages as decoded; anything but a JSON array is malformed."""
+    if not isinstance(value, list):
+        raise TypeError(f"row messages are not an array: {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class DecodedSlice:
+    """A :class:`SliceMessage` as a worker sees it: rows are ``(index, messages)`` pairs."""
+
+    batch_id: str
+    model: str
+    rows: tuple[tuple[int, list[Any]], ...]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RowOutcome:
+    """The outcome of one row: content or error, with attempts and usage."""
+
+    batch_id: str
+    row_index: int
+    content: str | None
+    error: str | None
+    attempts: int
+    dead_letter: bool = False
+    deployment: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def as_list(self) -> list[Any]:
+        """Compact positional form used on the wire."""
+        return [
+            self.batch_id,
+            self.row_index,
+            self.content,
+            self.error,
+            self.attempts,
+            self.dead_letter,
+            self.deployment,
+            self.prompt_tokens,
+            self.completion_tokens,
+        ]
+
+
+@dataclass(frozen=True)
+class OutcomesMessage:
+    """`<ns>.results`: several row outcomes published together by one worker."""
+
+    outcomes: tuple[RowOutcome, ...]
+
+    KIND = "results"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus."""
+        return _dump(self.KIND, {"outcomes": [o.as_list() for o in self.outcomes]})
+
+    @classmethod
+    def decode(cls, body: bytes) -> OutcomesMessage:
+        """Parse a bus body; raise :class:`MessageError` if it is not one."""
+        d = _load(body, cls.KIND)
+        try:
+            outcomes = tuple(
+                RowOutcome(
+                    batch_id=str(b),
+                    row_index=int(i),
+                    content=c,
+                    error=e,
+                    attempts=int(a),
+                    dead_letter=bool(dl),
+                    deployment=dep,
+                    prompt_tokens=int(pt),
+                    completion_tokens=int(ct),
+                )
+                for b, i, c, e, a, dl, dep, pt, ct in d["outcomes"]
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+        return cls(outcomes)
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """`<ns>.events` (topic): ``job.progress``, ``job.finished`` or ``job.canceled``."""
+
+    batch_id: str
+    status: str
+    total: int
+    completed: int
+    failed: int
+
+    KIND = "job"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus."""
+        return _dump(
+            self.KIND,
+            {
+                "batch_id": self.batch_id,
+                "status": self.status,
+                "total": self.total,
+                "completed": self.completed,
+                "failed": self.failed,
+            },
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> JobEvent:
+        """Parse a bus body; raise :class:`MessageError` if it is not one."""
+        d = _load(body, cls.KIND)
+        try:
+            return cls(
+                batch_id=str(d["batch_id"]),
+                status=str(d["status"]),
+                total=int(d["total"]),
+                completed=int(d["completed"]),
+                failed=int(d["failed"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class TemplateCreated:
+    """`<ns>.events` (topic) ``template.created``: a cron template was stored.
+
+    A wake-up for the schedulers, so a template whose first tick is sooner than their
+    current sleep is not late; the ledger (``next_run_at``) stays the truth.
+    """
+
+    template_id: str
+    next_run_at: str
+
+    KIND = "template"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus."""
+        return _dump(self.KIND, {"template_id": self.template_id, "next_run_at": self.next_run_at})
+
+    @classmethod
+    def decode(cls, body: bytes) -> TemplateCreated:
+        """Parse a bus body; raise :class:`MessageError` if it is not one."""
+        d = _load(body, cls.KIND)
+        try:
+            return cls(template_id=str(d["template_id"]), next_run_at=str(d["next_run_at"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc

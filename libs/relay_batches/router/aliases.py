@@ -1,0 +1,138 @@
+"""The routes file (TOML): public aliases → ordered deployments, validated at start-up."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay_batches.settings import ConfigError
+
+PROVIDERS = frozenset({"openai", "anthropic"})
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One upstream model endpoint."""
+
+    name: str
+    provider: str
+    base_url: str
+    model: str
+    api_key: str | None = None
+    timeout_s: float = 60.0
+    max_retries: int = 3
+    headers: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AliasTable:
+    """Every alias with its deployments in fallback order."""
+
+    aliases: Mapping[str, tuple[Deployment, ...]]
+
+    def resolve(self, alias: str) -> tuple[Deployment, ...] | None:
+        """The deployments of ``alias``, or None if it is unknown."""
+        return self.aliases.get(alias)
+
+    def names(self) -> list[str]:
+        """The public aliases, sorted."""
+        return sorted(self.aliases)
+
+
+def load_aliases(path: str, env: Mapping[str, str]) -> AliasTable:
+    """Read and validate a routes file; raise :class:`ConfigError` with one clear line."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"routes file {path!r} does not exist (RELAY_ROUTES_FILE)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"routes file {path!r} is not valid TOML: {exc}") from None
+    return parse_aliases(data, env, source=path)
+
+
+def parse_aliases(data: Mapping[str, Any], env: Mapping[str, str], source: str = "") -> AliasTable:
+    """Validate parsed TOML into :class:`AliasTable`."""
+    where = f"routes file {source!r}: " if source else "routes: "
+    raw_deployments = data.get("deployments", {})
+    raw_aliases = data.get("aliases", {})
+    if not isinstance(raw_deployments, dict) or not isinstance(raw_aliases, dict):
+        raise ConfigError(where + "[deployments] and [aliases] must be tables")
+    deployments = {
+        name: _deployment(name, spec, env, where) for name, spec in raw_deployments.items()
+    }
+    aliases: dict[str, tuple[Deployment, ...]] = {}
+    for alias, spec in raw_aliases.items():
+        names = spec.get("deployments") if isinstance(spec, dict) else None
+        if not isinstance(names, list) or not names:
+            raise ConfigError(where + f"alias {alias!r} needs a non-empty deployments list")
+        for name in names:
+            if name not in deployments:
+                raise ConfigError(where + f"alias {alias!r} names missing deployment {name!r}")
+        aliases[alias] = tuple(deployments[n] for n in names)
+    if not aliases:
+        raise ConfigError(where + "no [aliases.*] defined")
+    return AliasTable(aliases)
+
+
+def _deployment(name: str, spec: Any, env: Mapping[str, str], where: str) -> Deployment:
+    if not isinstance(spec, dict):
+        raise ConfigError(where + f"deployment {name!r} must be a table")
+    provider = spec.get("provider")
+    if provider not in PROVIDERS:
+        raise ConfigError(
+            where + f"deployment {name!r} has unknown provider {provider!r}"
+            f" (expected one of {', '.join(sorted(PROVIDERS))})"
+        )
+    base_url, model = spec.get("base_url"), spec.get("model")
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise ConfigError(where + f"deployment {name!r} needs an http(s) base_url")
+    if not isinstance(model, str) or not model:
+        raise ConfigError(where + f"deployment {name!r} needs a model")
+    return Deployment(
+        name=name,
+        provider=provider,
+        base_url=base_url.rstrip("/"),
+        model=model,
+        api_key=_api_key(name, spec.get("api_key_env"), env, where),
+        timeout_s=_timeout(name, spec, where),
+        max_retries=int(_number(name, spec, "max_retries", 3, where)),
+        headers=_str_table(name, spec, "headers", where),
+        params=dict(spec.get("params", {})),
+    )
+
+
+def _api_key(name: str, var: Any, env: Mapping[str, str], where: str) -> str | None:
+    if var in (None, ""):
+        return None
+    if not isinstance(var, str):
+        raise ConfigError(where + f"deployment {name!r}: api_key_env must be a string")
+    value = env.get(var)
+    if not value:
+        raise ConfigError(where + f"deployment {name!r} needs environment variable {var}")
+    return value
+
+
+def _number(name: str, spec: dict[str, Any], key: str, default: float, where: str) -> float:
+    value = spec.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(where + f"deployment {name!r}: {key} must be a non-negative number")
+    return float(value)
+
+
+def _timeout(name: str, spec: dict[str, Any], where: str) -> float:
+    value = _number(name, spec, "timeout_s", 60.0, where)
+    if value <= 0:
+        # aiohttp reads a zero timeout as "no timeout": refuse it.
+        raise ConfigError(where + f"deployment {name!r}: timeout_s must be greater than 0")
+    return value
+
+
+def _str_table(name: str, spec: dict[str, Any], key: str, where: str) -> dict[str, str]:
+    value = spec.get(key, {})
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ConfigError(where + f"deployment {name!r}: {key} must be a table of strings")
+    return dict(value)

@@ -1,0 +1,188 @@
+"""The model router: a row tries its alias's deployments in order, retrying each.
+
+Within a deployment, connect errors, timeouts and retryable statuses (408, 409, 429,
+5xx) are retried with backoff (honouring ``Retry-After``) up to its ``max_retries``;
+any other status falls through to the next deployment at once. A deployment cooling
+down (see :mod:`relay_batches.router.cooldown`) is skipped while another is available. A row
+failing everywhere gets ``upstream_error: …``; it is dead-lettered when its last
+failure was transient (worth replaying), and only failed when it was permanent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+
+from relay_batches.metrics import UPSTREAM_FALLBACKS, UPSTREAM_LATENCY, UPSTREAM_RETRIES
+from relay_batches.router import anthropic, openai
+from relay_batches.router.aliases import AliasTable, Deployment
+from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
+from relay_batches.router.policy import BackoffPolicy, is_retryable_status, parse_retry_after
+from relay_batches.router.types import ProviderReply, RowResult
+
+ERROR_SNIPPET_CHARS = 200
+MAX_REPLY_BYTES = 8 * 1024 * 1024
+PROVIDERS: dict[str, ModuleType] = {"openai": openai, "anthropic": anthropic}
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One upstream call's result: a reply, or a failure and whether to retry it."""
+
+    reply: ProviderReply | None = None
+    error: str | None = None
+    retryable: bool = False
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True)
+class _DeploymentResult:
+    """What one deployment made of a row."""
+
+    reply: ProviderReply
+    calls: int
+    transient: bool
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, read until EOF or until it exceeds ``limit`` bytes (then ``limit + 1``)."""
+    declared = response.content_length
+    if declared is not None and declared <= limit:
+        return await response.read()  # the usual case: one read of a known, small body
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await response.content.read(limit + 1 - size)
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
+
+
+class ModelRouter:
+    """Turns ``(alias, messages, params)`` into a :class:`RowResult`."""
+
+    def __init__(
+        self,
+        aliases: AliasTable,
+        session: aiohttp.ClientSession,
+        policy: BackoffPolicy | None = None,
+        sleep: Sleep = asyncio.sleep,
+        rng: random.Random | None = None,
+        cooldowns: Cooldowns | None = None,
+    ) -> None:
+        self.aliases = aliases
+        self._session = session
+        self._policy = policy or BackoffPolicy()
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._cooldowns = cooldowns or Cooldowns(CooldownPolicy())
+        self._prepared: dict[str, tuple[aiohttp.ClientTimeout, Any]] = {}
+
+    async def complete(
+        self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+    ) -> RowResult:
+        """Run one row through its alias's deployments."""
+        deployments = self.aliases.resolve(alias)
+        if deployments is None:
+            return RowResult(None, f"upstream_error: unknown model alias {alias!r}", 0, None)
+        attempts = 0
+        last_error = "no deployment tried"
+        last_transient = False
+        for position, deployment in enumerate(self._order(deployments)):
+            if position:
+                UPSTREAM_FALLBACKS.labels(alias).inc()
+            has_next = position + 1 < len(deployments)
+            result = await self._try_deployment(deployment, messages, params, has_next)
+            attempts += result.calls
+            if result.reply.completion is not None:
+                return RowResult(result.reply.completion, None, attempts, deployment.name)
+            last_error = f"{deployment.name}: {result.reply.error}"
+            last_transient = result.transient
+        return RowResult(
+            None, f"upstream_error: {last_error}", attempts, None, dead_letter=last_transient
+        )
+
+    def _order(self, deployments: tuple[Deployment, ...]) -> Sequence[Deployment]:
+        """Deployments in fallback order, those cooling down moved behind the others."""
+        ready = [d for d in deployments if not self._cooldowns.cooling(d.name)]
+        if len(ready) == len(deployments):
+            return deployments
+        return ready + [d for d in deployments if d not in ready]
+
+    def _per_deployment(self, deployment: Deployment) -> tuple[aiohttp.ClientTimeout, Any]:
+        """The deployment's timeout object and latency metric, built once (hot path)."""
+        cached = self._prepared.get(deployment.name)
+        if cached is None:
+            cached = (
+                aiohttp.ClientTimeout(total=deployment.timeout_s),
+                UPSTREAM_LATENCY.labels(deployment.name),
+            )
+            self._prepared[deployment.name] = cached
+        return cached
+
+    async def _try_deployment(
+        self,
+        deployment: Deployment,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        has_next: bool,
+    ) -> _DeploymentResult:
+        """Call one deployment with retries until success, a permanent error or give-up."""
+        calls = 0
+        while True:
+            attempt = await self._call(deployment, messages, params)
+            calls += 1
+            if attempt.reply is not None:
+                if attempt.reply.completion is not None:
+                    self._cooldowns.record_success(deployment.name)
+                return _DeploymentResult(attempt.reply, calls, False)
+            if not attempt.retryable:
+                return _DeploymentResult(ProviderReply(error=attempt.error), calls, False)
+            self._cooldowns.record_failure(deployment.name)
+            out_of_budget = calls > deployment.max_retries
+            if out_of_budget or (has_next and self._cooldowns.cooling(deployment.name)):
+                return _DeploymentResult(ProviderReply(error=attempt.error), calls, True)
+            UPSTREAM_RETRIES.labels(deployment.name).inc()
+            await self._sleep(self._policy.delay(calls - 1, self._rng, attempt.retry_after))
+
+    async def _call(
+        self, deployment: Deployment, messages: Sequence[Mapping[str, Any]], params: Any
+    ) -> _Attempt:
+        provider = PROVIDERS[deployment.provider]
+        url, headers, body = provider.build_request(deployment, messages, params)
+        timeout, latency = self._per_deployment(deployment)
+        started = time.perf_counter()
+        try:
+            async with self._session.post(
+                url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+            ) as response:
+                raw = await read_capped(response, MAX_REPLY_BYTES)
+                status = response.status
+                retry_after = response.headers.get("Retry-After")
+        except TimeoutError:
+            return _Attempt(error=f"timed out after {deployment.timeout_s:g}s", retryable=True)
+        except aiohttp.ClientError as exc:
+            return _Attempt(error=f"connection failed: {exc.__class__.__name__}", retryable=True)
+        finally:
+            latency.observe(time.perf_counter() - started)
+        if status == 200 and len(raw) > MAX_REPLY_BYTES:
+            return _Attempt(reply=ProviderReply(error=f"reply larger than {MAX_REPLY_BYTES} bytes"))
+        if status == 200:
+            return _Attempt(reply=provider.parse_reply(raw))
+        snippet = raw[:ERROR_SNIPPET_CHARS].decode("utf-8", "replace")
+        return _Attempt(
+            error=f"HTTP {status}: {snippet}",
+            retryable=is_retryable_status(status),
+            retry_after=parse_retry_after(retry_after),
+        )

@@ -1,0 +1,208 @@
+"""Settings: every ``RELAY_*`` environment variable, read once into one frozen object.
+
+Only a service's ``__main__`` calls :meth:`Settings.from_env`; everything else receives
+the object (or the values it needs) as arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from relay_batches.netguard import IPNetwork, parse_networks
+
+
+class ConfigError(Exception):
+    """A setting has a value the service cannot start with."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _float(env, name, default)
+    if not value > 0:
+        raise ConfigError(f"{name} must be a number above 0, got {env.get(name)!r}")
+    return value
+
+
+def _str(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name)
+    return default if raw is None or raw == "" else raw
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = _str(env, name, default)
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All configuration of a Relay process. Defaults work on a developer machine."""
+
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/relay"
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    namespace: str = "relay"
+    routes_file: str = "deploy/routes.local.toml"
+    api_host: str = "127.0.0.1"
+    api_port: int = 8080
+    health_host: str = "127.0.0.1"
+    health_port: int = 0
+    batch_concurrency: int = 4
+    slice_rows: int = 16
+    dispatch_window: int = 1024
+    max_running_jobs: int = 64
+    lease_seconds: float = 30.0
+    reconcile_seconds: float = 2.0
+    results_flush_ms: float = 25.0
+    results_flush_rows: int = 64
+    aggregator_chunk: int = 64
+    aggregator_prefetch: int = 256
+    aggregator_linger_ms: float = 20.0
+    webhook_timeout_s: float = 10.0
+    webhook_allow_networks: tuple[IPNetwork, ...] = ()
+    retry_base_ms: float = 200.0
+    retry_cap_s: float = 10.0
+    cooldown_failures: int = 5
+    cooldown_window_s: float = 10.0
+    cooldown_s: float = 30.0
+    max_body_bytes: int = 100 * 1024 * 1024
+    max_rows: int = 100_000
+    max_content_bytes: int = 1024 * 1024
+    shutdown_grace_s: float = 20.0
+    log_level: str = "INFO"
+    event_loop: str = "uvloop"
+    stall_seconds: float = 120.0
+    scheduler_max_sleep_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read every ``RELAY_*`` variable; raise :class:`ConfigError` on a bad value."""
+        env = os.environ if env is None else env
+        d = cls()
+        return cls(
+            database_url=_str(env, "RELAY_DATABASE_URL", d.database_url),
+            amqp_url=_str(env, "RELAY_AMQP_URL", d.amqp_url),
+            namespace=_namespace(_str(env, "RELAY_NAMESPACE", d.namespace)),
+            routes_file=_str(env, "RELAY_ROUTES_FILE", d.routes_file),
+            api_host=_str(env, "RELAY_API_HOST", d.api_host),
+            api_port=_int(env, "RELAY_API_PORT", d.api_port),
+            health_host=_str(env, "RELAY_HEALTH_HOST", d.health_host),
+            health_port=_int(env, "RELAY_HEALTH_PORT", d.health_port),
+            batch_concurrency=_clamp(
+                _int(env, "RELAY_BATCH_CONCURRENCY", d.batch_concurrency), 1, 32
+            ),
+            slice_rows=_clamp(_int(env, "RELAY_SLICE_ROWS", d.slice_rows), 1, 1000),
+            dispatch_window=max(1, _int(env, "RELAY_DISPATCH_WINDOW", d.dispatch_window)),
+            max_running_jobs=max(1, _int(env, "RELAY_MAX_RUNNING_JOBS", d.max_running_jobs)),
+            lease_seconds=_positive(env, "RELAY_LEASE_SECONDS", d.lease_seconds),
+            reconcile_seconds=_positive(env, "RELAY_RECONCILE_SECONDS", d.reconcile_seconds),
+            results_flush_ms=_positive(env, "RELAY_RESULTS_FLUSH_MS", d.results_flush_ms),
+            results_flush_rows=max(1, _int(env, "RELAY_RESULTS_FLUSH_ROWS", d.results_flush_rows)),
+            aggregator_chunk=max(1, _int(env, "RELAY_AGGREGATOR_CHUNK", d.aggregator_chunk)),
+            aggregator_prefetch=max(
+                1, _int(env, "RELAY_AGGREGATOR_PREFETCH", d.aggregator_prefetch)
+            ),
+            aggregator_linger_ms=_float(env, "RELAY_AGGREGATOR_LINGER_MS", d.aggregator_linger_ms),
+            webhook_timeout_s=_positive(env, "RELAY_WEBHOOK_TIMEOUT_S", d.webhook_timeout_s),
+            webhook_allow_networks=_networks(env, "RELAY_WEBHOOK_ALLOW_NETWORKS"),
+            retry_base_ms=_float(env, "RELAY_RETRY_BASE_MS", d.retry_base_ms),
+            retry_cap_s=_positive(env, "RELAY_RETRY_CAP_S", d.retry_cap_s),
+            cooldown_failures=max(1, _int(env, "RELAY_COOLDOWN_FAILURES", d.cooldown_failures)),
+            cooldown_window_s=_positive(env, "RELAY_COOLDOWN_WINDOW_S", d.cooldown_window_s),
+            cooldown_s=_positive(env, "RELAY_COOLDOWN_S", d.cooldown_s),
+            max_body_bytes=_int(env, "RELAY_MAX_BODY_BYTES", d.max_body_bytes),
+            max_rows=_int(env, "RELAY_MAX_ROWS", d.max_rows),
+            max_content_bytes=_int(env, "RELAY_MAX_CONTENT_BYTES", d.max_content_bytes),
+            shutdown_grace_s=_positive(env, "RELAY_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
+            log_level=_str(env, "RELAY_LOG_LEVEL", d.log_level).upper(),
+            event_loop=_choice(env, "RELAY_EVENT_LOOP", d.event_loop, ("uvloop", "asyncio")),
+            stall_seconds=_positive(env, "RELAY_STALL_SECONDS", d.stall_seconds),
+            scheduler_max_sleep_s=_positive(
+                env, "RELAY_SCHEDULER_MAX_SLEEP_S", d.scheduler_max_sleep_s
+            ),
+        )
+
+    def describe(self) -> dict[str, object]:
+        """Settings as a dict for the start-up log line, with credentials masked."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in {"database_url", "amqp_url"}:
+                value = _mask_url(str(value))
+            if f.name == "webhook_allow_networks":
+                value = [str(n) for n in value]
+            out[f.name] = value
+        return out
+
+
+def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
+    try:
+        return parse_networks(env.get(name, ""))
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be comma-separated CIDRs: {exc}") from None
+
+
+def _namespace(value: str) -> str:
+    if not value.replace("_", "").replace("-", "").isalnum():
+        raise ConfigError(f"RELAY_NAMESPACE may hold letters, digits, '-' and '_', got {value!r}")
+    return value
+
+
+def _mask_url(url: str) -> str:
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The ``relay batch`` command line's settings: which API, which key, how long to wait.
+
+    Flags given on the command line override these.
+    """
+
+    url: str = "http://127.0.0.1:8080"
+    api_key: str | None = None
+    timeout_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientSettings:
+        """Read ``RELAY_URL``, ``RELAY_API_KEY`` and ``RELAY_CLI_TIMEOUT_S``."""
+        env = os.environ if env is None else env
+        d = cls()
+        timeout_s = _float(env, "RELAY_CLI_TIMEOUT_S", d.timeout_s)
+        if timeout_s <= 0:
+            raise ConfigError(f"RELAY_CLI_TIMEOUT_S must be positive, got {timeout_s}")
+        return cls(
+            url=_str(env, "RELAY_URL", d.url),
+            api_key=env.get("RELAY_API_KEY") or None,
+            timeout_s=timeout_s,
+        )

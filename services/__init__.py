@@ -1,0 +1,1 @@
+"""Relay's services, one package each: wiring, a short service declaration and its core logic."""

@@ -1,0 +1,39 @@
+"""The ingest-api's bus side-effects: wake a dispatcher, announce a cancel or a template."""
+
+from __future__ import annotations
+
+from relay_batches.services.ingest_api.routes import Announcer
+
+from relay_batches.announce import announce_finished
+from relay_batches.bus.client import Bus
+from relay_batches.bus.topology import (
+    EVENT_CANCELED,
+    EVENT_TEMPLATE_CREATED,
+    broker_priority,
+)
+from relay_batches.ledger.jobs import JobStore
+from relay_batches.messages import DispatchWakeup, JobEvent, TemplateCreated
+from relay_batches.model import Job, iso
+
+
+def publisher_for(bus: Bus, jobs: JobStore) -> Announcer:
+    """The API's bus side-effects, each publish awaiting its confirm."""
+
+    async def wake_dispatcher(batch: Job) -> None:
+        await bus.publish(
+            bus.names.dispatch,
+            DispatchWakeup(batch.id, batch.priority).encode(),
+            kind="dispatch",
+            priority=broker_priority(batch.priority),
+        )
+
+    async def job_canceled(batch: Job) -> None:
+        event = JobEvent(batch.id, batch.status, batch.total, batch.completed, batch.failed)
+        await bus.publish_event(EVENT_CANCELED, event.encode())
+        await announce_finished(bus.publish_event, jobs.mark_finished_published, [event])
+
+    async def template_created(batch: Job) -> None:
+        created = TemplateCreated(batch.id, iso(batch.next_run_at) or "")
+        await bus.publish_event(EVENT_TEMPLATE_CREATED, created.encode())
+
+    return Announcer(wake_dispatcher, job_canceled, template_created)

@@ -1,0 +1,152 @@
+"""Running the rows of one task: bounded concurrency, cancel, outcome per row.
+
+No aio-pika or asyncpg here: tests drive :class:`RowRunner` with a fake router and a
+fake outcome sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from relay_batches.messages import DecodedSlice, RowOutcome
+from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
+from relay_batches.router.types import RowResult
+
+log = logging.getLogger("relay.row_worker")
+
+CANCELED_MEMORY = 10_000
+
+
+class Router(Protocol):
+    """What the runner needs of the model router."""
+
+    async def complete(
+        self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+    ) -> RowResult:
+        """Run one row through its alias."""
+
+
+OutcomeSink = Callable[[RowOutcome], Awaitable[None]]
+
+
+class CanceledJobs:
+    """Jobs known to be canceled (bounded memory: the oldest are forgotten)."""
+
+    def __init__(self, capacity: int = CANCELED_MEMORY) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._capacity = capacity
+
+    def add(self, batch_id: str) -> None:
+        """Remember ``batch_id`` as canceled."""
+        self._ids[batch_id] = None
+        self._ids.move_to_end(batch_id)
+        while len(self._ids) > self._capacity:
+            self._ids.popitem(last=False)
+
+    def __contains__(self, batch_id: object) -> bool:
+        return batch_id in self._ids
+
+
+class RowRunner:
+    """Runs task rows with at most ``concurrency`` upstream calls in flight."""
+
+    def __init__(self, router: Router, sink: OutcomeSink, concurrency: int) -> None:
+        self._router = router
+        self._sink = sink
+        self._slots = asyncio.Semaphore(concurrency)
+        self.canceled = CanceledJobs()
+        self._running: dict[str, set[asyncio.Task[None]]] = {}
+
+    def cancel_job(self, batch_id: str) -> int:
+        """Mark a job canceled and abort its in-flight calls; return how many were aborted."""
+        self.canceled.add(batch_id)
+        tasks = self._running.pop(batch_id, set())
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    async def handle_slice(self, task: DecodedSlice) -> int:
+        """Run every row of ``task``; return once each has a confirmed outcome (or was dropped).
+
+        Returns the number of rows that got an outcome.
+        """
+        started: list[asyncio.Task[None]] = []
+        for index, messages in task.rows:
+            await self._slots.acquire()
+            if task.batch_id in self.canceled:
+                self._slots.release()
+                ROWS_DROPPED.inc()
+                continue
+            row = asyncio.create_task(
+                self._run_row(task, index, messages), name=f"row-{task.batch_id}-{index}"
+            )
+            self._running.setdefault(task.batch_id, set()).add(row)
+            row.add_done_callback(lambda t, b=task.batch_id: self._forget(b, t))
+            started.append(row)
+        results = await asyncio.gather(*started, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            raise failures[0]
+        return sum(1 for r in results if r is None)
+
+    def _forget(self, batch_id: str, task: asyncio.Task[None]) -> None:
+        tasks = self._running.get(batch_id)
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                del self._running[batch_id]
+
+    async def _run_row(self, task: DecodedSlice, index: int, messages: list[Any]) -> None:
+        ROWS_IN_FLIGHT.inc()
+        try:
+            result = await self._call(task, index, messages)
+        finally:
+            ROWS_IN_FLIGHT.dec()
+            self._slots.release()
+        outcome = to_outcome(task.batch_id, index, result)
+        ROWS_PROCESSED.labels("content" if outcome.error is None else "error").inc()
+        await self._sink(outcome)
+
+    async def _call(self, task: DecodedSlice, index: int, messages: list[Any]) -> RowResult:
+        try:
+            return await self._router.complete(task.model, messages, task.params)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception(
+                "row_failed_unexpectedly", extra={"batch_id": task.batch_id, "row": index}
+            )
+            return RowResult(None, f"internal_error: {exc.__class__.__name__}", 1, None)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def storable_text(text: str) -> str:
+    """``text`` as the ledger can store it: NUL (which Postgres text refuses) becomes U+FFFD."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
+def _tokens(count: int) -> int:
+    return max(0, min(INT32_MAX, count))
+
+
+def to_outcome(batch_id: str, index: int, result: RowResult) -> RowOutcome:
+    """The bus outcome of one row's router result, made storable by the ledger."""
+    completion = result.completion
+    error = None if completion is not None else (result.error or "upstream_error: unknown")
+    return RowOutcome(
+        batch_id=batch_id,
+        row_index=index,
+        content=None if completion is None else storable_text(completion.content),
+        error=None if error is None else storable_text(error),
+        attempts=result.attempts,
+        dead_letter=completion is None and result.dead_letter,
+        deployment=result.deployment,
+        prompt_tokens=0 if completion is None else _tokens(completion.prompt_tokens),
+        completion_tokens=0 if completion is None else _tokens(completion.completion_tokens),
+    )

@@ -1,0 +1,101 @@
+"""Spawning cron runs: which tick is due, when the next one falls, one pass of the scheduler.
+
+Time is always a parameter (``now``): the service passes the wall clock, tests pass a
+simulated one. A template late by several ticks (the scheduler was down) gets one run,
+for the latest tick that has passed, and its ``next_run_at`` jumps past ``now``: a
+backlog never turns into a burst.
+
+No aio-pika or asyncpg here: the store and the wake-up publisher are passed in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from relay_batches.cron import latest_tick, next_tick
+from relay_batches.ledger.schedule import DueTemplate, Plan, PlannedTick, SpawnedRun
+from relay_batches.model import iso
+
+log = logging.getLogger("relay.scheduler")
+
+SPAWN_PAGE = 100
+
+WakeDispatcher = Callable[[SpawnedRun], Awaitable[None]]
+
+
+class Store(Protocol):
+    """What the scheduler needs of the ledger."""
+
+    async def spawn_due(
+        self, now: datetime, limit: int, plan: Plan
+    ) -> tuple[int, list[SpawnedRun]]:
+        """Lock due templates, insert their runs, advance them; (locked, inserted)."""
+
+    async def earliest_next_run(self) -> datetime | None:
+        """The soonest next_run_at of any scheduled template."""
+
+
+def run_name(template_name: str, tick: datetime) -> str:
+    """A run's name: its template's name and the tick it runs for."""
+    return f"{template_name} @ {iso(tick)}"
+
+
+def plan_ticks(templates: Sequence[DueTemplate], now: datetime) -> list[PlannedTick]:
+    """For each due template: the one tick to run now, and the next tick after ``now``."""
+    planned = []
+    for template in templates:
+        tick = max(latest_tick(template.cron, now), template.next_run_at)
+        planned.append(
+            PlannedTick(
+                template_id=template.id,
+                run_name=run_name(template.name, tick),
+                tick=tick,
+                next_run_at=next_tick(template.cron, now),
+            )
+        )
+    return planned
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one pass did, and when the next template falls due (None: no template)."""
+
+    spawned: list[SpawnedRun]
+    wake_at: datetime | None
+
+
+class Scheduler:
+    """One pass at a time: spawn every due run, wake a dispatcher for each."""
+
+    def __init__(self, store: Store, wake_dispatcher: WakeDispatcher) -> None:
+        self._store = store
+        self._wake_dispatcher = wake_dispatcher
+
+    async def tick(self, now: datetime) -> TickResult:
+        """Spawn the runs due at ``now``; return them and the next time to look."""
+        spawned: list[SpawnedRun] = []
+        while True:
+            locked, runs = await self._store.spawn_due(
+                now, SPAWN_PAGE, lambda due: plan_ticks(due, now)
+            )
+            spawned.extend(runs)
+            if locked < SPAWN_PAGE:
+                break
+        for run in spawned:
+            log.info(
+                "run_spawned",
+                extra={"batch_id": run.id, "template_id": run.template_id, "tick": iso(run.tick)},
+            )
+            await self._wake(run)
+        return TickResult(spawned, await self._store.earliest_next_run())
+
+    async def _wake(self, run: SpawnedRun) -> None:
+        try:
+            await self._wake_dispatcher(run)
+        except Exception as exc:
+            # The run is committed; the dispatcher's reconcile scan will find it.
+            log.warning("wakeup_failed", extra={"batch_id": run.id, "error": repr(exc)})
