@@ -161,7 +161,7 @@ async def list_batches(request: web.Request) -> web.Response:
     template_id = query.get("template_id")
     if template_id is not None and not is_valid_id(template_id):
         raise invalid("template_id must be a batch id", "template_id")
-    page, more = await request.app[DEPS].jobs.list(
+    page, more = await request.app[DEPS].jobs.list_page(
         request[WORKSPACE_ID], limit, after, status, template_id
     )
     return json_response({"object": "list", "data": [b.to_api() for b in page], "has_more": more})

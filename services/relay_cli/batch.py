@@ -192,7 +192,7 @@ async def list_jobs(client: RelayClient, args: argparse.Namespace, out: TextIO, 
     """One page of jobs as a table, newest first."""
     if not 1 <= args.limit <= 100:
         raise UsageError("--limit must be from 1 to 100")
-    page = await client.list(args.limit, args.status, args.after)
+    page = await client.list_page(args.limit, args.status, args.after)
     print(f"{'ID':<32}  {'STATUS':<9}  {'DONE':>13}  {'CREATED':<20}  NAME", file=out)
     for batch in page["data"]:
         done = f"{done_rows(batch)}/{batch['total']}"

@@ -118,7 +118,7 @@ class RelayClient:
         """``GET /v1/batches/{id}``."""
         return dict(await self._json("GET", f"/v1/batches/{batch_id}"))
 
-    async def list(
+    async def list_page(
         self, limit: int, status: str | None = None, after: str | None = None
     ) -> dict[str, Any]:
         """``GET /v1/batches``: one page, newest first."""

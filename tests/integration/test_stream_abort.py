@@ -37,7 +37,7 @@ class BrokenJobs(JobStore):
     """The real JobStore, except that listing rows fails after the first page, and
     listing batches fails at once (the database went away before any byte was sent)."""
 
-    async def list(self, *args: Any, **kwargs: Any) -> tuple[list[Job], bool]:
+    async def list_page(self, *args: Any, **kwargs: Any) -> tuple[list[Job], bool]:
         raise TransientError("database unavailable")
 
     async def _first_page_then_outage(self, page: list[object]) -> AsyncIterator[list[object]]:

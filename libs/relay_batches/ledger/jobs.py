@@ -116,7 +116,7 @@ class JobStore:
             )
         return None if record is None else Job.from_record(record)
 
-    async def list(
+    async def list_page(
         self,
         workspace_id: str,
         limit: int,
