@@ -1,1 +1,1 @@
-"""row-worker: takes row tasks, calls models through the router, publishes outcomes."""
+"""row-worker: takes slices of rows, calls models through the router, publishes outcomes."""

@@ -38,7 +38,7 @@ class Names:
 
     @property
     def rows(self) -> str:
-        """Queue of row tasks (slices of one job's rows)."""
+        """Queue of slice messages (consecutive rows of one job)."""
         return f"{self.namespace}.rows"
 
     @property
