@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 
-.PHONY: setup run test unit integration e2e chaos fuzz lint format migrate clean bench browser
+.PHONY: setup run test unit integration e2e chaos fuzz lint typecheck format migrate clean bench browser
 
 setup: $(STAMP)
 
@@ -63,6 +63,16 @@ fuzz: setup
 lint: setup
 	$(BIN)/ruff check libs services tests
 	$(BIN)/ruff format --check libs services tests
+
+# mypy --strict over the whole relay_batches namespace. mypy cannot follow pyproject's
+# package-dir map (services/ is relay_batches.services), so it reads a tree of links that
+# lays the namespace out as it is installed.
+TYPECHECK := build/typecheck
+typecheck: setup
+	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/relay_batches
+	@ln -s $(CURDIR)/libs/relay_batches/* $(TYPECHECK)/relay_batches/
+	@ln -s $(CURDIR)/services $(TYPECHECK)/relay_batches/services
+	cd $(TYPECHECK) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p relay_batches
 
 format: setup
 	$(BIN)/ruff format libs services tests
