@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from enum import StrEnum
+from pathlib import Path
 from typing import TypeVar
 
 import orjson
@@ -123,3 +124,13 @@ def test_a_job_event_decodes_to_the_enum_and_refuses_an_unknown_status() -> None
     body = {"v": SCHEMA_VERSION, "kind": "job", "batch_id": "b", "status": "paused"}
     with pytest.raises(MessageError):
         JobEvent.decode(orjson.dumps({**body, "total": 1, "completed": 0, "failed": 0}))
+
+
+def test_the_panel_uses_the_model_terminal_and_cancelable_sets() -> None:
+    dom = (Path(__file__).parents[2] / "services/ingest_api/static/dom.js").read_text()
+    sets = {
+        name: set(re.findall(r'"(\w+)"', values))
+        for name, values in re.findall(r"export const (\w+) = new Set\(\[([^\]]*)\]\)", dom)
+    }
+    assert sets["TERMINAL"] == TERMINAL
+    assert sets["CANCELABLE"] == CANCELABLE
