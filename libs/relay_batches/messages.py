@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from relay_batches.model import JobStatus
+
 SCHEMA_VERSION = 1
 
 
@@ -191,7 +193,7 @@ class JobEvent:
     """`<ns>.events` (topic): ``job.progress``, ``job.finished`` or ``job.canceled``."""
 
     batch_id: str
-    status: str
+    status: JobStatus
     total: int
     completed: int
     failed: int
@@ -218,7 +220,7 @@ class JobEvent:
         try:
             return cls(
                 batch_id=str(d["batch_id"]),
-                status=str(d["status"]),
+                status=JobStatus(d["status"]),
                 total=int(d["total"]),
                 completed=int(d["completed"]),
                 failed=int(d["failed"]),

@@ -1,17 +1,25 @@
-"""The batch (job) as the API shows it: status names, terminal sets, the batch object."""
+"""Job and webhook-delivery statuses, their terminal sets and allowed transitions, and
+the batch object as the API shows it.
+
+The transition tables are the one statement of which status may follow which: the
+ledger's guarded updates take their allowed-from sets from :func:`allowed_from` and
+:func:`delivery_allowed_from`, and migrations CHECK exactly these values (a unit test
+compares them).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 
-class Status(StrEnum):
-    """Every status a batch can have (a CHECK constraint in the ledger says the same)."""
+class JobStatus(StrEnum):
+    """Every status a batch can have (``batches.status`` CHECKs the same values)."""
 
     QUEUED = "queued"
     SCHEDULED = "scheduled"
@@ -21,8 +29,67 @@ class Status(StrEnum):
     CANCELED = "canceled"
 
 
-TERMINAL: frozenset[str] = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELED})
-CANCELABLE: frozenset[str] = frozenset({Status.QUEUED, Status.RUNNING, Status.SCHEDULED})
+# The former name, still imported by relay_cli; new code says JobStatus.
+Status = JobStatus
+
+
+class DeliveryStatus(StrEnum):
+    """Every status of a completion-webhook delivery (``webhook_deliveries.status``)."""
+
+    SENDING = "sending"
+    DELIVERED = "delivered"
+    REFUSED = "refused"
+    FAILED = "failed"
+
+
+S = TypeVar("S", bound=StrEnum)
+
+JOB_INITIAL: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.SCHEDULED})
+
+# Which status each job status may move to, and nothing else: queued and running jobs
+# end by failing or being canceled, a running job completes when every row has an
+# outcome, a cron template (scheduled) only ever ends by cancel; its runs are new jobs.
+JOB_STATUS_TRANSITIONS: Mapping[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELED}),
+    JobStatus.SCHEDULED: frozenset({JobStatus.CANCELED}),
+    JobStatus.RUNNING: frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELED}),
+    JobStatus.COMPLETED: frozenset(),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.CANCELED: frozenset(),
+}
+
+DELIVERY_INITIAL: frozenset[DeliveryStatus] = frozenset({DeliveryStatus.SENDING})
+
+# A claim is taken ``sending`` and ends once, however the POST went (or was given up).
+DELIVERY_STATUS_TRANSITIONS: Mapping[DeliveryStatus, frozenset[DeliveryStatus]] = {
+    DeliveryStatus.SENDING: frozenset(
+        {DeliveryStatus.DELIVERED, DeliveryStatus.REFUSED, DeliveryStatus.FAILED}
+    ),
+    DeliveryStatus.DELIVERED: frozenset(),
+    DeliveryStatus.REFUSED: frozenset(),
+    DeliveryStatus.FAILED: frozenset(),
+}
+
+
+def _terminal(transitions: Mapping[S, frozenset[S]]) -> frozenset[S]:
+    return frozenset(s for s, targets in transitions.items() if not targets)
+
+
+TERMINAL: frozenset[JobStatus] = _terminal(JOB_STATUS_TRANSITIONS)
+DELIVERY_TERMINAL: frozenset[DeliveryStatus] = _terminal(DELIVERY_STATUS_TRANSITIONS)
+
+
+def allowed_from(target: JobStatus) -> list[JobStatus]:
+    """The job statuses that may move to ``target``, in enum order (a SQL array)."""
+    return [s for s in JobStatus if target in JOB_STATUS_TRANSITIONS[s]]
+
+
+def delivery_allowed_from(target: DeliveryStatus) -> list[DeliveryStatus]:
+    """The delivery statuses that may move to ``target``, in enum order (a SQL array)."""
+    return [s for s in DeliveryStatus if target in DELIVERY_STATUS_TRANSITIONS[s]]
+
+
+CANCELABLE: frozenset[JobStatus] = frozenset(allowed_from(JobStatus.CANCELED))
 
 
 def iso(ts: datetime | None) -> str | None:
@@ -41,7 +108,7 @@ class Job:
     name: str
     model: str
     priority: int
-    status: str
+    status: JobStatus
     total: int
     completed: int
     failed: int
@@ -62,7 +129,9 @@ class Job:
     @classmethod
     def from_record(cls, record: Any) -> Job:
         """Build from an asyncpg record of ``SELECT * FROM batches`` (extra keys ignored)."""
-        return cls(**{name: record[name] for name in cls.__dataclass_fields__})
+        values = {name: record[name] for name in cls.__dataclass_fields__}
+        values["status"] = JobStatus(values["status"])
+        return cls(**values)
 
     def to_api(self) -> dict[str, Any]:
         """The batch object of API.md."""

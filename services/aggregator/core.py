@@ -19,6 +19,7 @@ from relay_batches.errors import PermanentError
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import JobEvent, MessageError, OutcomesMessage, RowOutcome
 from relay_batches.metrics import JOB_TRANSITIONS, ROWS_RECORDED
+from relay_batches.model import JobStatus
 
 log = logging.getLogger("relay.aggregator")
 
@@ -121,7 +122,7 @@ class Aggregator:
         for batch_id in await self._store.canceled_among(due):
             self._cancel_sent[batch_id] = now
             self._cancel_sent.move_to_end(batch_id)
-            event = JobEvent(batch_id, "canceled", 0, 0, 0)
+            event = JobEvent(batch_id, JobStatus.CANCELED, 0, 0, 0)
             await self._publish(EVENT_CANCELED, event.encode())
             log.info("cancel_repeated", extra={"batch_id": batch_id})
         while len(self._cancel_sent) > CANCEL_MEMORY:

@@ -19,7 +19,7 @@ from typing import Protocol
 from relay_batches.ledger.dispatch import RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.metrics import JOB_TRANSITIONS
-from relay_batches.model import TERMINAL, Status
+from relay_batches.model import TERMINAL, JobStatus
 
 log = logging.getLogger("relay.dispatcher")
 
@@ -156,7 +156,7 @@ class Dispatcher:
         if not self._model_known(job.model):
             await self._fail(job, f"model alias {job.model!r} is not in the routes file")
             return
-        JOB_TRANSITIONS.labels(Status.RUNNING).inc()
+        JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
         log.info(
             "job_claimed",
             extra={"batch_id": job.id, "total": job.total, "from_row": job.dispatched_upto},
@@ -167,10 +167,10 @@ class Dispatcher:
 
     async def _fail(self, job: RunningJob, error: str) -> None:
         if await self._store.fail(job.id, error):
-            JOB_TRANSITIONS.labels(Status.FAILED).inc()
+            JOB_TRANSITIONS.labels(JobStatus.FAILED).inc()
             log.warning("job_failed", extra={"batch_id": job.id, "error": error})
             await self._announce_failed(
-                JobEvent(job.id, Status.FAILED, job.total, job.completed, job.failed)
+                JobEvent(job.id, JobStatus.FAILED, job.total, job.completed, job.failed)
             )
 
     async def on_progress(self, event: JobEvent) -> None:

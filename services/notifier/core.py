@@ -25,7 +25,7 @@ from relay_batches.errors import TransientError
 from relay_batches.ledger.deliveries import Claim
 from relay_batches.messages import JobEvent
 from relay_batches.metrics import WEBHOOK_DELIVERIES
-from relay_batches.model import Job
+from relay_batches.model import DeliveryStatus, Job
 from relay_batches.webhooks import signed_headers
 
 log = logging.getLogger("relay.notifier")
@@ -81,7 +81,7 @@ class Store(Protocol):
         """The workspace's webhook signing secret."""
 
     async def finish(
-        self, claim: Claim, status: str, status_code: int | None, error: str | None
+        self, claim: Claim, status: DeliveryStatus, status_code: int | None, error: str | None
     ) -> bool:
         """Record the delivery's end; False if ``claim`` is no longer the live one."""
 
@@ -119,7 +119,7 @@ async def recover_deliveries(store: RecoveryStore, post: Post, limit: int = RECO
         claim = claims[0]
         batch = await store.batch(claim.batch_id)
         if batch is None or not batch.webhook_url:
-            await _record(store, claim, "failed", None, "batch or webhook URL is gone")
+            await _record(store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone")
             continue
         log.warning(
             "webhook_claim_taken_over", extra={"batch_id": claim.batch_id, "claim": claim.number}
@@ -133,7 +133,7 @@ async def _post_and_record(batch: Job, url: str, claim: Claim, store: Store, pos
     body = orjson.dumps(batch.webhook_body())
     secret = await store.signing_secret(batch.workspace_id)
     result = await post(url, body, signed_headers(secret, f"msg_{batch.id}", body))
-    outcome = "delivered" if result.delivered else "refused" if result.refused else "failed"
+    outcome = _outcome(result)
     await _record(store, claim, outcome, result.status_code, result.error)
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     log.info(
@@ -143,8 +143,14 @@ async def _post_and_record(batch: Job, url: str, claim: Claim, store: Store, pos
     return outcome
 
 
+def _outcome(result: PostResult) -> DeliveryStatus:
+    if result.delivered:
+        return DeliveryStatus.DELIVERED
+    return DeliveryStatus.REFUSED if result.refused else DeliveryStatus.FAILED
+
+
 async def _record(
-    store: Store, claim: Claim, outcome: str, status_code: int | None, error: str | None
+    store: Store, claim: Claim, outcome: DeliveryStatus, status_code: int | None, error: str | None
 ) -> None:
     """Record the delivery, retrying for up to ``RECORD_BUDGET_S`` while the database is
     briefly away: the POST went out, and an unrecorded claim would later be taken over
@@ -164,7 +170,7 @@ async def _record(
 
 
 async def _finish_retrying(
-    store: Store, claim: Claim, outcome: str, status_code: int | None, error: str | None
+    store: Store, claim: Claim, outcome: DeliveryStatus, status_code: int | None, error: str | None
 ) -> bool:
     while True:
         try:

@@ -17,7 +17,7 @@ from relay_batches.services.ingest_api.routes import DEFAULT_PAGE, MAX_PAGE
 from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
 from relay_batches.errors import ERROR_TYPES, ApiError
-from relay_batches.model import Job, Status
+from relay_batches.model import Job, JobStatus
 from tests.openapi_ops import component_validator, documented_operations
 
 DOC = load_document()
@@ -137,7 +137,7 @@ def test_documented_params_are_exactly_the_accepted_ones() -> None:
 
 
 def test_status_enum_and_list_limits_are_the_code_ones() -> None:
-    assert SCHEMAS["Status"]["enum"] == [status.value for status in Status]
+    assert SCHEMAS["Status"]["enum"] == [status.value for status in JobStatus]
     limit = DOC["paths"]["/v1/batches"]["get"]["parameters"][0]
     assert limit["name"] == "limit"
     assert (limit["schema"]["minimum"], limit["schema"]["maximum"]) == (1, MAX_PAGE)

@@ -18,16 +18,20 @@ import asyncpg
 
 from relay_batches.ledger.keys import generate_webhook_secret
 from relay_batches.ledger.pool import translated
-from relay_batches.model import Job
+from relay_batches.ledger.status_sql import status_in
+from relay_batches.model import DeliveryStatus, Job, delivery_allowed_from
 
 MAX_CLAIMS = 3
 DEFAULT_CLAIM_S = 30.0
 
-_RECLAIM = """
+# Constant, so the scans below use the partial index webhook_deliveries_sending.
+_SENDING = status_in([DeliveryStatus.SENDING])
+
+_RECLAIM = f"""
 UPDATE webhook_deliveries d
 SET claim_expires_at = now() + make_interval(secs => $1), claims = d.claims + 1
 FROM (SELECT batch_id FROM webhook_deliveries
-      WHERE status = 'sending' AND claims < $2
+      WHERE {_SENDING} AND claims < $2
         AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
       ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) q
 WHERE d.batch_id = q.batch_id
@@ -36,14 +40,15 @@ RETURNING d.batch_id, d.claims
 
 _FINISH = """
 UPDATE webhook_deliveries SET status = $3, status_code = $4, error = $5, finished_at = now()
-WHERE batch_id = $1 AND claims = $2 AND status = 'sending'
+WHERE batch_id = $1 AND claims = $2 AND status = ANY($6::text[])
 RETURNING batch_id
 """
 
-_ABANDON = """
-UPDATE webhook_deliveries SET status = 'failed', finished_at = now(),
+# $3 failed: the guarded end of claims taken over too often (scanned by their status).
+_ABANDON = f"""
+UPDATE webhook_deliveries SET status = $3, finished_at = now(),
     error = 'notifier stopped during delivery ' || claims || ' times; giving up'
-WHERE status = 'sending' AND claims >= $2
+WHERE {status_in(delivery_allowed_from(DeliveryStatus.FAILED))} AND claims >= $2
   AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
 """
 
@@ -75,12 +80,13 @@ class DeliveryStore:
             number = await self._pool.fetchval(
                 "INSERT INTO webhook_deliveries (batch_id, url, status, message_id,"
                 " claim_expires_at)"
-                " VALUES ($1, $2, 'sending', $3, now() + make_interval(secs => $4))"
+                " VALUES ($1, $2, $5, $3, now() + make_interval(secs => $4))"
                 " ON CONFLICT (batch_id) DO NOTHING RETURNING claims",
                 batch_id,
                 url,
                 message_id,
                 self._claim_s,
+                DeliveryStatus.SENDING,
             )
         return None if number is None else Claim(batch_id, number)
 
@@ -99,20 +105,27 @@ class DeliveryStore:
     async def reclaim_expired(self, limit: int = 20) -> list[Claim]:
         """Take over expired ``sending`` claims (their notifier died); give up old ones."""
         async with translated(), self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(_ABANDON, self._claim_s, MAX_CLAIMS)
+            await conn.execute(_ABANDON, self._claim_s, MAX_CLAIMS, DeliveryStatus.FAILED)
             records = await conn.fetch(_RECLAIM, self._claim_s, MAX_CLAIMS, limit)
         return [Claim(r[0], r[1]) for r in records]
 
     async def finish(
-        self, claim: Claim, status: str, status_code: int | None, error: str | None
+        self, claim: Claim, status: DeliveryStatus, status_code: int | None, error: str | None
     ) -> bool:
-        """Record how the delivery ended (``delivered``, ``failed`` or ``refused``).
+        """Record how the delivery ended (``delivered``, ``failed`` or ``refused``), a
+        guarded move from the statuses :func:`delivery_allowed_from` names.
 
         False, recording nothing, when ``claim`` is no longer the live one (it expired
         and was taken over, or given up): the record belongs to whoever holds it now.
         """
         async with translated():
             value = await self._pool.fetchval(
-                _FINISH, claim.batch_id, claim.number, status, status_code, error
+                _FINISH,
+                claim.batch_id,
+                claim.number,
+                status,
+                status_code,
+                error,
+                delivery_allowed_from(status),
             )
         return value is not None

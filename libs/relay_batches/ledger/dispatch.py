@@ -3,11 +3,13 @@ find stalled jobs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import asyncpg
 
 from relay_batches.ledger.pool import translated
+from relay_batches.ledger.status_sql import status_in
+from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
     "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params"
@@ -24,7 +26,7 @@ class RunningJob:
     total: int
     completed: int
     failed: int
-    status: str
+    status: JobStatus
     dispatched_upto: int
     rows_batch_id: str
     params: str
@@ -54,46 +56,29 @@ class DispatchStore:
         """Mark up to ``limit`` queued jobs running under our lease, best priority first."""
         async with translated():
             records = await self._pool.fetch(
-                "UPDATE batches b SET status = 'running', started_at = now(),"
-                " last_progress_at = now(), lease_owner = $1,"
-                " lease_expires_at = now() + make_interval(secs => $3)"
-                " FROM (SELECT id FROM batches WHERE status = 'queued'"
-                "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
-                f" WHERE b.id = q.id RETURNING {_prefixed('b')}",
-                owner,
-                limit,
-                lease_s,
+                _CLAIM_QUEUED, owner, limit, lease_s, JobStatus.RUNNING
             )
-        return sorted((RunningJob(*r) for r in records), key=lambda j: -j.priority)
+        return sorted((_running(r) for r in records), key=lambda j: -j.priority)
 
     async def claim_expired(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
         """Take over running jobs whose owner's lease expired (or that have no owner)."""
         async with translated():
-            records = await self._pool.fetch(
-                "UPDATE batches b SET lease_owner = $1,"
-                " lease_expires_at = now() + make_interval(secs => $3)"
-                " FROM (SELECT id FROM batches WHERE status = 'running'"
-                "       AND (lease_expires_at IS NULL OR lease_expires_at < now())"
-                "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
-                f" WHERE b.id = q.id RETURNING {_prefixed('b')}",
-                owner,
-                limit,
-                lease_s,
-            )
-        return sorted((RunningJob(*r) for r in records), key=lambda j: -j.priority)
+            records = await self._pool.fetch(_CLAIM_EXPIRED, owner, limit, lease_s)
+        return sorted((_running(r) for r in records), key=lambda j: -j.priority)
 
     async def renew(self, owner: str, job_ids: list[str], lease_s: float) -> list[RunningJob]:
         """Extend our lease on ``job_ids``; return those still running and ours."""
         async with translated():
             records = await self._pool.fetch(
                 "UPDATE batches SET lease_expires_at = now() + make_interval(secs => $3)"
-                " WHERE id = ANY($2::text[]) AND lease_owner = $1 AND status = 'running'"
+                " WHERE id = ANY($2::text[]) AND lease_owner = $1 AND status = $4"
                 f" RETURNING {_JOB_COLUMNS}",
                 owner,
                 job_ids,
                 lease_s,
+                JobStatus.RUNNING,
             )
-        return [RunningJob(*r) for r in records]
+        return [_running(r) for r in records]
 
     async def release(self, owner: str, job_ids: list[str]) -> None:
         """Give up our lease on ``job_ids`` so another dispatcher can take them at once."""
@@ -141,7 +126,7 @@ class DispatchStore:
         async with translated():
             records = await self._pool.fetch(
                 "UPDATE batches b SET last_progress_at = now()"
-                " WHERE b.id = ANY($2::text[]) AND b.lease_owner = $1 AND b.status = 'running'"
+                " WHERE b.id = ANY($2::text[]) AND b.lease_owner = $1 AND b.status = $4"
                 " AND COALESCE(b.last_progress_at, b.started_at, b.created_at)"
                 "     < now() - make_interval(secs => $3)"
                 " RETURNING b.id, (SELECT min(r.row_index) FROM batch_rows r"
@@ -151,6 +136,7 @@ class DispatchStore:
                 owner,
                 job_ids,
                 stall_s,
+                JobStatus.RUNNING,
             )
         return [StalledJob(r[0], r[1]) for r in records]
 
@@ -159,10 +145,11 @@ class DispatchStore:
         async with translated():
             value = await self._pool.fetchval(
                 "UPDATE batches SET dispatched_upto = GREATEST(dispatched_upto, $3)"
-                " WHERE id = $2 AND lease_owner = $1 AND status = 'running' RETURNING id",
+                " WHERE id = $2 AND lease_owner = $1 AND status = $4 RETURNING id",
                 owner,
                 job_id,
                 upto,
+                JobStatus.RUNNING,
             )
         return value is not None
 
@@ -170,14 +157,43 @@ class DispatchStore:
         """Guarded transition of a queued or running job to ``failed`` with ``error``."""
         async with translated():
             value = await self._pool.fetchval(
-                "UPDATE batches SET status = 'failed', error = $2, completed_at = now(),"
-                " lease_owner = NULL WHERE id = $1 AND status IN ('queued', 'running')"
-                " RETURNING id",
+                "UPDATE batches SET status = $3, error = $2, completed_at = now(),"
+                " lease_owner = NULL WHERE id = $1 AND status = ANY($4::text[]) RETURNING id",
                 job_id,
                 error,
+                JobStatus.FAILED,
+                allowed_from(JobStatus.FAILED),
             )
         return value is not None
 
 
 def _prefixed(alias: str) -> str:
     return ", ".join(f"{alias}.{c.strip()}" for c in _JOB_COLUMNS.split(","))
+
+
+def _running(record: asyncpg.Record) -> RunningJob:
+    """A :class:`RunningJob` from a ``_JOB_COLUMNS`` record, its status typed."""
+    job = RunningJob(*record)
+    return replace(job, status=JobStatus(job.status))
+
+
+# $1 owner, $2 limit, $3 lease seconds, $4 running: the guarded move of the best queued
+# jobs (the scan names the allowed-from statuses so it uses batches_queued_order).
+_CLAIM_QUEUED = (
+    "UPDATE batches b SET status = $4, started_at = now(),"
+    " last_progress_at = now(), lease_owner = $1,"
+    " lease_expires_at = now() + make_interval(secs => $3)"
+    f" FROM (SELECT id FROM batches WHERE {status_in(allowed_from(JobStatus.RUNNING))}"
+    "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
+    f" WHERE b.id = q.id RETURNING {_prefixed('b')}"
+)
+
+# $1 owner, $2 limit, $3 lease seconds: running jobs whose lease expired (batches_running).
+_CLAIM_EXPIRED = (
+    "UPDATE batches b SET lease_owner = $1,"
+    " lease_expires_at = now() + make_interval(secs => $3)"
+    f" FROM (SELECT id FROM batches WHERE {status_in([JobStatus.RUNNING])}"
+    "       AND (lease_expires_at IS NULL OR lease_expires_at < now())"
+    "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
+    f" WHERE b.id = q.id RETURNING {_prefixed('b')}"
+)

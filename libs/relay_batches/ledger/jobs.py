@@ -14,7 +14,7 @@ from relay_batches.errors import ConflictError
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
 from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.pool import translated
-from relay_batches.model import CANCELABLE, Job, Status
+from relay_batches.model import Job, JobStatus, allowed_from
 
 RESULT_PAGE_ROWS = 5000
 T = TypeVar("T")
@@ -121,7 +121,7 @@ class JobStore:
         workspace_id: str,
         limit: int,
         after: str | None,
-        status: str | None,
+        status: JobStatus | None,
         template_id: str | None = None,
     ) -> tuple[list[Job], bool]:
         """Newest first; ``after`` is the last id of the previous page. Returns (page, more).
@@ -150,12 +150,13 @@ class JobStore:
         """Guarded transition to ``canceled``; :class:`ConflictError` if already terminal."""
         async with translated():
             record = await self._pool.fetchrow(
-                "UPDATE batches SET status = 'canceled', completed_at = now(),"
+                "UPDATE batches SET status = $4, completed_at = now(),"
                 " next_run_at = NULL, lease_owner = NULL"
                 " WHERE id = $1 AND workspace_id = $2 AND status = ANY($3::text[]) RETURNING *",
                 batch_id,
                 workspace_id,
-                sorted(CANCELABLE),
+                allowed_from(JobStatus.CANCELED),
+                JobStatus.CANCELED,
             )
         if record is None:
             raise ConflictError(batch_id)
@@ -198,7 +199,7 @@ async def _insert_batch(
     conn: asyncpg.Connection, new: NewJob, rows: Iterable[tuple[str, str]]
 ) -> Job:
     """INSERT the batch and COPY its rows on ``conn`` (the caller owns the transaction)."""
-    status = Status.SCHEDULED if new.cron else Status.QUEUED
+    status = JobStatus.SCHEDULED if new.cron else JobStatus.QUEUED
     record = await conn.fetchrow(
         "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
         " webhook_url, cron, next_run_at, rows_batch_id, params)"

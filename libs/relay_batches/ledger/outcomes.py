@@ -9,11 +9,13 @@ import asyncpg
 
 from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.pool import translated
+from relay_batches.ledger.status_sql import status_in
 from relay_batches.messages import RowOutcome
-from relay_batches.model import TERMINAL
+from relay_batches.model import TERMINAL, JobStatus, allowed_from
 
+# $1 batch ids, $2 the statuses a job may complete from: only those accept outcomes.
 _LOCK_RUNNING = (
-    "SELECT id FROM batches WHERE id = ANY($1::text[]) AND status = 'running'"
+    "SELECT id FROM batches WHERE id = ANY($1::text[]) AND status = ANY($2::text[])"
     " ORDER BY id FOR UPDATE"
 )
 
@@ -51,7 +53,7 @@ UPDATE batches b SET
     completion_tokens = b.completion_tokens + c.ct,
     last_progress_at = now(),
     status = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
-                  THEN 'completed' ELSE b.status END,
+                  THEN $11::text ELSE b.status END,
     completed_at = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
                         THEN now() ELSE b.completed_at END,
     lease_owner = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
@@ -66,7 +68,7 @@ class JobProgress:
     """A job's counters after a chunk of outcomes was recorded."""
 
     id: str
-    status: str
+    status: JobStatus
     total: int
     completed: int
     failed: int
@@ -97,18 +99,24 @@ class OutcomeStore:
         batch_ids = sorted({o.batch_id for o in outcomes})
         columns = _columns(outcomes)
         async with translated(), self._pool.acquire() as conn, conn.transaction():
-            locked = [r[0] for r in await conn.fetch(_LOCK_RUNNING, batch_ids)]
+            locked = [
+                r[0]
+                for r in await conn.fetch(
+                    _LOCK_RUNNING, batch_ids, allowed_from(JobStatus.COMPLETED)
+                )
+            ]
             if not locked:
                 return []
-            records = await conn.fetch(_RECORD, *columns, locked)
-        return [JobProgress(*r) for r in records]
+            records = await conn.fetch(_RECORD, *columns, locked, JobStatus.COMPLETED)
+        return [_progress(r) for r in records]
 
     async def canceled_among(self, batch_ids: list[str]) -> list[str]:
         """Which of ``batch_ids`` are canceled (outcomes still arriving for them)."""
         async with translated():
             records = await self._pool.fetch(
-                "SELECT id FROM batches WHERE id = ANY($1::text[]) AND status = 'canceled'",
+                "SELECT id FROM batches WHERE id = ANY($1::text[]) AND status = $2",
                 batch_ids,
+                JobStatus.CANCELED,
             )
         return [r[0] for r in records]
 
@@ -117,7 +125,7 @@ class OutcomeStore:
         async with translated():
             records = await self._pool.fetch(
                 "SELECT id FROM batches WHERE NOT finished_published"
-                " AND status IN ('completed', 'failed', 'canceled')"
+                f" AND {status_in(TERMINAL)}"
                 " AND completed_at < now() - make_interval(secs => $1)"
                 " ORDER BY completed_at LIMIT $2",
                 older_than_s,
@@ -133,11 +141,16 @@ class OutcomeStore:
                 " WHERE id = ANY($1::text[])",
                 batch_ids,
             )
-        return [JobProgress(*r) for r in records]
+        return [_progress(r) for r in records]
 
     async def mark_finished_published(self, batch_ids: list[str]) -> None:
         """Record that ``job.finished`` went out for these jobs."""
         await mark_finished_published(self._pool, batch_ids)
+
+
+def _progress(record: asyncpg.Record) -> JobProgress:
+    """A :class:`JobProgress` from ``(id, status, total, completed, failed[, ok, bad])``."""
+    return JobProgress(record[0], JobStatus(record[1]), *record[2:])
 
 
 def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:

@@ -17,17 +17,21 @@ import asyncpg
 
 from relay_batches.ids import new_id
 from relay_batches.ledger.pool import translated
+from relay_batches.ledger.status_sql import status_in
+from relay_batches.model import JobStatus
+
+_DUE = status_in([JobStatus.SCHEDULED])  # constant, so batches_due_templates is used
 
 _LOCK_DUE = (
     "SELECT id, name, cron, next_run_at FROM batches"
-    " WHERE status = 'scheduled' AND next_run_at <= $1"
+    f" WHERE {_DUE} AND next_run_at <= $1"
     " ORDER BY next_run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED"
 )
 
 _INSERT_RUNS = """
 INSERT INTO batches (id, workspace_id, name, model, priority, status, total, webhook_url,
                      template_id, rows_batch_id, params, tick)
-SELECT p.run_id, t.workspace_id, p.run_name, t.model, t.priority, 'queued', t.total,
+SELECT p.run_id, t.workspace_id, p.run_name, t.model, t.priority, $5::text, t.total,
        t.webhook_url, t.id, t.rows_batch_id, t.params, p.tick
 FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[])
     AS p(template_id, run_id, run_name, tick)
@@ -39,7 +43,7 @@ RETURNING id, template_id, priority, tick
 _ADVANCE = """
 UPDATE batches b SET next_run_at = p.next_run_at
 FROM unnest($1::text[], $2::timestamptz[]) AS p(template_id, next_run_at)
-WHERE b.id = p.template_id AND b.status = 'scheduled'
+WHERE b.id = p.template_id AND b.status = $3
 """
 
 
@@ -102,16 +106,18 @@ class ScheduleStore:
                 [new_id() for _ in planned],
                 [p.run_name for p in planned],
                 [p.tick for p in planned],
+                JobStatus.QUEUED,
             )
             await conn.execute(
-                _ADVANCE, [p.template_id for p in planned], [p.next_run_at for p in planned]
+                _ADVANCE,
+                [p.template_id for p in planned],
+                [p.next_run_at for p in planned],
+                JobStatus.SCHEDULED,
             )
         return len(records), [SpawnedRun(*r) for r in inserted]
 
     async def earliest_next_run(self) -> datetime | None:
         """The soonest ``next_run_at`` of any scheduled template (None if there is none)."""
         async with translated():
-            value = await self._pool.fetchval(
-                "SELECT min(next_run_at) FROM batches WHERE status = 'scheduled'"
-            )
+            value = await self._pool.fetchval(f"SELECT min(next_run_at) FROM batches WHERE {_DUE}")
         return value
