@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from relay_batches.services.ingest_api.app import build_app
+from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.ingest_api.publishing import publisher_for
-from relay_batches.services.ingest_api.routes import ApiDeps
 from relay_batches.services.ingest_api.validation import SubmitLimits
 
 from relay_batches.ledger.idempotency import IdempotencyStore

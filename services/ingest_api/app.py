@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.middleware import (
     ResolveKey,
     auth_middleware,
@@ -14,7 +15,7 @@ from relay_batches.services.ingest_api.middleware import (
 from relay_batches.services.ingest_api.models import add_model_routes
 from relay_batches.services.ingest_api.openapi import add_openapi_route
 from relay_batches.services.ingest_api.panel import add_panel_routes
-from relay_batches.services.ingest_api.routes import DEPS, ApiDeps, add_batch_routes
+from relay_batches.services.ingest_api.routes import add_batch_routes
 from relay_batches.services.ingest_api.upload import add_upload_routes
 
 from relay_batches.health import add_health_routes

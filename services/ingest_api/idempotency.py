@@ -1,19 +1,19 @@
-"""The ``Idempotency-Key`` header: validate it, hash the request, replay a stored response."""
+"""The ``Idempotency-Key`` header: validate it, hash the request, replay a stored response.
+
+A creating handler asks, in order: :func:`claim_for` (the key and request hash, or None),
+:func:`stored_response` (the first answer for this key, if there was one), then creates
+with the claim; when the store raises :class:`KeyTaken` (a concurrent twin won),
+:func:`raced_response` answers with the twin's response.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from relay_batches.errors import ApiError, invalid
-from relay_batches.ledger.idempotency import (
-    IdempotencyClaim,
-    IdempotencyStore,
-    KeyTaken,
-    StoredResponse,
-)
+from relay_batches.ledger.idempotency import IdempotencyClaim, IdempotencyStore, StoredResponse
 
 HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255
@@ -50,31 +50,19 @@ def replay(stored: StoredResponse, claim: IdempotencyClaim) -> web.Response:
     )
 
 
-Respond = Callable[[IdempotencyClaim | None], Awaitable[web.Response]]
-
-
-async def idempotent(
-    request: web.Request,
-    store: IdempotencyStore,
-    workspace_id: str,
-    canonical_body: bytes,
-    respond: Respond,
-) -> web.Response:
-    """Run ``respond`` once per ``Idempotency-Key``: replay the first response otherwise.
-
-    ``respond`` gets the claim to record inside its creating transaction (None when the
-    request has no key) and may raise :class:`KeyTaken` if a concurrent twin won.
-    """
-    claim = claim_for(request, workspace_id, canonical_body)
+async def stored_response(
+    store: IdempotencyStore, claim: IdempotencyClaim | None
+) -> web.Response | None:
+    """The replay of the first response for ``claim``'s key; None if there is none yet."""
     if claim is None:
-        return await respond(None)
-    stored = await store.find(workspace_id, claim.key)
-    if stored is not None:
-        return replay(stored, claim)
-    try:
-        return await respond(claim)
-    except KeyTaken:
-        stored = await store.find(workspace_id, claim.key)
-        if stored is None:
-            raise ApiError(409, "a concurrent request holds this key", HEADER) from None
-        return replay(stored, claim)
+        return None
+    stored = await store.find(claim.workspace_id, claim.key)
+    return None if stored is None else replay(stored, claim)
+
+
+async def raced_response(store: IdempotencyStore, claim: IdempotencyClaim | None) -> web.Response:
+    """After :class:`KeyTaken`: the response of the concurrent request that won the key."""
+    replayed = await stored_response(store, claim)
+    if replayed is None:
+        raise ApiError(409, "a concurrent request holds this key", HEADER)
+    return replayed

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay_batches.services.ingest_api.routes import Announcer
+from relay_batches.services.ingest_api.deps import Announcer
 
 from relay_batches.announce import announce_finished
 from relay_batches.bus.client import Bus

@@ -3,30 +3,28 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from aiohttp import web
-from relay_batches.services.ingest_api.idempotency import idempotent
+from relay_batches.services.ingest_api.body import read_body
+from relay_batches.services.ingest_api.deps import DEPS
+from relay_batches.services.ingest_api.idempotency import (
+    claim_for,
+    raced_response,
+    stored_response,
+)
 from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.results import (
     dead_letter_object,
     stream_list,
     stream_results,
 )
-from relay_batches.services.ingest_api.validation import (
-    KnownModels,
-    SubmitLimits,
-    decode_json_object,
-    validate_submit,
-)
+from relay_batches.services.ingest_api.submit import plan_submission, submit_one
+from relay_batches.services.ingest_api.validation import decode_json_object
 
-from relay_batches.cron import next_tick
 from relay_batches.errors import ApiError, ConflictError, invalid
-from relay_batches.ids import is_valid_id, new_id
-from relay_batches.ledger.idempotency import IdempotencyClaim, IdempotencyStore
-from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ids import is_valid_id
+from relay_batches.ledger.idempotency import KeyTaken
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, Job, Status
 
@@ -34,31 +32,7 @@ log = logging.getLogger("relay.ingest_api")
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
-
-
-@dataclass(frozen=True)
-class Announcer:
-    """The bus side-effects of the API (each awaits a confirm)."""
-
-    wake_dispatcher: Callable[[Job], Awaitable[None]]
-    job_canceled: Callable[[Job], Awaitable[None]]
-    template_created: Callable[[Job], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class ApiDeps:
-    """Everything the handlers use, built once in ``__main__``."""
-
-    jobs: JobStore
-    idempotency: IdempotencyStore
-    announcer: Announcer
-    model_known: Callable[[str], bool]
-    limits: SubmitLimits
-    max_body_bytes: int
-    model_names: Callable[[], list[str]] = list  # the router's public aliases
-
-
-DEPS = web.AppKey("deps", ApiDeps)
+JSON = "application/json"
 
 
 def add_batch_routes(app: web.Application) -> None:
@@ -71,66 +45,20 @@ def add_batch_routes(app: web.Application) -> None:
     app.router.add_post("/v1/batches/{id}/cancel", cancel_batch)
 
 
-async def read_json_body(request: web.Request, max_bytes: int) -> bytes:
-    """The raw body of a JSON request: 415 for another type, 413 when too large."""
-    if request.content_type != "application/json":
-        raise ApiError(415, "Content-Type must be application/json")
-    declared = request.content_length
-    if declared is not None and declared > max_bytes:
-        raise ApiError(413, f"request body exceeds {max_bytes} bytes")
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise ApiError(413, f"request body exceeds {max_bytes} bytes") from None
-    if len(raw) > max_bytes:  # a chunked body has no Content-Length to check up front
-        raise ApiError(413, f"request body exceeds {max_bytes} bytes")
-    return raw
-
-
 async def create_batch(request: web.Request) -> web.Response:
     """``POST /v1/batches``: validate, store rows with COPY, wake a dispatcher."""
     deps = request.app[DEPS]
-    raw = await read_json_body(request, deps.max_body_bytes)
+    raw = await read_body(request, JSON, deps.max_body_bytes)
     workspace_id = request[WORKSPACE_ID]
-
-    async def respond(claim: IdempotencyClaim | None) -> web.Response:
-        spec = validate_submit(decode_json_object(raw), deps.limits, KnownModels(deps.model_known))
-        now = datetime.now(UTC)
-        new = NewJob(
-            id=new_id(),
-            workspace_id=workspace_id,
-            name=spec.name or f"batch {now.strftime('%Y-%m-%dT%H:%M:%SZ')}",
-            model=spec.model,
-            priority=spec.priority,
-            total=len(spec.rows),
-            webhook_url=spec.webhook_url,
-            cron=spec.cron,
-            next_run_at=next_tick(spec.cron, now) if spec.cron else None,
-            params=spec.params_json,
-        )
-        rows = ((r.custom_id, r.messages_json) for r in spec.rows)
-        batch = await deps.jobs.create(new, rows, claim)
-        JOB_TRANSITIONS.labels(batch.status).inc()
-        log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
-        await wake(deps, batch)
-        return json_response(batch.to_api(), status=201)
-
-    return await idempotent(request, deps.idempotency, workspace_id, raw, respond)
-
-
-async def wake(deps: ApiDeps, batch: Job) -> None:
-    """Wake a dispatcher for a new queued batch, or schedulers for a new cron template.
-
-    The batch is committed: a lost wake-up only delays it (dispatchers reconcile from the
-    ledger, schedulers look again within their sleep cap).
-    """
+    claim = claim_for(request, workspace_id, raw)
+    if (replayed := await stored_response(deps.idempotency, claim)) is not None:
+        return replayed
+    job = plan_submission(decode_json_object(raw), deps, workspace_id, datetime.now(UTC))
     try:
-        if batch.status == Status.QUEUED:
-            await deps.announcer.wake_dispatcher(batch)
-        elif batch.status == Status.SCHEDULED:
-            await deps.announcer.template_created(batch)
-    except Exception as exc:
-        log.warning("wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})
+        batch = await submit_one(deps, job, claim)
+    except KeyTaken:
+        return await raced_response(deps.idempotency, claim)
+    return json_response(batch.to_api(), status=201)
 
 
 async def _find(request: web.Request) -> Job:

@@ -20,24 +20,20 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
 from relay_batches.services.ingest_api.validation import (
+    RowError,
     RowInput,
+    RowRejected,
     SubmitLimits,
-    validate_request_rows,
+    request_rows,
 )
-
-from relay_batches.errors import ApiError
 
 FORMATS = (".csv", ".jsonl")
 CSV_HEADER = "prompt"
-_PREFIX = "rows"
-_ROW_REF = re.compile(r"rows\[(\d+)\]")
-_DUPLICATE_REF = re.compile(r"duplicates rows\[(\d+)\]\.custom_id$")
 
 
 class LineError(Exception):
@@ -73,9 +69,9 @@ def parse_upload_file(filename: str, data: bytes, limits: SubmitLimits) -> list[
     if not raw:
         raise LineError(None, "the file holds no rows")
     try:
-        return validate_request_rows([r.request for r in raw], limits, _PREFIX)
-    except ApiError as exc:
-        raise _relabel(exc, [r.line for r in raw]) from None
+        return request_rows([r.request for r in raw], limits.max_content_bytes)
+    except RowRejected as exc:
+        raise _line_error(exc.error, [r.line for r in raw]) from None
 
 
 def _decode(data: bytes) -> str:
@@ -153,11 +149,9 @@ def _jsonl_rows(text: str, limits: SubmitLimits) -> Iterator[RawRow]:
         yield RawRow(number, request)
 
 
-def _relabel(exc: ApiError, lines: list[int]) -> LineError:
-    """Turn ``rows[3].messages …`` from the row validator into line terms."""
-    first = _ROW_REF.match(exc.message)
-    if first is None:  # not about one row
-        return LineError(None, exc.message)
-    rest = exc.message[first.end() :].lstrip(".")
-    rest = _DUPLICATE_REF.sub(lambda m: f"duplicates line {lines[int(m.group(1))]}", rest)
-    return LineError(lines[int(first.group(1))], rest)
+def _line_error(error: RowError, lines: list[int]) -> LineError:
+    """``error`` of the row read from ``lines[error.index]``, in line terms."""
+    reason = f"{error.field} {error.message}" if error.field else error.message
+    if error.earlier is not None:
+        reason += f" line {lines[error.earlier]}"
+    return LineError(lines[error.index], reason)

@@ -1,12 +1,16 @@
 """Validation of a batch submission (API.md, "Submit a batch").
 
 Pure functions from a decoded JSON body to a typed :class:`BatchSpec`: no aiohttp and no
-asyncpg here, so unit tests call them directly and the multipart upload endpoint reuses
-the option checks (:func:`validate_batch_options`, :func:`parse_priority_field`) and the
-row checks (:func:`validate_request_rows`).
+asyncpg here, so unit tests call them directly. Every surface that creates a job checks
+its job-level fields with :func:`validate_batch_options` (the multipart upload converts
+its form fields first, :func:`parse_priority_field` for ``priority``) and its rows with
+:func:`request_rows`.
 
-Every violation raises ``invalid(message, param)`` (a 400 ``ApiError``) whose ``param``
-is the exact path of the offending field, with 0-based indexes: ``requests[3].messages``.
+A job-level violation raises ``invalid(message, param)`` (a 400 ``ApiError``) whose
+``param`` is the exact path of the offending field. A bad row raises :class:`RowRejected`
+carrying a :class:`RowError` (row index, field within the row, message): each surface
+renders it in its own terms, ``POST /v1/batches`` as a 400 naming the field with 0-based
+indexes (``requests[3].messages``), the upload as a file and line.
 
 The row loop runs on bodies of up to 100,000 rows, so it is written for speed: exact
 ``type() is`` checks, locals bound before the loop, no exception or regex on the happy
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import orjson
@@ -36,6 +39,8 @@ PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
 _ABSENT = object()
 _QUOTE_CHARS = 64
+# Every job-level field of a submission: the rest of a body is its rows.
+JOB_FIELDS = ("model", "name", "priority", "webhookUrl", "cron", "params")
 
 
 class KnownModels:
@@ -69,26 +74,50 @@ class RowInput:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchSpec:
-    """A validated submission; ``name`` is None when absent (the caller defaults it)."""
+class BatchOptions:
+    """The job-level fields of a submission (:data:`JOB_FIELDS`), validated.
+
+    ``name`` is None when absent (the caller defaults it); ``params_json`` is the
+    ``params`` object as compact JSON text (``{}`` when absent).
+    """
 
     name: str | None
     model: str
     priority: int
     webhook_url: str | None
     cron: str | None
-    rows: list[RowInput]
     params_json: str = "{}"
 
 
-class BatchOptions(NamedTuple):
-    """The non-row fields of a submission."""
+@dataclass(frozen=True, slots=True)
+class BatchSpec:
+    """A validated ``POST /v1/batches`` body: its job-level fields and its rows."""
 
-    name: str | None
-    model: str
-    priority: int
-    webhook_url: str | None
-    cron: str | None
+    options: BatchOptions
+    rows: list[RowInput]
+
+
+@dataclass(frozen=True, slots=True)
+class RowError:
+    """What is wrong with one request row, as data for each surface to render.
+
+    ``field`` is the path inside the row (``messages[1].role``; empty for the row
+    itself) and ``message`` the complaint that follows it. A duplicate custom id has a
+    message ending in ``duplicates`` and ``earlier``, the index of the row it repeats.
+    """
+
+    index: int
+    field: str
+    message: str
+    earlier: int | None = None
+
+
+class RowRejected(Exception):
+    """Raised by :func:`request_rows` for the first bad row."""
+
+    def __init__(self, error: RowError) -> None:
+        super().__init__(f"row {error.index}: {error.field} {error.message}")
+        self.error = error
 
 
 # --- body --------------------------------------------------------------------------
@@ -114,16 +143,7 @@ def validate_submit(
     options = validate_batch_options(payload, known_models)
     if "requests" not in payload:
         raise invalid("requests is required", "requests")
-    rows = validate_request_rows(payload["requests"], limits)
-    return BatchSpec(
-        name=options.name,
-        model=options.model,
-        priority=options.priority,
-        webhook_url=options.webhook_url,
-        cron=options.cron,
-        rows=rows,
-        params_json=validate_params(payload.get("params")),
-    )
+    return BatchSpec(options, validate_request_rows(payload["requests"], limits))
 
 
 # --- options -----------------------------------------------------------------------
@@ -132,10 +152,11 @@ def validate_submit(
 def validate_batch_options(
     payload: Mapping[str, object], known_models: Container[str]
 ) -> BatchOptions:
-    """Validate ``name``, ``model``, ``priority``, ``webhookUrl`` and ``cron``.
+    """Validate the job-level fields (:data:`JOB_FIELDS`); a None value is absent.
 
-    A form-based caller converts ``priority`` with :func:`parse_priority_field` first
-    and leaves out the fields it treats as absent.
+    A form-based caller converts its text fields to these values first (``priority``
+    with :func:`parse_priority_field`, JSON-valued ones decoded) and leaves out the
+    fields it treats as absent.
     """
     model = _validate_model(payload.get("model", _ABSENT), known_models)
     name = _validate_name(payload.get("name"))
@@ -147,7 +168,8 @@ def validate_batch_options(
     cron = payload.get("cron")
     if cron is not None:
         cron = validate_cron(cron)
-    return BatchOptions(name, model, priority, webhook_url, cron)
+    params_json = validate_params(payload.get("params"))
+    return BatchOptions(name, model, priority, webhook_url, cron, params_json)
 
 
 def _validate_model(model: object, known_models: Container[str]) -> str:
@@ -262,12 +284,34 @@ def _has_random_field(fields: list[str]) -> bool:
 # --- rows --------------------------------------------------------------------------
 
 
-def validate_request_rows(
-    requests: object, limits: SubmitLimits, param_prefix: str = "requests"
-) -> list[RowInput]:
-    """Validate the request rows, default their custom ids and encode their messages."""
-    requests = _check_row_list(requests, limits, param_prefix)
-    max_bytes = limits.max_content_bytes
+def validate_request_rows(requests: object, limits: SubmitLimits) -> list[RowInput]:
+    """The ``requests`` of ``POST /v1/batches``: a bad row is a 400 naming its field."""
+    requests = _check_row_list(requests, limits)
+    try:
+        return request_rows(requests, limits.max_content_bytes)
+    except RowRejected as exc:
+        raise row_api_error(exc.error) from None
+
+
+def row_api_error(error: RowError, prefix: str = "requests") -> ApiError:
+    """``error`` as a 400 whose ``param`` is its path: ``requests[3].messages``."""
+    param = _row_path(prefix, error.index, error.field)
+    message = f"{param} {error.message}"
+    if error.earlier is not None:
+        message += f" {_row_path(prefix, error.earlier, error.field)}"
+    return invalid(message, param)
+
+
+def _row_path(prefix: str, index: int, field: str) -> str:
+    return f"{prefix}[{index}].{field}" if field else f"{prefix}[{index}]"
+
+
+def request_rows(requests: list[object], max_bytes: int) -> list[RowInput]:
+    """Validate request rows, default their custom ids and encode their messages.
+
+    :class:`RowRejected` for the first bad row; ``max_bytes`` bounds each message's
+    content in UTF-8 bytes.
+    """
     # A str of n code points is at most 4n UTF-8 bytes: only longer ones get encoded.
     safe_chars = max_bytes // 4
     roles = ROLES
@@ -279,11 +323,10 @@ def validate_request_rows(
     add_id = ids.append
     for i, req in enumerate(requests):
         if type(req) is not dict:
-            raise invalid(f"{param_prefix}[{i}] must be an object", f"{param_prefix}[{i}]")
+            raise RowRejected(RowError(i, "", "must be an object"))
         messages = req.get("messages")
         if type(messages) is not list or not messages:
-            param = f"{param_prefix}[{i}].messages"
-            raise invalid(f"{param} must be a non-empty array", param)
+            raise RowRejected(RowError(i, "messages", "must be a non-empty array"))
         n_keys = 0
         for msg in messages:
             if type(msg) is not dict:
@@ -304,19 +347,19 @@ def validate_request_rows(
                 or len(custom_id) > MAX_CUSTOM_ID_CHARS
                 or "\x00" in custom_id  # Postgres text cannot hold NUL
             ):
-                raise _custom_id_error(custom_id, f"{param_prefix}[{i}].custom_id")
+                raise RowRejected(RowError(i, "custom_id", _custom_id_problem(custom_id)))
             if n_keys != 2 * len(messages):  # some message has extra keys: drop them
                 messages = _role_and_content(messages)
             try:  # sorted keys: the same text whatever order the client sent
                 encoded = dumps(messages, option=sort_keys).decode()
             except TypeError:  # lone surrogates: only from a payload not built by orjson
-                raise _unencodable_error(messages, f"{param_prefix}[{i}].messages") from None
+                raise RowRejected(_unencodable_error(i, messages)) from None
             add_id(custom_id)
             add_row(RowInput(custom_id, encoded))
             continue
         # A message failed the fast check (break): find and report it precisely.
-        raise _message_error(messages, f"{param_prefix}[{i}].messages", max_bytes)
-    _check_unique(ids, param_prefix)
+        raise RowRejected(_message_error(i, messages, max_bytes))
+    _check_unique(ids)
     return rows
 
 
@@ -324,72 +367,65 @@ def _role_and_content(messages: list[dict[str, object]]) -> list[dict[str, objec
     return [{"content": m["content"], "role": m["role"]} for m in messages]
 
 
-def _check_row_list(requests: object, limits: SubmitLimits, param_prefix: str) -> list[object]:
+def _check_row_list(requests: object, limits: SubmitLimits) -> list[object]:
     if type(requests) is not list or not requests:
-        raise invalid(f"{param_prefix} must be a non-empty array", param_prefix)
+        raise invalid("requests must be a non-empty array", "requests")
     if len(requests) > limits.max_rows:
         raise invalid(
-            f"{param_prefix} must hold at most {limits.max_rows:,} requests per batch",
-            param_prefix,
+            f"requests must hold at most {limits.max_rows:,} requests per batch", "requests"
         )
     return requests
 
 
-def _message_error(messages: list[object], param: str, max_bytes: int) -> ApiError:
+def _message_error(index: int, messages: list[object], max_bytes: int) -> RowError:
     """The precise error for the first bad message; the slow path of the row loop."""
     for j, msg in enumerate(messages):
-        at = f"{param}[{j}]"
+        at = f"messages[{j}]"
         if type(msg) is not dict:
-            return invalid(f"{at} must be an object", at)
+            return RowError(index, at, "must be an object")
         role = msg.get("role")
         if type(role) is not str or role not in ROLES:
-            return invalid(
-                f"{at}.role must be one of system, developer, user, assistant", f"{at}.role"
+            return RowError(
+                index, f"{at}.role", "must be one of system, developer, user, assistant"
             )
         content = msg.get("content")
         if type(content) is not str:
-            return invalid(f"{at}.content must be a string", f"{at}.content")
+            return RowError(index, f"{at}.content", "must be a string")
         if len(content.encode("utf-8", "replace")) > max_bytes:
-            return invalid(
-                f"{at}.content must be at most {max_bytes} bytes of UTF-8", f"{at}.content"
-            )
-    return invalid(f"{param} is not valid", param)  # unreachable: the fast check failed
+            return RowError(index, f"{at}.content", f"must be at most {max_bytes} bytes of UTF-8")
+    return RowError(index, "messages", "is not valid")  # unreachable: the fast check failed
 
 
-def _unencodable_error(messages: list[object], param: str) -> ApiError:
+def _unencodable_error(index: int, messages: list[object]) -> RowError:
     for j, msg in enumerate(messages):
         content = msg["content"] if type(msg) is dict else ""
         try:
             content.encode("utf-8")
         except UnicodeEncodeError:
-            return invalid(
-                f"{param}[{j}].content must be valid Unicode text", f"{param}[{j}].content"
-            )
-    return invalid(f"{param} must be valid Unicode text", param)
+            return RowError(index, f"messages[{j}].content", "must be valid Unicode text")
+    return RowError(index, "messages", "must be valid Unicode text")
 
 
-def _custom_id_error(custom_id: object, param: str) -> ApiError:
+def _custom_id_problem(custom_id: object) -> str:
     if type(custom_id) is not str:
-        return invalid(f"{param} must be a string", param)
+        return "must be a string"
     if len(custom_id) > MAX_CUSTOM_ID_CHARS:
-        return invalid(f"{param} must be at most {MAX_CUSTOM_ID_CHARS} characters", param)
-    return invalid(f"{param} must not contain NUL characters", param)
+        return f"must be at most {MAX_CUSTOM_ID_CHARS} characters"
+    return "must not contain NUL characters"
 
 
-def _check_unique(ids: list[str], param_prefix: str) -> None:
+def _check_unique(ids: list[str]) -> None:
     if len(set(ids)) != len(ids):
-        raise _duplicate_error(ids, param_prefix)
+        raise RowRejected(_duplicate_error(ids))
 
 
-def _duplicate_error(ids: list[str], param_prefix: str) -> ApiError:
+def _duplicate_error(ids: list[str]) -> RowError:
     first: dict[str, int] = {}
     for i, custom_id in enumerate(ids):
         if custom_id in first:
-            param = f"{param_prefix}[{i}].custom_id"
-            earlier = f"{param_prefix}[{first[custom_id]}].custom_id"
-            return invalid(f"{param} {_quote(custom_id)} duplicates {earlier}", param)
+            return RowError(i, "custom_id", f"{_quote(custom_id)} duplicates", first[custom_id])
         first[custom_id] = i
-    return invalid(f"{param_prefix} custom ids must be unique", param_prefix)  # unreachable
+    return RowError(0, "custom_id", "must be unique")  # unreachable: the caller saw a repeat
 
 
 def _quote(value: str) -> str:

@@ -10,8 +10,8 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestServer
 from relay_batches.services.ingest_api.app import build_app
+from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.ingest_api.publishing import publisher_for
-from relay_batches.services.ingest_api.routes import ApiDeps
 from relay_batches.services.ingest_api.validation import SubmitLimits
 from relay_batches.services.relay_cli import admin
 

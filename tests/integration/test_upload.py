@@ -313,3 +313,83 @@ async def test_uploaded_jobs_are_invisible_to_another_workspace(
         assert (status, body["error"]["type"]) == (404, "not_found_error"), path
     _, listing = await client_b.request("GET", "/v1/batches?limit=100")
     assert batch_id not in {b["id"] for b in listing["data"]}
+
+
+# --- the job-level fields of POST /v1/batches ------------------------------------------
+
+PARAMS = {"temperature": 0.2, "max_tokens": 50}
+
+
+async def test_params_field_gives_the_jobs_params(fresh: ApiClient) -> None:
+    status, body = await upload(
+        fresh, form([("a.csv", CSV), ("b.jsonl", JSONL)], params=orjson.dumps(PARAMS).decode())
+    )
+    assert status == 201, body
+    for job in body["data"]:
+        assert job["params"] == PARAMS
+        assert (await fresh.get(job["id"]))["params"] == PARAMS
+
+
+async def test_upload_and_json_create_build_the_same_job(fresh: ApiClient) -> None:
+    fields: dict[str, Any] = {
+        "name": "October",
+        "priority": 7,
+        "webhookUrl": "https://example.com/hook",
+        "cron": "0 6 * * 1",
+        "params": {"stop": ["\n\n"], "response_format": {"type": "json_object"}},
+    }
+    rows = [{"messages": [{"role": "user", "content": "Classify: great product"}]}]
+    created = await fresh.submit({"model": MODEL, "requests": rows, **fields})
+    as_text = {**fields, "priority": "7", "params": orjson.dumps(fields["params"]).decode()}
+    status, body = await upload(fresh, form([("a.csv", b"Classify: great product\n")], **as_text))
+    assert status == 201, body
+    (uploaded,) = body["data"]
+    differ = ("id", "created_at", "next_run_at")
+    assert {k: v for k, v in uploaded.items() if k not in differ} == {
+        k: v for k, v in created.items() if k not in differ
+    }
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        pytest.param({"temperature": 5}, id="out-of-range"),
+        pytest.param({"temprature": 0.2}, id="unknown-key"),
+        pytest.param({"response_format": {"type": "xml"}}, id="nested"),
+        pytest.param([0.2], id="not-an-object"),
+    ],
+)
+async def test_bad_params_get_the_json_creates_error(fresh: ApiClient, params: Any) -> None:
+    s1, from_json = await fresh.request(
+        "POST",
+        "/v1/batches",
+        json={"model": MODEL, "requests": [{"messages": user("x")}], "params": params},
+    )
+    s2, from_upload = await upload(
+        fresh, form([("a.csv", CSV)], params=orjson.dumps(params).decode())
+    )
+    assert (s1, s2) == (400, 400)
+    assert from_upload == from_json
+    assert from_upload["error"]["param"].startswith("params")
+    assert await job_count(fresh) == 0
+
+
+async def test_params_that_are_not_json_are_400(fresh: ApiClient) -> None:
+    status, body = await upload(fresh, form([("a.csv", CSV)], params="temperature=0.2"))
+    assert status == 400, body
+    assert body["error"] == {
+        "type": "invalid_request_error",
+        "message": "params must be JSON text",
+        "param": "params",
+    }
+
+
+async def test_a_json_field_may_be_longer_than_a_text_field(fresh: ApiClient) -> None:
+    schema = {"type": "object", "description": "d" * 20_000}
+    params = {"response_format": {"type": "json_schema", "json_schema": schema}}
+    status, body = await upload(
+        fresh,
+        form([("a.csv", CSV)], params=orjson.dumps(params, option=orjson.OPT_INDENT_2).decode()),
+    )
+    assert status == 201, body
+    assert body["data"][0]["params"] == params

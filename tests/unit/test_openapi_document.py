@@ -136,6 +136,17 @@ def test_documented_params_are_exactly_the_accepted_ones() -> None:
     assert SCHEMAS["Params"]["additionalProperties"] is False
 
 
+def test_the_upload_form_documents_every_job_level_field_of_the_json_create() -> None:
+    form = SCHEMAS["UploadForm"]["properties"]
+    assert set(CREATE) - {"requests"} == set(validation.JOB_FIELDS)
+    assert set(form) - {"file"} == set(validation.JOB_FIELDS)
+    assert form["params"]["$ref"] == "#/components/schemas/Params"
+    encoding = DOC["paths"]["/v1/batches/upload"]["post"]["requestBody"]["content"][
+        "multipart/form-data"
+    ]["encoding"]
+    assert encoding["params"] == {"contentType": "application/json"}
+
+
 def test_status_enum_and_list_limits_are_the_code_ones() -> None:
     assert SCHEMAS["Status"]["enum"] == [status.value for status in JobStatus]
     limit = DOC["paths"]["/v1/batches"]["get"]["parameters"][0]

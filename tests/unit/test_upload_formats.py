@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from relay_batches.services.ingest_api.upload import (
-    clean_filename,
-    job_name,
-    validate_upload_options,
-)
+from relay_batches.services.ingest_api.upload import clean_filename, form_payload, job_name
 from relay_batches.services.ingest_api.upload_formats import (
     LineError,
     file_format,
     parse_upload_file,
 )
-from relay_batches.services.ingest_api.validation import RowInput, SubmitLimits
+from relay_batches.services.ingest_api.validation import (
+    RowInput,
+    SubmitLimits,
+    validate_batch_options,
+)
 
 from relay_batches.errors import ApiError
 
@@ -165,26 +165,54 @@ def test_file_format_by_extension() -> None:
 # --- options and names --------------------------------------------------------------------
 
 
-def test_upload_options_treat_blank_fields_as_absent() -> None:
-    fields = {"model": "m", "priority": " 7 ", "name": "", "webhookUrl": " ", "cron": ""}
-    options = validate_upload_options(fields, {"m"})  # type: ignore[arg-type]
-    assert tuple(options) == (None, "m", 7, None, None)
+def test_form_fields_become_body_values_and_blank_ones_are_absent() -> None:
+    fields = {
+        "model": "m",
+        "priority": " 7 ",
+        "name": "",
+        "webhookUrl": " ",
+        "cron": "",
+        "params": '{\n  "temperature": 0.2, "stop": ["a"]\n}',
+    }
+    assert form_payload(fields) == {
+        "model": "m",
+        "priority": 7,
+        "params": {"temperature": 0.2, "stop": ["a"]},
+    }
+    assert form_payload({"params": "  "}) == {}
 
 
 @pytest.mark.parametrize(
-    ("fields", "param"),
+    ("fields", "param", "message"),
     [
-        pytest.param({"priority": "1"}, "model", id="model-missing"),
-        pytest.param({"model": "m", "priority": "5.5"}, "priority", id="priority-float"),
-        pytest.param({"model": "m", "cron": "* *"}, "cron", id="cron-short"),
-        pytest.param({"model": "m", "webhookUrl": "ftp://x"}, "webhookUrl", id="webhook-scheme"),
-        pytest.param({"model": "other"}, "model", id="model-unknown"),
+        pytest.param({"priority": "5.5"}, "priority", "priority must be an integer", id="priority"),
+        pytest.param(
+            {"params": "{temperature: 1}"}, "params", "params must be JSON text", id="json"
+        ),
     ],
 )
-def test_upload_options_errors(fields: dict[str, str], param: str) -> None:
+def test_form_field_that_cannot_be_converted(
+    fields: dict[str, str], param: str, message: str
+) -> None:
     with pytest.raises(ApiError) as caught:
-        validate_upload_options(fields, {"m"})  # type: ignore[arg-type]
-    assert (caught.value.status, caught.value.param) == (400, param)
+        form_payload(fields)
+    assert (caught.value.status, caught.value.param, caught.value.message) == (400, param, message)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [[], "json", {"temperature": 5}, {"temprature": 1}, {"response_format": {"type": "xml"}}],
+)
+def test_a_json_field_gets_the_error_of_the_same_value_in_a_body(params: object) -> None:
+    def error(payload: dict[str, object]) -> ApiError:
+        with pytest.raises(ApiError) as caught:
+            validate_batch_options(payload, {"m"})
+        return caught.value
+
+    from_form = error(form_payload({"model": "m", "params": orjson.dumps(params).decode()}))
+    from_body = error({"model": "m", "params": params})
+    assert from_form.body() == from_body.body()
+    assert from_form.param is not None and from_form.param.startswith("params")
 
 
 def test_job_names() -> None:

@@ -1,19 +1,25 @@
-"""Unit tests of the submission validation (API.md, "Submit a batch")."""
+"""The submission rules of API.md ("Submit a batch"), each tested once, on the pure
+validation functions. ``tests/integration/test_submit_validation.py`` covers only what
+needs HTTP (status codes, error object, content types, sizes, auth) and a few of these
+rules end to end."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 from relay_batches.services.ingest_api.validation import (
+    BatchOptions,
     BatchSpec,
     KnownModels,
+    RowError,
     RowInput,
+    RowRejected,
     SubmitLimits,
     decode_json_object,
     parse_priority_field,
-    validate_batch_options,
+    request_rows,
+    row_api_error,
     validate_cron,
-    validate_request_rows,
     validate_submit,
 )
 
@@ -62,7 +68,10 @@ def test_decode_json_object_returns_the_object() -> None:
     assert decode_json_object(b' {"model": "m", "n": [1, 2.5]} ') == {"model": "m", "n": [1, 2.5]}
 
 
-@pytest.mark.parametrize("raw", [b"", b"{", b"{'a': 1}", b"\xff\xfe", b"NaN", b'{"a": 1e999}'])
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{", b"{'a': 1}", b"\xff\xfe", b"NaN", b'{"a": 1e999}', b'{"model": "\\ud800"}'],
+)
 def test_decode_json_object_rejects_non_json(raw: bytes) -> None:
     with pytest.raises(ApiError) as info:
         decode_json_object(raw)
@@ -86,11 +95,14 @@ def test_minimal_submission_gets_the_defaults() -> None:
         rows({"messages": HI}, {"messages": HI}, {"messages": HI}), LIMITS, MODELS
     )
     assert spec == BatchSpec(
-        name=None,
-        model="gpt-4o-mini",
-        priority=0,
-        webhook_url=None,
-        cron=None,
+        BatchOptions(
+            name=None,
+            model="gpt-4o-mini",
+            priority=0,
+            webhook_url=None,
+            cron=None,
+            params_json="{}",
+        ),
         rows=[RowInput("row-1", HI_JSON), RowInput("row-2", HI_JSON), RowInput("row-3", HI_JSON)],
     )
 
@@ -110,9 +122,9 @@ def test_full_submission_from_api_md() -> None:
       "cron": null
     }""".encode()
     spec = validate_submit(decode_json_object(raw), LIMITS, MODELS)
-    assert spec.name == "Review sentiment — October"
-    assert (spec.model, spec.priority, spec.cron) == ("gpt-4o-mini", 5, None)
-    assert spec.webhook_url == "https://my-app/relay-webhook"
+    assert spec.options == BatchOptions(
+        "Review sentiment — October", "gpt-4o-mini", 5, "https://my-app/relay-webhook", None
+    )
     assert spec.rows == [
         RowInput("r-1", '[{"content":"Classify: great product!","role":"user"}]'),
         RowInput("r-2", '[{"content":"Classify: terrible service","role":"user"}]'),
@@ -120,13 +132,24 @@ def test_full_submission_from_api_md() -> None:
 
 
 def test_explicit_nulls_are_absent() -> None:
-    spec = validate_submit(body(name=None, webhookUrl=None, cron=None), LIMITS, MODELS)
-    assert (spec.name, spec.webhook_url, spec.cron) == (None, None, None)
+    payload = rows({"custom_id": None, "messages": HI})
+    payload.update(name=None, priority=None, webhookUrl=None, cron=None, params=None)
+    spec = validate_submit(payload, LIMITS, MODELS)
+    assert spec.options == BatchOptions(None, "gpt-4o-mini", 0, None, None, "{}")
+    assert spec.rows == [RowInput("row-1", HI_JSON)]
 
 
 def test_unknown_top_level_keys_are_ignored() -> None:
-    spec = validate_submit(body(params={"temperature": 0.2}, extra=[1]), LIMITS, MODELS)
+    spec = validate_submit(body(extra=[1], Model="x"), LIMITS, MODELS)
+    assert spec.options == BatchOptions(None, "gpt-4o-mini", 0, None, None)
     assert spec.rows == [RowInput("row-1", HI_JSON)]
+
+
+def test_params_are_a_job_level_field() -> None:
+    # The params rules themselves are tested in test_params.py.
+    spec = validate_submit(body(params={"temperature": 0.2, "max_tokens": 50}), LIMITS, MODELS)
+    assert orjson.loads(spec.options.params_json) == {"temperature": 0.2, "max_tokens": 50}
+    assert_invalid(body(params={"temperature": 3}), "params.temperature", "from 0 to 2")
 
 
 @pytest.mark.parametrize("payload", [[], ["model"], None, "text", 5])
@@ -150,9 +173,10 @@ def test_model_must_be_a_string(model: object) -> None:
     assert_invalid(body(model=model), "model", "must be a string")
 
 
-def test_unknown_model() -> None:
-    err = assert_invalid(body(model="gpt-5-ultra"), "model", "unknown")
-    assert "'gpt-5-ultra'" in err.message
+@pytest.mark.parametrize("model", ["gpt-5-ultra", "", "GPT-4O-MINI"])
+def test_unknown_model(model: str) -> None:
+    err = assert_invalid(body(model=model), "model", "unknown")
+    assert repr(model) in err.message
 
 
 def test_unknown_model_message_is_cut_short() -> None:
@@ -162,7 +186,7 @@ def test_unknown_model_message_is_cut_short() -> None:
 
 def test_model_checked_against_any_container() -> None:
     spec = validate_submit(body(model="claude-haiku"), LIMITS, {"claude-haiku": object()})
-    assert spec.model == "claude-haiku"
+    assert spec.options.model == "claude-haiku"
 
 
 # --- requests ------------------------------------------------------------------------
@@ -198,18 +222,22 @@ def test_request_must_be_an_object(row: object) -> None:
     assert_invalid(rows({"messages": HI}, row), "requests[1]", "must be an object")
 
 
-@pytest.mark.parametrize("messages", [[], None, {}, "hi", {"role": "user", "content": "hi"}])
-def test_messages_must_be_a_non_empty_array(messages: object) -> None:
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"messages": []},
+        {"messages": None},
+        {"messages": {}},
+        {"messages": "hi"},
+        {"messages": {"role": "user", "content": "hi"}},
+        {"custom_id": "r-3"},
+    ],
+)
+def test_messages_must_be_a_non_empty_array(row: dict[str, object]) -> None:
     err = assert_invalid(
-        rows({"messages": HI}, {"messages": HI}, {"messages": HI}, {"messages": messages}),
-        "requests[3].messages",
-        "",
+        rows({"messages": HI}, {"messages": HI}, {"messages": HI}, row), "requests[3].messages", ""
     )
     assert err.message == "requests[3].messages must be a non-empty array"  # API.md's example
-
-
-def test_messages_missing() -> None:
-    assert_invalid(rows({"custom_id": "a"}), "requests[0].messages", "non-empty array")
 
 
 @pytest.mark.parametrize("message", ["hi", None, 5, [], ["user", "hi"]])
@@ -346,6 +374,22 @@ def test_custom_id_must_be_a_string(custom_id: object) -> None:
     assert_invalid(payload, "requests[1].custom_id", "must be a string")
 
 
+def test_default_custom_id_colliding_with_an_earlier_explicit_one() -> None:
+    payload = rows({"messages": HI}, {"custom_id": "row-1", "messages": HI})
+    err = assert_invalid(payload, "requests[1].custom_id", "'row-1'")
+    assert err.message == "requests[1].custom_id 'row-1' duplicates requests[0].custom_id"
+
+
+def test_an_explicit_id_may_take_its_own_rows_default() -> None:
+    payload = rows(
+        {"custom_id": "row-1", "messages": HI},
+        {"messages": HI},
+        {"custom_id": "row-9", "messages": HI},
+    )
+    spec = validate_submit(payload, LIMITS, MODELS)
+    assert [row.custom_id for row in spec.rows] == ["row-1", "row-2", "row-9"]
+
+
 def test_custom_id_length() -> None:
     spec = validate_submit(rows({"custom_id": "x" * 256, "messages": HI}), LIMITS, MODELS)
     assert spec.rows[0].custom_id == "x" * 256
@@ -378,8 +422,8 @@ def test_duplicate_after_defaulting() -> None:
 
 
 def test_name() -> None:
-    assert validate_submit(body(name="October"), LIMITS, MODELS).name == "October"
-    assert validate_submit(body(name="n" * 256), LIMITS, MODELS).name == "n" * 256
+    assert validate_submit(body(name="October"), LIMITS, MODELS).options.name == "October"
+    assert validate_submit(body(name="n" * 256), LIMITS, MODELS).options.name == "n" * 256
     assert_invalid(body(name="n" * 257), "name", "at most 256 characters")
 
 
@@ -397,7 +441,7 @@ def test_name_must_be_a_string(name: object) -> None:
 
 @pytest.mark.parametrize("priority", [0, 5, -5, 2**31 - 1, -(2**31)])
 def test_priority_accepted(priority: int) -> None:
-    assert validate_submit(body(priority=priority), LIMITS, MODELS).priority == priority
+    assert validate_submit(body(priority=priority), LIMITS, MODELS).options.priority == priority
 
 
 @pytest.mark.parametrize("priority", ["5", 5.5, 5.0, True, False, [5], {"p": 5}])
@@ -408,6 +452,13 @@ def test_priority_must_be_an_integer(priority: object) -> None:
 def test_priority_5_point_0_from_json_is_rejected() -> None:
     payload = decode_json_object(orjson.dumps(body()).replace(b"{", b'{"priority":5.0,', 1))
     assert payload["priority"] == 5.0
+    assert_invalid(payload, "priority", "must be an integer")
+
+
+@pytest.mark.parametrize("raw", [b"18446744073709551616", b"-9223372036854775809"])
+def test_priority_beyond_int64_in_json_is_not_an_integer(raw: bytes) -> None:
+    # orjson reads an integer beyond 64 bits as a float.
+    payload = decode_json_object(orjson.dumps(body())[:-1] + b',"priority":' + raw + b"}")
     assert_invalid(payload, "priority", "must be an integer")
 
 
@@ -453,7 +504,7 @@ def test_parse_priority_field_range(text: str) -> None:
     ],
 )
 def test_cron_accepted_and_normalized(expr: str, stored: str) -> None:
-    assert validate_submit(body(cron=expr), LIMITS, MODELS).cron == stored
+    assert validate_submit(body(cron=expr), LIMITS, MODELS).options.cron == stored
     assert validate_cron(expr) == stored
 
 
@@ -464,7 +515,16 @@ def test_cron_needs_exactly_five_fields(expr: str) -> None:
 
 @pytest.mark.parametrize(
     "expr",
-    ["60 * * * *", "0 24 * * *", "a b c d e", "*/0 * * * *", "R * * * *", "H * * * *", "٣ * * * *"],
+    [
+        "60 * * * *",
+        "0 24 * * *",
+        "* * * * funday",
+        "a b c d e",
+        "*/0 * * * *",
+        "R * * * *",
+        "H * * * *",
+        "٣ * * * *",
+    ],
 )
 def test_cron_invalid_field(expr: str) -> None:
     assert_invalid(body(cron=expr), "cron", "is not valid")
@@ -500,10 +560,11 @@ def test_validate_cron_alone_raises_with_param_cron() -> None:
         "HTTPS://Example.COM",
         "https://[::1]:9000/h",
         "https://user:pw@hooks.example.com/x",
+        "http://127.0.0.1:8080/hook",
     ],
 )
 def test_webhook_url_accepted(url: str) -> None:
-    assert validate_submit(body(webhookUrl=url), LIMITS, MODELS).webhook_url == url
+    assert validate_submit(body(webhookUrl=url), LIMITS, MODELS).options.webhook_url == url
 
 
 @pytest.mark.parametrize(
@@ -540,31 +601,45 @@ def test_webhook_url_must_be_a_string(url: object) -> None:
 def test_webhook_url_length() -> None:
     base = "https://example.com/"
     ok = base + "a" * (2048 - len(base))
-    assert validate_submit(body(webhookUrl=ok), LIMITS, MODELS).webhook_url == ok
+    assert validate_submit(body(webhookUrl=ok), LIMITS, MODELS).options.webhook_url == ok
     assert_invalid(body(webhookUrl=ok + "a"), "webhookUrl", "at most 2048 characters")
 
 
-# --- pieces reused by the upload endpoint --------------------------------------------
+# --- row errors as data --------------------------------------------------------------
 
 
-def test_validate_batch_options_for_form_fields() -> None:
-    fields = {"model": "claude-haiku", "priority": parse_priority_field("3"), "cron": "0 * * * *"}
-    name, model, priority, webhook_url, cron = validate_batch_options(fields, MODELS)
-    assert (name, model, priority, webhook_url, cron) == (
-        None,
-        "claude-haiku",
-        3,
-        None,
-        "0 * * * *",
-    )
+@pytest.mark.parametrize(
+    ("requests", "error"),
+    [
+        pytest.param(["x"], RowError(0, "", "must be an object"), id="row"),
+        pytest.param(
+            [{"messages": HI}, {"messages": [HI[0], {"role": "bot", "content": "x"}]}],
+            RowError(1, "messages[1].role", "must be one of system, developer, user, assistant"),
+            id="message-field",
+        ),
+        pytest.param(
+            [
+                {"custom_id": "a", "messages": HI},
+                {"messages": HI},
+                {"custom_id": "a", "messages": HI},
+            ],
+            RowError(2, "custom_id", "'a' duplicates", earlier=0),
+            id="duplicate",
+        ),
+    ],
+)
+def test_a_bad_row_is_reported_as_data(requests: list[object], error: RowError) -> None:
+    with pytest.raises(RowRejected) as caught:
+        request_rows(requests, LIMITS.max_content_bytes)
+    assert caught.value.error == error
 
 
-def test_validate_request_rows_with_a_prefix() -> None:
-    requests = [{"messages": HI}, {"messages": [{"role": "user", "content": 5}]}]
-    with pytest.raises(ApiError) as info:
-        validate_request_rows(requests, LIMITS, param_prefix="file[0]")
-    assert info.value.param == "file[0][1].messages[0].content"
-    assert validate_request_rows(requests[:1], LIMITS, "file[0]") == [RowInput("row-1", HI_JSON)]
+def test_a_row_error_renders_as_the_path_of_its_field() -> None:
+    whole = row_api_error(RowError(4, "", "must be an object"))
+    assert (whole.param, whole.message) == ("requests[4]", "requests[4] must be an object")
+    duplicate = row_api_error(RowError(2, "custom_id", "'a' duplicates", earlier=0))
+    assert duplicate.param == "requests[2].custom_id"
+    assert duplicate.message == "requests[2].custom_id 'a' duplicates requests[0].custom_id"
 
 
 # --- robustness ----------------------------------------------------------------------
@@ -581,6 +656,7 @@ ODD_VALUES: list[object] = [None, True, 0, -1, 2**70, 1.5, "", "x", [], [None], 
         ("priority",),
         ("cron",),
         ("webhookUrl",),
+        ("params",),
         ("requests",),
         ("requests", 0),
         ("requests", 0, "messages"),
@@ -603,40 +679,10 @@ def test_odd_values_give_a_spec_or_a_400(path: tuple[str | int, ...], value: obj
         assert err.param is not None
 
 
-def test_null_priority_and_custom_id_mean_absent() -> None:
-    spec = validate_submit(
-        {
-            "model": "gpt-4o-mini",
-            "priority": None,
-            "requests": [{"custom_id": None, "messages": [{"role": "user", "content": "x"}]}],
-        },
-        SubmitLimits(),
-        {"gpt-4o-mini"},
-    )
-    assert spec.priority == 0
-    assert spec.rows[0].custom_id == "row-1"
-
-
-def test_nul_characters_in_custom_id_and_name_are_400() -> None:
+def test_nul_in_message_content_is_kept_escaped() -> None:
     # Postgres text cannot hold NUL; message content is stored as escaped JSON, so it can.
-    message = [{"role": "user", "content": "a\x00b"}]
-    with pytest.raises(ApiError) as caught:
-        validate_submit(
-            {"model": "gpt-4o-mini", "requests": [{"custom_id": "a\x00", "messages": message}]},
-            SubmitLimits(),
-            MODELS,
-        )
-    assert (caught.value.status, caught.value.param) == (400, "requests[0].custom_id")
-    assert "NUL" in caught.value.message
-    with pytest.raises(ApiError) as caught:
-        validate_submit(
-            {"model": "gpt-4o-mini", "name": "x\x00", "requests": [{"messages": message}]},
-            SubmitLimits(),
-            MODELS,
-        )
-    assert (caught.value.status, caught.value.param) == (400, "name")
     spec = validate_submit(
-        {"model": "gpt-4o-mini", "requests": [{"messages": message}]}, SubmitLimits(), MODELS
+        rows({"messages": [{"role": "user", "content": "a\x00b"}]}), LIMITS, MODELS
     )
     assert "\\u0000" in spec.rows[0].messages_json
 
@@ -646,17 +692,13 @@ def test_known_models_is_a_container_of_the_routers_aliases() -> None:
     assert "gpt-4o-mini" in known
     assert "other" not in known
     assert 42 not in known  # never hands a non-string to the router
-    spec = validate_submit(
-        {"model": "gpt-4o-mini", "requests": [{"messages": [{"role": "user", "content": "x"}]}]},
-        SubmitLimits(),
-        known,
-    )
-    assert spec.model == "gpt-4o-mini"
+    assert validate_submit(body(), LIMITS, known).options.model == "gpt-4o-mini"
 
 
-def test_ingest_api_has_one_known_models_class() -> None:
-    from relay_batches.services.ingest_api import models, routes, upload
+def test_ingest_api_builds_jobs_in_one_place() -> None:
+    from relay_batches.services.ingest_api import models, routes, submit, upload
 
-    assert routes.KnownModels is upload.KnownModels is KnownModels
-    assert not hasattr(routes, "_Models")
-    assert not hasattr(models, "KnownModels")
+    assert submit.KnownModels is KnownModels
+    for handlers in (models, routes, upload):
+        assert not hasattr(handlers, "KnownModels")
+        assert not hasattr(handlers, "NewJob")

@@ -1,0 +1,38 @@
+"""The ingest-api's wiring: what every handler uses, built once in ``__main__``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from relay_batches.services.ingest_api.validation import SubmitLimits
+
+from relay_batches.ledger.idempotency import IdempotencyStore
+from relay_batches.ledger.jobs import JobStore
+from relay_batches.model import Job
+
+
+@dataclass(frozen=True)
+class Announcer:
+    """The bus side-effects of the API (each awaits a confirm)."""
+
+    wake_dispatcher: Callable[[Job], Awaitable[None]]
+    job_canceled: Callable[[Job], Awaitable[None]]
+    template_created: Callable[[Job], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ApiDeps:
+    """Everything the handlers use, built once in ``__main__``."""
+
+    jobs: JobStore
+    idempotency: IdempotencyStore
+    announcer: Announcer
+    model_known: Callable[[str], bool]
+    limits: SubmitLimits
+    max_body_bytes: int
+    model_names: Callable[[], list[str]] = list  # the router's public aliases
+
+
+DEPS = web.AppKey("deps", ApiDeps)

@@ -1,0 +1,123 @@
+"""Creating jobs: the one place a submission becomes a :class:`NewJob`, ledger rows and a
+wake-up, whichever surface it came from.
+
+A surface translates its request into job-level fields and request rows; here the fields
+are validated (:func:`job_fields`, the rules of ``POST /v1/batches`` for every surface),
+the job is built (:func:`plan_job`), stored with its ``Idempotency-Key`` claim in one
+transaction (:func:`submit_one`, :func:`submit_many`) and a dispatcher is woken.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from relay_batches.services.ingest_api.deps import ApiDeps
+from relay_batches.services.ingest_api.validation import (
+    BatchOptions,
+    KnownModels,
+    RowInput,
+    validate_batch_options,
+    validate_submit,
+)
+
+from relay_batches.cron import next_tick
+from relay_batches.ids import new_id
+from relay_batches.ledger.idempotency import IdempotencyClaim
+from relay_batches.ledger.jobs import NewJob
+from relay_batches.metrics import JOB_TRANSITIONS
+from relay_batches.model import Job, Status
+
+log = logging.getLogger("relay.ingest_api")
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """A validated job, ready to insert."""
+
+    new: NewJob
+    rows: list[RowInput]
+
+
+def job_fields(fields: Mapping[str, object], deps: ApiDeps) -> BatchOptions:
+    """Validate a submission's job-level fields against the router's aliases."""
+    return validate_batch_options(fields, KnownModels(deps.model_known))
+
+
+def plan_submission(
+    payload: dict[str, object], deps: ApiDeps, workspace_id: str, now: datetime
+) -> PlannedJob:
+    """The job of a decoded ``POST /v1/batches`` body."""
+    spec = validate_submit(payload, deps.limits, KnownModels(deps.model_known))
+    return plan_job(spec.options, spec.rows, workspace_id, now)
+
+
+def plan_job(
+    options: BatchOptions,
+    rows: list[RowInput],
+    workspace_id: str,
+    now: datetime,
+    name: str | None = None,
+) -> PlannedJob:
+    """Build the job: ``name`` (default ``options.name``, else ``batch <timestamp>``)."""
+    chosen = options.name if name is None else name
+    new = NewJob(
+        id=new_id(),
+        workspace_id=workspace_id,
+        name=chosen or f"batch {now.strftime('%Y-%m-%dT%H:%M:%SZ')}",
+        model=options.model,
+        priority=options.priority,
+        total=len(rows),
+        webhook_url=options.webhook_url,
+        cron=options.cron,
+        next_run_at=next_tick(options.cron, now) if options.cron else None,
+        params=options.params_json,
+    )
+    return PlannedJob(new, rows)
+
+
+async def submit_one(deps: ApiDeps, job: PlannedJob, claim: IdempotencyClaim | None) -> Job:
+    """Store one job (recording its 201 for ``claim``), then wake its dispatcher.
+
+    :class:`KeyTaken` if a concurrent request with the same key stored first.
+    """
+    batch = await deps.jobs.create(job.new, _row_pairs(job), claim)
+    await _created(deps, [batch])
+    return batch
+
+
+async def submit_many(
+    deps: ApiDeps, jobs: Sequence[PlannedJob], claim: IdempotencyClaim | None
+) -> list[Job]:
+    """Store several jobs in one transaction (all or none), then wake their dispatchers."""
+    batches = await deps.jobs.create_many([(job.new, _row_pairs(job)) for job in jobs], claim)
+    await _created(deps, batches)
+    return batches
+
+
+def _row_pairs(job: PlannedJob) -> Iterator[tuple[str, str]]:
+    return ((r.custom_id, r.messages_json) for r in job.rows)
+
+
+async def _created(deps: ApiDeps, batches: list[Job]) -> None:
+    for batch in batches:
+        JOB_TRANSITIONS.labels(batch.status).inc()
+        log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
+        await wake(deps, batch)
+
+
+async def wake(deps: ApiDeps, batch: Job) -> None:
+    """Wake a dispatcher for a new queued batch, or schedulers for a new cron template.
+
+    The batch is committed: a lost wake-up only delays it (dispatchers reconcile from the
+    ledger, schedulers look again within their sleep cap).
+    """
+    try:
+        if batch.status == Status.QUEUED:
+            await deps.announcer.wake_dispatcher(batch)
+        elif batch.status == Status.SCHEDULED:
+            await deps.announcer.template_created(batch)
+    except Exception as exc:
+        log.warning("wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})
