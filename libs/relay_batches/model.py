@@ -29,10 +29,6 @@ class JobStatus(StrEnum):
     CANCELED = "canceled"
 
 
-# The former name, still imported by relay_cli; new code says JobStatus.
-Status = JobStatus
-
-
 class DeliveryStatus(StrEnum):
     """Every status of a completion-webhook delivery (``webhook_deliveries.status``)."""
 

@@ -26,7 +26,7 @@ from relay_batches.errors import ApiError, ConflictError, invalid
 from relay_batches.ids import is_valid_id
 from relay_batches.ledger.idempotency import KeyTaken
 from relay_batches.metrics import JOB_TRANSITIONS
-from relay_batches.model import TERMINAL, Job, Status
+from relay_batches.model import TERMINAL, Job, JobStatus
 
 log = logging.getLogger("relay.ingest_api")
 
@@ -83,9 +83,7 @@ async def list_batches(request: web.Request) -> web.Response:
     after = query.get("after")
     if after is not None and not is_valid_id(after):
         raise invalid("after must be a batch id", "after")
-    status = query.get("status")
-    if status is not None and status not in set(Status):
-        raise invalid(f"status must be one of {', '.join(s.value for s in Status)}", "status")
+    status = _status_filter(query.get("status"))
     template_id = query.get("template_id")
     if template_id is not None and not is_valid_id(template_id):
         raise invalid("template_id must be a batch id", "template_id")
@@ -93,6 +91,18 @@ async def list_batches(request: web.Request) -> web.Response:
         request[WORKSPACE_ID], limit, after, status, template_id
     )
     return json_response({"object": "list", "data": [b.to_api() for b in page], "has_more": more})
+
+
+def _status_filter(value: str | None) -> JobStatus | None:
+    """The ``status`` query parameter as a job status, or a 400 naming it."""
+    if value is None:
+        return None
+    try:
+        return JobStatus(value)
+    except ValueError:
+        raise invalid(
+            f"status must be one of {', '.join(s.value for s in JobStatus)}", "status"
+        ) from None
 
 
 def _page_limit(raw: str | None) -> int:

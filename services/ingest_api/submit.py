@@ -28,7 +28,7 @@ from relay_batches.ids import new_id
 from relay_batches.ledger.idempotency import IdempotencyClaim
 from relay_batches.ledger.jobs import NewJob
 from relay_batches.metrics import JOB_TRANSITIONS
-from relay_batches.model import Job, Status
+from relay_batches.model import Job, JobStatus
 
 log = logging.getLogger("relay.ingest_api")
 
@@ -115,9 +115,9 @@ async def wake(deps: ApiDeps, batch: Job) -> None:
     ledger, schedulers look again within their sleep cap).
     """
     try:
-        if batch.status == Status.QUEUED:
+        if batch.status == JobStatus.QUEUED:
             await deps.announcer.wake_dispatcher(batch)
-        elif batch.status == Status.SCHEDULED:
+        elif batch.status == JobStatus.SCHEDULED:
             await deps.announcer.template_created(batch)
     except Exception as exc:
         log.warning("wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})

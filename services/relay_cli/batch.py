@@ -27,7 +27,7 @@ from relay_batches.services.relay_cli.progress import (
     summary_line,
 )
 
-from relay_batches.model import TERMINAL, Status
+from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.settings import ClientSettings, ConfigError
 
 DEFAULT_INTERVAL_S = 1.0
@@ -64,7 +64,7 @@ def add_batch_parser(sub: Any) -> None:
     status.add_argument("--json", action="store_true", help="print the batch object as JSON")
 
     listing = commands.add_parser("list", parents=[common], help="jobs, newest first")
-    listing.add_argument("--status", choices=[s.value for s in Status])
+    listing.add_argument("--status", choices=[s.value for s in JobStatus])
     listing.add_argument("--limit", type=int, default=20, help="1-100 (default 20)")
     listing.add_argument("--after", help="the last id of the previous page")
 
@@ -259,7 +259,7 @@ async def watch_job(client: RelayClient, batch_id: str, interval: float, err: Te
     shown: tuple[int, str] | None = None
     while True:
         batch = await client.get(batch_id)
-        if batch["status"] == Status.SCHEDULED:
+        if batch["status"] == JobStatus.SCHEDULED:
             raise UsageError(f"job {batch_id} is a cron template; watch one of its runs instead")
         meter.observe(time.monotonic(), done_rows(batch))
         line = progress_line(batch, meter.rate())
@@ -275,7 +275,7 @@ async def watch_job(client: RelayClient, batch_id: str, interval: float, err: Te
     if live:
         err.write("\n")
     print(summary_line(batch, time.monotonic() - started), file=err)
-    return 0 if batch["status"] == Status.COMPLETED else 1
+    return 0 if batch["status"] == JobStatus.COMPLETED else 1
 
 
 COMMANDS: dict[str, Command] = {
