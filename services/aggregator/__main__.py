@@ -5,12 +5,11 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from relay_batches.services.aggregator.core import Aggregator
-from relay_batches.services.aggregator.service import AggregatorService
-
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import database_ready
 from relay_batches.runtime import Service, run_service
+from relay_batches.services.aggregator.core import Aggregator
+from relay_batches.services.aggregator.service import AggregatorService
 from relay_batches.settings import Settings
 from relay_batches.wiring import open_bus, open_pool
 

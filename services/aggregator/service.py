@@ -15,13 +15,13 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aio_pika.abc import AbstractIncomingMessage
-from relay_batches.services.aggregator.core import Aggregator, decode_bodies
 
 from relay_batches.bus.client import Bus, ack, reject
 from relay_batches.errors import PermanentError
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import RowOutcome
 from relay_batches.metrics import MESSAGES_CONSUMED
+from relay_batches.services.aggregator.core import Aggregator, decode_bodies
 
 log = logging.getLogger("relay.aggregator")
 

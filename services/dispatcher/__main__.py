@@ -6,9 +6,6 @@ import contextlib
 import logging
 import os
 
-from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
-from relay_batches.services.dispatcher.service import DispatcherService
-
 from relay_batches.announce import announce_finished
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import Names, broker_priority
@@ -19,6 +16,8 @@ from relay_batches.ledger.pool import database_ready
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
+from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from relay_batches.services.dispatcher.service import DispatcherService
 from relay_batches.settings import Settings
 from relay_batches.wiring import open_pool
 

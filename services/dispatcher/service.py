@@ -17,12 +17,12 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aio_pika.abc import AbstractIncomingMessage
-from relay_batches.services.dispatcher.core import Dispatcher
 
 from relay_batches.bus.client import Bus, settle
 from relay_batches.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
 from relay_batches.inflight import InFlight
 from relay_batches.messages import DispatchWakeup, JobEvent
+from relay_batches.services.dispatcher.core import Dispatcher
 
 log = logging.getLogger("relay.dispatcher")
 

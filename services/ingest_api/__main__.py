@@ -9,10 +9,6 @@ import os
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from relay_batches.services.ingest_api.app import build_app
-from relay_batches.services.ingest_api.deps import ApiDeps
-from relay_batches.services.ingest_api.publishing import publisher_for
-from relay_batches.services.ingest_api.validation import SubmitLimits
 
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
@@ -20,6 +16,10 @@ from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.pool import database_ready
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
+from relay_batches.services.ingest_api.app import build_app
+from relay_batches.services.ingest_api.deps import ApiDeps
+from relay_batches.services.ingest_api.publishing import publisher_for
+from relay_batches.services.ingest_api.validation import SubmitLimits
 from relay_batches.settings import Settings
 from relay_batches.wiring import open_bus, open_pool
 

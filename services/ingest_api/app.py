@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+
+from relay_batches.health import add_health_routes
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.middleware import (
     ResolveKey,
@@ -17,8 +19,6 @@ from relay_batches.services.ingest_api.openapi import add_openapi_route
 from relay_batches.services.ingest_api.panel import add_panel_routes
 from relay_batches.services.ingest_api.routes import add_batch_routes
 from relay_batches.services.ingest_api.upload import add_upload_routes
-
-from relay_batches.health import add_health_routes
 
 BODY_SLACK = 1024
 

@@ -6,11 +6,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
-from relay_batches.services.ingest_api.validation import SubmitLimits
 
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job
+from relay_batches.services.ingest_api.validation import SubmitLimits
 
 
 @dataclass(frozen=True)

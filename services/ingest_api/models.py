@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aiohttp import web
+
 from relay_batches.services.ingest_api.deps import DEPS
 from relay_batches.services.ingest_api.middleware import json_response
 

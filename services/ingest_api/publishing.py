@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from relay_batches.services.ingest_api.deps import Announcer
-
 from relay_batches.announce import announce_finished
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import (
@@ -14,6 +12,7 @@ from relay_batches.bus.topology import (
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.messages import DispatchWakeup, JobEvent, TemplateCreated
 from relay_batches.model import Job, iso
+from relay_batches.services.ingest_api.deps import Announcer
 
 
 def publisher_for(bus: Bus, jobs: JobStore) -> Announcer:

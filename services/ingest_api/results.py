@@ -8,10 +8,10 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from relay_batches.services.ingest_api.middleware import STREAMING
 
 from relay_batches.ledger.jobs import DeadLetterRow, ResultRow
 from relay_batches.model import TERMINAL, Job
+from relay_batches.services.ingest_api.middleware import STREAMING
 
 NDJSON = "application/x-ndjson"
 

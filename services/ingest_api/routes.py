@@ -6,6 +6,12 @@ import logging
 from datetime import UTC, datetime
 
 from aiohttp import web
+
+from relay_batches.errors import ApiError, ConflictError, invalid
+from relay_batches.ids import is_valid_id
+from relay_batches.ledger.idempotency import KeyTaken
+from relay_batches.metrics import JOB_TRANSITIONS
+from relay_batches.model import TERMINAL, Job, JobStatus
 from relay_batches.services.ingest_api.body import read_body
 from relay_batches.services.ingest_api.deps import DEPS
 from relay_batches.services.ingest_api.idempotency import (
@@ -21,12 +27,6 @@ from relay_batches.services.ingest_api.results import (
 )
 from relay_batches.services.ingest_api.submit import plan_submission, submit_one
 from relay_batches.services.ingest_api.validation import decode_json_object
-
-from relay_batches.errors import ApiError, ConflictError, invalid
-from relay_batches.ids import is_valid_id
-from relay_batches.ledger.idempotency import KeyTaken
-from relay_batches.metrics import JOB_TRANSITIONS
-from relay_batches.model import TERMINAL, Job, JobStatus
 
 log = logging.getLogger("relay.ingest_api")
 

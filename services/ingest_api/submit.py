@@ -14,6 +14,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from relay_batches.cron import next_tick
+from relay_batches.ids import new_id
+from relay_batches.ledger.idempotency import IdempotencyClaim
+from relay_batches.ledger.jobs import NewJob
+from relay_batches.metrics import JOB_TRANSITIONS
+from relay_batches.model import Job, JobStatus
 from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.ingest_api.validation import (
     BatchOptions,
@@ -22,13 +28,6 @@ from relay_batches.services.ingest_api.validation import (
     validate_batch_options,
     validate_submit,
 )
-
-from relay_batches.cron import next_tick
-from relay_batches.ids import new_id
-from relay_batches.ledger.idempotency import IdempotencyClaim
-from relay_batches.ledger.jobs import NewJob
-from relay_batches.metrics import JOB_TRANSITIONS
-from relay_batches.model import Job, JobStatus
 
 log = logging.getLogger("relay.ingest_api")
 

@@ -23,6 +23,9 @@ import orjson
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.multipart import BadContentDispositionHeader, BadContentDispositionParam
+
+from relay_batches.errors import ApiError, invalid
+from relay_batches.ledger.idempotency import KeyTaken
 from relay_batches.services.ingest_api.body import check_body, too_large
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.idempotency import (
@@ -40,9 +43,6 @@ from relay_batches.services.ingest_api.validation import (
     SubmitLimits,
     parse_priority_field,
 )
-
-from relay_batches.errors import ApiError, invalid
-from relay_batches.ledger.idempotency import KeyTaken
 
 FILE_FIELD = "file"
 JSON_FIELDS = frozenset({"params"})  # form fields that hold a JSON-encoded value

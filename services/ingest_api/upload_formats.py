@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
+
 from relay_batches.services.ingest_api.validation import (
     RowError,
     RowInput,

@@ -26,9 +26,9 @@ from urllib.parse import urlsplit
 
 import orjson
 from croniter import CroniterBadDateError, CroniterError, croniter
-from relay_batches.services.ingest_api.params import validate_params
 
 from relay_batches.errors import ApiError, invalid
+from relay_batches.services.ingest_api.params import validate_params
 
 ROLES: frozenset[str] = frozenset({"system", "developer", "user", "assistant"})
 MAX_NAME_CHARS = 256

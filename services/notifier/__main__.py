@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from relay_batches.services.notifier.core import claim_seconds
-from relay_batches.services.notifier.http import guarded_poster
-from relay_batches.services.notifier.service import NotifierService
-
 from relay_batches.ledger.deliveries import DeliveryStore
 from relay_batches.ledger.pool import database_ready
 from relay_batches.runtime import Service, run_service
+from relay_batches.services.notifier.core import claim_seconds
+from relay_batches.services.notifier.http import guarded_poster
+from relay_batches.services.notifier.service import NotifierService
 from relay_batches.settings import Settings
 from relay_batches.wiring import open_bus, open_pool
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
-from relay_batches.services.notifier.core import Post, PostResult
 from yarl import URL
 
 from relay_batches.netguard import IPNetwork, refusal_reason
+from relay_batches.services.notifier.core import Post, PostResult
 
 MAX_REPLY_BYTES = 64 * 1024  # of the receiver's reply body; the rest is never read
 

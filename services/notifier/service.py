@@ -9,16 +9,16 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aio_pika.abc import AbstractIncomingMessage
+
+from relay_batches.bus.client import Bus, settle
+from relay_batches.inflight import InFlight
+from relay_batches.messages import JobEvent
 from relay_batches.services.notifier.core import (
     Post,
     RecoveryStore,
     deliver_webhook,
     recover_deliveries,
 )
-
-from relay_batches.bus.client import Bus, settle
-from relay_batches.inflight import InFlight
-from relay_batches.messages import JobEvent
 
 log = logging.getLogger("relay.notifier")
 

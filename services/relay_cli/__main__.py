@@ -10,11 +10,10 @@ import signal
 import sys
 from collections.abc import Callable
 
+from relay_batches.model import iso
 from relay_batches.services.relay_cli import admin
 from relay_batches.services.relay_cli.batch import add_batch_parser, run_batch
 from relay_batches.services.relay_cli.supervisor import say, service_children, supervise
-
-from relay_batches.model import iso
 from relay_batches.settings import ConfigError, Settings
 
 DEV_WORKSPACE = "dev"

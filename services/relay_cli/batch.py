@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
+
+from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.services.relay_cli.client import ApiFailure, RelayClient
 from relay_batches.services.relay_cli.progress import (
     RateMeter,
@@ -26,8 +28,6 @@ from relay_batches.services.relay_cli.progress import (
     progress_line,
     summary_line,
 )
-
-from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.settings import ClientSettings, ConfigError
 
 DEFAULT_INTERVAL_S = 1.0

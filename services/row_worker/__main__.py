@@ -7,15 +7,15 @@ import logging
 import os
 
 import aiohttp
-from relay_batches.services.row_worker.batcher import OutcomeBatcher
-from relay_batches.services.row_worker.core import RowRunner
-from relay_batches.services.row_worker.service import RowWorkerService, rows_prefetch
 
 from relay_batches.router.aliases import load_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
 from relay_batches.runtime import Service, run_service
+from relay_batches.services.row_worker.batcher import OutcomeBatcher
+from relay_batches.services.row_worker.core import RowRunner
+from relay_batches.services.row_worker.service import RowWorkerService, rows_prefetch
 from relay_batches.settings import Settings
 from relay_batches.wiring import open_bus
 

@@ -8,13 +8,13 @@ import math
 import time
 
 from aio_pika.abc import AbstractIncomingMessage
-from relay_batches.services.row_worker.batcher import OutcomeBatcher
-from relay_batches.services.row_worker.core import RowRunner
 
 from relay_batches.bus.client import Bus, ack, reject
 from relay_batches.bus.topology import EVENT_CANCELED
 from relay_batches.messages import JobEvent, MessageError, SliceMessage
 from relay_batches.metrics import MESSAGES_CONSUMED
+from relay_batches.services.row_worker.batcher import OutcomeBatcher
+from relay_batches.services.row_worker.core import RowRunner
 
 log = logging.getLogger("relay.row_worker")
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from relay_batches.services.scheduler.core import Scheduler
-from relay_batches.services.scheduler.service import SchedulerService
-
 from relay_batches.bus.topology import broker_priority
 from relay_batches.ledger.pool import database_ready
 from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
 from relay_batches.messages import DispatchWakeup
 from relay_batches.runtime import Service, run_service
+from relay_batches.services.scheduler.core import Scheduler
+from relay_batches.services.scheduler.service import SchedulerService
 from relay_batches.settings import Settings
 from relay_batches.wiring import open_bus, open_pool
 

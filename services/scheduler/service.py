@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from aio_pika.abc import AbstractIncomingMessage
-from relay_batches.services.scheduler.core import Scheduler
 
 from relay_batches.bus.client import Bus, settle
 from relay_batches.bus.topology import EVENT_TEMPLATE_CREATED
 from relay_batches.messages import TemplateCreated
+from relay_batches.services.scheduler.core import Scheduler
 
 log = logging.getLogger("relay.scheduler")
 

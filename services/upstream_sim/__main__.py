@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import uvloop
 from aiohttp import web
-from relay_batches.services.upstream_sim.app import SimConfig, build_app
 
 from relay_batches.logging import setup_logging
+from relay_batches.services.upstream_sim.app import SimConfig, build_app
 from relay_batches.settings import ConfigError
 
 SERVICE = "upstream-sim"

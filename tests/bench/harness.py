@@ -14,10 +14,10 @@ from typing import Any
 
 import aiohttp
 import orjson
-from relay_batches.services.relay_cli import admin
 
-from tests.processes import System, build_system
-from tests.support import ApiClient, create_isolation, drop_isolation, rows
+from relay_batches.services.relay_cli import admin
+from tests.helpers.processes import System, build_system
+from tests.helpers.support import ApiClient, create_isolation, drop_isolation, rows
 
 RUNS = 3
 MIB = 1024 * 1024

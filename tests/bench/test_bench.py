@@ -23,7 +23,7 @@ from tests.bench.harness import (
     ideal_client,
     repeat,
 )
-from tests.support import rows
+from tests.helpers.support import rows
 
 PIPELINE_ROWS = 20_000
 LATENCY_MS = 200

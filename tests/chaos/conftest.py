@@ -8,29 +8,15 @@ so nobody restarts shared servers by accident.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
-from tests.support import WebhookReceiver
-
-SERVERS_MODE = os.environ.get("RELAY_CHAOS_SERVERS", "")
-if SERVERS_MODE not in {"", "restart", "sever"}:
-    raise pytest.UsageError(f"RELAY_CHAOS_SERVERS must be restart or sever, got {SERVERS_MODE!r}")
+from tests.chaos.settings import SERVERS_MODE
+from tests.helpers.support import WebhookReceiver
 
 collect_ignore = [] if SERVERS_MODE else ["test_server_restarts.py"]
-
-# Every chaos system: two row-workers, short leases and timeouts so recovery is quick.
-CHAOS_ENV = {
-    "RELAY_BATCH_CONCURRENCY": "4",
-    "RELAY_DISPATCH_WINDOW": "256",
-    "RELAY_LEASE_SECONDS": "3",
-    "RELAY_STALL_SECONDS": "20",
-    "RELAY_WEBHOOK_TIMEOUT_S": "5",
-    "RELAY_SCHEDULER_MAX_SLEEP_S": "5",
-}
 
 
 @pytest.fixture

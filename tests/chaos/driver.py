@@ -5,7 +5,8 @@ of the row-workers several times (each killed process restarted at once, as a
 supervisor would), optionally followed by a RabbitMQ and a Postgres disruption. Faults
 are paced by progress, not by the clock: before each one the batch must have moved on
 by a random number of rows, so every fault lands mid-run on a system that has healed
-from the previous one. The batch is then checked by :func:`tests.checks.assert_exactly_once`.
+from the previous one. The batch is then checked by
+:func:`tests.helpers.checks.assert_exactly_once`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import aiohttp
 import asyncpg
 import orjson
 
-from tests.checks import Verdict, assert_exactly_once, services_of, wait_terminal
-from tests.processes import System
-from tests.support import ApiClient, WebhookReceiver, rows, wait_until
+from tests.helpers.checks import Verdict, assert_exactly_once, services_of, wait_terminal
+from tests.helpers.processes import System
+from tests.helpers.support import ApiClient, WebhookReceiver, rows, wait_until
 
 KILLABLE = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier")
 RESTART_READY_TIMEOUT_S = 60

@@ -24,10 +24,10 @@ import asyncpg
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
 from tests.chaos.driver import ServerFault
-from tests.checks import services_of, wait_all_not_ready
-from tests.faults import TcpProxy, close_broker_connections, terminate_db_backends
-from tests.processes import System
-from tests.support import AMQP_URL, PG_ADMIN_URL, wait_until
+from tests.helpers.checks import services_of, wait_all_not_ready
+from tests.helpers.faults import TcpProxy, close_broker_connections, terminate_db_backends
+from tests.helpers.processes import System
+from tests.helpers.support import AMQP_URL, PG_ADMIN_URL, wait_until
 
 RESTART_TIMEOUT_S = 180
 DB_SERVICES = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier")

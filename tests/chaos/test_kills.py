@@ -10,12 +10,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from relay_batches.services.relay_cli import admin
 
-from tests.chaos.conftest import CHAOS_ENV
+from relay_batches.services.relay_cli import admin
 from tests.chaos.driver import ChaosSettings, run_chaos
-from tests.processes import SERVICES, build_system
-from tests.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
+from tests.chaos.settings import CHAOS_ENV
+from tests.helpers.processes import SERVICES, build_system
+from tests.helpers.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
 
 
 @pytest.mark.timeout(300)

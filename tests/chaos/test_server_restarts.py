@@ -11,14 +11,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from relay_batches.services.relay_cli import admin
 
-from tests.chaos.conftest import CHAOS_ENV, SERVERS_MODE
+from relay_batches.services.relay_cli import admin
 from tests.chaos.driver import ChaosSettings, run_chaos
 from tests.chaos.servers import restart_faults, sever_faults
-from tests.faults import TcpProxy
-from tests.processes import SERVICES, build_system
-from tests.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
+from tests.chaos.settings import CHAOS_ENV, SERVERS_MODE
+from tests.helpers.faults import TcpProxy
+from tests.helpers.processes import SERVICES, build_system
+from tests.helpers.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
 
 
 @pytest.fixture

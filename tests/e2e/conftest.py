@@ -7,10 +7,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from relay_batches.services.relay_cli import admin
 
-from tests.processes import System, build_system
-from tests.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
+from relay_batches.services.relay_cli import admin
+from tests.helpers.processes import System, build_system
+from tests.helpers.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
 
 
 @pytest.fixture(scope="session")
@@ -59,9 +59,3 @@ async def webhooks() -> AsyncIterator[WebhookReceiver]:
     await receiver.start()
     yield receiver
     await receiver.stop()
-
-
-async def sim_calls(http: aiohttp.ClientSession, system: System) -> int:
-    """How many chat completion calls the simulator has received so far."""
-    async with http.get(f"{system.sim_url}/stats") as response:
-        return int((await response.json())["calls"])

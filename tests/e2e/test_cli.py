@@ -11,8 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from tests.processes import System
-from tests.support import ApiClient
+from tests.helpers.processes import System
+from tests.helpers.support import ApiClient
 
 RELAY = str(Path(sys.executable).parent / "relay")
 ID_LINE = re.compile(r"^([0-9a-f]{32})  (queued|scheduled)  (\d+) rows  (.+)$")

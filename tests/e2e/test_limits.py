@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.processes import System
-from tests.support import ApiClient
+from tests.helpers.processes import System
+from tests.helpers.support import ApiClient
 
 MIB = 1024 * 1024
 

@@ -14,8 +14,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay_batches.bus.topology import Names
-from tests.processes import SERVICES, System
-from tests.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until
+from tests.helpers.processes import SERVICES, System
+from tests.helpers.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until
 
 Sample = tuple[str, frozenset[tuple[str, str]]]
 Scrape = dict[str, dict[Sample, float]]

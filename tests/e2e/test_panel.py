@@ -14,11 +14,11 @@ from pathlib import Path
 import orjson
 import pytest
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.ids import new_id
-from tests.processes import System
-from tests.support import ApiClient
+from relay_batches.services.relay_cli import admin
+from tests.helpers.processes import System
+from tests.helpers.support import ApiClient
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

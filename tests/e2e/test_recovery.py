@@ -19,10 +19,10 @@ import aio_pika
 import aiohttp
 import asyncpg
 import pytest
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.bus.topology import Names
-from tests.checks import (
+from relay_batches.services.relay_cli import admin
+from tests.helpers.checks import (
     assert_exactly_once,
     readyz,
     services_of,
@@ -30,9 +30,9 @@ from tests.checks import (
     wait_all_ready,
     wait_terminal,
 )
-from tests.faults import TcpProxy, close_broker_connections, terminate_db_backends
-from tests.processes import ServiceProcess, System, build_system
-from tests.support import (
+from tests.helpers.faults import TcpProxy, close_broker_connections, terminate_db_backends
+from tests.helpers.processes import ServiceProcess, System, build_system
+from tests.helpers.support import (
     AMQP_URL,
     ApiClient,
     WebhookReceiver,
@@ -121,7 +121,7 @@ async def wait_progress(api: ApiClient, batch_id: str, done: int) -> None:
 
 
 def custom_ids(n: int) -> list[str]:
-    """The custom ids :func:`tests.support.rows` gives ``n`` rows."""
+    """The custom ids :func:`tests.helpers.support.rows` gives ``n`` rows."""
     return [f"r-{i}" for i in range(n)]
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from relay_batches.services.relay_cli import admin
 
-from tests.processes import build_system
-from tests.support import ApiClient, create_isolation, drop_isolation, rows
+from relay_batches.services.relay_cli import admin
+from tests.helpers.processes import build_system
+from tests.helpers.support import ApiClient, create_isolation, drop_isolation, rows
 
 
 async def test_attempts_dead_letters_failures_and_usage(api: ApiClient) -> None:

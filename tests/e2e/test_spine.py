@@ -8,9 +8,8 @@ import aio_pika
 import aiohttp
 
 from relay_batches.bus.topology import Names
-from tests.e2e.conftest import sim_calls
-from tests.processes import System
-from tests.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until
+from tests.helpers.processes import System, sim_calls
+from tests.helpers.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until
 
 API_EXAMPLE = {
     "name": "Review sentiment — October",

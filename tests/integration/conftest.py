@@ -9,23 +9,15 @@ import aiohttp
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestServer
-from relay_batches.services.ingest_api.app import build_app
-from relay_batches.services.ingest_api.deps import ApiDeps
-from relay_batches.services.ingest_api.publishing import publisher_for
-from relay_batches.services.ingest_api.validation import SubmitLimits
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import Names
-from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
-from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.pool import create_pool
-from relay_batches.router.aliases import AliasTable, parse_aliases
-from tests.support import AMQP_URL, ApiClient, Isolation, create_isolation, drop_isolation
-
-TEST_LIMITS = SubmitLimits(max_rows=50, max_content_bytes=1024)
-TEST_MAX_BODY = 256 * 1024
+from relay_batches.router.aliases import AliasTable
+from relay_batches.services.relay_cli import admin
+from tests.helpers.api import start_api, test_aliases
+from tests.helpers.support import AMQP_URL, ApiClient, Isolation, create_isolation, drop_isolation
 
 
 @pytest.fixture(scope="session")
@@ -56,37 +48,7 @@ async def bus(iso: Isolation) -> AsyncIterator[Bus]:
 @pytest.fixture(scope="session")
 def aliases() -> AliasTable:
     """An alias table with the alias the tests use (the URL is never called by the API)."""
-    return parse_aliases(
-        {
-            "aliases": {"gpt-4o-mini": {"deployments": ["sim"]}},
-            "deployments": {
-                "sim": {"provider": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
-            },
-        },
-        {},
-    )
-
-
-async def start_api(
-    pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, jobs: JobStore
-) -> TestServer:
-    """Start the ingest-api application, on ``jobs``, on a real loopback port."""
-    deps = ApiDeps(
-        jobs=jobs,
-        idempotency=IdempotencyStore(pool),
-        announcer=publisher_for(bus, jobs),
-        model_known=lambda alias: aliases.resolve(alias) is not None,
-        limits=TEST_LIMITS,
-        max_body_bytes=TEST_MAX_BODY,
-        model_names=aliases.names,
-    )
-
-    async def ready() -> bool:
-        return True
-
-    server = TestServer(build_app(deps, KeyStore(pool).workspace_for_key, ready))
-    await server.start_server()
-    return server
+    return test_aliases()
 
 
 @pytest.fixture(scope="session")

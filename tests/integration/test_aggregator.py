@@ -9,8 +9,6 @@ import aio_pika
 import asyncpg
 import orjson
 import pytest
-from relay_batches.services.aggregator.core import Aggregator
-from relay_batches.services.aggregator.service import AggregatorService
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_FINISHED, EVENT_PROGRESS
@@ -20,7 +18,9 @@ from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
-from tests.support import AMQP_URL, Isolation, wait_until
+from relay_batches.services.aggregator.core import Aggregator
+from relay_batches.services.aggregator.service import AggregatorService
+from tests.helpers.support import AMQP_URL, Isolation, wait_until
 
 
 async def running_batch(pool: asyncpg.Pool, total: int) -> str:

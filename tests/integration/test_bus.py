@@ -6,7 +6,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_CANCELED, Names
-from tests.support import AMQP_URL, Isolation
+from tests.helpers.support import AMQP_URL, Isolation
 
 
 async def _ignore(message: AbstractIncomingMessage) -> None:

@@ -8,13 +8,13 @@ import logging
 import asyncpg
 import orjson
 import pytest
-from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
 from relay_batches.ids import new_id
 from relay_batches.ledger.deliveries import MAX_CLAIMS, Claim, DeliveryStore
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.messages import JobEvent
+from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
 HOOK = "http://127.0.0.1:9/hook"  # never connected to: every Post here is a fake
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.errors import ConflictError
 from relay_batches.ids import new_id
 from relay_batches.ledger.keys import KeyStore, generate_key
-from tests.support import Isolation
+from relay_batches.services.relay_cli import admin
+from tests.helpers.support import Isolation
 
 
 async def test_a_given_key_stored_before_returns_its_stored_id(pool: asyncpg.Pool) -> None:

@@ -26,16 +26,20 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
-from relay_batches.services.ingest_api.openapi import load_document
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import create_pool
 from relay_batches.messages import RowOutcome
-from tests.openapi_ops import component_validator, documented_operations, registered_operations
-from tests.processes import BIN, build_system
-from tests.support import ApiClient, Isolation, create_isolation, drop_isolation, rows
+from relay_batches.services.ingest_api.openapi import load_document
+from relay_batches.services.relay_cli import admin
+from tests.helpers.openapi_ops import (
+    component_validator,
+    documented_operations,
+    registered_operations,
+)
+from tests.helpers.processes import BIN, build_system
+from tests.helpers.support import ApiClient, Isolation, create_isolation, drop_isolation, rows
 
 FUZZ_EXAMPLES = int(os.environ.get("RELAY_FUZZ_EXAMPLES", "12"))
 FUZZ_SEED = os.environ.get("RELAY_FUZZ_SEED", "5")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import aiohttp
 from aiohttp.test_utils import TestServer
-from relay_batches.services.ingest_api.openapi import load_document
 
-from tests.openapi_ops import (
+from relay_batches.services.ingest_api.openapi import load_document
+from tests.helpers.openapi_ops import (
     documented_operations,
     registered_operations,
 )

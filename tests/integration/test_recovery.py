@@ -10,8 +10,6 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
-from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
 from relay_batches.ids import new_id
 from relay_batches.ledger.deliveries import MAX_CLAIMS, DeliveryStore
@@ -20,7 +18,9 @@ from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import JobEvent, RowOutcome, SliceMessage
-from tests.support import WebhookReceiver
+from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
+from tests.helpers.support import WebhookReceiver
 
 WINDOW, SLICE = 20, 4
 

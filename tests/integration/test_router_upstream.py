@@ -12,12 +12,12 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from relay_batches.services.upstream_sim.app import SimConfig, build_app
 
 from relay_batches.router.aliases import AliasTable, parse_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
+from relay_batches.services.upstream_sim.app import SimConfig, build_app
 
 USER = [{"role": "user", "content": "hello"}]
 

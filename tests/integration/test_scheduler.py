@@ -16,8 +16,6 @@ import aio_pika
 import aiohttp
 import asyncpg
 import pytest
-from relay_batches.services.scheduler.core import Scheduler, TickResult
-from relay_batches.services.scheduler.service import SchedulerService
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_TEMPLATE_CREATED
@@ -27,8 +25,10 @@ from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.pool import create_pool
 from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
 from relay_batches.messages import TemplateCreated
-from tests.processes import ServiceProcess
-from tests.support import AMQP_URL, ApiClient, Isolation, wait_until
+from relay_batches.services.scheduler.core import Scheduler, TickResult
+from relay_batches.services.scheduler.service import SchedulerService
+from tests.helpers.processes import ServiceProcess
+from tests.helpers.support import AMQP_URL, ApiClient, Isolation, wait_until
 
 T0 = datetime(2030, 1, 1, 0, 0, 30, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)

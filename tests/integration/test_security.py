@@ -15,9 +15,6 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp import web
-from relay_batches.services.notifier.core import deliver_webhook
-from relay_batches.services.notifier.http import guarded_poster
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.ids import new_id
 from relay_batches.ledger import keys as keys_module
@@ -26,7 +23,10 @@ from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.messages import JobEvent
 from relay_batches.netguard import parse_networks
-from tests.support import ApiClient, Isolation, WebhookReceiver, rows
+from relay_batches.services.notifier.core import deliver_webhook
+from relay_batches.services.notifier.http import guarded_poster
+from relay_batches.services.relay_cli import admin
+from tests.helpers.support import ApiClient, Isolation, WebhookReceiver, rows
 
 RELAY = Path(sys.executable).parent / "relay"
 

@@ -18,15 +18,15 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.bus.client import Bus
 from relay_batches.errors import TransientError
 from relay_batches.ledger.jobs import DeadLetterRow, JobStore, ResultRow
 from relay_batches.model import Job
 from relay_batches.router.aliases import AliasTable
-from tests.integration.conftest import start_api
-from tests.support import ApiClient, Isolation
+from relay_batches.services.relay_cli import admin
+from tests.helpers.api import start_api
+from tests.helpers.support import ApiClient, Isolation
 
 RELAY = str(Path(sys.executable).parent / "relay")
 CLI_TIMEOUT_S = 60

@@ -21,8 +21,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from relay_batches.ids import new_id
-from tests.integration.conftest import TEST_LIMITS, TEST_MAX_BODY
-from tests.support import ApiClient
+from tests.helpers.api import TEST_LIMITS, TEST_MAX_BODY
+from tests.helpers.support import ApiClient
 
 MODEL = "gpt-4o-mini"
 ID_RE = re.compile(r"^[0-9a-f]{32}$")

@@ -14,11 +14,11 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.ids import new_id
-from tests.integration.conftest import TEST_MAX_BODY
-from tests.support import ApiClient, Isolation
+from relay_batches.services.relay_cli import admin
+from tests.helpers.api import TEST_MAX_BODY
+from tests.helpers.support import ApiClient, Isolation
 
 MODEL = "gpt-4o-mini"
 CSV = b'Classify: great product\n"Classify: good, but pricey"\n'

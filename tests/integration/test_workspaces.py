@@ -11,10 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.ids import new_id
-from tests.support import ApiClient, Isolation, rows
+from relay_batches.services.relay_cli import admin
+from tests.helpers.support import ApiClient, Isolation, rows
 
 MODEL = "gpt-4o-mini"
 TIMESTAMP_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
+
 from relay_batches.services.relay_cli.batch import UsageError, watch_job
 from relay_batches.services.relay_cli.client import ApiFailure
 from relay_batches.services.relay_cli.progress import (
@@ -15,7 +16,6 @@ from relay_batches.services.relay_cli.progress import (
     progress_line,
     summary_line,
 )
-
 from relay_batches.settings import ClientSettings, ConfigError
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from relay_batches.services.ingest_api import submit
-from relay_batches.services.scheduler import core
 
 from relay_batches import cron
 from relay_batches.cron import latest_tick, next_tick
+from relay_batches.services.ingest_api import submit
+from relay_batches.services.scheduler import core
 
 
 def at(hh: int, mm: int, ss: int = 0, us: int = 0) -> datetime:

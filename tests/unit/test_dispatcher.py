@@ -6,10 +6,10 @@ import asyncio
 from dataclasses import dataclass, field, replace
 
 import pytest
-from relay_batches.services.dispatcher.core import FETCH_SLICES, DispatchConfig, Dispatcher
 
 from relay_batches.ledger.dispatch import RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
+from relay_batches.services.dispatcher.core import FETCH_SLICES, DispatchConfig, Dispatcher
 
 OWNER = "dispatcher-test"
 LEASE_S = 30.0

@@ -2,93 +2,20 @@
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import replace
 
 import orjson
 import pytest
-from relay_batches.services.notifier.core import PostResult, deliver_webhook
 
-from relay_batches.ledger.deliveries import Claim
 from relay_batches.messages import JobEvent
 from relay_batches.model import Job
+from relay_batches.services.notifier.core import PostResult, deliver_webhook
 from relay_batches.webhooks import verify
-
-HOOK = "https://my-app.example/relay-webhook"
-
-BATCH = Job(
-    id="9f2c1b7e4a8d4e51b0c6d3f2a1e5c7b9",
-    workspace_id="ws1",
-    name="Review sentiment — October",
-    model="gpt-4o-mini",
-    priority=5,
-    status="completed",
-    total=3,
-    completed=2,
-    failed=1,
-    dead_letter=1,
-    webhook_url=HOOK,
-    cron=None,
-    next_run_at=None,
-    template_id=None,
-    rows_batch_id="9f2c1b7e4a8d4e51b0c6d3f2a1e5c7b9",
-    params="{}",
-    error=None,
-    created_at=datetime(2026, 10, 4, 9, 12, 44, tzinfo=UTC),
-    started_at=datetime(2026, 10, 4, 9, 12, 45, tzinfo=UTC),
-    completed_at=datetime(2026, 10, 4, 9, 20, 1, 123456, tzinfo=UTC),
-)
-
-EVENT = JobEvent(BATCH.id, "completed", 3, 2, 1)
+from tests.helpers.fakes import BATCH, EVENT, HOOK, SECRET, FakeDeliveryStore, FakePost
 
 
-@dataclass
-class FakeStore:
-    """Batches and webhook deliveries in memory; a delivery can be claimed once."""
-
-    batches: dict[str, Job] = field(default_factory=dict)
-    claims: dict[str, str] = field(default_factory=dict)
-    finished: list[tuple[str, str, int | None, str | None]] = field(default_factory=list)
-
-    async def batch(self, batch_id: str) -> Job | None:
-        return self.batches.get(batch_id)
-
-    async def claim(self, batch_id: str, url: str, message_id: str) -> Claim | None:
-        if batch_id in self.claims:
-            return None
-        self.claims[batch_id] = url
-        return Claim(batch_id, 1)
-
-    async def signing_secret(self, workspace_id: str) -> str:
-        return SECRET
-
-    async def finish(
-        self, claim: Claim, status: str, status_code: int | None, error: str | None
-    ) -> bool:
-        self.finished.append((claim.batch_id, status, status_code, error))
-        return True
-
-
-@dataclass
-class FakePost:
-    """Records every POST and answers with a fixed result."""
-
-    result: PostResult = field(default_factory=lambda: PostResult(204))
-    posts: list[tuple[str, bytes]] = field(default_factory=list)
-    headers: list[dict[str, str]] = field(default_factory=list)
-
-    async def __call__(self, url: str, body: bytes, headers: dict[str, str]) -> PostResult:
-        self.posts.append((url, body))
-        self.headers.append(headers)
-        return self.result
-
-
-SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
-
-
-def store_with(batch: Job) -> FakeStore:
-    return FakeStore(batches={batch.id: batch})
+def store_with(batch: Job) -> FakeDeliveryStore:
+    return FakeDeliveryStore(batches={batch.id: batch})
 
 
 async def test_delivers_the_api_webhook_body() -> None:
@@ -147,7 +74,7 @@ async def test_no_webhook_url() -> None:
 
 
 async def test_unknown_batch_has_no_webhook() -> None:
-    store, post = FakeStore(), FakePost()
+    store, post = FakeDeliveryStore(), FakePost()
     assert await deliver_webhook(EVENT, store, post) == "no_webhook"
     assert post.posts == []
     assert store.claims == {}

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from relay_batches.services.notifier import http
-from relay_batches.services.notifier.http import MAX_REPLY_BYTES, guarded_poster
 
 from relay_batches.netguard import parse_networks
+from relay_batches.services.notifier import http
+from relay_batches.services.notifier.http import MAX_REPLY_BYTES, guarded_poster
 
 LOOPBACK = parse_networks("127.0.0.0/8")
 TIMEOUT_S = 1.0

@@ -4,45 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import orjson
 import pytest
-from relay_batches.services.notifier import __main__ as notifier_main
-from relay_batches.services.notifier import core
-from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
 from relay_batches.errors import TransientError
 from relay_batches.ledger.deliveries import Claim
 from relay_batches.model import Job
+from relay_batches.services.notifier import __main__ as notifier_main
+from relay_batches.services.notifier import core
+from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 from relay_batches.settings import Settings
-from tests.unit.test_notifier import BATCH, EVENT, HOOK, FakePost, FakeStore
-
-
-@dataclass
-class RecoveringStore(FakeStore):
-    """FakeStore plus expired claims to hand out, and finish calls that may fail first."""
-
-    expired: list[str] = field(default_factory=list)
-    finish_failures: int = 0
-
-    async def reclaim_expired(self, limit: int = 20) -> list[Claim]:
-        taken, self.expired = self.expired[:limit], self.expired[limit:]
-        return [Claim(batch_id, 2) for batch_id in taken]
-
-    async def finish(
-        self, claim: Claim, status: str, status_code: int | None, error: str | None
-    ) -> bool:
-        if self.finish_failures:
-            self.finish_failures -= 1
-            raise TransientError("database unavailable")
-        return await super().finish(claim, status, status_code, error)
+from tests.helpers.fakes import BATCH, EVENT, HOOK, FakeDeliveryStore, FakePost
 
 
 def store_with(
     batch: Job, expired: list[str] | None = None, finish_failures: int = 0
-) -> RecoveringStore:
-    return RecoveringStore(
+) -> FakeDeliveryStore:
+    return FakeDeliveryStore(
         batches={batch.id: batch}, expired=expired or [], finish_failures=finish_failures
     )
 
@@ -57,7 +37,7 @@ async def test_an_expired_claim_is_posted_and_recorded() -> None:
 
 
 async def test_an_expired_claim_of_a_vanished_batch_is_closed_without_a_post() -> None:
-    store, post = RecoveringStore(expired=["gone"]), FakePost()
+    store, post = FakeDeliveryStore(expired=["gone"]), FakePost()
     assert await recover_deliveries(store, post) == 0
     assert post.posts == []
     assert store.finished == [("gone", "failed", None, "batch or webhook URL is gone")]

@@ -9,16 +9,16 @@ from typing import Any
 import jsonschema_rs
 import orjson
 import pytest
-from relay_batches.services.ingest_api import params, validation
-from relay_batches.services.ingest_api.openapi import load_document
-from relay_batches.services.ingest_api.routes import DEFAULT_PAGE, MAX_PAGE
 
 # The official OpenAPI 3.1 meta-schema, as schemathesis bundles it (schemathesis is pinned).
 from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
 from relay_batches.errors import ERROR_TYPES, ApiError
 from relay_batches.model import Job, JobStatus
-from tests.openapi_ops import component_validator, documented_operations
+from relay_batches.services.ingest_api import params, validation
+from relay_batches.services.ingest_api.openapi import load_document
+from relay_batches.services.ingest_api.routes import DEFAULT_PAGE, MAX_PAGE
+from tests.helpers.openapi_ops import component_validator, documented_operations
 
 DOC = load_document()
 SCHEMAS = DOC["components"]["schemas"]

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from relay_batches.services.row_worker import batcher as batcher_module
-from relay_batches.services.row_worker.batcher import OutcomeBatcher
-from relay_batches.services.row_worker.core import CanceledJobs, RowRunner, to_outcome
 
 from relay_batches.messages import DecodedSlice, OutcomesMessage, RowOutcome
 from relay_batches.router.types import Completion, RowResult
+from relay_batches.services.row_worker import batcher as batcher_module
+from relay_batches.services.row_worker.batcher import OutcomeBatcher
+from relay_batches.services.row_worker.core import CanceledJobs, RowRunner, to_outcome
 
 WAIT_S = 5.0  # generous upper bound for anything a test waits on; never a fixed sleep
 
@@ -358,9 +358,8 @@ async def test_drain_with_nothing_pending_publishes_nothing() -> None:
 
 
 def test_outcomes_are_made_storable() -> None:
-    from relay_batches.services.row_worker.core import to_outcome
-
     from relay_batches.router.types import Completion, RowResult
+    from relay_batches.services.row_worker.core import to_outcome
 
     done = to_outcome("b" * 32, 3, RowResult(Completion("a\x00b", 2**40, -5), None, 1, "d"))
     assert (done.content, done.prompt_tokens, done.completion_tokens) == ("a\ufffdb", 2**31 - 1, 0)

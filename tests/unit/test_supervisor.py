@@ -11,10 +11,10 @@ import signal
 import sys
 
 import pytest
+
 from relay_batches.services.relay_cli import supervisor
 from relay_batches.services.relay_cli.supervisor import Child, exit_reason, restart_pause, supervise
-
-from tests.support import wait_until
+from tests.helpers.support import wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+
+from relay_batches.errors import ApiError
 from relay_batches.services.ingest_api.upload import clean_filename, form_payload, job_name
 from relay_batches.services.ingest_api.upload_formats import (
     LineError,
@@ -15,8 +17,6 @@ from relay_batches.services.ingest_api.validation import (
     SubmitLimits,
     validate_batch_options,
 )
-
-from relay_batches.errors import ApiError
 
 LIMITS = SubmitLimits(max_rows=5, max_content_bytes=64)
 

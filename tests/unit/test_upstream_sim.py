@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+
 from relay_batches.services.upstream_sim.__main__ import main, options_from_env
 from relay_batches.services.upstream_sim.app import (
     HANG_SECONDS,
@@ -24,7 +25,6 @@ from relay_batches.services.upstream_sim.app import (
     estimate_tokens,
     parse_triggers,
 )
-
 from relay_batches.settings import ConfigError
 
 CHAT = "/v1/chat/completions"

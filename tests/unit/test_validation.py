@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import orjson
 import pytest
+
+from relay_batches.errors import ApiError
 from relay_batches.services.ingest_api.validation import (
     BatchOptions,
     BatchSpec,
@@ -22,8 +24,6 @@ from relay_batches.services.ingest_api.validation import (
     validate_cron,
     validate_submit,
 )
-
-from relay_batches.errors import ApiError
 
 MODELS = frozenset({"gpt-4o-mini", "claude-haiku"})
 LIMITS = SubmitLimits()

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from tests.processes import ServiceProcess, System
-from tests.support import ApiClient, WebhookReceiver, wait_until
+from tests.helpers.processes import ServiceProcess, System
+from tests.helpers.support import ApiClient, WebhookReceiver, wait_until
 
 SERVICE_READY_TIMEOUT_S = 60
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
-from tests.support import PG_ADMIN_URL
+from tests.helpers.support import PG_ADMIN_URL
 
 RABBITMQCTL_TIMEOUT_S = 60
 PIPE_CHUNK = 65536

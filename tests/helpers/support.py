@@ -15,10 +15,10 @@ import aiohttp
 import asyncpg
 import orjson
 from aiohttp import web
-from relay_batches.services.relay_cli import admin
 
 from relay_batches.bus.topology import Names
 from relay_batches.ids import new_id
+from relay_batches.services.relay_cli import admin
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support import Isolation, free_port, wait_until
+from tests.helpers.support import Isolation, free_port, wait_until
 
 BIN = Path(sys.executable).parent
 SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
@@ -185,3 +185,9 @@ def build_system(
         else:
             system.add(name)
     return system
+
+
+async def sim_calls(http: aiohttp.ClientSession, system: System) -> int:
+    """How many chat completion calls the simulator has received so far."""
+    async with http.get(f"{system.sim_url}/stats") as response:
+        return int((await response.json())["calls"])

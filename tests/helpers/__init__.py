@@ -1,0 +1,1 @@
+"""What the tests share: isolation, clients, processes, faults, checks and in-memory fakes."""
