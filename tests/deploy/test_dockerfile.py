@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.manifests import DEPLOY, ROOT, console_scripts, render
+from tests.deploy.manifests import DEPLOY, ROOT, console_scripts, render
 
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
