@@ -12,6 +12,7 @@ from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import database_ready
 from relay_batches.runtime import Service, run_service
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
 
 
@@ -35,6 +36,7 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
+    answer_help("relay-aggregator", "Records row outcomes, moves counters and finishes jobs.")
     run_service("aggregator", build)
 
 

@@ -20,6 +20,7 @@ from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_pool
 
 
@@ -72,6 +73,10 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
+    answer_help(
+        "relay-dispatcher",
+        "Claims queued jobs under a lease and streams their rows to the rows queue.",
+    )
     run_service("dispatcher", build)
 
 

@@ -13,6 +13,7 @@ from relay_batches.ledger.deliveries import DeliveryStore
 from relay_batches.ledger.pool import database_ready
 from relay_batches.runtime import Service, run_service
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
 
 
@@ -42,6 +43,7 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
+    answer_help("relay-notifier", "POSTs each finished job's completion webhook, once.")
     run_service("notifier", build)
 
 

@@ -14,6 +14,7 @@ from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
 from relay_batches.messages import DispatchWakeup
 from relay_batches.runtime import Service, run_service
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
 
 
@@ -40,6 +41,7 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
+    answer_help("relay-scheduler", "Spawns one queued run per due cron tick of each template.")
     run_service("scheduler", build)
 
 
