@@ -73,11 +73,15 @@ def _session_processes(session_id: int) -> list[int]:
 
 @contextlib.contextmanager
 def _held_ports(ports: range) -> Iterator[None]:
-    """Listening sockets on ``ports``, as another program on the machine would hold them."""
+    """Listening sockets on ``ports``, as another program on the machine would hold them
+    (a port some other program holds already is just as taken)."""
     with contextlib.ExitStack() as stack:
         for port in ports:
             sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", port))
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
             sock.listen()
         yield
 
