@@ -16,7 +16,7 @@ from relay_batches.services.relay_cli.dev import (
     listen_port,
     routes_for,
 )
-from relay_batches.services.relay_cli.ports import HealthPort
+from relay_batches.services.relay_cli.ports import HealthPort, is_free
 
 from relay_batches.router.aliases import load_aliases
 from relay_batches.settings import ConfigError, Settings
@@ -31,6 +31,15 @@ def held() -> Iterator[int]:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield int(sock.getsockname()[1])
+
+
+def _consecutive_free(count: int) -> int:
+    """The first of ``count`` free consecutive ports below Linux's ephemeral range, where
+    the machine's outgoing connections do not take ports at random."""
+    for first in range(23000, 24000, 10):
+        if all(is_free("127.0.0.1", port) for port in range(first, first + count)):
+            return first
+    raise AssertionError("no free consecutive ports in 23000..23999")
 
 
 @pytest.fixture(autouse=True)
@@ -69,8 +78,9 @@ def test_free_health_ports_are_distinct_and_avoid_the_api_and_simulator_ports() 
 def test_a_fixed_health_port_gives_consecutive_ports_and_names_a_taken_one(held: int) -> None:
     with pytest.raises(ConfigError, match=rf"scheduler would listen on 127\.0\.0\.1:{held},"):
         health_ports(Settings(health_port=held), health_names(1), set())
-    ports = health_ports(Settings(health_port=held + 1), ["a", "b"], set())
-    assert [(p.port, p.fixed) for p in ports] == [(held + 1, True), (held + 2, True)]
+    first = _consecutive_free(2)
+    ports = health_ports(Settings(health_port=first), ["a", "b"], set())
+    assert [(p.port, p.fixed) for p in ports] == [(first, True), (first + 1, True)]
 
 
 def test_a_taken_api_port_stops_relay_dev_with_one_line(held: int) -> None:
