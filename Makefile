@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 
-.PHONY: setup run test unit integration e2e chaos fuzz lint typecheck format migrate clean bench browser
+.PHONY: setup run test unit deploy integration e2e chaos fuzz lint typecheck format migrate clean bench browser
 
 setup: $(STAMP)
 
@@ -23,10 +23,15 @@ run: setup
 
 # The whole suite against the real Postgres and RabbitMQ (no benchmarks).
 test: setup lint browser
-	RELAY_CHAOS_SERVERS= $(PYTEST) tests/unit tests/integration tests/e2e tests/chaos/test_kills.py
+	RELAY_CHAOS_SERVERS= $(PYTEST) tests/unit tests/deploy tests/integration tests/e2e tests/chaos/test_kills.py
 
 unit: setup
 	$(PYTEST) tests/unit
+
+# The deployment files (Dockerfile, compose, Kubernetes manifests, routes examples) and the
+# built wheel in a fresh virtualenv; no servers needed.
+deploy: setup
+	$(PYTEST) tests/deploy
 
 integration: setup
 	$(PYTEST) tests/integration

@@ -11,6 +11,7 @@ from relay_batches.runtime import Service, run_service
 from relay_batches.services.aggregator.core import Aggregator
 from relay_batches.services.aggregator.service import AggregatorService
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
 
 
@@ -34,6 +35,7 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
+    answer_help("relay-aggregator", "Records row outcomes, moves counters and finishes jobs.")
     run_service("aggregator", build)
 
 

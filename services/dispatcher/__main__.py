@@ -19,6 +19,7 @@ from relay_batches.runtime import Service, run_service
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.service import DispatcherService
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_pool
 
 
@@ -71,6 +72,10 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
+    answer_help(
+        "relay-dispatcher",
+        "Claims queued jobs under a lease and streams their rows to the rows queue.",
+    )
     run_service("dispatcher", build)
 
 

@@ -12,6 +12,7 @@ from relay_batches.services.notifier.core import claim_seconds
 from relay_batches.services.notifier.http import guarded_poster
 from relay_batches.services.notifier.service import NotifierService
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
 
 
@@ -41,6 +42,7 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
+    answer_help("relay-notifier", "POSTs each finished job's completion webhook, once.")
     run_service("notifier", build)
 
 

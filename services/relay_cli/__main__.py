@@ -6,19 +6,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 from collections.abc import Callable
 
 from relay_batches.model import iso
-from relay_batches.services.relay_cli import admin
+from relay_batches.services.relay_cli import admin, dev
 from relay_batches.services.relay_cli.batch import add_batch_parser, run_batch
-from relay_batches.services.relay_cli.supervisor import say, service_children, supervise
 from relay_batches.settings import ConfigError, Settings
-
-DEV_WORKSPACE = "dev"
-DEV_SIM_PORT = 8090
-DEV_WEBHOOK_ALLOW = "127.0.0.0/8,::1/128"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     command = _COMMANDS[(args.command, getattr(args, "action", None))]
     try:
         command(settings, args)
+    except ConfigError as exc:
+        sys.exit(f"relay: configuration error: {exc}")
     except admin.AdminError as exc:
         sys.exit(f"relay: {exc}")
     except (OSError, ConnectionError) as exc:
@@ -111,7 +107,7 @@ def _workspaces_secret(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def _dev_command(settings: Settings, _: argparse.Namespace) -> None:
-    asyncio.run(_dev(settings))
+    asyncio.run(dev.run(settings, dev.DevOptions.from_env(os.environ), os.environ))
 
 
 _COMMANDS: dict[tuple[str, str | None], Callable[[Settings, argparse.Namespace], None]] = {
@@ -124,26 +120,6 @@ _COMMANDS: dict[tuple[str, str | None], Callable[[Settings, argparse.Namespace],
     ("workspaces", "webhook-secret"): _workspaces_secret,
     ("dev", None): _dev_command,
 }
-
-
-async def _dev(settings: Settings) -> None:
-    await admin.migrate(settings.database_url)
-    dev_key = os.environ.get("RELAY_DEV_API_KEY") or None
-    created = await admin.create_key(settings.database_url, DEV_WORKSPACE, dev_key)
-    env = dict(os.environ)
-    env.setdefault("RELAY_ROUTES_FILE", settings.routes_file)
-    env.setdefault("RELAY_WEBHOOK_ALLOW_NETWORKS", DEV_WEBHOOK_ALLOW)
-    children = service_children(env, DEV_SIM_PORT)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    say(f"API on http://{settings.api_host}:{settings.api_port}  (Ctrl-C stops everything)")
-    say(f"webhooks may go to {DEV_WEBHOOK_ALLOW} in dev (RELAY_WEBHOOK_ALLOW_NETWORKS)")
-    say(f"dev API key: {created.key}")
-    say(f"export RELAY_API_KEY={created.key}")
-    await supervise(children, stop)
-    say("stopped")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The local supervisor behind ``make run``: every service as its own process.
 
-It starts the upstream simulator and the six services, restarts a child that dies (as
+It starts the children :mod:`relay_batches.services.relay_cli.dev` describes (the upstream
+simulator and every service), says where each one listens, restarts a child that dies (as
 Kubernetes would, with one log line saying which and why), and on SIGINT/SIGTERM stops
 them all with SIGTERM, waiting for each to drain.
 """
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
+
+from relay_batches.services.relay_cli.ports import HealthPort
 
 RESTART_PAUSE_S = 1.0
 MAX_RESTART_PAUSE_S = 30.0
@@ -23,11 +25,14 @@ STOP_TIMEOUT_S = 30.0
 
 @dataclass
 class Child:
-    """One supervised process."""
+    """One supervised process: ``health`` is its health port (given to it as
+    ``RELAY_HEALTH_PORT`` at every start), ``where`` what else to say it listens on."""
 
     name: str
     argv: list[str]
     env: dict[str, str]
+    health: HealthPort | None = None
+    where: str = ""
     process: asyncio.subprocess.Process | None = None
     restarts: int = 0
     started_at: float = field(default=0.0)
@@ -40,9 +45,15 @@ def say(message: str) -> None:
 
 
 async def start(child: Child) -> None:
-    """Start ``child``'s process."""
+    """Start ``child``'s process and say, in one line, its pid and where it listens."""
+    where = child.where
+    if child.health is not None:
+        port, moved = child.health.claim()
+        child.env["RELAY_HEALTH_PORT"] = str(port)
+        where = f"health {child.health.url}" + (" (moved: the last port is taken)" if moved else "")
     child.process = await asyncio.create_subprocess_exec(*child.argv, env=child.env)
     child.started_at = time.monotonic()
+    say(f"{child.name} (pid {child.process.pid}) started" + (f"; {where}" if where else ""))
 
 
 async def supervise(children: list[Child], stop: asyncio.Event) -> None:
@@ -114,36 +125,3 @@ async def _wait_all(children: list[Child]) -> None:
             await child.process.wait()
 
     await asyncio.gather(*(wait_one(c) for c in children))
-
-
-def child_env(base: dict[str, str], **extra: str) -> dict[str, str]:
-    """The environment of a child: ours plus ``extra``."""
-    env = dict(base)
-    env.update(extra)
-    return env
-
-
-def service_children(base_env: dict[str, str], sim_port: int) -> list[Child]:
-    """The simulator and the six services, each with its own health port."""
-    bindir = os.path.dirname(sys.executable)
-
-    def cmd(name: str) -> list[str]:
-        return [os.path.join(bindir, f"relay-{name}")]
-
-    children = [
-        Child(
-            "upstream-sim", cmd("upstream-sim"), child_env(base_env, RELAY_SIM_PORT=str(sim_port))
-        )
-    ]
-    health_ports = {
-        "ingest-api": None,
-        "scheduler": 9101,
-        "dispatcher": 9102,
-        "row-worker": 9103,
-        "aggregator": 9104,
-        "notifier": 9105,
-    }
-    for name, port in health_ports.items():
-        env = base_env if port is None else child_env(base_env, RELAY_HEALTH_PORT=str(port))
-        children.append(Child(name, cmd(name), env))
-    return children

@@ -17,6 +17,7 @@ from relay_batches.services.row_worker.batcher import OutcomeBatcher
 from relay_batches.services.row_worker.core import RowRunner
 from relay_batches.services.row_worker.service import RowWorkerService, rows_prefetch
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus
 
 
@@ -52,6 +53,7 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
+    answer_help("relay-row-worker", "Calls the model for each row and publishes the outcomes.")
     run_service("row-worker", build)
 
 

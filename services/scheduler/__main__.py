@@ -13,6 +13,7 @@ from relay_batches.runtime import Service, run_service
 from relay_batches.services.scheduler.core import Scheduler
 from relay_batches.services.scheduler.service import SchedulerService
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
 
 
@@ -39,6 +40,7 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
+    answer_help("relay-scheduler", "Spawns one queued run per due cron tick of each template.")
     run_service("scheduler", build)
 
 

@@ -21,6 +21,7 @@ from aiohttp import web
 from relay_batches.logging import setup_logging
 from relay_batches.services.upstream_sim.app import SimConfig, build_app
 from relay_batches.settings import ConfigError
+from relay_batches.usage import answer_help
 
 SERVICE = "upstream-sim"
 SHUTDOWN_GRACE_S = 1.0  # in-flight calls get this long after a signal; hung ones are cut
@@ -92,6 +93,10 @@ async def serve(options: SimOptions, log: logging.Logger) -> None:
 
 def main() -> None:
     """Entry point of ``relay-upstream-sim``."""
+    answer_help(
+        "relay-upstream-sim",
+        "A local OpenAI-compatible model for development and tests (RELAY_SIM_*).",
+    )
     try:
         options = options_from_env(os.environ)
     except ConfigError as exc:

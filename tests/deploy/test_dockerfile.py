@@ -2,19 +2,24 @@
 
 Checks in the spirit of hadolint: multi-stage on a pinned slim base, runs as a numeric
 non-root user, exec-form command naming a real console script, nothing secret baked in,
-and the build context admits only what the image copies.
+the build context admits only what the image copies, and the README's `docker run`
+example carries what a service needs to start.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
+import tomllib
 
-from tests.manifests import DEPLOY, ROOT, console_scripts, render
+from relay_batches.router.aliases import load_aliases
+from tests.deploy.manifests import DEPLOY, ROOT, console_scripts, render
 
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 SECRET_WORDS = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|PRIVATE", re.IGNORECASE)
+README = ROOT / "README.md"
 
 
 def _instructions() -> list[tuple[str, str]]:
@@ -97,3 +102,67 @@ def test_the_build_context_admits_only_what_is_copied() -> None:
             copied.update(part.rstrip("/").removeprefix("./") for part in args.split()[:-1])
     assert copied == admitted
     assert all((ROOT / path).exists() for path in copied)
+
+
+def test_there_is_no_syntax_directive_so_buildkit_pulls_no_frontend_image() -> None:
+    directives = [
+        line
+        for line in DOCKERFILE.read_text().splitlines()
+        if re.match(r"#\s*syntax\s*=", line.strip(), re.IGNORECASE)
+    ]
+    assert directives == []
+
+
+def test_every_package_root_is_copied_before_the_project_is_installed() -> None:
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {path.split("/", 1)[0] for path in tool["package-dir"].values()}
+    assert roots == {"libs", "services"}
+    instructions = _instructions()
+    install = next(
+        i for i, (op, args) in enumerate(instructions) if op == "RUN" and "pip install ." in args
+    )
+    copied_before = {
+        part.rstrip("/").removeprefix("./")
+        for op, args in instructions[:install]
+        if op == "COPY" and not args.startswith("--from")
+        for part in args.split()[:-1]
+    }
+    assert roots | {"pyproject.toml"} <= copied_before
+
+
+def _readme_docker_run(service: str) -> list[str]:
+    """The README's ``docker run`` command for ``service``, as argv."""
+    text = README.read_text().replace("\\\n", " ")
+    (line,) = [
+        line
+        for line in text.splitlines()
+        if line.startswith("docker run ") and line.split("#")[0].split()[-1] == service
+    ]
+    return shlex.split(line.split(" #")[0])
+
+
+def _image_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for op, args in _final_stage():
+        if op == "ENV":
+            env.update(dict(pair.split("=", 1) for pair in shlex.split(args)))
+    return env
+
+
+def test_the_readme_docker_run_example_has_everything_the_service_needs() -> None:
+    argv = _readme_docker_run("relay-row-worker")
+    assert argv[:3] == ["docker", "run", "--rm"]
+    tag = re.search(r"docker build -f deploy/docker/Dockerfile -t (\S+) \.", README.read_text())
+    assert tag is not None and argv[-2:] == [tag[1], "relay-row-worker"]
+    assert argv[-1] in console_scripts()
+    assert "--network" in argv and argv[argv.index("--network") + 1] == "host"
+    env = dict(argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "-e")
+    assert env["RELAY_DATABASE_URL"].startswith("postgresql://")
+    assert "@127.0.0.1:" in env["RELAY_DATABASE_URL"]
+    assert env["RELAY_AMQP_URL"].startswith("amqp://")
+    assert "@127.0.0.1:" in env["RELAY_AMQP_URL"]
+    (mount,) = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-v"]
+    source, target, mode = mount.split(":")
+    assert target == _image_env()["RELAY_ROUTES_FILE"] and mode == "ro"
+    routes = source.replace("$PWD", str(ROOT))
+    assert load_aliases(routes, {}).names() == ["gpt-4o-mini"]

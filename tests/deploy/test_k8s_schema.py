@@ -3,7 +3,7 @@
 Both overlays (and each with the row-worker HPA component) are rendered by kustomize and
 checked with ``kubernetes-validate`` in strict mode (unknown fields are errors) against
 the oldest Kubernetes version the manifests support and the newest the package knows.
-KEDA resources are custom resources: ``tests/keda_checks.py`` checks them structurally.
+KEDA resources are custom resources: ``tests/deploy/keda_checks.py`` checks them structurally.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from tests.manifests import MIN_K8S, OVERLAYS, render
+from tests.deploy.manifests import MIN_K8S, OVERLAYS, render
 
 K8S_VERSIONS = (MIN_K8S, kubernetes_validate.latest_version())
 CUSTOM_APIS = ("keda.sh/",)

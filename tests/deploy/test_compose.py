@@ -13,7 +13,13 @@ import pytest
 
 from relay_batches.router.aliases import load_aliases
 from relay_batches.settings import Settings
-from tests.manifests import DEPLOY, RUNTIME_HARD_DEADLINE_S, SERVICES, console_scripts, load_yaml
+from tests.deploy.manifests import (
+    DEPLOY,
+    RUNTIME_HARD_DEADLINE_S,
+    SERVICES,
+    console_scripts,
+    load_yaml,
+)
 
 COMPOSE = DEPLOY / "compose.yaml"
 INFRA = ("postgres", "rabbitmq", "migrate", "upstream-sim")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from relay_batches.router.aliases import load_aliases
-from tests.manifests import (
+from tests.deploy.manifests import (
     OVERLAYS,
     ROUTED_SERVICES,
     RUNTIME_HARD_DEADLINE_S,

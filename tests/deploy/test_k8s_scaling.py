@@ -8,8 +8,8 @@ import copy
 import pytest
 
 from relay_batches.bus.topology import Names
-from tests.keda_checks import scaled_object_problems, trigger_auth_problems
-from tests.manifests import (
+from tests.deploy.keda_checks import scaled_object_problems, trigger_auth_problems
+from tests.deploy.manifests import (
     MIN_K8S,
     OVERLAYS,
     SERVICES,

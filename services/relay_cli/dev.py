@@ -1,0 +1,194 @@
+"""``relay dev`` (``make run``): the upstream simulator and every service on this machine.
+
+The settings only ``relay dev`` has are read here, from the environment ``__main__`` passes
+in: ``RELAY_DEV_ROW_WORKERS``, ``RELAY_DEV_API_KEY`` and the simulator's ``RELAY_SIM_HOST``
+/ ``RELAY_SIM_PORT`` (the local routes follow the simulator). The API and simulator ports
+must be free; every other service gets a health port of its own (free ones, or
+consecutive ones from ``RELAY_HEALTH_PORT``), so two ``make run`` on one machine, or a
+machine with some ports taken, still start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from relay_batches.services.relay_cli import admin
+from relay_batches.services.relay_cli.ports import HealthPort, free_ports, is_free, url_host
+from relay_batches.services.relay_cli.supervisor import Child, say, supervise
+from relay_batches.settings import ConfigError, Settings
+
+DEV_WORKSPACE = "dev"
+DEV_WEBHOOK_ALLOW = "127.0.0.0/8,::1/128"
+LOCAL_ROUTES = Settings().routes_file
+LOCAL_SIM_URL = "http://127.0.0.1:8090/v1"
+DEFAULT_SIM_PORT = 8090
+MAX_ROW_WORKERS = 32
+
+
+@dataclass(frozen=True)
+class DevOptions:
+    """What ``relay dev`` reads besides :class:`Settings`; ``routes_file`` is None when the
+    user gave none (the local routes, pointed at the simulator, are used)."""
+
+    row_workers: int = 1
+    sim_host: str = "127.0.0.1"
+    sim_port: int = DEFAULT_SIM_PORT
+    api_key: str | None = None
+    routes_file: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> DevOptions:
+        """Read the variables; raise :class:`ConfigError` on a bad value."""
+        return cls(
+            row_workers=_row_workers(env),
+            sim_host=env.get("RELAY_SIM_HOST", "").strip() or "127.0.0.1",
+            sim_port=_port(env, "RELAY_SIM_PORT", DEFAULT_SIM_PORT),
+            api_key=env.get("RELAY_DEV_API_KEY") or None,
+            routes_file=env.get("RELAY_ROUTES_FILE") or None,
+        )
+
+
+def _row_workers(env: Mapping[str, str]) -> int:
+    raw = env.get("RELAY_DEV_ROW_WORKERS", "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_ROW_WORKERS:
+        raise ConfigError(
+            f"RELAY_DEV_ROW_WORKERS must be a whole number from 1 to {MAX_ROW_WORKERS}, got {raw!r}"
+        )
+    return int(raw)
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ConfigError(f"{name} must be a port number 0..65535, got {raw!r}")
+    return int(raw)
+
+
+def health_names(row_workers: int) -> list[str]:
+    """The children with a health port, in start order; row-workers numbered when several."""
+    workers = (
+        ["row-worker"]
+        if row_workers == 1
+        else [f"row-worker-{n}" for n in range(1, row_workers + 1)]
+    )
+    return ["scheduler", "dispatcher", *workers, "aggregator", "notifier"]
+
+
+def listen_port(host: str, port: int, variable: str) -> int:
+    """The port of a listener the user names: 0 picks a free one; a taken one stops us."""
+    if port == 0:
+        return free_ports(host, 1)[0]
+    if not is_free(host, port):
+        raise ConfigError(
+            f"{variable}={port}: {host}:{port} is already in use (another make run?); "
+            f"set {variable} to a free port"
+        )
+    return port
+
+
+def health_ports(settings: Settings, names: list[str], taken: set[int]) -> list[HealthPort]:
+    """One health port per name: free ones (avoiding ``taken``), or, when
+    ``RELAY_HEALTH_PORT`` is set, consecutive ones from it that must all be free."""
+    host, first = settings.health_host, settings.health_port
+    if first == 0:
+        ports = [p for p in free_ports(host, len(names) + len(taken)) if p not in taken]
+        return [HealthPort(host, port) for port in ports[: len(names)]]
+    if first + len(names) - 1 > 65535:
+        raise ConfigError(f"RELAY_HEALTH_PORT={first}: {len(names)} ports from it pass 65535")
+    for name, port in zip(names, range(first, first + len(names)), strict=True):
+        if port in taken or not is_free(host, port):
+            raise ConfigError(
+                f"RELAY_HEALTH_PORT={first}: {name} would listen on {host}:{port}, which is "
+                "taken (unset RELAY_HEALTH_PORT to get free ports)"
+            )
+    return [HealthPort(host, port, fixed=True) for port in range(first, first + len(names))]
+
+
+def routes_for(options: DevOptions, sim_url: str, directory: Path) -> str:
+    """The routes file: the user's, else the local one pointed at ``sim_url`` (a copy in
+    ``directory`` when the simulator is not where the local file expects it)."""
+    if options.routes_file is not None:
+        return options.routes_file
+    local = Path(LOCAL_ROUTES)
+    if not local.is_file():
+        raise ConfigError(
+            f"{LOCAL_ROUTES} not found: run relay dev from the repository root "
+            "or set RELAY_ROUTES_FILE"
+        )
+    if sim_url == LOCAL_SIM_URL:
+        return LOCAL_ROUTES
+    text = local.read_text()
+    if LOCAL_SIM_URL not in text:
+        raise ConfigError(
+            f"{LOCAL_ROUTES} does not name {LOCAL_SIM_URL}, so it cannot follow the "
+            f"simulator to {sim_url}: set RELAY_ROUTES_FILE"
+        )
+    copy = directory / "routes.toml"
+    copy.write_text(text.replace(LOCAL_SIM_URL, sim_url))
+    return str(copy)
+
+
+def dev_children(
+    settings: Settings, options: DevOptions, environ: Mapping[str, str], directory: Path
+) -> list[Child]:
+    """The simulator, ingest-api and every other service with its own health port."""
+    api_port = listen_port(settings.api_host, settings.api_port, "RELAY_API_PORT")
+    sim_port = listen_port(options.sim_host, options.sim_port, "RELAY_SIM_PORT")
+    sim_url = f"http://{url_host(options.sim_host)}:{sim_port}/v1"
+    names = health_names(options.row_workers)
+    ports = health_ports(settings, names, {api_port, sim_port})
+    env = {
+        **environ,
+        "RELAY_ROUTES_FILE": routes_for(options, sim_url, directory),
+        "RELAY_API_PORT": str(api_port),
+        "RELAY_SIM_PORT": str(sim_port),
+    }
+    env.setdefault("RELAY_WEBHOOK_ALLOW_NETWORKS", DEV_WEBHOOK_ALLOW)
+    bindir = Path(sys.executable).parent
+
+    def cmd(name: str) -> list[str]:
+        script = "row-worker" if name.startswith("row-worker") else name
+        return [str(bindir / f"relay-{script}")]
+
+    api_url = f"http://{url_host(settings.api_host)}:{api_port}"
+    children = [
+        Child("upstream-sim", cmd("upstream-sim"), dict(env), where=f"simulator {sim_url}"),
+        Child("ingest-api", cmd("ingest-api"), dict(env), where=f"API and health {api_url}"),
+    ]
+    children += [
+        Child(name, cmd(name), dict(env), health=port)
+        for name, port in zip(names, ports, strict=True)
+    ]
+    return children
+
+
+async def run(settings: Settings, options: DevOptions, environ: Mapping[str, str]) -> None:
+    """Migrate, create the dev key, start everything, and stop it all on SIGINT/SIGTERM."""
+    with tempfile.TemporaryDirectory(prefix="relay-dev-") as directory:
+        children = dev_children(settings, options, environ, Path(directory))
+        await admin.migrate(settings.database_url)
+        created = await admin.create_key(settings.database_url, DEV_WORKSPACE, options.api_key)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        env = children[1].env
+        api = f"http://{url_host(settings.api_host)}:{env['RELAY_API_PORT']}"
+        say(f"API on {api}  (Ctrl-C stops everything)")
+        say(f"{options.row_workers} row-worker(s) (RELAY_DEV_ROW_WORKERS)")
+        allowed = env["RELAY_WEBHOOK_ALLOW_NETWORKS"]
+        say(f"webhooks may go to {allowed} in dev (RELAY_WEBHOOK_ALLOW_NETWORKS)")
+        say(f"dev API key: {created.key}")
+        say(f"export RELAY_API_KEY={created.key}")
+        await supervise(children, stop)
+    say("stopped")

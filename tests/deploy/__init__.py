@@ -1,0 +1,1 @@
+"""Checks of the deployment files under deploy/ and of the installable package: no servers."""
