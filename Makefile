@@ -65,7 +65,7 @@ fuzz: setup
 	RELAY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) RELAY_FUZZ_SEED=$(RELAY_FUZZ_SEED) RELAY_FUZZ_TIMEOUT_S=3300 \
 		$(PYTEST) -rP --timeout=3600 tests/integration/test_openapi_fuzz.py
 
-lint: setup
+lint: setup typecheck
 	$(BIN)/ruff check libs services tests
 	$(BIN)/ruff format --check libs services tests
 

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from relay_batches.errors import ERROR_TYPES, ApiError, TransientError
 from relay_batches.metrics import HTTP_LATENCY
@@ -107,9 +108,7 @@ def log_stream_aborts_once(server_logger: logging.Logger | None = None) -> None:
         target.addFilter(_AlreadyLogged())
 
 
-def auth_middleware(
-    resolve: ResolveKey,
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def auth_middleware(resolve: ResolveKey) -> Middleware:
     """Require ``Authorization: Bearer <key>`` on ``/v1/…``; store the workspace id."""
 
     @web.middleware

@@ -21,9 +21,14 @@ SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 def _number(value: object, param: str, low: float, high: float) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or not low <= value <= high:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
         raise invalid(f"{param} must be a number from {low:g} to {high:g}", param)
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _integer(value: object, param: str, low: int, high: int) -> int:

@@ -20,7 +20,7 @@ separate slow path only once the fast check has failed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -396,7 +396,7 @@ def _message_error(index: int, messages: list[object], max_bytes: int) -> RowErr
     return RowError(index, "messages", "is not valid")  # unreachable: the fast check failed
 
 
-def _unencodable_error(index: int, messages: list[object]) -> RowError:
+def _unencodable_error(index: int, messages: Sequence[object]) -> RowError:
     for j, msg in enumerate(messages):
         content = msg["content"] if type(msg) is dict else ""
         try:

@@ -89,7 +89,7 @@ def restart_pause(child: Child, now: float) -> float:
     at once (Kubernetes' crash-loop back-off, in small)."""
     if now - child.started_at >= STABLE_RUN_S:
         child.crash_streak = 0
-    pause = min(MAX_RESTART_PAUSE_S, RESTART_PAUSE_S * 2**child.crash_streak)
+    pause = min(MAX_RESTART_PAUSE_S, RESTART_PAUSE_S * 2.0**child.crash_streak)
     child.crash_streak += 1
     return pause
 

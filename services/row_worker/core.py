@@ -7,6 +7,7 @@ fake outcome sink.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -85,7 +86,7 @@ class RowRunner:
                 self._run_row(task, index, messages), name=f"row-{task.batch_id}-{index}"
             )
             self._running.setdefault(task.batch_id, set()).add(row)
-            row.add_done_callback(lambda t, b=task.batch_id: self._forget(b, t))
+            row.add_done_callback(functools.partial(self._forget, task.batch_id))
             started.append(row)
         results = await asyncio.gather(*started, return_exceptions=True)
         failures = [r for r in results if isinstance(r, Exception)]

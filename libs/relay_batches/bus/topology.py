@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+from pamqp.common import FieldTable
 
 MAX_PRIORITY = 9
 
@@ -67,7 +68,7 @@ class Names:
 
 async def declare_queue(channel: AbstractChannel, names: Names, queue: str) -> AbstractQueue:
     """Declare one of the durable queues with its arguments."""
-    arguments: dict[str, int] = {}
+    arguments: FieldTable = {}
     if queue in (names.dispatch, names.rows):
         arguments["x-max-priority"] = MAX_PRIORITY
     return await channel.declare_queue(queue, durable=True, arguments=arguments or None)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from relay_batches.ledger.pool import translated
+from relay_batches.ledger.pool import Connection, translated
 
 TTL_HOURS = 24
 
@@ -41,7 +41,7 @@ class StoredResponse:
 
 
 async def record_response(
-    conn: asyncpg.Connection, claim: IdempotencyClaim, status: int, body: str
+    conn: Connection, claim: IdempotencyClaim, status: int, body: str
 ) -> None:
     """Record the response for ``claim`` in the caller's transaction; :class:`KeyTaken`
     if a live record exists (an expired one is replaced)."""

@@ -13,7 +13,7 @@ import orjson
 from relay_batches.errors import ConflictError
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
 from relay_batches.ledger.outbox import mark_finished_published
-from relay_batches.ledger.pool import translated
+from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import Job, JobStatus, allowed_from
 
 RESULT_PAGE_ROWS = 5000
@@ -195,9 +195,7 @@ class JobStore:
         await mark_finished_published(self._pool, batch_ids)
 
 
-async def _insert_batch(
-    conn: asyncpg.Connection, new: NewJob, rows: Iterable[tuple[str, str]]
-) -> Job:
+async def _insert_batch(conn: Connection, new: NewJob, rows: Iterable[tuple[str, str]]) -> Job:
     """INSERT the batch and COPY its rows on ``conn`` (the caller owns the transaction)."""
     status = JobStatus.SCHEDULED if new.cron else JobStatus.QUEUED
     record = await conn.fetchrow(

@@ -144,6 +144,8 @@ class KeyStore:
             existing = await self._pool.fetchrow(
                 "SELECT id, workspace_id, revoked_at FROM api_keys WHERE key_hash = $1", digest
             )
+        if existing is None:  # the conflicting row cannot vanish: keys are never deleted
+            raise ConflictError(f"the key {secret[:DISPLAY_PREFIX_CHARS]}… could not be stored")
         return _reuse(existing, workspace_id, secret)
 
     async def list_keys(self, workspace: str | None = None) -> list[KeyInfo]:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TypeAlias
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from relay_batches.errors import PermanentError, TransientError
+
+# A connection of our own or one acquired from a pool: ledger helpers take either.
+Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
 COMMAND_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0

@@ -119,5 +119,7 @@ class ScheduleStore:
     async def earliest_next_run(self) -> datetime | None:
         """The soonest ``next_run_at`` of any scheduled template (None if there is none)."""
         async with translated():
-            value = await self._pool.fetchval(f"SELECT min(next_run_at) FROM batches WHERE {_DUE}")
+            value: datetime | None = await self._pool.fetchval(
+                f"SELECT min(next_run_at) FROM batches WHERE {_DUE}"
+            )
         return value
