@@ -9,7 +9,7 @@ import os
 import aiohttp
 from relay_batches.services.row_worker.batcher import OutcomeBatcher
 from relay_batches.services.row_worker.core import RowRunner
-from relay_batches.services.row_worker.service import RowWorkerService, rows_prefetch
+from relay_batches.services.row_worker.service import row_worker_service, rows_prefetch
 
 from relay_batches.router.aliases import load_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
@@ -47,7 +47,9 @@ async def build(
     runner = RowRunner(router, batcher.add, settings.batch_concurrency)
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info("configured", extra={"aliases": aliases.names(), "prefetch": prefetch})
-    return RowWorkerService(bus, runner, batcher, prefetch, settings.shutdown_grace_s)
+    return row_worker_service(
+        bus, runner, batcher, prefetch=prefetch, grace_s=settings.shutdown_grace_s
+    )
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -12,6 +13,7 @@ from relay_batches.services.notifier import __main__ as notifier_main
 from relay_batches.services.notifier import core
 from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
+from relay_batches.bus.topology import Names
 from relay_batches.errors import TransientError
 from relay_batches.ledger.deliveries import Claim
 from relay_batches.model import Job
@@ -90,7 +92,7 @@ async def test_the_notifier_claims_for_claim_seconds(monkeypatch: pytest.MonkeyP
             built.append(claim_s)
 
     async def fake_open(*args: object, **kwargs: object) -> object:
-        return object()
+        return SimpleNamespace(names=Names("test"))
 
     monkeypatch.setattr(notifier_main, "open_pool", fake_open)
     monkeypatch.setattr(notifier_main, "open_bus", fake_open)

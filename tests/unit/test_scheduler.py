@@ -5,8 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from relay_batches.services.scheduler.core import plan_ticks, run_name
-from relay_batches.services.scheduler.service import sleep_seconds
+from relay_batches.services.scheduler.core import plan_ticks, run_name, sleep_seconds
 
 from relay_batches.ledger.schedule import DueTemplate, PlannedTick
 from relay_batches.messages import MessageError, TemplateCreated
