@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from relay_batches.services.ingest_api.app import build_app
@@ -17,9 +16,10 @@ from relay_batches.services.ingest_api.validation import SubmitLimits
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.keys import KeyStore
-from relay_batches.ledger.pool import database_ready
+from relay_batches.ledger.schema import ledger_readiness, schema_gate
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
+from relay_batches.service.base import Readiness
 from relay_batches.settings import Settings
 from relay_batches.wiring import open_bus, open_pool
 
@@ -27,17 +27,19 @@ from relay_batches.wiring import open_bus, open_pool
 class IngestService:
     """Serves the API until stopped."""
 
-    def __init__(self, runner: web.AppRunner, ready: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(self, runner: web.AppRunner, readiness: Readiness) -> None:
         self._runner = runner
-        self._ready = ready
+        self._readiness = readiness
 
     async def ready(self) -> bool:
-        """Connected to the broker and the database."""
-        return await self._ready()
+        """Listening, connected to the broker, the ledger reachable at its schema."""
+        return await self._readiness()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop``; then stop accepting and finish open requests."""
+        self._readiness.consuming = True
         await stop.wait()
+        self._readiness.consuming = False
         await self._runner.cleanup()
 
 
@@ -59,15 +61,14 @@ async def build(
         model_names=aliases.names,
     )
 
-    async def ready() -> bool:
-        return bus.ready() and await database_ready(pool)
-
-    app = build_app(deps, KeyStore(pool).workspace_for_key, ready)
+    gate = schema_gate(pool)
+    readiness = Readiness(bus, ledger_readiness(pool, gate))
+    app = build_app(deps, KeyStore(pool).workspace_for_key, readiness, gate.current)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.shutdown_grace_s)
     await runner.setup()
     await web.TCPSite(runner, settings.api_host, settings.api_port).start()
     log.info("listening", extra={"host": settings.api_host, "port": settings.api_port})
-    return IngestService(runner, ready)
+    return IngestService(runner, readiness)
 
 
 def main() -> None:
