@@ -6,10 +6,10 @@ import contextlib
 import logging
 
 from relay_batches.ledger.outcomes import OutcomeStore
-from relay_batches.ledger.pool import database_ready
+from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.aggregator.core import Aggregator
-from relay_batches.services.aggregator.service import AggregatorService
+from relay_batches.services.aggregator.service import aggregator_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
@@ -22,13 +22,14 @@ async def build(
     pool = await open_pool(settings, resources, max_size=4)
     bus = await open_bus(settings, resources, "aggregator")
     aggregator = Aggregator(OutcomeStore(pool), bus.publish_event)
-    return AggregatorService(
+    return aggregator_service(
         bus,
         aggregator,
-        lambda: database_ready(pool),
+        ledger_readiness(pool),
         prefetch=settings.aggregator_prefetch,
         chunk=settings.aggregator_chunk,
         outbox_every_s=settings.reconcile_seconds,
+        grace_s=settings.shutdown_grace_s,
         linger_s=settings.aggregator_linger_ms / 1000,
     )
 

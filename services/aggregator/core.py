@@ -17,7 +17,7 @@ from relay_batches.announce import announce_finished
 from relay_batches.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
 from relay_batches.errors import PermanentError
 from relay_batches.ledger.outcomes import JobProgress
-from relay_batches.messages import JobEvent, MessageError, OutcomesMessage, RowOutcome
+from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
 from relay_batches.metrics import JOB_TRANSITIONS, ROWS_RECORDED
 from relay_batches.model import JobStatus
 
@@ -45,19 +45,6 @@ class Store(Protocol):
 
     async def mark_finished_published(self, batch_ids: list[str]) -> None:
         """Record that finished went out."""
-
-
-def decode_bodies(bodies: Sequence[bytes]) -> tuple[list[RowOutcome], list[int]]:
-    """All outcomes of the decodable bodies, and the positions of the undecodable ones."""
-    outcomes: list[RowOutcome] = []
-    bad: list[int] = []
-    for position, body in enumerate(bodies):
-        try:
-            outcomes.extend(OutcomesMessage.decode(body).outcomes)
-        except MessageError as exc:
-            log.error("results_rejected", extra={"error": str(exc)})
-            bad.append(position)
-    return outcomes, bad
 
 
 class Aggregator:
@@ -88,6 +75,18 @@ class Aggregator:
         if unrecorded:
             await self._repeat_cancels(unrecorded)
         return progress
+
+    async def record_messages(self, messages: Sequence[OutcomesMessage]) -> list[JobProgress]:
+        """Record every outcome of a chunk of messages; if the ledger refuses the chunk's
+        data, record it outcome by outcome so one unstorable reply cannot hold back (or
+        requeue) the rest forever."""
+        outcomes = [outcome for message in messages for outcome in message.outcomes]
+        try:
+            return await self.record(outcomes)
+        except PermanentError as exc:
+            log.error("chunk_refused", extra={"outcomes": len(outcomes), "error": str(exc)})
+            await self.record_each(outcomes)
+            return []
 
     async def record_each(self, outcomes: Sequence[RowOutcome]) -> int:
         """Record outcomes one at a time after a chunk was refused as a whole; an outcome
@@ -135,6 +134,7 @@ class Aggregator:
             return 0
         jobs = await self._store.snapshot(ids)
         await self._announce_finished(jobs)
+        log.info("outbox_announced", extra={"jobs": len(jobs)})
         return len(jobs)
 
     async def _announce(self, progress: list[JobProgress]) -> None:

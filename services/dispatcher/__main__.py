@@ -12,12 +12,12 @@ from relay_batches.bus.topology import Names, broker_priority
 from relay_batches.ids import new_id
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.outbox import mark_finished_published
-from relay_batches.ledger.pool import database_ready
+from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
-from relay_batches.services.dispatcher.service import DispatcherService
+from relay_batches.services.dispatcher.service import dispatcher_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_pool
@@ -61,12 +61,12 @@ async def build(
         rows_waiting=lambda: bus.ready_count(bus.names.rows),
     )
     log.info("configured", extra={"owner": owner, "aliases": aliases.names()})
-    return DispatcherService(
+    return dispatcher_service(
         bus,
         dispatcher,
-        settings.reconcile_seconds,
-        lambda: database_ready(pool),
-        settings.shutdown_grace_s,
+        ledger_readiness(pool),
+        reconcile_s=settings.reconcile_seconds,
+        grace_s=settings.shutdown_grace_s,
     )
 
 

@@ -128,7 +128,19 @@ class Dispatcher:
         self._config = config
         self._rows_waiting = rows_waiting
         self._claiming = asyncio.Lock()
+        self._stopped = False
         self.jobs: dict[str, OwnedJob] = {}
+
+    def stop_claiming(self) -> None:
+        """From now on claim nothing new (the service is stopping; its leases go back)."""
+        self._stopped = True
+
+    async def reconcile(self) -> None:
+        """One reconcile pass: claim, renew every lease (topping windows up), recover
+        stalled jobs."""
+        await self.claim()
+        await self.renew()
+        await self.recover_stalled()
 
     async def claim(self) -> int:
         """Claim queued and orphaned jobs up to our limit; start releasing their rows.
@@ -140,6 +152,8 @@ class Dispatcher:
             return await self._claim()
 
     async def _claim(self) -> int:
+        if self._stopped:
+            return 0
         room = self._config.max_running_jobs - len(self.jobs)
         if room <= 0:
             return 0
@@ -245,6 +259,14 @@ class Dispatcher:
         if self.jobs:
             await self._store.release(self._config.owner, list(self.jobs))
             self.jobs.clear()
+
+    async def hand_back(self) -> None:
+        """:meth:`release_all` at shutdown; if the ledger is away the leases simply expire
+        and another dispatcher takes the jobs over then."""
+        try:
+            await self.release_all()
+        except Exception as exc:
+            log.warning("release_failed", extra={"error": repr(exc)})
 
     async def top_up(self, owned: OwnedJob) -> None:
         """Publish slices until the job's window is full or its rows are all out.

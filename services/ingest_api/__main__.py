@@ -6,38 +6,41 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.keys import KeyStore
-from relay_batches.ledger.pool import database_ready
+from relay_batches.ledger.schema import ledger_readiness, schema_gate
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
+from relay_batches.service.base import Readiness
 from relay_batches.services.ingest_api.app import build_app
 from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.ingest_api.publishing import publisher_for
 from relay_batches.services.ingest_api.validation import SubmitLimits
 from relay_batches.settings import Settings
+from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
 
 
 class IngestService:
     """Serves the API until stopped."""
 
-    def __init__(self, runner: web.AppRunner, ready: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(self, runner: web.AppRunner, readiness: Readiness) -> None:
         self._runner = runner
-        self._ready = ready
+        self._readiness = readiness
 
     async def ready(self) -> bool:
-        """Connected to the broker and the database."""
-        return await self._ready()
+        """Listening, connected to the broker, the ledger reachable at its schema."""
+        return await self._readiness()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop``; then stop accepting and finish open requests."""
+        self._readiness.consuming = True
         await stop.wait()
+        self._readiness.consuming = False
         await self._runner.cleanup()
 
 
@@ -59,19 +62,19 @@ async def build(
         model_names=aliases.names,
     )
 
-    async def ready() -> bool:
-        return bus.ready() and await database_ready(pool)
-
-    app = build_app(deps, KeyStore(pool).workspace_for_key, ready)
+    gate = schema_gate(pool)
+    readiness = Readiness(bus, ledger_readiness(pool, gate))
+    app = build_app(deps, KeyStore(pool).workspace_for_key, readiness, gate.current)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.shutdown_grace_s)
     await runner.setup()
     await web.TCPSite(runner, settings.api_host, settings.api_port).start()
     log.info("listening", extra={"host": settings.api_host, "port": settings.api_port})
-    return IngestService(runner, ready)
+    return IngestService(runner, readiness)
 
 
 def main() -> None:
     """Console entry point (the API port also serves /healthz, /readyz, /metrics)."""
+    answer_help("relay-ingest-api", "Serves the public API, the panel and /openapi.json.")
     run_service("ingest-api", build, health=False)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from relay_batches.health import add_health_routes
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
@@ -13,6 +14,7 @@ from relay_batches.services.ingest_api.middleware import (
     auth_middleware,
     error_middleware,
     log_stream_aborts_once,
+    schema_middleware,
 )
 from relay_batches.services.ingest_api.models import add_model_routes
 from relay_batches.services.ingest_api.openapi import add_openapi_route
@@ -24,12 +26,20 @@ BODY_SLACK = 1024
 
 
 def build_app(
-    deps: ApiDeps, resolve_key: ResolveKey, ready: Callable[[], Awaitable[bool]]
+    deps: ApiDeps,
+    resolve_key: ResolveKey,
+    ready: Callable[[], Awaitable[bool]],
+    schema_current: Callable[[], Awaitable[bool]] | None = None,
 ) -> web.Application:
-    """The public API with its error and auth middleware and the service endpoints."""
+    """The public API with its error, schema and auth middleware and the service endpoints
+    (without ``schema_current``, the schema is taken to be current)."""
     log_stream_aborts_once()
+    middlewares: list[Middleware] = [error_middleware]
+    if schema_current is not None:
+        middlewares.append(schema_middleware(schema_current))
+    middlewares.append(auth_middleware(resolve_key))
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware(resolve_key)],
+        middlewares=middlewares,
         client_max_size=deps.max_body_bytes + BODY_SLACK,
     )
     app[DEPS] = deps

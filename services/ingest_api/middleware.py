@@ -28,13 +28,20 @@ def json_response(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
+RETRY_AFTER_S = 2
+UNAVAILABLE = "service temporarily unavailable, retry shortly"
+
+
 def error_response(status: int, message: str, param: str | None = None) -> web.Response:
-    """API.md's error object with ``status``."""
+    """API.md's error object with ``status``; a 503 says when to retry (``Retry-After``)."""
     error_type = ERROR_TYPES.get(
         status, "invalid_request_error" if status < 500 else "internal_error"
     )
     body = {"error": {"type": error_type, "message": message, "param": param}}
-    return json_response(body, status)
+    response = json_response(body, status)
+    if status == 503:
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
 
 
 _HTTP_MESSAGES = {
@@ -85,7 +92,7 @@ def _error_for(request: web.Request, exc: Exception) -> web.Response:
         return error_response(exc.status, _HTTP_MESSAGES.get(exc.status, exc.reason))
     if isinstance(exc, TransientError):
         log.warning("dependency_unavailable", extra={"error": str(exc), "path": request.path})
-        return error_response(503, "service temporarily unavailable, retry shortly")
+        return error_response(503, UNAVAILABLE)
     log.error("request_failed", exc_info=exc, extra={"path": request.path, "error": repr(exc)})
     return error_response(500, "internal error")
 
@@ -106,6 +113,20 @@ def log_stream_aborts_once(server_logger: logging.Logger | None = None) -> None:
     target = server_logger or logging.getLogger("aiohttp.server")
     if not any(isinstance(f, _AlreadyLogged) for f in target.filters):
         target.addFilter(_AlreadyLogged())
+
+
+def schema_middleware(current: Callable[[], Awaitable[bool]]) -> Middleware:
+    """Answer ``/v1/…`` with 503 while the ledger's schema is behind this code's version
+    (a migration has not run yet): every such request needs the ledger, keys included."""
+
+    @web.middleware
+    async def require_schema(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/v1/") and not await current():
+            log.warning("schema_not_current", extra={"path": request.path})
+            return error_response(503, UNAVAILABLE)
+        return await handler(request)
+
+    return require_schema
 
 
 def auth_middleware(resolve: ResolveKey) -> Middleware:

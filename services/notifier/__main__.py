@@ -6,11 +6,11 @@ import contextlib
 import logging
 
 from relay_batches.ledger.deliveries import DeliveryStore
-from relay_batches.ledger.pool import database_ready
+from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.notifier.core import claim_seconds
 from relay_batches.services.notifier.http import guarded_poster
-from relay_batches.services.notifier.service import NotifierService
+from relay_batches.services.notifier.service import notifier_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
@@ -30,11 +30,11 @@ async def build(
         )
     # A claim outlives a whole delivery: POST, then recording it (see claim_seconds).
     store = DeliveryStore(pool, claim_s=claim_seconds(settings.webhook_timeout_s))
-    return NotifierService(
+    return notifier_service(
         bus,
         store,
         post,
-        lambda: database_ready(pool),
+        ledger_readiness(pool),
         recover_every_s=settings.reconcile_seconds,
         grace_s=settings.shutdown_grace_s,
     )

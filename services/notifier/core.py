@@ -126,6 +126,8 @@ async def recover_deliveries(store: RecoveryStore, post: Post, limit: int = RECO
         )
         await _post_and_record(batch, batch.webhook_url, claim, store, post)
         recovered += 1
+    if recovered:
+        log.info("deliveries_recovered", extra={"deliveries": recovered})
     return recovered
 
 

@@ -15,7 +15,10 @@ from relay_batches.router.router import ModelRouter
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.row_worker.batcher import OutcomeBatcher
 from relay_batches.services.row_worker.core import RowRunner
-from relay_batches.services.row_worker.service import RowWorkerService, rows_prefetch
+from relay_batches.services.row_worker.service import (
+    row_worker_service,
+    rows_prefetch,
+)
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus
@@ -48,7 +51,9 @@ async def build(
     runner = RowRunner(router, batcher.add, settings.batch_concurrency)
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info("configured", extra={"aliases": aliases.names(), "prefetch": prefetch})
-    return RowWorkerService(bus, runner, batcher, prefetch, settings.shutdown_grace_s)
+    return row_worker_service(
+        bus, runner, batcher, prefetch=prefetch, grace_s=settings.shutdown_grace_s
+    )
 
 
 def main() -> None:

@@ -68,6 +68,7 @@ class RowRunner:
         tasks = self._running.pop(batch_id, set())
         for task in tasks:
             task.cancel()
+        log.info("job_canceled", extra={"batch_id": batch_id, "aborted": len(tasks)})
         return len(tasks)
 
     async def handle_slice(self, task: DecodedSlice) -> int:

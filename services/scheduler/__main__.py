@@ -6,12 +6,12 @@ import contextlib
 import logging
 
 from relay_batches.bus.topology import broker_priority
-from relay_batches.ledger.pool import database_ready
 from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
+from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.messages import DispatchWakeup
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.scheduler.core import Scheduler
-from relay_batches.services.scheduler.service import SchedulerService
+from relay_batches.services.scheduler.service import scheduler_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
@@ -33,8 +33,12 @@ async def build(
         )
 
     scheduler = Scheduler(ScheduleStore(pool), wake_dispatcher)
-    return SchedulerService(
-        bus, scheduler, lambda: database_ready(pool), settings.scheduler_max_sleep_s
+    return scheduler_service(
+        bus,
+        scheduler,
+        ledger_readiness(pool),
+        max_sleep_s=settings.scheduler_max_sleep_s,
+        grace_s=settings.shutdown_grace_s,
     )
 
 

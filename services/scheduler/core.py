@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol
 
 from relay_batches.cron import latest_tick, next_tick
@@ -23,8 +23,22 @@ from relay_batches.model import iso
 log = logging.getLogger("relay.scheduler")
 
 SPAWN_PAGE = 100
+MIN_SLEEP_S = 0.1
 
 WakeDispatcher = Callable[[SpawnedRun], Awaitable[None]]
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """The wall clock, in UTC."""
+    return datetime.now(UTC)
+
+
+def sleep_seconds(wake_at: datetime | None, now: datetime, cap: float) -> float:
+    """How long to sleep before the next pass: until ``wake_at``, at most ``cap``."""
+    if wake_at is None:
+        return cap
+    return max(0.0, min(cap, (wake_at - now).total_seconds()))
 
 
 class Store(Protocol):
@@ -92,6 +106,13 @@ class Scheduler:
             )
             await self._wake(run)
         return TickResult(spawned, await self._store.earliest_next_run())
+
+    async def spawn_pass(self, clock: Clock, max_sleep_s: float) -> float:
+        """One pass at ``clock()``; return the seconds to sleep until the next: until the
+        earliest next tick, at most ``max_sleep_s``, at least :data:`MIN_SLEEP_S` (a
+        template due but locked by another scheduler must not make the loop spin)."""
+        result = await self.tick(clock())
+        return max(MIN_SLEEP_S, sleep_seconds(result.wake_at, clock(), max_sleep_s))
 
     async def _wake(self, run: SpawnedRun) -> None:
         try:

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from relay_batches.bus.topology import Names
 from relay_batches.ids import new_id
+from relay_batches.ledger.migrate import ensure_database
 from relay_batches.services.relay_cli import admin
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -33,12 +34,15 @@ class Isolation:
     namespace: str
 
 
-async def create_isolation(tag: str) -> Isolation:
-    """A fresh, migrated database and a unique namespace."""
+async def create_isolation(tag: str, *, migrated: bool = True) -> Isolation:
+    """A fresh database (migrated, or empty with ``migrated=False``) and a unique namespace."""
     suffix = new_id()[:10]
     database = f"relay_test_{tag}_{suffix}"
     url = f"postgresql://postgres@127.0.0.1:5432/{database}"
-    await admin.migrate(url)
+    if migrated:
+        await admin.migrate(url)
+    else:
+        await ensure_database(url)
     return Isolation(url, database, f"t{tag}{suffix}")
 
 

@@ -18,8 +18,9 @@ from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
+from relay_batches.service.base import BusService
 from relay_batches.services.aggregator.core import Aggregator
-from relay_batches.services.aggregator.service import AggregatorService
+from relay_batches.services.aggregator.service import aggregator_service
 from tests.helpers.support import AMQP_URL, Isolation, wait_until
 
 
@@ -76,19 +77,20 @@ async def test_outcomes_after_cancel_are_discarded(pool: asyncpg.Pool) -> None:
 
 
 @pytest.fixture
-async def aggregator_service(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[AggregatorService]:
+async def aggregator(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[BusService]:
     """The aggregator service consuming the real results queue."""
 
     async def db_ready() -> bool:
         return True
 
-    service = AggregatorService(
+    service = aggregator_service(
         bus,
         Aggregator(OutcomeStore(pool), bus.publish_event),
         db_ready,
         prefetch=16,
         chunk=8,
         outbox_every_s=0.2,
+        grace_s=5,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
@@ -99,7 +101,7 @@ async def aggregator_service(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[Aggr
 
 
 async def test_redelivered_outcome_is_counted_once(
-    pool: asyncpg.Pool, bus: Bus, iso: Isolation, aggregator_service: AggregatorService
+    pool: asyncpg.Pool, bus: Bus, iso: Isolation, aggregator: BusService
 ) -> None:
     batch_id = await running_batch(pool, 2)
     connection = await aio_pika.connect(AMQP_URL, timeout=10)
@@ -168,7 +170,7 @@ async def _drain(queue: aio_pika.abc.AbstractQueue, batch_id: str) -> list[JobEv
 
 
 async def test_an_unstorable_outcome_becomes_that_rows_error_and_the_job_completes(
-    pool: asyncpg.Pool, bus: Bus, aggregator_service: AggregatorService
+    pool: asyncpg.Pool, bus: Bus, aggregator: BusService
 ) -> None:
     batch_id = await running_batch(pool, 3)
     poison = outcome(batch_id, 1, "nul \x00 in a reply")  # Postgres text refuses NUL
@@ -187,7 +189,7 @@ async def test_an_unstorable_outcome_becomes_that_rows_error_and_the_job_complet
 
 
 async def test_outcomes_for_a_canceled_job_repeat_the_cancel_once(
-    pool: asyncpg.Pool, bus: Bus, aggregator_service: AggregatorService
+    pool: asyncpg.Pool, bus: Bus, aggregator: BusService
 ) -> None:
     batch_id = await running_batch(pool, 4)
     workspace = await pool.fetchval("SELECT workspace_id FROM batches WHERE id = $1", batch_id)

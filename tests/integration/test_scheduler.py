@@ -26,7 +26,7 @@ from relay_batches.ledger.pool import create_pool
 from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
 from relay_batches.messages import TemplateCreated
 from relay_batches.services.scheduler.core import Scheduler, TickResult
-from relay_batches.services.scheduler.service import SchedulerService
+from relay_batches.services.scheduler.service import scheduler_service
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.support import AMQP_URL, ApiClient, Isolation, wait_until
 
@@ -239,11 +239,12 @@ async def test_a_new_template_wakes_a_sleeping_scheduler(
             passes += 1
             return await super().tick(now)
 
-    service = SchedulerService(
+    service = scheduler_service(
         bus,
         CountingScheduler(store, Woken()),
         _always_ready,
         max_sleep_s=60,
+        grace_s=5,
         clock=lambda: datetime.now(UTC) + timedelta(hours=1),
     )
     stop = asyncio.Event()

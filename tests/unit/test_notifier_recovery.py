@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import replace
+from types import SimpleNamespace
 
 import orjson
 import pytest
 
+from relay_batches.bus.topology import Names
 from relay_batches.errors import TransientError
 from relay_batches.ledger.deliveries import Claim
 from relay_batches.model import Job
@@ -70,7 +72,7 @@ async def test_the_notifier_claims_for_claim_seconds(monkeypatch: pytest.MonkeyP
             built.append(claim_s)
 
     async def fake_open(*args: object, **kwargs: object) -> object:
-        return object()
+        return SimpleNamespace(names=Names("test"))
 
     monkeypatch.setattr(notifier_main, "open_pool", fake_open)
     monkeypatch.setattr(notifier_main, "open_bus", fake_open)

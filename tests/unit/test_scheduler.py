@@ -8,8 +8,7 @@ import pytest
 
 from relay_batches.ledger.schedule import DueTemplate, PlannedTick
 from relay_batches.messages import MessageError, TemplateCreated
-from relay_batches.services.scheduler.core import plan_ticks, run_name
-from relay_batches.services.scheduler.service import sleep_seconds
+from relay_batches.services.scheduler.core import plan_ticks, run_name, sleep_seconds
 
 
 def at(hh: int, mm: int, ss: int = 0, us: int = 0) -> datetime:

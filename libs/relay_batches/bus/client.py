@@ -4,15 +4,11 @@ After the broker restarts (or closes the connection), aio-pika reconnects and re
 every channel, queue, binding and consumer this bus declared; :meth:`Bus.ready` is
 False from the moment the connection drops until that restore is complete.
 
-Ack policy lives here (:func:`settle`): ack after the handler's effect is durable, reject
-undecodable messages without requeue, requeue on any other failure, never settle on
-cancellation. Acking a delivery from before a reconnect fails harmlessly (the broker
-redelivers it), so that error is swallowed.
+Settling deliveries (the ack policy) is :mod:`relay_batches.service.consumer`'s job.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -27,8 +23,7 @@ from aio_pika.abc import (
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 
 from relay_batches.bus.topology import Names, declare_all, declare_events, declare_queue
-from relay_batches.messages import MessageError
-from relay_batches.metrics import MESSAGES_CONSUMED, MESSAGES_PUBLISHED
+from relay_batches.metrics import MESSAGES_PUBLISHED
 
 log = logging.getLogger("relay.bus")
 
@@ -189,43 +184,3 @@ def aio_pika_id() -> str:
     from relay_batches.ids import new_id
 
     return new_id()[:12]
-
-
-async def ack(message: AbstractIncomingMessage, *, multiple: bool = False) -> None:
-    """Ack (with ``multiple``, every earlier delivery of its channel too), ignoring a channel
-    that closed since delivery (the broker will redeliver)."""
-    try:
-        await message.ack(multiple=multiple)
-    except SETTLE_ERRORS as exc:
-        log.warning("ack_failed", extra={"error": repr(exc)})
-
-
-async def reject(message: AbstractIncomingMessage, *, requeue: bool) -> None:
-    """Reject (nack), ignoring a channel that closed since delivery."""
-    try:
-        await message.nack(requeue=requeue)
-    except SETTLE_ERRORS as exc:
-        log.warning("nack_failed", extra={"error": repr(exc)})
-
-
-RETRY_PAUSE_S = 0.5
-
-
-async def settle(
-    message: AbstractIncomingMessage, kind: str, handle: Callable[[bytes], Awaitable[None]]
-) -> None:
-    """Run ``handle(body)`` and settle the delivery by the ack policy of the module doc."""
-    MESSAGES_CONSUMED.labels(kind).inc()
-    try:
-        await handle(message.body)
-    except MessageError as exc:
-        log.error("message_rejected", extra={"kind": kind, "error": str(exc)})
-        await reject(message, requeue=False)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        log.exception("handler_failed", extra={"kind": kind, "error": repr(exc)})
-        await asyncio.sleep(RETRY_PAUSE_S)
-        await reject(message, requeue=True)
-    else:
-        await ack(message)

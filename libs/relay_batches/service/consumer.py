@@ -1,0 +1,270 @@
+"""Consuming: decode → handle → settle, for single deliveries and for chunks.
+
+This is the only module that acks, rejects or requeues a delivery. The policy:
+
+- ack once the handler returned: its effect is durable by then;
+- reject without requeue a body that does not decode (a poison message);
+- requeue, after a pause, when the handler raised: the failure may pass;
+- never settle on cancellation (the shutdown deadline): the broker redelivers;
+- a settle on a channel closed since delivery (a reconnect) fails harmlessly, since
+  the broker redelivers that message; it is logged and swallowed.
+
+Each single delivery is handled in a task of its own, held by the service's
+:class:`~relay_batches.service.tasks.Tasks`, so a stop can wait for it and cancel it.
+A chunked queue is taken by one loop, a chunk at a time, in delivery order: so when
+every message of a chunk was good, one ``multiple`` ack of its last message settles
+exactly that chunk (every earlier delivery of the channel was settled before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from relay_batches.bus.client import SETTLE_ERRORS, MessageCallback
+from relay_batches.messages import MessageError
+from relay_batches.metrics import MESSAGES_CONSUMED
+from relay_batches.service.tasks import Tasks
+
+log = logging.getLogger("relay.consumer")
+
+T = TypeVar("T")
+
+RETRY_PAUSE_S = 0.5
+EVENTS_PREFETCH = 64
+
+
+class ConsumingBus(Protocol):
+    """What consuming needs of :class:`relay_batches.bus.client.Bus`."""
+
+    async def consume(self, queue: str, callback: MessageCallback, prefetch: int) -> None:
+        """Consume a durable queue with ``prefetch`` unacked."""
+
+    async def consume_events(
+        self, routing_keys: Sequence[str], callback: MessageCallback, prefetch: int = 64
+    ) -> None:
+        """Consume job events bound to ``routing_keys``."""
+
+
+class Intake(Protocol):
+    """Something a service takes work from."""
+
+    async def start(self, bus: ConsumingBus, tasks: Tasks, halt: asyncio.Event) -> None:
+        """Register the consumer; spawn its handlers (and loop) into ``tasks``."""
+
+
+async def ack(message: AbstractIncomingMessage, *, multiple: bool = False) -> None:
+    """Ack (with ``multiple``, every earlier delivery of its channel too)."""
+    try:
+        await message.ack(multiple=multiple)
+    except SETTLE_ERRORS as exc:
+        log.warning("ack_failed", extra={"error": repr(exc)})
+
+
+async def reject(message: AbstractIncomingMessage, *, requeue: bool) -> None:
+    """Reject, requeued or not (a poison message is dropped, or dead-lettered by policy)."""
+    try:
+        await message.nack(requeue=requeue)
+    except SETTLE_ERRORS as exc:
+        log.warning("nack_failed", extra={"error": repr(exc)})
+
+
+async def settle_one(
+    message: AbstractIncomingMessage,
+    kind: str,
+    decode: Callable[[AbstractIncomingMessage], T],
+    handle: Callable[[T], Awaitable[object]],
+    retry_pause_s: float,
+) -> None:
+    """Decode, handle and settle one delivery by the policy of the module doc."""
+    MESSAGES_CONSUMED.labels(kind).inc()
+    try:
+        value = decode(message)
+    except MessageError as exc:
+        log.error("message_rejected", extra={"kind": kind, "error": str(exc)})
+        await reject(message, requeue=False)
+        return
+    started = time.perf_counter()
+    try:
+        await handle(value)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.error("handler_failed", extra={"kind": kind, "error": repr(exc)})
+        await asyncio.sleep(retry_pause_s)
+        await reject(message, requeue=True)
+        return
+    await ack(message)
+    log.debug("message_done", extra={"kind": kind, "elapsed_ms": _elapsed_ms(started)})
+
+
+def _elapsed_ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
+def _spawning(
+    tasks: Tasks,
+    kind: str,
+    decode: Callable[[AbstractIncomingMessage], T],
+    handle: Callable[[T], Awaitable[object]],
+    retry_pause_s: float,
+) -> MessageCallback:
+    async def on_message(message: AbstractIncomingMessage) -> None:
+        tasks.spawn(settle_one(message, kind, decode, handle, retry_pause_s), name=kind)
+
+    return on_message
+
+
+@dataclass(frozen=True)
+class Consume(Generic[T]):
+    """A durable queue: each delivery decoded by ``decode`` and given to ``handle``."""
+
+    queue: str
+    kind: str
+    decode: Callable[[bytes], T]
+    handle: Callable[[T], Awaitable[object]]
+    prefetch: int
+    retry_pause_s: float = RETRY_PAUSE_S
+
+    async def start(self, bus: ConsumingBus, tasks: Tasks, halt: asyncio.Event) -> None:
+        """Consume the queue."""
+
+        def decode(message: AbstractIncomingMessage) -> T:
+            return self.decode(message.body)
+
+        callback = _spawning(tasks, self.kind, decode, self.handle, self.retry_pause_s)
+        await bus.consume(self.queue, callback, self.prefetch)
+
+
+@dataclass(frozen=True)
+class Subscribe(Generic[T]):
+    """Job events through a private queue: one handler per routing key."""
+
+    handlers: Mapping[str, Callable[[T], Awaitable[object]]]
+    decode: Callable[[bytes], T]
+    kind: str = "event"
+    prefetch: int = EVENTS_PREFETCH
+    retry_pause_s: float = RETRY_PAUSE_S
+
+    async def start(self, bus: ConsumingBus, tasks: Tasks, halt: asyncio.Event) -> None:
+        """Bind a private queue to every routing key handled and consume it."""
+
+        def decode(message: AbstractIncomingMessage) -> tuple[Callable[[T], Awaitable[object]], T]:
+            handler = self.handlers.get(message.routing_key or "")
+            if handler is None:
+                raise MessageError(f"no handler for routing key {message.routing_key!r}")
+            return handler, self.decode(message.body)
+
+        async def handle(routed: tuple[Callable[[T], Awaitable[object]], T]) -> None:
+            handler, value = routed
+            await handler(value)
+
+        callback = _spawning(tasks, self.kind, decode, handle, self.retry_pause_s)
+        await bus.consume_events(list(self.handlers), callback, self.prefetch)
+
+
+@dataclass(frozen=True)
+class ConsumeChunks(Generic[T]):
+    """A durable queue taken in chunks: what arrives within ``linger_s`` of a chunk's
+    first message, up to ``chunk`` messages, is decoded and handled as one list."""
+
+    queue: str
+    kind: str
+    decode: Callable[[bytes], T]
+    handle: Callable[[list[T]], Awaitable[object]]
+    prefetch: int
+    chunk: int
+    linger_s: float
+    retry_pause_s: float = 1.0
+
+    async def start(self, bus: ConsumingBus, tasks: Tasks, halt: asyncio.Event) -> None:
+        """Consume the queue into an inbox and take chunks from it until ``halt``."""
+        inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        await bus.consume(self.queue, inbox.put, self.prefetch)
+        tasks.spawn(self._take(inbox, halt), name=f"{self.kind}-chunks", loop=True)
+
+    async def _take(
+        self, inbox: asyncio.Queue[AbstractIncomingMessage], halt: asyncio.Event
+    ) -> None:
+        while not halt.is_set():
+            chunk = await next_chunk(inbox, halt, self.chunk, self.linger_s)
+            if chunk:
+                await self.settle(chunk)
+
+    async def settle(self, chunk: Sequence[AbstractIncomingMessage]) -> None:
+        """Decode, handle and settle one chunk by the policy of the module doc."""
+        MESSAGES_CONSUMED.labels(self.kind).inc(len(chunk))
+        values: list[T] = []
+        bad: set[int] = set()
+        for position, message in enumerate(chunk):
+            try:
+                values.append(self.decode(message.body))
+            except MessageError as exc:
+                log.error("message_rejected", extra={"kind": self.kind, "error": str(exc)})
+                bad.add(position)
+        started = time.perf_counter()
+        try:
+            await self.handle(values)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error(
+                "chunk_failed",
+                extra={"kind": self.kind, "messages": len(chunk), "error": repr(exc)},
+            )
+            await asyncio.sleep(self.retry_pause_s)
+            for message in chunk:
+                await reject(message, requeue=True)
+            return
+        await _settle_chunk(chunk, bad)
+        log.debug(
+            "chunk_done",
+            extra={"kind": self.kind, "messages": len(chunk), "elapsed_ms": _elapsed_ms(started)},
+        )
+
+
+async def _settle_chunk(chunk: Sequence[AbstractIncomingMessage], bad: set[int]) -> None:
+    """One ``multiple`` ack when every message was good; else each message on its own."""
+    if not bad:
+        await ack(chunk[-1], multiple=True)
+        return
+    for position, message in enumerate(chunk):
+        if position in bad:
+            await reject(message, requeue=False)
+        else:
+            await ack(message)
+
+
+async def next_chunk(
+    inbox: asyncio.Queue[AbstractIncomingMessage], halt: asyncio.Event, size: int, linger_s: float
+) -> list[AbstractIncomingMessage]:
+    """Wait for a first message (or ``halt``: then ``[]``), then take what arrives within
+    ``linger_s`` of it, up to ``size`` messages."""
+    getter = asyncio.ensure_future(inbox.get())
+    halted = asyncio.ensure_future(halt.wait())
+    await asyncio.wait({getter, halted}, return_when=asyncio.FIRST_COMPLETED)
+    halted.cancel()
+    if not getter.done():
+        getter.cancel()
+        return []
+    chunk = [getter.result()]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + linger_s
+    while len(chunk) < size:
+        if not inbox.empty():
+            chunk.append(inbox.get_nowait())
+            continue
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        try:
+            chunk.append(await asyncio.wait_for(inbox.get(), remaining))
+        except TimeoutError:
+            break
+    return chunk

@@ -1,0 +1,420 @@
+"""Unit tests of the service kit: settling single deliveries and chunks, periodic tasks,
+readiness, the drain, and the schema gate. The bus and its deliveries are fakes with the
+interface the kit uses; no broker runs here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from relay_batches.bus.client import MessageCallback
+from relay_batches.bus.topology import Names
+from relay_batches.errors import TransientError
+from relay_batches.ledger.schema import SchemaGate, expected_version, migration_version
+from relay_batches.messages import MessageError
+from relay_batches.service.base import BusService, Readiness
+from relay_batches.service.consumer import Consume, ConsumeChunks, Intake, Subscribe
+from relay_batches.service.periodic import Periodic
+from tests.helpers.support import wait_until
+
+WAIT_S = 5.0
+
+
+@dataclass
+class FakeDelivery:
+    """A delivery that records how it was settled."""
+
+    body: bytes
+    routing_key: str = "q"
+    settled: list[tuple[str, bool]] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def ack(self, multiple: bool = False) -> None:
+        self.settled.append(("ack", multiple))
+        self.done.set()
+
+    async def nack(self, requeue: bool = True) -> None:
+        self.settled.append(("nack", requeue))
+        self.done.set()
+
+
+class FakeBus:
+    """Records consumers; :meth:`deliver` hands a delivery to one of them."""
+
+    def __init__(self) -> None:
+        self.names = Names("t")
+        self.connected = True
+        self.callbacks: dict[str, MessageCallback] = {}
+        self.prefetch: dict[str, int] = {}
+        self.stopped = False
+
+    async def consume(self, queue: str, callback: MessageCallback, prefetch: int) -> None:
+        self.callbacks[queue] = callback
+        self.prefetch[queue] = prefetch
+
+    async def consume_events(
+        self, routing_keys: Sequence[str], callback: MessageCallback, prefetch: int = 64
+    ) -> None:
+        for key in routing_keys:
+            self.callbacks[key] = callback
+            self.prefetch[key] = prefetch
+
+    def ready(self) -> bool:
+        return self.connected
+
+    async def stop_consuming(self) -> None:
+        self.stopped = True
+
+    async def deliver(self, queue: str, delivery: FakeDelivery) -> None:
+        await self.callbacks[queue](delivery)  # type: ignore[arg-type]
+
+
+def text(body: bytes) -> str:
+    """A decoder that refuses the body ``bad``."""
+    if body == b"bad":
+        raise MessageError("not a message")
+    return body.decode()
+
+
+@dataclass
+class Running:
+    """A started service with its stop event and run task."""
+
+    service: BusService
+    bus: FakeBus
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def finish(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, WAIT_S)
+
+
+@contextlib.asynccontextmanager
+async def started(
+    intakes: Sequence[Intake], grace_s: float = 1.0, **kwargs: object
+) -> AsyncIterator[Running]:
+    bus = FakeBus()
+    service = BusService(bus, intakes, grace_s=grace_s, **kwargs)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    running = Running(service, bus, stop, task)
+    await wait_until(service.ready, WAIT_S, "the service to consume")
+    try:
+        yield running
+    finally:
+        if not task.done():
+            await running.finish()
+
+
+class Recorder:
+    """A handler that records what it got; fails while ``failures`` > 0."""
+
+    def __init__(self, failures: int = 0, block: bool = False) -> None:
+        self.got: list[object] = []
+        self.failures = failures
+        self.block = block
+        self.entered = asyncio.Event()
+
+    async def __call__(self, value: object) -> None:
+        self.got.append(value)
+        self.entered.set()
+        if self.block:
+            await asyncio.Event().wait()
+        if self.failures > 0:
+            self.failures -= 1
+            raise TransientError("database away")
+
+
+def consume(handler: Recorder) -> Consume[str]:
+    return Consume("q", "test", text, handler, prefetch=3, retry_pause_s=0)
+
+
+async def test_a_good_delivery_is_handled_then_acked() -> None:
+    handler = Recorder()
+    async with started([consume(handler)]) as running:
+        delivery = FakeDelivery(b"hello")
+        await running.bus.deliver("q", delivery)
+        await asyncio.wait_for(delivery.done.wait(), WAIT_S)
+        assert handler.got == ["hello"]
+        assert delivery.settled == [("ack", False)]
+        assert running.bus.prefetch == {"q": 3}
+
+
+async def test_an_undecodable_delivery_is_rejected_without_requeue_and_never_handled() -> None:
+    handler = Recorder()
+    async with started([consume(handler)]) as running:
+        delivery = FakeDelivery(b"bad")
+        await running.bus.deliver("q", delivery)
+        await asyncio.wait_for(delivery.done.wait(), WAIT_S)
+        assert handler.got == []
+        assert delivery.settled == [("nack", False)]
+
+
+async def test_a_failing_handler_requeues_the_delivery() -> None:
+    handler = Recorder(failures=1)
+    async with started([consume(handler)]) as running:
+        delivery = FakeDelivery(b"hello")
+        await running.bus.deliver("q", delivery)
+        await asyncio.wait_for(delivery.done.wait(), WAIT_S)
+        assert delivery.settled == [("nack", True)]
+
+
+async def test_a_handler_cancelled_at_the_drain_deadline_settles_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handler = Recorder(block=True)
+    closed: list[bool] = []
+
+    async def close() -> None:
+        closed.append(True)
+
+    async with started([consume(handler)], grace_s=0.05, close=close) as running:
+        delivery = FakeDelivery(b"hello")
+        await running.bus.deliver("q", delivery)
+        await asyncio.wait_for(handler.entered.wait(), WAIT_S)
+        with caplog.at_level(logging.INFO, logger="relay.service"):
+            await running.finish()
+        assert delivery.settled == []
+        assert running.bus.stopped
+        assert closed == [True]
+        assert [r.msg for r in caplog.records if r.name == "relay.service"] == [
+            "draining",
+            "tasks_handed_back",
+        ]
+
+
+async def test_the_drain_waits_for_work_in_flight_within_the_grace() -> None:
+    release = asyncio.Event()
+
+    async def slow(value: str) -> None:
+        await release.wait()
+
+    stopping: list[bool] = []
+    async with started(
+        [Consume("q", "test", text, slow, prefetch=1)],
+        grace_s=WAIT_S,
+        stopping=lambda: stopping.append(True),
+    ) as running:
+        delivery = FakeDelivery(b"hello")
+        await running.bus.deliver("q", delivery)
+        running.stop.set()
+        await wait_until(lambda: _true(bool(stopping)), WAIT_S, "the drain to begin")
+        assert not await running.service.ready()
+        assert not running.task.done()
+        release.set()
+        await asyncio.wait_for(running.task, WAIT_S)
+        assert delivery.settled == [("ack", False)]
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_events_go_to_the_handler_of_their_routing_key() -> None:
+    progress, canceled = Recorder(), Recorder()
+    events = Subscribe({"job.progress": progress, "job.canceled": canceled}, text)
+    async with started([events]) as running:
+        first = FakeDelivery(b"a", routing_key="job.canceled")
+        await running.bus.deliver("job.canceled", first)
+        stray = FakeDelivery(b"b", routing_key="job.finished")
+        await running.bus.deliver("job.progress", stray)
+        await asyncio.wait_for(first.done.wait(), WAIT_S)
+        await asyncio.wait_for(stray.done.wait(), WAIT_S)
+        assert (canceled.got, progress.got) == (["a"], [])
+        assert first.settled == [("ack", False)]
+        assert stray.settled == [("nack", False)]
+
+
+def chunks(handler: Callable[[list[str]], Awaitable[object]]) -> ConsumeChunks[str]:
+    return ConsumeChunks(
+        "r", "results", text, handler, prefetch=8, chunk=3, linger_s=1.0, retry_pause_s=0
+    )
+
+
+async def deliver_all(bus: FakeBus, bodies: Sequence[bytes]) -> list[FakeDelivery]:
+    deliveries = [FakeDelivery(body) for body in bodies]
+    for delivery in deliveries:
+        await bus.deliver("r", delivery)
+    # Chunks are settled in order: the last delivery is the last one settled.
+    await asyncio.wait_for(deliveries[-1].done.wait(), WAIT_S)
+    return deliveries
+
+
+async def test_a_good_chunk_is_handled_as_one_list_and_acked_with_one_multiple_ack() -> None:
+    handler = Recorder()
+    async with started([chunks(handler)]) as running:
+        first = await deliver_all(running.bus, [b"a", b"b", b"c"])
+        assert handler.got == [["a", "b", "c"]]
+        assert [d.settled for d in first] == [[], [], [("ack", True)]]
+
+
+async def test_a_chunk_with_a_poison_message_rejects_it_and_acks_the_others_one_by_one() -> None:
+    handler = Recorder()
+    async with started([chunks(handler)]) as running:
+        settled = await deliver_all(running.bus, [b"a", b"bad", b"c"])
+        assert handler.got == [["a", "c"]]
+        assert [d.settled for d in settled] == [
+            [("ack", False)],
+            [("nack", False)],
+            [("ack", False)],
+        ]
+
+
+async def test_a_chunk_whose_handler_fails_is_requeued_whole() -> None:
+    handler = Recorder(failures=1)
+    async with started([chunks(handler)]) as running:
+        settled = await deliver_all(running.bus, [b"a", b"b", b"c"])
+        assert [d.settled for d in settled] == [[("nack", True)]] * 3
+
+
+async def test_a_chunk_cancelled_at_the_drain_deadline_settles_nothing() -> None:
+    handler = Recorder(block=True)
+    async with started([chunks(handler)], grace_s=0.05) as running:
+        deliveries = [FakeDelivery(body) for body in (b"a", b"b", b"c")]
+        for delivery in deliveries:
+            await running.bus.deliver("r", delivery)
+        await asyncio.wait_for(handler.entered.wait(), WAIT_S)
+        await running.finish()
+        assert [d.settled for d in deliveries] == [[], [], []]
+
+
+async def test_a_periodic_task_keeps_running_after_an_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    passes = 0
+    third = asyncio.Event()
+
+    async def flaky() -> None:
+        nonlocal passes
+        passes += 1
+        if passes == 3:
+            third.set()
+        if passes == 1:
+            raise TransientError("database away")
+
+    task = Periodic("flaky", 0.001, flaky)
+    halt = asyncio.Event()
+    with caplog.at_level(logging.WARNING, logger="relay.periodic"):
+        loop = asyncio.create_task(task.loop(halt))
+        await asyncio.wait_for(third.wait(), WAIT_S)
+        halt.set()
+        await asyncio.wait_for(loop, WAIT_S)
+    [failure] = [r for r in caplog.records if r.msg == "periodic_failed"]
+    assert failure.__dict__["task"] == "flaky"
+
+
+async def test_a_periodic_pass_returns_its_next_delay_and_a_wake_cuts_it_short() -> None:
+    passes: list[int] = []
+    task: Periodic
+
+    async def run() -> float:
+        passes.append(len(passes))
+        return 3600.0
+
+    task = Periodic("spawn", 60.0, run, after_error_s=1.0)
+    assert await task.run_once() == 3600.0
+    halt = asyncio.Event()
+    loop = asyncio.create_task(task.loop(halt))
+    await wait_until(lambda: _true(len(passes) == 2), WAIT_S, "the second pass")
+    task.wake.set()
+    await wait_until(lambda: _true(len(passes) == 3), WAIT_S, "the woken pass")
+    halt.set()
+    await asyncio.wait_for(loop, WAIT_S)
+
+
+async def test_services_run_their_periodic_tasks_until_stopped() -> None:
+    ran = asyncio.Event()
+
+    async def scan() -> None:
+        ran.set()
+
+    async with started([], periodic=[Periodic("scan", 0.01, scan)]) as running:
+        await asyncio.wait_for(ran.wait(), WAIT_S)
+        await running.finish()
+
+
+class Probe:
+    """A connected-or-not bus for readiness."""
+
+    def __init__(self, connected: bool) -> None:
+        self.connected = connected
+
+    def ready(self) -> bool:
+        return self.connected
+
+
+@pytest.mark.parametrize(
+    ("consuming", "connected", "ledger", "expected"),
+    [
+        (True, True, True, True),
+        (False, True, True, False),
+        (True, False, True, False),
+        (True, True, False, False),
+    ],
+)
+async def test_readiness_needs_consuming_the_bus_and_the_ledger(
+    consuming: bool, connected: bool, ledger: bool, expected: bool
+) -> None:
+    async def ledger_ready() -> bool:
+        return ledger
+
+    readiness = Readiness(Probe(connected), ledger_ready)
+    readiness.consuming = consuming
+    assert await readiness() is expected
+
+
+async def test_readiness_without_a_ledger_is_consuming_and_connected() -> None:
+    readiness = Readiness(Probe(True), None)
+    assert not await readiness()
+    readiness.consuming = True
+    assert await readiness()
+
+
+class Versions:
+    """A database whose schema version the test moves; counts reads."""
+
+    def __init__(self, version: int) -> None:
+        self.version: int | Exception = version
+        self.reads = 0
+
+    async def read(self) -> int:
+        self.reads += 1
+        if isinstance(self.version, Exception):
+            raise self.version
+        return self.version
+
+
+async def test_the_schema_gate_rechecks_while_behind_and_caches_once_current() -> None:
+    now = [0.0]
+    versions = Versions(2)
+    gate = SchemaGate(versions.read, expected=4, recheck_s=1.0, clock=lambda: now[0])
+    assert not await gate.current()
+    versions.version = 4
+    assert not await gate.current(), "a re-check came sooner than recheck_s"
+    assert versions.reads == 1
+    now[0] = 1.5
+    assert await gate.current()
+    versions.version = TransientError("database away")
+    now[0] = 10.0
+    assert await gate.current()
+    assert versions.reads == 2
+
+
+async def test_the_schema_gate_is_closed_while_the_database_is_away() -> None:
+    versions = Versions(0)
+    versions.version = TransientError("database away")
+    gate = SchemaGate(versions.read, expected=1, recheck_s=0.0)
+    assert not await gate.current()
+    versions.version = 7
+    assert await gate.current(), "a database ahead of the code is current"
+
+
+def test_the_expected_version_is_the_highest_migration_shipped() -> None:
+    assert migration_version("0004_security.sql") == 4
+    assert expected_version() >= 4
