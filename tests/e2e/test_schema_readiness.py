@@ -14,9 +14,9 @@ import pytest
 
 from relay_batches.ledger.migrate import migration_files
 from relay_batches.services.relay_cli import admin
-from tests.checks import wait_all_not_ready, wait_all_ready
+from tests.helpers.checks import wait_all_not_ready, wait_all_ready
+from tests.helpers.processes import BIN, ServiceProcess, System, build_system
 from tests.helpers.support import create_isolation, drop_isolation
-from tests.processes import BIN, ServiceProcess, System, build_system
 
 STARTED = ("ingest-api", "dispatcher", "aggregator", "notifier", "scheduler")
 
