@@ -8,10 +8,10 @@ a pause. Every ``outbox_every_s``, terminal jobs nobody announced are announced.
 
 from __future__ import annotations
 
+from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
+from relay_batches.kit.consumer import ConsumeChunks
+from relay_batches.kit.periodic import every
 from relay_batches.messages import OutcomesMessage
-from relay_batches.service.base import BusService, ReadyCheck, ServiceBus
-from relay_batches.service.consumer import ConsumeChunks
-from relay_batches.service.periodic import every
 from relay_batches.services.aggregator.core import Aggregator
 
 RETRY_PAUSE_S = 1.0

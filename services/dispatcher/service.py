@@ -10,10 +10,10 @@ so another dispatcher takes the jobs over at once.
 from __future__ import annotations
 
 from relay_batches.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
+from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
+from relay_batches.kit.consumer import Consume, Subscribe
+from relay_batches.kit.periodic import every
 from relay_batches.messages import DispatchWakeup, JobEvent
-from relay_batches.service.base import BusService, ReadyCheck, ServiceBus
-from relay_batches.service.consumer import Consume, Subscribe
-from relay_batches.service.periodic import every
 from relay_batches.services.dispatcher.core import Dispatcher
 
 DISPATCH_PREFETCH = 4

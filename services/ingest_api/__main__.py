@@ -9,13 +9,13 @@ import os
 
 from aiohttp import web
 
+from relay_batches.kit.base import Readiness
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.schema import ledger_readiness, schema_gate
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
-from relay_batches.service.base import Readiness
 from relay_batches.services.ingest_api.app import build_app
 from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.ingest_api.publishing import publisher_for

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
+from relay_batches.kit.consumer import Consume
+from relay_batches.kit.periodic import every
 from relay_batches.messages import JobEvent
-from relay_batches.service.base import BusService, ReadyCheck, ServiceBus
-from relay_batches.service.consumer import Consume
-from relay_batches.service.periodic import every
 from relay_batches.services.notifier.core import (
     Post,
     RecoveryStore,

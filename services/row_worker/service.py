@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 from relay_batches.bus.topology import EVENT_CANCELED
+from relay_batches.kit.base import BusService, ServiceBus
+from relay_batches.kit.consumer import Consume, Subscribe
 from relay_batches.messages import JobEvent, SliceMessage
-from relay_batches.service.base import BusService, ServiceBus
-from relay_batches.service.consumer import Consume, Subscribe
 from relay_batches.services.row_worker.batcher import OutcomeBatcher
 from relay_batches.services.row_worker.core import RowRunner
 

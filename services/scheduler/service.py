@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 
 from relay_batches.bus.topology import EVENT_TEMPLATE_CREATED
+from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
+from relay_batches.kit.consumer import Subscribe
+from relay_batches.kit.periodic import Periodic
 from relay_batches.messages import TemplateCreated
-from relay_batches.service.base import BusService, ReadyCheck, ServiceBus
-from relay_batches.service.consumer import Subscribe
-from relay_batches.service.periodic import Periodic
 from relay_batches.services.scheduler.core import Clock, Scheduler, utc_now
 
 log = logging.getLogger("relay.scheduler")

@@ -13,12 +13,12 @@ import pytest
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_FINISHED, EVENT_PROGRESS
 from relay_batches.ids import new_id
+from relay_batches.kit.base import BusService
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
-from relay_batches.service.base import BusService
 from relay_batches.services.aggregator.core import Aggregator
 from relay_batches.services.aggregator.service import aggregator_service
 from tests.helpers.support import AMQP_URL, Isolation, wait_until

@@ -15,11 +15,11 @@ import pytest
 from relay_batches.bus.client import MessageCallback
 from relay_batches.bus.topology import Names
 from relay_batches.errors import TransientError
+from relay_batches.kit.base import BusService, Readiness
+from relay_batches.kit.consumer import Consume, ConsumeChunks, Intake, Subscribe
+from relay_batches.kit.periodic import Periodic
 from relay_batches.ledger.schema import SchemaGate, expected_version, migration_version
 from relay_batches.messages import MessageError
-from relay_batches.service.base import BusService, Readiness
-from relay_batches.service.consumer import Consume, ConsumeChunks, Intake, Subscribe
-from relay_batches.service.periodic import Periodic
 from tests.helpers.support import wait_until
 
 WAIT_S = 5.0

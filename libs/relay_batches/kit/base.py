@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from relay_batches.bus.topology import Names
-from relay_batches.service.consumer import ConsumingBus, Intake
-from relay_batches.service.periodic import Periodic
-from relay_batches.service.tasks import Tasks
+from relay_batches.kit.consumer import ConsumingBus, Intake
+from relay_batches.kit.periodic import Periodic
+from relay_batches.kit.tasks import Tasks
 
 log = logging.getLogger("relay.service")
 

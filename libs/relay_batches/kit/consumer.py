@@ -10,7 +10,7 @@ This is the only module that acks, rejects or requeues a delivery. The policy:
   the broker redelivers that message; it is logged and swallowed.
 
 Each single delivery is handled in a task of its own, held by the service's
-:class:`~relay_batches.service.tasks.Tasks`, so a stop can wait for it and cancel it.
+:class:`~relay_batches.kit.tasks.Tasks`, so a stop can wait for it and cancel it.
 A chunked queue is taken by one loop, a chunk at a time, in delivery order: so when
 every message of a chunk was good, one ``multiple`` ack of its last message settles
 exactly that chunk (every earlier delivery of the channel was settled before).
@@ -28,9 +28,9 @@ from typing import Generic, Protocol, TypeVar
 from aio_pika.abc import AbstractIncomingMessage
 
 from relay_batches.bus.client import SETTLE_ERRORS, MessageCallback
+from relay_batches.kit.tasks import Tasks
 from relay_batches.messages import MessageError
 from relay_batches.metrics import MESSAGES_CONSUMED
-from relay_batches.service.tasks import Tasks
 
 log = logging.getLogger("relay.consumer")
 
