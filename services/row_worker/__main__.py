@@ -13,8 +13,8 @@ from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
 from relay_batches.runtime import Service, run_service
-from relay_batches.services.row_worker.batcher import OutcomeBatcher
 from relay_batches.services.row_worker.core import RowRunner
+from relay_batches.services.row_worker.outcomes import OutcomePublisher
 from relay_batches.services.row_worker.service import (
     row_worker_service,
     rows_prefetch,
@@ -43,16 +43,16 @@ async def build(
             )
         ),
     )
-    batcher = OutcomeBatcher(
+    outcomes = OutcomePublisher(
         lambda body: bus.publish(bus.names.results, body, kind="results"),
         max_rows=settings.results_flush_rows,
         flush_s=settings.results_flush_ms / 1000,
     )
-    runner = RowRunner(router, batcher.add, settings.batch_concurrency)
+    runner = RowRunner(router, outcomes.add, settings.batch_concurrency)
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info("configured", extra={"aliases": aliases.names(), "prefetch": prefetch})
     return row_worker_service(
-        bus, runner, batcher, prefetch=prefetch, grace_s=settings.shutdown_grace_s
+        bus, runner, outcomes, prefetch=prefetch, grace_s=settings.shutdown_grace_s
     )
 
 

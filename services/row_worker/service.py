@@ -9,8 +9,8 @@ from relay_batches.bus.topology import EVENT_CANCELED
 from relay_batches.kit.base import BusService, ServiceBus
 from relay_batches.kit.consumer import Consume, Subscribe
 from relay_batches.messages import JobEvent, SliceMessage
-from relay_batches.services.row_worker.batcher import OutcomeBatcher
 from relay_batches.services.row_worker.core import RowRunner
+from relay_batches.services.row_worker.outcomes import OutcomePublisher
 
 
 def rows_prefetch(concurrency: int, slice_rows: int) -> int:
@@ -20,7 +20,7 @@ def rows_prefetch(concurrency: int, slice_rows: int) -> int:
 
 
 def row_worker_service(
-    bus: ServiceBus, runner: RowRunner, batcher: OutcomeBatcher, *, prefetch: int, grace_s: float
+    bus: ServiceBus, runner: RowRunner, outcomes: OutcomePublisher, *, prefetch: int, grace_s: float
 ) -> BusService:
     """The row-worker's declaration (no ledger: it only talks to the bus and the models)."""
 
@@ -31,4 +31,4 @@ def row_worker_service(
     rows = Consume(
         bus.names.rows, "rows", SliceMessage.decode, runner.handle_slice, prefetch, retry_pause_s=0
     )
-    return BusService(bus, [canceled, rows], grace_s=grace_s, close=batcher.drain)
+    return BusService(bus, [canceled, rows], grace_s=grace_s, close=outcomes.drain)

@@ -1,5 +1,5 @@
 """Unit tests of the row-worker: the runner (concurrency, cancel, one outcome per row)
-and the outcome batcher (count/time flush, add waits for the confirm, failures)."""
+and the outcome publisher (count/time flush, add waits for the confirm, failures)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 from relay_batches.messages import DecodedSlice, OutcomesMessage, RowOutcome
 from relay_batches.router.types import Completion, RowResult
-from relay_batches.services.row_worker import batcher as batcher_module
-from relay_batches.services.row_worker.batcher import OutcomeBatcher
+from relay_batches.services.row_worker import outcomes as outcomes_module
 from relay_batches.services.row_worker.core import CanceledJobs, RowRunner, to_outcome
+from relay_batches.services.row_worker.outcomes import OutcomePublisher
 
 WAIT_S = 5.0  # generous upper bound for anything a test waits on; never a fixed sleep
 
@@ -241,7 +241,7 @@ def test_canceled_jobs_memory_is_bounded() -> None:
     assert "b" not in canceled
 
 
-# --- OutcomeBatcher ----------------------------------------------------------------------
+# --- OutcomePublisher ----------------------------------------------------------------------
 
 
 def outcome(index: int, batch_id: str = "b1") -> RowOutcome:
@@ -266,94 +266,98 @@ class FakePublish:
             self.failures -= 1
             raise ConnectionError("broker away")
 
-    def batches(self) -> list[list[int]]:
+    def messages(self) -> list[list[int]]:
         return [[o.row_index for o in OutcomesMessage.decode(b).outcomes] for b in self.bodies]
 
 
 async def test_flush_at_max_rows_without_waiting_for_the_timer() -> None:
     publish = FakePublish()
-    batcher = OutcomeBatcher(publish, max_rows=3, flush_s=3600)
-    await asyncio.wait_for(asyncio.gather(*(batcher.add(outcome(i)) for i in range(3))), WAIT_S)
-    assert publish.batches() == [[0, 1, 2]]
+    publisher = OutcomePublisher(publish, max_rows=3, flush_s=3600)
+    await asyncio.wait_for(asyncio.gather(*(publisher.add(outcome(i)) for i in range(3))), WAIT_S)
+    assert publish.messages() == [[0, 1, 2]]
     assert OutcomesMessage.decode(publish.bodies[0]) == OutcomesMessage(
         tuple(map(outcome, range(3)))
     )
 
 
-async def test_full_batches_go_out_as_they_fill() -> None:
+async def test_full_messages_go_out_as_they_fill() -> None:
     publish = FakePublish()
-    batcher = OutcomeBatcher(publish, max_rows=2, flush_s=3600)
-    adds = [asyncio.create_task(batcher.add(outcome(i))) for i in range(5)]
-    # Four rows make two full batches; the fifth waits for its (hour-long) timer.
+    publisher = OutcomePublisher(publish, max_rows=2, flush_s=3600)
+    adds = [asyncio.create_task(publisher.add(outcome(i))) for i in range(5)]
+    # Four rows make two full messages; the fifth waits for its (hour-long) timer.
     await asyncio.wait_for(asyncio.gather(*adds[:4]), WAIT_S)
     await settle()
     assert not adds[4].done()
-    assert publish.batches() == [[0, 1], [2, 3]]
-    await batcher.drain()
+    assert publish.messages() == [[0, 1], [2, 3]]
+    await publisher.drain()
     await asyncio.wait_for(adds[4], WAIT_S)
-    assert publish.batches() == [[0, 1], [2, 3], [4]]
+    assert publish.messages() == [[0, 1], [2, 3], [4]]
 
 
 async def test_flush_by_time_for_fewer_rows() -> None:
     publish = FakePublish()
-    batcher = OutcomeBatcher(publish, max_rows=100, flush_s=0.005)
-    await asyncio.wait_for(asyncio.gather(batcher.add(outcome(0)), batcher.add(outcome(1))), WAIT_S)
-    assert publish.batches() == [[0, 1]]
+    publisher = OutcomePublisher(publish, max_rows=100, flush_s=0.005)
+    await asyncio.wait_for(
+        asyncio.gather(publisher.add(outcome(0)), publisher.add(outcome(1))), WAIT_S
+    )
+    assert publish.messages() == [[0, 1]]
 
 
 async def test_add_returns_only_after_the_publish_completed() -> None:
     gate = asyncio.Event()
     publish = FakePublish(gate=gate)
-    batcher = OutcomeBatcher(publish, max_rows=2, flush_s=3600)
-    adds = [asyncio.create_task(batcher.add(outcome(i))) for i in range(2)]
+    publisher = OutcomePublisher(publish, max_rows=2, flush_s=3600)
+    adds = [asyncio.create_task(publisher.add(outcome(i))) for i in range(2)]
     await asyncio.wait_for(publish.entered.wait(), WAIT_S)
     await settle()
     assert not any(a.done() for a in adds)
     gate.set()
     await asyncio.wait_for(asyncio.gather(*adds), WAIT_S)
-    assert publish.batches() == [[0, 1]]
+    assert publish.messages() == [[0, 1]]
 
 
 async def test_publish_failure_propagates_to_every_waiter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(batcher_module, "PUBLISH_ATTEMPTS", 3)
-    monkeypatch.setattr(batcher_module, "PUBLISH_RETRY_S", 0)
+    monkeypatch.setattr(outcomes_module, "PUBLISH_ATTEMPTS", 3)
+    monkeypatch.setattr(outcomes_module, "PUBLISH_RETRY_S", 0)
     publish = FakePublish(failures=1000)
-    batcher = OutcomeBatcher(publish, max_rows=2, flush_s=3600)
+    publisher = OutcomePublisher(publish, max_rows=2, flush_s=3600)
     results = await asyncio.wait_for(
-        asyncio.gather(batcher.add(outcome(0)), batcher.add(outcome(1)), return_exceptions=True),
+        asyncio.gather(
+            publisher.add(outcome(0)), publisher.add(outcome(1)), return_exceptions=True
+        ),
         WAIT_S,
     )
     assert [type(r) for r in results] == [RuntimeError, RuntimeError]
     assert all(str(r) == "outcome publish failed: ConnectionError('broker away')" for r in results)
-    assert publish.batches() == [[0, 1]] * 3
+    assert publish.messages() == [[0, 1]] * 3
 
 
 async def test_publish_is_retried_until_it_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batcher_module, "PUBLISH_ATTEMPTS", 3)
-    monkeypatch.setattr(batcher_module, "PUBLISH_RETRY_S", 0)
+    monkeypatch.setattr(outcomes_module, "PUBLISH_ATTEMPTS", 3)
+    monkeypatch.setattr(outcomes_module, "PUBLISH_RETRY_S", 0)
     publish = FakePublish(failures=2)
-    batcher = OutcomeBatcher(publish, max_rows=1, flush_s=3600)
-    await asyncio.wait_for(batcher.add(outcome(7)), WAIT_S)
-    assert publish.batches() == [[7], [7], [7]]
+    publisher = OutcomePublisher(publish, max_rows=1, flush_s=3600)
+    await asyncio.wait_for(publisher.add(outcome(7)), WAIT_S)
+    assert publish.messages() == [[7], [7], [7]]
 
 
 async def test_drain_publishes_pending_outcomes() -> None:
     publish = FakePublish()
-    batcher = OutcomeBatcher(publish, max_rows=100, flush_s=3600)
-    adds = [asyncio.create_task(batcher.add(outcome(i))) for i in range(3)]
+    publisher = OutcomePublisher(publish, max_rows=100, flush_s=3600)
+    adds = [asyncio.create_task(publisher.add(outcome(i))) for i in range(3)]
     await settle()
     assert publish.bodies == []
-    await asyncio.wait_for(batcher.drain(), WAIT_S)
+    await asyncio.wait_for(publisher.drain(), WAIT_S)
     await asyncio.wait_for(asyncio.gather(*adds), WAIT_S)
-    assert publish.batches() == [[0, 1, 2]]
+    assert publish.messages() == [[0, 1, 2]]
 
 
 async def test_drain_with_nothing_pending_publishes_nothing() -> None:
     publish = FakePublish()
-    batcher = OutcomeBatcher(publish, max_rows=10, flush_s=3600)
-    await batcher.drain()
+    publisher = OutcomePublisher(publish, max_rows=10, flush_s=3600)
+    await publisher.drain()
     assert publish.bodies == []
 
 

@@ -44,7 +44,7 @@ class Names:
 
     @property
     def results(self) -> str:
-        """Queue of outcome batches."""
+        """Queue of outcome messages (several outcomes each)."""
         return f"{self.namespace}.results"
 
     @property

@@ -1,9 +1,9 @@
-"""Collects row outcomes and publishes them in small confirmed batches.
+"""Collects row outcomes and publishes them several to an outcomes message, confirmed.
 
-``add`` returns only once the outcome's batch is confirmed by the broker, so a task is
-acked only after every one of its rows has a durable outcome. A batch goes out when it
-reaches ``max_rows`` outcomes or :data:`MAX_BATCH_BYTES` of text, or ``flush_s`` after
-its first outcome, whichever comes first.
+``add`` returns only once the message holding the outcome is confirmed by the broker, so
+a slice is acked only after every one of its rows has a durable outcome. A message goes
+out when it holds ``max_rows`` outcomes or :data:`MAX_MESSAGE_BYTES` of text, or
+``flush_s`` after its first outcome, whichever comes first.
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from collections.abc import Awaitable, Callable
 
 from relay_batches.messages import OutcomesMessage, RowOutcome
 
-log = logging.getLogger("relay.row_worker.batcher")
+log = logging.getLogger("relay.row_worker.outcomes")
 
 Publish = Callable[[bytes], Awaitable[None]]
 
 PUBLISH_ATTEMPTS = 20
-MAX_BATCH_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 PUBLISH_RETRY_S = 0.5
 
 
-class OutcomeBatcher:
-    """Batches outcomes by count or time; every ``add`` waits for its confirm."""
+class OutcomePublisher:
+    """Gathers outcomes into messages by count, bytes or time; each ``add`` awaits its confirm."""
 
     def __init__(self, publish: Publish, max_rows: int, flush_s: float) -> None:
         self._publish = publish
@@ -40,7 +40,7 @@ class OutcomeBatcher:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((outcome, future))
         self._pending_bytes += len(outcome.content or outcome.error or "")
-        if len(self._pending) >= self._max_rows or self._pending_bytes >= MAX_BATCH_BYTES:
+        if len(self._pending) >= self._max_rows or self._pending_bytes >= MAX_MESSAGE_BYTES:
             self._flush_now()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._flush_s, self._flush_now)
