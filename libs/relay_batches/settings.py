@@ -56,6 +56,16 @@ def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str,
     return value
 
 
+def port_setting(env: Mapping[str, str], name: str, default: int) -> int:
+    """A TCP port setting: 0 (any free port) to 65535, or ``default`` when unset."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ConfigError(f"{name} must be a port number 0..65535, got {raw!r}")
+    return int(raw)
+
+
 def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
@@ -110,9 +120,9 @@ class Settings:
             namespace=_namespace(_str(env, "RELAY_NAMESPACE", d.namespace)),
             routes_file=_str(env, "RELAY_ROUTES_FILE", d.routes_file),
             api_host=_str(env, "RELAY_API_HOST", d.api_host),
-            api_port=_int(env, "RELAY_API_PORT", d.api_port),
+            api_port=port_setting(env, "RELAY_API_PORT", d.api_port),
             health_host=_str(env, "RELAY_HEALTH_HOST", d.health_host),
-            health_port=_int(env, "RELAY_HEALTH_PORT", d.health_port),
+            health_port=port_setting(env, "RELAY_HEALTH_PORT", d.health_port),
             batch_concurrency=_clamp(
                 _int(env, "RELAY_BATCH_CONCURRENCY", d.batch_concurrency), 1, 32
             ),

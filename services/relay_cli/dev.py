@@ -21,7 +21,7 @@ from pathlib import Path
 from relay_batches.services.relay_cli import admin
 from relay_batches.services.relay_cli.ports import HealthPort, free_ports, is_free, url_host
 from relay_batches.services.relay_cli.supervisor import Child, say, supervise
-from relay_batches.settings import ConfigError, Settings
+from relay_batches.settings import ConfigError, Settings, port_setting
 
 DEV_WORKSPACE = "dev"
 DEV_WEBHOOK_ALLOW = "127.0.0.0/8,::1/128"
@@ -48,7 +48,7 @@ class DevOptions:
         return cls(
             row_workers=_row_workers(env),
             sim_host=env.get("RELAY_SIM_HOST", "").strip() or "127.0.0.1",
-            sim_port=_port(env, "RELAY_SIM_PORT", DEFAULT_SIM_PORT),
+            sim_port=port_setting(env, "RELAY_SIM_PORT", DEFAULT_SIM_PORT),
             api_key=env.get("RELAY_DEV_API_KEY") or None,
             routes_file=env.get("RELAY_ROUTES_FILE") or None,
         )
@@ -62,15 +62,6 @@ def _row_workers(env: Mapping[str, str]) -> int:
         raise ConfigError(
             f"RELAY_DEV_ROW_WORKERS must be a whole number from 1 to {MAX_ROW_WORKERS}, got {raw!r}"
         )
-    return int(raw)
-
-
-def _port(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) > 65535:
-        raise ConfigError(f"{name} must be a port number 0..65535, got {raw!r}")
     return int(raw)
 
 

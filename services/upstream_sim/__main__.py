@@ -20,7 +20,7 @@ from aiohttp import web
 
 from relay_batches.logging import setup_logging
 from relay_batches.services.upstream_sim.app import SimConfig, build_app
-from relay_batches.settings import ConfigError
+from relay_batches.settings import ConfigError, port_setting
 from relay_batches.usage import answer_help
 
 SERVICE = "upstream-sim"
@@ -49,15 +49,6 @@ def _number(env: Mapping[str, str], name: str, default: float, low: float, high:
     return value
 
 
-def _port(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) > 65535:
-        raise ConfigError(f"{name} must be a port number 0..65535, got {raw!r}")
-    return int(raw)
-
-
 def options_from_env(env: Mapping[str, str]) -> SimOptions:
     """Read the ``RELAY_SIM_*`` variables; raise :class:`ConfigError` on a bad value."""
     config = SimConfig(
@@ -65,7 +56,7 @@ def options_from_env(env: Mapping[str, str]) -> SimOptions:
         error_rate=_number(env, "RELAY_SIM_ERROR_RATE", 0.0, 0.0, 1.0),
     )
     host = env.get("RELAY_SIM_HOST", "").strip() or "127.0.0.1"
-    return SimOptions(config=config, host=host, port=_port(env, "RELAY_SIM_PORT", 8090))
+    return SimOptions(config=config, host=host, port=port_setting(env, "RELAY_SIM_PORT", 8090))
 
 
 async def serve(options: SimOptions, log: logging.Logger) -> None:

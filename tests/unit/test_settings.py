@@ -80,14 +80,20 @@ def test_other_bounded_integers(name: str, attr: str, raw: str, expected: int) -
     assert getattr(Settings.from_env({name: raw}), attr) == expected
 
 
-@pytest.mark.parametrize(
-    "name", ["RELAY_BATCH_CONCURRENCY", "RELAY_API_PORT", "RELAY_MAX_ROWS", "RELAY_SLICE_ROWS"]
-)
+@pytest.mark.parametrize("name", ["RELAY_BATCH_CONCURRENCY", "RELAY_MAX_ROWS", "RELAY_SLICE_ROWS"])
 @pytest.mark.parametrize("raw", ["four", "1.5", "0x10"])
 def test_bad_integer_names_the_variable(name: str, raw: str) -> None:
     with pytest.raises(ConfigError) as err:
         Settings.from_env({name: raw})
     assert str(err.value) == f"{name} must be an integer, got {raw!r}"
+
+
+@pytest.mark.parametrize("name", ["RELAY_API_PORT", "RELAY_HEALTH_PORT"])
+@pytest.mark.parametrize("raw", ["four", "1.5", "0x10", "-1", "65536"])
+def test_bad_port_names_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({name: raw})
+    assert str(err.value) == f"{name} must be a port number 0..65535, got {raw!r}"
 
 
 def test_bad_number_names_the_variable() -> None:
