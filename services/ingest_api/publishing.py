@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from relay_batches.announce import announce_finished
+from relay_batches.announce import announce_finished, wake_dispatcher
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import (
     EVENT_CANCELED,
     EVENT_TEMPLATE_CREATED,
-    broker_priority,
 )
 from relay_batches.ledger.jobs import JobStore
-from relay_batches.messages import DispatchWakeup, JobEvent, TemplateCreated
+from relay_batches.messages import JobEvent, TemplateCreated
 from relay_batches.model import Job, iso
 from relay_batches.services.ingest_api.deps import Announcer
 
@@ -18,13 +17,8 @@ from relay_batches.services.ingest_api.deps import Announcer
 def publisher_for(bus: Bus, jobs: JobStore) -> Announcer:
     """The API's bus side-effects, each publish awaiting its confirm."""
 
-    async def wake_dispatcher(batch: Job) -> None:
-        await bus.publish(
-            bus.names.dispatch,
-            DispatchWakeup(batch.id, batch.priority).encode(),
-            kind="dispatch",
-            priority=broker_priority(batch.priority),
-        )
+    async def wake(job: Job) -> None:
+        await wake_dispatcher(bus, job.id, job.priority)
 
     async def job_canceled(batch: Job) -> None:
         event = JobEvent(batch.id, batch.status, batch.total, batch.completed, batch.failed)
@@ -35,4 +29,4 @@ def publisher_for(bus: Bus, jobs: JobStore) -> Announcer:
         created = TemplateCreated(batch.id, iso(batch.next_run_at) or "")
         await bus.publish_event(EVENT_TEMPLATE_CREATED, created.encode())
 
-    return Announcer(wake_dispatcher, job_canceled, template_created)
+    return Announcer(wake, job_canceled, template_created)

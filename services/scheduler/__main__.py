@@ -5,10 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from relay_batches.bus.topology import broker_priority
+from relay_batches.announce import wake_dispatcher
 from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
 from relay_batches.ledger.schema import ledger_readiness
-from relay_batches.messages import DispatchWakeup
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.scheduler.core import Scheduler
 from relay_batches.services.scheduler.service import scheduler_service
@@ -24,15 +23,10 @@ async def build(
     pool = await open_pool(settings, resources, max_size=2)
     bus = await open_bus(settings, resources, "scheduler")
 
-    async def wake_dispatcher(run: SpawnedRun) -> None:
-        await bus.publish(
-            bus.names.dispatch,
-            DispatchWakeup(run.id, run.priority).encode(),
-            kind="dispatch",
-            priority=broker_priority(run.priority),
-        )
+    async def wake(run: SpawnedRun) -> None:
+        await wake_dispatcher(bus, run.id, run.priority)
 
-    scheduler = Scheduler(ScheduleStore(pool), wake_dispatcher)
+    scheduler = Scheduler(ScheduleStore(pool), wake)
     return scheduler_service(
         bus,
         scheduler,
