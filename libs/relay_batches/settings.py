@@ -61,7 +61,7 @@ def port_setting(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return default
-    if not raw.isdigit() or int(raw) > 65535:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or int(raw) > 65535:
         raise ConfigError(f"{name} must be a port number 0..65535, got {raw!r}")
     return int(raw)
 

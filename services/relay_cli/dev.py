@@ -58,7 +58,8 @@ def _row_workers(env: Mapping[str, str]) -> int:
     raw = env.get("RELAY_DEV_ROW_WORKERS", "").strip()
     if not raw:
         return 1
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_ROW_WORKERS:
+    short = raw.isascii() and raw.isdigit() and len(raw) <= len(str(MAX_ROW_WORKERS))
+    if not short or not 1 <= int(raw) <= MAX_ROW_WORKERS:
         raise ConfigError(
             f"RELAY_DEV_ROW_WORKERS must be a whole number from 1 to {MAX_ROW_WORKERS}, got {raw!r}"
         )
@@ -75,10 +76,14 @@ def health_names(row_workers: int) -> list[str]:
     return ["scheduler", "dispatcher", *workers, "aggregator", "notifier"]
 
 
-def listen_port(host: str, port: int, variable: str) -> int:
-    """The port of a listener the user names: 0 picks a free one; a taken one stops us."""
+def listen_port(host: str, port: int, variable: str, avoid: Mapping[int, str] | None = None) -> int:
+    """The port of a listener the user names: 0 picks a free one; a taken one stops us, and
+    so does one already given to another listener (``avoid``: port → its variable)."""
+    avoid = avoid or {}
     if port == 0:
-        return free_ports(host, 1)[0]
+        return next(p for p in free_ports(host, len(avoid) + 1) if p not in avoid)
+    if port in avoid:
+        raise ConfigError(f"{variable}={port} is also {avoid[port]}: give each its own port")
     if not is_free(host, port):
         raise ConfigError(
             f"{variable}={port}: {host}:{port} is already in use (another make run?); "
@@ -134,7 +139,9 @@ def dev_children(
 ) -> list[Child]:
     """The simulator, ingest-api and every other service with its own health port."""
     api_port = listen_port(settings.api_host, settings.api_port, "RELAY_API_PORT")
-    sim_port = listen_port(options.sim_host, options.sim_port, "RELAY_SIM_PORT")
+    sim_port = listen_port(
+        options.sim_host, options.sim_port, "RELAY_SIM_PORT", {api_port: "RELAY_API_PORT"}
+    )
     sim_url = f"http://{url_host(options.sim_host)}:{sim_port}/v1"
     names = health_names(options.row_workers)
     ports = health_ports(settings, names, {api_port, sim_port})

@@ -3,16 +3,24 @@
 It starts the children :mod:`relay_batches.services.relay_cli.dev` describes (the upstream
 simulator and every service), says where each one listens, restarts a child that dies (as
 Kubernetes would, with one log line saying which and why), and on SIGINT/SIGTERM stops
-them all with SIGTERM, waiting for each to drain.
+them with SIGTERM in the order work flows (:data:`STOP_STAGES`), waiting for each stage
+to drain before the next, so rows in flight finish against a simulator that is still up
+and their outcomes are recorded by an aggregator that is still up.
+
+Each child runs in its own session (a terminal's Ctrl-C reaches only the supervisor, which
+then stops them in order) and, on Linux, is sent SIGTERM if the supervisor itself dies,
+so a ``kill -9`` of ``relay dev`` leaves no service running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from relay_batches.services.relay_cli.ports import HealthPort
@@ -21,6 +29,15 @@ RESTART_PAUSE_S = 1.0
 MAX_RESTART_PAUSE_S = 30.0
 STABLE_RUN_S = 30.0
 STOP_TIMEOUT_S = 30.0
+# Who stops first: intake (API, cron, dispatch), then the workers with rows in flight,
+# then what records and tells, and the upstream simulator last.
+STOP_STAGES = (
+    ("ingest-api", "scheduler", "dispatcher"),
+    ("row-worker",),
+    ("aggregator", "notifier"),
+    ("upstream-sim",),
+)
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -51,7 +68,9 @@ async def start(child: Child) -> None:
         port, moved = child.health.claim()
         child.env["RELAY_HEALTH_PORT"] = str(port)
         where = f"health {child.health.url}" + (" (moved: the last port is taken)" if moved else "")
-    child.process = await asyncio.create_subprocess_exec(*child.argv, env=child.env)
+    child.process = await asyncio.create_subprocess_exec(
+        *child.argv, env=child.env, start_new_session=True, preexec_fn=_die_with_parent()
+    )
     child.started_at = time.monotonic()
     say(f"{child.name} (pid {child.process.pid}) started" + (f"; {where}" if where else ""))
 
@@ -63,14 +82,43 @@ async def supervise(children: list[Child], stop: asyncio.Event) -> None:
     watchers = {asyncio.create_task(_watch(c, stop), name=f"watch-{c.name}") for c in children}
     await stop.wait()
     say("stopping every service")
-    for child in children:
-        if child.process and child.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.process.send_signal(signal.SIGTERM)
-    await _wait_all(children)
+    for stage in stop_stages(children):
+        for child in stage:
+            if child.process and child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.send_signal(signal.SIGTERM)
+        await _wait_all(stage)
     for task in watchers:
         task.cancel()
     await asyncio.gather(*watchers, return_exceptions=True)
+
+
+def stop_stages(children: list[Child]) -> list[list[Child]]:
+    """``children`` grouped by :data:`STOP_STAGES` (a name matches its stage's prefix, so
+    ``row-worker-2`` stops with the row-workers); anything unknown stops with the last."""
+
+    def stage_of(child: Child) -> int:
+        for n, names in enumerate(STOP_STAGES):
+            if any(child.name == name or child.name.startswith(f"{name}-") for name in names):
+                return n
+        return len(STOP_STAGES) - 1
+
+    stages: list[list[Child]] = [[] for _ in STOP_STAGES]
+    for child in children:
+        stages[stage_of(child)].append(child)
+    return [stage for stage in stages if stage]
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook that asks Linux to SIGTERM the child when the supervisor dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def request() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return request
 
 
 def exit_reason(code: int) -> str:

@@ -2,7 +2,8 @@
 
 Each test runs ``relay dev`` on a fresh database and namespace, on a free API port and
 simulator port and without a routes file (so the local routes must follow the simulator),
-then stops it with SIGTERM and checks that it exits 0 and leaves no process behind.
+then stops it (SIGTERM, or kill -9) and checks that it exits 0 and that no child it
+started is left running.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 import pytest
 
 from tests.helpers.support import (
@@ -54,21 +56,25 @@ class DevRun:
         """``name → (pid, health URL)`` from the last start line of each child."""
         return {m[1]: (int(m[2]), m[3]) for m in STARTED.finditer(self.output())}
 
+    def child_pids(self) -> set[int]:
+        """Every pid ``relay dev`` said it started (restarts included)."""
+        return {int(m[2]) for m in STARTED.finditer(self.output())}
+
     def api_key(self) -> str | None:
         """The dev key, once printed."""
         found = KEY_LINE.search(self.output())
         return found[1] if found else None
 
 
-def _session_processes(session_id: int) -> list[int]:
-    """Pids of every process still in session ``session_id`` (zombies included)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def _running(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still run (a zombie has ended; it only waits to be reaped)."""
+    alive = set()
+    for pid in pids:
         with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == session_id:
-                pids.append(int(stat.parent.name))
-    return pids
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                alive.add(pid)
+    return alive
 
 
 @contextlib.contextmanager
@@ -148,7 +154,8 @@ async def relay_dev(
     finally:
         code = _terminate(process)
     assert code == 0, f"relay dev exited {code}; see {log_path}"
-    assert _session_processes(process.pid) == [], f"children left behind; see {log_path}"
+    assert run.child_pids(), f"no child start line; see {log_path}"
+    assert _running(run.child_pids()) == set(), f"children left behind; see {log_path}"
     assert "[relay dev] stopped" in run.output()
 
 
@@ -214,3 +221,68 @@ async def test_relay_dev_starts_as_many_row_workers_as_asked(
             await wait_until(lambda u=url: _ready(http, u), 30, f"{url} to answer 200")
         for pid in pids:
             assert any(arg.endswith("/relay-row-worker") for arg in _argv(pid)[:2])
+
+
+async def test_a_killed_relay_dev_leaves_no_service_running(
+    isolation: Isolation, http: aiohttp.ClientSession, output_dir: Path
+) -> None:
+    log = output_dir / "dev" / "kill-9.log"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env = {
+        **base,
+        "RELAY_DATABASE_URL": isolation.database_url,
+        "RELAY_NAMESPACE": isolation.namespace,
+        "RELAY_API_PORT": str(free_port()),
+        "RELAY_SIM_PORT": str(free_port()),
+    }
+    process = _spawn(env, log)
+    run = DevRun(process, log, f"http://127.0.0.1:{env['RELAY_API_PORT']}", 0)
+    try:
+        await wait_until(lambda: _api_up(run, http), 60, f"relay dev's API (see {log})")
+        children = run.child_pids()
+        assert len(children) == 7  # the simulator, ingest-api and the five other services
+        process.kill()
+        process.wait(10)
+
+        async def all_gone() -> bool:
+            return not _running(children)
+
+        await wait_until(all_gone, 40, f"every child to stop after its supervisor died ({log})")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        for pid in _running(run.child_pids()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+async def test_stopping_relay_dev_lets_rows_in_flight_finish(
+    isolation: Isolation, http: aiohttp.ClientSession, output_dir: Path
+) -> None:
+    log = output_dir / "dev" / "stop-in-flight.log"
+    async with relay_dev(isolation, log, http, RELAY_BATCH_CONCURRENCY="4") as run:
+
+        async def key_printed() -> str | None:
+            return run.api_key()
+
+        api = ApiClient(run.api_url, await wait_until(key_printed, 10, "the dev key line"), http)
+        job = await api.submit(
+            {"model": "gpt-4o-mini", "requests": rows(40, "row {i} [sim:delay-ms=1500]")}
+        )
+
+        async def calls_made() -> bool:
+            async with http.get(f"http://127.0.0.1:{run.sim_port}/stats") as response:
+                return int((await response.json())["calls"]) >= 4
+
+        await wait_until(calls_made, 30, "rows in flight at the simulator")
+        # Leaving the block stops relay dev with SIGTERM while those rows are in flight.
+    conn = await asyncpg.connect(isolation.database_url)
+    try:
+        recorded = await conn.fetch(
+            "SELECT error, dead_letter FROM row_results WHERE batch_id = $1", job["id"]
+        )
+    finally:
+        await conn.close()
+    assert len(recorded) >= 4  # the rows in flight finished and were recorded
+    assert [r for r in recorded if r["error"] is not None or r["dead_letter"]] == []
