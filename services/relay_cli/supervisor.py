@@ -50,7 +50,11 @@ async def start(child: Child) -> None:
     if child.health is not None:
         port, moved = child.health.claim()
         child.env["RELAY_HEALTH_PORT"] = str(port)
-        where = f"health {child.health.url}" + (" (moved: the last port is taken)" if moved else "")
+        where = (
+            f"health {child.health.url}"
+            + (" (moved: the last port is taken)" if moved else "")
+            + (f"; {child.where}" if child.where else "")
+        )
     child.process = await asyncio.create_subprocess_exec(*child.argv, env=child.env)
     child.started_at = time.monotonic()
     say(f"{child.name} (pid {child.process.pid}) started" + (f"; {where}" if where else ""))
