@@ -6,6 +6,7 @@ and ``PermanentError`` classify failures inside the pipeline (retry vs give up).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 ERROR_TYPES: dict[int, str] = {
@@ -29,6 +30,16 @@ class TransientError(RelayError):
 
 class PermanentError(RelayError):
     """A failure that will not go away by retrying."""
+
+
+class UnstorableError(PermanentError):
+    """Some values of a list handed over can never be stored: ``positions`` are their
+    indexes in that list; everything else of the list was recorded."""
+
+    def __init__(self, positions: Iterable[int], reason: str) -> None:
+        super().__init__(reason)
+        self.positions = frozenset(positions)
+        self.reason = reason
 
 
 class ConflictError(RelayError):

@@ -11,8 +11,9 @@ from relay_batches.metrics import render_metrics
 ReadyCheck = Callable[[], Awaitable[bool]]
 
 
-def add_health_routes(app: web.Application, ready: ReadyCheck) -> None:
-    """Add the three service endpoints to ``app``; ``ready`` says whether deps are up."""
+def add_health_routes(app: web.Application, ready: ReadyCheck, *, metrics: bool = True) -> None:
+    """Add the service endpoints to ``app``; ``ready`` says whether deps are up. Without
+    ``metrics``, only the probes (``/metrics`` is for the health port, never a public one)."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -22,13 +23,14 @@ def add_health_routes(app: web.Application, ready: ReadyCheck) -> None:
             return web.json_response({"status": "ready"})
         return web.json_response({"status": "not_ready"}, status=503)
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def render(_: web.Request) -> web.Response:
         body, content_type = render_metrics()
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    if metrics:
+        app.router.add_get("/metrics", render)
 
 
 async def start_health_server(host: str, port: int, ready: ReadyCheck) -> web.AppRunner:

@@ -30,6 +30,9 @@ UPSTREAM_COOLDOWN_ACTIVE = Gauge(
 )
 MESSAGES_PUBLISHED = Counter("relay_messages_published_total", "Confirmed publishes", ["kind"])
 MESSAGES_CONSUMED = Counter("relay_messages_consumed_total", "Consumed messages", ["kind"])
+MESSAGES_DEAD_LETTERED = Counter(
+    "relay_messages_dead_lettered_total", "Messages moved to a dead-letter queue", ["queue"]
+)
 JOB_TRANSITIONS = Counter("relay_job_transitions_total", "Job status transitions", ["status"])
 WEBHOOK_DELIVERIES = Counter(
     "relay_webhook_deliveries_total", "Completion webhook deliveries", ["outcome"]

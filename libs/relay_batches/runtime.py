@@ -31,32 +31,25 @@ class Service(Protocol):
 ServiceFactory = Callable[[Settings, logging.Logger, contextlib.AsyncExitStack], Awaitable[Service]]
 
 
-async def _serve(
-    factory: ServiceFactory, settings: Settings, log: logging.Logger, health: bool
-) -> int:
+async def _serve(factory: ServiceFactory, settings: Settings, log: logging.Logger) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as resources:
-        return await _run(factory, settings, log, health, stop, resources)
+        return await _run(factory, settings, log, stop, resources)
 
 
 async def _run(
     factory: ServiceFactory,
     settings: Settings,
     log: logging.Logger,
-    health: bool,
     stop: asyncio.Event,
     resources: contextlib.AsyncExitStack,
 ) -> int:
     service = await factory(settings, log, resources)
-    runner = None
-    if health:
-        runner = await start_health_server(
-            settings.health_host, settings.health_port, service.ready
-        )
-        log.info("health_listening", extra={"port": bound_port(runner)})
+    runner = await start_health_server(settings.health_host, settings.health_port, service.ready)
+    log.info("health_listening", extra={"port": bound_port(runner)})
     task = asyncio.create_task(service.run(stop), name="service-run")
     stop_wait = asyncio.create_task(stop.wait(), name="stop-wait")
     try:
@@ -75,8 +68,7 @@ async def _run(
         return 0
     finally:
         stop_wait.cancel()
-        if runner is not None:
-            await runner.cleanup()
+        await runner.cleanup()
 
 
 def run_loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
@@ -88,9 +80,7 @@ def run_loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
     return asyncio.run(main)
 
 
-def run_service(
-    name: str, factory: ServiceFactory, *, health: bool = True, env: dict[str, str] | None = None
-) -> None:
+def run_service(name: str, factory: ServiceFactory, *, env: dict[str, str] | None = None) -> None:
     """Entry point body for ``relay-<name>``: read settings, set up logging, run, exit."""
     from relay_batches.logging import setup_logging
 
@@ -102,7 +92,7 @@ def run_service(
     log = setup_logging(name, settings.log_level)
     log.info("starting", extra={"settings": settings.describe()})
     try:
-        code = run_loop(_serve(factory, settings, log, health), settings.event_loop)
+        code = run_loop(_serve(factory, settings, log), settings.event_loop)
     except ConfigError as exc:
         print(f"relay-{name}: configuration error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from relay_batches.announce import announce_finished
 from relay_batches.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
-from relay_batches.errors import PermanentError
+from relay_batches.errors import PermanentError, UnstorableError
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
 from relay_batches.metrics import JOB_TRANSITIONS, ROWS_RECORDED
@@ -77,37 +77,68 @@ class Aggregator:
         return progress
 
     async def record_messages(self, messages: Sequence[OutcomesMessage]) -> list[JobProgress]:
-        """Record every outcome of a chunk of messages; if the ledger refuses the chunk's
-        data, record it outcome by outcome so one unstorable reply cannot hold back (or
-        requeue) the rest forever."""
+        """Record every outcome of a chunk of messages. If the ledger refuses some of the
+        chunk's data, the rest is recorded all the same (set-based when the refused
+        outcomes are known, else outcome by outcome), so one unstorable reply cannot hold
+        back (or requeue) the rest forever; then :class:`UnstorableError` names the
+        messages holding outcomes that can never be stored (for a dead-letter queue)."""
         outcomes = [outcome for message in messages for outcome in message.outcomes]
         try:
             return await self.record(outcomes)
         except PermanentError as exc:
             log.error("chunk_refused", extra={"outcomes": len(outcomes), "error": str(exc)})
-            await self.record_each(outcomes)
+            refused = await self._record_all_but(outcomes, exc)
+        if not refused:
             return []
+        owners = [m for m, message in enumerate(messages) for _ in message.outcomes]
+        raise UnstorableError(
+            {owners[position] for position in refused},
+            f"{len(refused)} outcome(s) can never be stored: {', '.join(sorted(refused.values()))}",
+        )
 
-    async def record_each(self, outcomes: Sequence[RowOutcome]) -> int:
+    async def _record_all_but(
+        self, outcomes: Sequence[RowOutcome], exc: PermanentError
+    ) -> dict[int, str]:
+        """Record what ``exc`` did not refuse; return the refused positions with why."""
+        if not isinstance(exc, UnstorableError):
+            return await self.record_each(outcomes)
+        refused = {position: exc.reason for position in exc.positions}
+        rest = [(p, o) for p, o in enumerate(outcomes) if p not in refused]
+        try:
+            await self.record([o for _, o in rest])
+            return refused
+        except PermanentError:
+            again = await self.record_each([o for _, o in rest])
+        return refused | {rest[p][0]: reason for p, reason in again.items()}
+
+    async def record_each(self, outcomes: Sequence[RowOutcome]) -> dict[int, str]:
         """Record outcomes one at a time after a chunk was refused as a whole; an outcome
-        the ledger still refuses becomes that row's ``internal_error``. Returns how many
-        were replaced that way."""
-        replaced = 0
-        for outcome in outcomes:
-            try:
-                await self.record([outcome])
-            except PermanentError as exc:
-                log.error(
-                    "outcome_unstorable",
-                    extra={
-                        "batch_id": outcome.batch_id,
-                        "row": outcome.row_index,
-                        "error": str(exc),
-                    },
-                )
-                await self.record([unstorable(outcome)])
-                replaced += 1
-        return replaced
+        the ledger still refuses becomes that row's ``internal_error``. Returns the
+        positions of the outcomes that cannot be stored even so, with why."""
+        refused: dict[int, str] = {}
+        for position, outcome in enumerate(outcomes):
+            reason = await self._record_one(outcome)
+            if reason is not None:
+                refused[position] = reason
+        return refused
+
+    async def _record_one(self, outcome: RowOutcome) -> str | None:
+        """Record one outcome, or its ``internal_error`` replacement; None, or why not."""
+        where = {"batch_id": outcome.batch_id, "row": outcome.row_index}
+        try:
+            await self.record([outcome])
+            return None
+        except UnstorableError as exc:
+            log.error("outcome_unstorable", extra={**where, "error": exc.reason})
+            return exc.reason
+        except PermanentError as exc:
+            log.error("outcome_unstorable", extra={**where, "error": str(exc)})
+        try:
+            await self.record([unstorable(outcome)])
+            return None
+        except PermanentError as exc:
+            log.error("outcome_unstorable", extra={**where, "error": str(exc)})
+            return str(exc)
 
     async def _repeat_cancels(self, batch_ids: list[str]) -> None:
         now = self._clock()

@@ -3,13 +3,19 @@
 A chunk is what arrives within ``linger_s`` of its first message, up to ``chunk``
 messages; it is acked (one multiple-ack) only after its transaction committed and its
 events were confirmed. If recording fails (database away), the chunk is requeued after
-a pause. Every ``outbox_every_s``, terminal jobs nobody announced are announced.
+a pause. Messages holding an outcome the ledger can never store (a row index out of its
+job's range, a value the database refuses even as an error outcome) go to
+``<ns>.results.dead`` once the rest of the chunk is recorded. Every ``outbox_every_s``,
+terminal jobs nobody announced are announced.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Protocol
+
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
-from relay_batches.kit.consumer import ConsumeChunks
+from relay_batches.kit.consumer import ConsumeChunks, DeadLetter
 from relay_batches.kit.periodic import every
 from relay_batches.messages import OutcomesMessage
 from relay_batches.services.aggregator.core import Aggregator
@@ -17,8 +23,23 @@ from relay_batches.services.aggregator.core import Aggregator
 RETRY_PAUSE_S = 1.0
 
 
+class AggregatorBus(ServiceBus, Protocol):
+    """What the aggregator needs of :class:`relay_batches.bus.client.Bus`."""
+
+    async def publish(
+        self,
+        queue: str,
+        body: bytes,
+        *,
+        kind: str,
+        priority: int = 0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Publish to a durable queue and wait for the confirm."""
+
+
 def aggregator_service(
-    bus: ServiceBus,
+    bus: AggregatorBus,
     aggregator: Aggregator,
     ledger: ReadyCheck,
     *,
@@ -29,6 +50,11 @@ def aggregator_service(
     linger_s: float = 0.005,
 ) -> BusService:
     """The aggregator's declaration."""
+    dead = bus.names.results_dead
+
+    async def dead_letter(body: bytes, reason: str) -> None:
+        await bus.publish(dead, body, kind="dead_letter", headers={"x-relay-error": reason})
+
     results = ConsumeChunks(
         bus.names.results,
         "results",
@@ -38,6 +64,7 @@ def aggregator_service(
         chunk=chunk,
         linger_s=linger_s,
         retry_pause_s=RETRY_PAUSE_S,
+        dead_letter=DeadLetter(dead, dead_letter),
     )
     outbox = every(
         "outbox-scan", outbox_every_s, lambda: aggregator.announce_unannounced(outbox_every_s)

@@ -73,9 +73,10 @@ async def build(
 
 
 def main() -> None:
-    """Console entry point (the API port also serves /healthz, /readyz, /metrics)."""
+    """Console entry point: the API port also serves /healthz and /readyz; the health port
+    (``RELAY_HEALTH_PORT``) serves those and /metrics."""
     answer_help("relay-ingest-api", "Serves the public API, the panel and /openapi.json.")
-    run_service("ingest-api", build, health=False)
+    run_service("ingest-api", build)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ def build_app(
     ready: Callable[[], Awaitable[bool]],
     schema_current: Callable[[], Awaitable[bool]] | None = None,
 ) -> web.Application:
-    """The public API with its error, schema and auth middleware and the service endpoints
-    (without ``schema_current``, the schema is taken to be current)."""
+    """The public API with its error, schema and auth middleware and the probes
+    ``/healthz`` and ``/readyz`` (without ``schema_current``, the schema is taken to be
+    current); ``/metrics`` is served on the health port, not here."""
     log_stream_aborts_once()
     middlewares: list[Middleware] = [error_middleware]
     if schema_current is not None:
@@ -47,6 +48,6 @@ def build_app(
     add_upload_routes(app)
     add_model_routes(app)
     add_panel_routes(app)
-    add_health_routes(app, ready)
+    add_health_routes(app, ready, metrics=False)  # /metrics: the health port only
     add_openapi_route(app)
     return app

@@ -3,7 +3,7 @@
 The settings only ``relay dev`` has are read here, from the environment ``__main__`` passes
 in: ``RELAY_DEV_ROW_WORKERS``, ``RELAY_DEV_API_KEY`` and the simulator's ``RELAY_SIM_HOST``
 / ``RELAY_SIM_PORT`` (the local routes follow the simulator). The API and simulator ports
-must be free; every other service gets a health port of its own (free ones, or
+must be free; every service gets a health port of its own (free ones, or
 consecutive ones from ``RELAY_HEALTH_PORT``), so two ``make run`` on one machine, or a
 machine with some ports taken, still start.
 """
@@ -67,13 +67,14 @@ def _row_workers(env: Mapping[str, str]) -> int:
 
 
 def health_names(row_workers: int) -> list[str]:
-    """The children with a health port, in start order; row-workers numbered when several."""
+    """The children with a health port (every one but the simulator), in start order;
+    row-workers numbered when several."""
     workers = (
         ["row-worker"]
         if row_workers == 1
         else [f"row-worker-{n}" for n in range(1, row_workers + 1)]
     )
-    return ["scheduler", "dispatcher", *workers, "aggregator", "notifier"]
+    return ["ingest-api", "scheduler", "dispatcher", *workers, "aggregator", "notifier"]
 
 
 def listen_port(host: str, port: int, variable: str, avoid: Mapping[int, str] | None = None) -> int:
@@ -159,12 +160,10 @@ def dev_children(
         return [str(bindir / f"relay-{script}")]
 
     api_url = f"http://{url_host(settings.api_host)}:{api_port}"
-    children = [
-        Child("upstream-sim", cmd("upstream-sim"), dict(env), where=f"simulator {sim_url}"),
-        Child("ingest-api", cmd("ingest-api"), dict(env), where=f"API and health {api_url}"),
-    ]
+    where = {"ingest-api": f"API {api_url}"}
+    children = [Child("upstream-sim", cmd("upstream-sim"), dict(env), where=f"simulator {sim_url}")]
     children += [
-        Child(name, cmd(name), dict(env), health=port)
+        Child(name, cmd(name), dict(env), health=port, where=where.get(name, ""))
         for name, port in zip(names, ports, strict=True)
     ]
     return children

@@ -67,7 +67,11 @@ async def start(child: Child) -> None:
     if child.health is not None:
         port, moved = child.health.claim()
         child.env["RELAY_HEALTH_PORT"] = str(port)
-        where = f"health {child.health.url}" + (" (moved: the last port is taken)" if moved else "")
+        where = (
+            f"health {child.health.url}"
+            + (" (moved: the last port is taken)" if moved else "")
+            + (f"; {child.where}" if child.where else "")
+        )
     child.process = await asyncio.create_subprocess_exec(
         *child.argv, env=child.env, start_new_session=True, preexec_fn=_die_with_parent()
     )

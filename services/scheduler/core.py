@@ -1,9 +1,11 @@
 """Spawning cron runs: which tick is due, when the next one falls, one pass of the scheduler.
 
-Time is always a parameter (``now``): the service passes the wall clock, tests pass a
-simulated one. A template late by several ticks (the scheduler was down) gets one run,
-for the latest tick that has passed, and its ``next_run_at`` jumps past ``now``: a
-backlog never turns into a burst.
+Time is always a parameter (``now``): each pass reads the database's clock (one query),
+never the replica's own, so a replica whose clock is off neither runs a template early
+nor sleeps as if it were late; tests pass a simulated one to :meth:`Scheduler.tick`.
+A template late by several ticks (the scheduler was down) gets one run, for the latest
+tick that has passed, and its ``next_run_at`` jumps past ``now``: a backlog never turns
+into a burst.
 
 No aio-pika or asyncpg here: the store and the wake-up publisher are passed in.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from relay_batches.cron import latest_tick, next_tick
@@ -24,13 +26,14 @@ log = logging.getLogger("relay.scheduler")
 
 SPAWN_PAGE = 100
 MIN_SLEEP_S = 0.1
+CLOCK_SKEW_WARN_S = 5.0
 
 WakeDispatcher = Callable[[SpawnedRun], Awaitable[None]]
 Clock = Callable[[], datetime]
 
 
 def utc_now() -> datetime:
-    """The wall clock, in UTC."""
+    """The replica's wall clock, in UTC (only compared with the database's, to warn)."""
     return datetime.now(UTC)
 
 
@@ -49,8 +52,11 @@ class Store(Protocol):
     ) -> tuple[int, list[SpawnedRun]]:
         """Lock due templates, insert their runs, advance them; (locked, inserted)."""
 
-    async def earliest_next_run(self) -> datetime | None:
-        """The soonest next_run_at of any scheduled template."""
+    async def now(self) -> datetime:
+        """The database's clock."""
+
+    async def earliest_next_run(self) -> tuple[datetime | None, datetime]:
+        """The soonest next_run_at of any scheduled template, and the database's clock."""
 
 
 def run_name(template_name: str, tick: datetime) -> str:
@@ -76,10 +82,12 @@ def plan_ticks(templates: Sequence[DueTemplate], now: datetime) -> list[PlannedT
 
 @dataclass(frozen=True)
 class TickResult:
-    """What one pass did, and when the next template falls due (None: no template)."""
+    """What one pass did, when the next template falls due (None: no template), and the
+    database's clock when that was read."""
 
     spawned: list[SpawnedRun]
     wake_at: datetime | None
+    checked_at: datetime
 
 
 class Scheduler:
@@ -88,6 +96,7 @@ class Scheduler:
     def __init__(self, store: Store, wake_dispatcher: WakeDispatcher) -> None:
         self._store = store
         self._wake_dispatcher = wake_dispatcher
+        self._skewed = False
 
     async def tick(self, now: datetime) -> TickResult:
         """Spawn the runs due at ``now``; return them and the next time to look."""
@@ -105,14 +114,23 @@ class Scheduler:
                 extra={"batch_id": run.id, "template_id": run.template_id, "tick": iso(run.tick)},
             )
             await self._wake(run)
-        return TickResult(spawned, await self._store.earliest_next_run())
+        return TickResult(spawned, *await self._store.earliest_next_run())
 
     async def spawn_pass(self, clock: Clock, max_sleep_s: float) -> float:
-        """One pass at ``clock()``; return the seconds to sleep until the next: until the
-        earliest next tick, at most ``max_sleep_s``, at least :data:`MIN_SLEEP_S` (a
-        template due but locked by another scheduler must not make the loop spin)."""
-        result = await self.tick(clock())
-        return max(MIN_SLEEP_S, sleep_seconds(result.wake_at, clock(), max_sleep_s))
+        """One pass at the database's clock; return the seconds to sleep until the next:
+        until the earliest next tick by the database's clock, at most ``max_sleep_s``, at
+        least :data:`MIN_SLEEP_S` (a template due but locked by another scheduler must not
+        make the loop spin). ``clock`` (the replica's) is only compared, to warn."""
+        now = await self._store.now()
+        self._check_skew(clock() - now)
+        result = await self.tick(now)
+        return max(MIN_SLEEP_S, sleep_seconds(result.wake_at, result.checked_at, max_sleep_s))
+
+    def _check_skew(self, skew: timedelta) -> None:
+        skewed = abs(skew.total_seconds()) > CLOCK_SKEW_WARN_S
+        if skewed and not self._skewed:
+            log.warning("clock_skew", extra={"skew_s": round(skew.total_seconds(), 1)})
+        self._skewed = skewed
 
     async def _wake(self, run: SpawnedRun) -> None:
         try:

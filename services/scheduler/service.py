@@ -1,6 +1,7 @@
 """The scheduler: spawn what is due, then sleep until the next tick (or a wake-up).
 
-The sleep lasts until the earliest ``next_run_at`` in the ledger, capped (a template
+The sleep lasts until the earliest ``next_run_at`` in the ledger (by the database's
+clock), capped (a template
 created by an older ingest-api, or a wake-up lost while disconnected, is at most one
 cap late), and ends early when a ``template.created`` event arrives. A failed pass
 (database away) is retried after a short pause.

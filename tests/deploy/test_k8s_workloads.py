@@ -62,6 +62,8 @@ def test_the_settings_configmap_is_valid_and_listens_in_cluster(overlay: str) ->
 
 
 def test_probes_hit_healthz_and_readyz_on_the_service_port(overlay: str) -> None:
+    """Prometheus scrapes every service's health port (ingest-api serves /metrics only
+    there); ingest-api's probes go to its API port, every other one's to the health port."""
     rendered = render(overlay)
     settings = rendered.settings()
     for service in SERVICES:
@@ -70,7 +72,8 @@ def test_probes_hit_healthz_and_readyz_on_the_service_port(overlay: str) -> None
         annotations = _service_deployment(rendered, service)["spec"]["template"]["metadata"][
             "annotations"
         ]
-        assert annotations["prometheus.io/port"] == str(expected), service
+        assert annotations["prometheus.io/port"] == str(settings.health_port), service
+        assert _port_number(container, "health") == settings.health_port, service
         assert annotations["prometheus.io/path"] == "/metrics", service
         for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
             check = container[probe]["httpGet"]

@@ -186,7 +186,7 @@ async def test_relay_dev_completes_a_batch_with_the_old_health_ports_taken(
             assert {"upstream-sim", "ingest-api", "row-worker", "notifier"} <= set(started)
             assert f"simulator http://127.0.0.1:{run.sim_port}/v1" in run.output()
             health = [url for _, url in started.values() if url]
-            assert len(health) == 5
+            assert len(health) == 6  # every service but the simulator
             assert not any(url.endswith(f":{p}/readyz") for url in health for p in OLD_HEALTH_PORTS)
 
             async def key_printed() -> str | None:

@@ -41,8 +41,6 @@ FAILING_ROWS = 3  # answered 400 by the simulator: a permanent error, no retry, 
 
 
 def _port(system: System, service: str) -> int:
-    if service == "ingest-api":
-        return system.api_port
     port = system.processes[service].health_port()
     assert port is not None, f"{service} has not logged its health port"
     return port
@@ -169,3 +167,18 @@ async def test_every_service_serves_the_metric_families_of_the_issue(
         text = await _metrics_text(http, _port(system, service))
         families = {family.name for family in text_string_to_metric_families(text)}
         assert families >= FAMILIES, (service, FAMILIES - families)
+
+
+async def test_ingest_api_serves_metrics_on_its_health_port_not_on_the_public_one(
+    system: System, http: aiohttp.ClientSession
+) -> None:
+    async with http.get(f"{system.api_url}/metrics") as response:
+        assert response.status == 404
+        assert (await response.json())["error"]["type"] == "not_found_error"
+    for path in ("/healthz", "/readyz"):  # the probes' port keeps these
+        async with http.get(f"{system.api_url}{path}") as response:
+            assert response.status == 200
+    health = _port(system, "ingest-api")
+    assert health != system.api_port
+    samples = await _scrape_one(http, health)
+    assert any(name.startswith("relay_http_request") for name, _ in samples)

@@ -194,7 +194,8 @@ async def download(page: Page, button: str) -> str:
         await page.get_by_role("button", name=button).click()
     downloaded = await info.value
     path = await downloaded.path()
-    return await asyncio.to_thread(Path(path).read_text, encoding="utf-8")
+    # Bytes, not read_text: its newline translation would turn a CR inside a cell into LF.
+    return (await asyncio.to_thread(Path(path).read_bytes)).decode("utf-8")
 
 
 async def test_cancel_a_running_slow_job(
@@ -274,3 +275,29 @@ async def test_a_cron_template_shows_its_schedule_and_cancels_from_its_page(
     await expect(page.locator("#job-status [data-status]")).to_have_text("canceled")
     await expect(page.get_by_role("button", name="Cancel job")).to_be_hidden()
     await expect(page.locator("#results-note")).to_have_text("No results.")
+
+
+FORMULA_IDS = ['=HYPERLINK("http://example.invalid","x")', "+1", "-2", "@SUM(A1)", "\t=1", "\r=2"]
+
+
+async def test_the_csv_download_neutralises_cells_a_spreadsheet_would_run_as_formulas(
+    page: Page, panel_key: str, api: ApiClient
+) -> None:
+    requests = [
+        {"custom_id": custom_id, "messages": [{"role": "user", "content": f"formula {i}"}]}
+        for i, custom_id in enumerate(FORMULA_IDS)
+    ]
+    job = await api.submit({"model": "gpt-4o-mini", "requests": requests}, key=panel_key)
+    await sign_in(page, panel_key)
+    await page.goto(f"{page.url.split('#')[0]}#/jobs/{job['id']}")
+    await expect(page.locator("#job-status [data-status]")).to_have_text(
+        "completed", timeout=RUN_TIMEOUT_MS
+    )
+    await expect(page.locator("#results-body tr")).to_have_count(len(FORMULA_IDS))
+
+    table = list(csv.reader(io.StringIO(await download(page, "Download CSV"), newline="")))
+    assert table[1:] == [
+        ["'" + custom_id, f"echo: formula {i}", ""] for i, custom_id in enumerate(FORMULA_IDS)
+    ]
+    jsonl = await download(page, "Download JSONL")  # the data itself is unchanged
+    assert [orjson.loads(line)["custom_id"] for line in jsonl.splitlines()] == FORMULA_IDS

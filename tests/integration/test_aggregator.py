@@ -9,6 +9,7 @@ import aio_pika
 import asyncpg
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_FINISHED, EVENT_PROGRESS
@@ -22,6 +23,8 @@ from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
 from relay_batches.services.aggregator.core import Aggregator
 from relay_batches.services.aggregator.service import aggregator_service
 from tests.helpers.support import AMQP_URL, Isolation, wait_until
+
+DEAD_LETTERED_SAMPLE = "relay_messages_dead_lettered_total"
 
 
 async def running_batch(pool: asyncpg.Pool, total: int) -> str:
@@ -216,3 +219,47 @@ async def test_outcomes_for_a_canceled_job_repeat_the_cancel_once(
         events = await _drain(watch, batch_id)
     assert [e.status for e in events] == ["canceled"]
     assert await counters(pool, batch_id) == ("canceled", 0, 0, 0)
+
+
+async def test_unstorable_outcomes_are_dead_lettered_and_the_rest_of_the_chunk_is_recorded(
+    pool: asyncpg.Pool, bus: Bus, aggregator: BusService
+) -> None:
+    """A row index out of the ledger's range (2**31) and one past its job's rows can never
+    be stored: their messages go to ``<ns>.results.dead`` (counted, logged) once, while
+    the good outcomes of the same chunk, and of the same messages, are recorded."""
+    poisoned, other = await running_batch(pool, 1), await running_batch(pool, 2)
+    bodies = [
+        OutcomesMessage((outcome(poisoned, 2**31), outcome(other, 0))).encode(),
+        OutcomesMessage((outcome(other, 1), outcome(poisoned, 0))).encode(),
+        OutcomesMessage((outcome(poisoned, 7),)).encode(),
+    ]
+    dead_queue = bus.names.results_dead
+    before = REGISTRY.get_sample_value(DEAD_LETTERED_SAMPLE, {"queue": dead_queue}) or 0.0
+    for body in bodies:
+        await bus.publish(bus.names.results, body, kind="results")
+
+    async def both_completed() -> bool:
+        statuses = [(await counters(pool, b))[0] for b in (poisoned, other)]
+        return statuses == ["completed", "completed"]
+
+    await wait_until(both_completed, 15, "both jobs to complete despite the poison")
+    assert await counters(pool, other) == ("completed", 2, 0, 2)
+    assert await counters(pool, poisoned) == ("completed", 1, 0, 1)
+
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        dead_letters = await channel.declare_queue(dead_queue, durable=True)
+        dead: list[bytes] = []
+        for _ in bodies[::2]:
+            message = await wait_until(
+                lambda: dead_letters.get(fail=False, timeout=5), 15, "a dead-lettered message"
+            )
+            await message.ack()
+            dead.append(message.body)
+            assert message.headers["x-relay-error"]
+        results = await channel.declare_queue(bus.names.results, passive=True)
+        assert results.declaration_result.message_count == 0
+    assert sorted(dead) == sorted(bodies[::2])
+    after = REGISTRY.get_sample_value(DEAD_LETTERED_SAMPLE, {"queue": dead_queue})
+    assert after == before + 2

@@ -224,12 +224,34 @@ async def test_list_by_template_id_shows_only_that_templates_runs(
     assert error["error"]["param"] == "template_id"
 
 
-async def test_a_new_template_wakes_a_sleeping_scheduler(
-    pool: asyncpg.Pool, bus: Bus, client_a: ApiClient
+async def test_a_scheduler_whose_clock_runs_90_s_fast_waits_for_the_databases_clock(
+    pool: asyncpg.Pool,
 ) -> None:
-    """The service sleeps up to its cap (here 60 s); the template.created event the API
-    publishes cuts the sleep short. Its clock runs an hour ahead, so the new template is
-    due at once."""
+    """Due is what the database's clock says: a replica 90 s fast neither runs a template
+    due in a minute nor sleeps as if it were late."""
+    db_now = await pool.fetchval("SELECT clock_timestamp()")
+    template_id = await make_template(pool, "* * * * *", db_now + MINUTE)
+    scheduler = scheduler_on(pool)
+
+    def fast() -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=90)
+
+    sleep_s = await scheduler.spawn_pass(fast, 300)
+    assert await runs_of(pool, template_id) == []
+    assert 30 < sleep_s <= 60
+
+    await pool.execute(
+        "UPDATE batches SET next_run_at = clock_timestamp() - interval '1 second' WHERE id = $1",
+        template_id,
+    )
+    await scheduler.spawn_pass(fast, 300)
+    assert len(await runs_of(pool, template_id)) == 1
+
+
+async def test_a_new_template_wakes_a_sleeping_scheduler(pool: asyncpg.Pool, bus: Bus) -> None:
+    """The service sleeps up to its cap (here 60 s); a ``template.created`` event (the API
+    publishes one per template, see the next test) cuts the sleep short. The template is
+    stored already due by the database's clock, after the first pass."""
     passes = 0
     store = ScheduleStore(pool)
 
@@ -240,12 +262,7 @@ async def test_a_new_template_wakes_a_sleeping_scheduler(
             return await super().tick(now)
 
     service = scheduler_service(
-        bus,
-        CountingScheduler(store, Woken()),
-        _always_ready,
-        max_sleep_s=60,
-        grace_s=5,
-        clock=lambda: datetime.now(UTC) + timedelta(hours=1),
+        bus, CountingScheduler(store, Woken()), _always_ready, max_sleep_s=60, grace_s=5
     )
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
@@ -257,12 +274,13 @@ async def test_a_new_template_wakes_a_sleeping_scheduler(
 
         await wait_until(first_pass_done, 10, "the first pass")
         passes_before = passes
-        created = await client_a.submit(
-            {"model": "gpt-4o-mini", "cron": "* * * * *", "requests": [{"messages": _hello()}]}
-        )
+        due = await pool.fetchval("SELECT clock_timestamp() - interval '1 second'")
+        template_id = await make_template(pool, "* * * * *", due)
+        created = TemplateCreated(template_id, due.isoformat())
+        await bus.publish_event(EVENT_TEMPLATE_CREATED, created.encode())
 
         async def spawned() -> bool:
-            return bool(await runs_of(pool, created["id"]))
+            return bool(await runs_of(pool, template_id))
 
         await wait_until(spawned, 10, "the new template's first run")
         assert passes - passes_before <= 2, "the scheduler polled instead of sleeping"

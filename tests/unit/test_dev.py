@@ -63,20 +63,27 @@ def test_a_bad_row_worker_count_is_one_line_naming_the_variable(raw: str) -> Non
 
 
 def test_several_row_workers_are_numbered() -> None:
-    assert health_names(1) == ["scheduler", "dispatcher", "row-worker", "aggregator", "notifier"]
-    assert health_names(2)[2:4] == ["row-worker-1", "row-worker-2"]
+    assert health_names(1) == [
+        "ingest-api",
+        "scheduler",
+        "dispatcher",
+        "row-worker",
+        "aggregator",
+        "notifier",
+    ]
+    assert health_names(2)[3:5] == ["row-worker-1", "row-worker-2"]
 
 
 def test_free_health_ports_are_distinct_and_avoid_the_api_and_simulator_ports() -> None:
     api, sim = listen_port("127.0.0.1", 0, "RELAY_API_PORT"), 0
     ports = health_ports(Settings(), health_names(3), {api, sim})
     numbers = [p.port for p in ports]
-    assert len(set(numbers)) == 7 and api not in numbers
+    assert len(set(numbers)) == 8 and api not in numbers
     assert not any(p.fixed for p in ports)
 
 
 def test_a_fixed_health_port_gives_consecutive_ports_and_names_a_taken_one(held: int) -> None:
-    with pytest.raises(ConfigError, match=rf"scheduler would listen on 127\.0\.0\.1:{held},"):
+    with pytest.raises(ConfigError, match=rf"ingest-api would listen on 127\.0\.0\.1:{held},"):
         health_ports(Settings(health_port=held), health_names(1), set())
     first = _consecutive_free(2)
     ports = health_ports(Settings(health_port=first), ["a", "b"], set())
@@ -119,5 +126,7 @@ def test_every_child_gets_the_ports_and_routes_it_needs(tmp_path: Path) -> None:
     (deployment,) = load_aliases(routes, {}).resolve("gpt-4o-mini") or ()
     assert deployment.base_url == f"http://127.0.0.1:{sim_port}/v1"
     assert all(c.env["RELAY_API_PORT"] == children[1].env["RELAY_API_PORT"] for c in children)
-    assert [c.health is None for c in children] == [True, True] + [False] * 6
+    assert [c.health is None for c in children] == [True] + [False] * 7
+    api_port = children[1].env["RELAY_API_PORT"]
+    assert children[1].where == f"API http://127.0.0.1:{api_port}"
     assert children[4].argv[0].endswith("/relay-row-worker")

@@ -14,9 +14,9 @@ import pytest
 
 from relay_batches.bus.client import MessageCallback
 from relay_batches.bus.topology import Names
-from relay_batches.errors import TransientError
+from relay_batches.errors import TransientError, UnstorableError
 from relay_batches.kit.base import BusService, Readiness
-from relay_batches.kit.consumer import Consume, ConsumeChunks, Intake, Subscribe
+from relay_batches.kit.consumer import Consume, ConsumeChunks, DeadLetter, Intake, Subscribe
 from relay_batches.kit.periodic import Periodic
 from relay_batches.ledger.schema import SchemaGate, expected_version, migration_version
 from relay_batches.messages import MessageError
@@ -271,6 +271,36 @@ async def test_a_chunk_whose_handler_fails_is_requeued_whole() -> None:
     async with started([chunks(handler)]) as running:
         settled = await deliver_all(running.bus, [b"a", b"b", b"c"])
         assert [d.settled for d in settled] == [[("nack", True)]] * 3
+
+
+async def test_a_chunks_unstorable_messages_are_dead_lettered_before_they_are_acked() -> None:
+    published: list[tuple[bytes, str]] = []
+
+    async def publish(body: bytes, reason: str) -> None:
+        published.append((body, reason))
+
+    async def handler(values: list[str]) -> None:
+        raise UnstorableError([1], "no such row")  # the second value: the third message
+
+    consume = ConsumeChunks(
+        "r",
+        "results",
+        text,
+        handler,
+        prefetch=8,
+        chunk=3,
+        linger_s=1.0,
+        retry_pause_s=0,
+        dead_letter=DeadLetter("r.dead", publish),
+    )
+    async with started([consume]) as running:
+        settled = await deliver_all(running.bus, [b"a", b"bad", b"c"])
+        assert published == [(b"c", "no such row")]
+        assert [d.settled for d in settled] == [
+            [("ack", False)],
+            [("nack", False)],
+            [("ack", False)],
+        ]
 
 
 async def test_a_chunk_cancelled_at_the_drain_deadline_settles_nothing() -> None:

@@ -10,7 +10,7 @@ Settling deliveries (the ack policy) is :mod:`relay_batches.kit.consumer`'s job.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import aio_pika
 from aio_pika.abc import (
@@ -99,11 +99,20 @@ class Bus:
             connection, self._connection = self._connection, None
             await connection.close()
 
-    async def publish(self, queue: str, body: bytes, *, kind: str, priority: int = 0) -> None:
+    async def publish(
+        self,
+        queue: str,
+        body: bytes,
+        *,
+        kind: str,
+        priority: int = 0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         """Publish a persistent message to a durable queue and wait for the confirm."""
         channel = self._require_channel()
         message = aio_pika.Message(
             body,
+            headers=dict(headers) if headers else None,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             priority=priority,
             content_type="application/json",

@@ -48,6 +48,12 @@ class Names:
         return f"{self.namespace}.results"
 
     @property
+    def results_dead(self) -> str:
+        """Dead-letter queue of outcome messages the ledger can never store (kept for an
+        operator to look at; nothing consumes it)."""
+        return f"{self.results}.dead"
+
+    @property
     def events(self) -> str:
         """Topic exchange for job events."""
         return f"{self.namespace}.events"
@@ -63,7 +69,7 @@ class Names:
 
     def durable_queues(self) -> tuple[str, ...]:
         """Every durable queue of the namespace (tests delete them on teardown)."""
-        return (self.dispatch, self.rows, self.results, self.notify)
+        return (self.dispatch, self.rows, self.results, self.results_dead, self.notify)
 
 
 async def declare_queue(channel: AbstractChannel, names: Names, queue: str) -> AbstractQueue:

@@ -5,6 +5,10 @@ This is the only module that acks, rejects or requeues a delivery. The policy:
 - ack once the handler returned: its effect is durable by then;
 - reject without requeue a body that does not decode (a poison message);
 - requeue, after a pause, when the handler raised: the failure may pass;
+- except, on a chunked queue with a dead-letter queue, the messages its handler says can
+  never be stored (:class:`~relay_batches.errors.UnstorableError`, raised once the rest
+  of the chunk is recorded): each is published to the dead-letter queue, with a confirm,
+  before it is acked, so a poison message is neither lost nor requeued forever;
 - never settle on cancellation (the shutdown deadline): the broker redelivers;
 - a settle on a channel closed since delivery (a reconnect) fails harmlessly, since
   the broker redelivers that message; it is logged and swallowed.
@@ -28,9 +32,10 @@ from typing import Generic, Protocol, TypeVar
 from aio_pika.abc import AbstractIncomingMessage
 
 from relay_batches.bus.client import SETTLE_ERRORS, MessageCallback
+from relay_batches.errors import UnstorableError
 from relay_batches.kit.tasks import Tasks
 from relay_batches.messages import MessageError
-from relay_batches.metrics import MESSAGES_CONSUMED
+from relay_batches.metrics import MESSAGES_CONSUMED, MESSAGES_DEAD_LETTERED
 
 log = logging.getLogger("relay.consumer")
 
@@ -170,6 +175,15 @@ class Subscribe(Generic[T]):
 
 
 @dataclass(frozen=True)
+class DeadLetter:
+    """Where a chunked queue's unstorable messages go: ``publish(body, reason)`` publishes
+    to ``queue`` and returns once the broker confirmed."""
+
+    queue: str
+    publish: Callable[[bytes, str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
 class ConsumeChunks(Generic[T]):
     """A durable queue taken in chunks: what arrives within ``linger_s`` of a chunk's
     first message, up to ``chunk`` messages, is decoded and handled as one list."""
@@ -182,6 +196,7 @@ class ConsumeChunks(Generic[T]):
     chunk: int
     linger_s: float
     retry_pause_s: float = 1.0
+    dead_letter: DeadLetter | None = None
 
     async def start(self, bus: ConsumingBus, tasks: Tasks, halt: asyncio.Event) -> None:
         """Consume the queue into an inbox and take chunks from it until ``halt``."""
@@ -201,16 +216,18 @@ class ConsumeChunks(Generic[T]):
         """Decode, handle and settle one chunk by the policy of the module doc."""
         MESSAGES_CONSUMED.labels(self.kind).inc(len(chunk))
         values: list[T] = []
+        decoded: list[int] = []  # each value's position in the chunk
         bad: set[int] = set()
         for position, message in enumerate(chunk):
             try:
                 values.append(self.decode(message.body))
+                decoded.append(position)
             except MessageError as exc:
                 log.error("message_rejected", extra={"kind": self.kind, "error": str(exc)})
                 bad.add(position)
         started = time.perf_counter()
         try:
-            await self.handle(values)
+            await self._handle(chunk, values, decoded)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -226,6 +243,28 @@ class ConsumeChunks(Generic[T]):
         log.debug(
             "chunk_done",
             extra={"kind": self.kind, "messages": len(chunk), "elapsed_ms": _elapsed_ms(started)},
+        )
+
+    async def _handle(
+        self, chunk: Sequence[AbstractIncomingMessage], values: list[T], decoded: list[int]
+    ) -> None:
+        """Handle the values; dead-letter the messages the handler can never store."""
+        try:
+            await self.handle(values)
+        except UnstorableError as exc:
+            if self.dead_letter is None:
+                raise
+            for index in sorted(exc.positions):
+                await self._dead_letter(self.dead_letter, chunk[decoded[index]], exc.reason)
+
+    async def _dead_letter(
+        self, dead_letter: DeadLetter, message: AbstractIncomingMessage, reason: str
+    ) -> None:
+        await dead_letter.publish(message.body, reason)
+        MESSAGES_DEAD_LETTERED.labels(dead_letter.queue).inc()
+        log.error(
+            "message_dead_lettered",
+            extra={"kind": self.kind, "queue": dead_letter.queue, "error": reason},
         )
 
 

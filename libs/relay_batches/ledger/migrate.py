@@ -1,7 +1,8 @@
 """Numbered SQL migrations, applied once each under an advisory lock.
 
-Safe to run from several processes at once: the lock serialises them and the
-``schema_migrations`` table makes each file apply exactly once.
+Safe to run from several processes at once: one advisory lock serialises creating the
+database, another applying migrations, and the ``schema_migrations`` table makes each
+file apply exactly once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from importlib import resources
 import asyncpg
 
 MIGRATION_LOCK_KEY = 0x52454C4159  # "RELAY"
+# Taken in the admin database while creating the ledger database (released on close).
+CREATE_LOCK_KEY = 0x52454C4143  # "RELAC"
 
 
 def migration_files() -> list[tuple[str, str]]:
@@ -53,13 +56,17 @@ async def ensure_database(database_url: str) -> bool:
     admin_url = urlunsplit(parts._replace(path="/postgres"))
     conn = await asyncpg.connect(admin_url, timeout=10)
     try:
+        # Serialise first runs: two concurrent CREATE DATABASE of one name race on the
+        # catalogue (a UniqueViolationError, not DuplicateDatabaseError, for the loser).
+        await conn.execute("SELECT pg_advisory_lock($1)", CREATE_LOCK_KEY)
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", dbname)
         if exists:
             return False
         quoted = '"' + dbname.replace('"', '""') + '"'
         try:
             await conn.execute(f"CREATE DATABASE {quoted}")
-        except asyncpg.DuplicateDatabaseError:
+        except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
+            # Created meanwhile by a runner that does not take the lock.
             return False
         return True
     finally:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from relay_batches.errors import UnstorableError
 from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.pool import translated
 from relay_batches.ledger.status_sql import status_in
@@ -15,7 +16,7 @@ from relay_batches.model import TERMINAL, JobStatus, allowed_from
 
 # $1 batch ids, $2 the statuses a job may complete from: only those accept outcomes.
 _LOCK_RUNNING = (
-    "SELECT id FROM batches WHERE id = ANY($1::text[]) AND status = ANY($2::text[])"
+    "SELECT id, total FROM batches WHERE id = ANY($1::text[]) AND status = ANY($2::text[])"
     " ORDER BY id FOR UPDATE"
 )
 
@@ -92,22 +93,23 @@ class OutcomeStore:
 
         The running jobs are locked first (in id order, so aggregators never deadlock), so
         a concurrent cancel either happens before (and the outcomes are discarded) or
-        after (and sees the counters including them).
+        after (and sees the counters including them). An outcome whose row index is not a
+        row of its (running) job can never be stored: then nothing is inserted and
+        :class:`UnstorableError` names those outcomes' positions.
         """
         if not outcomes:
             return []
         batch_ids = sorted({o.batch_id for o in outcomes})
-        columns = _columns(outcomes)
         async with translated(), self._pool.acquire() as conn, conn.transaction():
-            locked = [
-                r[0]
-                for r in await conn.fetch(
-                    _LOCK_RUNNING, batch_ids, allowed_from(JobStatus.COMPLETED)
-                )
-            ]
-            if not locked:
+            locked = await conn.fetch(_LOCK_RUNNING, batch_ids, allowed_from(JobStatus.COMPLETED))
+            totals: dict[str, int] = {r[0]: r[1] for r in locked}
+            if not totals:
                 return []
-            records = await conn.fetch(_RECORD, *columns, locked, JobStatus.COMPLETED)
+            _refuse_out_of_range(outcomes, totals)
+            accepted = [o for o in outcomes if o.batch_id in totals]
+            records = await conn.fetch(
+                _RECORD, *_columns(accepted), list(totals), JobStatus.COMPLETED
+            )
         return [_progress(r) for r in records]
 
     async def canceled_among(self, batch_ids: list[str]) -> list[str]:
@@ -151,6 +153,17 @@ class OutcomeStore:
 def _progress(record: asyncpg.Record) -> JobProgress:
     """A :class:`JobProgress` from ``(id, status, total, completed, failed[, ok, bad])``."""
     return JobProgress(record[0], JobStatus(record[1]), *record[2:])
+
+
+def _refuse_out_of_range(outcomes: Sequence[RowOutcome], totals: dict[str, int]) -> None:
+    """Raise :class:`UnstorableError` for outcomes of these jobs that name no row of them."""
+    refused = [
+        position
+        for position, o in enumerate(outcomes)
+        if o.batch_id in totals and not 0 <= o.row_index < totals[o.batch_id]
+    ]
+    if refused:
+        raise UnstorableError(refused, "row index out of range of its job")
 
 
 def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:

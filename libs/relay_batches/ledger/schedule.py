@@ -116,10 +116,18 @@ class ScheduleStore:
             )
         return len(records), [SpawnedRun(*r) for r in inserted]
 
-    async def earliest_next_run(self) -> datetime | None:
-        """The soonest ``next_run_at`` of any scheduled template (None if there is none)."""
+    async def now(self) -> datetime:
+        """The database's clock: what is due is decided by it, never by a replica's."""
         async with translated():
-            value: datetime | None = await self._pool.fetchval(
-                f"SELECT min(next_run_at) FROM batches WHERE {_DUE}"
-            )
+            value: datetime = await self._pool.fetchval("SELECT clock_timestamp()")
         return value
+
+    async def earliest_next_run(self) -> tuple[datetime | None, datetime]:
+        """The soonest ``next_run_at`` of any scheduled template (None if there is none),
+        and the database's clock when it was read (to sleep until it)."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                f"SELECT min(next_run_at), clock_timestamp() FROM batches WHERE {_DUE}"
+            )
+        assert record is not None
+        return record[0], record[1]

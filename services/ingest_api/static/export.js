@@ -4,9 +4,20 @@ import { streamResults } from "./api.js";
 
 const CSV_COLUMNS = ["custom_id", "content", "error"];
 
-/** One CSV field, quoted when it holds a comma, a quote or a line break (RFC 4180). */
-export function csvField(value) {
+// A cell starting with one of these is run as a formula by spreadsheets (OWASP's CSV
+// injection guide): such a cell gets a leading single quote, so it is shown as text.
+const FORMULA_START = /^[=+\-@\t\r]/;
+
+/** A cell's text with formula-starting text neutralised. */
+export function csvText(value) {
   const text = value === null || value === undefined ? "" : String(value);
+  return FORMULA_START.test(text) ? `'${text}` : text;
+}
+
+/** One CSV field, neutralised, and quoted when it holds a comma, a quote or a line break
+ * (RFC 4180). */
+export function csvField(value) {
+  const text = csvText(value);
   return /[",\r\n]/.test(text) ? `"${text.replaceAll('"', '""')}"` : text;
 }
 
