@@ -32,8 +32,8 @@ async def build(
 ) -> Service:
     """Build the row-worker from settings (routes are validated here, before any work)."""
     aliases = load_aliases(settings.routes_file, os.environ)
+    bus = await open_bus(settings, resources, "row-worker")
     worker = f"row-worker-{new_id()[:12]}"
-    bus = await open_bus(settings, resources, worker)
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     session = aiohttp.ClientSession(connector=connector)
     resources.push_async_callback(session.close)
