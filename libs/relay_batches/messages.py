@@ -77,6 +77,8 @@ class SliceMessage:
     model: str
     rows: tuple[SliceRow, ...]
     params_json: str = "{}"
+    priority: int = 0
+    sent_at: float = 0.0
 
     KIND = "rows"
 
@@ -89,6 +91,8 @@ class SliceMessage:
                 "model": self.model,
                 "params": orjson.Fragment(self.params_json),
                 "rows": [[r.index, orjson.Fragment(r.messages_json)] for r in self.rows],
+                "priority": self.priority,
+                "sent_at": self.sent_at,
             },
         )
 
@@ -101,7 +105,14 @@ class SliceMessage:
             params = d.get("params") or {}
             if not isinstance(params, dict):
                 raise TypeError("params is not an object")
-            return DecodedSlice(str(d["batch_id"]), str(d["model"]), rows, params)
+            return DecodedSlice(
+                str(d["batch_id"]),
+                str(d["model"]),
+                rows,
+                params,
+                int(d.get("priority", 0)),
+                float(d.get("sent_at", 0.0)),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
 
@@ -121,6 +132,8 @@ class DecodedSlice:
     model: str
     rows: tuple[tuple[int, list[Any]], ...]
     params: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    sent_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -252,5 +265,58 @@ class TemplateCreated:
         d = _load(body, cls.KIND)
         try:
             return cls(template_id=str(d["template_id"]), next_run_at=str(d["next_run_at"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class HeldRows:
+    """Rows of one job a row-worker holds (taken from the broker, outcome not yet out)."""
+
+    batch_id: str
+    rows: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HoldingReport:
+    """`<ns>.events` (topic) ``worker.holding``: a row-worker's heartbeat.
+
+    ``held`` is every row the worker holds now; the report is valid for ``ttl_s``
+    (a worker that stops reporting, killed or cut off, holds nothing after that).
+    ``marks`` are ``(job priority, sent_at)`` of the latest-published slice per job
+    priority the worker took since its previous report: the dispatchers' evidence of
+    how far the broker's queue has been delivered.
+    """
+
+    worker: str
+    ttl_s: float
+    held: tuple[HeldRows, ...]
+    marks: tuple[tuple[int, float], ...] = ()
+
+    KIND = "holding"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus."""
+        return _dump(
+            self.KIND,
+            {
+                "worker": self.worker,
+                "ttl_s": self.ttl_s,
+                "held": [[h.batch_id, list(h.rows)] for h in self.held],
+                "marks": [list(m) for m in self.marks],
+            },
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> HoldingReport:
+        """Parse a bus body; raise :class:`MessageError` if it is not one."""
+        d = _load(body, cls.KIND)
+        try:
+            return cls(
+                worker=str(d["worker"]),
+                ttl_s=float(d["ttl_s"]),
+                held=tuple(HeldRows(str(b), tuple(int(i) for i in rows)) for b, rows in d["held"]),
+                marks=tuple((int(p), float(t)) for p, t in d.get("marks", [])),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc

@@ -107,6 +107,7 @@ class Settings:
     log_level: str = "INFO"
     event_loop: str = "uvloop"
     stall_seconds: float = 120.0
+    heartbeat_seconds: float = 2.0
     scheduler_max_sleep_s: float = 60.0
 
     @classmethod
@@ -152,6 +153,7 @@ class Settings:
             log_level=_str(env, "RELAY_LOG_LEVEL", d.log_level).upper(),
             event_loop=_choice(env, "RELAY_EVENT_LOOP", d.event_loop, ("uvloop", "asyncio")),
             stall_seconds=_positive(env, "RELAY_STALL_SECONDS", d.stall_seconds),
+            heartbeat_seconds=_positive(env, "RELAY_HEARTBEAT_SECONDS", d.heartbeat_seconds),
             scheduler_max_sleep_s=_positive(
                 env, "RELAY_SCHEDULER_MAX_SLEEP_S", d.scheduler_max_sleep_s
             ),

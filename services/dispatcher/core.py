@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,6 +21,7 @@ from relay_batches.ledger.dispatch import RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, JobStatus
+from relay_batches.services.dispatcher.inflight import InFlight, SendLog
 
 log = logging.getLogger("relay.dispatcher")
 
@@ -75,6 +77,14 @@ class Store(Protocol):
     ) -> list[StalledJob]:
         """Our jobs without progress for ``stall_s`` (their stall clock restarts)."""
 
+    async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
+        """Indexes in ``start..end`` without an outcome."""
+
+    async def fetch_rows_at(
+        self, job_id: str, rows_batch_id: str, indexes: list[int]
+    ) -> list[tuple[int, str]]:
+        """Input rows at ``indexes`` that have no outcome yet."""
+
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
         """Record dispatched_upto."""
 
@@ -102,6 +112,7 @@ class OwnedJob:
     dispatched_upto: int
     done: int
     lock: asyncio.Lock
+    sent: SendLog
 
     @property
     def exhausted(self) -> bool:
@@ -120,6 +131,9 @@ class Dispatcher:
         model_known: Callable[[str], bool],
         config: DispatchConfig,
         rows_waiting: Callable[[], Awaitable[int]] | None = None,
+        *,
+        inflight: InFlight | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
         self._publish_slice = publish_slice
@@ -127,6 +141,8 @@ class Dispatcher:
         self._model_known = model_known
         self._config = config
         self._rows_waiting = rows_waiting
+        self.inflight = inflight if inflight is not None else InFlight()
+        self._clock = clock
         self._claiming = asyncio.Lock()
         self._stopped = False
         self.jobs: dict[str, OwnedJob] = {}
@@ -175,7 +191,7 @@ class Dispatcher:
             "job_claimed",
             extra={"batch_id": job.id, "total": job.total, "from_row": job.dispatched_upto},
         )
-        owned = OwnedJob(job, job.dispatched_upto, job.done, asyncio.Lock())
+        owned = OwnedJob(job, job.dispatched_upto, job.done, asyncio.Lock(), SendLog(self._clock()))
         self.jobs[job.id] = owned
         await self.top_up(owned)
 
@@ -220,39 +236,64 @@ class Dispatcher:
                 await self.top_up(owned)
 
     async def recover_stalled(self) -> int:
-        """Re-publish the unfinished rows of our jobs that made no progress for a while.
+        """Re-send the lost rows of each of our jobs that made no progress for a while.
 
-        Rows lost in the broker (a broker replaced without its disk) would otherwise
-        keep a job running forever. The job's window is rewound to its first row
-        without an outcome and topped up again; rows that have an outcome are skipped,
-        and a row still queued somewhere gets a duplicate the aggregator ignores.
+        Every job is looked at on every pass, however deep the shared queue is. A row is
+        lost when it has no outcome, no live row-worker holds it (heartbeats) and it is
+        no longer queued: the queue is empty, or a slice published after it at its
+        broker level or below was already delivered. Rows that are merely slow (held)
+        or still waiting their turn are left alone, so they cost one upstream call.
         """
         if not self.jobs:
             return 0
-        if self._rows_waiting is not None and await self._rows_waiting() > 0:
-            # Rows are still queued: jobs without progress are waiting their turn (behind
-            # higher priorities or a slow upstream), not lost. Re-publishing would only
-            # pile duplicates, each a paid upstream call, on top of them.
-            return 0
         cfg = self._config
         stalled = await self._store.claim_stalled(cfg.owner, list(self.jobs), cfg.stall_s)
-        for found in stalled:
-            owned = self.jobs.get(found.id)
-            if owned is None or found.first_unfinished is None:
-                continue
-            log.warning(
-                "job_stalled",
+        found = [
+            (self.jobs[job.id], job.first_unfinished)
+            for job in stalled
+            if job.id in self.jobs and job.first_unfinished is not None
+        ]
+        if found:
+            queue_empty = self._rows_waiting is None or await self._rows_waiting() == 0
+            for owned, first in found:
+                await self._resend_lost(owned, first, queue_empty)
+                await self.top_up(owned)
+        return len(stalled)
+
+    async def _resend_lost(self, owned: OwnedJob, first: int, queue_empty: bool) -> int:
+        """Publish again the rows of ``owned`` from ``first`` that are lost; return how many."""
+        job = owned.job
+        async with owned.lock:
+            unfinished = await self._store.unfinished_rows(job.id, first, owned.dispatched_upto)
+            held = self.inflight.held(job.id)
+            lost = [
+                i
+                for i in unfinished
+                if i not in held
+                and (
+                    queue_empty
+                    or self.inflight.delivered_after(job.priority, owned.sent.sent_at(i))
+                )
+            ]
+            log.log(
+                logging.WARNING if lost else logging.INFO,
+                "job_stalled" if lost else "job_waiting",
                 extra={
-                    "batch_id": found.id,
-                    "from_row": found.first_unfinished,
-                    "dispatched_upto": owned.dispatched_upto,
-                    "stall_s": cfg.stall_s,
+                    "batch_id": job.id,
+                    "from_row": first,
+                    "unfinished": len(unfinished),
+                    "held": len(held),
+                    "lost": len(lost),
+                    "stall_s": self._config.stall_s,
                 },
             )
-            async with owned.lock:
-                owned.dispatched_upto = min(owned.dispatched_upto, found.first_unfinished)
-            await self.top_up(owned)
-        return len(stalled)
+            step = self._config.slice_rows * FETCH_SLICES
+            for at in range(0, len(lost), step):
+                rows = await self._store.fetch_rows_at(
+                    job.id, job.rows_batch_id, lost[at : at + step]
+                )
+                await self._publish_rows(owned, rows)
+        return len(lost)
 
     async def release_all(self) -> None:
         """Give up every lease (clean shutdown), so another dispatcher takes over at once."""
@@ -295,17 +336,31 @@ class Dispatcher:
             count -= count % size
         end = min(job.total, start + count)
         rows = await self._store.fetch_rows(job.id, job.rows_batch_id, start, end)
-        slices = slice_rows(rows, size, MAX_SLICE_BYTES)
+        await self._publish_rows(owned, rows)
+        owned.dispatched_upto = end
+        return await self._store.advance(self._config.owner, job.id, end)
+
+    async def _publish_rows(self, owned: OwnedJob, rows: list[tuple[int, str]]) -> None:
+        """Publish ``rows`` of a job as task slices (confirmed), stamped with the time
+        they went out (what stall recovery compares with the workers' delivery marks)."""
+        if not rows:
+            return
+        job, sent_at = owned.job, self._clock()
+        slices = slice_rows(rows, self._config.slice_rows, MAX_SLICE_BYTES)
         await asyncio.gather(
             *(
                 self._publish_slice(
                     SliceMessage(
-                        job.id, job.model, tuple(SliceRow(i, m) for i, m in part), job.params
+                        job.id,
+                        job.model,
+                        tuple(SliceRow(i, m) for i, m in part),
+                        job.params,
+                        job.priority,
+                        sent_at,
                     ),
                     job.priority,
                 )
                 for part in slices
             )
         )
-        owned.dispatched_upto = end
-        return await self._store.advance(self._config.owner, job.id, end)
+        owned.sent.record(rows[0][0], rows[-1][0] + 1, sent_at)

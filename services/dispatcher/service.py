@@ -3,17 +3,18 @@
 Messages are wake-ups; the ledger is the truth. A missed wake-up or progress event only
 delays work until the next reconcile pass, which claims queued and orphaned jobs, renews
 leases (topping up every window on the way) and re-publishes the unfinished rows of
-jobs that made no progress for the stall timeout. On stop the leases are handed back,
+jobs that made no progress for the stall timeout, unless a live row-worker holds them
+(``worker.holding`` heartbeats, see :mod:`.inflight`). On stop the leases are handed back,
 so another dispatcher takes the jobs over at once.
 """
 
 from __future__ import annotations
 
-from relay_batches.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
+from relay_batches.bus.topology import EVENT_CANCELED, EVENT_HOLDING, EVENT_PROGRESS
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
 from relay_batches.kit.consumer import Consume, Subscribe
 from relay_batches.kit.periodic import every
-from relay_batches.messages import DispatchWakeup, JobEvent
+from relay_batches.messages import DispatchWakeup, HoldingReport, JobEvent
 from relay_batches.services.dispatcher.core import Dispatcher
 
 DISPATCH_PREFETCH = 4
@@ -38,6 +39,12 @@ def dispatcher_service(
         JobEvent.decode,
         prefetch=EVENTS_PREFETCH,
     )
+    heartbeats = Subscribe(
+        {EVENT_HOLDING: dispatcher.inflight.on_report},
+        HoldingReport.decode,
+        kind="holding",
+        prefetch=EVENTS_PREFETCH,
+    )
     wakeups = Consume(
         bus.names.dispatch,
         "dispatch",
@@ -47,7 +54,7 @@ def dispatcher_service(
     )
     return BusService(
         bus,
-        [events, wakeups],
+        [events, heartbeats, wakeups],
         periodic=[every("reconcile", reconcile_s, dispatcher.reconcile)],
         ledger=ledger,
         grace_s=grace_s,

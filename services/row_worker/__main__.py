@@ -8,14 +8,17 @@ import os
 
 import aiohttp
 
+from relay_batches.ids import new_id
 from relay_batches.router.aliases import load_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.row_worker.core import RowRunner
+from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
 from relay_batches.services.row_worker.service import (
+    holding_heartbeat,
     row_worker_service,
     rows_prefetch,
 )
@@ -30,6 +33,7 @@ async def build(
     """Build the row-worker from settings (routes are validated here, before any work)."""
     aliases = load_aliases(settings.routes_file, os.environ)
     bus = await open_bus(settings, resources, "row-worker")
+    worker = f"row-worker-{new_id()[:12]}"
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     session = aiohttp.ClientSession(connector=connector)
     resources.push_async_callback(session.close)
@@ -48,11 +52,17 @@ async def build(
         max_rows=settings.results_flush_rows,
         flush_s=settings.results_flush_ms / 1000,
     )
-    runner = RowRunner(router, outcomes.add, settings.batch_concurrency)
+    holdings = Holdings(worker, settings.heartbeat_seconds)
+    runner = RowRunner(router, outcomes.add, settings.batch_concurrency, holdings)
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info("configured", extra={"aliases": aliases.names(), "prefetch": prefetch})
     return row_worker_service(
-        bus, runner, outcomes, prefetch=prefetch, grace_s=settings.shutdown_grace_s
+        bus,
+        runner,
+        outcomes,
+        prefetch=prefetch,
+        grace_s=settings.shutdown_grace_s,
+        heartbeat=holding_heartbeat(holdings, bus.publish_event, settings.heartbeat_seconds),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from relay_batches.messages import DecodedSlice, RowOutcome
 from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
 from relay_batches.router.types import RowResult
+from relay_batches.services.row_worker.holdings import Holdings
 
 log = logging.getLogger("relay.row_worker")
 
@@ -55,10 +56,17 @@ class CanceledJobs:
 class RowRunner:
     """Runs task rows with at most ``concurrency`` upstream calls in flight."""
 
-    def __init__(self, router: Router, sink: OutcomeSink, concurrency: int) -> None:
+    def __init__(
+        self,
+        router: Router,
+        sink: OutcomeSink,
+        concurrency: int,
+        holdings: Holdings | None = None,
+    ) -> None:
         self._router = router
         self._sink = sink
         self._slots = asyncio.Semaphore(concurrency)
+        self._holdings = holdings if holdings is not None else Holdings("row-worker", 1.0)
         self.canceled = CanceledJobs()
         self._running: dict[str, set[asyncio.Task[None]]] = {}
 
@@ -74,8 +82,16 @@ class RowRunner:
     async def handle_slice(self, task: DecodedSlice) -> int:
         """Run every row of ``task``; return once each has a confirmed outcome (or was dropped).
 
-        Returns the number of rows that got an outcome.
+        Returns the number of rows that got an outcome. The slice's rows count as held
+        by this worker (its heartbeat says so) until then.
         """
+        token = self._holdings.take(task)
+        try:
+            return await self._run_slice(task)
+        finally:
+            self._holdings.leave(token)
+
+    async def _run_slice(self, task: DecodedSlice) -> int:
         started: list[asyncio.Task[None]] = []
         for index, messages in task.rows:
             await self._slots.acquire()

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 
-from relay_batches.bus.topology import EVENT_CANCELED
+from relay_batches.bus.topology import EVENT_CANCELED, EVENT_HOLDING
 from relay_batches.kit.base import BusService, ServiceBus
 from relay_batches.kit.consumer import Consume, Subscribe
+from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.services.row_worker.core import RowRunner
+from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
 
 
@@ -20,9 +23,16 @@ def rows_prefetch(concurrency: int, slice_rows: int) -> int:
 
 
 def row_worker_service(
-    bus: ServiceBus, runner: RowRunner, outcomes: OutcomePublisher, *, prefetch: int, grace_s: float
+    bus: ServiceBus,
+    runner: RowRunner,
+    outcomes: OutcomePublisher,
+    *,
+    prefetch: int,
+    grace_s: float,
+    heartbeat: Periodic | None = None,
 ) -> BusService:
-    """The row-worker's declaration (no ledger: it only talks to the bus and the models)."""
+    """The row-worker's declaration (no ledger: it only talks to the bus and the models);
+    ``heartbeat`` reports the rows it holds (see :mod:`.holdings`)."""
 
     async def on_canceled(event: JobEvent) -> None:
         runner.cancel_job(event.batch_id)
@@ -31,4 +41,21 @@ def row_worker_service(
     rows = Consume(
         bus.names.rows, "rows", SliceMessage.decode, runner.handle_slice, prefetch, retry_pause_s=0
     )
-    return BusService(bus, [canceled, rows], grace_s=grace_s, close=outcomes.drain)
+    return BusService(
+        bus,
+        [canceled, rows],
+        periodic=[] if heartbeat is None else [heartbeat],
+        grace_s=grace_s,
+        close=outcomes.drain,
+    )
+
+
+def holding_heartbeat(
+    holdings: Holdings, publish_event: Callable[[str, bytes], Awaitable[None]], every_s: float
+) -> Periodic:
+    """The periodic ``worker.holding`` report of what ``holdings`` holds."""
+
+    async def report() -> None:
+        await publish_event(EVENT_HOLDING, holdings.report().encode())
+
+    return every("heartbeat", every_s, report)

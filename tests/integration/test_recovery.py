@@ -115,9 +115,10 @@ async def test_a_stalled_job_gets_its_unfinished_rows_again_once_per_stall(
         "UPDATE batches SET last_progress_at = now() - interval '1 hour' WHERE id = $1", batch_id
     )
     assert await owner.recover_stalled() == 1
-    # Rewound to row 6, the first without an outcome: whole slices up to 9 done + window
-    # 20 (rows 6..25), skipping the rows that have an outcome.
-    assert published.rows(batch_id) == [6, 7, *range(11, 26)]
+    # No worker holds anything and nothing is queued (no rows_waiting): the rows out
+    # without an outcome (6, 7, 11..19) go again; then the window (9 done + 20) is topped
+    # up in whole slices of 4: rows 20..27.
+    assert published.rows(batch_id) == [6, 7, *range(11, 28)]
     published.tasks.clear()
     assert await owner.recover_stalled() == 0, "the stall clock restarted"
     assert published.rows(batch_id) == []

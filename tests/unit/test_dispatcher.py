@@ -100,6 +100,16 @@ class FakeStore:
         self.stalled.clear()
         return found
 
+    async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
+        done = self.outcomes.get(job_id, set())
+        return [i for i in range(start, end) if i not in done]
+
+    async def fetch_rows_at(
+        self, job_id: str, rows_batch_id: str, indexes: list[int]
+    ) -> list[tuple[int, str]]:
+        done = self.outcomes.get(job_id, set())
+        return [(i, messages_json(i)) for i in sorted(indexes) if i not in done]
+
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
         assert owner == OWNER
         self.advanced.append((job_id, upto))
@@ -182,7 +192,10 @@ async def test_claim_publishes_one_window_in_consecutive_slices(
         "gpt-4o-mini",
         tuple(SliceRow(i, messages_json(i)) for i in range(4)),
         '{"temperature":0}',
+        7,
+        first.sent_at,
     )
+    assert first.sent_at > 0, "stamped with the time it went out"
     assert store.advanced == [("job1", 20)]
     assert dispatcher.jobs["job1"].dispatched_upto == 20
 
@@ -401,71 +414,6 @@ async def test_takeover_resumes_at_dispatched_upto_and_skips_rows_with_an_outcom
     assert await dispatcher.claim() == 1
     assert recorder.flat() == list(range(42, 48))
     assert store.advanced == [("job1", 48)]
-
-
-async def test_a_stalled_job_republishes_only_its_rows_without_an_outcome(
-    store: FakeStore, recorder: Recorder
-) -> None:
-    store.queued.append(job(total=100))
-    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
-    await dispatcher.claim()
-    assert recorder.flat() == list(range(20))
-    # Rows 10, 11 and 14..19 were lost in the broker; the others have outcomes.
-    store.outcomes["job1"] = set(range(10)) | {12, 13}
-    dispatcher.jobs["job1"].done = 12
-    store.stalled["job1"] = 10
-    recorder.tasks.clear()
-
-    assert await dispatcher.recover_stalled() == 1
-    assert ("claim_stalled", OWNER, ["job1"], 120.0) in store.calls
-    assert recorder.flat() == [10, 11, *range(14, 30)]
-    assert dispatcher.jobs["job1"].dispatched_upto == 30
-
-
-async def test_a_stalled_job_with_every_row_done_publishes_nothing(
-    store: FakeStore, recorder: Recorder
-) -> None:
-    store.queued.append(job(total=8))
-    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
-    await dispatcher.claim()
-    recorder.tasks.clear()
-    store.stalled["job1"] = None
-    assert await dispatcher.recover_stalled() == 1
-    assert recorder.tasks == []
-
-
-async def test_no_owned_jobs_means_no_stall_query(store: FakeStore, recorder: Recorder) -> None:
-    dispatcher = make_dispatcher(store, recorder)
-    assert await dispatcher.recover_stalled() == 0
-    assert not [c for c in store.calls if c[0] == "claim_stalled"]
-
-
-async def test_no_stall_recovery_while_rows_are_still_queued(
-    store: FakeStore, recorder: Recorder
-) -> None:
-    store.queued.append(job(total=100))
-    waiting = [37]
-
-    async def rows_waiting() -> int:
-        return waiting[0]
-
-    config = DispatchConfig(OWNER, 20, 4, 8, LEASE_S)
-    dispatcher = Dispatcher(
-        store,
-        recorder.publish,
-        recorder.announce,
-        {"gpt-4o-mini"}.__contains__,
-        config,
-        rows_waiting=rows_waiting,
-    )
-    await dispatcher.claim()
-    store.stalled["job1"] = 0
-    recorder.tasks.clear()
-    assert await dispatcher.recover_stalled() == 0
-    assert not [c for c in store.calls if c[0] == "claim_stalled"]
-    assert recorder.tasks == []
-    waiting[0] = 0
-    assert await dispatcher.recover_stalled() == 1
 
 
 async def test_concurrent_claims_never_exceed_the_running_limit(

@@ -19,6 +19,7 @@ EVENT_PROGRESS = "job.progress"
 EVENT_FINISHED = "job.finished"
 EVENT_CANCELED = "job.canceled"
 EVENT_TEMPLATE_CREATED = "template.created"
+EVENT_HOLDING = "worker.holding"
 
 
 def broker_priority(job_priority: int) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import asyncpg
 
+from relay_batches.ledger.lock_order import update_jobs_in_id_order
 from relay_batches.ledger.pool import translated
 from relay_batches.ledger.status_sql import status_in
 from relay_batches.model import JobStatus, allowed_from
@@ -70,9 +71,7 @@ class DispatchStore:
         """Extend our lease on ``job_ids``; return those still running and ours."""
         async with translated():
             records = await self._pool.fetch(
-                "UPDATE batches SET lease_expires_at = now() + make_interval(secs => $3)"
-                " WHERE id = ANY($2::text[]) AND lease_owner = $1 AND status = $4"
-                f" RETURNING {_JOB_COLUMNS}",
+                _RENEW,
                 owner,
                 job_ids,
                 lease_s,
@@ -84,8 +83,7 @@ class DispatchStore:
         """Give up our lease on ``job_ids`` so another dispatcher can take them at once."""
         async with translated():
             await self._pool.execute(
-                "UPDATE batches SET lease_expires_at = NULL"
-                " WHERE id = ANY($2::text[]) AND lease_owner = $1",
+                _RELEASE,
                 owner,
                 job_ids,
             )
@@ -125,20 +123,27 @@ class DispatchStore:
         """
         async with translated():
             records = await self._pool.fetch(
-                "UPDATE batches b SET last_progress_at = now()"
-                " WHERE b.id = ANY($2::text[]) AND b.lease_owner = $1 AND b.status = $4"
-                " AND COALESCE(b.last_progress_at, b.started_at, b.created_at)"
-                "     < now() - make_interval(secs => $3)"
-                " RETURNING b.id, (SELECT min(r.row_index) FROM batch_rows r"
-                "   WHERE r.batch_id = b.rows_batch_id AND NOT EXISTS ("
-                "     SELECT 1 FROM row_results o"
-                "     WHERE o.batch_id = b.id AND o.row_index = r.row_index))",
+                _CLAIM_STALLED,
                 owner,
                 job_ids,
                 stall_s,
                 JobStatus.RUNNING,
             )
         return [StalledJob(r[0], r[1]) for r in records]
+
+    async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
+        """Indexes ``start <= index < end`` of a job's rows that have no outcome yet."""
+        async with translated():
+            records = await self._pool.fetch(_UNFINISHED, job_id, start, end)
+        return [r[0] for r in records]
+
+    async def fetch_rows_at(
+        self, job_id: str, rows_batch_id: str, indexes: list[int]
+    ) -> list[tuple[int, str]]:
+        """The input rows at ``indexes`` that still have no outcome, in index order."""
+        async with translated():
+            records = await self._pool.fetch(_ROWS_AT, job_id, rows_batch_id, indexes)
+        return [(r[0], r[1]) for r in records]
 
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
         """Record that rows below ``upto`` are published; False if the job is no longer ours."""
@@ -196,4 +201,48 @@ _CLAIM_EXPIRED = (
     "       AND (lease_expires_at IS NULL OR lease_expires_at < now())"
     "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
     f" WHERE b.id = q.id RETURNING {_prefixed('b')}"
+)
+
+# --- statements that lock several jobs: in id order (see lock_order) -----------------
+
+# $1 owner, $2 job ids, $3 lease seconds, $4 running.
+_RENEW = update_jobs_in_id_order(
+    "id = ANY($2::text[]) AND lease_owner = $1 AND status = $4",
+    "lease_expires_at = now() + make_interval(secs => $3)",
+    _prefixed("b"),
+)
+
+# $1 owner, $2 job ids.
+_RELEASE = update_jobs_in_id_order(
+    "id = ANY($2::text[]) AND lease_owner = $1", "lease_expires_at = NULL"
+)
+
+# $1 owner, $2 job ids, $3 stall seconds, $4 running: restarts the stall clock of our
+# jobs without progress and returns each one's first row without an outcome.
+_CLAIM_STALLED = update_jobs_in_id_order(
+    "id = ANY($2::text[]) AND lease_owner = $1 AND status = $4"
+    " AND COALESCE(last_progress_at, started_at, created_at)"
+    " < now() - make_interval(secs => $3)",
+    "last_progress_at = now()",
+    "b.id, (SELECT min(r.row_index) FROM batch_rows r"
+    " WHERE r.batch_id = b.rows_batch_id AND NOT EXISTS ("
+    " SELECT 1 FROM row_results o WHERE o.batch_id = b.id AND o.row_index = r.row_index))",
+)
+
+# --- reads of stall recovery ----------------------------------------------------------
+
+# $1 job id, $2 start, $3 end: the indexes of the range without an outcome.
+_UNFINISHED = (
+    "SELECT i FROM generate_series($2::int, $3::int - 1) AS i"
+    " WHERE NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1 AND o.row_index = i)"
+    " ORDER BY i"
+)
+
+# $1 job id, $2 rows batch id, $3 indexes.
+_ROWS_AT = (
+    "SELECT r.row_index, r.messages FROM batch_rows r"
+    " WHERE r.batch_id = $2 AND r.row_index = ANY($3::int[])"
+    " AND NOT EXISTS (SELECT 1 FROM row_results o"
+    "   WHERE o.batch_id = $1 AND o.row_index = r.row_index)"
+    " ORDER BY r.row_index"
 )

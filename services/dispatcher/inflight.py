@@ -1,0 +1,103 @@
+"""Rows in flight, as the row-workers report them: which rows a live worker holds, and
+how far the broker has delivered the ``rows`` queue.
+
+Every row-worker publishes a heartbeat (``worker.holding``) listing the rows it holds
+and, per job priority, the ``sent_at`` stamp of the latest-published slice it took since
+its previous heartbeat. A worker whose heartbeat is older than its ``ttl_s`` holds
+nothing (killed, or cut off: the broker gives its unacked slices to another worker).
+
+The delivery marks tell a row that is queued from one that is lost. The broker hands
+out a higher broker level before a lower one and, within a level, first in first out;
+so once a slice published at ``t1`` on level ``L`` was delivered, every slice published
+before ``t1`` on level ``L`` or above has been delivered too. A row of such a slice that
+nobody holds and that has no outcome is lost. Memory is bounded: one entry per live
+worker (its holdings are bounded by its prefetch) and one mark per broker level.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from relay_batches.bus.topology import broker_priority
+from relay_batches.messages import HoldingReport
+
+# Clocks of the dispatchers stamping ``sent_at`` may differ by this much.
+CLOCK_SKEW_S = 1.0
+SEND_LOG_SPANS = 64
+
+
+@dataclass(frozen=True)
+class _Worker:
+    expires_at: float
+    held: dict[str, frozenset[int]]
+
+
+class InFlight:
+    """The latest heartbeat of every row-worker, and the delivery marks per broker level."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, skew_s: float = CLOCK_SKEW_S
+    ) -> None:
+        self._clock = clock
+        self._skew_s = skew_s
+        self._workers: dict[str, _Worker] = {}
+        self._marks: dict[int, float] = {}
+
+    async def on_report(self, report: HoldingReport) -> None:
+        """Take a worker's heartbeat (it replaces the worker's previous one)."""
+        now = self._clock()
+        self._workers[report.worker] = _Worker(
+            now + report.ttl_s, {h.batch_id: frozenset(h.rows) for h in report.held}
+        )
+        for priority, sent_at in report.marks:
+            level = broker_priority(priority)
+            self._marks[level] = max(self._marks.get(level, 0.0), sent_at)
+        for worker in [w for w, seen in self._workers.items() if seen.expires_at < now]:
+            del self._workers[worker]
+
+    def held(self, batch_id: str) -> frozenset[int]:
+        """Rows of ``batch_id`` held by a worker whose heartbeat is still valid."""
+        now = self._clock()
+        rows: set[int] = set()
+        for worker in self._workers.values():
+            if worker.expires_at >= now:
+                rows |= worker.held.get(batch_id, frozenset())
+        return frozenset(rows)
+
+    def delivered_after(self, priority: int, sent_at: float) -> bool:
+        """Whether a slice published after ``sent_at`` on the level of ``priority`` or
+        below was delivered: then a slice of that priority sent at ``sent_at`` left the
+        queue too."""
+        level = broker_priority(priority)
+        return any(
+            mark > sent_at + self._skew_s for lvl, mark in self._marks.items() if lvl <= level
+        )
+
+
+@dataclass
+class SendLog:
+    """When a job's rows were last published, by span (the latest spans only).
+
+    Rows outside every remembered span were published at ``floor`` or before (a span
+    that is forgotten raises it; a job adopted from another dispatcher starts at its
+    adoption): using ``floor`` for them can only make a row look younger, never lost.
+    """
+
+    floor: float
+    spans: deque[tuple[int, int, float]] = field(default_factory=deque)
+
+    def record(self, start: int, end: int, sent_at: float) -> None:
+        """Rows ``start <= index < end`` went out at ``sent_at``."""
+        self.spans.append((start, end, sent_at))
+        while len(self.spans) > SEND_LOG_SPANS:
+            self.floor = max(self.floor, self.spans.popleft()[2])
+
+    def sent_at(self, index: int) -> float:
+        """When row ``index`` was last published (at the latest)."""
+        for start, end, stamp in reversed(self.spans):
+            if start <= index < end:
+                return stamp
+        return self.floor

@@ -1,0 +1,52 @@
+"""What this row-worker holds: the rows it took from the broker and has not finished.
+
+A slice is held from the moment the worker starts on it until every one of its rows has
+a confirmed outcome (or was dropped). The worker reports its holdings as a heartbeat
+(``worker.holding``); dispatchers re-send a stalled job's rows only when no live worker
+holds them, so a row that is merely slow is never paid for twice. Memory is bounded by
+the prefetch: a worker holds at most that many slices.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from relay_batches.messages import DecodedSlice, HeldRows, HoldingReport
+
+HEARTBEAT_TTL_FACTOR = 3
+
+
+class Holdings:
+    """The slices in progress on this worker and the delivery marks since the last report."""
+
+    def __init__(self, worker: str, heartbeat_s: float) -> None:
+        self._worker = worker
+        self._ttl_s = heartbeat_s * HEARTBEAT_TTL_FACTOR
+        self._tokens = itertools.count()
+        self._held: dict[int, tuple[str, tuple[int, ...]]] = {}
+        self._marks: dict[int, float] = {}
+
+    def take(self, task: DecodedSlice) -> int:
+        """Hold ``task``'s rows; return the token that :meth:`leave` lets go of."""
+        token = next(self._tokens)
+        self._held[token] = (task.batch_id, tuple(index for index, _ in task.rows))
+        if task.sent_at > self._marks.get(task.priority, 0.0):
+            self._marks[task.priority] = task.sent_at
+        return token
+
+    def leave(self, token: int) -> None:
+        """The slice of ``token`` is finished (its outcomes are confirmed, or dropped)."""
+        self._held.pop(token, None)
+
+    def report(self) -> HoldingReport:
+        """The heartbeat to publish now; the delivery marks start afresh."""
+        by_job: dict[str, list[int]] = {}
+        for batch_id, rows in self._held.values():
+            by_job.setdefault(batch_id, []).extend(rows)
+        marks, self._marks = self._marks, {}
+        return HoldingReport(
+            self._worker,
+            self._ttl_s,
+            tuple(HeldRows(b, tuple(sorted(r))) for b, r in sorted(by_job.items())),
+            tuple(sorted(marks.items())),
+        )

@@ -1,0 +1,180 @@
+"""Unit tests of per-job stall recovery: only rows no live worker holds and that are no
+longer queued are published again (in-memory store, fake clocks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay_batches.messages import DecodedSlice, HeldRows, HoldingReport
+from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from relay_batches.services.dispatcher.inflight import SEND_LOG_SPANS, InFlight, SendLog
+from relay_batches.services.row_worker.holdings import Holdings
+from tests.unit.test_dispatcher import LEASE_S, OWNER, FakeStore, Recorder, job
+
+
+class Clock:
+    """A settable clock."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Waiting:
+    """A settable ``rows_waiting``."""
+
+    def __init__(self, count: int = 0) -> None:
+        self.count = count
+
+    async def __call__(self) -> int:
+        return self.count
+
+
+@pytest.fixture
+def store() -> FakeStore:
+    return FakeStore()
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+def make(
+    store: FakeStore, recorder: Recorder, waiting: Waiting, wall: Clock, mono: Clock
+) -> Dispatcher:
+    return Dispatcher(
+        store,
+        recorder.publish,
+        recorder.announce,
+        {"gpt-4o-mini"}.__contains__,
+        DispatchConfig(OWNER, 20, 4, 8, LEASE_S),
+        rows_waiting=waiting,
+        inflight=InFlight(mono),
+        clock=wall,
+    )
+
+
+async def stalled_job(store: FakeStore, recorder: Recorder, dispatcher: Dispatcher) -> None:
+    """job1 (100 rows, priority 5) with rows 0..19 out; 0..9, 12, 13 have an outcome."""
+    store.queued.append(job(total=100))
+    await dispatcher.claim()
+    assert recorder.flat() == list(range(20))
+    store.outcomes["job1"] = set(range(10)) | {12, 13}
+    # No progress event arrived yet, so the window stays full and nothing is topped up.
+    assert dispatcher.jobs["job1"].done == 0
+    store.stalled["job1"] = 10
+    recorder.tasks.clear()
+
+
+def report(
+    worker: str, held: dict[str, list[int]], marks: dict[int, float] | None = None
+) -> HoldingReport:
+    return HoldingReport(
+        worker,
+        6.0,
+        tuple(HeldRows(b, tuple(rows)) for b, rows in held.items()),
+        tuple((marks or {}).items()),
+    )
+
+
+async def test_an_empty_queue_means_every_unheld_unfinished_row_is_lost(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    dispatcher = make(store, recorder, Waiting(0), Clock(), Clock())
+    await stalled_job(store, recorder, dispatcher)
+    assert await dispatcher.recover_stalled() == 1
+    assert ("claim_stalled", OWNER, ["job1"], 120.0) in store.calls
+    assert recorder.flat() == [10, 11, *range(14, 20)]
+    assert dispatcher.jobs["job1"].dispatched_upto == 20, "the window is not rewound"
+
+
+async def test_rows_a_live_worker_holds_are_not_sent_again(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    mono = Clock()
+    dispatcher = make(store, recorder, Waiting(0), Clock(), mono)
+    await stalled_job(store, recorder, dispatcher)
+    await dispatcher.inflight.on_report(report("w1", {"job1": [14, 15, 16, 17, 18, 19]}))
+    await dispatcher.inflight.on_report(report("w2", {"job1": [11], "other": [10]}))
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == [10]
+
+
+async def test_rows_of_a_worker_whose_heartbeat_expired_are_sent_again(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    mono = Clock()
+    dispatcher = make(store, recorder, Waiting(0), Clock(), mono)
+    await stalled_job(store, recorder, dispatcher)
+    await dispatcher.inflight.on_report(report("killed", {"job1": [10, 11, *range(14, 20)]}))
+    mono.now += 6.5  # past the report's ttl_s: the worker is gone
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == [10, 11, *range(14, 20)]
+
+
+async def test_queued_rows_wait_until_a_later_slice_of_their_level_was_delivered(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    wall, waiting = Clock(1000.0), Waiting(37)
+    dispatcher = make(store, recorder, waiting, wall, Clock())
+    await stalled_job(store, recorder, dispatcher)
+    # Another job's slices, published later but on a higher level, were delivered: ours
+    # may still be queued behind them.
+    await dispatcher.inflight.on_report(report("w1", {}, {9: 1500.0}))
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.tasks == [], "rows still queued are not paid for twice"
+
+    # A slice published after ours on our level (priority 5) was delivered: ours are gone.
+    await dispatcher.inflight.on_report(report("w1", {}, {3: 1002.0}))
+    store.stalled["job1"] = 10
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == [10, 11, *range(14, 20)]
+    assert {task.sent_at for task, _ in recorder.tasks} == {1000.0}
+
+
+async def test_a_resent_row_is_younger_than_the_marks_that_condemned_it(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    wall = Clock(1000.0)
+    dispatcher = make(store, recorder, Waiting(5), wall, Clock())
+    await stalled_job(store, recorder, dispatcher)
+    await dispatcher.inflight.on_report(report("w1", {}, {5: 1010.0}))
+    wall.now = 1020.0
+    assert await dispatcher.recover_stalled() == 1
+    assert len(recorder.flat()) == 8
+    recorder.tasks.clear()
+    store.stalled["job1"] = 10
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.tasks == [], "re-sent at 1020, after the latest mark (1010): queued"
+
+
+async def test_a_worker_holds_a_slice_until_it_is_finished_and_reports_its_marks() -> None:
+    holdings = Holdings("w1", 2.0)
+    first = holdings.take(DecodedSlice("job1", "m", ((3, []), (4, [])), {}, 5, 1000.0))
+    holdings.take(DecodedSlice("job1", "m", ((1, []),), {}, 5, 1001.0))
+    holdings.take(DecodedSlice("job2", "m", ((0, []),), {}, 2, 999.0))
+    sent = holdings.report()
+    assert sent == HoldingReport(
+        "w1",
+        6.0,
+        (HeldRows("job1", (1, 3, 4)), HeldRows("job2", (0,))),
+        ((2, 999.0), (5, 1001.0)),
+    )
+    assert HoldingReport.decode(sent.encode()) == sent
+    holdings.leave(first)
+    assert holdings.report() == HoldingReport(
+        "w1", 6.0, (HeldRows("job1", (1,)), HeldRows("job2", (0,))), ()
+    )
+
+
+def test_the_send_log_forgets_old_spans_into_its_floor() -> None:
+    sent = SendLog(100.0)
+    for i in range(SEND_LOG_SPANS + 2):
+        sent.record(i * 4, i * 4 + 4, 200.0 + i)
+    assert sent.sent_at(0) == 201.0, "forgotten: at most the newest forgotten stamp"
+    assert sent.sent_at(8) == 202.0
+    assert sent.sent_at(4 * (SEND_LOG_SPANS + 1)) == 200.0 + SEND_LOG_SPANS + 1
+    assert sent.sent_at(10_000) == 201.0
