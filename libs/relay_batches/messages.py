@@ -77,7 +77,7 @@ class SliceMessage:
     model: str
     rows: tuple[SliceRow, ...]
     params_json: str = "{}"
-    priority: int = 0
+    level: int = 0  # the broker priority the slice is published at
     sent_at: float = 0.0
 
     KIND = "rows"
@@ -91,7 +91,7 @@ class SliceMessage:
                 "model": self.model,
                 "params": orjson.Fragment(self.params_json),
                 "rows": [[r.index, orjson.Fragment(r.messages_json)] for r in self.rows],
-                "priority": self.priority,
+                "level": self.level,
                 "sent_at": self.sent_at,
             },
         )
@@ -110,7 +110,7 @@ class SliceMessage:
                 str(d["model"]),
                 rows,
                 params,
-                int(d.get("priority", 0)),
+                int(d.get("level", 0)),
                 float(d.get("sent_at", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -132,7 +132,7 @@ class DecodedSlice:
     model: str
     rows: tuple[tuple[int, list[Any]], ...]
     params: dict[str, Any] = field(default_factory=dict)
-    priority: int = 0
+    level: int = 0
     sent_at: float = 0.0
 
 
@@ -283,9 +283,9 @@ class HoldingReport:
 
     ``held`` is every row the worker holds now; the report is valid for ``ttl_s``
     (a worker that stops reporting, killed or cut off, holds nothing after that).
-    ``marks`` are ``(job priority, sent_at)`` of the latest-published slice per job
-    priority the worker took since its previous report: the dispatchers' evidence of
-    how far the broker's queue has been delivered.
+    ``marks`` are ``(broker level, sent_at)`` of the latest-published slice per broker
+    level the worker took since its previous report: the dispatchers' evidence of how
+    far the broker's queue has been delivered.
     """
 
     worker: str

@@ -86,6 +86,7 @@ class Settings:
     slice_rows: int = 16
     dispatch_window: int = 1024
     max_running_jobs: int = 64
+    max_running_jobs_per_workspace: int = 0
     lease_seconds: float = 30.0
     reconcile_seconds: float = 2.0
     results_flush_ms: float = 25.0
@@ -130,6 +131,10 @@ class Settings:
             slice_rows=_clamp(_int(env, "RELAY_SLICE_ROWS", d.slice_rows), 1, 1000),
             dispatch_window=max(1, _int(env, "RELAY_DISPATCH_WINDOW", d.dispatch_window)),
             max_running_jobs=max(1, _int(env, "RELAY_MAX_RUNNING_JOBS", d.max_running_jobs)),
+            max_running_jobs_per_workspace=max(
+                0,
+                _int(env, "RELAY_MAX_RUNNING_JOBS_PER_WORKSPACE", d.max_running_jobs_per_workspace),
+            ),
             lease_seconds=_positive(env, "RELAY_LEASE_SECONDS", d.lease_seconds),
             reconcile_seconds=_positive(env, "RELAY_RECONCILE_SECONDS", d.reconcile_seconds),
             results_flush_ms=_positive(env, "RELAY_RESULTS_FLUSH_MS", d.results_flush_ms),

@@ -8,7 +8,7 @@ import os
 
 from relay_batches.announce import announce_finished
 from relay_batches.bus.client import Bus
-from relay_batches.bus.topology import Names, broker_priority
+from relay_batches.bus.topology import MAX_PRIORITY, Names
 from relay_batches.ids import new_id
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.outbox import mark_finished_published
@@ -34,10 +34,8 @@ async def build(
     await bus.connect()
     resources.push_async_callback(bus.close)
 
-    async def publish_slice(task: SliceMessage, priority: int) -> None:
-        await bus.publish(
-            bus.names.rows, task.encode(), kind="rows", priority=broker_priority(priority)
-        )
+    async def publish_slice(task: SliceMessage, level: int) -> None:
+        await bus.publish(bus.names.rows, task.encode(), kind="rows", priority=level)
 
     async def announce_failed(event: JobEvent) -> None:
         await announce_finished(
@@ -51,6 +49,8 @@ async def build(
         max_running_jobs=settings.max_running_jobs,
         lease_s=settings.lease_seconds,
         stall_s=settings.stall_seconds,
+        max_running_per_workspace=settings.max_running_jobs_per_workspace,
+        max_level=MAX_PRIORITY,
     )
     dispatcher = Dispatcher(
         DispatchStore(pool),

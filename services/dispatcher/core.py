@@ -5,6 +5,11 @@ publishes task slices of consecutive rows (confirmed) and then records the new
 ``dispatched_upto`` in the ledger, so a restart resumes where it left off (at worst
 re-publishing a slice, which the aggregator's idempotent insert absorbs).
 
+Fair and prompt (see :mod:`relay_batches.services.dispatcher.sharing`): workspaces take
+turns for slots, each workspace's releasing jobs share one window, and within a
+workspace only its highest-priority jobs release rows; a queued job that outranks every
+job of its workspace here is claimed even when the slots are full.
+
 No aio-pika or asyncpg here: the store and the publishers are passed in.
 """
 
@@ -22,9 +27,16 @@ from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog
+from relay_batches.services.dispatcher.sharing import (
+    boost_for,
+    outranking_floors,
+    releasing,
+    window_share,
+)
 
 log = logging.getLogger("relay.dispatcher")
 
+# A slice and its broker priority level (0..max_level, higher first).
 PublishSlice = Callable[[SliceMessage, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
 FETCH_SLICES = 16
@@ -55,8 +67,15 @@ def slice_rows(
 class Store(Protocol):
     """What the dispatcher needs of the ledger."""
 
-    async def claim_queued(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
-        """Claim queued jobs."""
+    async def claim_queued(
+        self, owner: str, limit: int, lease_s: float, per_workspace: int = 0
+    ) -> list[RunningJob]:
+        """Claim queued jobs, the workspaces taking turns."""
+
+    async def claim_outranking(
+        self, owner: str, floors: dict[str, int], limit: int, lease_s: float
+    ) -> list[RunningJob]:
+        """Claim queued jobs above the highest priority we run of their workspace."""
 
     async def claim_expired(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
         """Claim running jobs whose lease expired."""
@@ -102,6 +121,8 @@ class DispatchConfig:
     max_running_jobs: int
     lease_s: float
     stall_s: float = 120.0
+    max_running_per_workspace: int = 0
+    max_level: int = 9
 
 
 @dataclass
@@ -113,11 +134,19 @@ class OwnedJob:
     done: int
     lock: asyncio.Lock
     sent: SendLog
+    held: bool = False
+    level: int = 0
+    boost: int = 0
 
     @property
     def exhausted(self) -> bool:
         """Every row has been published."""
         return self.dispatched_upto >= self.job.total
+
+    @property
+    def in_flight(self) -> int:
+        """Rows published that have no outcome yet (as far as this dispatcher knows)."""
+        return max(0, self.dispatched_upto - self.done)
 
 
 class Dispatcher:
@@ -170,17 +199,40 @@ class Dispatcher:
     async def _claim(self) -> int:
         if self._stopped:
             return 0
-        room = self._config.max_running_jobs - len(self.jobs)
-        if room <= 0:
-            return 0
+        claimed = await self._claim_into_room()
+        await self._adopt_all(claimed)
+        outranking = await self._claim_outranking()
+        await self._adopt_all(outranking)
+        return len(claimed) + len(outranking)
+
+    async def _claim_into_room(self) -> list[RunningJob]:
+        """Orphaned jobs first, then queued ones in the workspaces' turn, up to our slots."""
         cfg = self._config
+        room = cfg.max_running_jobs - len(self.jobs)
+        if room <= 0:
+            return []
         claimed = await self._store.claim_expired(cfg.owner, room, cfg.lease_s)
         if len(claimed) < room:
-            claimed += await self._store.claim_queued(cfg.owner, room - len(claimed), cfg.lease_s)
+            claimed += await self._store.claim_queued(
+                cfg.owner, room - len(claimed), cfg.lease_s, cfg.max_running_per_workspace
+            )
+        return claimed
+
+    async def _claim_outranking(self) -> list[RunningJob]:
+        """With every slot taken, claim queued jobs that outrank all of their workspace's
+        jobs here: they release rows at once while those wait, keeping their lease. At
+        most ``max_running_jobs`` jobs wait so beside the full slots."""
+        cfg = self._config
+        room = 2 * cfg.max_running_jobs - len(self.jobs)
+        if len(self.jobs) < cfg.max_running_jobs or room <= 0:
+            return []
+        floors = outranking_floors(owned.job for owned in self.jobs.values())
+        return await self._store.claim_outranking(cfg.owner, floors, room, cfg.lease_s)
+
+    async def _adopt_all(self, claimed: list[RunningJob]) -> None:
         for job in sorted(claimed, key=lambda j: -j.priority):
             if job.id not in self.jobs:
                 await self._adopt(job)
-        return len(claimed)
 
     async def _adopt(self, job: RunningJob) -> None:
         if not self._model_known(job.model):
@@ -192,8 +244,10 @@ class Dispatcher:
             extra={"batch_id": job.id, "total": job.total, "from_row": job.dispatched_upto},
         )
         owned = OwnedJob(job, job.dispatched_upto, job.done, asyncio.Lock(), SendLog(self._clock()))
+        owned.level, owned.boost = boost_for(owned, self._workspace_jobs(owned))
         self.jobs[job.id] = owned
         await self.top_up(owned)
+        await self.resume_held(job.workspace_id)
 
     async def _fail(self, job: RunningJob, error: str) -> None:
         if await self._store.fail(job.id, error):
@@ -210,9 +264,47 @@ class Dispatcher:
             return
         if event.status in TERMINAL:
             self.forget(event.batch_id)
+            await self.resume_held(owned.job.workspace_id)
             return
         owned.done = max(owned.done, event.completed + event.failed)
         await self.top_up(owned)
+        if owned.exhausted:
+            await self.resume_held(owned.job.workspace_id)
+
+    async def resume_held(self, workspace_id: str) -> None:
+        """Mark which of the workspace's jobs wait, and top up those that no releasing
+        job outranks any more."""
+        for other in list(self.jobs.values()):
+            if other.job.workspace_id != workspace_id:
+                continue
+            was_held = other.held
+            if self._may_release(other) and was_held:
+                await self.top_up(other)
+
+    def _workspace_jobs(self, owned: OwnedJob) -> list[OwnedJob]:
+        """Our jobs of ``owned``'s workspace (``owned`` included if we hold it)."""
+        workspace = owned.job.workspace_id
+        return [o for o in self.jobs.values() if o.job.workspace_id == workspace]
+
+    def _may_release(self, owned: OwnedJob) -> bool:
+        """False (and the job marked held) while a higher-priority job of its workspace
+        still has rows to release here."""
+        owned.held = owned not in releasing(self._workspace_jobs(owned))
+        return not owned.held
+
+    def _window(self, owned: OwnedJob) -> int:
+        """The job's part of its workspace's window (one window per workspace)."""
+        return window_share(
+            self._config.window, self._config.slice_rows, self._workspace_jobs(owned)
+        )
+
+    def _broker_level(self, owned: OwnedJob, rows: int) -> int:
+        """The broker priority of ``rows`` rows about to go out for ``owned``: its boost
+        level while rows of lower jobs it overtook may still be queued, else 0."""
+        if owned.boost <= 0:
+            return 0
+        owned.boost -= rows
+        return min(owned.level, self._config.max_level)
 
     def forget(self, batch_id: str) -> None:
         """Stop releasing rows of ``batch_id`` (ended or canceled)."""
@@ -270,10 +362,7 @@ class Dispatcher:
                 i
                 for i in unfinished
                 if i not in held
-                and (
-                    queue_empty
-                    or self.inflight.delivered_after(job.priority, owned.sent.sent_at(i))
-                )
+                and (queue_empty or self.inflight.delivered_after(*owned.sent.sent(i)))
             ]
             log.log(
                 logging.WARNING if lost else logging.INFO,
@@ -315,8 +404,9 @@ class Dispatcher:
         Rows go out in batches of at least a quarter window (or one slice, or the rest of
         the job), so a stream of small progress events costs few ledger reads.
         """
-        # A window smaller than one slice would never release anything: use one slice.
-        window = max(self._config.window, self._config.slice_rows)
+        if not self._may_release(owned):
+            return
+        window = self._window(owned)
         batch = max(self._config.slice_rows, window // TOP_UP_FRACTION)
         async with owned.lock:
             while not owned.exhausted and owned.job.id in self.jobs:
@@ -347,6 +437,7 @@ class Dispatcher:
             return
         job, sent_at = owned.job, self._clock()
         slices = slice_rows(rows, self._config.slice_rows, MAX_SLICE_BYTES)
+        level = self._broker_level(owned, len(rows))
         await asyncio.gather(
             *(
                 self._publish_slice(
@@ -355,12 +446,12 @@ class Dispatcher:
                         job.model,
                         tuple(SliceRow(i, m) for i, m in part),
                         job.params,
-                        job.priority,
+                        level,
                         sent_at,
                     ),
-                    job.priority,
+                    level,
                 )
                 for part in slices
             )
         )
-        owned.sent.record(rows[0][0], rows[-1][0] + 1, sent_at)
+        owned.sent.record(rows[0][0], rows[-1][0] + 1, sent_at, level)

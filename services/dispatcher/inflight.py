@@ -2,7 +2,7 @@
 how far the broker has delivered the ``rows`` queue.
 
 Every row-worker publishes a heartbeat (``worker.holding``) listing the rows it holds
-and, per job priority, the ``sent_at`` stamp of the latest-published slice it took since
+and, per broker level, the ``sent_at`` stamp of the latest-published slice it took since
 its previous heartbeat. A worker whose heartbeat is older than its ``ttl_s`` holds
 nothing (killed, or cut off: the broker gives its unacked slices to another worker).
 
@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from relay_batches.bus.topology import broker_priority
 from relay_batches.messages import HoldingReport
 
 # Clocks of the dispatchers stamping ``sent_at`` may differ by this much.
@@ -52,8 +51,7 @@ class InFlight:
         self._workers[report.worker] = _Worker(
             now + report.ttl_s, {h.batch_id: frozenset(h.rows) for h in report.held}
         )
-        for priority, sent_at in report.marks:
-            level = broker_priority(priority)
+        for level, sent_at in report.marks:
             self._marks[level] = max(self._marks.get(level, 0.0), sent_at)
         for worker in [w for w, seen in self._workers.items() if seen.expires_at < now]:
             del self._workers[worker]
@@ -67,11 +65,10 @@ class InFlight:
                 rows |= worker.held.get(batch_id, frozenset())
         return frozenset(rows)
 
-    def delivered_after(self, priority: int, sent_at: float) -> bool:
-        """Whether a slice published after ``sent_at`` on the level of ``priority`` or
-        below was delivered: then a slice of that priority sent at ``sent_at`` left the
-        queue too."""
-        level = broker_priority(priority)
+    def delivered_after(self, level: int, sent_at: float) -> bool:
+        """Whether a slice published after ``sent_at`` on broker level ``level`` or below
+        was delivered: then a slice published on ``level`` at ``sent_at`` left the queue
+        too."""
         return any(
             mark > sent_at + self._skew_s for lvl, mark in self._marks.items() if lvl <= level
         )
@@ -79,25 +76,29 @@ class InFlight:
 
 @dataclass
 class SendLog:
-    """When a job's rows were last published, by span (the latest spans only).
+    """When, and on which broker level, a job's rows were last published, by span (the
+    latest spans only).
 
     Rows outside every remembered span were published at ``floor`` or before (a span
     that is forgotten raises it; a job adopted from another dispatcher starts at its
-    adoption): using ``floor`` for them can only make a row look younger, never lost.
+    adoption), on level 0 as far as we know: a later stamp can only make a row look
+    younger, and a lower level can only ask for stronger evidence that it left the
+    queue (a level-0 slice delivered after it), so neither ever makes a queued row
+    look lost.
     """
 
     floor: float
-    spans: deque[tuple[int, int, float]] = field(default_factory=deque)
+    spans: deque[tuple[int, int, float, int]] = field(default_factory=deque)
 
-    def record(self, start: int, end: int, sent_at: float) -> None:
-        """Rows ``start <= index < end`` went out at ``sent_at``."""
-        self.spans.append((start, end, sent_at))
+    def record(self, start: int, end: int, sent_at: float, level: int = 0) -> None:
+        """Rows ``start <= index < end`` went out at ``sent_at`` on broker level ``level``."""
+        self.spans.append((start, end, sent_at, level))
         while len(self.spans) > SEND_LOG_SPANS:
             self.floor = max(self.floor, self.spans.popleft()[2])
 
-    def sent_at(self, index: int) -> float:
-        """When row ``index`` was last published (at the latest)."""
-        for start, end, stamp in reversed(self.spans):
+    def sent(self, index: int) -> tuple[int, float]:
+        """``(broker level, when)`` row ``index`` was last published (at the latest)."""
+        for start, end, stamp, level in reversed(self.spans):
             if start <= index < end:
-                return stamp
-        return self.floor
+                return level, stamp
+        return 0, self.floor

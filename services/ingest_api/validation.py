@@ -35,8 +35,9 @@ MAX_NAME_CHARS = 256
 MAX_CUSTOM_ID_CHARS = 256
 MAX_WEBHOOK_URL_CHARS = 2048
 MAX_CRON_CHARS = 256
-PRIORITY_MIN = -(2**31)
-PRIORITY_MAX = 2**31 - 1
+# Priority orders jobs within their workspace (fairness shares across workspaces).
+PRIORITY_MIN = -1000
+PRIORITY_MAX = 1000
 _ABSENT = object()
 _QUOTE_CHARS = 64
 # Every job-level field of a submission: the rest of a body is its rows.

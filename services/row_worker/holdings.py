@@ -30,8 +30,8 @@ class Holdings:
         """Hold ``task``'s rows; return the token that :meth:`leave` lets go of."""
         token = next(self._tokens)
         self._held[token] = (task.batch_id, tuple(index for index, _ in task.rows))
-        if task.sent_at > self._marks.get(task.priority, 0.0):
-            self._marks[task.priority] = task.sent_at
+        if task.sent_at > self._marks.get(task.level, 0.0):
+            self._marks[task.level] = task.sent_at
         return token
 
     def leave(self, token: int) -> None:

@@ -123,6 +123,7 @@ REPRESENTATIVE_RULES = [
         f"at most {MAX_BYTES} bytes",
         id="configured-content-bytes",
     ),
+    pytest.param(body(priority=1001), "priority", "between -1000 and 1000", id="priority-range"),
 ]
 
 

@@ -29,6 +29,7 @@ def job(
     failed: int = 0,
     dispatched_upto: int = 0,
     params: str = '{"temperature":0}',
+    workspace: str | None = None,
 ) -> RunningJob:
     return RunningJob(
         id=job_id,
@@ -41,6 +42,8 @@ def job(
         dispatched_upto=dispatched_upto,
         rows_batch_id=f"rows-{job_id}",
         params=params,
+        # Each job its own workspace unless told: no sharing between them.
+        workspace_id=f"ws-{job_id}" if workspace is None else workspace,
     )
 
 
@@ -69,9 +72,25 @@ class FakeStore:
             self.totals[j.rows_batch_id] = j.total
         return taken
 
-    async def claim_queued(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
+    async def claim_queued(
+        self, owner: str, limit: int, lease_s: float, per_workspace: int = 0
+    ) -> list[RunningJob]:
         self.calls.append(("claim_queued", owner, limit, lease_s))
         return self._take(self.queued, limit)
+
+    async def claim_outranking(
+        self, owner: str, floors: dict[str, int], limit: int, lease_s: float
+    ) -> list[RunningJob]:
+        self.calls.append(("claim_outranking", owner, dict(floors), limit))
+        above = [
+            j
+            for j in self.queued
+            if j.workspace_id in floors and j.priority > floors[j.workspace_id]
+        ]
+        taken = self._take(above, limit)
+        for j in taken:
+            self.queued.remove(j)
+        return taken
 
     async def claim_expired(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
         self.calls.append(("claim_expired", owner, limit, lease_s))
@@ -185,14 +204,15 @@ async def test_claim_publishes_one_window_in_consecutive_slices(
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
     assert await dispatcher.claim() == 1
     assert recorder.indexes() == slices(0, 20, 4)
-    assert all(priority == 7 for _, priority in recorder.tasks)
+    # The job's priority orders it within its workspace only: its rows go at level 0.
+    assert all(level == 0 for _, level in recorder.tasks)
     first, _ = recorder.tasks[0]
     assert first == SliceMessage(
         "job1",
         "gpt-4o-mini",
         tuple(SliceRow(i, messages_json(i)) for i in range(4)),
         '{"temperature":0}',
-        7,
+        0,
         first.sent_at,
     )
     assert first.sent_at > 0, "stamped with the time it went out"
@@ -366,18 +386,18 @@ async def test_claim_prefers_expired_then_queued_up_to_the_limit(
     store.queued += [job("low", priority=2, total=4), job("high", priority=9, total=4)]
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4, max_running_jobs=2)
     assert await dispatcher.claim() == 2
+    floors = {"ws-orphan": 1, "ws-high": 9}
     assert store.calls == [
         ("claim_expired", OWNER, 2, LEASE_S),
         ("claim_queued", OWNER, 1, LEASE_S),
+        ("claim_outranking", OWNER, floors, 2),
     ]
     # Adopted highest priority first.
-    assert [(task.batch_id, prio) for task, prio in recorder.tasks] == [
-        ("high", 9),
-        ("orphan", 1),
-    ]
+    assert [task.batch_id for task, _ in recorder.tasks] == ["high", "orphan"]
     store.calls.clear()
+    # Full: only a job outranking its workspace's jobs here could still be claimed.
     assert await dispatcher.claim() == 0
-    assert store.calls == []
+    assert store.calls == [("claim_outranking", OWNER, floors, 2)]
 
 
 async def test_release_all_gives_up_every_lease(store: FakeStore, recorder: Recorder) -> None:
@@ -435,3 +455,100 @@ def test_slices_are_cut_by_rows_and_by_bytes() -> None:
         [3],
         [4, 5],
     ]
+
+
+# --- sharing: one window per workspace, priority within it -----------------------------
+
+
+async def test_jobs_of_one_workspace_share_its_window_and_another_workspace_has_its_own(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued += [
+        job("a1", total=100, workspace="a"),
+        job("a2", total=100, workspace="a"),
+        job("b1", total=100, workspace="b"),
+    ]
+    dispatcher = make_dispatcher(store, recorder, window=16, slice_rows=4)
+    await dispatcher.claim()
+    published = {i: len(recorder.flat(i)) for i in ("a1", "a2", "b1")}
+    assert published == {"a1": 16, "a2": 8, "b1": 16}  # a1 alone at first, then halves
+    # a1 has more than its half queued: it waits until it drained below 8.
+    recorder.tasks.clear()
+    await dispatcher.on_progress(progress("a1", completed=4))
+    assert recorder.flat("a1") == []
+    await dispatcher.on_progress(progress("a1", completed=12))
+    assert recorder.flat("a1") == [16, 17, 18, 19]
+    assert dispatcher.jobs["a1"].in_flight == 8
+
+
+async def test_a_higher_priority_job_is_claimed_with_the_slots_full_and_the_lower_waits(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job("low", total=100, priority=0, workspace="a"))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4, max_running_jobs=1)
+    await dispatcher.claim()
+    assert recorder.flat("low") == list(range(20))
+    recorder.tasks.clear()
+
+    store.queued.append(job("high", total=40, priority=100, workspace="a"))
+    assert await dispatcher.claim() == 1
+    assert set(dispatcher.jobs) == {"low", "high"}
+    # One level above the 20 low rows still queued, for as many rows; then level 0.
+    assert [(t.batch_id, level) for t, level in recorder.tasks] == [("high", 1)] * 5
+    await dispatcher.on_progress(progress("low", completed=20))
+    assert recorder.flat("low") == []  # held: its lease is kept, no top-up
+    assert dispatcher.jobs["low"].held
+    recorder.tasks.clear()
+    await dispatcher.on_progress(progress("high", completed=20, total=40))
+    high = [(t.batch_id, level) for t, level in recorder.tasks if t.batch_id == "high"]
+    assert high == [("high", 0)] * 5
+    assert dispatcher.jobs["high"].exhausted
+    # Every row of the high job is out: the low one is topped up again at once.
+    assert recorder.flat("low") == list(range(20, 40))
+    assert not dispatcher.jobs["low"].held
+
+
+async def test_a_lower_priority_job_waits_while_a_higher_one_of_its_workspace_releases(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued += [
+        job("high", total=40, priority=5, workspace="a"),
+        job("low", total=40, priority=1, workspace="a"),
+        job("other", total=40, priority=0, workspace="b"),
+    ]
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    assert (len(recorder.flat("high")), recorder.flat("low"), len(recorder.flat("other"))) == (
+        20,
+        [],
+        20,
+    )
+    await dispatcher.on_progress(progress("high", completed=20, total=40))
+    assert recorder.flat("low") == list(range(20))
+    await dispatcher.on_progress(progress("high", completed=40, status="completed", total=40))
+    assert "high" not in dispatcher.jobs
+
+
+async def test_no_outranking_claim_while_slots_are_free(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job("a", total=8))
+    dispatcher = make_dispatcher(store, recorder, max_running_jobs=2)
+    await dispatcher.claim()
+    assert [c[0] for c in store.calls] == ["claim_expired", "claim_queued"]
+
+
+async def test_outranking_claims_stop_at_twice_the_slots(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job("p0", total=100, priority=0, workspace="a"))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4, max_running_jobs=1)
+    await dispatcher.claim()
+    store.queued.append(job("p1", total=100, priority=1, workspace="a"))
+    await dispatcher.claim()
+    store.queued.append(job("p2", total=100, priority=2, workspace="a"))
+    store.calls.clear()
+    assert await dispatcher.claim() == 0
+    assert store.calls == []
+    assert set(dispatcher.jobs) == {"p0", "p1"}
+    assert [dispatcher.jobs[i].held for i in ("p0", "p1")] == [True, False]

@@ -85,7 +85,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         "gpt-4o-mini",
         (SliceRow(4, MESSAGES_1), SliceRow(5, MESSAGES_2)),
         params_json='{"temperature":0.5}',
-        priority=3,
+        level=3,
         sent_at=1700000000.25,
     )
     encoded = task.encode()
@@ -99,7 +99,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         "model": "gpt-4o-mini",
         "params": {"temperature": 0.5},
         "rows": [[4, orjson.loads(MESSAGES_1)], [5, orjson.loads(MESSAGES_2)]],
-        "priority": 3,
+        "level": 3,
         "sent_at": 1700000000.25,
     }
     decoded = SliceMessage.decode(encoded)

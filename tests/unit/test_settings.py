@@ -74,6 +74,8 @@ def test_batch_concurrency_is_clamped(raw: str, expected: int) -> None:
         ("RELAY_DISPATCH_WINDOW", "dispatch_window", "0", 1),
         ("RELAY_RESULTS_FLUSH_ROWS", "results_flush_rows", "-1", 1),
         ("RELAY_AGGREGATOR_PREFETCH", "aggregator_prefetch", "0", 1),
+        ("RELAY_MAX_RUNNING_JOBS_PER_WORKSPACE", "max_running_jobs_per_workspace", "-3", 0),
+        ("RELAY_MAX_RUNNING_JOBS_PER_WORKSPACE", "max_running_jobs_per_workspace", "4", 4),
     ],
 )
 def test_other_bounded_integers(name: str, attr: str, raw: str, expected: int) -> None:

@@ -127,8 +127,8 @@ async def test_queued_rows_wait_until_a_later_slice_of_their_level_was_delivered
     assert await dispatcher.recover_stalled() == 1
     assert recorder.tasks == [], "rows still queued are not paid for twice"
 
-    # A slice published after ours on our level (priority 5) was delivered: ours are gone.
-    await dispatcher.inflight.on_report(report("w1", {}, {3: 1002.0}))
+    # A slice published after ours on our level (0: no boost) was delivered: ours are gone.
+    await dispatcher.inflight.on_report(report("w1", {}, {0: 1002.0}))
     store.stalled["job1"] = 10
     assert await dispatcher.recover_stalled() == 1
     assert recorder.flat() == [10, 11, *range(14, 20)]
@@ -141,7 +141,7 @@ async def test_a_resent_row_is_younger_than_the_marks_that_condemned_it(
     wall = Clock(1000.0)
     dispatcher = make(store, recorder, Waiting(5), wall, Clock())
     await stalled_job(store, recorder, dispatcher)
-    await dispatcher.inflight.on_report(report("w1", {}, {5: 1010.0}))
+    await dispatcher.inflight.on_report(report("w1", {}, {0: 1010.0}))
     wall.now = 1020.0
     assert await dispatcher.recover_stalled() == 1
     assert len(recorder.flat()) == 8
@@ -174,7 +174,23 @@ def test_the_send_log_forgets_old_spans_into_its_floor() -> None:
     sent = SendLog(100.0)
     for i in range(SEND_LOG_SPANS + 2):
         sent.record(i * 4, i * 4 + 4, 200.0 + i)
-    assert sent.sent_at(0) == 201.0, "forgotten: at most the newest forgotten stamp"
-    assert sent.sent_at(8) == 202.0
-    assert sent.sent_at(4 * (SEND_LOG_SPANS + 1)) == 200.0 + SEND_LOG_SPANS + 1
-    assert sent.sent_at(10_000) == 201.0
+    assert sent.sent(0) == (0, 201.0), "forgotten: at most the newest forgotten stamp"
+    assert sent.sent(8) == (0, 202.0)
+    assert sent.sent(4 * (SEND_LOG_SPANS + 1)) == (0, 200.0 + SEND_LOG_SPANS + 1)
+    assert sent.sent(10_000) == (0, 201.0)
+
+
+async def test_rows_sent_on_a_raised_level_are_judged_on_that_level() -> None:
+    sent = SendLog(100.0)
+    sent.record(0, 4, 200.0, level=3)
+    sent.record(4, 8, 201.0)
+    assert sent.sent(2) == (3, 200.0)
+    assert sent.sent(5) == (0, 201.0)
+    inflight = InFlight(Clock())
+    # A level-5 slice delivered later says nothing of level 3: it is served first.
+    await inflight.on_report(report("w1", {}, {5: 300.0}))
+    assert not inflight.delivered_after(*sent.sent(2))
+    # A level-3 (or lower) slice delivered later: ours on level 3 left the queue before.
+    await inflight.on_report(report("w1", {}, {2: 300.0}))
+    assert inflight.delivered_after(*sent.sent(2))
+    assert inflight.delivered_after(*sent.sent(5)) is False  # level 0 needs a level-0 mark

@@ -1,8 +1,10 @@
 """Bus topology: every queue and exchange name, and the one place they are declared.
 
-Priorities: RabbitMQ delivers the higher number first. A job's integer priority is
-mapped onto ``0..MAX_PRIORITY`` (clamped) for the broker; the ledger keeps the exact
-order among queued jobs.
+Priorities: RabbitMQ delivers the higher number first. On ``dispatch`` a wake-up carries
+its job's priority clamped onto ``0..MAX_PRIORITY`` (the ledger keeps the exact order).
+On ``rows`` the level is not the job's priority, which only orders jobs within their
+workspace: the dispatcher sends every workspace's rows at level 0 and raises a job's
+first rows only to overtake lower jobs of its own workspace (``dispatcher/sharing.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ EVENT_HOLDING = "worker.holding"
 
 
 def broker_priority(job_priority: int) -> int:
-    """Map a job's integer priority onto the broker's few levels (higher first)."""
+    """Map a job's integer priority onto the broker's few levels (higher first), for
+    ``dispatch`` wake-ups."""
     return max(0, min(MAX_PRIORITY, job_priority))
 
 

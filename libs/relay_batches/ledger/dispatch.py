@@ -13,7 +13,8 @@ from relay_batches.ledger.status_sql import status_in
 from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
-    "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params"
+    "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params,"
+    " workspace_id"
 )
 
 
@@ -31,6 +32,7 @@ class RunningJob:
     dispatched_upto: int
     rows_batch_id: str
     params: str
+    workspace_id: str = ""
 
     @property
     def done(self) -> int:
@@ -53,11 +55,44 @@ class DispatchStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def claim_queued(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
-        """Mark up to ``limit`` queued jobs running under our lease, best priority first."""
+    async def claim_queued(
+        self, owner: str, limit: int, lease_s: float, per_workspace: int = 0
+    ) -> list[RunningJob]:
+        """Mark up to ``limit`` queued jobs running under our lease, shared fairly.
+
+        Workspaces take turns: a workspace's next job ranks by how many jobs it already
+        runs plus its place among its own queued jobs (``priority DESC, created_at``), so
+        each claim goes to the workspaces running least; ties go to the longest waiting.
+        ``per_workspace`` > 0 caps the running jobs of one workspace. The workspaces are
+        locked ``SKIP LOCKED`` for the statement, so dispatchers claiming at once split
+        them and each counts exactly.
+        """
         async with translated():
             records = await self._pool.fetch(
-                _CLAIM_QUEUED, owner, limit, lease_s, JobStatus.RUNNING
+                _CLAIM_QUEUED, owner, limit, lease_s, JobStatus.RUNNING, per_workspace
+            )
+        return sorted((_running(r) for r in records), key=lambda j: -j.priority)
+
+    async def claim_outranking(
+        self, owner: str, floors: dict[str, int], limit: int, lease_s: float
+    ) -> list[RunningJob]:
+        """Claim up to ``limit`` queued jobs that outrank every job we run of their workspace.
+
+        ``floors`` maps a workspace to the highest priority we run for it; a queued job of
+        that workspace above it is claimed even though our slots are full (the lower jobs
+        then wait, see the dispatcher), best priority first.
+        """
+        if not floors or limit <= 0:
+            return []
+        async with translated():
+            records = await self._pool.fetch(
+                _CLAIM_OUTRANKING,
+                owner,
+                limit,
+                lease_s,
+                JobStatus.RUNNING,
+                list(floors),
+                list(floors.values()),
             )
         return sorted((_running(r) for r in records), key=lambda j: -j.priority)
 
@@ -182,15 +217,59 @@ def _running(record: asyncpg.Record) -> RunningJob:
     return replace(job, status=JobStatus(job.status))
 
 
-# $1 owner, $2 limit, $3 lease seconds, $4 running: the guarded move of the best queued
-# jobs (the scan names the allowed-from statuses so it uses batches_queued_order).
+_QUEUED = status_in(allowed_from(JobStatus.RUNNING))
+_RUNNING = status_in([JobStatus.RUNNING])
+
+# $1 owner, $2 limit, $3 lease seconds, $4 running, $5 per-workspace cap (0: none): the
+# guarded move of the queued jobs whose turn comes first. ``turn`` is the workspace's
+# running jobs plus the job's rank among its workspace's queued ones, so claims go round
+# the workspaces; on a tie the workspace served least recently (``last_claim_at``) goes
+# first, and each claim stamps the workspaces it served. The scans name their statuses so
+# they use the partial indexes; FOR UPDATE cannot sit beside a window function, so the
+# picked ids are locked after.
 _CLAIM_QUEUED = (
+    "WITH spaces AS ("
+    "  SELECT w.id, w.last_claim_at FROM workspaces w"
+    f"  WHERE w.id IN (SELECT workspace_id FROM batches WHERE {_QUEUED})"
+    "  FOR NO KEY UPDATE SKIP LOCKED),"
+    " load AS ("
+    "  SELECT workspace_id, count(*) AS running FROM batches"
+    f"  WHERE {_RUNNING} AND workspace_id IN (SELECT id FROM spaces) GROUP BY workspace_id),"
+    " turns AS ("
+    "  SELECT q.id, q.created_at, s.last_claim_at,"
+    "   COALESCE(l.running, 0) + row_number() OVER ("
+    "    PARTITION BY q.workspace_id ORDER BY q.priority DESC, q.created_at, q.id) AS turn"
+    "  FROM batches q JOIN spaces s ON s.id = q.workspace_id"
+    "  LEFT JOIN load l ON l.workspace_id = q.workspace_id"
+    f"  WHERE q.{_QUEUED}),"
+    " picked AS ("
+    "  SELECT id FROM turns WHERE $5 = 0 OR turn <= $5"
+    "  ORDER BY turn, last_claim_at NULLS FIRST, created_at, id LIMIT $2),"
+    " claimed AS ("
+    "  UPDATE batches b SET status = $4, started_at = now(),"
+    "  last_progress_at = now(), lease_owner = $1,"
+    "  lease_expires_at = now() + make_interval(secs => $3)"
+    "  FROM (SELECT id FROM batches WHERE id IN (SELECT id FROM picked)"
+    f"        AND {_QUEUED} FOR UPDATE SKIP LOCKED) q"
+    f"  WHERE b.id = q.id RETURNING {_prefixed('b')}),"
+    " served AS ("
+    "  UPDATE workspaces SET last_claim_at = now()"
+    "  WHERE id IN (SELECT workspace_id FROM claimed))"
+    f" SELECT {_JOB_COLUMNS} FROM claimed"
+)
+
+# $1 owner, $2 limit, $3 lease seconds, $4 running, $5/$6 workspaces and the highest
+# priority we run for each: queued jobs above that priority, best first.
+_CLAIM_OUTRANKING = (
     "UPDATE batches b SET status = $4, started_at = now(),"
     " last_progress_at = now(), lease_owner = $1,"
     " lease_expires_at = now() + make_interval(secs => $3)"
-    f" FROM (SELECT id FROM batches WHERE {status_in(allowed_from(JobStatus.RUNNING))}"
-    "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
-    f" WHERE b.id = q.id RETURNING {_prefixed('b')}"
+    " FROM (SELECT q.id FROM batches q"
+    "       JOIN unnest($5::text[], $6::int[]) AS f(workspace_id, floor)"
+    "         ON f.workspace_id = q.workspace_id"
+    f"      WHERE q.{_QUEUED} AND q.priority > f.floor"
+    "       ORDER BY q.priority DESC, q.created_at LIMIT $2 FOR UPDATE OF q SKIP LOCKED) c"
+    f" WHERE b.id = c.id RETURNING {_prefixed('b')}"
 )
 
 # $1 owner, $2 limit, $3 lease seconds: running jobs whose lease expired (batches_running).

@@ -1,0 +1,61 @@
+"""How one dispatcher shares its slots and its broker window, as pure functions.
+
+- **Across workspaces** the window is shared: each workspace's releasing jobs split one
+  ``RELAY_DISPATCH_WINDOW`` between them, so a workspace running many jobs has no more
+  rows queued in the broker than one running a single job (the slots themselves go round
+  the workspaces in the ledger's claim, :mod:`relay_batches.ledger.dispatch`).
+- **Within a workspace** priority decides: only the workspace's highest-priority jobs
+  that still have rows to release are topped up; lower ones wait, keeping their lease,
+  until those have released every row.
+- **A job that overtakes** lower jobs of its workspace whose rows are still queued in the
+  broker sends as many rows one broker level above theirs, so it starts at once instead
+  of queueing behind them; afterwards its rows go at the base level, the same for every
+  workspace, so priority never lets one workspace's rows overtake another's for long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from relay_batches.ledger.dispatch import RunningJob
+
+if TYPE_CHECKING:
+    from relay_batches.services.dispatcher.core import OwnedJob
+
+
+def releasing(workspace_jobs: list[OwnedJob]) -> list[OwnedJob]:
+    """The jobs of one workspace that may release rows: those at the highest priority
+    among the jobs with rows left to release (all of them if none has)."""
+    pending = [o.job.priority for o in workspace_jobs if not o.exhausted]
+    if not pending:
+        return list(workspace_jobs)
+    top = max(pending)
+    return [o for o in workspace_jobs if o.job.priority >= top]
+
+
+def window_share(window: int, slice_rows: int, workspace_jobs: list[OwnedJob]) -> int:
+    """One releasing job's part of its workspace's window, never less than one slice (a
+    window smaller than a slice would release nothing)."""
+    sharing = sum(1 for o in releasing(workspace_jobs) if not o.exhausted)
+    whole = max(window, slice_rows)
+    return max(slice_rows, -(-whole // max(1, sharing)))
+
+
+def boost_for(new: OwnedJob, workspace_jobs: list[OwnedJob]) -> tuple[int, int]:
+    """``(level, rows)`` for a job joining ``workspace_jobs``: one level above the lower
+    jobs' rows that may still be queued, for as many rows as they have in flight; ``(0,
+    0)`` when it overtakes nothing."""
+    lower = [o for o in workspace_jobs if o.job.priority < new.job.priority and o.in_flight > 0]
+    if not lower:
+        return 0, 0
+    return 1 + max(o.level for o in lower), sum(o.in_flight for o in lower)
+
+
+def outranking_floors(jobs: Iterable[RunningJob]) -> dict[str, int]:
+    """The highest priority among ``jobs`` of each workspace: a queued job above it
+    outranks every job of its workspace that we run."""
+    floors: dict[str, int] = {}
+    for job in jobs:
+        floors[job.workspace_id] = max(job.priority, floors.get(job.workspace_id, job.priority))
+    return floors
