@@ -85,7 +85,7 @@ class Settings:
     batch_concurrency: int = 4
     slice_rows: int = 16
     dispatch_window: int = 1024
-    dispatch_window_bytes: int = 32 * 1024 * 1024
+    dispatch_window_bytes: int = 16 * 1024 * 1024
     max_running_jobs: int = 64
     lease_seconds: float = 30.0
     reconcile_seconds: float = 2.0

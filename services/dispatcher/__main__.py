@@ -51,6 +51,7 @@ async def build(
         max_running_jobs=settings.max_running_jobs,
         lease_s=settings.lease_seconds,
         stall_s=settings.stall_seconds,
+        window_bytes=settings.dispatch_window_bytes,
     )
     dispatcher = Dispatcher(
         DispatchStore(pool),
