@@ -24,13 +24,16 @@ def messages(index: int, size: int) -> str:
 
 
 class Published:
-    """The slices a dispatcher released."""
+    """The slices a dispatcher released for one job (it may claim others queued by other
+    tests of the session)."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_id: str) -> None:
+        self.batch_id = batch_id
         self.tasks: list[SliceMessage] = []
 
     async def publish(self, task: SliceMessage, priority: int) -> None:
-        self.tasks.append(task)
+        if task.batch_id == self.batch_id:
+            self.tasks.append(task)
 
     async def announce(self, event: JobEvent) -> None:
         raise AssertionError(f"unexpected job failure {event}")
@@ -52,8 +55,8 @@ async def test_a_job_of_big_rows_keeps_its_message_bytes_in_flight_within_the_wi
         NewJob(new_id(), workspace, "win", "gpt-4o-mini", 0, len(sizes), None, None, None),
         ((f"c-{i}", messages(i, size)) for i, size in enumerate(sizes)),
     )
-    published = Published()
-    config = DispatchConfig("dispatcher-bytes", 1024, 4, 10, lease_s=30, window_bytes=BUDGET)
+    published = Published(batch.id)
+    config = DispatchConfig("dispatcher-bytes", 1024, 4, 1000, lease_s=30, window_bytes=BUDGET)
     dispatcher = Dispatcher(
         DispatchStore(pool), published.publish, published.announce, lambda _: True, config
     )
