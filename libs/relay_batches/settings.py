@@ -85,6 +85,7 @@ class Settings:
     batch_concurrency: int = 4
     slice_rows: int = 16
     dispatch_window: int = 1024
+    dispatch_window_bytes: int = 16 * 1024 * 1024
     max_running_jobs: int = 64
     max_running_jobs_per_workspace: int = 0
     lease_seconds: float = 30.0
@@ -93,6 +94,7 @@ class Settings:
     results_flush_rows: int = 64
     aggregator_chunk: int = 64
     aggregator_prefetch: int = 256
+    aggregator_chunk_bytes: int = 16 * 1024 * 1024
     aggregator_linger_ms: float = 20.0
     webhook_timeout_s: float = 10.0
     webhook_allow_networks: tuple[IPNetwork, ...] = ()
@@ -104,6 +106,7 @@ class Settings:
     max_body_bytes: int = 100 * 1024 * 1024
     max_rows: int = 100_000
     max_content_bytes: int = 1024 * 1024
+    results_page_bytes: int = 4 * 1024 * 1024
     shutdown_grace_s: float = 20.0
     log_level: str = "INFO"
     event_loop: str = "uvloop"
@@ -130,6 +133,9 @@ class Settings:
             ),
             slice_rows=_clamp(_int(env, "RELAY_SLICE_ROWS", d.slice_rows), 1, 1000),
             dispatch_window=max(1, _int(env, "RELAY_DISPATCH_WINDOW", d.dispatch_window)),
+            dispatch_window_bytes=max(
+                1, _int(env, "RELAY_DISPATCH_WINDOW_BYTES", d.dispatch_window_bytes)
+            ),
             max_running_jobs=max(1, _int(env, "RELAY_MAX_RUNNING_JOBS", d.max_running_jobs)),
             max_running_jobs_per_workspace=max(
                 0,
@@ -143,6 +149,9 @@ class Settings:
             aggregator_prefetch=max(
                 1, _int(env, "RELAY_AGGREGATOR_PREFETCH", d.aggregator_prefetch)
             ),
+            aggregator_chunk_bytes=max(
+                1, _int(env, "RELAY_AGGREGATOR_CHUNK_BYTES", d.aggregator_chunk_bytes)
+            ),
             aggregator_linger_ms=_float(env, "RELAY_AGGREGATOR_LINGER_MS", d.aggregator_linger_ms),
             webhook_timeout_s=_positive(env, "RELAY_WEBHOOK_TIMEOUT_S", d.webhook_timeout_s),
             webhook_allow_networks=_networks(env, "RELAY_WEBHOOK_ALLOW_NETWORKS"),
@@ -154,6 +163,7 @@ class Settings:
             max_body_bytes=_int(env, "RELAY_MAX_BODY_BYTES", d.max_body_bytes),
             max_rows=_int(env, "RELAY_MAX_ROWS", d.max_rows),
             max_content_bytes=_int(env, "RELAY_MAX_CONTENT_BYTES", d.max_content_bytes),
+            results_page_bytes=max(1, _int(env, "RELAY_RESULTS_PAGE_BYTES", d.results_page_bytes)),
             shutdown_grace_s=_positive(env, "RELAY_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             log_level=_str(env, "RELAY_LOG_LEVEL", d.log_level).upper(),
             event_loop=_choice(env, "RELAY_EVENT_LOOP", d.event_loop, ("uvloop", "asyncio")),

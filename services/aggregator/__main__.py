@@ -31,6 +31,7 @@ async def build(
         outbox_every_s=settings.reconcile_seconds,
         grace_s=settings.shutdown_grace_s,
         linger_s=settings.aggregator_linger_ms / 1000,
+        chunk_bytes=settings.aggregator_chunk_bytes,
     )
 
 

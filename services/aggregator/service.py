@@ -1,9 +1,10 @@
 """The aggregator: the ``results`` queue in chunks, and the outbox scan.
 
 A chunk is what arrives within ``linger_s`` of its first message, up to ``chunk``
-messages; it is acked (one multiple-ack) only after its transaction committed and its
-events were confirmed. If recording fails (database away), the chunk is requeued after
-a pause. Messages holding an outcome the ledger can never store (a row index out of its
+messages and ``chunk_bytes`` of message bodies (one bigger message is a chunk alone);
+it is acked (one multiple-ack) only after its transaction committed and its events
+were confirmed. If recording fails (database away), the chunk is requeued after a
+pause. Messages holding an outcome the ledger can never store (a row index out of its
 job's range, a value the database refuses even as an error outcome) go to
 ``<ns>.results.dead`` once the rest of the chunk is recorded. Every ``outbox_every_s``,
 terminal jobs nobody announced are announced.
@@ -48,6 +49,7 @@ def aggregator_service(
     outbox_every_s: float,
     grace_s: float,
     linger_s: float = 0.005,
+    chunk_bytes: int = 16 * 1024 * 1024,
 ) -> BusService:
     """The aggregator's declaration."""
     dead = bus.names.results_dead
@@ -65,6 +67,7 @@ def aggregator_service(
         linger_s=linger_s,
         retry_pause_s=RETRY_PAUSE_S,
         dead_letter=DeadLetter(dead, dead_letter),
+        chunk_bytes=chunk_bytes,
     )
     outbox = every(
         "outbox-scan", outbox_every_s, lambda: aggregator.announce_unannounced(outbox_every_s)

@@ -51,6 +51,7 @@ async def build(
         stall_s=settings.stall_seconds,
         max_running_per_workspace=settings.max_running_jobs_per_workspace,
         max_level=MAX_PRIORITY,
+        window_bytes=settings.dispatch_window_bytes,
     )
     dispatcher = Dispatcher(
         DispatchStore(pool),

@@ -1,9 +1,11 @@
 """Releasing rows: claim jobs, keep a bounded window of each job's rows in the broker.
 
-For every job it owns, the dispatcher keeps ``dispatched_upto - done <= window``: it
-publishes task slices of consecutive rows (confirmed) and then records the new
-``dispatched_upto`` in the ledger, so a restart resumes where it left off (at worst
-re-publishing a slice, which the aggregator's idempotent insert absorbs).
+For every job it owns, the dispatcher keeps ``dispatched_upto - done <= window`` and the
+message text of its rows in flight within ``window_bytes`` (one row larger than that goes
+out alone, when nothing else of the job is in flight): it publishes task slices of
+consecutive rows (confirmed) and then records the new ``dispatched_upto`` in the ledger,
+so a restart resumes where it left off (at worst re-publishing a slice, which the
+aggregator's idempotent insert absorbs).
 
 Fair and prompt (see :mod:`relay_batches.services.dispatcher.sharing`): workspaces take
 turns for slots, each workspace's releasing jobs share one window, and within a
@@ -18,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from relay_batches.ledger.dispatch import RunningJob, StalledJob
+from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, JobStatus
@@ -62,6 +64,24 @@ def slice_rows(
     if current:
         slices.append(current)
     return slices
+
+
+def byte_window_end(
+    in_flight: int, next_rows: Sequence[tuple[int, int]], start: int, end: int, budget: int
+) -> int:
+    """Where a release of rows ``start..end`` stops so that a job's message text in the
+    broker stays within ``budget`` bytes, given ``in_flight`` bytes already out and the
+    ``(row_index, size)`` of the rows that would go. ``start`` means the window is full:
+    nothing goes while less than a quarter of it is free (few, fuller releases rather
+    than one per outcome). With nothing in flight the first row goes even if larger."""
+    if in_flight > 0 and budget - in_flight < budget // TOP_UP_FRACTION:
+        return start
+    total = in_flight
+    for index, size in next_rows:
+        if total > 0 and total + size > budget:
+            return index
+        total += size
+    return end
 
 
 class Store(Protocol):
@@ -104,6 +124,11 @@ class Store(Protocol):
     ) -> list[tuple[int, str]]:
         """Input rows at ``indexes`` that have no outcome yet."""
 
+    async def byte_window(
+        self, job_id: str, rows_batch_id: str, settled_below: int, upto: int, end: int
+    ) -> ByteWindow:
+        """Bytes of messages in flight and the sizes of the next rows."""
+
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
         """Record dispatched_upto."""
 
@@ -123,6 +148,7 @@ class DispatchConfig:
     stall_s: float = 120.0
     max_running_per_workspace: int = 0
     max_level: int = 9
+    window_bytes: int = 16 * 1024 * 1024
 
 
 @dataclass
@@ -137,6 +163,7 @@ class OwnedJob:
     held: bool = False
     level: int = 0
     boost: int = 0
+    settled_below: int = 0  # every row below has an outcome (where in-flight bytes start)
 
     @property
     def exhausted(self) -> bool:
@@ -413,18 +440,33 @@ class Dispatcher:
                 room = owned.done + window - owned.dispatched_upto
                 if room < min(batch, owned.job.total - owned.dispatched_upto):
                     return
-                if not await self._release_rows(owned, room):
+                end = await self._window_end(owned, room)
+                if end <= owned.dispatched_upto:
+                    return  # the job's byte window is full
+                if not await self._release_rows(owned, end):
                     self.forget(owned.job.id)
                     return
 
-    async def _release_rows(self, owned: OwnedJob, room: int) -> bool:
-        """Publish up to ``room`` rows (a few slices); False if the job is no longer ours."""
+    async def _window_end(self, owned: OwnedJob, room: int) -> int:
+        """Where the next release stops: ``room`` rows at most (a few whole slices), and
+        no further than the job's byte window allows (sizes from the ledger)."""
         job, size = owned.job, self._config.slice_rows
         start = owned.dispatched_upto
         count = min(room, size * FETCH_SLICES)
         if start + count < job.total:
             count -= count % size
         end = min(job.total, start + count)
+        window = await self._store.byte_window(
+            job.id, job.rows_batch_id, owned.settled_below, start, end
+        )
+        owned.settled_below = start if window.first_unfinished is None else window.first_unfinished
+        budget = self._config.window_bytes
+        return byte_window_end(window.in_flight, window.next_rows, start, end, budget)
+
+    async def _release_rows(self, owned: OwnedJob, end: int) -> bool:
+        """Publish rows from ``dispatched_upto`` to ``end`` (a few slices); False if the
+        job is no longer ours."""
+        job, start = owned.job, owned.dispatched_upto
         rows = await self._store.fetch_rows(job.id, job.rows_batch_id, start, end)
         await self._publish_rows(owned, rows)
         owned.dispatched_upto = end

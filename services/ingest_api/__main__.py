@@ -51,7 +51,7 @@ async def build(
     aliases = load_aliases(settings.routes_file, os.environ)
     pool = await open_pool(settings, resources, max_size=10)
     bus = await open_bus(settings, resources, "ingest-api")
-    jobs = JobStore(pool)
+    jobs = JobStore(pool, page_bytes=settings.results_page_bytes)
     deps = ApiDeps(
         jobs=jobs,
         idempotency=IdempotencyStore(pool),

@@ -10,6 +10,8 @@ retries, rate limits and timeouts without a real model:
                          alone it means ``fail-first=1``
 ``[sim:delay-ms=N]``     add N ms to this call, on top of the global latency
 ``[sim:hang]``           sleep an hour before answering (the client's timeout cuts it)
+``[sim:reply-bytes=N]``  pad a successful reply's content to N bytes (at most 16 MiB), so
+                         tests and benchmarks get big outputs from small requests
 
 On top of that every call waits ``SimConfig.latency_ms`` and a ``SimConfig.error_rate``
 fraction of the untriggered calls answers 503.
@@ -34,9 +36,12 @@ Sleep = Callable[[float], Awaitable[None]]
 HANG_SECONDS = 3600.0
 MODEL_ID = "sim-echo"
 MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_REPLY_BYTES = 16 * 1024 * 1024
 
 _MARKER = "[sim:"
-_TRIGGER_RE = re.compile(r"\[sim:(?:(status|fail-first|delay-ms|retry-after)=(\d{1,9})|(hang))\]")
+_TRIGGER_RE = re.compile(
+    r"\[sim:(?:(status|fail-first|delay-ms|retry-after|reply-bytes)=(\d{1,9})|(hang))\]"
+)
 
 
 @dataclass(frozen=True)
@@ -66,10 +71,12 @@ class Triggers:
     delay_ms: int | None = None
     retry_after: int | None = None
     hang: bool = False
+    reply_bytes: int | None = None
 
     @property
     def present(self) -> bool:
-        """True when the request carries at least one effective trigger."""
+        """True when the request carries at least one trigger of how the call behaves
+        (``reply-bytes`` only shapes a success and does not count)."""
         return self.hang or any(
             value is not None
             for value in (self.status, self.fail_first, self.delay_ms, self.retry_after)
@@ -107,7 +114,12 @@ def parse_triggers(text: str) -> Triggers:
         delay_ms=values.get("delay-ms"),
         retry_after=values.get("retry-after"),
         hang=hang,
+        reply_bytes=_capped(values.get("reply-bytes"), MAX_REPLY_BYTES),
     )
+
+
+def _capped(value: int | None, cap: int) -> int | None:
+    return None if value is None else min(value, cap)
 
 
 def estimate_tokens(text: str) -> int:
@@ -284,9 +296,12 @@ def error_response(
     return json_response(payload, status=status, headers=headers)
 
 
-def completion_payload(chat: ChatRequest) -> dict[str, object]:
-    """The ``chat.completion`` object answering ``chat``."""
+def completion_payload(chat: ChatRequest, reply_bytes: int | None = None) -> dict[str, object]:
+    """The ``chat.completion`` object answering ``chat``, its content padded with dots to
+    ``reply_bytes`` when given."""
     reply = "echo: " + chat.last_user
+    if reply_bytes is not None:
+        reply += "." * (reply_bytes - len(reply.encode()))
     prompt_tokens = sum(estimate_tokens(content) for content in chat.contents)
     completion_tokens = estimate_tokens(reply)
     return {
@@ -347,7 +362,7 @@ class _Routes:
         if outcome.status != 200:
             message = f"simulated status {outcome.status}"
             return error_response(outcome.status, message, "sim_error", outcome.retry_after)
-        return json_response(completion_payload(chat))
+        return json_response(completion_payload(chat, triggers.reply_bytes))
 
     async def _pause(self, milliseconds: float) -> None:
         if milliseconds > 0:

@@ -43,10 +43,10 @@ class Figure:
         }
 
 
-def rss_mib(pid: int) -> float:
-    """Resident set size of ``pid`` in MiB."""
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident set size of ``pid`` in MiB (``field="VmHWM"``: its peak so far)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
 

@@ -7,6 +7,7 @@ printed at the end and the figures are written to ``bench-report.json``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -17,17 +18,20 @@ import orjson
 from tests.bench.harness import (
     MIB,
     RUNS,
+    Bench,
     Figure,
     RssSampler,
     bench_system,
     ideal_client,
     repeat,
+    rss_mib,
 )
 from tests.helpers.support import rows
 
 PIPELINE_ROWS = 20_000
 LATENCY_MS = 200
 SCALING_ROWS_PER_WORKER = 1_600
+BIG_OUTPUT_ROWS = 256
 
 
 async def test_ingest_rows_per_second(
@@ -149,6 +153,49 @@ async def test_results_streaming_and_memory_on_a_100k_job(
             report[f"results_{key}_bytes"] = size
             if key == "json":
                 report.update(figure.keys("results_rows_per_s"))
+
+
+async def _read_results(bench: Bench, batch_id: str, accept: str) -> tuple[int, int]:
+    """Stream a job's results without keeping them; return (bytes, newlines)."""
+    size = lines = 0
+    async with bench.http.get(
+        f"{bench.api.base_url}/v1/batches/{batch_id}/results",
+        headers={"Authorization": f"Bearer {bench.api.key}", "Accept": accept},
+    ) as response:
+        assert response.status == 200
+        async for chunk in response.content.iter_chunked(MIB):
+            size += len(chunk)
+            lines += chunk.count(b"\n")
+    return size, lines
+
+
+async def test_results_memory_with_1mib_outputs_and_four_readers(
+    output_dir: Path, http: aiohttp.ClientSession, report: dict[str, Any]
+) -> None:
+    """ingest-api's peak RSS (VmHWM) while four clients (two JSON, two ndjson) stream the
+    results of a job of 1 MiB outputs: pages bounded by rows only (before, as if
+    ``RELAY_RESULTS_PAGE_BYTES`` were unlimited) and by the default byte budget (after),
+    each on a freshly started ingest-api of the same system."""
+    n = BIG_OUTPUT_ROWS
+    async with bench_system(output_dir, "bigout", http, concurrency=8) as bench:
+        template = "row {i} [sim:reply-bytes=" + str(MIB) + "]"
+        created = await bench.post(
+            orjson.dumps({"model": "gpt-4o-mini", "requests": rows(n, template)})
+        )
+        await bench.wait_completed(created["id"], n)
+        api = bench.system.processes["ingest-api"]
+        accepts = ["application/json", "application/x-ndjson"] * 2
+        for phase, page_bytes in (("before", str(2**62)), ("after", "")):
+            api.stop()
+            api.env["RELAY_RESULTS_PAGE_BYTES"] = page_bytes
+            api.start()
+            await api.wait_ready(http)
+            read = await asyncio.gather(*(_read_results(bench, created["id"], a) for a in accepts))
+            assert all(size > n * MIB for size, _ in read), read
+            assert [lines for _, lines in read][1::2] == [n, n]
+            peak = round(rss_mib(api.pid, "VmHWM"), 1)
+            report[f"results_peak_rss_mib_1mib_rows_{phase}"] = peak
+        report["results_peak_rss_mib_1mib_rows"] = report["results_peak_rss_mib_1mib_rows_after"]
 
 
 def test_print_the_table(report: dict[str, Any]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aio_pika
 import asyncpg
@@ -18,7 +18,7 @@ from relay_batches.kit.base import BusService
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
-from relay_batches.ledger.outcomes import OutcomeStore
+from relay_batches.ledger.outcomes import JobProgress, OutcomeStore
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
 from relay_batches.services.aggregator.core import Aggregator
 from relay_batches.services.aggregator.service import aggregator_service
@@ -263,3 +263,62 @@ async def test_unstorable_outcomes_are_dead_lettered_and_the_rest_of_the_chunk_i
     assert sorted(dead) == sorted(bodies[::2])
     after = REGISTRY.get_sample_value(DEAD_LETTERED_SAMPLE, {"queue": dead_queue})
     assert after == before + 2
+
+
+class ChunkRecorder(Aggregator):
+    """The aggregator, remembering the encoded size of every chunk it was handed."""
+
+    def __init__(self, pool: asyncpg.Pool, bus: Bus) -> None:
+        super().__init__(OutcomeStore(pool), bus.publish_event)
+        self.chunk_bytes: list[list[int]] = []
+
+    async def record_messages(self, messages: Sequence[OutcomesMessage]) -> list[JobProgress]:
+        self.chunk_bytes.append([len(m.encode()) for m in messages])
+        return await super().record_messages(messages)
+
+
+async def test_chunks_are_cut_by_bytes_of_message_bodies(pool: asyncpg.Pool, bus: Bus) -> None:
+    batch_id = await running_batch(pool, 8)
+    # Eight messages of about 300 KiB wait in the queue before the aggregator starts.
+    bodies = [
+        OutcomesMessage((outcome(batch_id, i, chr(97 + i) * 300 * 1024),)).encode()
+        for i in range(8)
+    ]
+    for body in bodies:
+        await bus.publish(bus.names.results, body, kind="results")
+    recorder = ChunkRecorder(pool, bus)
+
+    async def db_ready() -> bool:
+        return True
+
+    budget = 1024 * 1024
+    service = aggregator_service(
+        bus,
+        recorder,
+        db_ready,
+        prefetch=16,
+        chunk=64,
+        outbox_every_s=0.2,
+        grace_s=5,
+        linger_s=0.5,
+        chunk_bytes=budget,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    try:
+
+        async def finished() -> bool:
+            return (await counters(pool, batch_id))[0] == "completed"
+
+        await wait_until(finished, 20, "the batch of big outcomes to complete")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert await counters(pool, batch_id) == ("completed", 8, 0, 8)
+    assert [size for chunk in recorder.chunk_bytes for size in chunk] == [len(b) for b in bodies]
+    assert all(sum(chunk) <= budget for chunk in recorder.chunk_bytes), recorder.chunk_bytes
+    assert len(recorder.chunk_bytes) >= 3  # 2.4 MiB cannot fit fewer chunks of 1 MiB
+    content = await pool.fetchval(
+        "SELECT content FROM row_results WHERE batch_id = $1 AND row_index = 7", batch_id
+    )
+    assert content == "h" * 300 * 1024

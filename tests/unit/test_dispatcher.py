@@ -7,9 +7,14 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from relay_batches.ledger.dispatch import RunningJob, StalledJob
+from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
-from relay_batches.services.dispatcher.core import FETCH_SLICES, DispatchConfig, Dispatcher
+from relay_batches.services.dispatcher.core import (
+    FETCH_SLICES,
+    DispatchConfig,
+    Dispatcher,
+    byte_window_end,
+)
 
 OWNER = "dispatcher-test"
 LEASE_S = 30.0
@@ -63,6 +68,7 @@ class FakeStore:
     totals: dict[str, int] = field(default_factory=dict)
     outcomes: dict[str, set[int]] = field(default_factory=dict)
     stalled: dict[str, int | None] = field(default_factory=dict)
+    row_bytes: dict[int, int] = field(default_factory=dict)  # a size other than the text's
 
     def _take(self, pool: list[RunningJob], limit: int) -> list[RunningJob]:
         taken = sorted(pool, key=lambda j: -j.priority)[:limit]
@@ -110,6 +116,17 @@ class FakeStore:
         assert 0 <= start < end <= self.totals[rows_batch_id]
         done = self.outcomes.get(job_id, set())
         return [(i, messages_json(i)) for i in range(start, end) if i not in done]
+
+    def size(self, index: int) -> int:
+        return self.row_bytes.get(index, len(messages_json(index)))
+
+    async def byte_window(
+        self, job_id: str, rows_batch_id: str, settled_below: int, upto: int, end: int
+    ) -> ByteWindow:
+        done = self.outcomes.get(job_id, set())
+        flying = [i for i in range(min(settled_below, upto), upto) if i not in done]
+        coming = [(i, self.size(i)) for i in range(upto, end) if i not in done]
+        return ByteWindow(sum(map(self.size, flying)), min(flying, default=None), coming)
 
     async def claim_stalled(
         self, owner: str, job_ids: list[str], stall_s: float
@@ -552,3 +569,69 @@ async def test_outranking_claims_stop_at_twice_the_slots(
     assert store.calls == []
     assert set(dispatcher.jobs) == {"p0", "p1"}
     assert [dispatcher.jobs[i].held for i in ("p0", "p1")] == [True, False]
+
+
+# --- the byte window ---------------------------------------------------------------------
+
+KB = 1000
+
+
+def test_byte_window_end_stops_before_the_row_that_would_overflow() -> None:
+    rows = [(10, 3 * KB), (11, 3 * KB), (12, 3 * KB)]
+    assert byte_window_end(0, rows, 10, 13, 10 * KB) == 13  # 9 KB fit
+    assert byte_window_end(0, rows, 10, 13, 8 * KB) == 12
+    assert byte_window_end(2 * KB, rows, 10, 13, 8 * KB) == 12  # 2 + 3 + 3
+    assert byte_window_end(3 * KB, rows, 10, 13, 8 * KB) == 11
+
+
+def test_byte_window_end_waits_until_a_quarter_of_the_window_is_free() -> None:
+    rows = [(5, 100)]
+    assert byte_window_end(7 * KB, rows, 5, 6, 8 * KB) == 5  # 1 KB free of 8: wait
+    assert byte_window_end(6 * KB, rows, 5, 6, 8 * KB) == 6  # 2 KB free: go
+
+
+def test_a_row_larger_than_the_byte_window_goes_alone_when_nothing_is_in_flight() -> None:
+    rows = [(0, 50 * KB), (1, 1 * KB)]
+    assert byte_window_end(0, rows, 0, 2, 8 * KB) == 1
+    assert byte_window_end(1, rows, 0, 2, 8 * KB) == 0  # something is out: it waits
+    assert byte_window_end(0, [], 4, 8, 8 * KB) == 8  # rows with outcomes only: move on
+
+
+def bytes_dispatcher(store: FakeStore, recorder: Recorder, window_bytes: int) -> Dispatcher:
+    config = DispatchConfig(OWNER, 20, 4, 8, LEASE_S, window_bytes=window_bytes)
+    return Dispatcher(store, recorder.publish, recorder.announce, lambda _: True, config)
+
+
+def in_flight_bytes(store: FakeStore, recorder: Recorder) -> int:
+    done = store.outcomes.get("job1", set())
+    return sum(store.size(i) for i in recorder.flat("job1") if i not in done)
+
+
+async def test_big_rows_are_released_within_the_byte_window(
+    store: FakeStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=12))
+    store.row_bytes.update(dict.fromkeys(range(12), 3 * KB))
+    store.row_bytes[9] = 30 * KB
+    dispatcher = bytes_dispatcher(store, recorder, window_bytes=10 * KB)
+
+    async def finish(upto: int) -> None:
+        store.outcomes["job1"] = set(range(upto))
+        await dispatcher.on_progress(progress("job1", completed=upto, total=12))
+
+    await dispatcher.claim()
+    # The row window (20) would take all 12 rows; 10 KB take three.
+    assert recorder.indexes() == [[0, 1, 2]]
+    await finish(1)  # 6 KB out, 4 KB free: row 3 fits, row 4 would not
+    assert recorder.indexes()[1:] == [[3]]
+    await finish(3)  # 3 KB out: rows 4 and 5
+    assert recorder.indexes()[2:] == [[4, 5]]
+    assert in_flight_bytes(store, recorder) == 9 * KB
+    await finish(6)  # nothing out: rows 6..8; row 9 (30 KB) waits
+    assert recorder.indexes()[3:] == [[6, 7, 8]]
+    await finish(9)  # row 9 goes alone, larger than the window
+    assert recorder.indexes()[4:] == [[9]]
+    await finish(10)
+    assert recorder.indexes()[5:] == [[10, 11]]
+    assert dispatcher.jobs["job1"].settled_below == 10
+    assert store.advanced == [("job1", n) for n in (3, 4, 6, 9, 10, 12)]

@@ -76,6 +76,13 @@ def test_batch_concurrency_is_clamped(raw: str, expected: int) -> None:
         ("RELAY_AGGREGATOR_PREFETCH", "aggregator_prefetch", "0", 1),
         ("RELAY_MAX_RUNNING_JOBS_PER_WORKSPACE", "max_running_jobs_per_workspace", "-3", 0),
         ("RELAY_MAX_RUNNING_JOBS_PER_WORKSPACE", "max_running_jobs_per_workspace", "4", 4),
+        ("RELAY_DISPATCH_WINDOW_BYTES", "dispatch_window_bytes", "0", 1),
+        ("RELAY_DISPATCH_WINDOW_BYTES", "dispatch_window_bytes", "", 16 * 1024 * 1024),
+        ("RELAY_AGGREGATOR_CHUNK_BYTES", "aggregator_chunk_bytes", "-5", 1),
+        ("RELAY_AGGREGATOR_CHUNK_BYTES", "aggregator_chunk_bytes", "", 16 * 1024 * 1024),
+        ("RELAY_RESULTS_PAGE_BYTES", "results_page_bytes", "0", 1),
+        ("RELAY_RESULTS_PAGE_BYTES", "results_page_bytes", "", 4 * 1024 * 1024),
+        ("RELAY_RESULTS_PAGE_BYTES", "results_page_bytes", "65536", 65536),
     ],
 )
 def test_other_bounded_integers(name: str, attr: str, raw: str, expected: int) -> None:

@@ -187,6 +187,12 @@ async def test_healthz_and_models(client: Client) -> None:
         }
 
 
+def test_reply_bytes_is_parsed_capped_and_not_a_behaviour_trigger() -> None:
+    assert parse_triggers("[sim:reply-bytes=1048576]") == Triggers(reply_bytes=1048576)
+    assert parse_triggers("[sim:reply-bytes=999999999]").reply_bytes == 16 * 1024 * 1024
+    assert parse_triggers("[sim:reply-bytes=10]").present is False
+
+
 # --- success -----------------------------------------------------------------------------
 
 
@@ -218,6 +224,16 @@ async def test_success_reply_shape(client: Client) -> None:
         ],
         "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14},
     }
+
+
+async def test_reply_bytes_pads_the_echo_to_that_size(client: Client) -> None:
+    body = chat("big one [sim:reply-bytes=100000]")
+    async with client.post(CHAT, json=body, headers={"Authorization": "Bearer x"}) as response:
+        assert response.status == 200
+        reply = await response.json()
+    content = reply["choices"][0]["message"]["content"]
+    assert content.startswith("echo: big one [sim:reply-bytes=100000]")
+    assert len(content) == 100_000 and content.endswith("...")
 
 
 async def test_reply_ids_differ(client: Client) -> None:

@@ -186,7 +186,8 @@ class DeadLetter:
 @dataclass(frozen=True)
 class ConsumeChunks(Generic[T]):
     """A durable queue taken in chunks: what arrives within ``linger_s`` of a chunk's
-    first message, up to ``chunk`` messages, is decoded and handled as one list."""
+    first message, up to ``chunk`` messages and ``chunk_bytes`` of bodies (a single
+    larger message is a chunk alone), is decoded and handled as one list."""
 
     queue: str
     kind: str
@@ -197,18 +198,17 @@ class ConsumeChunks(Generic[T]):
     linger_s: float
     retry_pause_s: float = 1.0
     dead_letter: DeadLetter | None = None
+    chunk_bytes: int = 16 * 1024 * 1024
 
     async def start(self, bus: ConsumingBus, tasks: Tasks, halt: asyncio.Event) -> None:
         """Consume the queue into an inbox and take chunks from it until ``halt``."""
-        inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        inbox = ChunkInbox()
         await bus.consume(self.queue, inbox.put, self.prefetch)
         tasks.spawn(self._take(inbox, halt), name=f"{self.kind}-chunks", loop=True)
 
-    async def _take(
-        self, inbox: asyncio.Queue[AbstractIncomingMessage], halt: asyncio.Event
-    ) -> None:
+    async def _take(self, inbox: ChunkInbox, halt: asyncio.Event) -> None:
         while not halt.is_set():
-            chunk = await next_chunk(inbox, halt, self.chunk, self.linger_s)
+            chunk = await inbox.next_chunk(halt, self.chunk, self.chunk_bytes, self.linger_s)
             if chunk:
                 await self.settle(chunk)
 
@@ -280,30 +280,57 @@ async def _settle_chunk(chunk: Sequence[AbstractIncomingMessage], bad: set[int])
             await ack(message)
 
 
-async def next_chunk(
-    inbox: asyncio.Queue[AbstractIncomingMessage], halt: asyncio.Event, size: int, linger_s: float
-) -> list[AbstractIncomingMessage]:
-    """Wait for a first message (or ``halt``: then ``[]``), then take what arrives within
-    ``linger_s`` of it, up to ``size`` messages."""
-    getter = asyncio.ensure_future(inbox.get())
-    halted = asyncio.ensure_future(halt.wait())
-    await asyncio.wait({getter, halted}, return_when=asyncio.FIRST_COMPLETED)
-    halted.cancel()
-    if not getter.done():
-        getter.cancel()
-        return []
-    chunk = [getter.result()]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + linger_s
-    while len(chunk) < size:
-        if not inbox.empty():
-            chunk.append(inbox.get_nowait())
-            continue
-        remaining = deadline - loop.time()
+class ChunkInbox:
+    """Deliveries waiting to be taken in chunks, in delivery order. A delivery that would
+    have taken a chunk over its byte budget waits at the front for the next chunk."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        self._held: AbstractIncomingMessage | None = None
+
+    async def put(self, message: AbstractIncomingMessage) -> None:
+        """Take a delivery in (the consumer callback)."""
+        self._queue.put_nowait(message)
+
+    async def next_chunk(
+        self, halt: asyncio.Event, size: int, max_bytes: int, linger_s: float
+    ) -> list[AbstractIncomingMessage]:
+        """Wait for a first message (or ``halt``: then ``[]``), then take what arrives
+        within ``linger_s`` of it, up to ``size`` messages and ``max_bytes`` of bodies."""
+        first = self._held or await self._first(halt)
+        self._held = None
+        if first is None:
+            return []
+        chunk, total = [first], len(first.body)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + linger_s
+        while len(chunk) < size:
+            message = await self._next(deadline - loop.time())
+            if message is None:
+                break
+            if total + len(message.body) > max_bytes:
+                self._held = message
+                break
+            chunk.append(message)
+            total += len(message.body)
+        return chunk
+
+    async def _first(self, halt: asyncio.Event) -> AbstractIncomingMessage | None:
+        getter = asyncio.ensure_future(self._queue.get())
+        halted = asyncio.ensure_future(halt.wait())
+        await asyncio.wait({getter, halted}, return_when=asyncio.FIRST_COMPLETED)
+        halted.cancel()
+        if not getter.done():
+            getter.cancel()
+            return None
+        return getter.result()
+
+    async def _next(self, remaining: float) -> AbstractIncomingMessage | None:
+        if not self._queue.empty():
+            return self._queue.get_nowait()
         if remaining <= 0:
-            break
+            return None
         try:
-            chunk.append(await asyncio.wait_for(inbox.get(), remaining))
+            return await asyncio.wait_for(self._queue.get(), remaining)
         except TimeoutError:
-            break
-    return chunk
+            return None

@@ -49,6 +49,20 @@ class StalledJob:
     first_unfinished: int | None
 
 
+@dataclass(frozen=True)
+class ByteWindow:
+    """A job's message text in the broker and the sizes of the rows that could go next.
+
+    ``in_flight`` counts the rows below ``dispatched_upto`` without an outcome, from
+    ``first_unfinished`` on (None when all of them have one); ``next_rows`` is
+    ``(row_index, size)`` of the rows without an outcome from ``dispatched_upto`` on.
+    """
+
+    in_flight: int
+    first_unfinished: int | None
+    next_rows: list[tuple[int, int]]
+
+
 class DispatchStore:
     """Leases, claims and row reads for the dispatcher."""
 
@@ -206,6 +220,20 @@ class DispatchStore:
             )
         return value is not None
 
+    async def byte_window(
+        self, job_id: str, rows_batch_id: str, settled_below: int, upto: int, end: int
+    ) -> ByteWindow:
+        """Bytes of messages in flight (rows ``settled_below <= index < upto`` without an
+        outcome: rows below ``settled_below`` are known to have one) and the sizes of the
+        unfinished rows ``upto <= index < end``. Sizes are stored lengths (octet_length
+        does not read a value to measure it)."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                _BYTE_WINDOW, job_id, rows_batch_id, min(settled_below, upto), upto, end
+            )
+        assert record is not None
+        return ByteWindow(record[0], record[1], list(zip(record[2], record[3], strict=True)))
+
 
 def _prefixed(alias: str) -> str:
     return ", ".join(f"{alias}.{c.strip()}" for c in _JOB_COLUMNS.split(","))
@@ -324,4 +352,22 @@ _ROWS_AT = (
     " AND NOT EXISTS (SELECT 1 FROM row_results o"
     "   WHERE o.batch_id = $1 AND o.row_index = r.row_index)"
     " ORDER BY r.row_index"
+)
+
+# --- the byte window ----------------------------------------------------------------
+
+# $1 job, $2 the batch whose rows it uses, $3..$4 rows in flight, $4..$5 rows to come.
+_UNFINISHED_SIZED = (
+    "SELECT r.row_index, octet_length(r.messages) AS size FROM batch_rows r"
+    " WHERE r.batch_id = $2 AND r.row_index >= {low} AND r.row_index < {high}"
+    " AND NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1"
+    "   AND o.row_index = r.row_index AND o.row_index >= {low} AND o.row_index < {high})"
+)
+_BYTE_WINDOW = (
+    f"WITH flying AS ({_UNFINISHED_SIZED.format(low='$3', high='$4')}),"
+    f" coming AS ({_UNFINISHED_SIZED.format(low='$4', high='$5')})"
+    " SELECT (SELECT COALESCE(sum(size), 0)::bigint FROM flying),"
+    " (SELECT min(row_index) FROM flying),"
+    " ARRAY(SELECT row_index FROM coming ORDER BY row_index),"
+    " ARRAY(SELECT size FROM coming ORDER BY row_index)"
 )

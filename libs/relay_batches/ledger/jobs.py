@@ -17,19 +17,32 @@ from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import Job, JobStatus, allowed_from
 
 RESULT_PAGE_ROWS = 5000
+RESULT_PAGE_BYTES = 4 * 1024 * 1024
 T = TypeVar("T")
 
-# $1 batch id, $2 the batch whose rows it uses, $3 last row index seen, $4 page size.
-_RESULTS_PAGE = (
-    "SELECT o.row_index, r.custom_id, o.content, o.error"
-    " FROM row_results o JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = o.row_index"
-    " WHERE o.batch_id = $1 AND o.row_index > $3 ORDER BY o.row_index LIMIT $4"
+# A page is cut at $4 rows or $5 bytes of text, whichever comes first; its first row
+# goes out even when it alone is larger. The cut is computed over sizes only
+# (octet_length reads a stored value's length without detoasting it), then only the
+# rows of the page are read in full.
+# $1 batch id, $2 the batch whose rows it uses, $3 last row index seen, $4 rows, $5 bytes.
+_PAGE_CUT = (
+    "WITH sized AS ("
+    "  SELECT o.row_index, row_number() OVER w AS n,"
+    "   sum(octet_length(r.custom_id) + {size}) OVER w AS upto"
+    "  FROM row_results o JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = o.row_index"
+    "  WHERE o.batch_id = $1 AND o.row_index > $3 {only}"
+    "  WINDOW w AS (ORDER BY o.row_index ROWS UNBOUNDED PRECEDING)"
+    "  ORDER BY o.row_index LIMIT $4)"
+    " SELECT o.row_index, r.custom_id, {columns}"
+    " FROM sized s JOIN row_results o ON o.batch_id = $1 AND o.row_index = s.row_index"
+    " JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = s.row_index"
+    " WHERE s.n = 1 OR s.upto <= $5 ORDER BY s.row_index"
 )
-_DEAD_LETTER_PAGE = (
-    "SELECT o.row_index, r.custom_id, o.error, o.attempts"
-    " FROM row_results o JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = o.row_index"
-    " WHERE o.batch_id = $1 AND o.dead_letter AND o.row_index > $3"
-    " ORDER BY o.row_index LIMIT $4"
+_RESULTS_PAGE = _PAGE_CUT.format(
+    size="octet_length(COALESCE(o.content, o.error))", only="", columns="o.content, o.error"
+)
+_DEAD_LETTER_PAGE = _PAGE_CUT.format(
+    size="octet_length(o.error)", only="AND o.dead_letter", columns="o.error, o.attempts"
 )
 
 
@@ -72,8 +85,9 @@ class DeadLetterRow:
 class JobStore:
     """The ``batches``/``batch_rows``/``row_results`` queries of the public API."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, page_bytes: int = RESULT_PAGE_BYTES) -> None:
         self._pool = pool
+        self._page_bytes = page_bytes
 
     async def create(
         self,
@@ -163,32 +177,48 @@ class JobStore:
         return Job.from_record(record)
 
     def result_pages(
-        self, batch: Job, page_rows: int = RESULT_PAGE_ROWS
+        self,
+        batch: Job,
+        page_rows: int = RESULT_PAGE_ROWS,
+        page_bytes: int | None = None,
     ) -> AsyncIterator[list[ResultRow]]:
-        """The job's outcomes in row order, a keyset page at a time."""
-        return self._pages(_RESULTS_PAGE, batch, page_rows, ResultRow)
+        """The job's outcomes in row order, a keyset page at a time: at most ``page_rows``
+        rows and ``page_bytes`` of text (the store's budget by default) per page, unless
+        one row alone is larger (it then goes out alone, whole)."""
+        return self._pages(_RESULTS_PAGE, batch, page_rows, page_bytes, ResultRow)
 
     def dead_letter_pages(
-        self, batch: Job, page_rows: int = RESULT_PAGE_ROWS
+        self,
+        batch: Job,
+        page_rows: int = RESULT_PAGE_ROWS,
+        page_bytes: int | None = None,
     ) -> AsyncIterator[list[DeadLetterRow]]:
-        """The job's dead-letter rows in row order, a keyset page at a time."""
-        return self._pages(_DEAD_LETTER_PAGE, batch, page_rows, DeadLetterRow)
+        """The job's dead-letter rows in row order, pages bounded as :meth:`result_pages`."""
+        return self._pages(_DEAD_LETTER_PAGE, batch, page_rows, page_bytes, DeadLetterRow)
 
     async def _pages(
-        self, sql: str, batch: Job, page_rows: int, factory: Callable[..., T]
+        self,
+        sql: str,
+        batch: Job,
+        page_rows: int,
+        page_bytes: int | None,
+        factory: Callable[..., T],
     ) -> AsyncIterator[list[T]]:
-        last = -1
+        budget = self._page_bytes if page_bytes is None else page_bytes
+        last, limit = -1, page_rows
         while True:
             async with translated():
                 records = await self._pool.fetch(
-                    sql, batch.id, batch.rows_batch_id, last, page_rows
+                    sql, batch.id, batch.rows_batch_id, last, limit, budget
                 )
             if not records:
                 return
             yield [factory(*r) for r in records]
-            if len(records) < page_rows:
-                return
             last = records[-1][0]
+            # A short page was cut by bytes or is the last (only an empty one says which).
+            # Sizes are looked at for about twice the rows the last page held, so pages of
+            # big rows do not each measure thousands of rows they will never hold.
+            limit = min(page_rows, 2 * len(records) + 16)
 
     async def mark_finished_published(self, batch_ids: list[str]) -> None:
         """Record that ``job.finished`` went out for these jobs."""

@@ -1,0 +1,130 @@
+"""Results and dead-letter pages are bounded in bytes as well as rows, on the real ledger,
+and the streamed API still answers every row once, in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+
+from relay_batches.bus.client import Bus
+from relay_batches.ids import new_id
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.outcomes import OutcomeStore
+from relay_batches.messages import RowOutcome
+from relay_batches.model import Job
+from relay_batches.router.aliases import AliasTable
+from tests.helpers.api import start_api
+from tests.helpers.support import ApiClient
+
+KIB = 1024
+# Row i's text: big rows among small ones, one far above the page budget.
+SIZES = [10 * KIB, 10 * KIB, 30 * KIB, 100 * KIB, 1 * KIB, 1 * KIB, 25 * KIB, 5 * KIB, 40 * KIB]
+BUDGET = 32 * KIB
+
+
+async def finished_job(pool: asyncpg.Pool, workspace: str, sizes: list[int]) -> Job:
+    """A completed job whose row ``i`` has ``sizes[i]`` bytes of text; odd rows failed onto
+    the dead-letter list."""
+    job = await JobStore(pool).create(
+        NewJob(new_id(), workspace, "pages", "gpt-4o-mini", 0, len(sizes), None, None, None),
+        ((f"c-{i}", '[{"role":"user","content":"x"}]') for i in range(len(sizes))),
+    )
+    await pool.execute("UPDATE batches SET status = 'running' WHERE id = $1", job.id)
+    await OutcomeStore(pool).record(
+        [
+            RowOutcome(job.id, i, chr(97 + i) * size, None, attempts=1)
+            if i % 2 == 0
+            else RowOutcome(job.id, i, None, chr(97 + i) * size, attempts=2, dead_letter=True)
+            for i, size in enumerate(sizes)
+        ]
+    )
+    found = await JobStore(pool).get(workspace, job.id)
+    assert found is not None and found.status == "completed"
+    return found
+
+
+def text_bytes(custom_id: str, text: str | None) -> int:
+    """What a page's byte budget counts for one row."""
+    return len(custom_id) + len((text or "").encode())
+
+
+def assert_bounded(pages: list[list[int]], sizes: dict[int, int], rows: int, budget: int) -> None:
+    """Every page is within ``rows`` and ``budget`` unless it is one row alone."""
+    for page in pages:
+        assert len(page) <= rows
+        assert len(page) == 1 or sum(sizes[i] for i in page) <= budget, page
+
+
+async def test_result_pages_are_cut_by_bytes_and_keep_every_row(pool: asyncpg.Pool) -> None:
+    workspace = await KeyStore(pool).ensure_workspace(f"pages-{new_id()[:6]}")
+    job = await finished_job(pool, workspace, SIZES)
+    store = JobStore(pool, page_bytes=BUDGET)
+
+    pages = [page async for page in store.result_pages(job)]
+    seen = [row.row_index for page in pages for row in page]
+    assert seen == list(range(len(SIZES)))
+    sizes = {
+        row.row_index: text_bytes(row.custom_id, row.content or row.error)
+        for page in pages
+        for row in page
+    }
+    index_pages = [[row.row_index for row in page] for page in pages]
+    assert_bounded(index_pages, sizes, 5000, BUDGET)
+    assert index_pages == [[0, 1], [2], [3], [4, 5, 6], [7], [8]]
+    big = next(row for page in pages for row in page if row.row_index == 3)
+    assert big.error == "d" * 100 * KIB  # the oversized row went out alone and whole
+
+    by_rows = [[r.row_index for r in page] async for page in store.result_pages(job, page_rows=2)]
+    assert_bounded(by_rows, sizes, 2, BUDGET)
+    assert [i for page in by_rows for i in page] == list(range(len(SIZES)))
+
+
+async def test_dead_letter_pages_are_cut_by_bytes(pool: asyncpg.Pool) -> None:
+    workspace = await KeyStore(pool).ensure_workspace(f"pages-{new_id()[:6]}")
+    job = await finished_job(pool, workspace, SIZES)
+    pages = [page async for page in JobStore(pool).dead_letter_pages(job, page_bytes=BUDGET)]
+    index_pages = [[row.row_index for row in page] for page in pages]
+    assert index_pages == [[1], [3], [5, 7]]
+    sizes = {row.row_index: text_bytes(row.custom_id, row.error) for p in pages for row in p}
+    assert_bounded(index_pages, sizes, 5000, BUDGET)
+    assert [row.attempts for page in pages for row in page] == [2, 2, 2, 2]
+
+
+async def test_results_api_streams_every_row_across_byte_pages(
+    pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, client_a: ApiClient
+) -> None:
+    workspace = await KeyStore(pool).workspace_for_key(client_a.key)
+    assert workspace is not None
+    job = await finished_job(pool, workspace, SIZES)
+    server = await start_api(pool, bus, aliases, JobStore(pool, page_bytes=BUDGET))
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = ApiClient(str(server.make_url("")).rstrip("/"), client_a.key, http)
+            document = await client.results(job.id)
+            ndjson = await ndjson_lines(http, client, f"/v1/batches/{job.id}/results")
+            status, dead = await client.request("GET", f"/v1/batches/{job.id}/dead_letter")
+    finally:
+        await server.close()
+    expected = [
+        {"custom_id": f"c-{i}", "content": chr(97 + i) * size}
+        if i % 2 == 0
+        else {"custom_id": f"c-{i}", "error": chr(97 + i) * size}
+        for i, size in enumerate(SIZES)
+    ]
+    assert document == {"id": job.id, "status": "completed", "data": expected}
+    assert ndjson == expected
+    assert status == 200
+    assert [row["custom_id"] for row in dead["data"]] == ["c-1", "c-3", "c-5", "c-7"]
+
+
+async def ndjson_lines(http: aiohttp.ClientSession, client: ApiClient, path: str) -> list[Any]:
+    """GET ``path`` as ndjson; one decoded object per line."""
+    headers = {"Authorization": f"Bearer {client.key}", "Accept": "application/x-ndjson"}
+    async with http.get(client.base_url + path, headers=headers) as response:
+        assert response.status == 200
+        raw = await response.read()
+    return [orjson.loads(line) for line in raw.splitlines()]
