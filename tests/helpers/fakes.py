@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 
 from relay_batches.errors import TransientError
 from relay_batches.ledger.deliveries import Claim
-from relay_batches.messages import JobEvent
+from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
+from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.model import DeliveryStatus, Job, JobStatus
 from relay_batches.services.notifier.core import PostResult
 
@@ -94,3 +95,170 @@ class FakePost:
 
 
 SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
+
+
+# --- the dispatcher ---------------------------------------------------------------------
+
+OWNER = "dispatcher-test"
+LEASE_S = 30.0
+
+
+def messages_json(index: int) -> str:
+    return f'[{{"role":"user","content":"row {index}"}}]'
+
+
+def job(
+    job_id: str = "job1",
+    *,
+    total: int = 100,
+    priority: int = 5,
+    model: str = "gpt-4o-mini",
+    completed: int = 0,
+    failed: int = 0,
+    dispatched_upto: int = 0,
+    params: str = '{"temperature":0}',
+    workspace: str | None = None,
+) -> RunningJob:
+    return RunningJob(
+        id=job_id,
+        model=model,
+        priority=priority,
+        total=total,
+        completed=completed,
+        failed=failed,
+        status="running",
+        dispatched_upto=dispatched_upto,
+        rows_batch_id=f"rows-{job_id}",
+        params=params,
+        # Each job its own workspace unless told: no sharing between them.
+        workspace_id=f"ws-{job_id}" if workspace is None else workspace,
+    )
+
+
+@dataclass
+class FakeDispatchStore:
+    """The dispatcher's ledger in memory, with every call recorded."""
+
+    queued: list[RunningJob] = field(default_factory=list)
+    expired: list[RunningJob] = field(default_factory=list)
+    alive: dict[str, RunningJob] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+    calls: list[tuple] = field(default_factory=list)
+    fetches: list[tuple[str, int, int]] = field(default_factory=list)
+    advanced: list[tuple[str, int]] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    released: list[list[str]] = field(default_factory=list)
+    totals: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, set[int]] = field(default_factory=dict)
+    stalled: dict[str, int | None] = field(default_factory=dict)
+    row_bytes: dict[int, int] = field(default_factory=dict)  # a size other than the text's
+
+    def _take(self, pool: list[RunningJob], limit: int) -> list[RunningJob]:
+        taken = sorted(pool, key=lambda j: -j.priority)[:limit]
+        for j in taken:
+            pool.remove(j)
+            self.alive[j.id] = j
+            self.totals[j.rows_batch_id] = j.total
+        return taken
+
+    async def claim_queued(
+        self, owner: str, limit: int, lease_s: float, per_workspace: int = 0
+    ) -> list[RunningJob]:
+        self.calls.append(("claim_queued", owner, limit, lease_s))
+        return self._take(self.queued, limit)
+
+    async def claim_outranking(
+        self, owner: str, floors: dict[str, int], limit: int, lease_s: float
+    ) -> list[RunningJob]:
+        self.calls.append(("claim_outranking", owner, dict(floors), limit))
+        above = [
+            j
+            for j in self.queued
+            if j.workspace_id in floors and j.priority > floors[j.workspace_id]
+        ]
+        taken = self._take(above, limit)
+        for j in taken:
+            self.queued.remove(j)
+        return taken
+
+    async def claim_expired(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
+        self.calls.append(("claim_expired", owner, limit, lease_s))
+        return self._take(self.expired, limit)
+
+    async def renew(self, owner: str, job_ids: list[str], lease_s: float) -> list[RunningJob]:
+        self.calls.append(("renew", owner, sorted(job_ids), lease_s))
+        return [self.alive[i] for i in job_ids if i in self.alive]
+
+    async def release(self, owner: str, job_ids: list[str]) -> None:
+        self.released.append(sorted(job_ids))
+
+    async def fetch_rows(
+        self, job_id: str, rows_batch_id: str, start: int, end: int
+    ) -> list[tuple[int, str]]:
+        self.fetches.append((rows_batch_id, start, end))
+        assert 0 <= start < end <= self.totals[rows_batch_id]
+        done = self.outcomes.get(job_id, set())
+        return [(i, messages_json(i)) for i in range(start, end) if i not in done]
+
+    def size(self, index: int) -> int:
+        return self.row_bytes.get(index, len(messages_json(index)))
+
+    async def byte_window(
+        self, job_id: str, rows_batch_id: str, settled_below: int, upto: int, end: int
+    ) -> ByteWindow:
+        done = self.outcomes.get(job_id, set())
+        flying = [i for i in range(min(settled_below, upto), upto) if i not in done]
+        coming = [(i, self.size(i)) for i in range(upto, end) if i not in done]
+        return ByteWindow(sum(map(self.size, flying)), min(flying, default=None), coming)
+
+    async def claim_stalled(
+        self, owner: str, job_ids: list[str], stall_s: float
+    ) -> list[StalledJob]:
+        self.calls.append(("claim_stalled", owner, sorted(job_ids), stall_s))
+        found = [StalledJob(i, self.stalled[i]) for i in job_ids if i in self.stalled]
+        self.stalled.clear()
+        return found
+
+    async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
+        done = self.outcomes.get(job_id, set())
+        return [i for i in range(start, end) if i not in done]
+
+    async def fetch_rows_at(
+        self, job_id: str, rows_batch_id: str, indexes: list[int]
+    ) -> list[tuple[int, str]]:
+        done = self.outcomes.get(job_id, set())
+        return [(i, messages_json(i)) for i in sorted(indexes) if i not in done]
+
+    async def advance(self, owner: str, job_id: str, upto: int) -> bool:
+        assert owner == OWNER
+        self.advanced.append((job_id, upto))
+        return job_id not in self.lost
+
+    async def fail(self, job_id: str, error: str) -> bool:
+        self.failed.append((job_id, error))
+        return True
+
+
+@dataclass
+class Recorder:
+    """Fake publishers: every row task with its priority, every announced event."""
+
+    tasks: list[tuple[SliceMessage, int]] = field(default_factory=list)
+    events: list[JobEvent] = field(default_factory=list)
+
+    async def publish(self, task: SliceMessage, priority: int) -> None:
+        self.tasks.append((task, priority))
+
+    async def announce(self, event: JobEvent) -> None:
+        self.events.append(event)
+
+    def indexes(self, batch_id: str | None = None) -> list[list[int]]:
+        """Row indexes of each published slice, in publish order."""
+        return [
+            [r.index for r in task.rows]
+            for task, _ in self.tasks
+            if batch_id is None or task.batch_id == batch_id
+        ]
+
+    def flat(self, batch_id: str | None = None) -> list[int]:
+        return [i for part in self.indexes(batch_id) for i in part]

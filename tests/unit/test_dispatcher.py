@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pytest
 
-from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.services.dispatcher.core import (
     FETCH_SLICES,
@@ -15,175 +14,19 @@ from relay_batches.services.dispatcher.core import (
     Dispatcher,
     byte_window_end,
 )
-
-OWNER = "dispatcher-test"
-LEASE_S = 30.0
-
-
-def messages_json(index: int) -> str:
-    return f'[{{"role":"user","content":"row {index}"}}]'
-
-
-def job(
-    job_id: str = "job1",
-    *,
-    total: int = 100,
-    priority: int = 5,
-    model: str = "gpt-4o-mini",
-    completed: int = 0,
-    failed: int = 0,
-    dispatched_upto: int = 0,
-    params: str = '{"temperature":0}',
-    workspace: str | None = None,
-) -> RunningJob:
-    return RunningJob(
-        id=job_id,
-        model=model,
-        priority=priority,
-        total=total,
-        completed=completed,
-        failed=failed,
-        status="running",
-        dispatched_upto=dispatched_upto,
-        rows_batch_id=f"rows-{job_id}",
-        params=params,
-        # Each job its own workspace unless told: no sharing between them.
-        workspace_id=f"ws-{job_id}" if workspace is None else workspace,
-    )
-
-
-@dataclass
-class FakeStore:
-    """The dispatcher's ledger in memory, with every call recorded."""
-
-    queued: list[RunningJob] = field(default_factory=list)
-    expired: list[RunningJob] = field(default_factory=list)
-    alive: dict[str, RunningJob] = field(default_factory=dict)
-    lost: set[str] = field(default_factory=set)
-    calls: list[tuple] = field(default_factory=list)
-    fetches: list[tuple[str, int, int]] = field(default_factory=list)
-    advanced: list[tuple[str, int]] = field(default_factory=list)
-    failed: list[tuple[str, str]] = field(default_factory=list)
-    released: list[list[str]] = field(default_factory=list)
-    totals: dict[str, int] = field(default_factory=dict)
-    outcomes: dict[str, set[int]] = field(default_factory=dict)
-    stalled: dict[str, int | None] = field(default_factory=dict)
-    row_bytes: dict[int, int] = field(default_factory=dict)  # a size other than the text's
-
-    def _take(self, pool: list[RunningJob], limit: int) -> list[RunningJob]:
-        taken = sorted(pool, key=lambda j: -j.priority)[:limit]
-        for j in taken:
-            pool.remove(j)
-            self.alive[j.id] = j
-            self.totals[j.rows_batch_id] = j.total
-        return taken
-
-    async def claim_queued(
-        self, owner: str, limit: int, lease_s: float, per_workspace: int = 0
-    ) -> list[RunningJob]:
-        self.calls.append(("claim_queued", owner, limit, lease_s))
-        return self._take(self.queued, limit)
-
-    async def claim_outranking(
-        self, owner: str, floors: dict[str, int], limit: int, lease_s: float
-    ) -> list[RunningJob]:
-        self.calls.append(("claim_outranking", owner, dict(floors), limit))
-        above = [
-            j
-            for j in self.queued
-            if j.workspace_id in floors and j.priority > floors[j.workspace_id]
-        ]
-        taken = self._take(above, limit)
-        for j in taken:
-            self.queued.remove(j)
-        return taken
-
-    async def claim_expired(self, owner: str, limit: int, lease_s: float) -> list[RunningJob]:
-        self.calls.append(("claim_expired", owner, limit, lease_s))
-        return self._take(self.expired, limit)
-
-    async def renew(self, owner: str, job_ids: list[str], lease_s: float) -> list[RunningJob]:
-        self.calls.append(("renew", owner, sorted(job_ids), lease_s))
-        return [self.alive[i] for i in job_ids if i in self.alive]
-
-    async def release(self, owner: str, job_ids: list[str]) -> None:
-        self.released.append(sorted(job_ids))
-
-    async def fetch_rows(
-        self, job_id: str, rows_batch_id: str, start: int, end: int
-    ) -> list[tuple[int, str]]:
-        self.fetches.append((rows_batch_id, start, end))
-        assert 0 <= start < end <= self.totals[rows_batch_id]
-        done = self.outcomes.get(job_id, set())
-        return [(i, messages_json(i)) for i in range(start, end) if i not in done]
-
-    def size(self, index: int) -> int:
-        return self.row_bytes.get(index, len(messages_json(index)))
-
-    async def byte_window(
-        self, job_id: str, rows_batch_id: str, settled_below: int, upto: int, end: int
-    ) -> ByteWindow:
-        done = self.outcomes.get(job_id, set())
-        flying = [i for i in range(min(settled_below, upto), upto) if i not in done]
-        coming = [(i, self.size(i)) for i in range(upto, end) if i not in done]
-        return ByteWindow(sum(map(self.size, flying)), min(flying, default=None), coming)
-
-    async def claim_stalled(
-        self, owner: str, job_ids: list[str], stall_s: float
-    ) -> list[StalledJob]:
-        self.calls.append(("claim_stalled", owner, sorted(job_ids), stall_s))
-        found = [StalledJob(i, self.stalled[i]) for i in job_ids if i in self.stalled]
-        self.stalled.clear()
-        return found
-
-    async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
-        done = self.outcomes.get(job_id, set())
-        return [i for i in range(start, end) if i not in done]
-
-    async def fetch_rows_at(
-        self, job_id: str, rows_batch_id: str, indexes: list[int]
-    ) -> list[tuple[int, str]]:
-        done = self.outcomes.get(job_id, set())
-        return [(i, messages_json(i)) for i in sorted(indexes) if i not in done]
-
-    async def advance(self, owner: str, job_id: str, upto: int) -> bool:
-        assert owner == OWNER
-        self.advanced.append((job_id, upto))
-        return job_id not in self.lost
-
-    async def fail(self, job_id: str, error: str) -> bool:
-        self.failed.append((job_id, error))
-        return True
-
-
-@dataclass
-class Recorder:
-    """Fake publishers: every row task with its priority, every announced event."""
-
-    tasks: list[tuple[SliceMessage, int]] = field(default_factory=list)
-    events: list[JobEvent] = field(default_factory=list)
-
-    async def publish(self, task: SliceMessage, priority: int) -> None:
-        self.tasks.append((task, priority))
-
-    async def announce(self, event: JobEvent) -> None:
-        self.events.append(event)
-
-    def indexes(self, batch_id: str | None = None) -> list[list[int]]:
-        """Row indexes of each published slice, in publish order."""
-        return [
-            [r.index for r in task.rows]
-            for task, _ in self.tasks
-            if batch_id is None or task.batch_id == batch_id
-        ]
-
-    def flat(self, batch_id: str | None = None) -> list[int]:
-        return [i for part in self.indexes(batch_id) for i in part]
+from tests.helpers.fakes import (
+    LEASE_S,
+    OWNER,
+    FakeDispatchStore,
+    Recorder,
+    job,
+    messages_json,
+)
 
 
 @pytest.fixture
-def store() -> FakeStore:
-    return FakeStore()
+def store() -> FakeDispatchStore:
+    return FakeDispatchStore()
 
 
 @pytest.fixture
@@ -192,7 +35,7 @@ def recorder() -> Recorder:
 
 
 def make_dispatcher(
-    store: FakeStore,
+    store: FakeDispatchStore,
     recorder: Recorder,
     *,
     window: int = 20,
@@ -215,7 +58,7 @@ def slices(start: int, end: int, size: int) -> list[list[int]]:
 
 
 async def test_claim_publishes_one_window_in_consecutive_slices(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued.append(job(total=100, priority=7))
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
@@ -238,7 +81,7 @@ async def test_claim_publishes_one_window_in_consecutive_slices(
 
 
 async def test_window_not_a_multiple_of_slice_publishes_whole_slices_only(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued.append(job(total=100))
     dispatcher = make_dispatcher(store, recorder, window=10, slice_rows=4)
@@ -248,7 +91,7 @@ async def test_window_not_a_multiple_of_slice_publishes_whole_slices_only(
 
 
 async def test_on_progress_tops_up_exactly_to_the_window(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued.append(job(total=100))
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
@@ -272,7 +115,9 @@ async def test_on_progress_tops_up_exactly_to_the_window(
     assert store.advanced == [("job1", 20), ("job1", 28), ("job1", 32)]
 
 
-async def test_stale_progress_never_moves_done_back(store: FakeStore, recorder: Recorder) -> None:
+async def test_stale_progress_never_moves_done_back(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
     store.queued.append(job(total=100))
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
     await dispatcher.claim()
@@ -283,14 +128,16 @@ async def test_stale_progress_never_moves_done_back(store: FakeStore, recorder: 
     assert dispatcher.jobs["job1"].done == 8
 
 
-async def test_progress_of_an_unknown_job_is_ignored(store: FakeStore, recorder: Recorder) -> None:
+async def test_progress_of_an_unknown_job_is_ignored(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
     dispatcher = make_dispatcher(store, recorder)
     await dispatcher.on_progress(progress("other", completed=5))
     assert recorder.tasks == []
     assert store.fetches == []
 
 
-async def test_resume_from_dispatched_upto(store: FakeStore, recorder: Recorder) -> None:
+async def test_resume_from_dispatched_upto(store: FakeDispatchStore, recorder: Recorder) -> None:
     store.expired.append(job(total=100, completed=30, failed=2, dispatched_upto=40))
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
     assert await dispatcher.claim() == 1
@@ -300,7 +147,7 @@ async def test_resume_from_dispatched_upto(store: FakeStore, recorder: Recorder)
     assert store.advanced == [("job1", 52)]
 
 
-async def test_unknown_model_fails_the_job(store: FakeStore, recorder: Recorder) -> None:
+async def test_unknown_model_fails_the_job(store: FakeDispatchStore, recorder: Recorder) -> None:
     store.queued.append(job(model="mystery", total=12, completed=0, failed=0))
     dispatcher = make_dispatcher(store, recorder)
     assert await dispatcher.claim() == 1
@@ -313,7 +160,7 @@ async def test_unknown_model_fails_the_job(store: FakeStore, recorder: Recorder)
 
 @pytest.mark.parametrize("status", ["completed", "failed", "canceled"])
 async def test_terminal_progress_forgets_the_job(
-    store: FakeStore, recorder: Recorder, status: str
+    store: FakeDispatchStore, recorder: Recorder, status: str
 ) -> None:
     store.queued.append(job(total=100))
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
@@ -327,7 +174,7 @@ async def test_terminal_progress_forgets_the_job(
 
 
 async def test_renew_drops_jobs_the_store_no_longer_returns(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued += [job("keep", total=100), job("lose", total=100)]
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
@@ -346,7 +193,7 @@ async def test_renew_drops_jobs_the_store_no_longer_returns(
 
 
 async def test_renew_without_jobs_does_not_touch_the_store(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     dispatcher = make_dispatcher(store, recorder)
     await dispatcher.renew()
@@ -358,7 +205,7 @@ async def test_renew_without_jobs_does_not_touch_the_store(
     [(10, 100, 4), (10, 4, 4), (7, 3, 2), (13, 5, 5), (5, 1, 1), (3, 100, 16)],
 )
 async def test_short_last_slice_and_no_index_past_total(
-    store: FakeStore, recorder: Recorder, total: int, window: int, slice_rows: int
+    store: FakeDispatchStore, recorder: Recorder, total: int, window: int, slice_rows: int
 ) -> None:
     store.queued.append(job(total=total))
     dispatcher = make_dispatcher(store, recorder, window=window, slice_rows=slice_rows)
@@ -374,7 +221,9 @@ async def test_short_last_slice_and_no_index_past_total(
     assert store.advanced[-1] == ("job1", total)
 
 
-async def test_fetches_are_bounded_to_a_few_slices(store: FakeStore, recorder: Recorder) -> None:
+async def test_fetches_are_bounded_to_a_few_slices(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
     store.queued.append(job(total=200))
     dispatcher = make_dispatcher(store, recorder, window=1000, slice_rows=4)
     await dispatcher.claim()
@@ -386,7 +235,9 @@ async def test_fetches_are_bounded_to_a_few_slices(store: FakeStore, recorder: R
     assert dispatcher.jobs["job1"].exhausted
 
 
-async def test_lost_lease_on_advance_stops_releasing(store: FakeStore, recorder: Recorder) -> None:
+async def test_lost_lease_on_advance_stops_releasing(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
     store.queued.append(job(total=200))
     store.lost.add("job1")
     dispatcher = make_dispatcher(store, recorder, window=1000, slice_rows=4)
@@ -397,7 +248,7 @@ async def test_lost_lease_on_advance_stops_releasing(store: FakeStore, recorder:
 
 
 async def test_claim_prefers_expired_then_queued_up_to_the_limit(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.expired.append(job("orphan", priority=1, total=4))
     store.queued += [job("low", priority=2, total=4), job("high", priority=9, total=4)]
@@ -417,7 +268,9 @@ async def test_claim_prefers_expired_then_queued_up_to_the_limit(
     assert store.calls == [("claim_outranking", OWNER, floors, 2)]
 
 
-async def test_release_all_gives_up_every_lease(store: FakeStore, recorder: Recorder) -> None:
+async def test_release_all_gives_up_every_lease(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
     store.queued += [job("a"), job("b")]
     dispatcher = make_dispatcher(store, recorder)
     await dispatcher.claim()
@@ -427,7 +280,7 @@ async def test_release_all_gives_up_every_lease(store: FakeStore, recorder: Reco
 
 
 async def test_window_smaller_than_a_slice_still_releases_one_slice(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued.append(job(total=10))
     dispatcher = make_dispatcher(store, recorder, window=3, slice_rows=4)
@@ -443,7 +296,7 @@ async def test_window_smaller_than_a_slice_still_releases_one_slice(
 
 
 async def test_takeover_resumes_at_dispatched_upto_and_skips_rows_with_an_outcome(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.expired.append(job(total=100, completed=30, dispatched_upto=40))
     store.outcomes["job1"] = set(range(30)) | {40, 41}
@@ -454,7 +307,7 @@ async def test_takeover_resumes_at_dispatched_upto_and_skips_rows_with_an_outcom
 
 
 async def test_concurrent_claims_never_exceed_the_running_limit(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued += [job(f"job{i}", total=8) for i in range(10)]
     dispatcher = make_dispatcher(store, recorder, max_running_jobs=3)
@@ -478,7 +331,7 @@ def test_slices_are_cut_by_rows_and_by_bytes() -> None:
 
 
 async def test_jobs_of_one_workspace_share_its_window_and_another_workspace_has_its_own(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued += [
         job("a1", total=100, workspace="a"),
@@ -499,7 +352,7 @@ async def test_jobs_of_one_workspace_share_its_window_and_another_workspace_has_
 
 
 async def test_a_higher_priority_job_is_claimed_with_the_slots_full_and_the_lower_waits(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued.append(job("low", total=100, priority=0, workspace="a"))
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4, max_running_jobs=1)
@@ -526,7 +379,7 @@ async def test_a_higher_priority_job_is_claimed_with_the_slots_full_and_the_lowe
 
 
 async def test_a_lower_priority_job_waits_while_a_higher_one_of_its_workspace_releases(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued += [
         job("high", total=40, priority=5, workspace="a"),
@@ -547,7 +400,7 @@ async def test_a_lower_priority_job_waits_while_a_higher_one_of_its_workspace_re
 
 
 async def test_no_outranking_claim_while_slots_are_free(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued.append(job("a", total=8))
     dispatcher = make_dispatcher(store, recorder, max_running_jobs=2)
@@ -556,7 +409,7 @@ async def test_no_outranking_claim_while_slots_are_free(
 
 
 async def test_outranking_claims_stop_at_twice_the_slots(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued.append(job("p0", total=100, priority=0, workspace="a"))
     dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4, max_running_jobs=1)
@@ -597,18 +450,18 @@ def test_a_row_larger_than_the_byte_window_goes_alone_when_nothing_is_in_flight(
     assert byte_window_end(0, [], 4, 8, 8 * KB) == 8  # rows with outcomes only: move on
 
 
-def bytes_dispatcher(store: FakeStore, recorder: Recorder, window_bytes: int) -> Dispatcher:
+def bytes_dispatcher(store: FakeDispatchStore, recorder: Recorder, window_bytes: int) -> Dispatcher:
     config = DispatchConfig(OWNER, 20, 4, 8, LEASE_S, window_bytes=window_bytes)
     return Dispatcher(store, recorder.publish, recorder.announce, lambda _: True, config)
 
 
-def in_flight_bytes(store: FakeStore, recorder: Recorder) -> int:
+def in_flight_bytes(store: FakeDispatchStore, recorder: Recorder) -> int:
     done = store.outcomes.get("job1", set())
     return sum(store.size(i) for i in recorder.flat("job1") if i not in done)
 
 
 async def test_big_rows_are_released_within_the_byte_window(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     store.queued.append(job(total=12))
     store.row_bytes.update(dict.fromkeys(range(12), 3 * KB))

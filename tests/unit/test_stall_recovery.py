@@ -9,7 +9,7 @@ from relay_batches.messages import DecodedSlice, HeldRows, HoldingReport
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.inflight import SEND_LOG_SPANS, InFlight, SendLog
 from relay_batches.services.row_worker.holdings import Holdings
-from tests.unit.test_dispatcher import LEASE_S, OWNER, FakeStore, Recorder, job
+from tests.helpers.fakes import LEASE_S, OWNER, FakeDispatchStore, Recorder, job
 
 
 class Clock:
@@ -33,8 +33,8 @@ class Waiting:
 
 
 @pytest.fixture
-def store() -> FakeStore:
-    return FakeStore()
+def store() -> FakeDispatchStore:
+    return FakeDispatchStore()
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def recorder() -> Recorder:
 
 
 def make(
-    store: FakeStore, recorder: Recorder, waiting: Waiting, wall: Clock, mono: Clock
+    store: FakeDispatchStore, recorder: Recorder, waiting: Waiting, wall: Clock, mono: Clock
 ) -> Dispatcher:
     return Dispatcher(
         store,
@@ -57,7 +57,7 @@ def make(
     )
 
 
-async def stalled_job(store: FakeStore, recorder: Recorder, dispatcher: Dispatcher) -> None:
+async def stalled_job(store: FakeDispatchStore, recorder: Recorder, dispatcher: Dispatcher) -> None:
     """job1 (100 rows, priority 5) with rows 0..19 out; 0..9, 12, 13 have an outcome."""
     store.queued.append(job(total=100))
     await dispatcher.claim()
@@ -81,7 +81,7 @@ def report(
 
 
 async def test_an_empty_queue_means_every_unheld_unfinished_row_is_lost(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     dispatcher = make(store, recorder, Waiting(0), Clock(), Clock())
     await stalled_job(store, recorder, dispatcher)
@@ -92,7 +92,7 @@ async def test_an_empty_queue_means_every_unheld_unfinished_row_is_lost(
 
 
 async def test_rows_a_live_worker_holds_are_not_sent_again(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     mono = Clock()
     dispatcher = make(store, recorder, Waiting(0), Clock(), mono)
@@ -104,7 +104,7 @@ async def test_rows_a_live_worker_holds_are_not_sent_again(
 
 
 async def test_rows_of_a_worker_whose_heartbeat_expired_are_sent_again(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     mono = Clock()
     dispatcher = make(store, recorder, Waiting(0), Clock(), mono)
@@ -116,7 +116,7 @@ async def test_rows_of_a_worker_whose_heartbeat_expired_are_sent_again(
 
 
 async def test_queued_rows_wait_until_a_later_slice_of_their_level_was_delivered(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     wall, waiting = Clock(1000.0), Waiting(37)
     dispatcher = make(store, recorder, waiting, wall, Clock())
@@ -136,7 +136,7 @@ async def test_queued_rows_wait_until_a_later_slice_of_their_level_was_delivered
 
 
 async def test_a_resent_row_is_younger_than_the_marks_that_condemned_it(
-    store: FakeStore, recorder: Recorder
+    store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     wall = Clock(1000.0)
     dispatcher = make(store, recorder, Waiting(5), wall, Clock())
