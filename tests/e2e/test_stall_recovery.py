@@ -2,7 +2,7 @@
 whatever the queue depth, slow rows are never paid for twice, and the rows of a worker
 killed with ``kill -9`` finish exactly once.
 
-Two row-workers of 4 slots, slices of 4 rows, a window of 32 rows per job, a stall
+Two row-workers of 4 slots, slices of 4 rows, a window of 64 rows per workspace, a stall
 timeout of 3 s and heartbeats every 0.5 s (a worker's report is valid for 1.5 s).
 """
 
@@ -50,7 +50,7 @@ async def ssystem(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterato
         workers=2,
         RELAY_BATCH_CONCURRENCY="4",
         RELAY_SLICE_ROWS="4",
-        RELAY_DISPATCH_WINDOW="32",
+        RELAY_DISPATCH_WINDOW="64",
         RELAY_STALL_SECONDS=str(STALL_S),
         RELAY_HEARTBEAT_SECONDS="0.5",
     )
@@ -130,28 +130,32 @@ def logged(system: System, action: str, batch_id: str) -> bool:
 
 
 async def test_lost_rows_of_one_job_are_resent_under_steady_load_from_others(
-    ssystem: System, sapi: ApiClient
+    ssystem: System, sapi: ApiClient, http: aiohttp.ClientSession
 ) -> None:
     """Job L keeps rows waiting in the queue; job X's rows are dropped from the broker
     while they wait behind L's; job M arrives and keeps the queue busy. X is recovered a
     stall timeout later (the old dispatcher skipped recovery while any row was waiting,
-    so X waited for the whole queue to drain: all of L and M)."""
+    so X waited for the whole queue to drain: all of L and M). X belongs to another
+    workspace: one workspace's jobs share one window, which the two workers' prefetch
+    would hold entirely, so only another workspace's rows wait behind L's."""
     load = await submit(sapi, 500, delay_ms=250)
     await wait_dispatched(ssystem.iso.database_url, load, 32)
-    lost = await submit(sapi, 20, delay_ms=10)
+    other = await admin.create_key(ssystem.iso.database_url, "stall-other")
+    xapi = ApiClient(ssystem.api_url, other.key, http)
+    lost = await submit(xapi, 20, delay_ms=10)
     await wait_dispatched(ssystem.iso.database_url, lost, 20)
     dropped = await drop_ready_rows(ssystem.iso.namespace)
     started = time.monotonic()
     assert dropped.get(lost, 0) > 0, f"X's rows should have been waiting behind L's: {dropped}"
     more = await submit(sapi, 300, delay_ms=250)
 
-    await wait_terminal(sapi, lost, 60)
+    await wait_terminal(xapi, lost, 60)
     recovered_s = time.monotonic() - started
     waiting = await ready_rows(ssystem.iso.namespace)
     assert (await sapi.get(more))["status"] == "running"
     assert waiting > 0, "the queue should still hold rows of the other jobs"
     assert recovered_s < 4 * STALL_S, f"X took {recovered_s:.1f} s to recover"
-    await assert_exactly_once(sapi, ssystem.iso.database_url, lost, custom_ids(20))
+    await assert_exactly_once(xapi, ssystem.iso.database_url, lost, custom_ids(20))
     assert logged(ssystem, "job_stalled", lost)
 
     for batch_id, n in ((load, 500), (more, 300)):
