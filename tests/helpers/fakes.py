@@ -44,14 +44,17 @@ EVENT = JobEvent(BATCH.id, JobStatus.COMPLETED, 3, 2, 1)
 @dataclass
 class FakeDeliveryStore:
     """The notifier's ledger (:class:`RecoveryStore`) in memory: jobs and webhook deliveries;
-    a delivery can be claimed once; ``expired`` claims are handed out to a taker-over and
-    the first ``finish_failures`` records fail as a database outage would."""
+    a delivery can be claimed once; ``expired`` claims are handed out to a taker-over,
+    ``lost`` ones (expired while posting) are marked unknown, and the first
+    ``finish_failures`` records fail as a database outage would."""
 
     batches: dict[str, Job] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
     finished: list[tuple[str, str, int | None, str | None]] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     finish_failures: int = 0
+    posting: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
 
     async def batch(self, batch_id: str) -> Job | None:
         return self.batches.get(batch_id)
@@ -64,6 +67,14 @@ class FakeDeliveryStore:
 
     async def signing_secret(self, workspace_id: str) -> str:
         return SECRET
+
+    async def start_post(self, claim: Claim) -> bool:
+        self.posting.append(claim.batch_id)
+        return True
+
+    async def mark_unknown(self) -> list[str]:
+        lost, self.lost = self.lost, []
+        return lost
 
     async def reclaim_expired(self, limit: int = 20) -> list[Claim]:
         taken, self.expired = self.expired[:limit], self.expired[limit:]

@@ -1,13 +1,20 @@
 """Webhook deliveries: claimed before the POST so a redelivered event never POSTs twice.
 
 A claim carries an expiry longer than any POST can take. A claim still ``sending`` past
-its expiry belongs to a notifier that died between claiming and recording the result;
-another notifier (or the same one after a restart) may take it over, a bounded number
-of times, and then gives up with ``failed``.
+its expiry belongs to a notifier that died before its POST: another notifier (or the
+same one after a restart) may take it over, a bounded number of times, and then gives
+up with ``failed``.
 
-Every claim and takeover bumps ``claims``, and the holder records its result only while
-the row is still ``sending`` with the ``claims`` it was given: a notifier whose claim was
-taken over (it outlived its claim) cannot overwrite the new owner's record.
+Right before its POST the holder moves its claim to ``posting`` (renewing the expiry);
+from then on the delivery is never POSTed again. A ``posting`` claim past its expiry
+becomes ``unknown``, without a takeover: its notifier died after the POST may have gone
+out, or it is alive but cut off from the database, and records the outcome when it
+returns (the ``claims`` number it holds is unchanged).
+
+Every claim and takeover bumps ``claims``, and the holder moves its claim on only while
+the row has the ``claims`` it was given: a notifier whose claim was taken over (it
+outlived its claim while still ``sending``) can neither POST nor overwrite the new
+owner's record.
 """
 
 from __future__ import annotations
@@ -38,17 +45,31 @@ WHERE d.batch_id = q.batch_id
 RETURNING d.batch_id, d.claims
 """
 
+_START_POST = f"""
+UPDATE webhook_deliveries SET status = $3, claim_expires_at = now() + make_interval(secs => $4)
+WHERE batch_id = $1 AND claims = $2 AND {_SENDING}
+RETURNING batch_id
+"""
+
+# $1 unknown: posting claims whose holder went silent; claims unchanged, so it may record.
+_LOSE = f"""
+UPDATE webhook_deliveries SET status = $1,
+    error = 'notifier went silent after starting the POST; it is never sent again'
+WHERE {status_in([DeliveryStatus.POSTING])} AND claim_expires_at < now()
+RETURNING batch_id
+"""
+
 _FINISH = """
 UPDATE webhook_deliveries SET status = $3, status_code = $4, error = $5, finished_at = now()
 WHERE batch_id = $1 AND claims = $2 AND status = ANY($6::text[])
 RETURNING batch_id
 """
 
-# $3 failed: the guarded end of claims taken over too often (scanned by their status).
+# $3 failed: the end of claims taken over too often, never POSTed (sending → failed).
 _ABANDON = f"""
 UPDATE webhook_deliveries SET status = $3, finished_at = now(),
     error = 'notifier stopped during delivery ' || claims || ' times; giving up'
-WHERE {status_in(delivery_allowed_from(DeliveryStatus.FAILED))} AND claims >= $2
+WHERE {_SENDING} AND claims >= $2
   AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
 """
 
@@ -109,11 +130,27 @@ class DeliveryStore:
             records = await conn.fetch(_RECLAIM, self._claim_s, MAX_CLAIMS, limit)
         return [Claim(r[0], r[1]) for r in records]
 
+    async def start_post(self, claim: Claim) -> bool:
+        """Mark the delivery ``posting`` (never POSTed again) and renew its expiry; False,
+        marking nothing, when ``claim`` is no longer the live one: then do not POST."""
+        async with translated():
+            value = await self._pool.fetchval(
+                _START_POST, claim.batch_id, claim.number, DeliveryStatus.POSTING, self._claim_s
+            )
+        return value is not None
+
+    async def mark_unknown(self) -> list[str]:
+        """Mark ``unknown`` every ``posting`` claim past its expiry; return their batches."""
+        async with translated():
+            records = await self._pool.fetch(_LOSE, DeliveryStatus.UNKNOWN)
+        return [r[0] for r in records]
+
     async def finish(
         self, claim: Claim, status: DeliveryStatus, status_code: int | None, error: str | None
     ) -> bool:
         """Record how the delivery ended (``delivered``, ``failed`` or ``refused``), a
-        guarded move from the statuses :func:`delivery_allowed_from` names.
+        guarded move from the statuses :func:`delivery_allowed_from` names (``unknown``
+        among them: a holder back from an outage records what it knows).
 
         False, recording nothing, when ``claim`` is no longer the live one (it expired
         and was taken over, or given up): the record belongs to whoever holds it now.
