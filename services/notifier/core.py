@@ -29,11 +29,11 @@ from typing import Protocol
 import orjson
 
 from relay_batches.errors import TransientError
-from relay_batches.ledger.deliveries import Claim
+from relay_batches.ledger.deliveries import Claim, Deferred
 from relay_batches.messages import JobEvent
 from relay_batches.metrics import WEBHOOK_DELIVERIES
 from relay_batches.model import DeliveryStatus, Job
-from relay_batches.services.notifier.receivers import ReceiverGate, receiver_key
+from relay_batches.services.notifier.receivers import ReceiverBusy, ReceiverGate, receiver_key
 from relay_batches.webhooks import signed_headers
 
 log = logging.getLogger("relay.notifier")
@@ -44,6 +44,8 @@ RECORD_BUDGET_S = 600.0
 RECORD_RETRY_S = 1.0
 CLAIM_MARGIN_S = 20.0
 RECOVER_PASS = 20  # expired claims taken over per recovery pass, one at a time
+DEFERRED_PASS = 64  # deferred deliveries looked at per round of a deferred pass
+DEFERRED_ROUNDS = 10
 
 
 def claim_seconds(webhook_timeout_s: float) -> float:
@@ -93,13 +95,26 @@ class Store(Protocol):
     async def start_post(self, claim: Claim) -> bool:
         """Mark the claim ``posting``; False if ``claim`` is no longer the live one."""
 
+    async def defer(self, batch_id: str, url: str, message_id: str) -> bool:
+        """Record the delivery as deferred; False if it was claimed or deferred before."""
+
     async def finish(
         self, claim: Claim, status: DeliveryStatus, status_code: int | None, error: str | None
     ) -> bool:
         """Record the delivery's end; False if ``claim`` is no longer the live one."""
 
 
-class RecoveryStore(Store, Protocol):
+class DeferredStore(Store, Protocol):
+    """What delivering deferred deliveries needs on top of :class:`Store`."""
+
+    async def deferred(self, limit: int, per_receiver: int) -> list[Deferred]:
+        """The oldest deferred deliveries, at most ``per_receiver`` of each receiver."""
+
+    async def claim_deferred(self, batch_id: str) -> Claim | None:
+        """Claim a deferred delivery; None if another notifier did."""
+
+
+class RecoveryStore(DeferredStore, Protocol):
     """What taking over expired claims needs on top of :class:`Store`."""
 
     async def reclaim_expired(self, limit: int = 20) -> list[Claim]:
@@ -114,30 +129,76 @@ async def deliver_webhook(
 ) -> str:
     """Deliver the webhook for ``event``; return what happened (for logs and tests).
 
-    With a ``gate``, the claim and the POST hold one of the receiver's slots (waiting a
-    bounded time for one, else :class:`ReceiverBusy`); the record is made after the
-    slot is released, so a database outage holds no receiver's slot.
+    With a ``gate``, the claim and the POST hold one of the receiver's slots, waiting a
+    bounded time for one; a delivery that gets none is deferred to the ledger (for
+    :func:`deliver_deferred`) rather than holding its message. The record is made after
+    the slot is released, so a database outage holds no receiver's slot.
     """
     batch = await store.batch(event.batch_id)
     if batch is None or not batch.webhook_url or batch.cron:
         return "no_webhook"
-    url = batch.webhook_url
-    async with _receiver_slot(gate, batch.workspace_id, url):
-        claim = await store.claim(batch.id, url, f"msg_{batch.id}")
-        if claim is None:
+    url, message_id = batch.webhook_url, f"msg_{batch.id}"
+    try:
+        async with _receiver_slot(gate, batch.workspace_id, url, wait=True):
+            claim = await store.claim(batch.id, url, message_id)
+            if claim is None:
+                return "already_delivered"
+            result = await _post(batch, url, claim, store, post)
+    except ReceiverBusy as busy:
+        if not await store.defer(batch.id, url, message_id):
             return "already_delivered"
-        result = await _post(batch, url, claim, store, post)
+        log.info("webhook_deferred", extra={"batch_id": batch.id, "reason": str(busy)})
+        return "deferred"
     if result is None:
         return "taken_over"
     return await _record_outcome(batch, claim, store, result)
 
 
+async def deliver_deferred(store: DeferredStore, post: Post, gate: ReceiverGate) -> int:
+    """Deliver deferred deliveries whose receiver has a free slot now, concurrently,
+    oldest first; repeat while that delivers any (a pass ends when every receiver left
+    is busy). Return how many were POSTed."""
+    delivered = 0
+    for _ in range(DEFERRED_ROUNDS):
+        waiting = await store.deferred(DEFERRED_PASS, gate.slots)
+        if not waiting:
+            break
+        done = await asyncio.gather(*(_deliver_one_deferred(d, store, post, gate) for d in waiting))
+        if not any(done):
+            break
+        delivered += sum(done)
+    return delivered
+
+
+async def _deliver_one_deferred(
+    waiting: Deferred, store: DeferredStore, post: Post, gate: ReceiverGate
+) -> bool:
+    try:
+        async with _receiver_slot(gate, waiting.workspace_id, waiting.url, wait=False):
+            claim = await store.claim_deferred(waiting.batch_id)
+            if claim is None:
+                return False
+            batch = await store.batch(waiting.batch_id)
+            if batch is None or not batch.webhook_url:
+                await _record(
+                    store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone"
+                )
+                return False
+            result = await _post(batch, batch.webhook_url, claim, store, post)
+    except ReceiverBusy:
+        return False
+    if result is None:
+        return False
+    await _record_outcome(batch, claim, store, result)
+    return True
+
+
 def _receiver_slot(
-    gate: ReceiverGate | None, workspace_id: str, url: str
+    gate: ReceiverGate | None, workspace_id: str, url: str, *, wait: bool
 ) -> contextlib.AbstractAsyncContextManager[None]:
     if gate is None:
         return contextlib.nullcontext()
-    return gate.slot(receiver_key(workspace_id, url))
+    return gate.slot(receiver_key(workspace_id, url), wait=wait)
 
 
 async def recover_deliveries(store: RecoveryStore, post: Post, limit: int = RECOVER_PASS) -> int:

@@ -4,11 +4,10 @@ delays its own deliveries.
 A receiver is a workspace's URL authority (``host:port``): one workspace's slow endpoint
 never takes the slots of another workspace, even on the same host. A delivery beyond
 a receiver's slots waits for one, but neither long nor in numbers: it waits at most
-``wait_s``, and at most ``waiters`` wait per receiver; past either bound it is handed
-back (:class:`ReceiverBusy`, a transient error: its ``job.finished`` is requeued and
-comes back later) so that the broker window it holds (an unacked message) goes to other
-receivers' deliveries. Memory is bounded by the deliveries in flight: a receiver nobody
-holds or waits for is forgotten.
+``wait_s``, and at most ``waiters`` wait per receiver; past either bound it is refused
+(:class:`ReceiverBusy`) and the notifier defers it to the ledger, so that the broker
+window it held (an unacked message) goes to other receivers' deliveries. Memory is
+bounded by the deliveries in flight: a receiver nobody holds or waits for is forgotten.
 """
 
 from __future__ import annotations
@@ -59,13 +58,14 @@ class ReceiverGate:
         return 0 if receiver is None else receiver.users
 
     @contextlib.asynccontextmanager
-    async def slot(self, key: tuple[str, str]) -> AsyncIterator[None]:
+    async def slot(self, key: tuple[str, str], *, wait: bool = True) -> AsyncIterator[None]:
         """Hold one of ``key``'s slots for the block; :class:`ReceiverBusy` if none is
-        free within the bounds."""
+        free within the bounds (at once, without ``wait``)."""
         receiver = self._receivers.get(key)
         if receiver is None:
             receiver = self._receivers[key] = _Receiver(asyncio.Semaphore(self.slots))
-        if receiver.users >= self.slots + self.waiters:
+        limit = self.slots + self.waiters if wait else self.slots
+        if receiver.users >= limit:
             raise ReceiverBusy(f"receiver {key[1]} has {receiver.users} deliveries open")
         receiver.users += 1
         try:

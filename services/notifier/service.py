@@ -5,7 +5,9 @@ Up to ``NOTIFY_PREFETCH`` deliveries are open at once, but each receiver (a work
 ``host:port``) gets at most ``RECEIVER_SLOTS`` POSTs in flight and
 ``RECEIVER_WAITERS`` deliveries waiting (for at most ``wait_s``) behind them: one
 receiver holds at most 12 of the 64 open deliveries, so a hanging receiver delays only
-its own webhooks (see :mod:`.receivers`).
+its own webhooks (see :mod:`.receivers`). Deliveries beyond that are deferred to the
+ledger (their message acked) and delivered every ``recover_every_s`` by the
+``deliver-deferred`` pass, as their receiver has room.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from relay_batches.messages import JobEvent
 from relay_batches.services.notifier.core import (
     Post,
     RecoveryStore,
+    deliver_deferred,
     deliver_webhook,
     recover_deliveries,
 )
@@ -38,7 +41,7 @@ def notifier_service(
     receiver_wait_s: float,
 ) -> BusService:
     """The notifier's declaration; a delivery waits at most ``receiver_wait_s`` for a
-    slot of its receiver before it is handed back (requeued) for later."""
+    slot of its receiver before it is deferred for later."""
     gate = ReceiverGate(RECEIVER_SLOTS, RECEIVER_WAITERS, receiver_wait_s)
     finished = Consume(
         bus.names.notify,
@@ -48,4 +51,9 @@ def notifier_service(
         NOTIFY_PREFETCH,
     )
     recovery = every("recover-deliveries", recover_every_s, lambda: recover_deliveries(store, post))
-    return BusService(bus, [finished], periodic=[recovery], ledger=ledger, grace_s=grace_s)
+    deferred = every(
+        "deliver-deferred", recover_every_s, lambda: deliver_deferred(store, post, gate)
+    )
+    return BusService(
+        bus, [finished], periodic=[recovery, deferred], ledger=ledger, grace_s=grace_s
+    )

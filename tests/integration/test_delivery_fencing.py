@@ -21,9 +21,10 @@ from relay_batches.services.notifier.core import PostResult, deliver_webhook, re
 HOOK = "http://127.0.0.1:9/hook"  # never connected to: every Post here is a fake
 
 
-async def new_batch(pool: asyncpg.Pool) -> str:
-    """A one-row batch with a webhook URL."""
-    workspace = await KeyStore(pool).ensure_workspace(f"fence-{new_id()[:6]}")
+async def new_batch(pool: asyncpg.Pool, workspace: str | None = None) -> str:
+    """A one-row batch with a webhook URL (of a new workspace unless one is given)."""
+    if workspace is None:
+        workspace = await KeyStore(pool).ensure_workspace(f"fence-{new_id()[:6]}")
     batch = await JobStore(pool).create(
         NewJob(new_id(), workspace, "fence", "gpt-4o-mini", 0, 1, HOOK, None, None),
         iter([("c-0", '[{"role":"user","content":"hi"}]')]),
@@ -128,3 +129,25 @@ async def test_a_notifier_that_outlived_its_claim_while_posting_is_not_taken_ove
     assert await delivery(pool, batch_id) == ("failed", 500, 1)
     unknown = [r for r in caplog.records if r.getMessage() == "webhook_outcome_unknown"]
     assert [r.__dict__["batch_id"] for r in unknown] == [batch_id]
+
+
+async def test_deferred_deliveries_are_listed_per_receiver_and_claimed_once(
+    pool: asyncpg.Pool,
+) -> None:
+    store = DeliveryStore(pool, claim_s=30)
+    workspace = await KeyStore(pool).ensure_workspace(f"defer-{new_id()[:6]}")
+    busy = [await new_batch(pool, workspace) for _ in range(6)]
+    other = await new_batch(pool, workspace)
+    for batch_id in busy:
+        assert await store.defer(batch_id, HOOK, f"msg_{batch_id}")
+    assert await store.defer(other, HOOK + "/other", f"msg_{other}")
+    assert not await store.defer(other, HOOK + "/other", f"msg_{other}")
+    assert await store.claim(other, HOOK, f"msg_{other}") is None
+    # Nobody holds a deferred delivery: no takeover, no giving up.
+    assert await store.reclaim_expired() == []
+    listed = [d for d in await store.deferred(64, 4) if d.batch_id in {*busy, other}]
+    assert [d.batch_id for d in listed] == [*busy[:4], other]
+    assert await store.claim_deferred(other) == Claim(other, 1)
+    assert await store.claim_deferred(other) is None
+    assert await delivery(pool, other) == ("sending", None, 1)
+    assert other not in {d.batch_id for d in await store.deferred(64, 4)}

@@ -28,7 +28,11 @@ from relay_batches.model import JobStatus
 from relay_batches.services.notifier import core
 from relay_batches.services.notifier.core import deliver_webhook, recover_deliveries
 from relay_batches.services.notifier.http import guarded_poster
-from relay_batches.services.notifier.service import RECEIVER_SLOTS, notifier_service
+from relay_batches.services.notifier.service import (
+    NOTIFY_PREFETCH,
+    RECEIVER_SLOTS,
+    notifier_service,
+)
 from tests.helpers.faults import TcpProxy
 from tests.helpers.support import (
     AMQP_URL,
@@ -41,6 +45,7 @@ from tests.helpers.support import (
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 CLAIM_S = 2.0  # the notifiers' claim time here: the outage below lasts longer
+HANGING = 100  # deliveries to the hanging receiver: more than the notifier's prefetch
 
 
 @dataclass
@@ -206,6 +211,9 @@ async def hooks_iso() -> AsyncIterator[Isolation]:
 async def test_a_hanging_receiver_delays_only_its_own_workspace(
     hooks_iso: Isolation,
 ) -> None:
+    # More hanging deliveries than the notifier's prefetch: those beyond the receiver's
+    # slots and waiters are deferred to the ledger, and each is delivered once later.
+    assert HANGING > NOTIFY_PREFETCH
     pool = await create_pool(hooks_iso.database_url, max_size=4)
     bus = Bus(AMQP_URL, Names(hooks_iso.namespace), "notifier-test")
     await bus.connect()
@@ -216,7 +224,7 @@ async def test_a_hanging_receiver_delays_only_its_own_workspace(
         store,
         guarded_poster(LOOPBACK, 10.0),
         ledger_readiness(pool),
-        recover_every_s=2.0,
+        recover_every_s=0.5,
         grace_s=2.0,
         receiver_wait_s=20.0,
     )
@@ -227,7 +235,7 @@ async def test_a_hanging_receiver_delays_only_its_own_workspace(
             serving(Receiver()) as healthy,
         ):
             await wait_until(service.ready, 30, "the notifier to consume")
-            slow = await new_batches(pool, "slow", hanging.url, 48)
+            slow = await new_batches(pool, "slow", hanging.url, HANGING)
             (fine,) = await new_batches(pool, "fine", healthy.url, 1)
             for batch_id in slow:
                 await bus.publish_event(
@@ -250,6 +258,19 @@ async def test_a_hanging_receiver_delays_only_its_own_workspace(
             assert healthy.ids == [f"msg_{fine}"]
             # Delivered at once, not after the hanging POSTs time out (10 s).
             assert healthy.received_at[0] - sent < 3.0
+            assert hanging.open_most == RECEIVER_SLOTS
+            hanging.release.set()
+
+            async def all_delivered() -> bool:
+                done = await pool.fetchval(
+                    "SELECT count(*) FROM webhook_deliveries"
+                    " WHERE batch_id = ANY($1) AND status = 'delivered'",
+                    slow,
+                )
+                return bool(done == HANGING)
+
+            await wait_until(all_delivered, 120, "every deferred webhook to be delivered")
+            assert sorted(hanging.ids) == sorted(f"msg_{b}" for b in slow)
             assert hanging.open_most == RECEIVER_SLOTS
     finally:
         stop.set()

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from relay_batches.services.notifier import core
-from relay_batches.services.notifier.core import PostResult, deliver_webhook
+from relay_batches.services.notifier.core import PostResult, deliver_deferred, deliver_webhook
 from relay_batches.services.notifier.receivers import ReceiverBusy, ReceiverGate, receiver_key
-from tests.helpers.fakes import BATCH, EVENT, FakeDeliveryStore
+from tests.helpers.fakes import BATCH, EVENT, FakeDeliveryStore, FakePost
 
 
 def test_a_receiver_is_a_workspace_and_an_authority() -> None:
@@ -81,3 +81,21 @@ async def test_the_record_is_made_after_the_receiver_slot_is_released(
 
     assert await deliver_webhook(EVENT, store, post, gate) == "delivered"
     assert in_use_at_finish == [0, 0, 0]
+
+
+async def test_a_delivery_without_a_receiver_slot_is_deferred_not_held() -> None:
+    gate = ReceiverGate(slots=1, waiters=0, wait_s=1)
+    key = receiver_key(BATCH.workspace_id, str(BATCH.webhook_url))
+    store, post = FakeDeliveryStore(batches={BATCH.id: BATCH}), FakePost()
+    async with gate.slot(key):
+        assert await deliver_webhook(EVENT, store, post, gate) == "deferred"
+        assert await deliver_webhook(EVENT, store, post, gate) == "already_delivered"
+        # While the receiver is busy, the deferred pass leaves it waiting.
+        assert await deliver_deferred(store, post, gate) == 0
+    assert post.posts == []
+    assert list(store.waiting) == [BATCH.id]
+    assert await deliver_deferred(store, post, gate) == 1
+    assert [url for url, _ in post.posts] == [BATCH.webhook_url]
+    assert store.finished == [(BATCH.id, "delivered", 204, None)]
+    assert await deliver_deferred(store, post, gate) == 0
+    assert len(post.posts) == 1

@@ -9,3 +9,7 @@ ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check
 
 CREATE INDEX IF NOT EXISTS webhook_deliveries_posting
     ON webhook_deliveries (claim_expires_at) WHERE status = 'posting';
+
+-- Deliveries deferred while their receiver was busy: sending, never claimed (claims 0).
+CREATE INDEX IF NOT EXISTS webhook_deliveries_deferred
+    ON webhook_deliveries (created_at) WHERE status = 'sending' AND claims = 0;
