@@ -163,10 +163,17 @@ async def deliver_deferred(store: DeferredStore, post: Post, gate: ReceiverGate)
         waiting = await store.deferred(DEFERRED_PASS, gate.slots)
         if not waiting:
             break
-        done = await asyncio.gather(*(_deliver_one_deferred(d, store, post, gate) for d in waiting))
+        # Every delivery runs to its end (none is left behind unawaited) before a
+        # failure, e.g. a record that outlasted its budget, ends the pass.
+        done = await asyncio.gather(
+            *(_deliver_one_deferred(d, store, post, gate) for d in waiting),
+            return_exceptions=True,
+        )
+        for failure in (d for d in done if isinstance(d, BaseException)):
+            raise failure
         if not any(done):
             break
-        delivered += sum(done)
+        delivered += sum(1 for d in done if d is True)
     return delivered
 
 
