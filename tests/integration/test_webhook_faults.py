@@ -9,11 +9,9 @@ import contextlib
 import ipaddress
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import asyncpg
 import pytest
-from aiohttp import web
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_FINISHED, Names
@@ -34,71 +32,18 @@ from relay_batches.services.notifier.service import (
     notifier_service,
 )
 from tests.helpers.faults import TcpProxy
+from tests.helpers.receivers import Receiver, serving
 from tests.helpers.support import (
     AMQP_URL,
     Isolation,
     create_isolation,
     drop_isolation,
-    free_port,
     wait_until,
 )
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 CLAIM_S = 2.0  # the notifiers' claim time here: the outage below lasts longer
 HANGING = 100  # deliveries to the hanging receiver: more than the notifier's prefetch
-
-
-@dataclass
-class Receiver:
-    """A webhook receiver that records each POST's ``webhook-id``; ``on_post`` runs on
-    every POST before it is answered, and a ``hang``ing receiver answers only once
-    ``release`` is set."""
-
-    hang: bool = False
-    ids: list[str] = field(default_factory=list)
-    received_at: list[float] = field(default_factory=list)
-    open_now: int = 0
-    open_most: int = 0
-    release: asyncio.Event = field(default_factory=asyncio.Event)
-    on_post: list[asyncio.Event] = field(default_factory=list)
-    port: int = 0
-
-    @property
-    def url(self) -> str:
-        """Where the webhooks go."""
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    async def handle(self, request: web.Request) -> web.Response:
-        """Record, signal, (hang,) answer 204."""
-        await request.read()
-        self.ids.append(request.headers["webhook-id"])
-        self.received_at.append(time.monotonic())
-        for event in self.on_post:
-            event.set()
-        self.open_now += 1
-        self.open_most = max(self.open_most, self.open_now)
-        try:
-            if self.hang:
-                await self.release.wait()
-        finally:
-            self.open_now -= 1
-        return web.Response(status=204)
-
-
-@contextlib.asynccontextmanager
-async def serving(receiver: Receiver) -> AsyncIterator[Receiver]:
-    """Run ``receiver`` on a free loopback port for the block."""
-    app = web.Application()
-    app.router.add_post("/hook", receiver.handle)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
-    await runner.setup()
-    receiver.port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", receiver.port).start()
-    try:
-        yield receiver
-    finally:
-        receiver.release.set()
-        await runner.cleanup()
 
 
 async def new_batches(pool: asyncpg.Pool, workspace_name: str, url: str, n: int) -> list[str]:
