@@ -33,9 +33,11 @@ class DeliveryStatus(StrEnum):
     """Every status of a completion-webhook delivery (``webhook_deliveries.status``)."""
 
     SENDING = "sending"
+    POSTING = "posting"
     DELIVERED = "delivered"
     REFUSED = "refused"
     FAILED = "failed"
+    UNKNOWN = "unknown"
 
 
 S = TypeVar("S", bound=StrEnum)
@@ -56,14 +58,19 @@ JOB_STATUS_TRANSITIONS: Mapping[JobStatus, frozenset[JobStatus]] = {
 
 DELIVERY_INITIAL: frozenset[DeliveryStatus] = frozenset({DeliveryStatus.SENDING})
 
-# A claim is taken ``sending`` and ends once, however the POST went (or was given up).
+# A claim is taken ``sending`` (nothing sent yet: a dead holder's claim is taken over and
+# POSTed) and becomes ``posting`` right before the POST (it may have been sent: it is never
+# POSTed again). It ends once, however the POST went, or fails unsent (given up). A
+# ``posting`` claim whose holder went silent past its expiry is ``unknown``: its holder,
+# if alive after all, still records how the POST went, fenced by its claim number.
+_POST_ENDS = frozenset({DeliveryStatus.DELIVERED, DeliveryStatus.REFUSED, DeliveryStatus.FAILED})
 DELIVERY_STATUS_TRANSITIONS: Mapping[DeliveryStatus, frozenset[DeliveryStatus]] = {
-    DeliveryStatus.SENDING: frozenset(
-        {DeliveryStatus.DELIVERED, DeliveryStatus.REFUSED, DeliveryStatus.FAILED}
-    ),
+    DeliveryStatus.SENDING: frozenset({DeliveryStatus.POSTING, DeliveryStatus.FAILED}),
+    DeliveryStatus.POSTING: _POST_ENDS | {DeliveryStatus.UNKNOWN},
     DeliveryStatus.DELIVERED: frozenset(),
     DeliveryStatus.REFUSED: frozenset(),
     DeliveryStatus.FAILED: frozenset(),
+    DeliveryStatus.UNKNOWN: _POST_ENDS,
 }
 
 

@@ -37,6 +37,8 @@ async def build(
         ledger_readiness(pool),
         recover_every_s=settings.reconcile_seconds,
         grace_s=settings.shutdown_grace_s,
+        # Behind the receiver's slots, waiting out about two POSTs that time out.
+        receiver_wait_s=2 * settings.webhook_timeout_s,
     )
 
 

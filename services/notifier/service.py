@@ -1,5 +1,14 @@
 """The notifier: ``notify`` (bound to ``job.finished``) delivers each webhook; every
-``recover_every_s`` it takes over the claims of notifiers that died mid-delivery."""
+``recover_every_s`` it takes over the claims of notifiers that died mid-delivery.
+
+Up to ``NOTIFY_PREFETCH`` deliveries are open at once, but each receiver (a workspace's
+``host:port``) gets at most ``RECEIVER_SLOTS`` POSTs in flight and
+``RECEIVER_WAITERS`` deliveries waiting (for at most ``wait_s``) behind them: one
+receiver holds at most 12 of the 64 open deliveries, so a hanging receiver delays only
+its own webhooks (see :mod:`.receivers`). Deliveries beyond that are deferred to the
+ledger (their message acked) and delivered every ``recover_every_s`` by the
+``deliver-deferred`` pass, as their receiver has room.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +19,15 @@ from relay_batches.messages import JobEvent
 from relay_batches.services.notifier.core import (
     Post,
     RecoveryStore,
+    deliver_deferred,
     deliver_webhook,
     recover_deliveries,
 )
+from relay_batches.services.notifier.receivers import ReceiverGate
 
-NOTIFY_PREFETCH = 16
+NOTIFY_PREFETCH = 64
+RECEIVER_SLOTS = 4
+RECEIVER_WAITERS = 8
 
 
 def notifier_service(
@@ -25,14 +38,22 @@ def notifier_service(
     *,
     recover_every_s: float,
     grace_s: float,
+    receiver_wait_s: float,
 ) -> BusService:
-    """The notifier's declaration."""
+    """The notifier's declaration; a delivery waits at most ``receiver_wait_s`` for a
+    slot of its receiver before it is deferred for later."""
+    gate = ReceiverGate(RECEIVER_SLOTS, RECEIVER_WAITERS, receiver_wait_s)
     finished = Consume(
         bus.names.notify,
         "finished",
         JobEvent.decode,
-        lambda event: deliver_webhook(event, store, post),
+        lambda event: deliver_webhook(event, store, post, gate),
         NOTIFY_PREFETCH,
     )
     recovery = every("recover-deliveries", recover_every_s, lambda: recover_deliveries(store, post))
-    return BusService(bus, [finished], periodic=[recovery], ledger=ledger, grace_s=grace_s)
+    deferred = every(
+        "deliver-deferred", recover_every_s, lambda: deliver_deferred(store, post, gate)
+    )
+    return BusService(
+        bus, [finished], periodic=[recovery, deferred], ledger=ledger, grace_s=grace_s
+    )

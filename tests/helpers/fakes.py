@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from relay_batches.errors import TransientError
-from relay_batches.ledger.deliveries import Claim
+from relay_batches.ledger.deliveries import Claim, Deferred
 from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.model import DeliveryStatus, Job, JobStatus
@@ -45,14 +45,19 @@ EVENT = JobEvent(BATCH.id, JobStatus.COMPLETED, 3, 2, 1)
 @dataclass
 class FakeDeliveryStore:
     """The notifier's ledger (:class:`RecoveryStore`) in memory: jobs and webhook deliveries;
-    a delivery can be claimed once; ``expired`` claims are handed out to a taker-over and
-    the first ``finish_failures`` records fail as a database outage would."""
+    a delivery can be claimed once; ``expired`` claims are handed out to a taker-over,
+    ``lost`` ones (expired while posting) are marked unknown, ``waiting`` ones are
+    deferred (by batch id: the URL), and the first
+    ``finish_failures`` records fail as a database outage would."""
 
     batches: dict[str, Job] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
     finished: list[tuple[str, str, int | None, str | None]] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     finish_failures: int = 0
+    posting: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)
 
     async def batch(self, batch_id: str) -> Job | None:
         return self.batches.get(batch_id)
@@ -65,6 +70,31 @@ class FakeDeliveryStore:
 
     async def signing_secret(self, workspace_id: str) -> str:
         return SECRET
+
+    async def defer(self, batch_id: str, url: str, message_id: str) -> bool:
+        if batch_id in self.claims or batch_id in self.waiting:
+            return False
+        self.waiting[batch_id] = url
+        return True
+
+    async def deferred(self, limit: int, per_receiver: int) -> list[Deferred]:
+        taken = list(self.waiting.items())[:limit]
+        return [Deferred(b, url, self.batches[b].workspace_id) for b, url in taken]
+
+    async def claim_deferred(self, batch_id: str) -> Claim | None:
+        url = self.waiting.pop(batch_id, None)
+        if url is None:
+            return None
+        self.claims[batch_id] = url
+        return Claim(batch_id, 1)
+
+    async def start_post(self, claim: Claim) -> bool:
+        self.posting.append(claim.batch_id)
+        return True
+
+    async def mark_unknown(self) -> list[str]:
+        lost, self.lost = self.lost, []
+        return lost
 
     async def reclaim_expired(self, limit: int = 20) -> list[Claim]:
         taken, self.expired = self.expired[:limit], self.expired[limit:]

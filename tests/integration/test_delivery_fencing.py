@@ -1,5 +1,7 @@
 """Webhook claims against the real ledger: a notifier whose claim was taken over (it
-outlived its claim) cannot overwrite the record of the notifier that holds it now."""
+outlived its claim before its POST) can neither POST nor overwrite the record of the
+notifier that holds it now; one that outlived its claim while POSTing is not taken
+over, and its record lands."""
 
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from relay_batches.services.notifier.core import PostResult, deliver_webhook, re
 HOOK = "http://127.0.0.1:9/hook"  # never connected to: every Post here is a fake
 
 
-async def new_batch(pool: asyncpg.Pool) -> str:
-    """A one-row batch with a webhook URL."""
-    workspace = await KeyStore(pool).ensure_workspace(f"fence-{new_id()[:6]}")
+async def new_batch(pool: asyncpg.Pool, workspace: str | None = None) -> str:
+    """A one-row batch with a webhook URL (of a new workspace unless one is given)."""
+    if workspace is None:
+        workspace = await KeyStore(pool).ensure_workspace(f"fence-{new_id()[:6]}")
     batch = await JobStore(pool).create(
         NewJob(new_id(), workspace, "fence", "gpt-4o-mini", 0, 1, HOOK, None, None),
         iter([("c-0", '[{"role":"user","content":"hi"}]')]),
@@ -56,9 +59,11 @@ async def test_claims_are_numbered_and_a_stale_finish_is_fenced_out(pool: asyncp
     await expire(pool, batch_id)
     assert await store.reclaim_expired() == [Claim(batch_id, 2)]
 
-    # The first notifier was only slow: its late record must not land.
+    # The first notifier was only slow: it may not POST, and its late record must not land.
+    assert not await store.start_post(first)
     assert not await store.finish(first, "failed", 500, None)
     assert await delivery(pool, batch_id) == ("sending", None, 2)
+    assert await store.start_post(Claim(batch_id, 2))
     assert await store.finish(Claim(batch_id, 2), "delivered", 204, None)
     assert await delivery(pool, batch_id) == ("delivered", 204, 2)
     # Neither claim can write again once the delivery is recorded.
@@ -86,17 +91,19 @@ async def test_a_given_up_claim_cannot_be_finished(pool: asyncpg.Pool) -> None:
 
 class SlowPost:
     """The slow notifier's POST: while it is 'in flight', its claim expires and a second
-    notifier takes the delivery over, POSTs and records it; then it answers 500."""
+    notifier's recovery pass runs; then it answers 500."""
 
     def __init__(self, pool: asyncpg.Pool, store: DeliveryStore, batch_id: str) -> None:
         self._pool, self._store, self._batch_id = pool, store, batch_id
         self.bodies: list[bytes] = []
         self.takeover_posts: list[bytes] = []
+        self.during: tuple[str, int | None, int] | None = None
 
     async def __call__(self, url: str, body: bytes, headers: dict[str, str]) -> PostResult:
         self.bodies.append(body)
         await expire(self._pool, self._batch_id)
-        assert await recover_deliveries(self._store, self._takeover) == 1
+        assert await recover_deliveries(self._store, self._takeover) == 0
+        self.during = await delivery(self._pool, self._batch_id)
         return PostResult(500)
 
     async def _takeover(self, url: str, body: bytes, headers: dict[str, str]) -> PostResult:
@@ -104,7 +111,7 @@ class SlowPost:
         return PostResult(204)
 
 
-async def test_a_notifier_that_outlived_its_claim_does_not_overwrite_the_record(
+async def test_a_notifier_that_outlived_its_claim_while_posting_is_not_taken_over(
     pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
 ) -> None:
     batch_id = await new_batch(pool)
@@ -112,10 +119,35 @@ async def test_a_notifier_that_outlived_its_claim_does_not_overwrite_the_record(
     post = SlowPost(pool, store, batch_id)
     event = JobEvent(batch_id, "completed", 1, 1, 0)
     with caplog.at_level(logging.INFO, logger="relay.notifier"):
-        await deliver_webhook(event, store, post)
-    assert len(post.bodies) == len(post.takeover_posts) == 1
-    assert orjson.loads(post.takeover_posts[0])["id"] == batch_id
-    # The takeover's record stands; the slow notifier's 500 was fenced out, and logged.
-    assert await delivery(pool, batch_id) == ("delivered", 204, 2)
-    fenced = [r for r in caplog.records if r.getMessage() == "webhook_record_fenced"]
-    assert [(r.__dict__["batch_id"], r.__dict__["claim"]) for r in fenced] == [(batch_id, 1)]
+        assert await deliver_webhook(event, store, post) == "failed"
+    # Never POSTed twice: the taker-over only marked the claim unknown ...
+    assert len(post.bodies) == 1
+    assert post.takeover_posts == []
+    assert post.during == ("unknown", None, 1)
+    assert orjson.loads(post.bodies[0])["id"] == batch_id
+    # ... and the notifier that POSTed recorded how it went.
+    assert await delivery(pool, batch_id) == ("failed", 500, 1)
+    unknown = [r for r in caplog.records if r.getMessage() == "webhook_outcome_unknown"]
+    assert [r.__dict__["batch_id"] for r in unknown] == [batch_id]
+
+
+async def test_deferred_deliveries_are_listed_per_receiver_and_claimed_once(
+    pool: asyncpg.Pool,
+) -> None:
+    store = DeliveryStore(pool, claim_s=30)
+    workspace = await KeyStore(pool).ensure_workspace(f"defer-{new_id()[:6]}")
+    busy = [await new_batch(pool, workspace) for _ in range(6)]
+    other = await new_batch(pool, workspace)
+    for batch_id in busy:
+        assert await store.defer(batch_id, HOOK, f"msg_{batch_id}")
+    assert await store.defer(other, HOOK + "/other", f"msg_{other}")
+    assert not await store.defer(other, HOOK + "/other", f"msg_{other}")
+    assert await store.claim(other, HOOK, f"msg_{other}") is None
+    # Nobody holds a deferred delivery: no takeover, no giving up.
+    assert await store.reclaim_expired() == []
+    listed = [d for d in await store.deferred(64, 4) if d.batch_id in {*busy, other}]
+    assert [d.batch_id for d in listed] == [*busy[:4], other]
+    assert await store.claim_deferred(other) == Claim(other, 1)
+    assert await store.claim_deferred(other) is None
+    assert await delivery(pool, other) == ("sending", None, 1)
+    assert other not in {d.batch_id for d in await store.deferred(64, 4)}

@@ -146,24 +146,41 @@ async def test_every_delivery_transition_is_made_by_a_ledger_function(
     seen = Observed(pool)
     ends = [DeliveryStatus.DELIVERED, DeliveryStatus.REFUSED, DeliveryStatus.FAILED]
     for end in ends:
-        batch_id = await new_job(pool, workspace)
-        await seen.delivery(batch_id, store.claim(batch_id, HOOK, f"msg_{batch_id}"))
-        await seen.delivery(batch_id, store.finish(Claim(batch_id, 1), end, None, None))
-        assert not await store.finish(Claim(batch_id, 1), DeliveryStatus.DELIVERED, 204, None)
-        assert await delivery_status(pool, batch_id) == end
+        for lost in (False, True):  # ended by the holder while posting, or once unknown
+            batch_id = await new_job(pool, workspace)
+            claim = Claim(batch_id, 1)
+            await seen.delivery(batch_id, store.claim(batch_id, HOOK, f"msg_{batch_id}"))
+            await seen.delivery(batch_id, store.start_post(claim))
+            if lost:
+                await expire_claim(pool, batch_id)
+                await seen.delivery(batch_id, store.mark_unknown())
+                assert await delivery_status(pool, batch_id) == DeliveryStatus.UNKNOWN
+            await seen.delivery(batch_id, store.finish(claim, end, None, None))
+            assert not await store.finish(claim, DeliveryStatus.DELIVERED, 204, None)
+            assert await delivery_status(pool, batch_id) == end
+    gone = await new_job(pool, workspace)
+    await store.claim(gone, HOOK, f"msg_{gone}")
+    await seen.delivery(gone, store.finish(Claim(gone, 1), DeliveryStatus.FAILED, None, "gone"))
     hopeless = await new_job(pool, workspace)
     await store.claim(hopeless, HOOK, f"msg_{hopeless}")
     await pool.execute(
-        "UPDATE webhook_deliveries SET claims = $2, claim_expires_at = now() - interval '1s'"
-        " WHERE batch_id = $1",
-        hopeless,
-        MAX_CLAIMS,
+        "UPDATE webhook_deliveries SET claims = $2 WHERE batch_id = $1", hopeless, MAX_CLAIMS
     )
+    await expire_claim(pool, hopeless)
     await seen.delivery(hopeless, store.reclaim_expired())
     assert await delivery_status(pool, hopeless) == DeliveryStatus.FAILED
 
     initial = {(None, s.value) for s in DELIVERY_INITIAL}
     assert seen.deliveries == initial | table_pairs(DELIVERY_STATUS_TRANSITIONS)
+
+
+async def expire_claim(pool: asyncpg.Pool, batch_id: str) -> None:
+    """Make a delivery's claim look like its holder went silent long ago."""
+    await pool.execute(
+        "UPDATE webhook_deliveries SET claim_expires_at = now() - interval '1s'"
+        " WHERE batch_id = $1",
+        batch_id,
+    )
 
 
 async def check_values(pool: asyncpg.Pool, table: str) -> list[str]:
@@ -205,7 +222,7 @@ async def test_the_status_migration_runs_again_on_a_database_with_data(
     workspace = await KeyStore(pool).ensure_workspace(f"st-{new_id()[:6]}")
     batch_id = await new_job(pool, workspace)
     await DeliveryStore(pool).claim(batch_id, HOOK, f"msg_{batch_id}")
-    (sql,) = [sql for name, sql in migration_files() if name.startswith("0005_")]
+    (sql,) = [sql for name, sql in migration_files() if name.startswith("0006_delivery")]
     async with pool.acquire() as conn, conn.transaction():
         assert await conn.fetchval("SELECT count(*) FROM webhook_deliveries") > 0
         await conn.execute(sql)

@@ -106,8 +106,12 @@ def test_allowed_from_reads_the_table_backwards_in_enum_order() -> None:
     assert allowed_from(JobStatus.COMPLETED) == ["running"]
     assert allowed_from(JobStatus.QUEUED) == []
     assert CANCELABLE == set(allowed_from(JobStatus.CANCELED))
-    assert all(delivery_allowed_from(s) == ["sending"] for s in DELIVERY_TERMINAL)
     assert delivery_allowed_from(DeliveryStatus.SENDING) == []
+    assert delivery_allowed_from(DeliveryStatus.POSTING) == ["sending"]
+    assert delivery_allowed_from(DeliveryStatus.DELIVERED) == ["posting", "unknown"]
+    assert delivery_allowed_from(DeliveryStatus.REFUSED) == ["posting", "unknown"]
+    assert delivery_allowed_from(DeliveryStatus.FAILED) == ["sending", "posting", "unknown"]
+    assert delivery_allowed_from(DeliveryStatus.UNKNOWN) == ["posting"]
     assert DELIVERY_TERMINAL == {"delivered", "refused", "failed"}
 
 

@@ -1,0 +1,101 @@
+"""Unit tests of receiver isolation: per-receiver slots, a bounded wait, bounded waiters,
+and a delivery's record made after its slot is released."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from relay_batches.services.notifier import core
+from relay_batches.services.notifier.core import PostResult, deliver_deferred, deliver_webhook
+from relay_batches.services.notifier.receivers import ReceiverBusy, ReceiverGate, receiver_key
+from tests.helpers.fakes import BATCH, EVENT, FakeDeliveryStore, FakePost
+
+
+def test_a_receiver_is_a_workspace_and_an_authority() -> None:
+    assert receiver_key("ws1", "https://Hooks.Example/a?x=1") == ("ws1", "hooks.example:443")
+    assert receiver_key("ws1", "http://hooks.example:8080/b") == ("ws1", "hooks.example:8080")
+    assert receiver_key("ws2", "http://hooks.example:8080/b") != receiver_key(
+        "ws1", "http://hooks.example:8080/b"
+    )
+
+
+async def test_a_full_receiver_does_not_hold_up_another() -> None:
+    gate = ReceiverGate(slots=2, waiters=1, wait_s=5)
+    slow, other = ("ws1", "slow:80"), ("ws2", "fast:80")
+    release = asyncio.Event()
+    entered = asyncio.Semaphore(0)
+
+    async def hold(key: tuple[str, str]) -> None:
+        async with gate.slot(key):
+            entered.release()
+            await release.wait()
+
+    holders = [asyncio.create_task(hold(slow)) for _ in range(2)]
+    for _ in holders:
+        await entered.acquire()
+    waiter = asyncio.create_task(hold(slow))
+    await asyncio.sleep(0)
+    assert gate.in_use(slow) == 3
+    with pytest.raises(ReceiverBusy, match="3 deliveries open"):
+        async with gate.slot(slow):
+            pass
+    async with asyncio.timeout(1):
+        async with gate.slot(other):
+            assert gate.in_use(other) == 1
+    release.set()
+    await asyncio.gather(*holders, waiter)
+    assert gate.in_use(slow) == gate.in_use(other) == 0
+
+
+async def test_a_wait_for_a_slot_is_bounded() -> None:
+    gate = ReceiverGate(slots=1, waiters=4, wait_s=0.05)
+    key = ("ws1", "slow:80")
+    async with gate.slot(key):
+        with pytest.raises(ReceiverBusy, match=r"no free slot within 0\.05s"):
+            async with gate.slot(key):
+                pass
+    assert gate.in_use(key) == 0
+
+
+async def test_the_record_is_made_after_the_receiver_slot_is_released(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(core, "RECORD_RETRY_S", 0)
+    gate = ReceiverGate(slots=1, waiters=0, wait_s=1)
+    key = receiver_key(BATCH.workspace_id, str(BATCH.webhook_url))
+    store = FakeDeliveryStore(batches={BATCH.id: BATCH}, finish_failures=2)
+    in_use_at_finish: list[int] = []
+    finish = store.finish
+
+    async def watching(*args: object) -> bool:
+        in_use_at_finish.append(gate.in_use(key))
+        return await finish(*args)  # type: ignore[arg-type]
+
+    store.finish = watching  # type: ignore[method-assign,assignment]
+
+    async def post(url: str, body: bytes, headers: dict[str, str]) -> PostResult:
+        assert gate.in_use(key) == 1
+        return PostResult(204)
+
+    assert await deliver_webhook(EVENT, store, post, gate) == "delivered"
+    assert in_use_at_finish == [0, 0, 0]
+
+
+async def test_a_delivery_without_a_receiver_slot_is_deferred_not_held() -> None:
+    gate = ReceiverGate(slots=1, waiters=0, wait_s=1)
+    key = receiver_key(BATCH.workspace_id, str(BATCH.webhook_url))
+    store, post = FakeDeliveryStore(batches={BATCH.id: BATCH}), FakePost()
+    async with gate.slot(key):
+        assert await deliver_webhook(EVENT, store, post, gate) == "deferred"
+        assert await deliver_webhook(EVENT, store, post, gate) == "already_delivered"
+        # While the receiver is busy, the deferred pass leaves it waiting.
+        assert await deliver_deferred(store, post, gate) == 0
+    assert post.posts == []
+    assert list(store.waiting) == [BATCH.id]
+    assert await deliver_deferred(store, post, gate) == 1
+    assert [url for url, _ in post.posts] == [BATCH.webhook_url]
+    assert store.finished == [(BATCH.id, "delivered", 204, None)]
+    assert await deliver_deferred(store, post, gate) == 0
+    assert len(post.posts) == 1
