@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job
+from relay_batches.services.ingest_api.body import BodyGate
 from relay_batches.services.ingest_api.validation import SubmitLimits
 
 
@@ -33,6 +34,7 @@ class ApiDeps:
     limits: SubmitLimits
     max_body_bytes: int
     model_names: Callable[[], list[str]] = list  # the router's public aliases
+    body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
 
 
 DEPS = web.AppKey("deps", ApiDeps)

@@ -74,6 +74,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             status = exc.status
             raise
         response = _error_for(request, exc)
+        if not request.content.is_eof():
+            response.force_close()  # close rather than drain a body we refused
         status = response.status
         return response
     finally:
@@ -87,7 +89,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 def _error_for(request: web.Request, exc: Exception) -> web.Response:
     """The error object answering ``exc`` (no response has been started)."""
     if isinstance(exc, ApiError):
-        return json_response(exc.body(), exc.status)
+        return error_response(exc.status, exc.message, exc.param)
     if isinstance(exc, web.HTTPException):
         return error_response(exc.status, _HTTP_MESSAGES.get(exc.status, exc.reason))
     if isinstance(exc, TransientError):
