@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from relay_batches.errors import ApiError, invalid
 
@@ -107,7 +108,15 @@ def body_errors(timeout_s: float) -> Iterator[None]:
     except TimeoutError:
         raise ApiError(408, f"request body stalled: nothing received for {timeout_s:g} s") from None
     except HttpProcessingError as exc:  # bad gzip/deflate data, broken chunked framing
-        raise invalid(f"request body cannot be decoded: {exc.message}") from None
+        raise invalid(f"request body cannot be decoded: {_printable(exc.message)}") from None
+    except RequestPayloadError as exc:  # the same, as the server hands them to a handler
+        cause = exc.__cause__ if isinstance(exc.__cause__, HttpProcessingError) else None
+        detail = cause.message if cause is not None else str(exc)
+        raise invalid(f"request body cannot be decoded: {_printable(detail)}") from None
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    return " ".join("".join(ch for ch in text[:limit] if ch.isprintable()).split())
 
 
 async def read_chunk(request: web.Request, timeout_s: float) -> bytes:
