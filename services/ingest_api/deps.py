@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -35,6 +36,11 @@ class ApiDeps:
     max_body_bytes: int
     model_names: Callable[[], list[str]] = list  # the router's public aliases
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
+    # Decoding and validating bodies, one at a time: each thread more would take GIL
+    # time from the event loop without adding throughput.
+    parser: Executor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ingest-parse")
+    )
 
 
 DEPS = web.AppKey("deps", ApiDeps)

@@ -56,7 +56,8 @@ async def create_batch(request: web.Request) -> web.Response:
         if (replayed := await stored_response(deps.idempotency, claim)) is not None:
             return replayed
         now = datetime.now(UTC)
-        job = await asyncio.to_thread(plan_submission, raw, deps, workspace_id, now)
+        loop = asyncio.get_running_loop()
+        job = await loop.run_in_executor(deps.parser, plan_submission, raw, deps, workspace_id, now)
         del raw  # the validated rows are all that is kept while they are stored
         try:
             batch = await submit_one(deps, job, claim)

@@ -60,7 +60,7 @@ class UploadedFile:
     """One ``file`` part: its base name and its bytes."""
 
     filename: str
-    data: bytes
+    data: bytes | bytearray
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ async def upload_batches(request: web.Request) -> web.Response:
         if (replayed := await stored_response(deps.idempotency, claim)) is not None:
             return replayed
         now = datetime.now(UTC)
-        planned = await asyncio.to_thread(plan_jobs, form, deps, workspace_id, now)
+        loop = asyncio.get_running_loop()
+        planned = await loop.run_in_executor(deps.parser, plan_jobs, form, deps, workspace_id, now)
         del form  # the validated rows are all that is kept while they are stored
         try:
             batches = await submit_many(deps, planned, claim)
@@ -172,13 +173,13 @@ async def _chunk(part: BodyPartReader, timeout_s: float) -> bytes:
 
 async def _read_limited(
     part: BodyPartReader, limit: int, error: ApiError, timeout_s: float
-) -> bytes:
+) -> bytearray:
     buffer = bytearray()
     while chunk := await _chunk(part, timeout_s):
         if len(buffer) + len(chunk) > limit:
             raise error
         buffer += chunk
-    return bytes(buffer)
+    return buffer
 
 
 async def _drain(part: BodyPartReader, limit: int, error: ApiError, timeout_s: float) -> int:
@@ -190,7 +191,7 @@ async def _drain(part: BodyPartReader, limit: int, error: ApiError, timeout_s: f
     return size
 
 
-def _add_field(fields: dict[str, str], name: str, data: bytes) -> None:
+def _add_field(fields: dict[str, str], name: str, data: bytes | bytearray) -> None:
     """A form field is UTF-8 text; a text field one line (the ledger cannot store a NUL).
 
     A JSON field may span lines: its text is checked when it is decoded.
