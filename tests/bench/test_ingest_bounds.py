@@ -78,7 +78,10 @@ async def post_until_created(bench: Bench, body: bytes) -> int:
         async with bench.http.post(
             f"{bench.api.base_url}/v1/batches",
             data=io.BytesIO(body),
-            headers={"Authorization": f"Bearer {bench.api.key}", "Content-Type": "application/json"},
+            headers={
+                "Authorization": f"Bearer {bench.api.key}",
+                "Content-Type": "application/json",
+            },
         ) as response:
             await response.read()
             if response.status != 503:
@@ -92,7 +95,9 @@ async def upload(bench: Bench, data: bytes) -> None:
     """Upload ``data`` as one .jsonl file; insist on 201."""
     form = aiohttp.FormData()
     form.add_field("model", "gpt-4o-mini")
-    form.add_field("file", io.BytesIO(data), filename="big.jsonl", content_type="application/x-ndjson")
+    form.add_field(
+        "file", io.BytesIO(data), filename="big.jsonl", content_type="application/x-ndjson"
+    )
     async with bench.http.post(
         f"{bench.api.base_url}/v1/batches/upload",
         data=form,
