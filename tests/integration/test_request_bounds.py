@@ -11,10 +11,14 @@ import gzip
 import zlib
 from typing import Any
 
+import asyncpg
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from relay_batches.ids import new_id
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
 from relay_batches.services.ingest_api.deps import DEPS
 from tests.helpers.api import (
     TEST_LARGE_BODY,
@@ -290,3 +294,22 @@ async def test_a_large_body_past_the_slots_is_a_503_with_retry_after(
     assert gate.in_use == 0
     status, created = await post(client_a, submission()[:-1] + b" " * TEST_LARGE_BODY + b"}")
     assert status == 201, created
+
+
+async def test_a_batch_stored_with_deep_params_before_the_limit_still_echoes(
+    pool: asyncpg.Pool, client_a: ApiClient
+) -> None:
+    """A batch stored before the depth limit existed (its json_schema 250 levels deep,
+    written straight to the ledger) answers 200 on every page that holds it."""
+    workspace = await KeyStore(pool).workspace_for_key(client_a.key)
+    assert workspace is not None
+    params = b'{"response_format":{"type":"json_schema","json_schema":' + nested_schema(250)
+    new = NewJob(
+        new_id(), workspace, "legacy", MODEL, 0, 1, None, None, None, (params + b"}}").decode()
+    )
+    await JobStore(pool).create(new, [("row-1", '[{"content":"hi","role":"user"}]')])
+    status, got = await client_a.request("GET", f"/v1/batches/{new.id}")
+    assert (status, got["name"]) == (200, "legacy"), got
+    status, page = await client_a.request("GET", "/v1/batches?limit=100")
+    assert status == 200, page
+    assert new.id in [b["id"] for b in page["data"]]
