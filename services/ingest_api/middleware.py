@@ -74,9 +74,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             status = exc.status
             raise
         response = _error_for(request, exc)
+        status = response.status
         if not request.content.is_eof():
             response.force_close()  # close rather than drain a body we refused
-        status = response.status
+            if status == 408:  # a stalled sender: no waiting for the rest of its body
+                await _send_and_close(request, response)
         return response
     finally:
         route = request.match_info.route.resource
@@ -84,6 +86,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         HTTP_LATENCY.labels(request.method, name, str(status)).observe(
             time.perf_counter() - started
         )
+
+
+async def _send_and_close(request: web.Request, response: web.Response) -> None:
+    """Send ``response`` now and close the connection once it is written, instead of
+    aiohttp's lingering read of the unread body (up to 10 s)."""
+    await response.prepare(request)
+    await response.write_eof()
+    if request.transport is not None:
+        request.transport.close()  # flushes what is buffered, then closes
 
 
 def _error_for(request: web.Request, exc: Exception) -> web.Response:

@@ -11,6 +11,7 @@ import gzip
 import zlib
 from typing import Any
 
+import aiohttp
 import asyncpg
 import orjson
 import pytest
@@ -313,3 +314,46 @@ async def test_a_batch_stored_with_deep_params_before_the_limit_still_echoes(
     status, page = await client_a.request("GET", "/v1/batches?limit=100")
     assert status == 200, page
     assert new.id in [b["id"] for b in page["data"]]
+
+
+async def test_a_stalled_upload_is_answered_408(
+    api_server: TestServer, client_a: ApiClient
+) -> None:
+    boundary = "b0undary"
+    part = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{MODEL}\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.csv"\r\n'
+        "Content-Type: text/csv\r\n\r\nhello\r\n"
+    ).encode()
+    head = (
+        f"POST /v1/batches/upload HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {client_a.key}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+        f"Content-Length: {len(part) + 100}\r\n\r\n"
+    ).encode()
+    raw = await Raw.open(api_server)
+    await raw.send(head + part)
+    status, _, data, closed = await raw.response(timeout_s=TEST_READ_TIMEOUT_S + 30)
+    assert_error(status, data, 408)
+    assert closed
+
+
+async def test_a_gzip_upload_is_inflated(client_a: ApiClient) -> None:
+    form = aiohttp.FormData()
+    form.add_field("model", MODEL)
+    form.add_field("file", b"prompt\nhello\n", filename="a.csv", content_type="text/csv")
+    payload = form()
+    chunks: list[bytes] = []
+
+    class Sink:
+        async def write(self, data: bytes) -> None:
+            chunks.append(bytes(data))
+
+    await payload.write(Sink())  # type: ignore[arg-type]
+    status, data = await client_a.request(
+        "POST",
+        "/v1/batches/upload",
+        data=gzip.compress(b"".join(chunks)),
+        headers={"Content-Type": payload.content_type, "Content-Encoding": "gzip"},
+    )
+    assert status == 201, data
+    assert [b["total"] for b in data["data"]] == [1]
