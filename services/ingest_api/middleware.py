@@ -77,7 +77,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         status = response.status
         if not request.content.is_eof():
             response.force_close()  # close rather than drain a body we refused
-            if status == 408:  # a stalled sender: no waiting for the rest of its body
+            # A stalled sender, or a body that cannot be decoded: waiting for the rest of
+            # it helps nobody (and reading past a decode error would raise again).
+            if status == 408 or request.content.exception() is not None:
                 await _send_and_close(request, response)
         return response
     finally:
