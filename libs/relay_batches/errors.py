@@ -13,6 +13,7 @@ ERROR_TYPES: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    408: "request_timeout",
     409: "conflict_error",
     413: "request_too_large",
     415: "unsupported_media_type",

@@ -107,6 +107,9 @@ class Settings:
     max_rows: int = 100_000
     max_content_bytes: int = 1024 * 1024
     results_page_bytes: int = 4 * 1024 * 1024
+    body_read_timeout_s: float = 30.0
+    large_body_bytes: int = 1024 * 1024
+    max_large_bodies: int = 2
     shutdown_grace_s: float = 20.0
     log_level: str = "INFO"
     event_loop: str = "uvloop"
@@ -164,6 +167,9 @@ class Settings:
             max_rows=_int(env, "RELAY_MAX_ROWS", d.max_rows),
             max_content_bytes=_int(env, "RELAY_MAX_CONTENT_BYTES", d.max_content_bytes),
             results_page_bytes=max(1, _int(env, "RELAY_RESULTS_PAGE_BYTES", d.results_page_bytes)),
+            body_read_timeout_s=_positive(env, "RELAY_BODY_READ_TIMEOUT_S", d.body_read_timeout_s),
+            large_body_bytes=max(1, _int(env, "RELAY_LARGE_BODY_BYTES", d.large_body_bytes)),
+            max_large_bodies=max(1, _int(env, "RELAY_MAX_LARGE_BODIES", d.max_large_bodies)),
             shutdown_grace_s=_positive(env, "RELAY_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             log_level=_str(env, "RELAY_LOG_LEVEL", d.log_level).upper(),
             event_loop=_choice(env, "RELAY_EVENT_LOOP", d.event_loop, ("uvloop", "asyncio")),

@@ -17,7 +17,9 @@ from relay_batches.ledger.schema import ledger_readiness, schema_gate
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.ingest_api.app import build_app
+from relay_batches.services.ingest_api.body import BodyGate
 from relay_batches.services.ingest_api.deps import ApiDeps
+from relay_batches.services.ingest_api.protocol import ApiRunner
 from relay_batches.services.ingest_api.publishing import publisher_for
 from relay_batches.services.ingest_api.validation import SubmitLimits
 from relay_batches.settings import Settings
@@ -60,12 +62,15 @@ async def build(
         limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),
         max_body_bytes=settings.max_body_bytes,
         model_names=aliases.names,
+        body_gate=BodyGate(
+            settings.body_read_timeout_s, settings.large_body_bytes, settings.max_large_bodies
+        ),
     )
 
     gate = schema_gate(pool)
     readiness = Readiness(bus, ledger_readiness(pool, gate))
     app = build_app(deps, KeyStore(pool).workspace_for_key, readiness, gate.current)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.shutdown_grace_s)
+    runner = ApiRunner(app, access_log=None, shutdown_timeout=settings.shutdown_grace_s)
     await runner.setup()
     await web.TCPSite(runner, settings.api_host, settings.api_port).start()
     log.info("listening", extra={"host": settings.api_host, "port": settings.api_port})

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job
+from relay_batches.services.ingest_api.body import BodyGate
 from relay_batches.services.ingest_api.validation import SubmitLimits
 
 
@@ -33,6 +35,12 @@ class ApiDeps:
     limits: SubmitLimits
     max_body_bytes: int
     model_names: Callable[[], list[str]] = list  # the router's public aliases
+    body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
+    # Decoding and validating bodies, one at a time: each thread more would take GIL
+    # time from the event loop without adding throughput.
+    parser: Executor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ingest-parse")
+    )
 
 
 DEPS = web.AppKey("deps", ApiDeps)

@@ -19,7 +19,9 @@ HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255
 
 
-def claim_for(request: web.Request, workspace_id: str, raw_body: bytes) -> IdempotencyClaim | None:
+def claim_for(
+    request: web.Request, workspace_id: str, raw_body: bytes | bytearray
+) -> IdempotencyClaim | None:
     """The request's claim, or None without the header; 400 for an unusable key.
 
     The hash covers method, path and the body bytes (a multipart caller passes a

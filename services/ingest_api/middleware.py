@@ -75,6 +75,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         response = _error_for(request, exc)
         status = response.status
+        if not request.content.is_eof():
+            response.force_close()  # close rather than drain a body we refused
+            # A stalled sender, or a body that cannot be decoded: waiting for the rest of
+            # it helps nobody (and reading past a decode error would raise again).
+            if status == 408 or request.content.exception() is not None:
+                await _send_and_close(request, response)
         return response
     finally:
         route = request.match_info.route.resource
@@ -84,10 +90,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         )
 
 
+async def _send_and_close(request: web.Request, response: web.Response) -> None:
+    """Send ``response`` now and close the connection once it is written, instead of
+    aiohttp's lingering read of the unread body (up to 10 s)."""
+    await response.prepare(request)
+    await response.write_eof()
+    if request.transport is not None:
+        request.transport.close()  # flushes what is buffered, then closes
+
+
 def _error_for(request: web.Request, exc: Exception) -> web.Response:
     """The error object answering ``exc`` (no response has been started)."""
     if isinstance(exc, ApiError):
-        return json_response(exc.body(), exc.status)
+        return error_response(exc.status, exc.message, exc.param)
     if isinstance(exc, web.HTTPException):
         return error_response(exc.status, _HTTP_MESSAGES.get(exc.status, exc.reason))
     if isinstance(exc, TransientError):

@@ -7,6 +7,7 @@ accepted; an unknown key is a 400 so a typo never silently changes nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import orjson
 
@@ -16,6 +17,7 @@ MAX_TOKENS_LIMIT = 1_000_000
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
 MAX_SCHEMA_BYTES = 64 * 1024
+MAX_JSON_DEPTH = 32  # nesting of a free-form object: ``{}`` is 1, ``{"a": []}`` is 2
 RESPONSE_FORMAT_TYPES = frozenset({"text", "json_object", "json_schema"})
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
@@ -64,12 +66,43 @@ def _response_format(value: object, param: str) -> dict[str, object]:
         schema = value.get("json_schema")
         if type(schema) is not dict:
             raise invalid(f"{param}.json_schema must be an object", f"{param}.json_schema")
+        check_depth(schema, f"{param}.json_schema")
         if len(orjson.dumps(schema)) > MAX_SCHEMA_BYTES:
             raise invalid(
                 f"{param}.json_schema must be at most {MAX_SCHEMA_BYTES} bytes",
                 f"{param}.json_schema",
             )
+    for key, item in value.items():  # the rest of a response_format is stored as given
+        if key != "json_schema":
+            check_depth(item, f"{param}.{key}")
     return value
+
+
+def json_depth(value: object) -> int:
+    """How deeply ``value`` nests objects and arrays (a scalar is 0, ``[]`` is 1)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is dict:
+            children: Iterable[object] = item.values()
+        elif type(item) is list:
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_depth(value: object, param: str, limit: int = MAX_JSON_DEPTH) -> None:
+    """400 naming ``param`` when ``value`` nests deeper than ``limit`` levels.
+
+    Stored free-form JSON is echoed by every listing: orjson refuses to encode past 255
+    levels, so a deep value would otherwise break each page that holds it.
+    """
+    if json_depth(value) > limit:
+        raise invalid(f"{param} must nest at most {limit} levels of objects and arrays", param)
 
 
 def validate_params(value: object, param: str = "params") -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 
+import orjson
 from aiohttp import web
 
 from relay_batches.errors import ApiError, ConflictError, invalid
@@ -26,7 +28,6 @@ from relay_batches.services.ingest_api.results import (
     stream_results,
 )
 from relay_batches.services.ingest_api.submit import plan_submission, submit_one
-from relay_batches.services.ingest_api.validation import decode_json_object
 
 log = logging.getLogger("relay.ingest_api")
 
@@ -48,17 +49,29 @@ def add_batch_routes(app: web.Application) -> None:
 async def create_batch(request: web.Request) -> web.Response:
     """``POST /v1/batches``: validate, store rows with COPY, wake a dispatcher."""
     deps = request.app[DEPS]
-    raw = await read_body(request, JSON, deps.max_body_bytes)
     workspace_id = request[WORKSPACE_ID]
-    claim = claim_for(request, workspace_id, raw)
-    if (replayed := await stored_response(deps.idempotency, claim)) is not None:
-        return replayed
-    job = plan_submission(decode_json_object(raw), deps, workspace_id, datetime.now(UTC))
-    try:
-        batch = await submit_one(deps, job, claim)
-    except KeyTaken:
-        return await raced_response(deps.idempotency, claim)
-    return json_response(batch.to_api(), status=201)
+    async with deps.body_gate.admit() as ticket:  # a large body holds its slot to the end
+        raw = await read_body(request, JSON, deps.max_body_bytes, ticket)
+        claim = claim_for(request, workspace_id, raw)
+        if (replayed := await stored_response(deps.idempotency, claim)) is not None:
+            return replayed
+        now = datetime.now(UTC)
+        loop = asyncio.get_running_loop()
+        job = await loop.run_in_executor(deps.parser, plan_submission, raw, deps, workspace_id, now)
+        del raw  # the validated rows are all that is kept while they are stored
+        try:
+            batch = await submit_one(deps, job, claim)
+        except KeyTaken:
+            return await raced_response(deps.idempotency, claim)
+    return json_response(batch_object(batch), status=201)
+
+
+def batch_object(batch: Job) -> dict[str, object]:
+    """``batch.to_api()`` with ``params`` embedded as the stored JSON text, so a batch
+    always encodes (orjson refuses to re-encode past 255 levels of nesting)."""
+    data = batch.to_api()
+    data["params"] = orjson.Fragment(batch.params)
+    return data
 
 
 async def _find(request: web.Request) -> Job:
@@ -73,7 +86,7 @@ async def _find(request: web.Request) -> Job:
 
 async def get_batch(request: web.Request) -> web.Response:
     """``GET /v1/batches/{id}``."""
-    return json_response((await _find(request)).to_api())
+    return json_response(batch_object(await _find(request)))
 
 
 async def list_batches(request: web.Request) -> web.Response:
@@ -90,7 +103,9 @@ async def list_batches(request: web.Request) -> web.Response:
     page, more = await request.app[DEPS].jobs.list_page(
         request[WORKSPACE_ID], limit, after, status, template_id
     )
-    return json_response({"object": "list", "data": [b.to_api() for b in page], "has_more": more})
+    return json_response(
+        {"object": "list", "data": [batch_object(b) for b in page], "has_more": more}
+    )
 
 
 def _status_filter(value: str | None) -> JobStatus | None:
@@ -146,4 +161,4 @@ async def cancel_batch(request: web.Request) -> web.Response:
     except Exception as exc:
         # Committed; the aggregator's outbox scan announces the finish later.
         log.warning("cancel_announce_failed", extra={"batch_id": batch.id, "error": repr(exc)})
-    return json_response(batch.to_api())
+    return json_response(batch_object(batch))

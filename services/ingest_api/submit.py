@@ -25,8 +25,8 @@ from relay_batches.services.ingest_api.validation import (
     BatchOptions,
     KnownModels,
     RowInput,
+    scan_submit,
     validate_batch_options,
-    validate_submit,
 )
 
 log = logging.getLogger("relay.ingest_api")
@@ -46,10 +46,13 @@ def job_fields(fields: Mapping[str, object], deps: ApiDeps) -> BatchOptions:
 
 
 def plan_submission(
-    payload: dict[str, object], deps: ApiDeps, workspace_id: str, now: datetime
+    raw: bytes | bytearray, deps: ApiDeps, workspace_id: str, now: datetime
 ) -> PlannedJob:
-    """The job of a decoded ``POST /v1/batches`` body."""
-    spec = validate_submit(payload, deps.limits, KnownModels(deps.model_known))
+    """The job of a ``POST /v1/batches`` body, decoded row by row (:func:`scan_submit`).
+
+    CPU-bound and free of the event loop: callers run it in a worker thread.
+    """
+    spec = scan_submit(raw, deps.limits, KnownModels(deps.model_known))
     return plan_job(spec.options, spec.rows, workspace_id, now)
 
 

@@ -14,6 +14,7 @@ The handler is three steps, with the ``Idempotency-Key`` replay checked before t
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,7 +27,7 @@ from aiohttp.multipart import BadContentDispositionHeader, BadContentDisposition
 
 from relay_batches.errors import ApiError, invalid
 from relay_batches.ledger.idempotency import KeyTaken
-from relay_batches.services.ingest_api.body import check_body, too_large
+from relay_batches.services.ingest_api.body import BodyTicket, body_errors, check_body, too_large
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.idempotency import (
     claim_for,
@@ -59,7 +60,7 @@ class UploadedFile:
     """One ``file`` part: its base name and its bytes."""
 
     filename: str
-    data: bytes
+    data: bytes | bytearray
 
 
 @dataclass(frozen=True)
@@ -78,16 +79,20 @@ def add_upload_routes(app: web.Application) -> None:
 async def upload_batches(request: web.Request) -> web.Response:
     """Create one job per uploaded file; ``201 {object: list, data: [batch, …]}``."""
     deps = request.app[DEPS]
-    form = await read_upload_form(request, deps.max_body_bytes)
     workspace_id = request[WORKSPACE_ID]
-    claim = claim_for(request, workspace_id, canonical_form(form))
-    if (replayed := await stored_response(deps.idempotency, claim)) is not None:
-        return replayed
-    planned = plan_jobs(form, deps, workspace_id, datetime.now(UTC))
-    try:
-        batches = await submit_many(deps, planned, claim)
-    except KeyTaken:
-        return await raced_response(deps.idempotency, claim)
+    async with deps.body_gate.admit() as ticket:  # a large body holds its slot to the end
+        form = await read_upload_form(request, deps.max_body_bytes, ticket)
+        claim = claim_for(request, workspace_id, canonical_form(form))
+        if (replayed := await stored_response(deps.idempotency, claim)) is not None:
+            return replayed
+        now = datetime.now(UTC)
+        loop = asyncio.get_running_loop()
+        planned = await loop.run_in_executor(deps.parser, plan_jobs, form, deps, workspace_id, now)
+        del form  # the validated rows are all that is kept while they are stored
+        try:
+            batches = await submit_many(deps, planned, claim)
+        except KeyTaken:
+            return await raced_response(deps.idempotency, claim)
     return json_response({"object": "list", "data": [b.to_api() for b in batches]}, status=201)
 
 
@@ -100,11 +105,14 @@ def canonical_form(form: UploadForm) -> bytes:
 # --- 1. read --------------------------------------------------------------------------
 
 
-async def read_upload_form(request: web.Request, max_bytes: int) -> UploadForm:
-    """Stream the multipart body: 415 for another type, 413 past ``max_bytes``."""
+async def read_upload_form(request: web.Request, max_bytes: int, ticket: BodyTicket) -> UploadForm:
+    """Stream the multipart body: 415 for another type, 413 past ``max_bytes``, 408
+    when it stalls, 503 when it is large and every large-body slot is taken."""
     check_body(request, MULTIPART, max_bytes)
+    ticket.grow(request.content_length or 0)
     try:
-        return await _read_parts(request, max_bytes)
+        with body_errors(ticket.read_timeout_s):
+            return await _read_parts(request, max_bytes, ticket)
     except web.HTTPRequestEntityTooLarge:
         raise too_large(max_bytes) from None
     except (ValueError, RuntimeError, TypeError, HttpProcessingError, *_BAD_DISPOSITION) as exc:
@@ -114,55 +122,76 @@ async def read_upload_form(request: web.Request, max_bytes: int) -> UploadForm:
         raise invalid(f"malformed multipart body: {_printable(message)}") from None
 
 
-async def _read_parts(request: web.Request, max_bytes: int) -> UploadForm:
+async def _read_parts(request: web.Request, max_bytes: int, ticket: BodyTicket) -> UploadForm:
     files: list[UploadedFile] = []
     fields: dict[str, str] = {}
     budget = max_bytes
+    timeout_s = ticket.read_timeout_s
     reader = await request.multipart()
     for _ in range(MAX_PARTS):
-        part = await reader.next()
+        ticket.grow(max_bytes - budget)
+        async with asyncio.timeout(timeout_s):
+            part = await reader.next()
         if part is None:
             return UploadForm(files, fields)
         if not isinstance(part, BodyPartReader):
             raise invalid("nested multipart bodies are not supported")
         if part.name == FILE_FIELD and part.filename:
-            data = await _read_limited(part, budget, too_large(max_bytes))
+            data = await _read_limited(part, budget, too_large(max_bytes), timeout_s)
             files.append(UploadedFile(clean_filename(part.filename), data))
             if len(files) > MAX_FILES:
                 raise invalid(f"at most {MAX_FILES} files per upload", FILE_FIELD)
         elif part.name in JSON_FIELDS:
-            data = await _read_limited(part, budget, too_large(max_bytes))
+            data = await _read_limited(part, budget, too_large(max_bytes), timeout_s)
             _add_field(fields, part.name, data)
         elif part.name in JOB_FIELDS:
             name = part.name
-            data = await _read_limited(part, MAX_FIELD_BYTES, invalid(f"{name} is too long", name))
+            error = invalid(f"{name} is too long", name)
+            data = await _read_limited(part, MAX_FIELD_BYTES, error, timeout_s)
             _add_field(fields, name, data)
-        else:  # unknown parts and empty file inputs are read and dropped
-            budget -= await _drain(part, budget, too_large(max_bytes))
+        elif part.name == FILE_FIELD:  # an empty file input: read and dropped
+            budget -= await _drain(part, budget, too_large(max_bytes), timeout_s)
             continue
+        else:
+            raise _unknown_field(part.name)
         budget -= len(data)
     raise invalid(f"at most {MAX_PARTS} parts per upload")
 
 
-async def _read_limited(part: BodyPartReader, limit: int, error: ApiError) -> bytes:
+def _unknown_field(name: str | None) -> ApiError:
+    known = ", ".join(sorted({*JOB_FIELDS, FILE_FIELD}))
+    if not name:
+        return invalid(f"every form part needs a name (fields: {known})")
+    shown = _printable(name, 64)
+    return invalid(f"{shown!r} is not a field of an upload (fields: {known})", shown)
+
+
+async def _chunk(part: BodyPartReader, timeout_s: float) -> bytes:
+    async with asyncio.timeout(timeout_s):
+        return await part.read_chunk(READ_CHUNK)
+
+
+async def _read_limited(
+    part: BodyPartReader, limit: int, error: ApiError, timeout_s: float
+) -> bytearray:
     buffer = bytearray()
-    while chunk := await part.read_chunk(READ_CHUNK):
+    while chunk := await _chunk(part, timeout_s):
         if len(buffer) + len(chunk) > limit:
             raise error
         buffer += chunk
-    return bytes(buffer)
+    return buffer
 
 
-async def _drain(part: BodyPartReader, limit: int, error: ApiError) -> int:
+async def _drain(part: BodyPartReader, limit: int, error: ApiError, timeout_s: float) -> int:
     size = 0
-    while chunk := await part.read_chunk(READ_CHUNK):
+    while chunk := await _chunk(part, timeout_s):
         size += len(chunk)
         if size > limit:
             raise error
     return size
 
 
-def _add_field(fields: dict[str, str], name: str, data: bytes) -> None:
+def _add_field(fields: dict[str, str], name: str, data: bytes | bytearray) -> None:
     """A form field is UTF-8 text; a text field one line (the ledger cannot store a NUL).
 
     A JSON field may span lines: its text is checked when it is decoded.

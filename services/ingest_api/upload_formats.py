@@ -60,22 +60,36 @@ def file_format(filename: str) -> str | None:
     return next((ext for ext in FORMATS if lowered.endswith(ext)), None)
 
 
-def parse_upload_file(filename: str, data: bytes, limits: SubmitLimits) -> list[RowInput]:
-    """Validated rows of one uploaded file; :class:`LineError` on the first bad line."""
+def parse_upload_file(
+    filename: str, data: bytes | bytearray, limits: SubmitLimits
+) -> list[RowInput]:
+    """Validated rows of one uploaded file; :class:`LineError` on the first bad line.
+
+    The file is read line by line and each request validated as it is read, so only the
+    validated rows are kept (never every decoded request at once).
+    """
     kind = file_format(filename)
     if kind is None:
         raise LineError(None, f"file name must end in {' or '.join(FORMATS)}")
     text = _decode(data)
-    raw = list(_csv_rows(text, limits) if kind == ".csv" else _jsonl_rows(text, limits))
-    if not raw:
-        raise LineError(None, "the file holds no rows")
+    lines: list[int] = []  # the line each request starts on, by row index
+    source = _csv_rows(text, limits) if kind == ".csv" else _jsonl_rows(text, limits)
     try:
-        return request_rows([r.request for r in raw], limits.max_content_bytes)
+        rows = request_rows(_requests(source, lines), limits.max_content_bytes)
     except RowRejected as exc:
-        raise _line_error(exc.error, [r.line for r in raw]) from None
+        raise _line_error(exc.error, lines) from None
+    if not rows:
+        raise LineError(None, "the file holds no rows")
+    return rows
 
 
-def _decode(data: bytes) -> str:
+def _requests(source: Iterator[RawRow], lines: list[int]) -> Iterator[object]:
+    for raw in source:
+        lines.append(raw.line)
+        yield raw.request
+
+
+def _decode(data: bytes | bytearray) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -135,7 +149,7 @@ def _jsonl_rows(text: str, limits: SubmitLimits) -> Iterator[RawRow]:
     # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
     # which may stand unescaped inside a JSON string.
     count = 0
-    for number, line in enumerate(text.split("\n"), start=1):
+    for number, line in _lines(text):
         if not line.strip():
             continue
         try:
@@ -148,6 +162,17 @@ def _jsonl_rows(text: str, limits: SubmitLimits) -> Iterator[RawRow]:
         if count > limits.max_rows:
             raise _too_many(limits)
         yield RawRow(number, request)
+
+
+def _lines(text: str) -> Iterator[tuple[int, str]]:
+    """``enumerate(text.split("\\n"), start=1)`` without building the list."""
+    start, number = 0, 1
+    while start <= len(text):
+        end = text.find("\n", start)
+        if end < 0:
+            end = len(text)
+        yield number, text[start:end]
+        start, number = end + 1, number + 1
 
 
 def _line_error(error: RowError, lines: list[int]) -> LineError:

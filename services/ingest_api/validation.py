@@ -20,7 +20,7 @@ separate slow path only once the fast check has failed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -29,6 +29,7 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 
 from relay_batches.errors import ApiError, invalid
 from relay_batches.services.ingest_api.params import validate_params
+from relay_batches.services.ingest_api.scan import WINDOW_BYTES, JsonScanner, NotJson
 
 ROLES: frozenset[str] = frozenset({"system", "developer", "user", "assistant"})
 MAX_NAME_CHARS = 256
@@ -42,6 +43,7 @@ _ABSENT = object()
 _QUOTE_CHARS = 64
 # Every job-level field of a submission: the rest of a body is its rows.
 JOB_FIELDS = ("model", "name", "priority", "webhookUrl", "cron", "params")
+SUBMIT_FIELDS = frozenset({*JOB_FIELDS, "requests"})
 
 
 class KnownModels:
@@ -138,13 +140,98 @@ def decode_json_object(raw: bytes) -> dict[str, object]:
 def validate_submit(
     payload: dict[str, object], limits: SubmitLimits, known_models: Container[str]
 ) -> BatchSpec:
-    """Validate a ``POST /v1/batches`` body. Unknown top-level keys are ignored."""
+    """Validate a decoded ``POST /v1/batches`` body; an unknown top-level key is a 400."""
     if type(payload) is not dict:
         raise invalid("request body must be a JSON object")
+    for key in payload:
+        check_submit_field(key)
     options = validate_batch_options(payload, known_models)
     if "requests" not in payload:
         raise invalid("requests is required", "requests")
     return BatchSpec(options, validate_request_rows(payload["requests"], limits))
+
+
+def check_submit_field(key: str) -> None:
+    """400 naming ``key`` unless it is a field of ``POST /v1/batches``."""
+    if key not in SUBMIT_FIELDS:
+        raise invalid(
+            f"{_quote(key)} is not a field of a batch (fields: {', '.join(sorted(SUBMIT_FIELDS))})",
+            key,
+        )
+
+
+def scan_submit(
+    raw: bytes | bytearray,
+    limits: SubmitLimits,
+    known_models: Container[str],
+    window: int = WINDOW_BYTES,
+) -> BatchSpec:
+    """Decode and validate a ``POST /v1/batches`` body in one pass, row by row.
+
+    Only the validated rows are kept, never the decoded body (see :mod:`.scan`). The
+    errors and their order are those of :func:`decode_json_object` then
+    :func:`validate_submit`: a bad row is reported after the job-level fields. The text
+    is decoded ``window`` bytes at a time.
+    """
+    scanner = JsonScanner(raw, window)
+    try:
+        return _scan_submit(scanner, limits, known_models)
+    except NotJson as exc:
+        if exc.nested:
+            raise invalid("request body must be JSON nested at most 1,000 levels deep") from None
+        raise invalid("request body must be JSON") from None
+
+
+def _scan_submit(
+    scanner: JsonScanner, limits: SubmitLimits, known_models: Container[str]
+) -> BatchSpec:
+    if scanner.peek() != "{":
+        scanner.value()  # JSON, but not an object (else NotJson)
+        if not scanner.at_end():
+            raise NotJson()
+        raise invalid("request body must be a JSON object")
+    fields: dict[str, object] = {}
+    rows: list[RowInput] | None = None
+    row_error: ApiError | None = None
+    for key in scanner.members():
+        check_submit_field(key)
+        if key != "requests":
+            fields[key] = scanner.value()
+        elif scanner.peek() != "[":
+            fields[key] = scanner.value()
+            rows, row_error = None, None
+        else:
+            rows, row_error = _scan_rows(scanner.elements(), limits)
+    if not scanner.at_end():
+        raise NotJson()
+    options = validate_batch_options(fields, known_models)
+    if row_error is not None:
+        raise row_error
+    if rows is None:
+        if "requests" not in fields:
+            raise invalid("requests is required", "requests")
+        rows = validate_request_rows(fields["requests"], limits)
+    return BatchSpec(options, rows)
+
+
+def _scan_rows(
+    elements: Iterator[object], limits: SubmitLimits
+) -> tuple[list[RowInput] | None, ApiError | None]:
+    """The rows of a streamed ``requests`` array, or the error of its first bad row
+    (the rest of the array is then parsed and dropped, to find the body's end)."""
+    error: ApiError | None = None
+    rows: list[RowInput] | None = None
+    try:
+        rows = request_rows(at_most(elements, limits.max_rows), limits.max_content_bytes)
+    except RowRejected as exc:
+        error = row_api_error(exc.error)
+    except ApiError as exc:
+        error = exc
+    for _ in elements:
+        pass
+    if rows is not None and not rows:
+        error = invalid("requests must be a non-empty array", "requests")
+    return rows, error
 
 
 # --- options -----------------------------------------------------------------------
@@ -307,11 +394,11 @@ def _row_path(prefix: str, index: int, field: str) -> str:
     return f"{prefix}[{index}].{field}" if field else f"{prefix}[{index}]"
 
 
-def request_rows(requests: list[object], max_bytes: int) -> list[RowInput]:
+def request_rows(requests: Iterable[object], max_bytes: int) -> list[RowInput]:
     """Validate request rows, default their custom ids and encode their messages.
 
     :class:`RowRejected` for the first bad row; ``max_bytes`` bounds each message's
-    content in UTF-8 bytes.
+    content in UTF-8 bytes. ``requests`` may be a stream (see :func:`at_most`).
     """
     # A str of n code points is at most 4n UTF-8 bytes: only longer ones get encoded.
     safe_chars = max_bytes // 4
@@ -364,6 +451,14 @@ def request_rows(requests: list[object], max_bytes: int) -> list[RowInput]:
     return rows
 
 
+def at_most(requests: Iterable[object], max_rows: int) -> Iterator[object]:
+    """``requests``, with a 400 (``requests``) as soon as there are over ``max_rows``."""
+    for i, req in enumerate(requests):
+        if i >= max_rows:
+            raise _too_many_rows(max_rows)
+        yield req
+
+
 def _role_and_content(messages: list[dict[str, object]]) -> list[dict[str, object]]:
     return [{"content": m["content"], "role": m["role"]} for m in messages]
 
@@ -372,10 +467,12 @@ def _check_row_list(requests: object, limits: SubmitLimits) -> list[object]:
     if type(requests) is not list or not requests:
         raise invalid("requests must be a non-empty array", "requests")
     if len(requests) > limits.max_rows:
-        raise invalid(
-            f"requests must hold at most {limits.max_rows:,} requests per batch", "requests"
-        )
+        raise _too_many_rows(limits.max_rows)
     return requests
+
+
+def _too_many_rows(max_rows: int) -> ApiError:
+    return invalid(f"requests must hold at most {max_rows:,} requests per batch", "requests")
 
 
 def _message_error(index: int, messages: list[object], max_bytes: int) -> RowError:

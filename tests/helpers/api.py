@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 from aiohttp.test_utils import TestServer
+from aiohttp.web_runner import BaseRunner
 
 from relay_batches.bus.client import Bus
 from relay_batches.ledger.idempotency import IdempotencyStore
@@ -11,12 +14,17 @@ from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.router.aliases import AliasTable, parse_aliases
 from relay_batches.services.ingest_api.app import build_app
+from relay_batches.services.ingest_api.body import BodyGate
 from relay_batches.services.ingest_api.deps import ApiDeps
+from relay_batches.services.ingest_api.protocol import ApiRunner
 from relay_batches.services.ingest_api.publishing import publisher_for
 from relay_batches.services.ingest_api.validation import SubmitLimits
 
 TEST_LIMITS = SubmitLimits(max_rows=50, max_content_bytes=1024)
 TEST_MAX_BODY = 256 * 1024
+TEST_READ_TIMEOUT_S = 3.0  # a stalled body is answered 408 after this long
+TEST_LARGE_BODY = 64 * 1024  # bodies over this hold one of TEST_LARGE_SLOTS slots
+TEST_LARGE_SLOTS = 2
 
 
 def test_aliases() -> AliasTable:
@@ -35,6 +43,13 @@ def test_aliases() -> AliasTable:
 test_aliases.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
+class ApiTestServer(TestServer):
+    """aiohttp's test server on the API's own runner (:class:`ApiRunner`)."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return ApiRunner(self.app, **kwargs)
+
+
 async def start_api(
     pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, jobs: JobStore
 ) -> TestServer:
@@ -47,11 +62,12 @@ async def start_api(
         limits=TEST_LIMITS,
         max_body_bytes=TEST_MAX_BODY,
         model_names=aliases.names,
+        body_gate=BodyGate(TEST_READ_TIMEOUT_S, TEST_LARGE_BODY, TEST_LARGE_SLOTS),
     )
 
     async def ready() -> bool:
         return True
 
-    server = TestServer(build_app(deps, KeyStore(pool).workspace_for_key, ready))
+    server = ApiTestServer(build_app(deps, KeyStore(pool).workspace_for_key, ready))
     await server.start_server()
     return server

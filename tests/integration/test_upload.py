@@ -154,9 +154,17 @@ async def test_a_field_with_control_characters_is_refused(fresh: ApiClient, valu
     assert await job_count(fresh) == 0
 
 
-async def test_unknown_parts_are_ignored(fresh: ApiClient) -> None:
+async def test_an_unknown_part_is_refused_naming_it(fresh: ApiClient) -> None:
     data = form([("a.csv", CSV)])
-    data.add_field("note", "ignored")
+    data.add_field("webhook_url", "https://example.com/hook")
+    status, body = await upload(fresh, data)
+    assert (status, body["error"]["param"]) == (400, "webhook_url"), body
+    assert "is not a field of an upload" in body["error"]["message"]
+    assert await job_count(fresh) == 0
+
+
+async def test_an_empty_file_input_is_dropped(fresh: ApiClient) -> None:
+    data = form([("a.csv", CSV)])
     data.add_field("file", b"", filename="", content_type="application/octet-stream")
     status, body = await upload(fresh, data)
     assert status == 201, body

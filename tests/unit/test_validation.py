@@ -21,6 +21,7 @@ from relay_batches.services.ingest_api.validation import (
     parse_priority_field,
     request_rows,
     row_api_error,
+    scan_submit,
     validate_cron,
     validate_submit,
 )
@@ -43,10 +44,19 @@ def rows(*requests: object) -> dict[str, object]:
 
 
 def rejected(payload: object, limits: SubmitLimits = LIMITS) -> ApiError:
+    """The 400 of ``validate_submit``, which the streaming ``scan_submit`` of the same
+    body as JSON text must give too (same message, same field)."""
     with pytest.raises(ApiError) as info:
         validate_submit(payload, limits, MODELS)  # type: ignore[arg-type]
     assert info.value.status == 400
     assert info.value.type == "invalid_request_error"
+    try:
+        raw = orjson.dumps(payload)
+    except TypeError:  # lone surrogates: not JSON text that a client could send
+        return info.value
+    with pytest.raises(ApiError) as scanned:
+        scan_submit(raw, limits, MODELS)
+    assert scanned.value == info.value
     return info.value
 
 
@@ -139,10 +149,49 @@ def test_explicit_nulls_are_absent() -> None:
     assert spec.rows == [RowInput("row-1", HI_JSON)]
 
 
-def test_unknown_top_level_keys_are_ignored() -> None:
-    spec = validate_submit(body(extra=[1], Model="x"), LIMITS, MODELS)
-    assert spec.options == BatchOptions(None, "gpt-4o-mini", 0, None, None)
-    assert spec.rows == [RowInput("row-1", HI_JSON)]
+@pytest.mark.parametrize("key", ["webhook_url", "budget", "Model", "metadata"])
+def test_an_unknown_top_level_key_is_refused_naming_it(key: str) -> None:
+    err = rejected(body(**{key: 1}))
+    assert err.param == key
+    assert "is not a field of a batch" in err.message, err.message
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        body(),
+        body(name="n", priority=-3, params={"temperature": 0.5, "stop": ["x"]}),
+        {"requests": [{"custom_id": "b", "messages": HI * 3}], "model": "claude-haiku"},
+        body(requests=[{"messages": [{"role": "user", "content": "é😀\u2028" * 300}]}] * 40),
+    ],
+)
+def test_scanning_the_text_gives_what_validating_the_decoded_body_gives(
+    payload: dict[str, object],
+) -> None:
+    expected = validate_submit(payload, LIMITS, MODELS)
+    raw = orjson.dumps(payload, option=orjson.OPT_INDENT_2)
+    assert scan_submit(raw, LIMITS, MODELS) == expected
+    # windows far smaller than one value: every value is split across windows
+    assert scan_submit(raw, LIMITS, MODELS, window=7) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"", "request body must be JSON"),
+        (b'{"model": "gpt-4o-mini", "requests": [{"messages": []},]}', "request body must be JSON"),
+        (b'{"model": NaN}', "request body must be JSON"),
+        (b'{"model": "m"} x', "request body must be JSON"),
+        (b"\xff", "request body must be JSON"),
+        (b"[1, 2]", "request body must be a JSON object"),
+        (b"[" * 5000, "request body must be JSON"),
+    ],
+)
+def test_scanning_refuses_what_is_not_a_json_object(raw: bytes, message: str) -> None:
+    with pytest.raises(ApiError) as info:
+        scan_submit(raw, LIMITS, MODELS)
+    assert (info.value.status, info.value.param) == (400, None)
+    assert info.value.message.startswith(message), info.value.message
 
 
 def test_params_are_a_job_level_field() -> None:
