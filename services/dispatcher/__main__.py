@@ -34,8 +34,8 @@ async def build(
     await bus.connect()
     resources.push_async_callback(bus.close)
 
-    async def publish_slice(task: SliceMessage, level: int) -> None:
-        await bus.publish(bus.names.rows, task.encode(), kind="rows", priority=level)
+    async def publish_slice(job_slice: SliceMessage, level: int) -> None:
+        await bus.publish(bus.names.rows, job_slice.encode(), kind="rows", priority=level)
 
     async def announce_failed(event: JobEvent) -> None:
         await announce_finished(

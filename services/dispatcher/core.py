@@ -2,7 +2,7 @@
 
 For every job it owns, the dispatcher keeps ``dispatched_upto - done <= window`` and the
 message text of its rows in flight within ``window_bytes`` (one row larger than that goes
-out alone, when nothing else of the job is in flight): it publishes task slices of
+out alone, when nothing else of the job is in flight): it publishes slices of
 consecutive rows (confirmed) and then records the new ``dispatched_upto`` in the ledger,
 so a restart resumes where it left off (at worst re-publishing a slice, which the
 aggregator's idempotent insert absorbs).
@@ -49,7 +49,7 @@ TOP_UP_FRACTION = 4
 def slice_rows(
     rows: list[tuple[int, str]], max_rows: int, max_bytes: int
 ) -> list[list[tuple[int, str]]]:
-    """Consecutive rows cut into task slices of at most ``max_rows`` rows and (unless a
+    """Consecutive rows cut into slices of at most ``max_rows`` rows and (unless a
     single row is larger) ``max_bytes`` of messages, so no broker message grows huge."""
     slices: list[list[tuple[int, str]]] = []
     current: list[tuple[int, str]] = []
@@ -428,17 +428,17 @@ class Dispatcher:
     async def top_up(self, owned: OwnedJob) -> None:
         """Publish slices until the job's window is full or its rows are all out.
 
-        Rows go out in batches of at least a quarter window (or one slice, or the rest of
+        Rows go out in steps of at least a quarter window (or one slice, or the rest of
         the job), so a stream of small progress events costs few ledger reads.
         """
         if not self._may_release(owned):
             return
         window = self._window(owned)
-        batch = max(self._config.slice_rows, window // TOP_UP_FRACTION)
+        step = max(self._config.slice_rows, window // TOP_UP_FRACTION)
         async with owned.lock:
             while not owned.exhausted and owned.job.id in self.jobs:
                 room = owned.done + window - owned.dispatched_upto
-                if room < min(batch, owned.job.total - owned.dispatched_upto):
+                if room < min(step, owned.job.total - owned.dispatched_upto):
                     return
                 end = await self._window_end(owned, room)
                 if end <= owned.dispatched_upto:
@@ -473,7 +473,7 @@ class Dispatcher:
         return await self._store.advance(self._config.owner, job.id, end)
 
     async def _publish_rows(self, owned: OwnedJob, rows: list[tuple[int, str]]) -> None:
-        """Publish ``rows`` of a job as task slices (confirmed), stamped with the time
+        """Publish ``rows`` of a job as slices (confirmed), stamped with the time
         they went out (what stall recovery compares with the workers' delivery marks)."""
         if not rows:
             return

@@ -20,13 +20,13 @@ def publisher_for(bus: Bus, jobs: JobStore) -> Announcer:
     async def wake(job: Job) -> None:
         await wake_dispatcher(bus, job.id, job.priority)
 
-    async def job_canceled(batch: Job) -> None:
-        event = JobEvent(batch.id, batch.status, batch.total, batch.completed, batch.failed)
+    async def job_canceled(job: Job) -> None:
+        event = JobEvent(job.id, job.status, job.total, job.completed, job.failed)
         await bus.publish_event(EVENT_CANCELED, event.encode())
         await announce_finished(bus.publish_event, jobs.mark_finished_published, [event])
 
-    async def template_created(batch: Job) -> None:
-        created = TemplateCreated(batch.id, iso(batch.next_run_at) or "")
+    async def template_created(job: Job) -> None:
+        created = TemplateCreated(job.id, iso(job.next_run_at) or "")
         await bus.publish_event(EVENT_TEMPLATE_CREATED, created.encode())
 
     return Announcer(wake, job_canceled, template_created)

@@ -69,8 +69,8 @@ async def stream_list(
 
 
 async def stream_results(
-    request: web.Request, batch: Job, pages: AsyncIterator[list[ResultRow]]
+    request: web.Request, job: Job, pages: AsyncIterator[list[ResultRow]]
 ) -> web.StreamResponse:
     """The results of ``batch``: none until it is terminal, then every outcome in order."""
-    head = {"id": batch.id, "status": batch.status}
-    return await stream_list(request, head, pages if batch.status in TERMINAL else None, row_object)
+    head = {"id": job.id, "status": job.status}
+    return await stream_list(request, head, pages if job.status in TERMINAL else None, row_object)

@@ -57,31 +57,33 @@ async def create_batch(request: web.Request) -> web.Response:
             return replayed
         now = datetime.now(UTC)
         loop = asyncio.get_running_loop()
-        job = await loop.run_in_executor(deps.parser, plan_submission, raw, deps, workspace_id, now)
+        planned = await loop.run_in_executor(
+            deps.parser, plan_submission, raw, deps, workspace_id, now
+        )
         del raw  # the validated rows are all that is kept while they are stored
         try:
-            batch = await submit_one(deps, job, claim)
+            job = await submit_one(deps, planned, claim)
         except KeyTaken:
             return await raced_response(deps.idempotency, claim)
-    return json_response(batch_object(batch), status=201)
+    return json_response(batch_object(job), status=201)
 
 
-def batch_object(batch: Job) -> dict[str, object]:
+def batch_object(job: Job) -> dict[str, object]:
     """``batch.to_api()`` with ``params`` embedded as the stored JSON text, so a batch
     always encodes (orjson refuses to re-encode past 255 levels of nesting)."""
-    data = batch.to_api()
-    data["params"] = orjson.Fragment(batch.params)
+    data = job.to_api()
+    data["params"] = orjson.Fragment(job.params)
     return data
 
 
 async def _find(request: web.Request) -> Job:
     batch_id = request.match_info["id"]
-    batch = None
+    job = None
     if is_valid_id(batch_id):
-        batch = await request.app[DEPS].jobs.get(request[WORKSPACE_ID], batch_id)
-    if batch is None:
+        job = await request.app[DEPS].jobs.get(request[WORKSPACE_ID], batch_id)
+    if job is None:
         raise ApiError(404, f"no batch {batch_id!r}", "id")
-    return batch
+    return job
 
 
 async def get_batch(request: web.Request) -> web.Response:
@@ -132,15 +134,15 @@ def _page_limit(raw: str | None) -> int:
 
 async def get_results(request: web.Request) -> web.StreamResponse:
     """``GET /v1/batches/{id}/results``: streamed JSON, or ndjson on request."""
-    batch = await _find(request)
-    return await stream_results(request, batch, request.app[DEPS].jobs.result_pages(batch))
+    job = await _find(request)
+    return await stream_results(request, job, request.app[DEPS].jobs.result_pages(job))
 
 
 async def get_dead_letters(request: web.Request) -> web.StreamResponse:
     """``GET /v1/batches/{id}/dead_letter``: streamed, in row order (ndjson on request)."""
-    batch = await _find(request)
-    pages = request.app[DEPS].jobs.dead_letter_pages(batch)
-    return await stream_list(request, {"id": batch.id}, pages, dead_letter_object)
+    job = await _find(request)
+    pages = request.app[DEPS].jobs.dead_letter_pages(job)
+    return await stream_list(request, {"id": job.id}, pages, dead_letter_object)
 
 
 async def cancel_batch(request: web.Request) -> web.Response:
@@ -150,15 +152,15 @@ async def cancel_batch(request: web.Request) -> web.Response:
     if found.status in TERMINAL:
         raise ApiError(409, f"batch is already {found.status}", "id")
     try:
-        batch = await deps.jobs.cancel(request[WORKSPACE_ID], found.id)
+        job = await deps.jobs.cancel(request[WORKSPACE_ID], found.id)
     except ConflictError:
         current = await _find(request)
         raise ApiError(409, f"batch is already {current.status}", "id") from None
-    log.info("batch_canceled", extra={"batch_id": batch.id})
-    JOB_TRANSITIONS.labels(batch.status).inc()
+    log.info("batch_canceled", extra={"batch_id": job.id})
+    JOB_TRANSITIONS.labels(job.status).inc()
     try:
-        await deps.announcer.job_canceled(batch)
+        await deps.announcer.job_canceled(job)
     except Exception as exc:
         # Committed; the aggregator's outbox scan announces the finish later.
-        log.warning("cancel_announce_failed", extra={"batch_id": batch.id, "error": repr(exc)})
-    return json_response(batch_object(batch))
+        log.warning("cancel_announce_failed", extra={"batch_id": job.id, "error": repr(exc)})
+    return json_response(batch_object(job))

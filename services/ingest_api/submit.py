@@ -80,46 +80,46 @@ def plan_job(
     return PlannedJob(new, rows)
 
 
-async def submit_one(deps: ApiDeps, job: PlannedJob, claim: IdempotencyClaim | None) -> Job:
+async def submit_one(deps: ApiDeps, planned: PlannedJob, claim: IdempotencyClaim | None) -> Job:
     """Store one job (recording its 201 for ``claim``), then wake its dispatcher.
 
     :class:`KeyTaken` if a concurrent request with the same key stored first.
     """
-    batch = await deps.jobs.create(job.new, _row_pairs(job), claim)
-    await _created(deps, [batch])
-    return batch
+    job = await deps.jobs.create(planned.new, _row_pairs(planned), claim)
+    await _created(deps, [job])
+    return job
 
 
 async def submit_many(
     deps: ApiDeps, jobs: Sequence[PlannedJob], claim: IdempotencyClaim | None
 ) -> list[Job]:
     """Store several jobs in one transaction (all or none), then wake their dispatchers."""
-    batches = await deps.jobs.create_many([(job.new, _row_pairs(job)) for job in jobs], claim)
-    await _created(deps, batches)
-    return batches
+    created = await deps.jobs.create_many([(p.new, _row_pairs(p)) for p in jobs], claim)
+    await _created(deps, created)
+    return created
 
 
-def _row_pairs(job: PlannedJob) -> Iterator[tuple[str, str]]:
-    return ((r.custom_id, r.messages_json) for r in job.rows)
+def _row_pairs(planned: PlannedJob) -> Iterator[tuple[str, str]]:
+    return ((r.custom_id, r.messages_json) for r in planned.rows)
 
 
-async def _created(deps: ApiDeps, batches: list[Job]) -> None:
-    for batch in batches:
-        JOB_TRANSITIONS.labels(batch.status).inc()
-        log.info("batch_created", extra={"batch_id": batch.id, "total": batch.total})
-        await wake(deps, batch)
+async def _created(deps: ApiDeps, created: list[Job]) -> None:
+    for job in created:
+        JOB_TRANSITIONS.labels(job.status).inc()
+        log.info("batch_created", extra={"batch_id": job.id, "total": job.total})
+        await wake(deps, job)
 
 
-async def wake(deps: ApiDeps, batch: Job) -> None:
-    """Wake a dispatcher for a new queued batch, or schedulers for a new cron template.
+async def wake(deps: ApiDeps, job: Job) -> None:
+    """Wake a dispatcher for a new queued job, or schedulers for a new cron template.
 
-    The batch is committed: a lost wake-up only delays it (dispatchers reconcile from the
+    The job is committed: a lost wake-up only delays it (dispatchers reconcile from the
     ledger, schedulers look again within their sleep cap).
     """
     try:
-        if batch.status == JobStatus.QUEUED:
-            await deps.announcer.wake_dispatcher(batch)
-        elif batch.status == JobStatus.SCHEDULED:
-            await deps.announcer.template_created(batch)
+        if job.status == JobStatus.QUEUED:
+            await deps.announcer.wake_dispatcher(job)
+        elif job.status == JobStatus.SCHEDULED:
+            await deps.announcer.template_created(job)
     except Exception as exc:
-        log.warning("wakeup_failed", extra={"batch_id": batch.id, "error": repr(exc)})
+        log.warning("wakeup_failed", extra={"batch_id": job.id, "error": repr(exc)})

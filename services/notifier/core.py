@@ -83,7 +83,7 @@ Post = Callable[[str, bytes, dict[str, str]], Awaitable[PostResult]]
 class Store(Protocol):
     """What the notifier needs of the ledger."""
 
-    async def batch(self, batch_id: str) -> Job | None:
+    async def job(self, batch_id: str) -> Job | None:
         """Read a batch."""
 
     async def claim(self, batch_id: str, url: str, message_id: str) -> Claim | None:
@@ -134,24 +134,24 @@ async def deliver_webhook(
     :func:`deliver_deferred`) rather than holding its message. The record is made after
     the slot is released, so a database outage holds no receiver's slot.
     """
-    batch = await store.batch(event.batch_id)
-    if batch is None or not batch.webhook_url or batch.cron:
+    job = await store.job(event.batch_id)
+    if job is None or not job.webhook_url or job.cron:
         return "no_webhook"
-    url, message_id = batch.webhook_url, f"msg_{batch.id}"
+    url, message_id = job.webhook_url, f"msg_{job.id}"
     try:
-        async with _receiver_slot(gate, batch.workspace_id, url, wait=True):
-            claim = await store.claim(batch.id, url, message_id)
+        async with _receiver_slot(gate, job.workspace_id, url, wait=True):
+            claim = await store.claim(job.id, url, message_id)
             if claim is None:
                 return "already_delivered"
-            result = await _post(batch, url, claim, store, post)
+            result = await _post(job, url, claim, store, post)
     except ReceiverBusy as busy:
-        if not await store.defer(batch.id, url, message_id):
+        if not await store.defer(job.id, url, message_id):
             return "already_delivered"
-        log.info("webhook_deferred", extra={"batch_id": batch.id, "reason": str(busy)})
+        log.info("webhook_deferred", extra={"batch_id": job.id, "reason": str(busy)})
         return "deferred"
     if result is None:
         return "taken_over"
-    return await _record_outcome(batch, claim, store, result)
+    return await _record_outcome(job, claim, store, result)
 
 
 async def deliver_deferred(store: DeferredStore, post: Post, gate: ReceiverGate) -> int:
@@ -185,18 +185,18 @@ async def _deliver_one_deferred(
             claim = await store.claim_deferred(waiting.batch_id)
             if claim is None:
                 return False
-            batch = await store.batch(waiting.batch_id)
-            if batch is None or not batch.webhook_url:
+            job = await store.job(waiting.batch_id)
+            if job is None or not job.webhook_url:
                 await _record(
                     store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone"
                 )
                 return False
-            result = await _post(batch, batch.webhook_url, claim, store, post)
+            result = await _post(job, job.webhook_url, claim, store, post)
     except ReceiverBusy:
         return False
     if result is None:
         return False
-    await _record_outcome(batch, claim, store, result)
+    await _record_outcome(job, claim, store, result)
     return True
 
 
@@ -224,39 +224,39 @@ async def recover_deliveries(store: RecoveryStore, post: Post, limit: int = RECO
         if not claims:
             break
         claim = claims[0]
-        batch = await store.batch(claim.batch_id)
-        if batch is None or not batch.webhook_url:
+        job = await store.job(claim.batch_id)
+        if job is None or not job.webhook_url:
             await _record(store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone")
             continue
         log.warning(
             "webhook_claim_taken_over", extra={"batch_id": claim.batch_id, "claim": claim.number}
         )
-        result = await _post(batch, batch.webhook_url, claim, store, post)
+        result = await _post(job, job.webhook_url, claim, store, post)
         if result is not None:
-            await _record_outcome(batch, claim, store, result)
+            await _record_outcome(job, claim, store, result)
             recovered += 1
     if recovered:
         log.info("deliveries_recovered", extra={"deliveries": recovered})
     return recovered
 
 
-async def _post(batch: Job, url: str, claim: Claim, store: Store, post: Post) -> PostResult | None:
+async def _post(job: Job, url: str, claim: Claim, store: Store, post: Post) -> PostResult | None:
     """Sign, mark ``posting``, POST; None (nothing sent) if the claim was taken over."""
-    body = orjson.dumps(batch.webhook_body())
-    secret = await store.signing_secret(batch.workspace_id)
+    body = orjson.dumps(job.webhook_body())
+    secret = await store.signing_secret(job.workspace_id)
     if not await store.start_post(claim):
         log.warning("webhook_claim_lost", extra={"batch_id": claim.batch_id, "claim": claim.number})
         return None
-    return await post(url, body, signed_headers(secret, f"msg_{batch.id}", body))
+    return await post(url, body, signed_headers(secret, f"msg_{job.id}", body))
 
 
-async def _record_outcome(batch: Job, claim: Claim, store: Store, result: PostResult) -> str:
+async def _record_outcome(job: Job, claim: Claim, store: Store, result: PostResult) -> str:
     outcome = _outcome(result)
     await _record(store, claim, outcome, result.status_code, result.error)
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     log.info(
         "webhook_" + outcome,
-        extra={"batch_id": batch.id, "status_code": result.status_code, "error": result.error},
+        extra={"batch_id": job.id, "status_code": result.status_code, "error": result.error},
     )
     return outcome
 

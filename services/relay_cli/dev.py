@@ -2,7 +2,7 @@
 
 The settings only ``relay dev`` has are read here, from the environment ``__main__`` passes
 in: ``RELAY_DEV_ROW_WORKERS``, ``RELAY_DEV_API_KEY`` and the simulator's ``RELAY_SIM_HOST``
-/ ``RELAY_SIM_PORT`` (the local routes follow the simulator). The API and simulator ports
+/ ``RELAY_SIM_PORT`` (the local routes file follows the simulator). The API and simulator ports
 must be free; every service gets a health port of its own (free ones, or
 consecutive ones from ``RELAY_HEALTH_PORT``), so two ``make run`` on one machine, or a
 machine with some ports taken, still start.
@@ -34,7 +34,7 @@ MAX_ROW_WORKERS = 32
 @dataclass(frozen=True)
 class DevOptions:
     """What ``relay dev`` reads besides :class:`Settings`; ``routes_file`` is None when the
-    user gave none (the local routes, pointed at the simulator, are used)."""
+    user gave none (the local routes file, pointed at the simulator, are used)."""
 
     row_workers: int = 1
     sim_host: str = "127.0.0.1"
@@ -111,7 +111,7 @@ def health_ports(settings: Settings, names: list[str], taken: set[int]) -> list[
     return [HealthPort(host, port, fixed=True) for port in range(first, first + len(names))]
 
 
-def routes_for(options: DevOptions, sim_url: str, directory: Path) -> str:
+def routes_file_for(options: DevOptions, sim_url: str, directory: Path) -> str:
     """The routes file: the user's, else the local one pointed at ``sim_url`` (a copy in
     ``directory`` when the simulator is not where the local file expects it)."""
     if options.routes_file is not None:
@@ -148,7 +148,7 @@ def dev_children(
     ports = health_ports(settings, names, {api_port, sim_port})
     env = {
         **environ,
-        "RELAY_ROUTES_FILE": routes_for(options, sim_url, directory),
+        "RELAY_ROUTES_FILE": routes_file_for(options, sim_url, directory),
         "RELAY_API_PORT": str(api_port),
         "RELAY_SIM_PORT": str(sim_port),
     }

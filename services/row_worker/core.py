@@ -1,4 +1,4 @@
-"""Running the rows of one task: bounded concurrency, cancel, outcome per row.
+"""Running the rows of one slice: bounded concurrency, cancel, outcome per row.
 
 No aio-pika or asyncpg here: tests drive :class:`RowRunner` with a fake router and a
 fake outcome sink.
@@ -54,7 +54,7 @@ class CanceledJobs:
 
 
 class RowRunner:
-    """Runs task rows with at most ``concurrency`` upstream calls in flight."""
+    """Runs the rows of slices with at most ``concurrency`` upstream calls in flight."""
 
     def __init__(
         self,
@@ -79,31 +79,32 @@ class RowRunner:
         log.info("job_canceled", extra={"batch_id": batch_id, "aborted": len(tasks)})
         return len(tasks)
 
-    async def handle_slice(self, task: DecodedSlice) -> int:
-        """Run every row of ``task``; return once each has a confirmed outcome (or was dropped).
+    async def handle_slice(self, job_slice: DecodedSlice) -> int:
+        """Run every row of ``job_slice``; return once each has a confirmed outcome (or was
+        dropped).
 
         Returns the number of rows that got an outcome. The slice's rows count as held
         by this worker (its heartbeat says so) until then.
         """
-        token = self._holdings.take(task)
+        token = self._holdings.take(job_slice)
         try:
-            return await self._run_slice(task)
+            return await self._run_slice(job_slice)
         finally:
             self._holdings.leave(token)
 
-    async def _run_slice(self, task: DecodedSlice) -> int:
+    async def _run_slice(self, job_slice: DecodedSlice) -> int:
         started: list[asyncio.Task[None]] = []
-        for index, messages in task.rows:
+        for index, messages in job_slice.rows:
             await self._slots.acquire()
-            if task.batch_id in self.canceled:
+            if job_slice.batch_id in self.canceled:
                 self._slots.release()
                 ROWS_DROPPED.inc()
                 continue
             row = asyncio.create_task(
-                self._run_row(task, index, messages), name=f"row-{task.batch_id}-{index}"
+                self._run_row(job_slice, index, messages), name=f"row-{job_slice.batch_id}-{index}"
             )
-            self._running.setdefault(task.batch_id, set()).add(row)
-            row.add_done_callback(functools.partial(self._forget, task.batch_id))
+            self._running.setdefault(job_slice.batch_id, set()).add(row)
+            row.add_done_callback(functools.partial(self._forget, job_slice.batch_id))
             started.append(row)
         results = await asyncio.gather(*started, return_exceptions=True)
         failures = [r for r in results if isinstance(r, Exception)]
@@ -118,25 +119,25 @@ class RowRunner:
             if not tasks:
                 del self._running[batch_id]
 
-    async def _run_row(self, task: DecodedSlice, index: int, messages: list[Any]) -> None:
+    async def _run_row(self, job_slice: DecodedSlice, index: int, messages: list[Any]) -> None:
         ROWS_IN_FLIGHT.inc()
         try:
-            result = await self._call(task, index, messages)
+            result = await self._call(job_slice, index, messages)
         finally:
             ROWS_IN_FLIGHT.dec()
             self._slots.release()
-        outcome = to_outcome(task.batch_id, index, result)
+        outcome = to_outcome(job_slice.batch_id, index, result)
         ROWS_PROCESSED.labels("content" if outcome.error is None else "error").inc()
         await self._sink(outcome)
 
-    async def _call(self, task: DecodedSlice, index: int, messages: list[Any]) -> RowResult:
+    async def _call(self, job_slice: DecodedSlice, index: int, messages: list[Any]) -> RowResult:
         try:
-            return await self._router.complete(task.model, messages, task.params)
+            return await self._router.complete(job_slice.model, messages, job_slice.params)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception(
-                "row_failed_unexpectedly", extra={"batch_id": task.batch_id, "row": index}
+                "row_failed_unexpectedly", extra={"batch_id": job_slice.batch_id, "row": index}
             )
             return RowResult(None, f"internal_error: {exc.__class__.__name__}", 1, None)
 

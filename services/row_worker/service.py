@@ -17,7 +17,7 @@ from relay_batches.services.row_worker.outcomes import OutcomePublisher
 
 
 def rows_prefetch(concurrency: int, slice_rows: int) -> int:
-    """Task messages to hold: rows for every slot twice over (a finished task stays unacked
+    """Slice messages to hold: rows for every slot twice over (a finished slice stays unacked
     until its outcomes are confirmed, so its rows must not starve the slots), plus one."""
     return math.ceil(2 * concurrency / slice_rows) + 1
 

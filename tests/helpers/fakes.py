@@ -59,7 +59,7 @@ class FakeDeliveryStore:
     lost: list[str] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)
 
-    async def batch(self, batch_id: str) -> Job | None:
+    async def job(self, batch_id: str) -> Job | None:
         return self.batches.get(batch_id)
 
     async def claim(self, batch_id: str, url: str, message_id: str) -> Claim | None:

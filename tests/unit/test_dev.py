@@ -16,7 +16,7 @@ from relay_batches.services.relay_cli.dev import (
     health_names,
     health_ports,
     listen_port,
-    routes_for,
+    routes_file_for,
 )
 from relay_batches.services.relay_cli.ports import HealthPort, is_free
 from relay_batches.settings import ConfigError, Settings
@@ -107,12 +107,12 @@ def test_a_movable_health_port_moves_off_a_taken_port(held: int) -> None:
 
 
 def test_the_local_routes_follow_the_simulator(tmp_path: Path) -> None:
-    assert routes_for(DevOptions(), "http://127.0.0.1:8090/v1", tmp_path) == LOCAL_ROUTES
-    moved = routes_for(DevOptions(sim_port=9123), "http://127.0.0.1:9123/v1", tmp_path)
+    assert routes_file_for(DevOptions(), "http://127.0.0.1:8090/v1", tmp_path) == LOCAL_ROUTES
+    moved = routes_file_for(DevOptions(sim_port=9123), "http://127.0.0.1:9123/v1", tmp_path)
     (deployment,) = load_aliases(moved, {}).resolve("gpt-4o-mini") or ()
     assert deployment.base_url == "http://127.0.0.1:9123/v1"
     given = DevOptions(routes_file="mine.toml")
-    assert routes_for(given, "http://127.0.0.1:9123/v1", tmp_path) == "mine.toml"
+    assert routes_file_for(given, "http://127.0.0.1:9123/v1", tmp_path) == "mine.toml"
 
 
 def test_every_child_gets_the_ports_and_routes_it_needs(tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ class DeliveryStore:
         self._pool = pool
         self._claim_s = claim_s
 
-    async def batch(self, batch_id: str) -> Job | None:
+    async def job(self, batch_id: str) -> Job | None:
         """The batch ``batch_id`` (any workspace: the notifier serves them all)."""
         async with translated():
             record = await self._pool.fetchrow("SELECT * FROM batches WHERE id = $1", batch_id)

@@ -101,10 +101,10 @@ class JobStore:
         transaction (:class:`KeyTaken` and nothing created if the key was used first).
         """
         async with translated(), self._pool.acquire() as conn, conn.transaction():
-            batch = await _insert_batch(conn, new, rows)
+            job = await _insert_job(conn, new, rows)
             if claim is not None:
-                await record_response(conn, claim, 201, orjson.dumps(batch.to_api()).decode())
-        return batch
+                await record_response(conn, claim, 201, orjson.dumps(job.to_api()).decode())
+        return job
 
     async def create_many(
         self,
@@ -116,7 +116,7 @@ class JobStore:
         With ``claim``, the 201 list response is recorded as :meth:`create` does.
         """
         async with translated(), self._pool.acquire() as conn, conn.transaction():
-            created = [await _insert_batch(conn, new, rows) for new, rows in batches]
+            created = [await _insert_job(conn, new, rows) for new, rows in batches]
             if claim is not None:
                 body = {"object": "list", "data": [b.to_api() for b in created]}
                 await record_response(conn, claim, 201, orjson.dumps(body).decode())
@@ -178,28 +178,28 @@ class JobStore:
 
     def result_pages(
         self,
-        batch: Job,
+        job: Job,
         page_rows: int = RESULT_PAGE_ROWS,
         page_bytes: int | None = None,
     ) -> AsyncIterator[list[ResultRow]]:
         """The job's outcomes in row order, a keyset page at a time: at most ``page_rows``
         rows and ``page_bytes`` of text (the store's budget by default) per page, unless
         one row alone is larger (it then goes out alone, whole)."""
-        return self._pages(_RESULTS_PAGE, batch, page_rows, page_bytes, ResultRow)
+        return self._pages(_RESULTS_PAGE, job, page_rows, page_bytes, ResultRow)
 
     def dead_letter_pages(
         self,
-        batch: Job,
+        job: Job,
         page_rows: int = RESULT_PAGE_ROWS,
         page_bytes: int | None = None,
     ) -> AsyncIterator[list[DeadLetterRow]]:
         """The job's dead-letter rows in row order, pages bounded as :meth:`result_pages`."""
-        return self._pages(_DEAD_LETTER_PAGE, batch, page_rows, page_bytes, DeadLetterRow)
+        return self._pages(_DEAD_LETTER_PAGE, job, page_rows, page_bytes, DeadLetterRow)
 
     async def _pages(
         self,
         sql: str,
-        batch: Job,
+        job: Job,
         page_rows: int,
         page_bytes: int | None,
         factory: Callable[..., T],
@@ -209,7 +209,7 @@ class JobStore:
         while True:
             async with translated():
                 records = await self._pool.fetch(
-                    sql, batch.id, batch.rows_batch_id, last, limit, budget
+                    sql, job.id, job.rows_batch_id, last, limit, budget
                 )
             if not records:
                 return
@@ -225,7 +225,7 @@ class JobStore:
         await mark_finished_published(self._pool, batch_ids)
 
 
-async def _insert_batch(conn: Connection, new: NewJob, rows: Iterable[tuple[str, str]]) -> Job:
+async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, str]]) -> Job:
     """INSERT the batch and COPY its rows on ``conn`` (the caller owns the transaction)."""
     status = JobStatus.SCHEDULED if new.cron else JobStatus.QUEUED
     record = await conn.fetchrow(
