@@ -229,3 +229,40 @@ async def test_the_status_migration_runs_again_on_a_database_with_data(
     assert sorted(await check_values(pool, "webhook_deliveries")) == sorted(DeliveryStatus)
     assert await delivery_status(pool, batch_id) == "sending"
     await JobStore(pool).cancel(workspace, batch_id)
+
+
+async def allowed_moves(pool: asyncpg.Pool, table: str) -> set[tuple[str, str]]:
+    """The ``(from, to)`` pairs a transitions table of migration 0008 allows."""
+    rows = await pool.fetch(f"SELECT from_status, to_status FROM {table}")
+    return {(r["from_status"], r["to_status"]) for r in rows}
+
+
+def moves(transitions: Mapping[S, frozenset[S]]) -> set[tuple[str, str]]:
+    return {(str(a), str(b)) for a, targets in transitions.items() for b in targets}
+
+
+async def test_the_database_allows_exactly_the_transitions_of_the_model(
+    pool: asyncpg.Pool,
+) -> None:
+    jobs = await allowed_moves(pool, "job_status_transitions")
+    assert jobs == moves(JOB_STATUS_TRANSITIONS)
+    deliveries = await allowed_moves(pool, "delivery_status_transitions")
+    assert deliveries == moves(DELIVERY_STATUS_TRANSITIONS)
+
+
+async def test_the_database_refuses_a_move_the_model_forbids(pool: asyncpg.Pool) -> None:
+    workspace = await KeyStore(pool).ensure_workspace(f"st-{new_id()[:6]}")
+    batch_id = await new_job(pool, workspace)
+    await JobStore(pool).cancel(workspace, batch_id)
+    for back in ("queued", "running", "completed"):
+        with pytest.raises(asyncpg.CheckViolationError, match="may not move from canceled"):
+            await pool.execute("UPDATE batches SET status = $2 WHERE id = $1", batch_id, back)
+    # Setting the status it already has is no move: allowed, and nothing changes.
+    await pool.execute("UPDATE batches SET status = 'canceled' WHERE id = $1", batch_id)
+    assert await job_status(pool, batch_id) == "canceled"
+    await DeliveryStore(pool).claim(batch_id, HOOK, f"msg_{batch_id}")
+    with pytest.raises(asyncpg.CheckViolationError, match="may not move from sending"):
+        await pool.execute(
+            "UPDATE webhook_deliveries SET status = 'delivered' WHERE batch_id = $1", batch_id
+        )
+    assert await delivery_status(pool, batch_id) == "sending"
