@@ -97,9 +97,11 @@ async def upload_batches(request: web.Request) -> web.Response:
 
 
 def canonical_form(form: UploadForm) -> bytes:
-    """What an upload asked for, independent of its multipart boundary (for idempotency)."""
+    """What an upload asked for, independent of its multipart boundary (for idempotency);
+    a blank field is absent, as :func:`form_payload` reads it."""
     files = [[f.filename, hashlib.sha256(f.data).hexdigest()] for f in form.files]
-    return orjson.dumps({"fields": sorted(form.fields.items()), "files": files})
+    fields = sorted((name, text) for name, text in form.fields.items() if text.strip())
+    return orjson.dumps({"fields": fields, "files": files})
 
 
 # --- 1. read --------------------------------------------------------------------------

@@ -305,6 +305,18 @@ async def test_idempotency_key_on_upload_replays_and_creates_once(fresh: ApiClie
     assert await job_count(fresh) == 2
 
 
+async def test_a_blank_field_and_an_absent_one_are_the_same_upload_for_idempotency(
+    fresh: ApiClient,
+) -> None:
+    files = [("a.csv", b"one\n")]
+    headers = {"Idempotency-Key": f"upload-{new_id()}"}
+    s1, first = await upload(fresh, form(files, name="", webhookUrl=""), headers=headers)
+    s2, second = await upload(fresh, form(files), headers=headers)
+    assert (s1, s2) == (201, 201)
+    assert second == first  # replayed: a blank field means absent, here too
+    assert await job_count(fresh) == 1
+
+
 async def test_uploaded_jobs_are_invisible_to_another_workspace(
     fresh: ApiClient, client_b: ApiClient
 ) -> None:
