@@ -157,8 +157,7 @@ def test_the_readme_docker_run_example_has_everything_the_service_needs() -> Non
     assert argv[-1] in console_scripts()
     assert "--network" in argv and argv[argv.index("--network") + 1] == "host"
     env = dict(argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "-e")
-    assert env["RELAY_DATABASE_URL"].startswith("postgresql://")
-    assert "@127.0.0.1:" in env["RELAY_DATABASE_URL"]
+    assert set(env) == {"RELAY_AMQP_URL"}  # a row-worker never opens the ledger
     assert env["RELAY_AMQP_URL"].startswith("amqp://")
     assert "@127.0.0.1:" in env["RELAY_AMQP_URL"]
     (mount,) = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-v"]
