@@ -21,8 +21,6 @@ from relay_batches.kit.periodic import every
 from relay_batches.messages import OutcomesMessage
 from relay_batches.services.aggregator.core import Aggregator
 
-RETRY_PAUSE_S = 1.0
-
 
 class AggregatorBus(ServiceBus, Protocol):
     """What the aggregator needs of :class:`relay_batches.bus.client.Bus`."""
@@ -65,7 +63,6 @@ def aggregator_service(
         prefetch=prefetch,
         chunk=chunk,
         linger_s=linger_s,
-        retry_pause_s=RETRY_PAUSE_S,
         dead_letter=DeadLetter(dead, dead_letter),
         chunk_bytes=chunk_bytes,
     )

@@ -18,7 +18,6 @@ from relay_batches.messages import DispatchWakeup, HoldingReport, JobEvent
 from relay_batches.services.dispatcher.core import Dispatcher
 
 DISPATCH_PREFETCH = 4
-EVENTS_PREFETCH = 64
 
 
 def dispatcher_service(
@@ -37,13 +36,11 @@ def dispatcher_service(
     events = Subscribe(
         {EVENT_PROGRESS: dispatcher.on_progress, EVENT_CANCELED: on_canceled},
         JobEvent.decode,
-        prefetch=EVENTS_PREFETCH,
     )
     heartbeats = Subscribe(
         {EVENT_HOLDING: dispatcher.inflight.on_report},
         HoldingReport.decode,
         kind="holding",
-        prefetch=EVENTS_PREFETCH,
     )
     wakeups = Consume(
         bus.names.dispatch,

@@ -52,7 +52,10 @@ class ConsumingBus(Protocol):
         """Consume a durable queue with ``prefetch`` unacked."""
 
     async def consume_events(
-        self, routing_keys: Sequence[str], callback: MessageCallback, prefetch: int = 64
+        self,
+        routing_keys: Sequence[str],
+        callback: MessageCallback,
+        prefetch: int = EVENTS_PREFETCH,
     ) -> None:
         """Consume job events bound to ``routing_keys``."""
 
