@@ -17,6 +17,10 @@ from typing import Any, Protocol
 from relay_batches.health import bound_port, start_health_server
 from relay_batches.settings import ConfigError, Settings
 
+# After the grace period a service has this long to cancel what is left and close, then
+# the process exits 1 (Kubernetes' terminationGracePeriodSeconds must cover both).
+HARD_DEADLINE_MARGIN_S = 5.0
+
 
 class Service(Protocol):
     """What :func:`run_service` runs."""
@@ -57,7 +61,8 @@ async def _run(
         if not task.done():
             log.info("stopping", extra={"grace_s": settings.shutdown_grace_s})
             try:
-                await asyncio.wait_for(asyncio.shield(task), settings.shutdown_grace_s + 5)
+                deadline_s = settings.shutdown_grace_s + HARD_DEADLINE_MARGIN_S
+                await asyncio.wait_for(asyncio.shield(task), deadline_s)
             except TimeoutError:
                 log.error("shutdown_deadline_passed")
                 task.cancel()

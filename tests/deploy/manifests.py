@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from relay_batches.runtime import HARD_DEADLINE_MARGIN_S
 from relay_batches.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator",
 # Services that load the routes file at start-up (and so need it and the provider keys).
 ROUTED_SERVICES = ("ingest-api", "dispatcher", "row-worker")
 # relay_batches.runtime waits RELAY_SHUTDOWN_GRACE_S, then this long more before exiting 1.
-RUNTIME_HARD_DEADLINE_S = 5
+RUNTIME_HARD_DEADLINE_S = HARD_DEADLINE_MARGIN_S
 SECRETS = {"relay-connections", "relay-provider-keys"}
 WORKLOAD_KINDS = ("Deployment", "Job")
 # The oldest Kubernetes the manifests target: ingest-api's lifecycle.preStop.sleep is on

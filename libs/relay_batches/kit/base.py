@@ -23,7 +23,9 @@ from relay_batches.kit.tasks import Tasks
 log = logging.getLogger("relay.service")
 
 ReadyCheck = Callable[[], Awaitable[bool]]
-CANCEL_WAIT_S = 5.0
+# Of the runtime's margin past the grace period, how long cancelled work may take to
+# unwind; the close (handing leases back, flushing outcomes) has the rest.
+CANCEL_WAIT_S = 2.0
 
 
 class ServiceBus(ConsumingBus, Protocol):
@@ -108,12 +110,16 @@ class BusService:
             raise crashed
 
     async def _drain(self, tasks: Tasks) -> None:
+        """Stop intake, let in-flight work finish within the grace period (counted from
+        the stop, so a slow broker cancel eats into it rather than past the runtime's
+        hard deadline), cancel the rest, then close."""
+        grace_ends = asyncio.get_running_loop().time() + self._grace_s
         self._readiness.consuming = False
         if self._stopping is not None:
             self._stopping()
         await self._bus.stop_consuming()
         log.info("draining", extra={"tasks": len(tasks.running())})
-        late = await tasks.wait(self._grace_s)
+        late = await tasks.wait(max(0.0, grace_ends - asyncio.get_running_loop().time()))
         if late:
             for task in late:
                 task.cancel()
