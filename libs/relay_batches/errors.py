@@ -43,6 +43,11 @@ class UnstorableError(PermanentError):
         self.reason = reason
 
 
+class HandBack(RelayError):
+    """The handler did not start on the delivery (the service is stopping): return it
+    to the queue at once, untouched, for another consumer."""
+
+
 class ConflictError(RelayError):
     """A guarded state transition found the row in another state."""
 

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, RowOutcome
 from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
 from relay_batches.router.types import RowResult
@@ -69,6 +70,13 @@ class RowRunner:
         self._holdings = holdings if holdings is not None else Holdings("row-worker", 1.0)
         self.canceled = CanceledJobs()
         self._running: dict[str, set[asyncio.Task[None]]] = {}
+        self._stopping = False
+
+    def stop_starting(self) -> None:
+        """The service is stopping: a slice that has not started a row yet is handed back
+        to the broker untouched (no paid call is begun that the grace period might cut
+        off); a slice that has started finishes."""
+        self._stopping = True
 
     def cancel_job(self, batch_id: str) -> int:
         """Mark a job canceled and abort its in-flight calls; return how many were aborted."""
@@ -96,6 +104,9 @@ class RowRunner:
         started: list[asyncio.Task[None]] = []
         for index, messages in job_slice.rows:
             await self._slots.acquire()
+            if self._stopping and not started:
+                self._slots.release()
+                raise HandBack(f"stopping: slice of {job_slice.batch_id} not started")
             if job_slice.batch_id in self.canceled:
                 self._slots.release()
                 ROWS_DROPPED.inc()

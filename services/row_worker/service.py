@@ -46,6 +46,7 @@ def row_worker_service(
         [canceled, rows],
         periodic=[] if heartbeat is None else [heartbeat],
         grace_s=grace_s,
+        stopping=runner.stop_starting,
         close=outcomes.drain,
     )
 

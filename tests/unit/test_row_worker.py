@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, OutcomesMessage, RowOutcome
 from relay_batches.router.types import Completion, RowResult
 from relay_batches.services.row_worker import outcomes as outcomes_module
@@ -151,6 +152,23 @@ async def test_concurrency_is_shared_across_tasks() -> None:
     assert await asyncio.wait_for(asyncio.gather(one, two), WAIT_S) == [3, 3]
     assert router.max_in_flight == 2
     assert len(sink.outcomes) == 6
+
+
+async def test_a_stopping_worker_hands_back_slices_it_has_not_started() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    runner = RowRunner(router, sink, concurrency=2)
+    begun = asyncio.create_task(runner.handle_slice(tagged("b1", range(3))))
+    waiting = asyncio.create_task(runner.handle_slice(tagged("b2", range(2))))
+    assert {await router.next_started() for _ in range(2)} == {("b1", 0), ("b1", 1)}
+    runner.stop_starting()
+    for index in range(3):
+        router.open("b1", index)
+    # b1 had started: it finishes, row 2 included. b2 had not: it goes back untouched.
+    assert await asyncio.wait_for(begun, WAIT_S) == 3
+    with pytest.raises(HandBack):
+        await asyncio.wait_for(waiting, WAIT_S)
+    assert sorted(i for _, i, _ in router.calls) == [0, 1, 2]
+    assert {o.batch_id for o in sink.outcomes} == {"b1"}
 
 
 async def test_canceled_job_rows_are_dropped_without_a_call() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from relay_batches.bus.client import MessageCallback
 from relay_batches.bus.topology import Names
-from relay_batches.errors import TransientError, UnstorableError
+from relay_batches.errors import HandBack, TransientError, UnstorableError
 from relay_batches.kit.base import BusService, Readiness
 from relay_batches.kit.consumer import Consume, ConsumeChunks, DeadLetter, Intake, Subscribe
 from relay_batches.kit.periodic import Periodic
@@ -163,6 +163,21 @@ async def test_a_failing_handler_requeues_the_delivery() -> None:
         await running.bus.deliver("q", delivery)
         await asyncio.wait_for(delivery.done.wait(), WAIT_S)
         assert delivery.settled == [("nack", True)]
+
+
+async def test_a_delivery_handed_back_is_requeued_at_once_without_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def hand_back(value: str) -> None:
+        raise HandBack("stopping")
+
+    slow = Consume("q", "test", text, hand_back, prefetch=3, retry_pause_s=3600)
+    async with started([slow]) as running:
+        delivery = FakeDelivery(b"hello")
+        await running.bus.deliver("q", delivery)
+        await asyncio.wait_for(delivery.done.wait(), WAIT_S)  # no hour-long retry pause
+        assert delivery.settled == [("nack", True)]
+    assert "handler_failed" not in caplog.text
 
 
 async def test_a_handler_cancelled_at_the_drain_deadline_settles_nothing(

@@ -5,6 +5,8 @@ This is the only module that acks, rejects or requeues a delivery. The policy:
 - ack once the handler returned: its effect is durable by then;
 - reject without requeue a body that does not decode (a poison message);
 - requeue, after a pause, when the handler raised: the failure may pass;
+- requeue at once, quietly, when the handler hands the delivery back untouched
+  (:class:`~relay_batches.errors.HandBack`: a stopping service starts no new work);
 - except, on a chunked queue with a dead-letter queue, the messages its handler says can
   never be stored (:class:`~relay_batches.errors.UnstorableError`, raised once the rest
   of the chunk is recorded): each is published to the dead-letter queue, with a confirm,
@@ -32,7 +34,7 @@ from typing import Generic, Protocol, TypeVar
 from aio_pika.abc import AbstractIncomingMessage
 
 from relay_batches.bus.client import SETTLE_ERRORS, MessageCallback
-from relay_batches.errors import UnstorableError
+from relay_batches.errors import HandBack, UnstorableError
 from relay_batches.kit.tasks import Tasks
 from relay_batches.messages import MessageError
 from relay_batches.metrics import MESSAGES_CONSUMED, MESSAGES_DEAD_LETTERED
@@ -103,6 +105,10 @@ async def settle_one(
         await handle(value)
     except asyncio.CancelledError:
         raise
+    except HandBack:
+        log.info("message_handed_back", extra={"kind": kind})
+        await reject(message, requeue=True)
+        return
     except Exception as exc:
         log.error("handler_failed", extra={"kind": kind, "error": repr(exc)})
         await asyncio.sleep(retry_pause_s)
