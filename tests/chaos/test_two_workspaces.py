@@ -1,5 +1,5 @@
 """Chaos with two workspaces at once (part of ``make test``): on a system of two running
-slots, workspace A queues eight 300-row jobs and workspace B then three 20-row jobs;
+slots, workspace A queues ten 300-row jobs and workspace B then three 20-row jobs;
 meanwhile the dispatcher, the aggregator, the notifier and the row-workers are killed
 with ``kill -9``. Every job of both is exactly once, B finished while most of A's queue
 was unfinished, one webhook per job, and every service exits 0 on the final SIGTERM."""
@@ -37,7 +37,7 @@ from tests.helpers.support import (
     rows,
 )
 
-A_JOBS, A_ROWS = 8, 300
+A_JOBS, A_ROWS = 10, 300
 B_JOBS, B_ROWS = 3, 20
 KILLED = ("dispatcher", "aggregator", "notifier")
 
