@@ -2,7 +2,7 @@
 
 ``RELAY_CHAOS_SERVERS=restart`` (``make chaos``) restarts the real RabbitMQ and
 Postgres; ``RELAY_CHAOS_SERVERS=sever`` disrupts only the test's own connections.
-Without the variable (``make test``, a bare ``pytest``) only the kill-only test runs,
+Without the variable (``make test``, a bare ``pytest``) only the kill-only tests run,
 so nobody restarts shared servers by accident.
 """
 

@@ -16,7 +16,8 @@ import os
 import random
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -24,9 +25,10 @@ import aiohttp
 import asyncpg
 import orjson
 
+from tests.chaos.settings import CHAOS_ENV
 from tests.helpers.checks import Verdict, assert_exactly_once, services_of, wait_terminal
-from tests.helpers.processes import System
-from tests.helpers.support import ApiClient, WebhookReceiver, rows, wait_until
+from tests.helpers.processes import System, build_system
+from tests.helpers.support import ApiClient, Isolation, WebhookReceiver, rows, wait_until
 
 KILLABLE = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier")
 RESTART_READY_TIMEOUT_S = 60
@@ -98,21 +100,55 @@ class ChaosReport:
         return path
 
 
-def kill_plan(system: System, rng: random.Random, extra_worker_kills: int) -> list[str]:
-    """Process names to kill: every service kind once, then row-workers again, shuffled."""
+def chaos_system(
+    iso: Isolation, log_dir: Path, settings: ChaosSettings, **overrides: str
+) -> System:
+    """A system for a chaos run logging to ``log_dir`` (old logs removed): two row-workers,
+    :data:`CHAOS_ENV` plus ``overrides``, the simulator at ``settings.latency_ms``."""
+    for old in log_dir.glob("*.log"):
+        old.unlink()
+    return build_system(
+        iso,
+        log_dir,
+        workers=2,
+        sim_env={"RELAY_SIM_LATENCY_MS": str(settings.latency_ms)},
+        **(CHAOS_ENV | overrides),
+    )
+
+
+def assert_killed_and_clean(
+    report: ChaosReport, kinds: Iterable[str], settings: ChaosSettings
+) -> None:
+    """Each of ``kinds`` was killed, a row-worker ``1 + extra_worker_kills`` times, and
+    every process exited 0 on the final SIGTERM."""
+    killed = Counter(f.target.split("#")[0] for f in report.kills)
+    assert set(killed) == set(kinds), killed
+    assert killed["row-worker"] >= 1 + settings.extra_worker_kills, killed
+    codes = report.exit_codes
+    assert all(code == 0 for code in codes.values()), f"unclean exits after chaos: {codes}"
+
+
+def kill_plan(
+    system: System, rng: random.Random, extra_worker_kills: int, kinds: Sequence[str] = KILLABLE
+) -> list[str]:
+    """Process names to kill: each of ``kinds`` once and a row-worker, then row-workers
+    ``extra_worker_kills`` times more, shuffled."""
     workers = [name for name in system.processes if name.startswith("row-worker")]
-    plan = [*KILLABLE, rng.choice(workers)]
+    plan = [*kinds, rng.choice(workers)]
     plan += [rng.choice(workers) for _ in range(extra_worker_kills)]
     rng.shuffle(plan)
     return plan
 
 
-async def rows_done(database_url: str, batch_id: str) -> tuple[str, int]:
-    """(status, rows with an outcome) of a batch, straight from the ledger."""
+async def rows_done(database_url: str, batch_ids: Sequence[str]) -> tuple[bool, int]:
+    """(whether any of the batches is still queued or running, rows with an outcome
+    across them), straight from the ledger."""
     conn = await asyncpg.connect(database_url, timeout=10)
     try:
         row = await conn.fetchrow(
-            "SELECT status, completed + failed FROM batches WHERE id = $1", batch_id
+            "SELECT coalesce(bool_or(status IN ('queued', 'running')), false),"
+            " coalesce(sum(completed + failed), 0)::int FROM batches WHERE id = ANY($1)",
+            list(batch_ids),
         )
     finally:
         await conn.close()
@@ -120,14 +156,17 @@ async def rows_done(database_url: str, batch_id: str) -> tuple[str, int]:
     return row[0], row[1]
 
 
-async def wait_for_progress(database_url: str, batch_id: str, target: int, fault: str) -> int:
-    """Wait until ``target`` rows are done; fail if the batch ends before ``fault`` ran."""
+async def wait_for_progress(
+    database_url: str, batch_ids: Sequence[str], target: int, fault: str
+) -> int:
+    """Wait until ``target`` rows of the batches are done; fail if every batch ended
+    before ``fault`` ran."""
 
     async def reached() -> int | None:
-        status, done = await rows_done(database_url, batch_id)
-        if status != "running" and status != "queued":
+        unfinished, done = await rows_done(database_url, batch_ids)
+        if not unfinished:
             raise AssertionError(
-                f"the batch ended ({status}) before {fault}: make it slower "
+                f"the batches ended before {fault}: make them slower "
                 "(RELAY_CHAOS_LATENCY_MS) or the plan shorter"
             )
         return done if done >= target else None
@@ -147,6 +186,28 @@ async def kill_and_restart(system: System, name: str, http: aiohttp.ClientSessio
     return time.monotonic() - started
 
 
+async def run_kills(
+    system: System,
+    http: aiohttp.ClientSession,
+    batch_ids: Sequence[str],
+    plan: list[str],
+    rng: random.Random,
+    settings: ChaosSettings,
+    report: ChaosReport,
+) -> int:
+    """Kill each process of ``plan`` in turn, each once the batches moved on by a random
+    step, recording each fault in ``report``; return the rows done at the last kill."""
+    done = 0
+    for name in plan:
+        step = rng.randint(settings.min_step, settings.max_step)
+        done = await wait_for_progress(
+            system.iso.database_url, batch_ids, done + step, f"killing {name}"
+        )
+        recovered = await kill_and_restart(system, name, http)
+        report.faults.append(Fault("kill -9", name, done, round(recovered, 2)))
+    return done
+
+
 async def run_chaos(
     variant: str,
     system: System,
@@ -164,15 +225,11 @@ async def run_chaos(
         {"model": "gpt-4o-mini", "requests": rows(settings.rows), "webhookUrl": webhooks.url}
     )
     url = system.iso.database_url
-    done = 0
-    for name in kill_plan(system, rng, settings.extra_worker_kills):
-        step = rng.randint(settings.min_step, settings.max_step)
-        done = await wait_for_progress(url, batch["id"], done + step, f"killing {name}")
-        recovered = await kill_and_restart(system, name, http)
-        report.faults.append(Fault("kill -9", name, done, round(recovered, 2)))
+    plan = kill_plan(system, rng, settings.extra_worker_kills)
+    done = await run_kills(system, http, [batch["id"]], plan, rng, settings, report)
     for target, fault in server_faults:
         step = rng.randint(settings.min_step, settings.max_step)
-        done = await wait_for_progress(url, batch["id"], done + step, f"disrupting {target}")
+        done = await wait_for_progress(url, [batch["id"]], done + step, f"disrupting {target}")
         at = time.monotonic()
         detail = await fault()
         for proc in services_of(system):

@@ -5,16 +5,14 @@ counted twice, one webhook."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from relay_batches.services.relay_cli import admin
-from tests.chaos.driver import ChaosSettings, run_chaos
-from tests.chaos.settings import CHAOS_ENV
-from tests.helpers.processes import SERVICES, build_system
+from tests.chaos.driver import ChaosSettings, assert_killed_and_clean, chaos_system, run_chaos
+from tests.helpers.processes import SERVICES
 from tests.helpers.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
 
 
@@ -24,16 +22,7 @@ async def test_kill_9_of_every_service_mid_batch_loses_nothing_and_counts_nothin
 ) -> None:
     settings = ChaosSettings.from_env(rows=5000, latency_ms=40, extra_worker_kills=3)
     iso = await create_isolation("chaos")
-    log_dir = output_dir / "chaos-kills"
-    for old in log_dir.glob("*.log"):
-        old.unlink()
-    system = build_system(
-        iso,
-        log_dir,
-        workers=2,
-        sim_env={"RELAY_SIM_LATENCY_MS": str(settings.latency_ms)},
-        **CHAOS_ENV,
-    )
+    system = chaos_system(iso, output_dir / "chaos-kills", settings)
     try:
         await system.start_all(http)
         key = await admin.create_key(iso.database_url, "chaos")
@@ -45,8 +34,5 @@ async def test_kill_9_of_every_service_mid_batch_loses_nothing_and_counts_nothin
     report.exit_codes = codes
     report.write(output_dir / "chaos")
 
-    killed = Counter(f.target.split("#")[0] for f in report.kills)
-    assert set(killed) == set(SERVICES), killed
-    assert killed["row-worker"] >= 1 + settings.extra_worker_kills
+    assert_killed_and_clean(report, SERVICES, settings)
     assert len(webhooks.bodies) == 1, "a webhook arrived after the check"
-    assert all(code == 0 for code in codes.values()), f"unclean exits after chaos: {codes}"

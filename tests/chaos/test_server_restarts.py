@@ -5,7 +5,6 @@ connections dropped and refused (``sever``). Collected only when that variable i
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,11 +12,11 @@ import aiohttp
 import pytest
 
 from relay_batches.services.relay_cli import admin
-from tests.chaos.driver import ChaosSettings, run_chaos
+from tests.chaos.driver import ChaosSettings, assert_killed_and_clean, chaos_system, run_chaos
 from tests.chaos.servers import restart_faults, sever_faults
-from tests.chaos.settings import CHAOS_ENV, SERVERS_MODE
+from tests.chaos.settings import SERVERS_MODE
 from tests.helpers.faults import TcpProxy
-from tests.helpers.processes import SERVICES, build_system
+from tests.helpers.processes import SERVICES
 from tests.helpers.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
 
 
@@ -41,9 +40,6 @@ async def test_kills_and_server_disruptions_mid_batch_lose_nothing(
 ) -> None:
     settings = ChaosSettings.from_env(rows=5000, latency_ms=80, extra_worker_kills=4)
     iso = await create_isolation("chaosfull")
-    log_dir = output_dir / f"chaos-{SERVERS_MODE}"
-    for old in log_dir.glob("*.log"):
-        old.unlink()
     amqp, pg = proxies
     servers = {}
     if SERVERS_MODE == "sever":
@@ -51,14 +47,7 @@ async def test_kills_and_server_disruptions_mid_batch_lose_nothing(
             "RELAY_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp.port}/",
             "RELAY_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{pg.port}/{iso.database}",
         }
-    system = build_system(
-        iso,
-        log_dir,
-        workers=2,
-        sim_env={"RELAY_SIM_LATENCY_MS": str(settings.latency_ms)},
-        **CHAOS_ENV,
-        **servers,
-    )
+    system = chaos_system(iso, output_dir / f"chaos-{SERVERS_MODE}", settings, **servers)
     try:
         await system.start_all(http)
         key = await admin.create_key(iso.database_url, "chaos")
@@ -75,8 +64,6 @@ async def test_kills_and_server_disruptions_mid_batch_lose_nothing(
     report.exit_codes = codes
     report.write(output_dir / "chaos")
 
-    killed = Counter(f.target.split("#")[0] for f in report.kills)
-    assert set(killed) == set(SERVICES), killed
+    assert_killed_and_clean(report, SERVICES, settings)
     assert [f.target for f in report.faults if f.kind == "server"] == ["rabbitmq", "postgres"]
     assert len(webhooks.bodies) == 1, "a webhook arrived after the check"
-    assert all(code == 0 for code in codes.values()), f"unclean exits after chaos: {codes}"

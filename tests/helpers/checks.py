@@ -56,8 +56,10 @@ async def assert_exactly_once(
     batch_id: str,
     custom_ids: list[str],
     webhooks: WebhookReceiver | None = None,
+    contents: list[str] | None = None,
 ) -> Verdict:
-    """Every check of the module doc on a terminal batch; returns what was found."""
+    """Every check of the module doc on a terminal batch (and, given ``contents``, that
+    every row succeeded with that content, in order); returns what was found."""
     batch = await api.get(batch_id)
     assert batch["status"] == "completed", batch
     assert batch["completed"] + batch["failed"] == batch["total"] == len(custom_ids), batch
@@ -65,6 +67,8 @@ async def assert_exactly_once(
     seen = [row["custom_id"] for row in data]
     assert len(seen) == len(set(seen)), "a custom_id appears more than once in the results"
     assert seen == custom_ids, "results are missing rows or out of submission order"
+    if contents is not None:
+        assert [row.get("content") for row in data] == contents, "results differ from inputs"
     completed, failed, content_rows, error_rows = await ledger_counts(database_url, batch_id)
     assert (completed, failed) == (batch["completed"], batch["failed"])
     assert (content_rows, error_rows) == (completed, failed), "counters differ from result rows"
