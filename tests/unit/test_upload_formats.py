@@ -133,6 +133,12 @@ def test_jsonl_one_request_per_line_defaults_ids_by_position() -> None:
             "custom_id 'rows[9]' duplicates line 1",
             id="duplicate-id-that-looks-like-a-reference",
         ),
+        pytest.param(
+            [row("a"), b'{"messages": [{"role": "user", "content": "x"}], "bogus": 1}'],
+            2,
+            "bogus is not a field of a request (fields: custom_id, messages)",
+            id="unknown-key",
+        ),
     ],
 )
 def test_jsonl_errors_name_the_line(lines: list[bytes], line: int, fragment: str) -> None:
