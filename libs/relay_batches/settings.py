@@ -108,6 +108,7 @@ class Settings:
     max_content_bytes: int = 1024 * 1024
     results_page_bytes: int = 4 * 1024 * 1024
     body_read_timeout_s: float = 30.0
+    body_min_rate: float = 64 * 1024  # bytes/s a body must average after the read timeout
     large_body_bytes: int = 1024 * 1024
     max_large_bodies: int = 2
     shutdown_grace_s: float = 20.0
@@ -168,6 +169,7 @@ class Settings:
             max_content_bytes=_int(env, "RELAY_MAX_CONTENT_BYTES", d.max_content_bytes),
             results_page_bytes=max(1, _int(env, "RELAY_RESULTS_PAGE_BYTES", d.results_page_bytes)),
             body_read_timeout_s=_positive(env, "RELAY_BODY_READ_TIMEOUT_S", d.body_read_timeout_s),
+            body_min_rate=_positive(env, "RELAY_BODY_MIN_RATE", d.body_min_rate),
             large_body_bytes=max(1, _int(env, "RELAY_LARGE_BODY_BYTES", d.large_body_bytes)),
             max_large_bodies=max(1, _int(env, "RELAY_MAX_LARGE_BODIES", d.max_large_bodies)),
             shutdown_grace_s=_positive(env, "RELAY_SHUTDOWN_GRACE_S", d.shutdown_grace_s),

@@ -63,7 +63,10 @@ async def build(
         max_body_bytes=settings.max_body_bytes,
         model_names=aliases.names,
         body_gate=BodyGate(
-            settings.body_read_timeout_s, settings.large_body_bytes, settings.max_large_bodies
+            settings.body_read_timeout_s,
+            settings.large_body_bytes,
+            settings.max_large_bodies,
+            settings.body_min_rate,
         ),
     )
 

@@ -6,16 +6,20 @@
 - 413 past the body limit, declared or found while reading, so a small gzip of a huge
   body stops at the limit;
 - 400 for a corrupt encoding (bad gzip, bad chunked framing);
-- 408 when the client sends no byte of its body for the read timeout;
+- 408 when the client sends no byte of its body for the read timeout, or, once the
+  read timeout has passed, falls behind the minimum average rate (so a body of n bytes
+  must be complete within ``read_timeout_s + n / min_rate`` seconds);
 - 503 with ``Retry-After`` when a large body arrives while every large-body slot is
-  held (a body is large past :attr:`BodyGate.large_bytes`; declared or while reading).
+  held, or while its workspace already holds one (a body is large past
+  :attr:`BodyGate.large_bytes`, declared or counted chunk by chunk as it is read).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -25,6 +29,7 @@ from relay_batches.errors import ApiError, invalid
 
 ENCODINGS = frozenset({"identity", "gzip", "deflate"})
 RETRY_AFTER_S = 2
+T = TypeVar("T")
 
 
 def too_large(max_bytes: int) -> ApiError:
@@ -33,23 +38,30 @@ def too_large(max_bytes: int) -> ApiError:
 
 
 class BodyGate:
-    """How long a body may stall, and how many large bodies may be held at once.
+    """How long a body may take, and how many large bodies may be held at once: at most
+    ``slots`` in all and one per workspace.
 
-    Single event loop: the slot count needs no lock.
+    Single event loop: the slot counts need no lock.
     """
 
     def __init__(
-        self, read_timeout_s: float = 30.0, large_bytes: int = 1024 * 1024, slots: int = 2
+        self,
+        read_timeout_s: float = 30.0,
+        large_bytes: int = 1024 * 1024,
+        slots: int = 2,
+        min_rate: float = 64 * 1024,
     ) -> None:
         self.read_timeout_s = read_timeout_s
         self.large_bytes = large_bytes
         self.slots = slots
+        self.min_rate = min_rate  # bytes per second, on average, after read_timeout_s
         self.in_use = 0
+        self.holders: set[str] = set()  # the workspaces holding a slot
 
     @asynccontextmanager
-    async def admit(self) -> AsyncIterator[BodyTicket]:
+    async def admit(self, workspace_id: str) -> AsyncIterator[BodyTicket]:
         """A ticket for one request's body, holding a slot (if it took one) until exit."""
-        ticket = BodyTicket(self)
+        ticket = BodyTicket(self, workspace_id)
         try:
             yield ticket
         finally:
@@ -57,32 +69,68 @@ class BodyGate:
 
 
 class BodyTicket:
-    """One request's claim on the gate: takes a slot once its body is large."""
+    """One request's claim on the gate: counts its body as it arrives, takes a slot once
+    the body is large, and bounds how long each read may wait."""
 
-    def __init__(self, gate: BodyGate) -> None:
+    def __init__(self, gate: BodyGate, workspace_id: str) -> None:
         self._gate = gate
+        self._workspace_id = workspace_id
         self._held = False
+        self._started = asyncio.get_running_loop().time()
+        self.received = 0  # bytes of the (inflated) body read so far
 
     @property
-    def read_timeout_s(self) -> float:
-        """The gate's stall timeout."""
-        return self._gate.read_timeout_s
+    def large(self) -> bool:
+        """True once the body holds a large-body slot."""
+        return self._held
 
     def grow(self, size: int) -> None:
         """The body is at least ``size`` bytes: take a slot if that makes it large."""
         gate = self._gate
         if self._held or size <= gate.large_bytes:
             return
+        if self._workspace_id in gate.holders:
+            raise ApiError(
+                503,
+                "this workspace already has a large request in progress,"
+                f" retry in {RETRY_AFTER_S} s",
+            )
         if gate.in_use >= gate.slots:
             raise ApiError(503, f"too many large requests in progress, retry in {RETRY_AFTER_S} s")
         gate.in_use += 1
+        gate.holders.add(self._workspace_id)
         self._held = True
+
+    def count(self, size: int) -> None:
+        """``size`` more bytes of the body have been read."""
+        self.received += size
+        self.grow(self.received)
 
     def release(self) -> None:
         """Give the slot back (idempotent)."""
         if self._held:
             self._gate.in_use -= 1
+            self._gate.holders.discard(self._workspace_id)
             self._held = False
+
+    async def within(self, step: Awaitable[T]) -> T:
+        """Await one read of the body: 408 when nothing arrives for the read timeout, or
+        when the body would fall behind the minimum rate first."""
+        gate = self._gate
+        elapsed = asyncio.get_running_loop().time() - self._started
+        behind_at = gate.read_timeout_s + self.received / gate.min_rate
+        wait = min(gate.read_timeout_s, behind_at - elapsed)
+        try:
+            async with asyncio.timeout(max(wait, 0.0)):
+                return await step
+        except TimeoutError:
+            if wait < gate.read_timeout_s:
+                raise ApiError(
+                    408, f"request body too slow: under {gate.min_rate:g} bytes/s on average"
+                ) from None
+            raise ApiError(
+                408, f"request body stalled: nothing received for {gate.read_timeout_s:g} s"
+            ) from None
 
 
 def check_body(request: web.Request, content_type: str, max_bytes: int) -> None:
@@ -101,12 +149,10 @@ def check_body(request: web.Request, content_type: str, max_bytes: int) -> None:
 
 
 @contextmanager
-def body_errors(timeout_s: float) -> Iterator[None]:
-    """Translate what reading a body may raise into the API's 400 and 408."""
+def body_errors() -> Iterator[None]:
+    """Translate what reading a body may raise into the API's 400."""
     try:
         yield
-    except TimeoutError:
-        raise ApiError(408, f"request body stalled: nothing received for {timeout_s:g} s") from None
     except HttpProcessingError as exc:  # bad gzip/deflate data, broken chunked framing
         raise invalid(f"request body cannot be decoded: {_printable(exc.message)}") from None
     except RequestPayloadError as exc:  # the same, as the server hands them to a handler
@@ -119,12 +165,13 @@ def _printable(text: str, limit: int = 200) -> str:
     return " ".join("".join(ch for ch in text[:limit] if ch.isprintable()).split())
 
 
-async def read_chunk(request: web.Request, timeout_s: float) -> bytes:
-    """The next chunk of the (inflated) body, b'' at its end; 408 after ``timeout_s``
-    without a byte, 400 for a corrupt encoding."""
-    with body_errors(timeout_s):
-        async with asyncio.timeout(timeout_s):
-            return await request.content.readany()
+async def read_chunk(request: web.Request, ticket: BodyTicket) -> bytes:
+    """The next chunk of the (inflated) body, b'' at its end, counted on ``ticket``; 408
+    when it stalls or is too slow, 400 for a corrupt encoding."""
+    with body_errors():
+        chunk = await ticket.within(request.content.readany())
+    ticket.count(len(chunk))
+    return chunk
 
 
 async def read_body(
@@ -135,10 +182,8 @@ async def read_body(
     check_body(request, content_type, max_bytes)
     ticket.grow(request.content_length or 0)
     buffer = bytearray()
-    timeout_s = ticket.read_timeout_s
-    while chunk := await read_chunk(request, timeout_s):
+    while chunk := await read_chunk(request, ticket):
         if len(buffer) + len(chunk) > max_bytes:
             raise too_large(max_bytes)
         buffer += chunk
-        ticket.grow(len(buffer))
     return buffer

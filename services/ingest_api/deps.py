@@ -36,11 +36,19 @@ class ApiDeps:
     max_body_bytes: int
     model_names: Callable[[], list[str]] = list  # the router's public aliases
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
-    # Decoding and validating bodies, one at a time: each thread more would take GIL
-    # time from the event loop without adding throughput.
+    # Decoding and validating large bodies, one at a time: each thread more would take
+    # GIL time from the event loop without adding throughput. Small bodies have their
+    # own thread, so they never queue behind a large one's seconds of parsing.
     parser: Executor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ingest-parse")
     )
+    small_parser: Executor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ingest-parse-small")
+    )
+
+    def parser_for(self, large: bool) -> Executor:
+        """The executor that decodes and validates a body (large or not)."""
+        return self.parser if large else self.small_parser
 
 
 DEPS = web.AppKey("deps", ApiDeps)

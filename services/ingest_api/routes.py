@@ -50,7 +50,7 @@ async def create_batch(request: web.Request) -> web.Response:
     """``POST /v1/batches``: validate, store rows with COPY, wake a dispatcher."""
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
-    async with deps.body_gate.admit() as ticket:  # a large body holds its slot to the end
+    async with deps.body_gate.admit(workspace_id) as ticket:  # a large body holds its slot
         raw = await read_body(request, JSON, deps.max_body_bytes, ticket)
         claim = claim_for(request, workspace_id, raw)
         if (replayed := await stored_response(deps.idempotency, claim)) is not None:
@@ -58,7 +58,7 @@ async def create_batch(request: web.Request) -> web.Response:
         now = datetime.now(UTC)
         loop = asyncio.get_running_loop()
         planned = await loop.run_in_executor(
-            deps.parser, plan_submission, raw, deps, workspace_id, now
+            deps.parser_for(ticket.large), plan_submission, raw, deps, workspace_id, now
         )
         del raw  # the validated rows are all that is kept while they are stored
         try:

@@ -80,14 +80,15 @@ async def upload_batches(request: web.Request) -> web.Response:
     """Create one job per uploaded file; ``201 {object: list, data: [batch, …]}``."""
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
-    async with deps.body_gate.admit() as ticket:  # a large body holds its slot to the end
+    async with deps.body_gate.admit(workspace_id) as ticket:  # a large body holds its slot
         form = await read_upload_form(request, deps.max_body_bytes, ticket)
         claim = claim_for(request, workspace_id, canonical_form(form))
         if (replayed := await stored_response(deps.idempotency, claim)) is not None:
             return replayed
         now = datetime.now(UTC)
         loop = asyncio.get_running_loop()
-        planned = await loop.run_in_executor(deps.parser, plan_jobs, form, deps, workspace_id, now)
+        parser = deps.parser_for(ticket.large)
+        planned = await loop.run_in_executor(parser, plan_jobs, form, deps, workspace_id, now)
         del form  # the validated rows are all that is kept while they are stored
         try:
             batches = await submit_many(deps, planned, claim)
@@ -113,7 +114,7 @@ async def read_upload_form(request: web.Request, max_bytes: int, ticket: BodyTic
     check_body(request, MULTIPART, max_bytes)
     ticket.grow(request.content_length or 0)
     try:
-        with body_errors(ticket.read_timeout_s):
+        with body_errors():
             return await _read_parts(request, max_bytes, ticket)
     except web.HTTPRequestEntityTooLarge:
         raise too_large(max_bytes) from None
@@ -128,31 +129,28 @@ async def _read_parts(request: web.Request, max_bytes: int, ticket: BodyTicket) 
     files: list[UploadedFile] = []
     fields: dict[str, str] = {}
     budget = max_bytes
-    timeout_s = ticket.read_timeout_s
     reader = await request.multipart()
     for _ in range(MAX_PARTS):
-        ticket.grow(max_bytes - budget)
-        async with asyncio.timeout(timeout_s):
-            part = await reader.next()
+        part = await ticket.within(reader.next())
         if part is None:
             return UploadForm(files, fields)
         if not isinstance(part, BodyPartReader):
             raise invalid("nested multipart bodies are not supported")
         if part.name == FILE_FIELD and part.filename:
-            data = await _read_limited(part, budget, too_large(max_bytes), timeout_s)
+            data = await _read_limited(part, budget, too_large(max_bytes), ticket)
             files.append(UploadedFile(clean_filename(part.filename), data))
             if len(files) > MAX_FILES:
                 raise invalid(f"at most {MAX_FILES} files per upload", FILE_FIELD)
         elif part.name in JSON_FIELDS:
-            data = await _read_limited(part, budget, too_large(max_bytes), timeout_s)
+            data = await _read_limited(part, budget, too_large(max_bytes), ticket)
             _add_field(fields, part.name, data)
         elif part.name in JOB_FIELDS:
             name = part.name
             error = invalid(f"{name} is too long", name)
-            data = await _read_limited(part, MAX_FIELD_BYTES, error, timeout_s)
+            data = await _read_limited(part, MAX_FIELD_BYTES, error, ticket)
             _add_field(fields, name, data)
         elif part.name == FILE_FIELD:  # an empty file input: read and dropped
-            budget -= await _drain(part, budget, too_large(max_bytes), timeout_s)
+            budget -= await _drain(part, budget, too_large(max_bytes), ticket)
             continue
         else:
             raise _unknown_field(part.name)
@@ -168,25 +166,28 @@ def _unknown_field(name: str | None) -> ApiError:
     return invalid(f"{shown!r} is not a field of an upload (fields: {known})", shown)
 
 
-async def _chunk(part: BodyPartReader, timeout_s: float) -> bytes:
-    async with asyncio.timeout(timeout_s):
-        return await part.read_chunk(READ_CHUNK)
+async def _chunk(part: BodyPartReader, ticket: BodyTicket) -> bytes:
+    """The part's next chunk, counted on ``ticket`` (so a large part takes its slot as it
+    grows, chunked or not)."""
+    chunk = await ticket.within(part.read_chunk(READ_CHUNK))
+    ticket.count(len(chunk))
+    return chunk
 
 
 async def _read_limited(
-    part: BodyPartReader, limit: int, error: ApiError, timeout_s: float
+    part: BodyPartReader, limit: int, error: ApiError, ticket: BodyTicket
 ) -> bytearray:
     buffer = bytearray()
-    while chunk := await _chunk(part, timeout_s):
+    while chunk := await _chunk(part, ticket):
         if len(buffer) + len(chunk) > limit:
             raise error
         buffer += chunk
     return buffer
 
 
-async def _drain(part: BodyPartReader, limit: int, error: ApiError, timeout_s: float) -> int:
+async def _drain(part: BodyPartReader, limit: int, error: ApiError, ticket: BodyTicket) -> int:
     size = 0
-    while chunk := await _chunk(part, timeout_s):
+    while chunk := await _chunk(part, ticket):
         size += len(chunk)
         if size > limit:
             raise error

@@ -14,10 +14,15 @@ ids default to ``row-1``, ``row-2``, … by record.
 
 Both are UTF-8 (a leading byte-order mark is ignored). Line numbers are 1-based physical
 lines of the file; a CSV record spanning several lines is reported at its first line.
+
+A file is never decoded whole: a ``str`` holding one emoji takes 4 bytes per character,
+so a 100 MiB file would become a 400 MiB string. Its bytes are checked to be UTF-8 a
+window at a time, then read line by line, each line decoded on its own.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 from collections.abc import Iterator
@@ -35,6 +40,8 @@ from relay_batches.services.ingest_api.validation import (
 
 FORMATS = (".csv", ".jsonl")
 CSV_HEADER = "prompt"
+BOM = codecs.BOM_UTF8
+CHECK_WINDOW = 1024 * 1024  # bytes decoded at a time to check a file is UTF-8
 
 
 class LineError(Exception):
@@ -71,9 +78,9 @@ def parse_upload_file(
     kind = file_format(filename)
     if kind is None:
         raise LineError(None, f"file name must end in {' or '.join(FORMATS)}")
-    text = _decode(data)
+    _check_utf8(data)
     lines: list[int] = []  # the line each request starts on, by row index
-    source = _csv_rows(text, limits) if kind == ".csv" else _jsonl_rows(text, limits)
+    source = _csv_rows(data, limits) if kind == ".csv" else _jsonl_rows(data, limits)
     try:
         rows = request_rows(_requests(source, lines), limits.max_content_bytes)
     except RowRejected as exc:
@@ -89,24 +96,55 @@ def _requests(source: Iterator[RawRow], lines: list[int]) -> Iterator[object]:
         yield raw.request
 
 
-def _decode(data: bytes | bytearray) -> str:
+def _check_utf8(data: bytes | bytearray) -> None:
+    """:class:`LineError` naming the line of the first byte that is not UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(data)
+    for start in range(0, len(view), CHECK_WINDOW):
+        try:
+            decoder.decode(view[start : start + CHECK_WINDOW])
+        except UnicodeDecodeError as exc:
+            at = max(start + exc.start - len(decoder.getstate()[0]), 0)
+            raise LineError(data[:at].count(b"\n") + 1, "not valid UTF-8 text") from None
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise LineError(line, "not valid UTF-8 text") from None
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise LineError(data.count(b"\n") + 1, "not valid UTF-8 text") from None
+
+
+class _ByteReader(io.RawIOBase):
+    """A read-only file over ``data`` without copying it (``io.BytesIO`` copies a
+    bytearray)."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        """Always: this file is for reading."""
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        """Copy the next bytes into ``buffer``; how many (0 at the end)."""
+        size = min(len(buffer), len(self._view) - self._pos)
+        buffer[:size] = self._view[self._pos : self._pos + size]
+        self._pos += size
+        return size
 
 
 def _too_many(limits: SubmitLimits) -> LineError:
     return LineError(None, f"a file may hold at most {limits.max_rows:,} rows (one job each)")
 
 
-def _csv_rows(text: str, limits: SubmitLimits) -> Iterator[RawRow]:
+def _csv_rows(data: bytes | bytearray, limits: SubmitLimits) -> Iterator[RawRow]:
     """One ``user`` message per CSV record."""
     # The field limit counts characters; content is limited in bytes later, and a
     # character is at least one byte, so this never refuses a prompt that would pass.
     csv.field_size_limit(max(limits.max_content_bytes, 1))
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    text = io.TextIOWrapper(
+        io.BufferedReader(_ByteReader(data)), encoding="utf-8-sig", newline=""
+    )  # decoded a buffer at a time; lines split as io.StringIO(newline="") splits them
+    reader = csv.reader(text, strict=True)
     count = 0
     while True:
         line = reader.line_num + 1
@@ -144,12 +182,13 @@ def _csv_reason(message: str, limits: SubmitLimits) -> str:
     return f"not valid CSV ({message})"
 
 
-def _jsonl_rows(text: str, limits: SubmitLimits) -> Iterator[RawRow]:
+def _jsonl_rows(data: bytes | bytearray, limits: SubmitLimits) -> Iterator[RawRow]:
     """One request object per line."""
     # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
     # which may stand unescaped inside a JSON string.
     count = 0
-    for number, line in _lines(text):
+    for number, raw in _lines(data):
+        line = raw.decode("utf-8")  # checked by _check_utf8
         if not line.strip():
             continue
         try:
@@ -164,14 +203,15 @@ def _jsonl_rows(text: str, limits: SubmitLimits) -> Iterator[RawRow]:
         yield RawRow(number, request)
 
 
-def _lines(text: str) -> Iterator[tuple[int, str]]:
-    """``enumerate(text.split("\\n"), start=1)`` without building the list."""
-    start, number = 0, 1
-    while start <= len(text):
-        end = text.find("\n", start)
+def _lines(data: bytes | bytearray) -> Iterator[tuple[int, bytes | bytearray]]:
+    """``enumerate(data.split(b"\\n"), start=1)`` without building the list, after a
+    leading byte-order mark."""
+    start, number = (len(BOM) if data.startswith(BOM) else 0), 1
+    while start <= len(data):
+        end = data.find(b"\n", start)
         if end < 0:
-            end = len(text)
-        yield number, text[start:end]
+            end = len(data)
+        yield number, data[start:end]
         start, number = end + 1, number + 1
 
 

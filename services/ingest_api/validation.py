@@ -44,6 +44,7 @@ _QUOTE_CHARS = 64
 # Every job-level field of a submission: the rest of a body is its rows.
 JOB_FIELDS = ("model", "name", "priority", "webhookUrl", "cron", "params")
 SUBMIT_FIELDS = frozenset({*JOB_FIELDS, "requests"})
+ROW_FIELDS = frozenset({"custom_id", "messages"})  # the keys a request row may carry
 
 
 class KnownModels:
@@ -410,8 +411,8 @@ def request_rows(requests: Iterable[object], max_bytes: int) -> list[RowInput]:
     add_row = rows.append
     add_id = ids.append
     for i, req in enumerate(requests):
-        if type(req) is not dict:
-            raise RowRejected(RowError(i, "", "must be an object"))
+        if type(req) is not dict or not ROW_FIELDS.issuperset(req):
+            raise RowRejected(_row_shape_error(i, req))
         messages = req.get("messages")
         if type(messages) is not list or not messages:
             raise RowRejected(RowError(i, "messages", "must be a non-empty array"))
@@ -457,6 +458,15 @@ def at_most(requests: Iterable[object], max_rows: int) -> Iterator[object]:
         if i >= max_rows:
             raise _too_many_rows(max_rows)
         yield req
+
+
+def _row_shape_error(index: int, req: object) -> RowError:
+    """A row that is not an object, or the first key of it that is not a row field."""
+    if type(req) is not dict:
+        return RowError(index, "", "must be an object")
+    key = next(k for k in req if k not in ROW_FIELDS)
+    known = ", ".join(sorted(ROW_FIELDS))
+    return RowError(index, key, f"is not a field of a request (fields: {known})")
 
 
 def _role_and_content(messages: list[dict[str, object]]) -> list[dict[str, object]]:

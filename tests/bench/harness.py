@@ -82,6 +82,7 @@ class Bench:
     system: System
     api: ApiClient
     http: aiohttp.ClientSession
+    database_url: str = ""  # to sign in further workspaces (admin.create_key)
 
     def pids(self) -> dict[str, int]:
         """Service name → pid for every Relay service (not the simulator)."""
@@ -144,7 +145,7 @@ async def bench_system(
     try:
         await system.start_all(http)
         key = (await admin.create_key(iso.database_url, "bench")).key
-        yield Bench(system, ApiClient(system.api_url, key, http), http)
+        yield Bench(system, ApiClient(system.api_url, key, http), http, iso.database_url)
     finally:
         system.stop_all()
         await drop_isolation(iso)

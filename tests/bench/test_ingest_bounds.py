@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from relay_batches.services.relay_cli import admin
 from tests.bench.harness import MIB, Bench, bench_system
 
 POLL_S = 0.05
@@ -51,11 +52,18 @@ def few_large_messages() -> bytes:
     return orjson.dumps({"model": "gpt-4o-mini", "requests": requests})
 
 
-def jsonl_file() -> bytes:
-    """~100 MiB upload file: 100,000 lines of 30 short messages."""
+def jsonl_file(first: str = "m00x") -> bytes:
+    """~100 MiB upload file: 100,000 lines of 30 short messages (the first one's first
+    content ``first``)."""
     messages = [{"role": "user", "content": f"m{j:02}x"} for j in range(30)]
     line = orjson.dumps({"messages": messages})
-    return b"\n".join(line for _ in range(100_000)) + b"\n"
+    head = orjson.dumps({"messages": [{"role": "user", "content": first}, *messages[1:]]})
+    return b"\n".join([head, *(line for _ in range(99_999))]) + b"\n"
+
+
+def jsonl_file_with_an_emoji() -> bytes:
+    """The same file with one emoji: a str holding it takes 4 bytes per character."""
+    return jsonl_file("m\U0001f600")
 
 
 async def worst_healthz(http: aiohttp.ClientSession, url: str, done: asyncio.Event) -> float:
@@ -71,15 +79,16 @@ async def worst_healthz(http: aiohttp.ClientSession, url: str, done: asyncio.Eve
     return worst
 
 
-async def post_until_created(bench: Bench, body: bytes) -> int:
-    """POST ``body``, retrying after ``Retry-After`` on 503; the number of 503s."""
+async def post_until_created(bench: Bench, body: bytes, key: str | None = None) -> int:
+    """POST ``body`` (as ``key``'s workspace, else the bench's), retrying after
+    ``Retry-After`` on 503; the number of 503s."""
     refused = 0
     while True:
         async with bench.http.post(
             f"{bench.api.base_url}/v1/batches",
             data=io.BytesIO(body),
             headers={
-                "Authorization": f"Bearer {bench.api.key}",
+                "Authorization": f"Bearer {key or bench.api.key}",
                 "Content-Type": "application/json",
             },
         ) as response:
@@ -131,17 +140,22 @@ async def test_100_mib_submits_bounded_memory_and_a_responsive_loop(
             assert len(body) <= 100 * MIB, len(body)
             peaks[name], worst[name], _ = await measured(bench, post_until_created(bench, body))
             del body
-        data = jsonl_file()
-        peaks["upload"], worst["upload"], _ = await measured(bench, upload(bench, data))
-        del data
+        for name, build in (("upload", jsonl_file), ("upload_emoji", jsonl_file_with_an_emoji)):
+            data = build()
+            peaks[name], worst[name], _ = await measured(bench, upload(bench, data))
+            del data
         three = many_small_messages()
+        # Three workspaces: a workspace holds one large-body slot at a time.
+        keys = [(await admin.create_key(bench.database_url, f"bench-{i}")).key for i in range(3)]
         peak3, worst3, refused = await measured(
-            bench, asyncio.gather(*(post_until_created(bench, three) for _ in range(3)))
+            bench, asyncio.gather(*(post_until_created(bench, three, key) for key in keys))
         )
     report["ingest_peak_rss_mib_by_shape"] = {k: round(v, 1) for k, v in peaks.items()}
     report["ingest_worst_healthz_s_by_shape"] = {k: round(v, 3) for k, v in worst.items()}
     report["ingest_peak_rss_mib_100mib"] = round(max(peaks["many_small"], peaks["few_large"]), 1)
-    report["ingest_upload_peak_rss_mib_100mib"] = round(peaks["upload"], 1)
+    report["ingest_upload_peak_rss_mib_100mib"] = round(
+        max(peaks["upload"], peaks["upload_emoji"]), 1
+    )
     report["ingest_worst_healthz_s"] = round(max(*worst.values(), worst3), 3)
     report["ingest_peak_rss_mib_3x100mib"] = round(peak3, 1)
     report["ingest_3x100mib_503s"] = sum(refused)

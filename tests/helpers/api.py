@@ -25,6 +25,7 @@ TEST_MAX_BODY = 256 * 1024
 TEST_READ_TIMEOUT_S = 3.0  # a stalled body is answered 408 after this long
 TEST_LARGE_BODY = 64 * 1024  # bodies over this hold one of TEST_LARGE_SLOTS slots
 TEST_LARGE_SLOTS = 2
+TEST_MIN_RATE = 256.0  # bytes/s a body must average once TEST_READ_TIMEOUT_S has passed
 
 
 def test_aliases() -> AliasTable:
@@ -62,7 +63,7 @@ async def start_api(
         limits=TEST_LIMITS,
         max_body_bytes=TEST_MAX_BODY,
         model_names=aliases.names,
-        body_gate=BodyGate(TEST_READ_TIMEOUT_S, TEST_LARGE_BODY, TEST_LARGE_SLOTS),
+        body_gate=BodyGate(TEST_READ_TIMEOUT_S, TEST_LARGE_BODY, TEST_LARGE_SLOTS, TEST_MIN_RATE),
     )
 
     async def ready() -> bool:

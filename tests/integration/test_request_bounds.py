@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import threading
 import zlib
 from typing import Any
 
@@ -20,14 +21,17 @@ from aiohttp.test_utils import TestServer
 from relay_batches.ids import new_id
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
+from relay_batches.services.ingest_api.body import BodyGate
 from relay_batches.services.ingest_api.deps import DEPS
+from relay_batches.services.relay_cli import admin
 from tests.helpers.api import (
     TEST_LARGE_BODY,
     TEST_LARGE_SLOTS,
     TEST_MAX_BODY,
+    TEST_MIN_RATE,
     TEST_READ_TIMEOUT_S,
 )
-from tests.helpers.support import ApiClient, wait_until
+from tests.helpers.support import ApiClient, Isolation, wait_until
 
 MODEL = "gpt-4o-mini"
 ROWS = b'[{"messages":[{"role":"user","content":"hi"}]}]'
@@ -183,8 +187,11 @@ class Raw:
         self.writer.write(data)
         await self.writer.drain()
 
-    async def response(self, timeout_s: float = 30) -> tuple[int, dict[str, str], Any, bool]:
-        """(status, headers, JSON body, whether the server then closed the connection)."""
+    async def response(
+        self, timeout_s: float = 30, closes: bool = True
+    ) -> tuple[int, dict[str, str], Any, bool]:
+        """(status, headers, JSON body, whether the server then closed the connection;
+        only looked for when it ``closes``: a kept-alive connection would never say)."""
         async with asyncio.timeout(timeout_s):
             status_line = await self.reader.readline()
             headers: dict[str, str] = {}
@@ -192,7 +199,7 @@ class Raw:
                 name, _, value = line.decode().partition(":")
                 headers[name.strip().lower()] = value.strip()
             body = await self.reader.readexactly(int(headers["content-length"]))
-            closed = await self.reader.read(1) == b""
+            closed = closes and await self.reader.read(1) == b""
         self.writer.close()
         return int(status_line.split()[1]), headers, orjson.loads(body), closed
 
@@ -252,48 +259,197 @@ async def test_broken_chunked_framing_gets_the_error_object(
     assert_error(status, data, 400)
 
 
-async def trickle(holders: list[Raw], stop: asyncio.Event) -> None:
-    """Keep each holder's body alive (a space at a time) until ``stop``."""
+async def trickle(holders: list[Raw], stop: asyncio.Event, piece: bytes = b" " * 512) -> None:
+    """Keep each holder's body alive (``piece`` at a time, four times per read timeout:
+    by default well over the minimum rate) until ``stop``."""
     while not stop.is_set():
         for holder in holders:
-            await holder.send(b" ")
+            await holder.send(piece)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), TEST_READ_TIMEOUT_S / 4)
 
 
+@pytest.fixture
+async def client_c(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession
+) -> ApiClient:
+    """A client of a workspace of its own."""
+    created = await admin.create_key(iso.database_url, f"bounds-{new_id()[:12]}")
+    return ApiClient(str(api_server.make_url("")).rstrip("/"), created.key, http)
+
+
+async def hold_large(server: TestServer, clients: list[ApiClient]) -> list[Raw]:
+    """One large declared body per client, begun and still arriving."""
+    holders = []
+    for client in clients:
+        holder = await Raw.open(server)
+        await holder.send(post_head(client, TEST_LARGE_BODY * 2) + b"{")
+        holders.append(holder)
+    return holders
+
+
+async def slots_held(gate: BodyGate, count: int) -> None:
+    async def held() -> bool:
+        return gate.in_use == count
+
+    await wait_until(held, 30, f"{count} large-body slots held")
+
+
+async def end_by_stalling(holders: list[Raw]) -> None:
+    """Each holder's stall ends it with a 408, which frees its slot."""
+    for holder in holders:
+        status, _, data, _ = await holder.response(timeout_s=TEST_READ_TIMEOUT_S + 30)
+        assert_error(status, data, 408)
+
+
 async def test_a_large_body_past_the_slots_is_a_503_with_retry_after(
-    api_server: TestServer, client_a: ApiClient
+    api_server: TestServer, client_a: ApiClient, client_b: ApiClient, client_c: ApiClient
 ) -> None:
     gate = api_server.app[DEPS].body_gate
-    holders = []
-    for _ in range(TEST_LARGE_SLOTS):  # each holds a slot: large, declared, still arriving
-        holder = await Raw.open(api_server)
-        await holder.send(post_head(client_a, TEST_LARGE_BODY * 2) + b"{")
-        holders.append(holder)
+    assert TEST_LARGE_SLOTS == 2
+    holders = await hold_large(api_server, [client_a, client_b])
     stop = asyncio.Event()
     keep_alive = asyncio.create_task(trickle(holders, stop))
     try:
-
-        async def full() -> bool:
-            return gate.in_use == TEST_LARGE_SLOTS
-
-        await wait_until(full, 30, "every large-body slot held")
-        status, created = await post(client_a, submission())  # a small body still passes
+        await slots_held(gate, TEST_LARGE_SLOTS)
+        status, created = await post(client_c, submission())  # a small body still passes
         assert status == 201, created
         late = await Raw.open(api_server)
-        await late.send(post_head(client_a, TEST_LARGE_BODY * 2) + b"{")
+        await late.send(post_head(client_c, TEST_LARGE_BODY * 2) + b"{")
         status, headers, data, closed = await late.response()
         assert_error(status, data, 503)
+        assert "too many large requests" in data["error"]["message"], data
         assert headers["retry-after"] == "2"
         assert closed
     finally:
         stop.set()
         await keep_alive
-    for holder in holders:  # their stall ends them and frees the slots
-        status, _, data, _ = await holder.response(timeout_s=TEST_READ_TIMEOUT_S + 30)
-        assert_error(status, data, 408)
+    await end_by_stalling(holders)
     assert gate.in_use == 0
     status, created = await post(client_a, submission()[:-1] + b" " * TEST_LARGE_BODY + b"}")
+    assert status == 201, created
+
+
+async def test_a_workspace_holds_at_most_one_large_body_slot(
+    api_server: TestServer, client_a: ApiClient, client_b: ApiClient
+) -> None:
+    gate = api_server.app[DEPS].body_gate
+    holders = await hold_large(api_server, [client_a])
+    stop = asyncio.Event()
+    keep_alive = asyncio.create_task(trickle(holders, stop))
+    try:
+        await slots_held(gate, 1)
+        second = await Raw.open(api_server)
+        await second.send(post_head(client_a, TEST_LARGE_BODY * 2) + b"{")
+        status, headers, data, closed = await second.response()
+        assert_error(status, data, 503)
+        assert "this workspace already has a large request" in data["error"]["message"], data
+        assert (headers["retry-after"], closed) == ("2", True)
+        large = submission()[:-1] + b" " * TEST_LARGE_BODY + b"}"
+        status, created = await post(client_b, large)  # another workspace gets the free slot
+        assert status == 201, created
+    finally:
+        stop.set()
+        await keep_alive
+    await end_by_stalling(holders)
+    assert (gate.in_use, gate.holders) == (0, set())
+
+
+async def test_a_trickled_body_is_408_once_under_the_minimum_rate(
+    api_server: TestServer, client_a: ApiClient
+) -> None:
+    """A byte every quarter of the read timeout never stalls, but is far under the
+    minimum rate: answered 408 soon after the read timeout, freeing its slot."""
+    gate = api_server.app[DEPS].body_gate
+    holders = await hold_large(api_server, [client_a])
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    stop = asyncio.Event()
+    keep_alive = asyncio.create_task(trickle(holders, stop, b" "))
+    try:
+        status, _, data, closed = await holders[0].response(timeout_s=TEST_READ_TIMEOUT_S * 10)
+    finally:
+        stop.set()
+        with contextlib.suppress(ConnectionError):
+            await keep_alive
+    assert loop.time() - started >= TEST_READ_TIMEOUT_S - 0.5
+    assert_error(status, data, 408)
+    assert f"under {TEST_MIN_RATE:g} bytes/s" in data["error"]["message"], data
+    assert closed
+    assert gate.in_use == 0
+
+
+def chunked(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked body."""
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def chunked_head(client: ApiClient, path: str, content_type: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {client.key}\r\n"
+        f"Content-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+
+
+async def test_a_chunked_upload_takes_a_large_body_slot_as_it_grows(
+    api_server: TestServer, client_a: ApiClient
+) -> None:
+    """No Content-Length: the file part's bytes, counted as they are read, take the slot
+    before the part is complete."""
+    gate = api_server.app[DEPS].body_gate
+    boundary = "b0undary"
+    head = chunked_head(client_a, "/v1/batches/upload", f"multipart/form-data; boundary={boundary}")
+    opening = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{MODEL}\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.csv"\r\n'
+        "Content-Type: text/csv\r\n\r\n"
+    ).encode()
+    raw = await Raw.open(api_server)
+    await raw.send(head + chunked(opening + b"\n" * (TEST_LARGE_BODY * 2)))
+    await slots_held(gate, 1)  # the file part is still open
+    await raw.send(chunked(f"hello\n\r\n--{boundary}--\r\n".encode()) + b"0\r\n\r\n")
+    status, _, created, _ = await raw.response(closes=False)
+    assert status == 201, created
+    assert [b["total"] for b in created["data"]] == [1]
+    assert gate.in_use == 0
+
+
+async def test_a_chunked_submit_takes_a_large_body_slot_as_it_grows(
+    api_server: TestServer, client_a: ApiClient
+) -> None:
+    gate = api_server.app[DEPS].body_gate
+    body = submission()
+    raw = await Raw.open(api_server)
+    head = chunked_head(client_a, "/v1/batches", "application/json")
+    await raw.send(head + chunked(body[:-1] + b" " * (TEST_LARGE_BODY * 2)))
+    await slots_held(gate, 1)  # the body is still open
+    await raw.send(chunked(b"}") + b"0\r\n\r\n")
+    status, _, created, _ = await raw.response(closes=False)
+    assert (status, created.get("name")) == (201, "zipped"), created
+    assert gate.in_use == 0
+
+
+async def test_a_small_submit_does_not_wait_behind_a_large_ones_parse(
+    api_server: TestServer, client_a: ApiClient, client_b: ApiClient
+) -> None:
+    """The large-body parse thread is kept busy (a job blocked on an event), with a
+    large submit of A queued behind it: B's small submit is answered meanwhile."""
+    deps = api_server.app[DEPS]
+    release = threading.Event()
+    busy = asyncio.get_running_loop().run_in_executor(deps.parser, release.wait, 60)
+    try:
+        large = asyncio.create_task(
+            post(client_a, submission()[:-1] + b" " * TEST_LARGE_BODY + b"}")
+        )
+        small = asyncio.create_task(post(client_b, submission()))
+        done, _ = await asyncio.wait([large, small], timeout=30, return_when="FIRST_COMPLETED")
+        assert done == {small}, "the small submit waited behind the large one"
+        status, created = small.result()
+        assert status == 201, created
+    finally:
+        release.set()
+        await busy
+    status, created = await large
     assert status == 201, created
 
 

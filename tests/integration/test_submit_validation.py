@@ -124,6 +124,12 @@ REPRESENTATIVE_RULES = [
         id="configured-content-bytes",
     ),
     pytest.param(body(priority=1001), "priority", "between -1000 and 1000", id="priority-range"),
+    pytest.param(
+        body(requests=[*good_rows(3), {**good_rows(1)[0], "custom_id": "r-9", "bogus": 1}]),
+        "requests[3].bogus",
+        "requests[3].bogus is not a field of a request (fields: custom_id, messages)",
+        id="unknown-row-field",
+    ),
 ]
 
 

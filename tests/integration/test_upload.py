@@ -413,3 +413,14 @@ async def test_a_json_field_may_be_longer_than_a_text_field(fresh: ApiClient) ->
     )
     assert status == 201, body
     assert body["data"][0]["params"] == params
+
+
+async def test_an_unknown_key_of_a_jsonl_row_is_refused_naming_it(fresh: ApiClient) -> None:
+    bogus = b'{"messages": [{"role": "user", "content": "x"}], "bogus": 1}\n'
+    status, data = await upload(fresh, form([("a.jsonl", JSONL + bogus)]))
+    assert status == 400, data
+    assert data["error"]["param"] == "file[0]"
+    assert data["error"]["message"] == (
+        "'a.jsonl' line 3: bogus is not a field of a request (fields: custom_id, messages)"
+    )
+    assert await job_count(fresh) == 0

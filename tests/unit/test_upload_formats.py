@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import codecs
+
 import orjson
 import pytest
 
 from relay_batches.errors import ApiError
+from relay_batches.services.ingest_api import upload_formats
 from relay_batches.services.ingest_api.upload import clean_filename, form_payload, job_name
 from relay_batches.services.ingest_api.upload_formats import (
     LineError,
@@ -133,6 +136,12 @@ def test_jsonl_one_request_per_line_defaults_ids_by_position() -> None:
             "custom_id 'rows[9]' duplicates line 1",
             id="duplicate-id-that-looks-like-a-reference",
         ),
+        pytest.param(
+            [row("a"), b'{"messages": [{"role": "user", "content": "x"}], "bogus": 1}'],
+            2,
+            "bogus is not a field of a request (fields: custom_id, messages)",
+            id="unknown-key",
+        ),
     ],
 )
 def test_jsonl_errors_name_the_line(lines: list[bytes], line: int, fragment: str) -> None:
@@ -227,3 +236,39 @@ def test_clean_filename_keeps_the_printable_base_name() -> None:
     assert clean_filename("C:\\data\\q3 réviews.csv") == "q3 réviews.csv"
     assert clean_filename("/tmp/x/a.jsonl") == "a.jsonl"
     assert clean_filename("a\x00b\n.csv") == "ab.csv"
+
+
+# --- decoding a line at a time ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [".csv", ".jsonl"])
+@pytest.mark.parametrize("window", [1, 2, 3, 5, 1024])
+def test_a_byte_that_is_not_utf8_is_named_by_its_line_at_any_window(
+    monkeypatch: pytest.MonkeyPatch, kind: str, window: int
+) -> None:
+    """The check decodes a window at a time: a character split across windows is fine,
+    a bad byte is reported on its own line wherever the windows fall."""
+    monkeypatch.setattr(upload_formats, "CHECK_WINDOW", window)
+    good = row("é😀") if kind == ".jsonl" else "é😀".encode()
+    bad = b'{"messages": "\xe2\x82"}' if kind == ".jsonl" else b"\xe2\x82 cut"
+    error = line_error(f"f{kind}", good + b"\n" + good + b"\n" + bad + b"\n" + good)
+    assert (error.line, error.reason) == (3, "not valid UTF-8 text")
+    cut = line_error(f"f{kind}", good + b"\n" + "😀".encode()[:2])  # ends mid-character
+    assert (cut.line, cut.reason) == (2, "not valid UTF-8 text")
+
+
+def test_jsonl_bom_and_emoji_are_read_line_by_line() -> None:
+    data = codecs.BOM_UTF8 + row("😀 one", "a") + b"\r\n" + row("two\u00e9") + b"\n"
+    assert contents(parse_upload_file("e.jsonl", data, LIMITS)) == [
+        ("a", "😀 one"),
+        ("row-2", "two\u00e9"),
+    ]
+
+
+def test_csv_from_a_bytearray_with_emoji_and_a_quoted_newline() -> None:
+    data = bytearray('\ufeffprompt\n😀 first\n"multi\nline, quoted"\rthird\n'.encode())
+    assert contents(parse_upload_file("e.csv", data, LIMITS)) == [
+        ("row-1", "😀 first"),
+        ("row-2", "multi\nline, quoted"),
+        ("row-3", "third"),
+    ]

@@ -675,6 +675,16 @@ def test_webhook_url_length() -> None:
             RowError(2, "custom_id", "'a' duplicates", earlier=0),
             id="duplicate",
         ),
+        pytest.param(
+            [{"messages": HI}, {"custom_id": "b", "messages": HI, "bogus": 1}],
+            RowError(1, "bogus", "is not a field of a request (fields: custom_id, messages)"),
+            id="unknown-key",
+        ),
+        pytest.param(
+            [{"bogus": 1}],
+            RowError(0, "bogus", "is not a field of a request (fields: custom_id, messages)"),
+            id="unknown-key-before-missing-messages",
+        ),
     ],
 )
 def test_a_bad_row_is_reported_as_data(requests: list[object], error: RowError) -> None:
