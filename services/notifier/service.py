@@ -3,11 +3,13 @@
 
 Up to ``NOTIFY_PREFETCH`` deliveries are open at once, but each receiver (a workspace's
 ``host:port``) gets at most ``RECEIVER_SLOTS`` POSTs in flight and
-``RECEIVER_WAITERS`` deliveries waiting (for at most ``wait_s``) behind them: one
-receiver holds at most 12 of the 64 open deliveries, so a hanging receiver delays only
-its own webhooks (see :mod:`.receivers`). Deliveries beyond that are deferred to the
-ledger (their message acked) and delivered every ``recover_every_s`` by the
-``deliver-deferred`` pass, as their receiver has room.
+``RECEIVER_WAITERS`` deliveries waiting (for at most ``wait_s``) behind them, and each
+workspace at most ``WORKSPACE_OPEN`` deliveries open over all its receivers: one
+workspace holds at most 16 of the 64 open deliveries however many hanging URLs it
+names, so a hanging receiver delays only its own workspace's webhooks (see
+:mod:`.receivers`). Deliveries beyond that are deferred to the ledger (their message
+acked) and delivered every ``recover_every_s`` by the ``deliver-deferred`` pass, as
+their receiver has room; takeovers of dead notifiers' claims take the same slots.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from relay_batches.services.notifier.receivers import ReceiverGate
 NOTIFY_PREFETCH = 64
 RECEIVER_SLOTS = 4
 RECEIVER_WAITERS = 8
+WORKSPACE_OPEN = 16
 
 
 def notifier_service(
@@ -42,7 +45,7 @@ def notifier_service(
 ) -> BusService:
     """The notifier's declaration; a delivery waits at most ``receiver_wait_s`` for a
     slot of its receiver before it is deferred for later."""
-    gate = ReceiverGate(RECEIVER_SLOTS, RECEIVER_WAITERS, receiver_wait_s)
+    gate = ReceiverGate(RECEIVER_SLOTS, RECEIVER_WAITERS, receiver_wait_s, WORKSPACE_OPEN)
     finished = Consume(
         bus.names.notify,
         "finished",
@@ -50,7 +53,9 @@ def notifier_service(
         lambda event: deliver_webhook(event, store, post, gate),
         NOTIFY_PREFETCH,
     )
-    recovery = every("recover-deliveries", recover_every_s, lambda: recover_deliveries(store, post))
+    recovery = every(
+        "recover-deliveries", recover_every_s, lambda: recover_deliveries(store, post, gate)
+    )
     deferred = every(
         "deliver-deferred", recover_every_s, lambda: deliver_deferred(store, post, gate)
     )
