@@ -164,7 +164,13 @@ async def deliver_webhook(
     return await _record_outcome(job, claim, store, result)
 
 
-async def deliver_deferred(store: DeferredStore, post: Post, gate: ReceiverGate) -> int:
+def _never() -> bool:
+    return False
+
+
+async def deliver_deferred(
+    store: DeferredStore, post: Post, gate: ReceiverGate, stopping: Callable[[], bool] = _never
+) -> int:
     """Deliver deferred deliveries whose receiver has a free slot, concurrently, oldest
     first; return how many were POSTed.
 
@@ -172,14 +178,15 @@ async def deliver_deferred(store: DeferredStore, post: Post, gate: ReceiverGate)
     of busy receivers never hides the others'. Up to ``DEFERRED_PASS`` run at once, and
     the pass looks for more whenever one ends and every ``REFILL_S`` meanwhile: a hanging
     POST holds only its own slot, never the others' turn. The pass ends when nothing is
-    in flight and nothing more can start.
+    in flight and nothing more can start; once ``stopping()``, it starts nothing more and
+    ends with the POSTs in flight (each within the webhook timeout).
     """
     running: set[asyncio.Task[bool]] = set()
     delivered = 0
     failure: BaseException | None = None
     try:
         while True:
-            if failure is None and len(running) < DEFERRED_PASS:
+            if failure is None and not stopping() and len(running) < DEFERRED_PASS:
                 waiting = await store.deferred(
                     DEFERRED_PASS - len(running),
                     gate.slots,

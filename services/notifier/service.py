@@ -14,9 +14,12 @@ their receiver has room; takeovers of dead notifiers' claims take the same slots
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass, field
+
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
 from relay_batches.kit.consumer import Consume
-from relay_batches.kit.periodic import every
+from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import JobEvent
 from relay_batches.services.notifier.core import (
     Post,
@@ -31,6 +34,23 @@ NOTIFY_PREFETCH = 64
 RECEIVER_SLOTS = 4
 RECEIVER_WAITERS = 8
 WORKSPACE_OPEN = 16
+
+
+@dataclass(frozen=True)
+class _HaltSeen(Periodic):
+    """A periodic task whose pass can tell the service is stopping: the deferred pass
+    runs as long as it has work, so it must stop starting POSTs within the grace."""
+
+    halts: list[asyncio.Event] = field(default_factory=list)
+
+    async def loop(self, halt: asyncio.Event) -> None:
+        """Remember ``halt``, then pass as usual."""
+        self.halts.append(halt)
+        await super().loop(halt)
+
+    def halted(self) -> bool:
+        """Whether the service is stopping."""
+        return any(halt.is_set() for halt in self.halts)
 
 
 def notifier_service(
@@ -56,9 +76,11 @@ def notifier_service(
     recovery = every(
         "recover-deliveries", recover_every_s, lambda: recover_deliveries(store, post, gate)
     )
-    deferred = every(
-        "deliver-deferred", recover_every_s, lambda: deliver_deferred(store, post, gate)
-    )
+
+    async def deferred_pass() -> None:
+        await deliver_deferred(store, post, gate, deferred.halted)
+
+    deferred = _HaltSeen("deliver-deferred", recover_every_s, deferred_pass)
     return BusService(
         bus, [finished], periodic=[recovery, deferred], ledger=ledger, grace_s=grace_s
     )

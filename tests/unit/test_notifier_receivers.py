@@ -4,6 +4,7 @@ and a delivery's record made after its slot is released."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -139,3 +140,21 @@ async def test_a_released_slot_passes_to_the_longest_waiter() -> None:
     await asyncio.gather(*waiting)
     assert order == ["a", "b"]
     assert gate.in_use(receiver_key("ws1", url)) == 0 and gate.busy_receivers() == []
+
+
+async def test_a_stopping_deferred_pass_starts_nothing_and_ends_with_its_posts() -> None:
+    store = FakeDeliveryStore(batches={BATCH.id: BATCH})
+    other = replace(BATCH, id="b" * 32, workspace_id="ws-other")
+    store.batches[other.id] = other
+    store.waiting = {BATCH.id: str(BATCH.webhook_url)}
+    gate, stopping, posted = ReceiverGate(slots=4, waiters=0, wait_s=1), [False], []
+
+    async def post(url: str, body: bytes, headers: dict[str, str]) -> PostResult:
+        posted.append(url)
+        stopping[0] = True  # the service is told to stop while this POST is out,
+        store.waiting[other.id] = str(other.webhook_url)  # and another is deferred
+        return PostResult(204)
+
+    assert await asyncio.wait_for(deliver_deferred(store, post, gate, lambda: stopping[0]), 5) == 1
+    assert posted == [BATCH.webhook_url]
+    assert list(store.waiting) == [other.id]
