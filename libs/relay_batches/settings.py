@@ -92,6 +92,8 @@ class Settings:
     reconcile_seconds: float = 2.0
     results_flush_ms: float = 25.0
     results_flush_rows: int = 64
+    results_message_bytes: int = 256 * 1024
+    results_dead_max_length: int = 10_000
     aggregator_chunk: int = 64
     aggregator_prefetch: int = 256
     aggregator_chunk_bytes: int = 16 * 1024 * 1024
@@ -149,6 +151,12 @@ class Settings:
             reconcile_seconds=_positive(env, "RELAY_RECONCILE_SECONDS", d.reconcile_seconds),
             results_flush_ms=_positive(env, "RELAY_RESULTS_FLUSH_MS", d.results_flush_ms),
             results_flush_rows=max(1, _int(env, "RELAY_RESULTS_FLUSH_ROWS", d.results_flush_rows)),
+            results_message_bytes=max(
+                1024, _int(env, "RELAY_RESULTS_MESSAGE_BYTES", d.results_message_bytes)
+            ),
+            results_dead_max_length=max(
+                1, _int(env, "RELAY_RESULTS_DEAD_MAX_LENGTH", d.results_dead_max_length)
+            ),
             aggregator_chunk=max(1, _int(env, "RELAY_AGGREGATOR_CHUNK", d.aggregator_chunk)),
             aggregator_prefetch=max(
                 1, _int(env, "RELAY_AGGREGATOR_PREFETCH", d.aggregator_prefetch)

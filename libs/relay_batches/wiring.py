@@ -24,7 +24,11 @@ async def open_pool(
 
 async def open_bus(settings: Settings, resources: contextlib.AsyncExitStack, service: str) -> Bus:
     """A connected bus (topology declared) named ``<service>-<random>``, closed on unwind."""
-    bus = Bus(settings.amqp_url, Names(settings.namespace), f"{service}-{new_id()[:8]}")
+    bus = Bus(
+        settings.amqp_url,
+        Names(settings.namespace, settings.results_dead_max_length),
+        f"{service}-{new_id()[:8]}",
+    )
     await bus.connect()
     resources.push_async_callback(bus.close)
     return bus

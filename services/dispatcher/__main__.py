@@ -30,7 +30,7 @@ async def build(
     aliases = load_aliases(settings.routes_file, os.environ)
     owner = f"dispatcher-{new_id()[:12]}"
     pool = await open_pool(settings, resources, max_size=4)
-    bus = Bus(settings.amqp_url, Names(settings.namespace), owner)
+    bus = Bus(settings.amqp_url, Names(settings.namespace, settings.results_dead_max_length), owner)
     await bus.connect()
     resources.push_async_callback(bus.close)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,7 +33,7 @@ from relay_batches.ledger.deliveries import Claim, Deferred
 from relay_batches.messages import JobEvent
 from relay_batches.metrics import WEBHOOK_DELIVERIES
 from relay_batches.model import DeliveryStatus, Job
-from relay_batches.services.notifier.receivers import ReceiverBusy, ReceiverGate, receiver_key
+from relay_batches.services.notifier.receivers import Hold, ReceiverBusy, ReceiverGate
 from relay_batches.webhooks import signed_headers
 
 log = logging.getLogger("relay.notifier")
@@ -43,9 +43,9 @@ log = logging.getLogger("relay.notifier")
 RECORD_BUDGET_S = 600.0
 RECORD_RETRY_S = 1.0
 CLAIM_MARGIN_S = 20.0
-RECOVER_PASS = 20  # expired claims taken over per recovery pass, one at a time
-DEFERRED_PASS = 64  # deferred deliveries looked at per round of a deferred pass
-DEFERRED_ROUNDS = 10
+RECOVER_PASS = 20  # expired claims taken over per recovery pass
+DEFERRED_PASS = 64  # deferred deliveries in flight at once in a deferred pass
+REFILL_S = 0.5  # while POSTs are in flight, look for more deferred deliveries this often
 
 
 def claim_seconds(webhook_timeout_s: float) -> float:
@@ -107,8 +107,15 @@ class Store(Protocol):
 class DeferredStore(Store, Protocol):
     """What delivering deferred deliveries needs on top of :class:`Store`."""
 
-    async def deferred(self, limit: int, per_receiver: int) -> list[Deferred]:
-        """The oldest deferred deliveries, at most ``per_receiver`` of each receiver."""
+    async def deferred(
+        self,
+        limit: int,
+        per_receiver: int,
+        skip_workspaces: Sequence[str] = (),
+        skip_receivers: Sequence[tuple[str, str]] = (),
+    ) -> list[Deferred]:
+        """The oldest deferred deliveries, at most ``per_receiver`` of each receiver,
+        leaving out the workspaces and ``(workspace, url)`` pairs named."""
 
     async def claim_deferred(self, batch_id: str) -> Claim | None:
         """Claim a deferred delivery; None if another notifier did."""
@@ -122,6 +129,9 @@ class RecoveryStore(DeferredStore, Protocol):
 
     async def mark_unknown(self) -> list[str]:
         """Mark expired ``posting`` claims ``unknown``; return their batch ids."""
+
+    async def hand_back(self, claim: Claim) -> bool:
+        """Turn a claim we took over into a deferred delivery (nobody holds it)."""
 
 
 async def deliver_webhook(
@@ -154,45 +164,87 @@ async def deliver_webhook(
     return await _record_outcome(job, claim, store, result)
 
 
-async def deliver_deferred(store: DeferredStore, post: Post, gate: ReceiverGate) -> int:
-    """Deliver deferred deliveries whose receiver has a free slot now, concurrently,
-    oldest first; repeat while that delivers any (a pass ends when every receiver left
-    is busy). Return how many were POSTed."""
+def _never() -> bool:
+    return False
+
+
+async def deliver_deferred(
+    store: DeferredStore, post: Post, gate: ReceiverGate, stopping: Callable[[], bool] = _never
+) -> int:
+    """Deliver deferred deliveries whose receiver has a free slot, concurrently, oldest
+    first; return how many were POSTed.
+
+    The listing leaves out the receivers and workspaces that are busy here, so a backlog
+    of busy receivers never hides the others'. Up to ``DEFERRED_PASS`` run at once, and
+    the pass looks for more whenever one ends and every ``REFILL_S`` meanwhile: a hanging
+    POST holds only its own slot, never the others' turn. The pass ends when nothing is
+    in flight and nothing more can start; once ``stopping()``, it starts nothing more and
+    ends with the POSTs in flight (each within the webhook timeout).
+    """
+    running: set[asyncio.Task[bool]] = set()
     delivered = 0
-    for _ in range(DEFERRED_ROUNDS):
-        waiting = await store.deferred(DEFERRED_PASS, gate.slots)
-        if not waiting:
-            break
-        # Every delivery runs to its end (none is left behind unawaited) before a
-        # failure, e.g. a record that outlasted its budget, ends the pass.
-        done = await asyncio.gather(
-            *(_deliver_one_deferred(d, store, post, gate) for d in waiting),
-            return_exceptions=True,
-        )
-        for failure in (d for d in done if isinstance(d, BaseException)):
-            raise failure
-        if not any(done):
-            break
-        delivered += sum(1 for d in done if d is True)
+    failure: BaseException | None = None
+    try:
+        while True:
+            if failure is None and not stopping() and len(running) < DEFERRED_PASS:
+                waiting = await store.deferred(
+                    DEFERRED_PASS - len(running),
+                    gate.slots,
+                    gate.full_workspaces(),
+                    gate.busy_receivers(),
+                )
+                for item in waiting:
+                    hold = gate.reserve(item.workspace_id, item.url)
+                    if hold is not None:
+                        running.add(_start(_deliver_one_deferred(item, store, post, gate, hold)))
+            if not running:
+                break
+            done, _ = await asyncio.wait(
+                running, timeout=REFILL_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                running.discard(task)
+                # Every delivery runs to its end before a failure, e.g. a record that
+                # outlasted its budget, ends the pass.
+                if task.exception() is not None:
+                    failure = failure or task.exception()
+                elif task.result():
+                    delivered += 1
+    finally:
+        await _cancel_all(running)
+    if failure is not None:
+        raise failure
     return delivered
 
 
+def _start(work: Coroutine[object, object, bool]) -> asyncio.Task[bool]:
+    return asyncio.create_task(work, name="webhook-delivery")
+
+
+async def _cancel_all(tasks: set[asyncio.Task[bool]]) -> None:
+    """Cancel what is still running (only when the pass itself is cancelled or failed)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def _deliver_one_deferred(
-    waiting: Deferred, store: DeferredStore, post: Post, gate: ReceiverGate
+    waiting: Deferred, store: DeferredStore, post: Post, gate: ReceiverGate, hold: Hold
 ) -> bool:
+    """Claim and POST one deferred delivery in the slot ``hold``; True if POSTed."""
+    job: Job | None = None
     try:
-        async with _receiver_slot(gate, waiting.workspace_id, waiting.url, wait=False):
-            claim = await store.claim_deferred(waiting.batch_id)
-            if claim is None:
-                return False
-            job = await store.job(waiting.batch_id)
-            if job is None or not job.webhook_url:
-                await _record(
-                    store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone"
-                )
-                return False
+        claim = await store.claim_deferred(waiting.batch_id)
+        if claim is None:
+            return False
+        job = await store.job(waiting.batch_id)
+        result = None
+        if job is not None and job.webhook_url:
             result = await _post(job, job.webhook_url, claim, store, post)
-    except ReceiverBusy:
+    finally:
+        gate.release(hold)
+    if job is None or not job.webhook_url:
+        await _record(store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone")
         return False
     if result is None:
         return False
@@ -205,39 +257,71 @@ def _receiver_slot(
 ) -> contextlib.AbstractAsyncContextManager[None]:
     if gate is None:
         return contextlib.nullcontext()
-    return gate.slot(receiver_key(workspace_id, url), wait=wait)
+    return gate.slot(workspace_id, url, wait=wait)
 
 
-async def recover_deliveries(store: RecoveryStore, post: Post, limit: int = RECOVER_PASS) -> int:
+async def recover_deliveries(
+    store: RecoveryStore, post: Post, gate: ReceiverGate | None = None, limit: int = RECOVER_PASS
+) -> int:
     """POST the deliveries whose claim expired before their POST (their notifier died);
     mark ``unknown`` those whose claim expired while ``posting`` (never POSTed again).
 
-    One claim is taken over at a time, right before its delivery: a claim taken with
-    others would run down its clock while the earlier ones are POSTed.
+    Each claim is taken over right before its own POST (a claim taken with others would
+    run down its clock while they are POSTed), and the POSTs run concurrently, each in
+    a slot of its receiver: a takeover whose receiver (or workspace) is busy is handed
+    back as a deferred delivery rather than waiting, so a hanging receiver delays only
+    its own deliveries.
     """
     for batch_id in await store.mark_unknown():
         WEBHOOK_DELIVERIES.labels(DeliveryStatus.UNKNOWN).inc()
         log.warning("webhook_outcome_unknown", extra={"batch_id": batch_id})
-    recovered = 0
-    for _ in range(limit):
-        claims = await store.reclaim_expired(1)
-        if not claims:
-            break
-        claim = claims[0]
-        job = await store.job(claim.batch_id)
-        if job is None or not job.webhook_url:
-            await _record(store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone")
-            continue
-        log.warning(
-            "webhook_claim_taken_over", extra={"batch_id": claim.batch_id, "claim": claim.number}
-        )
-        result = await _post(job, job.webhook_url, claim, store, post)
-        if result is not None:
-            await _record_outcome(job, claim, store, result)
-            recovered += 1
+    running: list[asyncio.Task[bool]] = []
+    try:
+        for _ in range(limit):
+            claims = await store.reclaim_expired(1)
+            if not claims:
+                break
+            claim = claims[0]
+            job = await store.job(claim.batch_id)
+            if job is None or not job.webhook_url:
+                await _record(
+                    store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone"
+                )
+                continue
+            hold = None if gate is None else gate.reserve(job.workspace_id, job.webhook_url)
+            if gate is not None and hold is None:
+                await store.hand_back(claim)
+                log.info("webhook_takeover_deferred", extra={"batch_id": claim.batch_id})
+                continue
+            log.warning(
+                "webhook_claim_taken_over",
+                extra={"batch_id": claim.batch_id, "claim": claim.number},
+            )
+            running.append(_start(_take_over(job, claim, store, post, gate, hold)))
+        done = await asyncio.gather(*running, return_exceptions=True)
+    finally:
+        await _cancel_all({t for t in running if not t.done()})
+    for failure in (d for d in done if isinstance(d, BaseException)):
+        raise failure
+    recovered = sum(1 for d in done if d is True)
     if recovered:
         log.info("deliveries_recovered", extra={"deliveries": recovered})
     return recovered
+
+
+async def _take_over(
+    job: Job, claim: Claim, store: Store, post: Post, gate: ReceiverGate | None, hold: Hold | None
+) -> bool:
+    assert job.webhook_url is not None
+    try:
+        result = await _post(job, job.webhook_url, claim, store, post)
+    finally:
+        if gate is not None and hold is not None:
+            gate.release(hold)
+    if result is None:
+        return False
+    await _record_outcome(job, claim, store, result)
+    return True
 
 
 async def _post(job: Job, url: str, claim: Claim, store: Store, post: Post) -> PostResult | None:

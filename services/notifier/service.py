@@ -3,18 +3,23 @@
 
 Up to ``NOTIFY_PREFETCH`` deliveries are open at once, but each receiver (a workspace's
 ``host:port``) gets at most ``RECEIVER_SLOTS`` POSTs in flight and
-``RECEIVER_WAITERS`` deliveries waiting (for at most ``wait_s``) behind them: one
-receiver holds at most 12 of the 64 open deliveries, so a hanging receiver delays only
-its own webhooks (see :mod:`.receivers`). Deliveries beyond that are deferred to the
-ledger (their message acked) and delivered every ``recover_every_s`` by the
-``deliver-deferred`` pass, as their receiver has room.
+``RECEIVER_WAITERS`` deliveries waiting (for at most ``wait_s``) behind them, and each
+workspace at most ``WORKSPACE_OPEN`` deliveries open over all its receivers: one
+workspace holds at most 16 of the 64 open deliveries however many hanging URLs it
+names, so a hanging receiver delays only its own workspace's webhooks (see
+:mod:`.receivers`). Deliveries beyond that are deferred to the ledger (their message
+acked) and delivered every ``recover_every_s`` by the ``deliver-deferred`` pass, as
+their receiver has room; takeovers of dead notifiers' claims take the same slots.
 """
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass, field
+
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
 from relay_batches.kit.consumer import Consume
-from relay_batches.kit.periodic import every
+from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import JobEvent
 from relay_batches.services.notifier.core import (
     Post,
@@ -28,6 +33,24 @@ from relay_batches.services.notifier.receivers import ReceiverGate
 NOTIFY_PREFETCH = 64
 RECEIVER_SLOTS = 4
 RECEIVER_WAITERS = 8
+WORKSPACE_OPEN = 16
+
+
+@dataclass(frozen=True)
+class _HaltSeen(Periodic):
+    """A periodic task whose pass can tell the service is stopping: the deferred pass
+    runs as long as it has work, so it must stop starting POSTs within the grace."""
+
+    halts: list[asyncio.Event] = field(default_factory=list)
+
+    async def loop(self, halt: asyncio.Event) -> None:
+        """Remember ``halt``, then pass as usual."""
+        self.halts.append(halt)
+        await super().loop(halt)
+
+    def halted(self) -> bool:
+        """Whether the service is stopping."""
+        return any(halt.is_set() for halt in self.halts)
 
 
 def notifier_service(
@@ -42,7 +65,7 @@ def notifier_service(
 ) -> BusService:
     """The notifier's declaration; a delivery waits at most ``receiver_wait_s`` for a
     slot of its receiver before it is deferred for later."""
-    gate = ReceiverGate(RECEIVER_SLOTS, RECEIVER_WAITERS, receiver_wait_s)
+    gate = ReceiverGate(RECEIVER_SLOTS, RECEIVER_WAITERS, receiver_wait_s, WORKSPACE_OPEN)
     finished = Consume(
         bus.names.notify,
         "finished",
@@ -50,10 +73,14 @@ def notifier_service(
         lambda event: deliver_webhook(event, store, post, gate),
         NOTIFY_PREFETCH,
     )
-    recovery = every("recover-deliveries", recover_every_s, lambda: recover_deliveries(store, post))
-    deferred = every(
-        "deliver-deferred", recover_every_s, lambda: deliver_deferred(store, post, gate)
+    recovery = every(
+        "recover-deliveries", recover_every_s, lambda: recover_deliveries(store, post, gate)
     )
+
+    async def deferred_pass() -> None:
+        await deliver_deferred(store, post, gate, deferred.halted)
+
+    deferred = _HaltSeen("deliver-deferred", recover_every_s, deferred_pass)
     return BusService(
         bus, [finished], periodic=[recovery, deferred], ledger=ledger, grace_s=grace_s
     )

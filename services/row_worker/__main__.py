@@ -51,6 +51,7 @@ async def build(
         lambda body: bus.publish(bus.names.results, body, kind="results"),
         max_rows=settings.results_flush_rows,
         flush_s=settings.results_flush_ms / 1000,
+        max_bytes=settings.results_message_bytes,
     )
     holdings = Holdings(worker, settings.heartbeat_seconds)
     runner = RowRunner(router, outcomes.add, settings.batch_concurrency, holdings)

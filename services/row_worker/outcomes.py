@@ -2,8 +2,12 @@
 
 ``add`` returns only once the message holding the outcome is confirmed by the broker, so
 a slice is acked only after every one of its rows has a durable outcome. A message goes
-out when it holds ``max_rows`` outcomes or :data:`MAX_MESSAGE_BYTES` of text, or
-``flush_s`` after its first outcome, whichever comes first.
+out when it holds ``max_rows`` outcomes, or ``flush_s`` after its first outcome, and
+never grows past ``max_bytes`` encoded (``RELAY_RESULTS_MESSAGE_BYTES``): an outcome that
+would cross it first sends what is pending, and an outcome larger than ``max_bytes`` on
+its own travels alone. What bounds such a one is the provider's reply, read up to
+``router.MAX_REPLY_BYTES`` (8 MiB). The aggregator's memory bound rests on this cap: it
+holds at most its prefetch of these messages.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+import orjson
+
 from relay_batches.messages import OutcomesMessage, RowOutcome
 
 log = logging.getLogger("relay.row_worker.outcomes")
@@ -19,16 +25,20 @@ log = logging.getLogger("relay.row_worker.outcomes")
 Publish = Callable[[bytes], Awaitable[None]]
 
 PUBLISH_ATTEMPTS = 20
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 256 * 1024  # the default of RELAY_RESULTS_MESSAGE_BYTES
+ENVELOPE_BYTES = 64  # a message's bytes around its outcomes: kind, keys, brackets
 PUBLISH_RETRY_S = 0.5
 
 
 class OutcomePublisher:
     """Gathers outcomes into messages by count, bytes or time; each ``add`` awaits its confirm."""
 
-    def __init__(self, publish: Publish, max_rows: int, flush_s: float) -> None:
+    def __init__(
+        self, publish: Publish, max_rows: int, flush_s: float, max_bytes: int = MAX_MESSAGE_BYTES
+    ) -> None:
         self._publish = publish
         self._max_rows = max_rows
+        self._max_bytes = max_bytes
         self._flush_s = flush_s
         self._pending: list[tuple[RowOutcome, asyncio.Future[None]]] = []
         self._pending_bytes = 0
@@ -38,9 +48,15 @@ class OutcomePublisher:
     async def add(self, outcome: RowOutcome) -> None:
         """Queue ``outcome`` for publishing and wait until the broker confirmed it."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        size = len(orjson.dumps(outcome.as_list())) + 1  # and its comma
+        if self._pending and ENVELOPE_BYTES + self._pending_bytes + size > self._max_bytes:
+            self._flush_now()  # it would cross the cap: what is pending goes first
         self._pending.append((outcome, future))
-        self._pending_bytes += len(outcome.content or outcome.error or "")
-        if len(self._pending) >= self._max_rows or self._pending_bytes >= MAX_MESSAGE_BYTES:
+        self._pending_bytes += size
+        if (
+            len(self._pending) >= self._max_rows
+            or ENVELOPE_BYTES + self._pending_bytes >= self._max_bytes
+        ):
             self._flush_now()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._flush_s, self._flush_now)

@@ -4,6 +4,7 @@ values the unit tests build them from."""
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -77,9 +78,25 @@ class FakeDeliveryStore:
         self.waiting[batch_id] = url
         return True
 
-    async def deferred(self, limit: int, per_receiver: int) -> list[Deferred]:
-        taken = list(self.waiting.items())[:limit]
-        return [Deferred(b, url, self.batches[b].workspace_id) for b, url in taken]
+    async def deferred(
+        self,
+        limit: int,
+        per_receiver: int,
+        skip_workspaces: Sequence[str] = (),
+        skip_receivers: Sequence[tuple[str, str]] = (),
+    ) -> list[Deferred]:
+        listed = [Deferred(b, url, self.batches[b].workspace_id) for b, url in self.waiting.items()]
+        return [
+            d
+            for d in listed
+            if d.workspace_id not in skip_workspaces
+            and (d.workspace_id, d.url) not in skip_receivers
+        ][:limit]
+
+    async def hand_back(self, claim: Claim) -> bool:
+        url = self.claims.pop(claim.batch_id, None) or self.batches[claim.batch_id].webhook_url
+        self.waiting[claim.batch_id] = url or ""
+        return True
 
     async def claim_deferred(self, batch_id: str) -> Claim | None:
         url = self.waiting.pop(batch_id, None)

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from relay_batches.bus.client import Bus
-from relay_batches.bus.topology import EVENT_FINISHED, EVENT_PROGRESS
+from relay_batches.bus.topology import EVENT_FINISHED, EVENT_PROGRESS, Names, declare_all
 from relay_batches.ids import new_id
 from relay_batches.kit.base import BusService
 from relay_batches.ledger.dispatch import DispatchStore
@@ -249,7 +249,7 @@ async def test_unstorable_outcomes_are_dead_lettered_and_the_rest_of_the_chunk_i
     connection = await aio_pika.connect(AMQP_URL, timeout=10)
     async with connection:
         channel = await connection.channel()
-        dead_letters = await channel.declare_queue(dead_queue, durable=True)
+        dead_letters = await channel.declare_queue(dead_queue, passive=True)
         dead: list[bytes] = []
         for _ in bodies[::2]:
             message = await wait_until(
@@ -322,3 +322,28 @@ async def test_chunks_are_cut_by_bytes_of_message_bodies(pool: asyncpg.Pool, bus
         "SELECT content FROM row_results WHERE batch_id = $1 AND row_index = 7", batch_id
     )
     assert content == "h" * 300 * 1024
+
+
+async def test_the_dead_letter_queue_keeps_only_its_newest_messages(iso: Isolation) -> None:
+    """Nothing consumes ``<ns>.results.dead``: past RELAY_RESULTS_DEAD_MAX_LENGTH messages
+    the oldest are dropped, so it cannot fill the broker."""
+    names = Names(f"{iso.namespace}dl", dead_max_length=3)
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        try:
+            await declare_all(channel, names)
+            for n in range(5):
+                await channel.default_exchange.publish(
+                    aio_pika.Message(f"dead {n}".encode()), routing_key=names.results_dead
+                )
+            dead = await channel.declare_queue(names.results_dead, passive=True)
+            kept = []
+            while (message := await dead.get(fail=False)) is not None:
+                await message.ack()
+                kept.append(message.body.decode())
+            assert kept == ["dead 2", "dead 3", "dead 4"]
+        finally:
+            for queue in names.durable_queues():
+                await channel.queue_delete(queue)
+            await channel.exchange_delete(names.events)

@@ -26,9 +26,12 @@ from relay_batches.model import JobStatus
 from relay_batches.services.notifier import core
 from relay_batches.services.notifier.core import deliver_webhook, recover_deliveries
 from relay_batches.services.notifier.http import guarded_poster
+from relay_batches.services.notifier.receivers import ReceiverGate
 from relay_batches.services.notifier.service import (
     NOTIFY_PREFETCH,
     RECEIVER_SLOTS,
+    RECEIVER_WAITERS,
+    WORKSPACE_OPEN,
     notifier_service,
 )
 from tests.helpers.faults import TcpProxy
@@ -221,4 +224,151 @@ async def test_a_hanging_receiver_delays_only_its_own_workspace(
         stop.set()
         await asyncio.wait_for(running, 60)
         await bus.close()
+        await pool.close()
+
+
+async def test_one_workspace_with_many_hanging_receivers_leaves_room_for_others(
+    hooks_iso: Isolation,
+) -> None:
+    # Six hanging receivers of one workspace could hold 6 × (slots + waiters) = 72 of
+    # the 64 open deliveries; the workspace's cap keeps it to WORKSPACE_OPEN, deferring
+    # the rest at once, so another workspace's webhook goes out without waiting.
+    ports = 6
+    assert ports * (RECEIVER_SLOTS + RECEIVER_WAITERS) >= NOTIFY_PREFETCH
+    pool = await create_pool(hooks_iso.database_url, max_size=4)
+    bus = Bus(AMQP_URL, Names(hooks_iso.namespace), "notifier-test")
+    await bus.connect()
+    stop = asyncio.Event()
+    store = DeliveryStore(pool, claim_s=core.claim_seconds(10.0))
+    service = notifier_service(
+        bus,
+        store,
+        guarded_poster(LOOPBACK, 10.0),
+        ledger_readiness(pool),
+        recover_every_s=0.5,
+        grace_s=2.0,
+        receiver_wait_s=20.0,
+    )
+    running = asyncio.create_task(service.run(stop))
+    try:
+        async with contextlib.AsyncExitStack() as receivers:
+            hanging = [
+                await receivers.enter_async_context(serving(Receiver(hang=True)))
+                for _ in range(ports)
+            ]
+            healthy = await receivers.enter_async_context(serving(Receiver()))
+            await wait_until(service.ready, 30, "the notifier to consume")
+            workspace = await KeyStore(pool).ensure_workspace(f"slow-{new_id()[:6]}")
+            jobs = JobStore(pool)
+            slow = []
+            for n in range(ports * (RECEIVER_SLOTS + RECEIVER_WAITERS)):
+                url = hanging[n % ports].url
+                job = NewJob(new_id(), workspace, "hook", "gpt-4o-mini", 0, 1, url, None, None)
+                batch = await jobs.create(job, iter([("c-0", '[{"role":"user","content":"hi"}]')]))
+                slow.append(batch.id)
+            (fine,) = await new_batches(pool, "fine", healthy.url, 1)
+            for batch_id in slow:
+                await bus.publish_event(
+                    EVENT_FINISHED, JobEvent(batch_id, JobStatus.COMPLETED, 1, 1, 0).encode()
+                )
+
+            async def slow_ones_taken() -> bool:
+                # Every slow event left the queue: open (holding the window) or deferred.
+                return await bus.ready_count(bus.names.notify) == 0 and sum(
+                    r.open_now for r in hanging
+                ) == min(WORKSPACE_OPEN, ports * RECEIVER_SLOTS)
+
+            await wait_until(slow_ones_taken, 30, "the slow workspace's events to be taken")
+            sent = time.monotonic()
+            await bus.publish_event(
+                EVENT_FINISHED, JobEvent(fine, JobStatus.COMPLETED, 1, 1, 0).encode()
+            )
+
+            async def fine_delivered() -> bool:
+                return (await delivery(pool, fine) or ("",))[0] == "delivered"
+
+            await wait_until(fine_delivered, 30, "the healthy workspace's webhook", every=0.02)
+            assert healthy.ids == [f"msg_{fine}"]
+            # At once, not after the hanging POSTs time out (10 s).
+            assert healthy.received_at[0] - sent < 2.0
+            assert sum(r.open_most for r in hanging) <= WORKSPACE_OPEN
+            for receiver in hanging:
+                receiver.release.set()
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 60)
+        await bus.close()
+        await pool.close()
+
+
+async def defer_batches(pool: asyncpg.Pool, name: str, url: str, n: int) -> list[str]:
+    """``n`` batches of a new workspace whose deliveries are deferred (as a notifier does
+    when their receiver is busy)."""
+    store = DeliveryStore(pool)
+    made = await new_batches(pool, name, url, n)
+    for batch_id in made:
+        assert await store.defer(batch_id, url, f"msg_{batch_id}")
+    return made
+
+
+async def test_deferred_deliveries_of_busy_receivers_do_not_hide_the_others(
+    hooks_iso: Isolation,
+) -> None:
+    # More busy receivers' deferred deliveries than one listing holds, all older than a
+    # healthy receiver's: the deferred pass still reaches the healthy one.
+    pool = await create_pool(hooks_iso.database_url, max_size=4)
+    gate = ReceiverGate(RECEIVER_SLOTS, RECEIVER_WAITERS, 20.0, WORKSPACE_OPEN)
+    store = DeliveryStore(pool, claim_s=core.claim_seconds(10.0))
+    try:
+        async with serving(Receiver()) as healthy:
+            busy_receivers = core.DEFERRED_PASS // RECEIVER_SLOTS + 1
+            for n in range(busy_receivers):
+                # Another notifier task of ours holds every slot of these receivers.
+                url = f"http://127.0.0.1:{40000 + n}/hook"
+                first = (await defer_batches(pool, f"busy{n}", url, RECEIVER_SLOTS))[0]
+                job = await store.job(first)
+                assert job is not None
+                for _ in range(RECEIVER_SLOTS):
+                    assert gate.reserve(job.workspace_id, url) is not None
+            (fine,) = await defer_batches(pool, "fine", healthy.url, 1)
+            post = guarded_poster(LOOPBACK, 10.0)
+            async with asyncio.timeout(30):
+                assert await core.deliver_deferred(store, post, gate) == 1
+            assert healthy.ids == [f"msg_{fine}"]
+            assert await delivery(pool, fine) == ("delivered", 204, 1)
+    finally:
+        await pool.close()
+
+
+async def test_a_hanging_deferred_post_does_not_hold_up_the_others(
+    hooks_iso: Isolation,
+) -> None:
+    # While one deferred POST hangs, deliveries deferred meanwhile to another receiver go
+    # out within the pass, not after the hanging one's timeout.
+    pool = await create_pool(hooks_iso.database_url, max_size=4)
+    gate = ReceiverGate(RECEIVER_SLOTS, RECEIVER_WAITERS, 20.0, WORKSPACE_OPEN)
+    store = DeliveryStore(pool, claim_s=core.claim_seconds(10.0))
+    try:
+        async with serving(Receiver(hang=True)) as hanging, serving(Receiver()) as healthy:
+            await defer_batches(pool, "slow", hanging.url, 1)
+            post = guarded_poster(LOOPBACK, 10.0)
+            passing = asyncio.create_task(core.deliver_deferred(store, post, gate))
+
+            async def hanging_open() -> bool:
+                return hanging.open_now == 1
+
+            await wait_until(hanging_open, 10, "the hanging POST to start")
+            (fine,) = await defer_batches(pool, "fine", healthy.url, 1)
+            sent = time.monotonic()
+
+            async def fine_delivered() -> bool:
+                return (await delivery(pool, fine) or ("",))[0] == "delivered"
+
+            await wait_until(fine_delivered, 30, "the healthy deferred webhook", every=0.02)
+            assert healthy.received_at[0] - sent < 3.0
+            assert not passing.done()
+            hanging.release.set()
+            async with asyncio.timeout(30):
+                assert await passing == 2
+    finally:
         await pool.close()

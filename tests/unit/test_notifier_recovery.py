@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from dataclasses import replace
@@ -17,8 +18,10 @@ from relay_batches.model import Job
 from relay_batches.services.notifier import __main__ as notifier_main
 from relay_batches.services.notifier import core
 from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
+from relay_batches.services.notifier.receivers import ReceiverGate, receiver_key
 from relay_batches.settings import Settings
 from tests.helpers.fakes import BATCH, EVENT, HOOK, FakeDeliveryStore, FakePost
+from tests.helpers.support import wait_until
 
 
 def store_with(
@@ -92,13 +95,15 @@ async def test_recording_gives_up_after_its_budget(monkeypatch: pytest.MonkeyPat
     assert len(post.posts) == 1
 
 
-async def test_expired_claims_are_taken_over_one_at_a_time() -> None:
-    # Each claim's clock must start right before its own POST, not before the others'.
-    second = replace(BATCH, id="b" * 32)
-    store = store_with(BATCH, expired=[BATCH.id, second.id])
+async def test_expired_claims_are_taken_over_concurrently_each_right_before_its_post() -> None:
+    # Each claim's clock starts right before its own POST (no POST runs before its claim),
+    # and a takeover whose receiver hangs holds up neither the next claim nor its POST.
+    slow = replace(BATCH, webhook_url="http://slow.example/hook")
+    second = replace(BATCH, id="b" * 32, workspace_id="ws-other")
+    store = store_with(slow, expired=[slow.id, second.id])
     store.batches[second.id] = second
     steps: list[str] = []
-    reclaim, post = store.reclaim_expired, FakePost()
+    reclaim, post, hanging = store.reclaim_expired, FakePost(), asyncio.Event()
 
     async def logged_reclaim(limit: int = 20) -> list[Claim]:
         taken = await reclaim(limit)
@@ -107,11 +112,47 @@ async def test_expired_claims_are_taken_over_one_at_a_time() -> None:
 
     async def logged_post(url: str, body: bytes, headers: dict[str, str]) -> PostResult:
         steps.append(f"post {orjson.loads(body)['id'][:1]}")
+        if url == slow.webhook_url:
+            await hanging.wait()
         return await post(url, body, headers)
 
     store.reclaim_expired = logged_reclaim  # type: ignore[method-assign]
-    assert await recover_deliveries(store, logged_post) == 2
-    assert steps == [f"claim {BATCH.id[:1]}", f"post {BATCH.id[:1]}", "claim b", "post b"]
+    gate = ReceiverGate(slots=4, waiters=0, wait_s=1)
+    recovering = asyncio.create_task(recover_deliveries(store, logged_post, gate))
+
+    async def other_recorded() -> bool:
+        return any(f[0] == second.id for f in store.finished)
+
+    await wait_until(other_recorded, 5, "the other receiver's takeover to be recorded")
+    assert not recovering.done()
+    hanging.set()
+    assert await recovering == 2
+    assert steps.index(f"claim {slow.id[:1]}") < steps.index(f"post {slow.id[:1]}")
+    assert steps.index("claim b") < steps.index("post b")
+    assert gate.in_use(receiver_key(slow.workspace_id, str(slow.webhook_url))) == 0
+
+
+async def test_a_takeover_beyond_its_receivers_slots_is_handed_back_deferred() -> None:
+    second = replace(BATCH, id="b" * 32)
+    store = store_with(BATCH, expired=[BATCH.id, second.id])
+    store.batches[second.id] = second
+    gate, release = ReceiverGate(slots=1, waiters=8, wait_s=30), asyncio.Event()
+
+    async def hanging_post(url: str, body: bytes, headers: dict[str, str]) -> PostResult:
+        await release.wait()
+        return PostResult(204)
+
+    recovering = asyncio.create_task(recover_deliveries(store, hanging_post, gate))
+
+    async def handed_back() -> bool:
+        return second.id in store.waiting
+
+    # The receiver's one slot holds the first takeover: the second is deferred at once,
+    # not queued behind it (nor POSTed beyond the receiver's slots).
+    await wait_until(handed_back, 5, "the second takeover to be handed back")
+    assert store.posting == [BATCH.id]
+    release.set()
+    assert await recovering == 1
 
 
 async def test_a_claim_expired_while_posting_is_marked_unknown_and_never_posted() -> None:

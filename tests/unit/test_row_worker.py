@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -310,6 +310,22 @@ async def test_full_messages_go_out_as_they_fill() -> None:
     await publisher.drain()
     await asyncio.wait_for(adds[4], WAIT_S)
     assert publish.messages() == [[0, 1], [2, 3], [4]]
+
+
+async def test_an_outcomes_message_never_grows_past_its_byte_cap() -> None:
+    # The aggregator's memory bound is its prefetch × this cap: an outcome that would
+    # cross it sends what is pending first, and one larger than the cap goes alone.
+    publish = FakePublish()
+    cap = 64 * 1024
+    publisher = OutcomePublisher(publish, max_rows=1000, flush_s=3600, max_bytes=cap)
+    sizes = [20_000, 20_000, 20_000, 20_000, 100_000, 1_000]
+    contents = [replace(outcome(i), content="x" * n) for i, n in enumerate(sizes)]
+    adding = [asyncio.create_task(publisher.add(o)) for o in contents]
+    await asyncio.sleep(0)
+    await asyncio.wait_for(publisher.drain(), WAIT_S)
+    await asyncio.wait_for(asyncio.gather(*adding), WAIT_S)
+    assert publish.messages() == [[0, 1, 2], [3], [4], [5]]
+    assert [len(b) <= cap for b in publish.bodies] == [True, True, False, True]
 
 
 async def test_flush_by_time_for_fewer_rows() -> None:

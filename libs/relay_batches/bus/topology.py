@@ -16,6 +16,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 from pamqp.common import FieldTable
 
 MAX_PRIORITY = 9
+DEAD_MAX_LENGTH = 10_000  # the default of RELAY_RESULTS_DEAD_MAX_LENGTH
 
 EVENT_PROGRESS = "job.progress"
 EVENT_FINISHED = "job.finished"
@@ -32,9 +33,11 @@ def broker_priority(job_priority: int) -> int:
 
 @dataclass(frozen=True)
 class Names:
-    """Every bus name of one namespace."""
+    """Every bus name of one namespace, and the dead-letter queue's length bound (a
+    queue argument: every process of a namespace must declare the same)."""
 
     namespace: str
+    dead_max_length: int = DEAD_MAX_LENGTH
 
     @property
     def dispatch(self) -> str:
@@ -54,7 +57,8 @@ class Names:
     @property
     def results_dead(self) -> str:
         """Dead-letter queue of outcome messages the ledger can never store (kept for an
-        operator to look at; nothing consumes it)."""
+        operator to look at; nothing consumes it): at most ``dead_max_length`` messages,
+        the oldest dropped first."""
         return f"{self.results}.dead"
 
     @property
@@ -81,6 +85,12 @@ async def declare_queue(channel: AbstractChannel, names: Names, queue: str) -> A
     arguments: FieldTable = {}
     if queue in (names.dispatch, names.rows):
         arguments["x-max-priority"] = MAX_PRIORITY
+    if queue == names.results_dead:
+        # Nothing consumes it: bounded, keeping the newest. The queue is new with these
+        # arguments; changing the length later means deleting the queue (after reading
+        # it), since RabbitMQ refuses a redeclare with other arguments.
+        arguments["x-max-length"] = names.dead_max_length
+        arguments["x-overflow"] = "drop-head"
     return await channel.declare_queue(queue, durable=True, arguments=arguments or None)
 
 

@@ -23,6 +23,7 @@ owner's record.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -49,16 +50,28 @@ WHERE d.batch_id = q.batch_id
 RETURNING d.batch_id, d.claims
 """
 
-# The oldest $2 of each receiver (workspace and URL), oldest first: one receiver's
-# backlog never hides another's.
+# The oldest $2 of each receiver (workspace and URL), oldest first, leaving out the
+# workspaces $3 and the (workspace, URL) pairs $4/$5 the caller has busy: neither one
+# receiver's backlog nor the busy receivers' hide another's.
 _DEFERRED = f"""
 SELECT batch_id, url, workspace_id FROM (
     SELECT d.batch_id, d.url, b.workspace_id, d.created_at,
            row_number() OVER (PARTITION BY b.workspace_id, d.url ORDER BY d.created_at) AS n
     FROM webhook_deliveries d JOIN batches b ON b.id = d.batch_id
-    WHERE d.{_SENDING} AND d.claims = 0) q
+    WHERE d.{_SENDING} AND d.claims = 0
+      AND b.workspace_id <> ALL($3::text[])
+      AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::text[]) AS busy(w, u)
+                      WHERE busy.w = b.workspace_id AND busy.u = d.url)) q
 WHERE n <= $2
 ORDER BY created_at LIMIT $1
+"""
+
+# Back to deferred (nobody holds it), from the claim $2 taken over by a notifier whose
+# receiver had no room for it.
+_HAND_BACK = f"""
+UPDATE webhook_deliveries SET claims = 0, claim_expires_at = now()
+WHERE batch_id = $1 AND claims = $2 AND {_SENDING}
+RETURNING batch_id
 """
 
 _CLAIM_DEFERRED = f"""
@@ -157,12 +170,34 @@ class DeliveryStore:
             )
         return value is not None
 
-    async def deferred(self, limit: int, per_receiver: int) -> list[Deferred]:
+    async def deferred(
+        self,
+        limit: int,
+        per_receiver: int,
+        skip_workspaces: Sequence[str] = (),
+        skip_receivers: Sequence[tuple[str, str]] = (),
+    ) -> list[Deferred]:
         """The oldest ``limit`` deferred deliveries, at most ``per_receiver`` of each
-        workspace's URL (not locked: claim each before use)."""
+        workspace's URL, none of ``skip_workspaces`` nor of the ``(workspace, url)``
+        pairs ``skip_receivers`` (not locked: claim each before use)."""
         async with translated():
-            records = await self._pool.fetch(_DEFERRED, limit, per_receiver)
+            records = await self._pool.fetch(
+                _DEFERRED,
+                limit,
+                per_receiver,
+                list(skip_workspaces),
+                [w for w, _ in skip_receivers],
+                [u for _, u in skip_receivers],
+            )
         return [Deferred(r[0], r[1], r[2]) for r in records]
+
+    async def hand_back(self, claim: Claim) -> bool:
+        """Make a claim taken over into a deferred delivery again (unclaimed, for the
+        deferred pass); False if ``claim`` is no longer the live one. Its count of
+        takeovers starts again: only a notifier that dies holding it bumps it."""
+        async with translated():
+            value = await self._pool.fetchval(_HAND_BACK, claim.batch_id, claim.number)
+        return value is not None
 
     async def claim_deferred(self, batch_id: str) -> Claim | None:
         """Claim a deferred delivery; None if another notifier claimed it first."""

@@ -2,14 +2,14 @@
 -- expired claim never POSTs one that may have been sent; such a claim becomes 'unknown'
 -- (its holder, if alive, still records the outcome). The CHECK lists exactly the values
 -- of DeliveryStatus in relay_batches/model.py (a unit test compares the two lists).
+--
+-- webhook_deliveries only grows, and a migration runs in one transaction (ledger/
+-- migrate.py), so every lock taken here lasts until its commit. The CHECK is added NOT
+-- VALID (ACCESS EXCLUSIVE, but no scan: new and updated rows are checked at once); the
+-- scan of the existing rows (VALIDATE) and the new indexes are in 0009, a transaction
+-- of their own under weaker locks.
 
 ALTER TABLE webhook_deliveries DROP CONSTRAINT IF EXISTS webhook_deliveries_status_check;
 ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check
-    CHECK (status IN ('sending', 'posting', 'delivered', 'refused', 'failed', 'unknown'));
-
-CREATE INDEX IF NOT EXISTS webhook_deliveries_posting
-    ON webhook_deliveries (claim_expires_at) WHERE status = 'posting';
-
--- Deliveries deferred while their receiver was busy: sending, never claimed (claims 0).
-CREATE INDEX IF NOT EXISTS webhook_deliveries_deferred
-    ON webhook_deliveries (created_at) WHERE status = 'sending' AND claims = 0;
+    CHECK (status IN ('sending', 'posting', 'delivered', 'refused', 'failed', 'unknown'))
+    NOT VALID;
