@@ -93,7 +93,12 @@ class Store(Protocol):
         """Claim queued jobs, the workspaces taking turns."""
 
     async def claim_outranking(
-        self, owner: str, floors: dict[str, int], limit: int, lease_s: float
+        self,
+        owner: str,
+        floors: dict[str, int],
+        limit: int,
+        lease_s: float,
+        per_workspace: int = 0,
     ) -> list[RunningJob]:
         """Claim queued jobs above the highest priority we run of their workspace."""
 
@@ -230,12 +235,29 @@ class Dispatcher:
         await self._adopt_all(claimed)
         outranking = await self._claim_outranking()
         await self._adopt_all(outranking)
+        if outranking:
+            # The jobs they outrank are parked now: their slots go round the workspaces.
+            more = await self._claim_into_room()
+            await self._adopt_all(more)
+            claimed += more
         return len(claimed) + len(outranking)
+
+    def _slots_taken(self) -> int:
+        """Our jobs that take a running slot: every one but those parked behind a
+        higher-priority job of their workspace (a parked job is its workspace's load
+        in the ledger's turns and cap, but holds no slot)."""
+        return sum(
+            1 for owned in self.jobs.values() if owned in releasing(self._workspace_jobs(owned))
+        )
+
+    def _total_room(self) -> int:
+        """Jobs we may still own: parked ones included, at most twice the slots."""
+        return 2 * self._config.max_running_jobs - len(self.jobs)
 
     async def _claim_into_room(self) -> list[RunningJob]:
         """Orphaned jobs first, then queued ones in the workspaces' turn, up to our slots."""
         cfg = self._config
-        room = cfg.max_running_jobs - len(self.jobs)
+        room = min(cfg.max_running_jobs - self._slots_taken(), self._total_room())
         if room <= 0:
             return []
         claimed = await self._store.claim_expired(cfg.owner, room, cfg.lease_s)
@@ -247,14 +269,17 @@ class Dispatcher:
 
     async def _claim_outranking(self) -> list[RunningJob]:
         """With every slot taken, claim queued jobs that outrank all of their workspace's
-        jobs here: they release rows at once while those wait, keeping their lease. At
-        most ``max_running_jobs`` jobs wait so beside the full slots."""
+        jobs here: they release rows at once while those park, keeping their lease. The
+        workspaces take turns and the per-workspace cap holds as in the queued claim; we
+        own at most twice ``max_running_jobs`` jobs, parked ones included."""
         cfg = self._config
-        room = 2 * cfg.max_running_jobs - len(self.jobs)
-        if len(self.jobs) < cfg.max_running_jobs or room <= 0:
+        room = self._total_room()
+        if self._slots_taken() < cfg.max_running_jobs or room <= 0:
             return []
         floors = outranking_floors(owned.job for owned in self.jobs.values())
-        return await self._store.claim_outranking(cfg.owner, floors, room, cfg.lease_s)
+        return await self._store.claim_outranking(
+            cfg.owner, floors, room, cfg.lease_s, cfg.max_running_per_workspace
+        )
 
     async def _adopt_all(self, claimed: list[RunningJob]) -> None:
         for job in sorted(claimed, key=lambda j: -j.priority):
