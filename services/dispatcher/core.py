@@ -315,8 +315,7 @@ class Dispatcher:
         if owned is None:
             return
         if event.status in TERMINAL:
-            self.forget(event.batch_id)
-            await self.resume_held(owned.job.workspace_id)
+            await self.drop(event.batch_id)
             return
         owned.done = max(owned.done, event.completed + event.failed)
         await self.top_up(owned)
@@ -358,10 +357,19 @@ class Dispatcher:
         owned.boost -= rows
         return min(owned.level, self._config.max_level)
 
-    def forget(self, batch_id: str) -> None:
-        """Stop releasing rows of ``batch_id`` (ended or canceled)."""
-        if self.jobs.pop(batch_id, None) is not None:
+    def forget(self, batch_id: str) -> OwnedJob | None:
+        """Stop releasing rows of ``batch_id`` (ended, canceled or no longer ours)."""
+        owned = self.jobs.pop(batch_id, None)
+        if owned is not None:
             log.info("job_released", extra={"batch_id": batch_id})
+        return owned
+
+    async def drop(self, batch_id: str) -> None:
+        """:meth:`forget` ``batch_id`` and at once top up the jobs of its workspace that
+        it kept parked."""
+        owned = self.forget(batch_id)
+        if owned is not None:
+            await self.resume_held(owned.job.workspace_id)
 
     async def renew(self) -> None:
         """Renew our leases, drop jobs no longer ours, refresh counters and top up."""
@@ -373,6 +381,7 @@ class Dispatcher:
         for batch_id in list(self.jobs):
             if batch_id not in alive_ids:
                 self.forget(batch_id)
+        # Jobs parked behind one that went are topped up below (top_up marks them anew).
         for job in alive:
             owned = self.jobs.get(job.id)
             if owned is not None:

@@ -44,12 +44,18 @@ def window_share(window: int, slice_rows: int, workspace_jobs: list[OwnedJob]) -
 
 def boost_for(new: OwnedJob, workspace_jobs: list[OwnedJob]) -> tuple[int, int]:
     """``(level, rows)`` for a job joining ``workspace_jobs``: one level above the lower
-    jobs' rows that may still be queued, for as many rows as they have in flight; ``(0,
-    0)`` when it overtakes nothing."""
+    jobs' rows that may still be queued (a job whose boost is spent sends at level 0),
+    for as many rows as they have in flight; ``(0, 0)`` when it overtakes nothing."""
     lower = [o for o in workspace_jobs if o.job.priority < new.job.priority and o.in_flight > 0]
     if not lower:
         return 0, 0
-    return 1 + max(o.level for o in lower), sum(o.in_flight for o in lower)
+    return 1 + max(current_level(o) for o in lower), sum(o.in_flight for o in lower)
+
+
+def current_level(owned: OwnedJob) -> int:
+    """The broker level ``owned``'s next rows go at: its boost level while the boost
+    lasts, else 0."""
+    return owned.level if owned.boost > 0 else 0
 
 
 def outranking_floors(jobs: Iterable[RunningJob]) -> dict[str, int]:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
+from relay_batches.bus.topology import EVENT_CANCELED, Names
+from relay_batches.kit.base import ServiceBus
+from relay_batches.kit.consumer import Subscribe
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.services.dispatcher.core import (
     FETCH_SLICES,
@@ -14,6 +19,7 @@ from relay_batches.services.dispatcher.core import (
     Dispatcher,
     byte_window_end,
 )
+from relay_batches.services.dispatcher.service import dispatcher_service
 from tests.helpers.fakes import (
     LEASE_S,
     OWNER,
@@ -488,3 +494,41 @@ async def test_big_rows_are_released_within_the_byte_window(
     assert recorder.indexes()[5:] == [[10, 11]]
     assert dispatcher.jobs["job1"].settled_below == 10
     assert store.advanced == [("job1", n) for n in (3, 4, 6, 9, 10, 12)]
+
+
+async def test_a_spent_boost_does_not_raise_the_level_of_the_next_job_that_overtakes(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued.append(job("p0", total=100, priority=0, workspace="a"))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4, max_running_jobs=4)
+    await dispatcher.claim()
+    store.queued.append(job("p1", total=100, priority=1, workspace="a"))
+    await dispatcher.claim()
+    assert {level for t, level in recorder.tasks if t.batch_id == "p1"} == {1}
+    assert dispatcher.jobs["p1"].boost <= 0  # spent: its next rows go at level 0
+    store.queued.append(job("p2", total=100, priority=2, workspace="a"))
+    await dispatcher.claim()
+    # One above the current levels of the jobs it overtakes (0 and 0), never climbing.
+    assert {level for t, level in recorder.tasks if t.batch_id == "p2"} == {1}
+
+
+async def test_a_cancel_tops_up_the_jobs_it_kept_parked_at_once(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued += [
+        job("high", total=40, priority=5, workspace="a"),
+        job("low", total=40, priority=1, workspace="a"),
+    ]
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    assert recorder.flat("low") == []
+    bus = cast(ServiceBus, SimpleNamespace(names=Names("t")))
+    service = dispatcher_service(bus, dispatcher, lambda: _true(), reconcile_s=1, grace_s=1)
+    (events,) = [i for i in service._intakes if isinstance(i, Subscribe) and i.kind == "event"]
+    await events.handlers[EVENT_CANCELED](progress("high", 3, status="canceled", total=40))
+    assert "high" not in dispatcher.jobs
+    assert recorder.flat("low") == list(range(20))
+
+
+async def _true() -> bool:
+    return True
