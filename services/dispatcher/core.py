@@ -194,7 +194,7 @@ class Dispatcher:
         rows_waiting: Callable[[], Awaitable[int]] | None = None,
         *,
         inflight: InFlight | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._publish_slice = publish_slice
@@ -202,7 +202,7 @@ class Dispatcher:
         self._model_known = model_known
         self._config = config
         self._rows_waiting = rows_waiting
-        self.inflight = inflight if inflight is not None else InFlight()
+        self.inflight = inflight if inflight is not None else InFlight(config.owner)
         self._clock = clock
         self._claiming = asyncio.Lock()
         self._stopped = False
@@ -507,8 +507,9 @@ class Dispatcher:
         return await self._store.advance(self._config.owner, job.id, end)
 
     async def _publish_rows(self, owned: OwnedJob, rows: list[tuple[int, str]]) -> None:
-        """Publish ``rows`` of a job as slices (confirmed), stamped with the time
-        they went out (what stall recovery compares with the workers' delivery marks)."""
+        """Publish ``rows`` of a job as slices (confirmed), stamped with our owner id and
+        the time they went out on our clock (what stall recovery compares with the
+        workers' delivery marks of our own slices)."""
         if not rows:
             return
         job, sent_at = owned.job, self._clock()
@@ -524,6 +525,7 @@ class Dispatcher:
                         job.params,
                         level,
                         sent_at,
+                        self._config.owner,
                     ),
                     level,
                 )

@@ -80,8 +80,9 @@ async def test_claim_publishes_one_window_in_consecutive_slices(
         '{"temperature":0}',
         0,
         first.sent_at,
+        OWNER,
     )
-    assert first.sent_at > 0, "stamped with the time it went out"
+    assert first.sent_at > 0, "stamped with the time it went out, on our own clock"
     assert store.advanced == [("job1", 20)]
     assert dispatcher.jobs["job1"].dispatched_upto == 20
 
