@@ -1,8 +1,9 @@
 """Releasing rows: claim jobs, keep a bounded window of each job's rows in the broker.
 
 For every job it owns, the dispatcher keeps ``dispatched_upto - done <= window`` and the
-message text of its rows in flight within ``window_bytes`` (one row larger than that goes
-out alone, when nothing else of the job is in flight): it publishes slices of
+message text of its rows in flight within ``window_bytes`` (both its part of its
+workspace's windows; one row larger than that goes out alone, when nothing else of the
+job is in flight): it publishes slices of
 consecutive rows (confirmed) and then records the new ``dispatched_upto`` in the ledger,
 so a restart resumes where it left off (at worst re-publishing a slice, which the
 aggregator's idempotent insert absorbs).
@@ -31,6 +32,7 @@ from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog
 from relay_batches.services.dispatcher.sharing import (
     boost_for,
+    byte_share,
     outranking_floors,
     releasing,
     window_share,
@@ -483,7 +485,8 @@ class Dispatcher:
 
     async def _window_end(self, owned: OwnedJob, room: int) -> int:
         """Where the next release stops: ``room`` rows at most (a few whole slices), and
-        no further than the job's byte window allows (sizes from the ledger)."""
+        no further than the job's part of its workspace's byte window allows (sizes from
+        the ledger)."""
         job, size = owned.job, self._config.slice_rows
         start = owned.dispatched_upto
         count = min(room, size * FETCH_SLICES)
@@ -494,7 +497,7 @@ class Dispatcher:
             job.id, job.rows_batch_id, owned.settled_below, start, end
         )
         owned.settled_below = start if window.first_unfinished is None else window.first_unfinished
-        budget = self._config.window_bytes
+        budget = byte_share(self._config.window_bytes, self._workspace_jobs(owned))
         return byte_window_end(window.in_flight, window.next_rows, start, end, budget)
 
     async def _release_rows(self, owned: OwnedJob, end: int) -> bool:

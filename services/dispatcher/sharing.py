@@ -1,8 +1,9 @@
 """How one dispatcher shares its slots and its broker window, as pure functions.
 
 - **Across workspaces** the window is shared: each workspace's releasing jobs split one
-  ``RELAY_DISPATCH_WINDOW`` between them, so a workspace running many jobs has no more
-  rows queued in the broker than one running a single job (the slots themselves go round
+  ``RELAY_DISPATCH_WINDOW`` of rows and one ``RELAY_DISPATCH_WINDOW_BYTES`` of message
+  text between them, so a workspace running many jobs has no more rows nor bytes queued
+  in the broker than one running a single job (the slots themselves go round
   the workspaces in the ledger's claim, :mod:`relay_batches.ledger.dispatch`).
 - **Within a workspace** priority decides: only the workspace's highest-priority jobs
   that still have rows to release are topped up; lower ones wait, keeping their lease,
@@ -40,6 +41,15 @@ def window_share(window: int, slice_rows: int, workspace_jobs: list[OwnedJob]) -
     sharing = sum(1 for o in releasing(workspace_jobs) if not o.exhausted)
     whole = max(window, slice_rows)
     return max(slice_rows, -(-whole // max(1, sharing)))
+
+
+def byte_share(window_bytes: int, workspace_jobs: list[OwnedJob]) -> int:
+    """One releasing job's part of its workspace's byte window: the workspace's jobs that
+    still release rows split ``RELAY_DISPATCH_WINDOW_BYTES`` between them (a job with
+    nothing in flight still sends one row, however small its part, see
+    :func:`~relay_batches.services.dispatcher.core.byte_window_end`)."""
+    sharing = sum(1 for o in releasing(workspace_jobs) if not o.exhausted)
+    return max(1, window_bytes // max(1, sharing))
 
 
 def boost_for(new: OwnedJob, workspace_jobs: list[OwnedJob]) -> tuple[int, int]:

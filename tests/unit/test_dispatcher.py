@@ -497,6 +497,29 @@ async def test_big_rows_are_released_within_the_byte_window(
     assert store.advanced == [("job1", n) for n in (3, 4, 6, 9, 10, 12)]
 
 
+async def test_jobs_of_one_workspace_share_its_byte_window_and_another_has_its_own(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued += [
+        job("a1", total=12, workspace="a"),
+        job("a2", total=12, workspace="a"),
+        job("b1", total=12, workspace="b"),
+    ]
+    store.row_bytes.update(dict.fromkeys(range(12), 3 * KB))
+    dispatcher = bytes_dispatcher(store, recorder, window_bytes=12 * KB)
+    await dispatcher.claim()
+    # a1 alone at first (12 KB: four rows), then a1 and a2 split A's 12 KB; B has its own.
+    published = {i: len(recorder.flat(i)) for i in ("a1", "a2", "b1")}
+    assert published == {"a1": 4, "a2": 2, "b1": 4}
+    recorder.tasks.clear()
+    store.outcomes["a2"] = {0, 1}
+    await dispatcher.on_progress(progress("a2", completed=2, total=12))
+    assert recorder.flat("a2") == [2, 3], "6 KB, a2's half of its workspace's window"
+    store.outcomes["a1"] = {0, 1}
+    await dispatcher.on_progress(progress("a1", completed=2, total=12))
+    assert recorder.flat("a1") == [], "a1 still has its 6 KB in flight"
+
+
 async def test_a_spent_boost_does_not_raise_the_level_of_the_next_job_that_overtakes(
     store: FakeDispatchStore, recorder: Recorder
 ) -> None:
