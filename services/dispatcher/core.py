@@ -41,6 +41,8 @@ from relay_batches.services.dispatcher.sharing import (
 log = logging.getLogger("relay.dispatcher")
 
 # A slice and its broker priority level (0..max_level, higher first).
+# ``(ready messages, consumers)`` of the results queue.
+QueueState = Callable[[], Awaitable[tuple[int, int]]]
 PublishSlice = Callable[[SliceMessage, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
 FETCH_SLICES = 16
@@ -197,6 +199,7 @@ class Dispatcher:
         *,
         inflight: InFlight | None = None,
         clock: Callable[[], float] = time.monotonic,
+        results_state: QueueState | None = None,
     ) -> None:
         self._store = store
         self._publish_slice = publish_slice
@@ -206,6 +209,8 @@ class Dispatcher:
         self._rows_waiting = rows_waiting
         self.inflight = inflight if inflight is not None else InFlight(config.owner)
         self._clock = clock
+        self._results_state = results_state
+        self._deferred = False
         self._claiming = asyncio.Lock()
         self._stopped = False
         self.jobs: dict[str, OwnedJob] = {}
@@ -398,8 +403,14 @@ class Dispatcher:
         no longer queued: the queue is empty, or a slice published after it at its
         broker level or below was already delivered. Rows that are merely slow (held)
         or still waiting their turn are left alone, so they cost one upstream call.
+
+        While the aggregator is behind (the results queue has ready messages, or nobody
+        consumes it) nothing is judged: a row whose outcome a worker confirmed on
+        ``results`` is no longer held, and has no outcome in the ledger until the
+        aggregator stores it. The stall clocks keep running meanwhile, so recovery
+        follows on the first pass after the aggregator caught up.
         """
-        if not self.jobs:
+        if not self.jobs or await self._aggregator_behind():
             return 0
         cfg = self._config
         stalled = await self._store.claim_stalled(cfg.owner, list(self.jobs), cfg.stall_s)
@@ -414,6 +425,21 @@ class Dispatcher:
                 await self._resend_lost(owned, first, queue_empty)
                 await self.top_up(owned)
         return len(stalled)
+
+    async def _aggregator_behind(self) -> bool:
+        """Whether outcomes may wait unrecorded on ``results`` (logged when that changes)."""
+        if self._results_state is None:
+            return False
+        ready, consumers = await self._results_state()
+        behind = ready > 0 or consumers == 0
+        if behind != self._deferred:
+            self._deferred = behind
+            log.log(
+                logging.WARNING if behind else logging.INFO,
+                "stall_recovery_deferred" if behind else "stall_recovery_resumed",
+                extra={"results_ready": ready, "results_consumers": consumers},
+            )
+        return behind
 
     async def _resend_lost(self, owned: OwnedJob, first: int, queue_empty: bool) -> int:
         """Publish again the rows of ``owned`` from ``first`` that are lost; return how many."""
