@@ -234,3 +234,32 @@ def test_a_mark_of_a_worker_from_before_owners_names_no_dispatcher() -> None:
     body = HoldingReport("w1", 6.0, (), (("d1", 0, 5.0),)).encode()
     old = body.replace(b'["d1",0,5.0]', b"[0,5.0]")
     assert HoldingReport.decode(old).marks == (("", 0, 5.0),)
+
+
+async def test_nothing_is_judged_while_the_aggregator_is_behind(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    state = [(0, 0)]
+
+    async def results_state() -> tuple[int, int]:
+        return state[-1]
+
+    dispatcher = Dispatcher(
+        store,
+        recorder.publish,
+        recorder.announce,
+        {"gpt-4o-mini"}.__contains__,
+        DispatchConfig(OWNER, 20, 4, 8, LEASE_S),
+        rows_waiting=Waiting(0),
+        inflight=InFlight(OWNER, Clock()),
+        results_state=results_state,
+    )
+    await stalled_job(store, recorder, dispatcher)
+    for behind in ((0, 0), (12, 1)):  # nobody consumes results; outcomes wait on it
+        state.append(behind)
+        assert await dispatcher.recover_stalled() == 0
+        assert not [c for c in store.calls if c[0] == "claim_stalled"], "stall clock kept"
+        assert recorder.tasks == []
+    state.append((0, 1))  # caught up: the rows still without an outcome are lost
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == [10, 11, *range(14, 20)]
