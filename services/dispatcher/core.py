@@ -41,10 +41,10 @@ from relay_batches.services.dispatcher.sharing import (
 log = logging.getLogger("relay.dispatcher")
 
 # A slice and its broker priority level (0..max_level, higher first).
-# ``(ready messages, consumers)`` of the results queue.
-QueueState = Callable[[], Awaitable[tuple[int, int]]]
 PublishSlice = Callable[[SliceMessage, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
+# ``(ready messages, consumers)`` of the results queue.
+QueueState = Callable[[], Awaitable[tuple[int, int]]]
 FETCH_SLICES = 16
 MAX_SLICE_BYTES = 4 * 1024 * 1024
 TOP_UP_FRACTION = 4
@@ -407,12 +407,19 @@ class Dispatcher:
         While the aggregator is behind (the results queue has ready messages, or nobody
         consumes it) nothing is judged: a row whose outcome a worker confirmed on
         ``results`` is no longer held, and has no outcome in the ledger until the
-        aggregator stores it. The stall clocks keep running meanwhile, so recovery
-        follows on the first pass after the aggregator caught up.
+        aggregator stores it. Once it caught up, every job's stall clock restarts: the
+        outcomes it took last may still be on their way into the ledger (delivered, so
+        no longer ready, but not yet committed), and a stall timeout later they are.
         """
-        if not self.jobs or await self._aggregator_behind():
-            return 0
         cfg = self._config
+        if not self.jobs:
+            return 0
+        was_deferred = self._deferred
+        if await self._aggregator_behind():
+            return 0
+        if was_deferred:
+            await self._store.claim_stalled(cfg.owner, list(self.jobs), 0.0)
+            return 0
         stalled = await self._store.claim_stalled(cfg.owner, list(self.jobs), cfg.stall_s)
         found = [
             (self.jobs[job.id], job.first_unfinished)

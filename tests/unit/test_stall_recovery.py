@@ -260,6 +260,10 @@ async def test_nothing_is_judged_while_the_aggregator_is_behind(
         assert await dispatcher.recover_stalled() == 0
         assert not [c for c in store.calls if c[0] == "claim_stalled"], "stall clock kept"
         assert recorder.tasks == []
-    state.append((0, 1))  # caught up: the rows still without an outcome are lost
+    state.append((0, 1))  # caught up: its last outcomes get a stall timeout to land
+    assert await dispatcher.recover_stalled() == 0
+    assert ("claim_stalled", OWNER, ["job1"], 0.0) in store.calls, "stall clocks restart"
+    assert recorder.tasks == []
+    store.stalled["job1"] = 10  # a stall timeout later: still without an outcome, lost
     assert await dispatcher.recover_stalled() == 1
     assert recorder.flat() == [10, 11, *range(14, 20)]
