@@ -78,7 +78,8 @@ class SliceMessage:
     rows: tuple[SliceRow, ...]
     params_json: str = "{}"
     level: int = 0  # the broker priority the slice is published at
-    sent_at: float = 0.0
+    sent_at: float = 0.0  # on the publishing dispatcher's own clock
+    owner: str = ""  # the publishing dispatcher, whose clock ``sent_at`` reads
 
     KIND = "rows"
 
@@ -93,6 +94,7 @@ class SliceMessage:
                 "rows": [[r.index, orjson.Fragment(r.messages_json)] for r in self.rows],
                 "level": self.level,
                 "sent_at": self.sent_at,
+                "owner": self.owner,
             },
         )
 
@@ -112,6 +114,7 @@ class SliceMessage:
                 params,
                 int(d.get("level", 0)),
                 float(d.get("sent_at", 0.0)),
+                str(d.get("owner", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
@@ -134,6 +137,7 @@ class DecodedSlice:
     params: dict[str, Any] = field(default_factory=dict)
     level: int = 0
     sent_at: float = 0.0
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -283,15 +287,17 @@ class HoldingReport:
 
     ``held`` is every row the worker holds now; the report is valid for ``ttl_s``
     (a worker that stops reporting, killed or cut off, holds nothing after that).
-    ``marks`` are ``(broker level, sent_at)`` of the latest-published slice per broker
-    level the worker took since its previous report: the dispatchers' evidence of how
-    far the broker's queue has been delivered.
+    ``marks`` are ``(dispatcher, broker level, sent_at)`` of the latest slice per
+    publishing dispatcher and broker level the worker took since its previous report:
+    each dispatcher's evidence, on its own clock, of how far the broker's queue has
+    been delivered of what it published. A mark of a worker that predates owners
+    (two fields) has owner ``""``.
     """
 
     worker: str
     ttl_s: float
     held: tuple[HeldRows, ...]
-    marks: tuple[tuple[int, float], ...] = ()
+    marks: tuple[tuple[str, int, float], ...] = ()
 
     KIND = "holding"
 
@@ -316,7 +322,16 @@ class HoldingReport:
                 worker=str(d["worker"]),
                 ttl_s=float(d["ttl_s"]),
                 held=tuple(HeldRows(str(b), tuple(int(i) for i in rows)) for b, rows in d["held"]),
-                marks=tuple((int(p), float(t)) for p, t in d.get("marks", [])),
+                marks=tuple(_mark(m) for m in d.get("marks", [])),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+
+
+def _mark(value: Any) -> tuple[str, int, float]:
+    """One delivery mark: ``[owner, level, sent_at]``, or ``[level, sent_at]`` of a worker
+    from before marks named their dispatcher (owner ``""``, which no dispatcher has)."""
+    if len(value) == 2:
+        return "", int(value[0]), float(value[1])
+    owner, level, sent_at = value
+    return str(owner), int(level), float(sent_at)

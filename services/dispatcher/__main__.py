@@ -60,6 +60,7 @@ async def build(
         lambda alias: aliases.resolve(alias) is not None,
         config,
         rows_waiting=lambda: bus.ready_count(bus.names.rows),
+        results_state=lambda: bus.queue_state(bus.names.results),
     )
     log.info("configured", extra={"owner": owner, "aliases": aliases.names()})
     return dispatcher_service(

@@ -1,8 +1,9 @@
 """Releasing rows: claim jobs, keep a bounded window of each job's rows in the broker.
 
 For every job it owns, the dispatcher keeps ``dispatched_upto - done <= window`` and the
-message text of its rows in flight within ``window_bytes`` (one row larger than that goes
-out alone, when nothing else of the job is in flight): it publishes slices of
+message text of its rows in flight within ``window_bytes`` (both its part of its
+workspace's windows; one row larger than that goes out alone, when nothing else of the
+job is in flight): it publishes slices of
 consecutive rows (confirmed) and then records the new ``dispatched_upto`` in the ledger,
 so a restart resumes where it left off (at worst re-publishing a slice, which the
 aggregator's idempotent insert absorbs).
@@ -31,6 +32,7 @@ from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog
 from relay_batches.services.dispatcher.sharing import (
     boost_for,
+    byte_share,
     outranking_floors,
     releasing,
     window_share,
@@ -41,6 +43,8 @@ log = logging.getLogger("relay.dispatcher")
 # A slice and its broker priority level (0..max_level, higher first).
 PublishSlice = Callable[[SliceMessage, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
+# ``(ready messages, consumers)`` of the results queue.
+QueueState = Callable[[], Awaitable[tuple[int, int]]]
 FETCH_SLICES = 16
 MAX_SLICE_BYTES = 4 * 1024 * 1024
 TOP_UP_FRACTION = 4
@@ -93,7 +97,12 @@ class Store(Protocol):
         """Claim queued jobs, the workspaces taking turns."""
 
     async def claim_outranking(
-        self, owner: str, floors: dict[str, int], limit: int, lease_s: float
+        self,
+        owner: str,
+        floors: dict[str, int],
+        limit: int,
+        lease_s: float,
+        per_workspace: int = 0,
     ) -> list[RunningJob]:
         """Claim queued jobs above the highest priority we run of their workspace."""
 
@@ -189,7 +198,8 @@ class Dispatcher:
         rows_waiting: Callable[[], Awaitable[int]] | None = None,
         *,
         inflight: InFlight | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        results_state: QueueState | None = None,
     ) -> None:
         self._store = store
         self._publish_slice = publish_slice
@@ -197,8 +207,10 @@ class Dispatcher:
         self._model_known = model_known
         self._config = config
         self._rows_waiting = rows_waiting
-        self.inflight = inflight if inflight is not None else InFlight()
+        self.inflight = inflight if inflight is not None else InFlight(config.owner)
         self._clock = clock
+        self._results_state = results_state
+        self._deferred = False
         self._claiming = asyncio.Lock()
         self._stopped = False
         self.jobs: dict[str, OwnedJob] = {}
@@ -230,12 +242,29 @@ class Dispatcher:
         await self._adopt_all(claimed)
         outranking = await self._claim_outranking()
         await self._adopt_all(outranking)
+        if outranking:
+            # The jobs they outrank are parked now: their slots go round the workspaces.
+            more = await self._claim_into_room()
+            await self._adopt_all(more)
+            claimed += more
         return len(claimed) + len(outranking)
+
+    def _slots_taken(self) -> int:
+        """Our jobs that take a running slot: every one but those parked behind a
+        higher-priority job of their workspace (a parked job is its workspace's load
+        in the ledger's turns and cap, but holds no slot)."""
+        return sum(
+            1 for owned in self.jobs.values() if owned in releasing(self._workspace_jobs(owned))
+        )
+
+    def _total_room(self) -> int:
+        """Jobs we may still own: parked ones included, at most twice the slots."""
+        return 2 * self._config.max_running_jobs - len(self.jobs)
 
     async def _claim_into_room(self) -> list[RunningJob]:
         """Orphaned jobs first, then queued ones in the workspaces' turn, up to our slots."""
         cfg = self._config
-        room = cfg.max_running_jobs - len(self.jobs)
+        room = min(cfg.max_running_jobs - self._slots_taken(), self._total_room())
         if room <= 0:
             return []
         claimed = await self._store.claim_expired(cfg.owner, room, cfg.lease_s)
@@ -247,14 +276,17 @@ class Dispatcher:
 
     async def _claim_outranking(self) -> list[RunningJob]:
         """With every slot taken, claim queued jobs that outrank all of their workspace's
-        jobs here: they release rows at once while those wait, keeping their lease. At
-        most ``max_running_jobs`` jobs wait so beside the full slots."""
+        jobs here: they release rows at once while those park, keeping their lease. The
+        workspaces take turns and the per-workspace cap holds as in the queued claim; we
+        own at most twice ``max_running_jobs`` jobs, parked ones included."""
         cfg = self._config
-        room = 2 * cfg.max_running_jobs - len(self.jobs)
-        if len(self.jobs) < cfg.max_running_jobs or room <= 0:
+        room = self._total_room()
+        if self._slots_taken() < cfg.max_running_jobs or room <= 0:
             return []
         floors = outranking_floors(owned.job for owned in self.jobs.values())
-        return await self._store.claim_outranking(cfg.owner, floors, room, cfg.lease_s)
+        return await self._store.claim_outranking(
+            cfg.owner, floors, room, cfg.lease_s, cfg.max_running_per_workspace
+        )
 
     async def _adopt_all(self, claimed: list[RunningJob]) -> None:
         for job in sorted(claimed, key=lambda j: -j.priority):
@@ -290,8 +322,7 @@ class Dispatcher:
         if owned is None:
             return
         if event.status in TERMINAL:
-            self.forget(event.batch_id)
-            await self.resume_held(owned.job.workspace_id)
+            await self.drop(event.batch_id)
             return
         owned.done = max(owned.done, event.completed + event.failed)
         await self.top_up(owned)
@@ -333,10 +364,19 @@ class Dispatcher:
         owned.boost -= rows
         return min(owned.level, self._config.max_level)
 
-    def forget(self, batch_id: str) -> None:
-        """Stop releasing rows of ``batch_id`` (ended or canceled)."""
-        if self.jobs.pop(batch_id, None) is not None:
+    def forget(self, batch_id: str) -> OwnedJob | None:
+        """Stop releasing rows of ``batch_id`` (ended, canceled or no longer ours)."""
+        owned = self.jobs.pop(batch_id, None)
+        if owned is not None:
             log.info("job_released", extra={"batch_id": batch_id})
+        return owned
+
+    async def drop(self, batch_id: str) -> None:
+        """:meth:`forget` ``batch_id`` and at once top up the jobs of its workspace that
+        it kept parked."""
+        owned = self.forget(batch_id)
+        if owned is not None:
+            await self.resume_held(owned.job.workspace_id)
 
     async def renew(self) -> None:
         """Renew our leases, drop jobs no longer ours, refresh counters and top up."""
@@ -348,6 +388,7 @@ class Dispatcher:
         for batch_id in list(self.jobs):
             if batch_id not in alive_ids:
                 self.forget(batch_id)
+        # Jobs parked behind one that went are topped up below (top_up marks them anew).
         for job in alive:
             owned = self.jobs.get(job.id)
             if owned is not None:
@@ -362,10 +403,23 @@ class Dispatcher:
         no longer queued: the queue is empty, or a slice published after it at its
         broker level or below was already delivered. Rows that are merely slow (held)
         or still waiting their turn are left alone, so they cost one upstream call.
+
+        While the aggregator is behind (the results queue has ready messages, or nobody
+        consumes it) nothing is judged: a row whose outcome a worker confirmed on
+        ``results`` is no longer held, and has no outcome in the ledger until the
+        aggregator stores it. Once it caught up, every job's stall clock restarts: the
+        outcomes it took last may still be on their way into the ledger (delivered, so
+        no longer ready, but not yet committed), and a stall timeout later they are.
         """
+        cfg = self._config
         if not self.jobs:
             return 0
-        cfg = self._config
+        was_deferred = self._deferred
+        if await self._aggregator_behind():
+            return 0
+        if was_deferred:
+            await self._store.claim_stalled(cfg.owner, list(self.jobs), 0.0)
+            return 0
         stalled = await self._store.claim_stalled(cfg.owner, list(self.jobs), cfg.stall_s)
         found = [
             (self.jobs[job.id], job.first_unfinished)
@@ -378,6 +432,21 @@ class Dispatcher:
                 await self._resend_lost(owned, first, queue_empty)
                 await self.top_up(owned)
         return len(stalled)
+
+    async def _aggregator_behind(self) -> bool:
+        """Whether outcomes may wait unrecorded on ``results`` (logged when that changes)."""
+        if self._results_state is None:
+            return False
+        ready, consumers = await self._results_state()
+        behind = ready > 0 or consumers == 0
+        if behind != self._deferred:
+            self._deferred = behind
+            log.log(
+                logging.WARNING if behind else logging.INFO,
+                "stall_recovery_deferred" if behind else "stall_recovery_resumed",
+                extra={"results_ready": ready, "results_consumers": consumers},
+            )
+        return behind
 
     async def _resend_lost(self, owned: OwnedJob, first: int, queue_empty: bool) -> int:
         """Publish again the rows of ``owned`` from ``first`` that are lost; return how many."""
@@ -449,7 +518,8 @@ class Dispatcher:
 
     async def _window_end(self, owned: OwnedJob, room: int) -> int:
         """Where the next release stops: ``room`` rows at most (a few whole slices), and
-        no further than the job's byte window allows (sizes from the ledger)."""
+        no further than the job's part of its workspace's byte window allows (sizes from
+        the ledger)."""
         job, size = owned.job, self._config.slice_rows
         start = owned.dispatched_upto
         count = min(room, size * FETCH_SLICES)
@@ -460,7 +530,7 @@ class Dispatcher:
             job.id, job.rows_batch_id, owned.settled_below, start, end
         )
         owned.settled_below = start if window.first_unfinished is None else window.first_unfinished
-        budget = self._config.window_bytes
+        budget = byte_share(self._config.window_bytes, self._workspace_jobs(owned))
         return byte_window_end(window.in_flight, window.next_rows, start, end, budget)
 
     async def _release_rows(self, owned: OwnedJob, end: int) -> bool:
@@ -473,8 +543,9 @@ class Dispatcher:
         return await self._store.advance(self._config.owner, job.id, end)
 
     async def _publish_rows(self, owned: OwnedJob, rows: list[tuple[int, str]]) -> None:
-        """Publish ``rows`` of a job as slices (confirmed), stamped with the time
-        they went out (what stall recovery compares with the workers' delivery marks)."""
+        """Publish ``rows`` of a job as slices (confirmed), stamped with our owner id and
+        the time they went out on our clock (what stall recovery compares with the
+        workers' delivery marks of our own slices)."""
         if not rows:
             return
         job, sent_at = owned.job, self._clock()
@@ -490,6 +561,7 @@ class Dispatcher:
                         job.params,
                         level,
                         sent_at,
+                        self._config.owner,
                     ),
                     level,
                 )

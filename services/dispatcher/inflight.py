@@ -1,16 +1,21 @@
 """Rows in flight, as the row-workers report them: which rows a live worker holds, and
-how far the broker has delivered the ``rows`` queue.
+how far the broker has delivered the slices this dispatcher published.
 
 Every row-worker publishes a heartbeat (``worker.holding``) listing the rows it holds
-and, per broker level, the ``sent_at`` stamp of the latest-published slice it took since
-its previous heartbeat. A worker whose heartbeat is older than its ``ttl_s`` holds
-nothing (killed, or cut off: the broker gives its unacked slices to another worker).
+and, per publishing dispatcher and broker level, the ``sent_at`` stamp of the
+latest-published slice it took since its previous heartbeat. A worker whose heartbeat
+is older than its ``ttl_s`` holds nothing (killed, or cut off: the broker gives its
+unacked slices to another worker).
 
 The delivery marks tell a row that is queued from one that is lost. The broker hands
 out a higher broker level before a lower one and, within a level, first in first out;
 so once a slice published at ``t1`` on level ``L`` was delivered, every slice published
-before ``t1`` on level ``L`` or above has been delivered too. A row of such a slice that
-nobody holds and that has no outcome is lost. Memory is bounded: one entry per live
+before ``t1`` on level ``L`` or above has been delivered too. A dispatcher judges only
+the rows it published itself, and only by the marks of slices it stamped itself: every
+comparison is between two readings of its own clock, however far other hosts' clocks
+are off (the rows of one job are only ever published by its current owner; after a
+takeover the new owner's :class:`SendLog` starts at its adoption). A row of such a slice
+that nobody holds and that has no outcome is lost. Memory is bounded: one entry per live
 worker (its holdings are bounded by its prefetch) and one mark per broker level.
 """
 
@@ -23,8 +28,6 @@ from dataclasses import dataclass, field
 
 from relay_batches.messages import HoldingReport
 
-# Clocks of the dispatchers stamping ``sent_at`` may differ by this much.
-CLOCK_SKEW_S = 1.0
 SEND_LOG_SPANS = 64
 
 
@@ -35,13 +38,12 @@ class _Worker:
 
 
 class InFlight:
-    """The latest heartbeat of every row-worker, and the delivery marks per broker level."""
+    """The latest heartbeat of every row-worker, and the delivery marks per broker level
+    of the slices dispatcher ``owner`` published."""
 
-    def __init__(
-        self, clock: Callable[[], float] = time.monotonic, skew_s: float = CLOCK_SKEW_S
-    ) -> None:
+    def __init__(self, owner: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._owner = owner
         self._clock = clock
-        self._skew_s = skew_s
         self._workers: dict[str, _Worker] = {}
         self._marks: dict[int, float] = {}
 
@@ -51,8 +53,9 @@ class InFlight:
         self._workers[report.worker] = _Worker(
             now + report.ttl_s, {h.batch_id: frozenset(h.rows) for h in report.held}
         )
-        for level, sent_at in report.marks:
-            self._marks[level] = max(self._marks.get(level, 0.0), sent_at)
+        for owner, level, sent_at in report.marks:
+            if owner == self._owner:
+                self._marks[level] = max(self._marks.get(level, sent_at), sent_at)
         for worker in [w for w, seen in self._workers.items() if seen.expires_at < now]:
             del self._workers[worker]
 
@@ -66,12 +69,10 @@ class InFlight:
         return frozenset(rows)
 
     def delivered_after(self, level: int, sent_at: float) -> bool:
-        """Whether a slice published after ``sent_at`` on broker level ``level`` or below
-        was delivered: then a slice published on ``level`` at ``sent_at`` left the queue
-        too."""
-        return any(
-            mark > sent_at + self._skew_s for lvl, mark in self._marks.items() if lvl <= level
-        )
+        """Whether a slice we published after ``sent_at`` (our clock) on broker level
+        ``level`` or below was delivered: then a slice we published on ``level`` at
+        ``sent_at`` left the queue too."""
+        return any(mark > sent_at for lvl, mark in self._marks.items() if lvl <= level)
 
 
 @dataclass

@@ -31,7 +31,7 @@ def dispatcher_service(
     """The dispatcher's declaration."""
 
     async def on_canceled(event: JobEvent) -> None:
-        dispatcher.forget(event.batch_id)
+        await dispatcher.drop(event.batch_id)
 
     events = Subscribe(
         {EVENT_PROGRESS: dispatcher.on_progress, EVENT_CANCELED: on_canceled},

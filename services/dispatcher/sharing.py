@@ -1,8 +1,9 @@
 """How one dispatcher shares its slots and its broker window, as pure functions.
 
 - **Across workspaces** the window is shared: each workspace's releasing jobs split one
-  ``RELAY_DISPATCH_WINDOW`` between them, so a workspace running many jobs has no more
-  rows queued in the broker than one running a single job (the slots themselves go round
+  ``RELAY_DISPATCH_WINDOW`` of rows and one ``RELAY_DISPATCH_WINDOW_BYTES`` of message
+  text between them, so a workspace running many jobs has no more rows nor bytes queued
+  in the broker than one running a single job (the slots themselves go round
   the workspaces in the ledger's claim, :mod:`relay_batches.ledger.dispatch`).
 - **Within a workspace** priority decides: only the workspace's highest-priority jobs
   that still have rows to release are topped up; lower ones wait, keeping their lease,
@@ -42,14 +43,29 @@ def window_share(window: int, slice_rows: int, workspace_jobs: list[OwnedJob]) -
     return max(slice_rows, -(-whole // max(1, sharing)))
 
 
+def byte_share(window_bytes: int, workspace_jobs: list[OwnedJob]) -> int:
+    """One releasing job's part of its workspace's byte window: the workspace's jobs that
+    still release rows split ``RELAY_DISPATCH_WINDOW_BYTES`` between them (a job with
+    nothing in flight still sends one row, however small its part, see
+    :func:`~relay_batches.services.dispatcher.core.byte_window_end`)."""
+    sharing = sum(1 for o in releasing(workspace_jobs) if not o.exhausted)
+    return max(1, window_bytes // max(1, sharing))
+
+
 def boost_for(new: OwnedJob, workspace_jobs: list[OwnedJob]) -> tuple[int, int]:
     """``(level, rows)`` for a job joining ``workspace_jobs``: one level above the lower
-    jobs' rows that may still be queued, for as many rows as they have in flight; ``(0,
-    0)`` when it overtakes nothing."""
+    jobs' rows that may still be queued (a job whose boost is spent sends at level 0),
+    for as many rows as they have in flight; ``(0, 0)`` when it overtakes nothing."""
     lower = [o for o in workspace_jobs if o.job.priority < new.job.priority and o.in_flight > 0]
     if not lower:
         return 0, 0
-    return 1 + max(o.level for o in lower), sum(o.in_flight for o in lower)
+    return 1 + max(current_level(o) for o in lower), sum(o.in_flight for o in lower)
+
+
+def current_level(owned: OwnedJob) -> int:
+    """The broker level ``owned``'s next rows go at: its boost level while the boost
+    lasts, else 0."""
+    return owned.level if owned.boost > 0 else 0
 
 
 def outranking_floors(jobs: Iterable[RunningJob]) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""What this row-worker holds: the rows it took from the broker and has not finished.
+"""What this row-worker holds: the rows it took from the broker and has not finished,
+and how far it has seen each dispatcher's slices delivered (its delivery marks).
 
 A slice is held from the moment the worker starts on it until every one of its rows has
 a confirmed outcome (or was dropped). The worker reports its holdings as a heartbeat
@@ -24,14 +25,17 @@ class Holdings:
         self._ttl_s = heartbeat_s * HEARTBEAT_TTL_FACTOR
         self._tokens = itertools.count()
         self._held: dict[int, tuple[str, tuple[int, ...]]] = {}
-        self._marks: dict[int, float] = {}
+        # (dispatcher, level) -> latest sent_at: bounded by the dispatchers publishing
+        # during one heartbeat period times the broker levels, and emptied each report.
+        self._marks: dict[tuple[str, int], float] = {}
 
     def take(self, task: DecodedSlice) -> int:
         """Hold ``task``'s rows; return the token that :meth:`leave` lets go of."""
         token = next(self._tokens)
         self._held[token] = (task.batch_id, tuple(index for index, _ in task.rows))
-        if task.sent_at > self._marks.get(task.level, 0.0):
-            self._marks[task.level] = task.sent_at
+        key = (task.owner, task.level)
+        if task.sent_at > self._marks.get(key, float("-inf")):
+            self._marks[key] = task.sent_at
         return token
 
     def leave(self, token: int) -> None:
@@ -48,5 +52,5 @@ class Holdings:
             self._worker,
             self._ttl_s,
             tuple(HeldRows(b, tuple(sorted(r))) for b, r in sorted(by_job.items())),
-            tuple(sorted(marks.items())),
+            tuple((owner, level, at) for (owner, level), at in sorted(marks.items())),
         )

@@ -220,3 +220,47 @@ async def _kill_a_holding_worker(
     await assert_exactly_once(sapi, ssystem.iso.database_url, batch_id, custom_ids(4))
     assert await sim_calls(http, ssystem) - before == 8
     assert logged(ssystem, "job_waiting", batch_id), "stalled, and its rows were found held"
+
+
+async def test_rows_recorded_while_the_aggregator_is_down_are_not_run_again(
+    ssystem: System, sapi: ApiClient, http: aiohttp.ClientSession
+) -> None:
+    """The aggregator stops; a job's 20 rows are all called and their outcomes confirmed
+    on ``results`` (no worker holds them, the ledger has none of them, the rows queue is
+    empty), and stay unrecorded for more than twice the stall timeout. The old
+    dispatcher took them for lost and ran every one again; now recovery waits for the
+    aggregator, which records each row once when it is back."""
+    aggregator = ssystem.processes["aggregator"]
+    assert await asyncio.to_thread(aggregator.stop) == 0
+    try:
+        before = await sim_calls(http, ssystem)
+        batch_id = await submit(sapi, 20, delay_ms=10)
+
+        async def all_called() -> bool:
+            return await sim_calls(http, ssystem) - before >= 20
+
+        await wait_until(all_called, 60, "the workers to call all 20 rows")
+        conn = await asyncpg.connect(ssystem.iso.database_url)
+        try:
+
+            async def stalled_long_or_resent() -> bool:
+                idle = await conn.fetchval(
+                    "SELECT extract(epoch FROM now() - last_progress_at) FROM batches"
+                    " WHERE id = $1",
+                    batch_id,
+                )
+                return float(idle) > 2 * STALL_S or logged(ssystem, "job_stalled", batch_id)
+
+            await wait_until(stalled_long_or_resent, 60, "two stall timeouts without progress")
+        finally:
+            await conn.close()
+    finally:
+        aggregator.start()
+        await aggregator.wait_ready(http)
+
+    await wait_terminal(sapi, batch_id, 60)
+    await assert_exactly_once(sapi, ssystem.iso.database_url, batch_id, custom_ids(20))
+    assert await sim_calls(http, ssystem) - before == 20, "no row was run twice"
+    assert not logged(ssystem, "job_stalled", batch_id)
+    dispatcher_log = ssystem.processes["dispatcher"].log_path.read_text()
+    assert '"action":"stall_recovery_deferred"' in dispatcher_log

@@ -215,7 +215,12 @@ class FakeDispatchStore:
         return self._take(self.queued, limit)
 
     async def claim_outranking(
-        self, owner: str, floors: dict[str, int], limit: int, lease_s: float
+        self,
+        owner: str,
+        floors: dict[str, int],
+        limit: int,
+        lease_s: float,
+        per_workspace: int = 0,
     ) -> list[RunningJob]:
         self.calls.append(("claim_outranking", owner, dict(floors), limit))
         above = [

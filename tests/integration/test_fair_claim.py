@@ -18,7 +18,9 @@ from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import create_pool
-from relay_batches.messages import RowOutcome
+from relay_batches.messages import JobEvent, RowOutcome, SliceMessage
+from relay_batches.model import JobStatus
+from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from tests.helpers.support import create_isolation, drop_isolation
 
 LEASE_S = 30.0
@@ -153,3 +155,69 @@ async def test_only_jobs_above_our_highest_of_their_workspace_are_claimed_outran
     assert [ledger.names[job.id] for job in claimed] == ["a-top", "a-top2"]
     assert {job.workspace_id for job in claimed} == {space_a}
     assert await ledger.store.claim_outranking("d1", {}, 10, LEASE_S) == []
+
+
+class Releases:
+    """What a dispatcher published, by job."""
+
+    def __init__(self) -> None:
+        self.jobs: set[str] = set()
+
+    async def publish(self, task: SliceMessage, level: int) -> None:
+        self.jobs.add(task.batch_id)
+
+    async def announce(self, event: JobEvent) -> None:
+        raise AssertionError(f"unexpected job failure {event}")
+
+
+async def statuses(ledger: Ledger) -> dict[str, str]:
+    """Every job's status by label."""
+    records = await ledger.pool.fetch("SELECT id, status FROM batches")
+    return {ledger.names[r["id"]]: r["status"] for r in records}
+
+
+async def test_a_workspace_raising_its_priorities_never_keeps_another_out_of_the_slots(
+    fresh: asyncpg.Pool,
+) -> None:
+    ledger = Ledger(fresh)
+    releases = Releases()
+    config = DispatchConfig("d1", window=8, slice_rows=2, max_running_jobs=2, lease_s=LEASE_S)
+    dispatcher = Dispatcher(
+        ledger.store, releases.publish, releases.announce, lambda _: True, config
+    )
+    # Jobs longer than the window: they still have rows to release when outranked.
+    await ledger.queue("A", "a0", total=40)
+    await ledger.queue("A", "a1", total=40)
+    await dispatcher.claim()
+    b0 = await ledger.queue("B", "b0", total=40)
+    await dispatcher.claim()
+    assert (await statuses(ledger))["b0"] == "queued"  # both slots run A's jobs
+    for priority in (1, 2, 3):
+        await ledger.queue("A", f"a{priority + 1}", priority=priority, total=40)
+        await dispatcher.reconcile()
+    space_b = await KeyStore(fresh).ensure_workspace("fair-B")
+    finished = next(o.job for o in dispatcher.jobs.values() if o.job.workspace_id != space_b)
+    await ledger.finish(ledger.names[finished.id])
+    await dispatcher.on_progress(
+        JobEvent(finished.id, JobStatus.COMPLETED, finished.total, finished.total, 0)
+    )
+    for _ in range(3):
+        await dispatcher.reconcile()
+        assert (await statuses(ledger))["b0"] == "running"
+        assert b0 in releases.jobs
+        slots = [o for o in dispatcher.jobs.values() if not o.held]
+        assert len(slots) <= config.max_running_jobs
+        assert len(dispatcher.jobs) <= 2 * config.max_running_jobs
+
+
+async def test_the_per_workspace_cap_holds_for_jobs_that_outrank(fresh: asyncpg.Pool) -> None:
+    ledger = Ledger(fresh)
+    space_a = await KeyStore(fresh).ensure_workspace("fair-A")
+    await ledger.queue("A", "a0")
+    await ledger.queue("A", "a1")
+    assert sorted(await ledger.claim(2)) == ["a0", "a1"]
+    await ledger.queue("A", "a-top", priority=9)
+    assert await ledger.store.claim_outranking("d1", {space_a: 0}, 10, LEASE_S, 2) == []
+    await ledger.finish("a0")
+    claimed = await ledger.store.claim_outranking("d1", {space_a: 0}, 10, LEASE_S, 2)
+    assert [ledger.names[job.id] for job in claimed] == ["a-top"]

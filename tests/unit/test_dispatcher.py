@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
+from relay_batches.bus.topology import EVENT_CANCELED, Names
+from relay_batches.kit.base import ServiceBus
+from relay_batches.kit.consumer import Subscribe
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.services.dispatcher.core import (
     FETCH_SLICES,
@@ -14,6 +19,7 @@ from relay_batches.services.dispatcher.core import (
     Dispatcher,
     byte_window_end,
 )
+from relay_batches.services.dispatcher.service import dispatcher_service
 from tests.helpers.fakes import (
     LEASE_S,
     OWNER,
@@ -74,8 +80,9 @@ async def test_claim_publishes_one_window_in_consecutive_slices(
         '{"temperature":0}',
         0,
         first.sent_at,
+        OWNER,
     )
-    assert first.sent_at > 0, "stamped with the time it went out"
+    assert first.sent_at > 0, "stamped with the time it went out, on our own clock"
     assert store.advanced == [("job1", 20)]
     assert dispatcher.jobs["job1"].dispatched_upto == 20
 
@@ -488,3 +495,64 @@ async def test_big_rows_are_released_within_the_byte_window(
     assert recorder.indexes()[5:] == [[10, 11]]
     assert dispatcher.jobs["job1"].settled_below == 10
     assert store.advanced == [("job1", n) for n in (3, 4, 6, 9, 10, 12)]
+
+
+async def test_jobs_of_one_workspace_share_its_byte_window_and_another_has_its_own(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued += [
+        job("a1", total=12, workspace="a"),
+        job("a2", total=12, workspace="a"),
+        job("b1", total=12, workspace="b"),
+    ]
+    store.row_bytes.update(dict.fromkeys(range(12), 3 * KB))
+    dispatcher = bytes_dispatcher(store, recorder, window_bytes=12 * KB)
+    await dispatcher.claim()
+    # a1 alone at first (12 KB: four rows), then a1 and a2 split A's 12 KB; B has its own.
+    published = {i: len(recorder.flat(i)) for i in ("a1", "a2", "b1")}
+    assert published == {"a1": 4, "a2": 2, "b1": 4}
+    recorder.tasks.clear()
+    store.outcomes["a2"] = {0, 1}
+    await dispatcher.on_progress(progress("a2", completed=2, total=12))
+    assert recorder.flat("a2") == [2, 3], "6 KB, a2's half of its workspace's window"
+    store.outcomes["a1"] = {0, 1}
+    await dispatcher.on_progress(progress("a1", completed=2, total=12))
+    assert recorder.flat("a1") == [], "a1 still has its 6 KB in flight"
+
+
+async def test_a_spent_boost_does_not_raise_the_level_of_the_next_job_that_overtakes(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued.append(job("p0", total=100, priority=0, workspace="a"))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4, max_running_jobs=4)
+    await dispatcher.claim()
+    store.queued.append(job("p1", total=100, priority=1, workspace="a"))
+    await dispatcher.claim()
+    assert {level for t, level in recorder.tasks if t.batch_id == "p1"} == {1}
+    assert dispatcher.jobs["p1"].boost <= 0  # spent: its next rows go at level 0
+    store.queued.append(job("p2", total=100, priority=2, workspace="a"))
+    await dispatcher.claim()
+    # One above the current levels of the jobs it overtakes (0 and 0), never climbing.
+    assert {level for t, level in recorder.tasks if t.batch_id == "p2"} == {1}
+
+
+async def test_a_cancel_tops_up_the_jobs_it_kept_parked_at_once(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued += [
+        job("high", total=40, priority=5, workspace="a"),
+        job("low", total=40, priority=1, workspace="a"),
+    ]
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    assert recorder.flat("low") == []
+    bus = cast(ServiceBus, SimpleNamespace(names=Names("t")))
+    service = dispatcher_service(bus, dispatcher, lambda: _true(), reconcile_s=1, grace_s=1)
+    (events,) = [i for i in service._intakes if isinstance(i, Subscribe) and i.kind == "event"]
+    await events.handlers[EVENT_CANCELED](progress("high", 3, status="canceled", total=40))
+    assert "high" not in dispatcher.jobs
+    assert recorder.flat("low") == list(range(20))
+
+
+async def _true() -> bool:
+    return True

@@ -87,6 +87,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         params_json='{"temperature":0.5}',
         level=3,
         sent_at=1700000000.25,
+        owner="dispatcher-1",
     )
     encoded = task.encode()
     # The row messages travel as the very JSON text they were given, not re-serialised.
@@ -101,6 +102,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         "rows": [[4, orjson.loads(MESSAGES_1)], [5, orjson.loads(MESSAGES_2)]],
         "level": 3,
         "sent_at": 1700000000.25,
+        "owner": "dispatcher-1",
     }
     decoded = SliceMessage.decode(encoded)
     assert decoded == DecodedSlice(
@@ -110,6 +112,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         {"temperature": 0.5},
         3,
         1700000000.25,
+        "dispatcher-1",
     )
     assert all(isinstance(messages, list) for _, messages in decoded.rows)
 

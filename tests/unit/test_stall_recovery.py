@@ -52,7 +52,7 @@ def make(
         {"gpt-4o-mini"}.__contains__,
         DispatchConfig(OWNER, 20, 4, 8, LEASE_S),
         rows_waiting=waiting,
-        inflight=InFlight(mono),
+        inflight=InFlight(OWNER, mono),
         clock=wall,
     )
 
@@ -70,13 +70,17 @@ async def stalled_job(store: FakeDispatchStore, recorder: Recorder, dispatcher: 
 
 
 def report(
-    worker: str, held: dict[str, list[int]], marks: dict[int, float] | None = None
+    worker: str,
+    held: dict[str, list[int]],
+    marks: dict[int, float] | None = None,
+    owner: str = OWNER,
 ) -> HoldingReport:
+    """A heartbeat whose delivery marks are of slices ``owner`` published."""
     return HoldingReport(
         worker,
         6.0,
         tuple(HeldRows(b, tuple(rows)) for b, rows in held.items()),
-        tuple((marks or {}).items()),
+        tuple((owner, level, at) for level, at in (marks or {}).items()),
     )
 
 
@@ -153,20 +157,25 @@ async def test_a_resent_row_is_younger_than_the_marks_that_condemned_it(
 
 async def test_a_worker_holds_a_slice_until_it_is_finished_and_reports_its_marks() -> None:
     holdings = Holdings("w1", 2.0)
-    first = holdings.take(DecodedSlice("job1", "m", ((3, []), (4, [])), {}, 5, 1000.0))
-    holdings.take(DecodedSlice("job1", "m", ((1, []),), {}, 5, 1001.0))
-    holdings.take(DecodedSlice("job2", "m", ((0, []),), {}, 2, 999.0))
+    first = holdings.take(DecodedSlice("job1", "m", ((3, []), (4, [])), {}, 5, 1000.0, "d1"))
+    holdings.take(DecodedSlice("job1", "m", ((1, []),), {}, 5, 1001.0, "d1"))
+    holdings.take(DecodedSlice("job2", "m", ((0, []),), {}, 2, 999.0, "d1"))
+    holdings.take(DecodedSlice("job3", "m", ((0, []),), {}, 5, 90.0, "d2"))
+    holdings.leave(holdings.take(DecodedSlice("job3", "m", ((1, []),), {}, 5, 91.0, "d2")))
     sent = holdings.report()
     assert sent == HoldingReport(
         "w1",
         6.0,
-        (HeldRows("job1", (1, 3, 4)), HeldRows("job2", (0,))),
-        ((2, 999.0), (5, 1001.0)),
+        (HeldRows("job1", (1, 3, 4)), HeldRows("job2", (0,)), HeldRows("job3", (0,))),
+        (("d1", 2, 999.0), ("d1", 5, 1001.0), ("d2", 5, 91.0)),
     )
     assert HoldingReport.decode(sent.encode()) == sent
     holdings.leave(first)
     assert holdings.report() == HoldingReport(
-        "w1", 6.0, (HeldRows("job1", (1,)), HeldRows("job2", (0,))), ()
+        "w1",
+        6.0,
+        (HeldRows("job1", (1,)), HeldRows("job2", (0,)), HeldRows("job3", (0,))),
+        (),
     )
 
 
@@ -186,7 +195,7 @@ async def test_rows_sent_on_a_raised_level_are_judged_on_that_level() -> None:
     sent.record(4, 8, 201.0)
     assert sent.sent(2) == (3, 200.0)
     assert sent.sent(5) == (0, 201.0)
-    inflight = InFlight(Clock())
+    inflight = InFlight(OWNER, Clock())
     # A level-5 slice delivered later says nothing of level 3: it is served first.
     await inflight.on_report(report("w1", {}, {5: 300.0}))
     assert not inflight.delivered_after(*sent.sent(2))
@@ -194,3 +203,67 @@ async def test_rows_sent_on_a_raised_level_are_judged_on_that_level() -> None:
     await inflight.on_report(report("w1", {}, {2: 300.0}))
     assert inflight.delivered_after(*sent.sent(2))
     assert inflight.delivered_after(*sent.sent(5)) is False  # level 0 needs a level-0 mark
+
+
+async def test_clocks_of_two_dispatchers_90_s_apart_never_condemn_queued_rows(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    wall, waiting = Clock(1000.0), Waiting(37)
+    dispatcher = make(store, recorder, waiting, wall, Clock())
+    await stalled_job(store, recorder, dispatcher)  # ours went out at 1000 (our clock)
+    # A dispatcher whose clock is 90 s ahead: its slice, published after ours on our
+    # level, was delivered; ours may still be queued (it says nothing of our clock).
+    await dispatcher.inflight.on_report(report("w1", {}, {0: 1090.0}, owner="fast"))
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.tasks == [], "queued rows are not paid for twice"
+    # A dispatcher 90 s behind, whose slice was delivered: ignored just the same (it
+    # would hold back real recovery if it were compared).
+    await dispatcher.inflight.on_report(report("w1", {}, {0: 910.0}, owner="slow"))
+    store.stalled["job1"] = 10
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.tasks == []
+    # Our own later slice delivered, on our clock: ours left the queue, they are lost.
+    await dispatcher.inflight.on_report(report("w1", {}, {0: 1000.5}))
+    store.stalled["job1"] = 10
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == [10, 11, *range(14, 20)]
+    assert {task.owner for task, _ in recorder.tasks} == {OWNER}
+
+
+def test_a_mark_of_a_worker_from_before_owners_names_no_dispatcher() -> None:
+    body = HoldingReport("w1", 6.0, (), (("d1", 0, 5.0),)).encode()
+    old = body.replace(b'["d1",0,5.0]', b"[0,5.0]")
+    assert HoldingReport.decode(old).marks == (("", 0, 5.0),)
+
+
+async def test_nothing_is_judged_while_the_aggregator_is_behind(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    state = [(0, 0)]
+
+    async def results_state() -> tuple[int, int]:
+        return state[-1]
+
+    dispatcher = Dispatcher(
+        store,
+        recorder.publish,
+        recorder.announce,
+        {"gpt-4o-mini"}.__contains__,
+        DispatchConfig(OWNER, 20, 4, 8, LEASE_S),
+        rows_waiting=Waiting(0),
+        inflight=InFlight(OWNER, Clock()),
+        results_state=results_state,
+    )
+    await stalled_job(store, recorder, dispatcher)
+    for behind in ((0, 0), (12, 1)):  # nobody consumes results; outcomes wait on it
+        state.append(behind)
+        assert await dispatcher.recover_stalled() == 0
+        assert not [c for c in store.calls if c[0] == "claim_stalled"], "stall clock kept"
+        assert recorder.tasks == []
+    state.append((0, 1))  # caught up: its last outcomes get a stall timeout to land
+    assert await dispatcher.recover_stalled() == 0
+    assert ("claim_stalled", OWNER, ["job1"], 0.0) in store.calls, "stall clocks restart"
+    assert recorder.tasks == []
+    store.stalled["job1"] = 10  # a stall timeout later: still without an outcome, lost
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == [10, 11, *range(14, 20)]

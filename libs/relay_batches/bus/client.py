@@ -142,6 +142,12 @@ class Bus:
         declared = await declare_queue(self._require_channel(), self.names, queue)
         return int(declared.declaration_result.message_count or 0)
 
+    async def queue_state(self, queue: str) -> tuple[int, int]:
+        """``(ready messages, consumers)`` of one of the durable queues."""
+        declared = await declare_queue(self._require_channel(), self.names, queue)
+        result = declared.declaration_result
+        return int(result.message_count or 0), int(result.consumer_count or 0)
+
     async def consume(self, queue: str, callback: MessageCallback, prefetch: int) -> None:
         """Consume a durable queue on a channel of its own with ``prefetch`` unacked."""
         channel = await self._new_consumer_channel(prefetch)

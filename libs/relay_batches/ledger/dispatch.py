@@ -88,13 +88,21 @@ class DispatchStore:
         return sorted((_running(r) for r in records), key=lambda j: -j.priority)
 
     async def claim_outranking(
-        self, owner: str, floors: dict[str, int], limit: int, lease_s: float
+        self,
+        owner: str,
+        floors: dict[str, int],
+        limit: int,
+        lease_s: float,
+        per_workspace: int = 0,
     ) -> list[RunningJob]:
         """Claim up to ``limit`` queued jobs that outrank every job we run of their workspace.
 
         ``floors`` maps a workspace to the highest priority we run for it; a queued job of
         that workspace above it is claimed even though our slots are full (the lower jobs
-        then wait, see the dispatcher), best priority first.
+        then park, see the dispatcher). The workspaces take turns as in
+        :meth:`claim_queued` (their running jobs, parked ones included, plus the job's
+        rank among its workspace's outranking jobs), and ``per_workspace`` > 0 caps a
+        workspace's running jobs here too.
         """
         if not floors or limit <= 0:
             return []
@@ -107,6 +115,7 @@ class DispatchStore:
                 JobStatus.RUNNING,
                 list(floors),
                 list(floors.values()),
+                per_workspace,
             )
         return sorted((_running(r) for r in records), key=lambda j: -j.priority)
 
@@ -287,16 +296,33 @@ _CLAIM_QUEUED = (
 )
 
 # $1 owner, $2 limit, $3 lease seconds, $4 running, $5/$6 workspaces and the highest
-# priority we run for each: queued jobs above that priority, best first.
+# priority we run for each, $7 per-workspace cap (0: none): queued jobs above that
+# priority, in the workspaces' turn (running jobs, parked ones included, plus the job's
+# rank among its workspace's outranking ones) as in _CLAIM_QUEUED, best priority first;
+# the workspaces are locked SKIP LOCKED for the statement, so the cap counts exactly.
 _CLAIM_OUTRANKING = (
-    "UPDATE batches b SET status = $4, started_at = now(),"
+    "WITH floors AS (SELECT f.* FROM unnest($5::text[], $6::int[]) AS f(workspace_id, floor)"
+    "  JOIN (SELECT w.id FROM workspaces w WHERE w.id = ANY($5::text[])"
+    "   FOR NO KEY UPDATE SKIP LOCKED) s ON s.id = f.workspace_id),"
+    " load AS ("
+    "  SELECT workspace_id, count(*) AS running FROM batches"
+    f"  WHERE {_RUNNING} AND workspace_id IN (SELECT workspace_id FROM floors)"
+    "  GROUP BY workspace_id),"
+    " turns AS ("
+    "  SELECT q.id, q.priority, q.created_at,"
+    "   COALESCE(l.running, 0) + row_number() OVER ("
+    "    PARTITION BY q.workspace_id ORDER BY q.priority DESC, q.created_at, q.id) AS turn"
+    "  FROM batches q JOIN floors f ON f.workspace_id = q.workspace_id"
+    "  LEFT JOIN load l ON l.workspace_id = q.workspace_id"
+    f"  WHERE q.{_QUEUED} AND q.priority > f.floor),"
+    " picked AS ("
+    "  SELECT id FROM turns WHERE $7 = 0 OR turn <= $7"
+    "  ORDER BY turn, priority DESC, created_at, id LIMIT $2)"
+    " UPDATE batches b SET status = $4, started_at = now(),"
     " last_progress_at = now(), lease_owner = $1,"
     " lease_expires_at = now() + make_interval(secs => $3)"
-    " FROM (SELECT q.id FROM batches q"
-    "       JOIN unnest($5::text[], $6::int[]) AS f(workspace_id, floor)"
-    "         ON f.workspace_id = q.workspace_id"
-    f"      WHERE q.{_QUEUED} AND q.priority > f.floor"
-    "       ORDER BY q.priority DESC, q.created_at LIMIT $2 FOR UPDATE OF q SKIP LOCKED) c"
+    " FROM (SELECT id FROM batches WHERE id IN (SELECT id FROM picked)"
+    f"       AND {_QUEUED} FOR UPDATE SKIP LOCKED) c"
     f" WHERE b.id = c.id RETURNING {_prefixed('b')}"
 )
 
