@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 
 from relay_batches.services.relay_cli import admin
-from tests.helpers.processes import System, build_system
-from tests.helpers.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
+from tests.helpers.processes import System, running_system
+from tests.helpers.support import ApiClient, WebhookReceiver
 
 
 @pytest.fixture(scope="session")
@@ -23,20 +23,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 @pytest.fixture(scope="session")
 async def system(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
     """The whole system, started once for the e2e session: one row-worker of 8 slots."""
-    iso = await create_isolation("e2e")
-    system = build_system(
-        iso,
-        output_dir / "e2e",
-        RELAY_BATCH_CONCURRENCY="8",
-        RELAY_DISPATCH_WINDOW="256",
-    )
-    try:
-        await system.start_all(http)
+    async with running_system(
+        "e2e", output_dir / "e2e", http, RELAY_BATCH_CONCURRENCY="8", RELAY_DISPATCH_WINDOW="256"
+    ) as system:
         yield system
-    finally:
-        codes = system.stop_all()
-        await drop_isolation(iso)
-    assert all(code == 0 for code in codes.values()), f"unclean exits: {codes}"
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from relay_batches.services.relay_cli import admin
-from tests.helpers.processes import build_system
-from tests.helpers.support import ApiClient, create_isolation, drop_isolation, rows
+from tests.helpers.processes import running_system
+from tests.helpers.support import ApiClient, rows
 
 
 async def test_attempts_dead_letters_failures_and_usage(api: ApiClient) -> None:
@@ -46,24 +46,18 @@ async def test_attempts_dead_letters_failures_and_usage(api: ApiClient) -> None:
 @pytest.fixture(scope="module")
 async def flaky_api(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[ApiClient]:
     """A second system whose simulator answers 503 to 30% of all calls at random."""
-    iso = await create_isolation("flaky")
-    system = build_system(
-        iso,
+    async with running_system(
+        "flaky",
         output_dir / "e2e-flaky",
+        http,
         sim_env={"RELAY_SIM_ERROR_RATE": "0.3"},
         max_retries=12,
         RELAY_BATCH_CONCURRENCY="16",
         RELAY_RETRY_BASE_MS="5",
         RELAY_RETRY_CAP_S="0.2",
-    )
-    try:
-        await system.start_all(http)
-        key = (await admin.create_key(iso.database_url, "flaky")).key
+    ) as system:
+        key = (await admin.create_key(system.iso.database_url, "flaky")).key
         yield ApiClient(system.api_url, key, http)
-    finally:
-        codes = system.stop_all()
-        await drop_isolation(iso)
-    assert all(code == 0 for code in codes.values()), codes
 
 
 async def test_a_thousand_rows_survive_a_30_percent_error_rate(flaky_api: ApiClient) -> None:

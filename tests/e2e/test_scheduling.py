@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 
 from relay_batches.services.relay_cli import admin
-from tests.helpers.processes import System, build_system
-from tests.helpers.support import ApiClient, create_isolation, drop_isolation, rows, wait_until
+from tests.helpers.processes import System, running_system
+from tests.helpers.support import ApiClient, rows, wait_until
 
 DELAY = "[sim:delay-ms=20]"
 
@@ -24,21 +24,15 @@ DELAY = "[sim:delay-ms=20]"
 @pytest.fixture(scope="module")
 async def slots2(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
     """Every service as its own process; the dispatcher runs at most two jobs."""
-    iso = await create_isolation("sched")
-    system = build_system(
-        iso,
+    async with running_system(
+        "sched",
         output_dir / "e2e-scheduling",
+        http,
         RELAY_BATCH_CONCURRENCY="8",
         RELAY_DISPATCH_WINDOW="64",
         RELAY_MAX_RUNNING_JOBS="2",
-    )
-    try:
-        await system.start_all(http)
+    ) as system:
         yield system
-    finally:
-        codes = system.stop_all()
-        await drop_isolation(iso)
-    assert all(code == 0 for code in codes.values()), f"unclean exits: {codes}"
 
 
 async def client(system: System, http: aiohttp.ClientSession, workspace: str) -> ApiClient:

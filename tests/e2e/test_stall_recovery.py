@@ -23,12 +23,10 @@ from relay_batches.bus.topology import Names
 from relay_batches.messages import SliceMessage
 from relay_batches.services.relay_cli import admin
 from tests.helpers.checks import assert_exactly_once, wait_terminal
-from tests.helpers.processes import ServiceProcess, System, build_system, sim_calls
+from tests.helpers.processes import ServiceProcess, System, running_system, sim_calls
 from tests.helpers.support import (
     AMQP_URL,
     ApiClient,
-    create_isolation,
-    drop_isolation,
     rows,
     wait_until,
 )
@@ -40,27 +38,19 @@ GRACE_S = 10  # RELAY_SHUTDOWN_GRACE_S of build_system
 @pytest.fixture(scope="module")
 async def ssystem(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
     """Every service as its own process, two row-workers."""
-    iso = await create_isolation("stall")
-    log_dir = output_dir / "e2e-stall"
-    for old in log_dir.glob("*.log"):
-        old.unlink()
-    system = build_system(
-        iso,
-        log_dir,
+    async with running_system(
+        "stall",
+        output_dir / "e2e-stall",
+        http,
+        fresh_logs=True,
         workers=2,
         RELAY_BATCH_CONCURRENCY="4",
         RELAY_SLICE_ROWS="4",
         RELAY_DISPATCH_WINDOW="64",
         RELAY_STALL_SECONDS=str(STALL_S),
         RELAY_HEARTBEAT_SECONDS="0.5",
-    )
-    try:
-        await system.start_all(http)
+    ) as system:
         yield system
-    finally:
-        codes = system.stop_all()
-        await drop_isolation(iso)
-    assert all(code == 0 for code in codes.values()), f"unclean exits: {codes}"
 
 
 @pytest.fixture(scope="module")

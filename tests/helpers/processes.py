@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
-from tests.helpers.support import Isolation, free_port, wait_until
+from tests.helpers.support import (
+    Isolation,
+    create_isolation,
+    drop_isolation,
+    free_port,
+    wait_until,
+)
 
 BIN = Path(sys.executable).parent
 SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
@@ -191,3 +199,33 @@ async def sim_calls(http: aiohttp.ClientSession, system: System) -> int:
     """How many chat completion calls the simulator has received so far."""
     async with http.get(f"{system.sim_url}/stats") as response:
         return int((await response.json())["calls"])
+
+
+def _remove_logs(log_dir: Path) -> None:
+    for old in log_dir.glob("*.log"):
+        old.unlink()
+
+
+@contextlib.asynccontextmanager
+async def running_system(
+    tag: str,
+    log_dir: Path,
+    http: aiohttp.ClientSession,
+    *,
+    fresh_logs: bool = False,
+    **options: object,
+) -> AsyncIterator[System]:
+    """A fresh isolation with every service of :func:`build_system` (``options``) running
+    on it; on leaving, every process is stopped (each must exit 0) and the isolation is
+    dropped. ``fresh_logs`` first removes the logs of an earlier run in ``log_dir``."""
+    iso = await create_isolation(tag)
+    if fresh_logs:
+        _remove_logs(log_dir)
+    system = build_system(iso, log_dir, **options)  # type: ignore[arg-type]
+    try:
+        await system.start_all(http)
+        yield system
+    finally:
+        codes = system.stop_all()
+        await drop_isolation(iso)
+    assert all(code == 0 for code in codes.values()), f"unclean exits: {codes}"
