@@ -20,6 +20,7 @@ separate slow path only once the fast check has failed.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -228,8 +229,7 @@ def _scan_rows(
         error = row_api_error(exc.error)
     except ApiError as exc:
         error = exc
-    for _ in elements:
-        pass
+    deque(elements, maxlen=0)  # parse the rest of the array to its end, keeping nothing
     if rows is not None and not rows:
         error = invalid("requests must be a non-empty array", "requests")
     return rows, error
