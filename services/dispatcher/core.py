@@ -211,6 +211,7 @@ class Dispatcher:
         self._clock = clock
         self._results_state = results_state
         self._deferred = False
+        self._progress_seen_at = clock()
         self._claiming = asyncio.Lock()
         self._stopped = False
         self.jobs: dict[str, OwnedJob] = {}
@@ -318,6 +319,7 @@ class Dispatcher:
 
     async def on_progress(self, event: JobEvent) -> None:
         """A job's counters moved: forget it if it ended, else top up its window."""
+        self._progress_seen_at = self._clock()  # the aggregator is recording (any job)
         owned = self.jobs.get(event.batch_id)
         if owned is None:
             return
@@ -404,12 +406,14 @@ class Dispatcher:
         broker level or below was already delivered. Rows that are merely slow (held)
         or still waiting their turn are left alone, so they cost one upstream call.
 
-        While the aggregator is behind (the results queue has ready messages, or nobody
-        consumes it) nothing is judged: a row whose outcome a worker confirmed on
-        ``results`` is no longer held, and has no outcome in the ledger until the
-        aggregator stores it. Once it caught up, every job's stall clock restarts: the
-        outcomes it took last may still be on their way into the ledger (delivered, so
-        no longer ready, but not yet committed), and a stall timeout later they are.
+        While the aggregator is behind (nobody consumes the results queue, or outcomes
+        wait there while no job's progress was recorded for half a stall timeout: the
+        ledger is away or the aggregator stuck) nothing is judged: a row whose outcome a
+        worker confirmed on ``results`` is no longer held, and has no outcome in the
+        ledger until the aggregator stores it. A busy aggregator that keeps recording,
+        with a few messages always ready, is not behind. Once it caught up, every job's
+        stall clock restarts: the outcomes it took last may still be on their way into
+        the ledger, and a stall timeout later they are.
         """
         cfg = self._config
         if not self.jobs:
@@ -438,7 +442,8 @@ class Dispatcher:
         if self._results_state is None:
             return False
         ready, consumers = await self._results_state()
-        behind = ready > 0 or consumers == 0
+        silent_s = self._clock() - self._progress_seen_at
+        behind = consumers == 0 or (ready > 0 and silent_s > self._config.stall_s / 2)
         if behind != self._deferred:
             self._deferred = behind
             log.log(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from relay_batches.messages import DecodedSlice, HeldRows, HoldingReport
+from relay_batches.messages import DecodedSlice, HeldRows, HoldingReport, JobEvent
+from relay_batches.model import JobStatus
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.inflight import SEND_LOG_SPANS, InFlight, SendLog
 from relay_batches.services.row_worker.holdings import Holdings
@@ -244,18 +245,22 @@ async def test_nothing_is_judged_while_the_aggregator_is_behind(
     async def results_state() -> tuple[int, int]:
         return state[-1]
 
+    mono = Clock()
     dispatcher = Dispatcher(
         store,
         recorder.publish,
         recorder.announce,
         {"gpt-4o-mini"}.__contains__,
-        DispatchConfig(OWNER, 20, 4, 8, LEASE_S),
+        DispatchConfig(OWNER, 20, 4, 8, LEASE_S, stall_s=10.0),
         rows_waiting=Waiting(0),
-        inflight=InFlight(OWNER, Clock()),
+        inflight=InFlight(OWNER, mono),
         results_state=results_state,
+        clock=mono,
     )
     await stalled_job(store, recorder, dispatcher)
-    for behind in ((0, 0), (12, 1)):  # nobody consumes results; outcomes wait on it
+    mono.now += 6.0  # no progress recorded for more than half a stall timeout
+    # Nobody consumes results; outcomes wait on it while nothing is recorded.
+    for behind in ((0, 0), (12, 1)):
         state.append(behind)
         assert await dispatcher.recover_stalled() == 0
         assert not [c for c in store.calls if c[0] == "claim_stalled"], "stall clock kept"
@@ -267,3 +272,29 @@ async def test_nothing_is_judged_while_the_aggregator_is_behind(
     store.stalled["job1"] = 10  # a stall timeout later: still without an outcome, lost
     assert await dispatcher.recover_stalled() == 1
     assert recorder.flat() == [10, 11, *range(14, 20)]
+
+
+async def test_a_busy_aggregator_with_messages_ready_does_not_hold_recovery_back(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    mono = Clock()
+
+    async def results_state() -> tuple[int, int]:
+        return 40, 1  # always some outcomes ready: the aggregator is busy, not stuck
+
+    dispatcher = Dispatcher(
+        store,
+        recorder.publish,
+        recorder.announce,
+        {"gpt-4o-mini"}.__contains__,
+        DispatchConfig(OWNER, 20, 4, 8, LEASE_S, stall_s=10.0),
+        rows_waiting=Waiting(0),
+        inflight=InFlight(OWNER, mono),
+        results_state=results_state,
+        clock=mono,
+    )
+    await stalled_job(store, recorder, dispatcher)
+    mono.now += 30.0
+    await dispatcher.on_progress(JobEvent("other-job", JobStatus.RUNNING, 100, 5, 0))  # recorded
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == [10, 11, *range(14, 20)], "job1's lost rows are re-sent"
