@@ -151,3 +151,26 @@ async def test_deferred_deliveries_are_listed_per_receiver_and_claimed_once(
     assert await store.claim_deferred(other) is None
     assert await delivery(pool, other) == ("sending", None, 1)
     assert other not in {d.batch_id for d in await store.deferred(64, 4)}
+
+
+async def test_a_claim_handed_back_keeps_its_number_so_an_old_holder_stays_fenced(
+    pool: asyncpg.Pool,
+) -> None:
+    """A holds claim 1 and is cut off; B takes over (2), finds the receiver full and hands
+    it back deferred; C's deferred pass claims it (3). When A returns, its claim 1 must
+    not match: before, the hand-back reset the number to 0 and C's claim was 1 again, so
+    A and C both POSTed."""
+    store = DeliveryStore(pool, claim_s=30)
+    batch_id = await new_batch(pool)
+    first = await store.claim(batch_id, HOOK, f"msg_{batch_id}")
+    assert first == Claim(batch_id, 1)
+    await expire(pool, batch_id)
+    (taken,) = [c for c in await store.reclaim_expired() if c.batch_id == batch_id]
+    assert taken == Claim(batch_id, 2)
+    assert await store.hand_back(taken)
+    assert batch_id in {d.batch_id for d in await store.deferred(64, 4)}
+    again = await store.claim_deferred(batch_id)
+    assert again == Claim(batch_id, 3)
+    assert not await store.start_post(first), "the cut-off holder may not POST"
+    assert not await store.start_post(taken)
+    assert await store.start_post(again)

@@ -11,11 +11,12 @@ becomes ``unknown``, without a takeover: its notifier died after the POST may ha
 out, or it is alive but cut off from the database, and records the outcome when it
 returns (the ``claims`` number it holds is unchanged).
 
-A delivery whose receiver is busy is deferred: recorded ``sending`` with ``claims = 0``
-(nobody holds it; the ``job.finished`` that carried it is acked) and claimed later,
-as its receiver has room, by a notifier's deferred pass. Takeovers never touch it.
+A delivery whose receiver is busy is deferred: recorded ``sending`` with ``deferred``
+set (nobody holds it; the ``job.finished`` that carried it is acked) and claimed later,
+as its receiver has room, by a notifier's deferred pass. Takeovers never touch it; a
+takeover whose receiver is full is handed back deferred, keeping its claim number.
 
-Every claim and takeover bumps ``claims``, and the holder moves its claim on only while
+Every claim and takeover bumps ``claims`` (it never goes down), and the holder moves its claim on only while
 the row has the ``claims`` it was given: a notifier whose claim was taken over (it
 outlived its claim while still ``sending``) can neither POST nor overwrite the new
 owner's record.
@@ -43,7 +44,7 @@ _RECLAIM = f"""
 UPDATE webhook_deliveries d
 SET claim_expires_at = now() + make_interval(secs => $1), claims = d.claims + 1
 FROM (SELECT batch_id FROM webhook_deliveries
-      WHERE {_SENDING} AND claims BETWEEN 1 AND $2 - 1
+      WHERE {_SENDING} AND NOT deferred AND claims BETWEEN 1 AND $2 - 1
         AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
       ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) q
 WHERE d.batch_id = q.batch_id
@@ -58,7 +59,7 @@ SELECT batch_id, url, workspace_id FROM (
     SELECT d.batch_id, d.url, b.workspace_id, d.created_at,
            row_number() OVER (PARTITION BY b.workspace_id, d.url ORDER BY d.created_at) AS n
     FROM webhook_deliveries d JOIN batches b ON b.id = d.batch_id
-    WHERE d.{_SENDING} AND d.claims = 0
+    WHERE d.{_SENDING} AND d.deferred
       AND b.workspace_id <> ALL($3::text[])
       AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::text[]) AS busy(w, u)
                       WHERE busy.w = b.workspace_id AND busy.u = d.url)) q
@@ -69,14 +70,15 @@ ORDER BY created_at LIMIT $1
 # Back to deferred (nobody holds it), from the claim $2 taken over by a notifier whose
 # receiver had no room for it.
 _HAND_BACK = f"""
-UPDATE webhook_deliveries SET claims = 0, claim_expires_at = now()
-WHERE batch_id = $1 AND claims = $2 AND {_SENDING}
+UPDATE webhook_deliveries SET deferred = true, claim_expires_at = now()
+WHERE batch_id = $1 AND claims = $2 AND {_SENDING} AND NOT deferred
 RETURNING batch_id
 """
 
 _CLAIM_DEFERRED = f"""
-UPDATE webhook_deliveries SET claims = 1, claim_expires_at = now() + make_interval(secs => $2)
-WHERE batch_id = $1 AND claims = 0 AND {_SENDING}
+UPDATE webhook_deliveries SET deferred = false, claims = claims + 1,
+    claim_expires_at = now() + make_interval(secs => $2)
+WHERE batch_id = $1 AND deferred AND {_SENDING}
 RETURNING claims
 """
 
@@ -104,7 +106,7 @@ RETURNING batch_id
 _ABANDON = f"""
 UPDATE webhook_deliveries SET status = $3, finished_at = now(),
     error = 'notifier stopped during delivery ' || claims || ' times; giving up'
-WHERE {_SENDING} AND claims >= $2
+WHERE {_SENDING} AND NOT deferred AND claims >= $2
   AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
 """
 
@@ -161,7 +163,7 @@ class DeliveryStore:
         async with translated():
             value = await self._pool.fetchval(
                 "INSERT INTO webhook_deliveries (batch_id, url, status, message_id, claims,"
-                " claim_expires_at) VALUES ($1, $2, $4, $3, 0, now())"
+                " deferred, claim_expires_at) VALUES ($1, $2, $4, $3, 0, true, now())"
                 " ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id",
                 batch_id,
                 url,

@@ -13,3 +13,10 @@ ALTER TABLE webhook_deliveries DROP CONSTRAINT IF EXISTS webhook_deliveries_stat
 ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check
     CHECK (status IN ('sending', 'posting', 'delivered', 'refused', 'failed', 'unknown'))
     NOT VALID;
+
+-- A delivery deferred while its receiver was busy (nobody holds it) is flagged, not
+-- marked by a claim number, so a claim handed back deferred keeps its number: claim
+-- numbers only grow, and a holder cut off from the database can never find "its"
+-- number again on a delivery another notifier claimed since. A constant default adds
+-- the column without a rewrite or a scan.
+ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS deferred boolean NOT NULL DEFAULT false;

@@ -11,6 +11,6 @@ ALTER TABLE webhook_deliveries VALIDATE CONSTRAINT webhook_deliveries_status_che
 CREATE INDEX IF NOT EXISTS webhook_deliveries_posting
     ON webhook_deliveries (claim_expires_at) WHERE status = 'posting';
 
--- Deliveries deferred while their receiver was busy: sending, never claimed (claims 0).
+-- Deliveries deferred while their receiver was busy (or handed back by a takeover).
 CREATE INDEX IF NOT EXISTS webhook_deliveries_deferred
-    ON webhook_deliveries (created_at) WHERE status = 'sending' AND claims = 0;
+    ON webhook_deliveries (created_at) WHERE status = 'sending' AND deferred;
