@@ -16,10 +16,10 @@ set (nobody holds it; the ``job.finished`` that carried it is acked) and claimed
 as its receiver has room, by a notifier's deferred pass. Takeovers never touch it; a
 takeover whose receiver is full is handed back deferred, keeping its claim number.
 
-Every claim and takeover bumps ``claims`` (it never goes down), and the holder moves its claim on only while
-the row has the ``claims`` it was given: a notifier whose claim was taken over (it
-outlived its claim while still ``sending``) can neither POST nor overwrite the new
-owner's record.
+Every claim and takeover bumps ``claims`` (it never goes down), and the holder moves
+its claim on only while the row has the ``claims`` it was given: a notifier whose claim
+was taken over (it outlived its claim while still ``sending``) can neither POST nor
+overwrite the new owner's record.
 """
 
 from __future__ import annotations
