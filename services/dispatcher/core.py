@@ -92,9 +92,14 @@ class Store(Protocol):
     """What the dispatcher needs of the ledger."""
 
     async def claim_queued(
-        self, owner: str, limit: int, lease_s: float, per_workspace: int = 0
+        self,
+        owner: str,
+        limit: int,
+        lease_s: float,
+        per_workspace: int = 0,
+        floors: dict[str, int] | None = None,
     ) -> list[RunningJob]:
-        """Claim queued jobs, the workspaces taking turns."""
+        """Claim queued jobs, the workspaces taking turns, none below ``floors``."""
 
     async def claim_outranking(
         self,
@@ -270,8 +275,14 @@ class Dispatcher:
             return []
         claimed = await self._store.claim_expired(cfg.owner, room, cfg.lease_s)
         if len(claimed) < room:
+            # A queued job below what we release for its workspace would only park.
+            floors = outranking_floors(o.job for o in self.jobs.values() if not o.exhausted)
             claimed += await self._store.claim_queued(
-                cfg.owner, room - len(claimed), cfg.lease_s, cfg.max_running_per_workspace
+                cfg.owner,
+                room - len(claimed),
+                cfg.lease_s,
+                cfg.max_running_per_workspace,
+                floors,
             )
         return claimed
 

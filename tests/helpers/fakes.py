@@ -200,19 +200,29 @@ class FakeDispatchStore:
     stalled: dict[str, int | None] = field(default_factory=dict)
     row_bytes: dict[int, int] = field(default_factory=dict)  # a size other than the text's
 
-    def _take(self, pool: list[RunningJob], limit: int) -> list[RunningJob]:
+    def _take(
+        self, pool: list[RunningJob], limit: int, source: list[RunningJob] | None = None
+    ) -> list[RunningJob]:
         taken = sorted(pool, key=lambda j: -j.priority)[:limit]
         for j in taken:
-            pool.remove(j)
+            (pool if source is None else source).remove(j)
             self.alive[j.id] = j
             self.totals[j.rows_batch_id] = j.total
         return taken
 
     async def claim_queued(
-        self, owner: str, limit: int, lease_s: float, per_workspace: int = 0
+        self,
+        owner: str,
+        limit: int,
+        lease_s: float,
+        per_workspace: int = 0,
+        floors: dict[str, int] | None = None,
     ) -> list[RunningJob]:
         self.calls.append(("claim_queued", owner, limit, lease_s))
-        return self._take(self.queued, limit)
+        below = {
+            j.id for j in self.queued if j.priority < (floors or {}).get(j.workspace_id, j.priority)
+        }
+        return self._take([j for j in self.queued if j.id not in below], limit, self.queued)
 
     async def claim_outranking(
         self,

@@ -221,3 +221,28 @@ async def test_the_per_workspace_cap_holds_for_jobs_that_outrank(fresh: asyncpg.
     await ledger.finish("a0")
     claimed = await ledger.store.claim_outranking("d1", {space_a: 0}, 10, LEASE_S, 2)
     assert [ledger.names[job.id] for job in claimed] == ["a-top"]
+
+
+async def test_a_job_that_would_park_at_once_is_not_claimed_into_a_slot(
+    fresh: asyncpg.Pool,
+) -> None:
+    """A runs a0, a1 (priority 0) in both slots and then outranks them with a-top (50),
+    which frees a slot as they park. A's next priority-0 job would only park too, taking
+    room and releasing nothing, so it stays queued; B, arriving later, gets the slot."""
+    ledger = Ledger(fresh)
+    releases = Releases()
+    config = DispatchConfig("d1", window=8, slice_rows=2, max_running_jobs=2, lease_s=LEASE_S)
+    dispatcher = Dispatcher(
+        ledger.store, releases.publish, releases.announce, lambda _: True, config
+    )
+    await ledger.queue("A", "a0", total=40)
+    await ledger.queue("A", "a1", total=40)
+    await dispatcher.claim()
+    await ledger.queue("A", "a-top", priority=50, total=400)
+    await ledger.queue("A", "a2", total=40)
+    await dispatcher.claim()
+    assert (await statuses(ledger))["a2"] == "queued", "it would have parked at once"
+    b0 = await ledger.queue("B", "b0", total=40)
+    await dispatcher.claim()
+    assert (await statuses(ledger))["b0"] == "running"
+    assert b0 in releases.jobs

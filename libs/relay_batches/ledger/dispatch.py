@@ -70,7 +70,12 @@ class DispatchStore:
         self._pool = pool
 
     async def claim_queued(
-        self, owner: str, limit: int, lease_s: float, per_workspace: int = 0
+        self,
+        owner: str,
+        limit: int,
+        lease_s: float,
+        per_workspace: int = 0,
+        floors: dict[str, int] | None = None,
     ) -> list[RunningJob]:
         """Mark up to ``limit`` queued jobs running under our lease, shared fairly.
 
@@ -79,11 +84,21 @@ class DispatchStore:
         each claim goes to the workspaces running least; ties go to the longest waiting.
         ``per_workspace`` > 0 caps the running jobs of one workspace. The workspaces are
         locked ``SKIP LOCKED`` for the statement, so dispatchers claiming at once split
-        them and each counts exactly.
+        them and each counts exactly. A queued job below its workspace's entry in
+        ``floors`` (the highest priority we release rows for there) is left queued: it
+        would only park, taking room and no slot.
         """
+        spaces = dict(floors or {})
         async with translated():
             records = await self._pool.fetch(
-                _CLAIM_QUEUED, owner, limit, lease_s, JobStatus.RUNNING, per_workspace
+                _CLAIM_QUEUED,
+                owner,
+                limit,
+                lease_s,
+                JobStatus.RUNNING,
+                per_workspace,
+                list(spaces),
+                list(spaces.values()),
             )
         return sorted((_running(r) for r in records), key=lambda j: -j.priority)
 
@@ -278,7 +293,9 @@ _CLAIM_QUEUED = (
     "    PARTITION BY q.workspace_id ORDER BY q.priority DESC, q.created_at, q.id) AS turn"
     "  FROM batches q JOIN spaces s ON s.id = q.workspace_id"
     "  LEFT JOIN load l ON l.workspace_id = q.workspace_id"
-    f"  WHERE q.{_QUEUED}),"
+    f"  WHERE q.{_QUEUED}"
+    "   AND NOT EXISTS (SELECT 1 FROM unnest($6::text[], $7::int[]) AS f(workspace_id, floor)"
+    "    WHERE f.workspace_id = q.workspace_id AND q.priority < f.floor)),"
     " picked AS ("
     "  SELECT id FROM turns WHERE $5 = 0 OR turn <= $5"
     "  ORDER BY turn, last_claim_at NULLS FIRST, created_at, id LIMIT $2),"
