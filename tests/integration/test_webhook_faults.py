@@ -16,6 +16,7 @@ import pytest
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_FINISHED, Names
 from relay_batches.ids import new_id
+from relay_batches.kit.base import BusService
 from relay_batches.ledger.deliveries import DeliveryStore
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
@@ -156,14 +157,14 @@ async def hooks_iso() -> AsyncIterator[Isolation]:
     await drop_isolation(created)
 
 
-async def test_a_hanging_receiver_delays_only_its_own_workspace(
-    hooks_iso: Isolation,
-) -> None:
-    # More hanging deliveries than the notifier's prefetch: those beyond the receiver's
-    # slots and waiters are deferred to the ledger, and each is delivered once later.
-    assert HANGING > NOTIFY_PREFETCH
-    pool = await create_pool(hooks_iso.database_url, max_size=4)
-    bus = Bus(AMQP_URL, Names(hooks_iso.namespace), "notifier-test")
+@contextlib.asynccontextmanager
+async def running_notifier(
+    iso: Isolation,
+) -> AsyncIterator[tuple[asyncpg.Pool, Bus, BusService]]:
+    """The real notifier service on the real bus and ledger of ``iso`` (10 s webhook
+    timeout, loopback receivers allowed); stopped and closed on leaving."""
+    pool = await create_pool(iso.database_url, max_size=4)
+    bus = Bus(AMQP_URL, Names(iso.namespace), "notifier-test")
     await bus.connect()
     stop = asyncio.Event()
     store = DeliveryStore(pool, claim_s=core.claim_seconds(10.0))
@@ -178,6 +179,21 @@ async def test_a_hanging_receiver_delays_only_its_own_workspace(
     )
     running = asyncio.create_task(service.run(stop))
     try:
+        yield pool, bus, service
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 60)
+        await bus.close()
+        await pool.close()
+
+
+async def test_a_hanging_receiver_delays_only_its_own_workspace(
+    hooks_iso: Isolation,
+) -> None:
+    # More hanging deliveries than the notifier's prefetch: those beyond the receiver's
+    # slots and waiters are deferred to the ledger, and each is delivered once later.
+    assert HANGING > NOTIFY_PREFETCH
+    async with running_notifier(hooks_iso) as (pool, bus, service):
         async with (
             serving(Receiver(hang=True)) as hanging,
             serving(Receiver()) as healthy,
@@ -220,11 +236,6 @@ async def test_a_hanging_receiver_delays_only_its_own_workspace(
             await wait_until(all_delivered, 120, "every deferred webhook to be delivered")
             assert sorted(hanging.ids) == sorted(f"msg_{b}" for b in slow)
             assert hanging.open_most == RECEIVER_SLOTS
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 60)
-        await bus.close()
-        await pool.close()
 
 
 async def test_one_workspace_with_many_hanging_receivers_leaves_room_for_others(
@@ -235,22 +246,7 @@ async def test_one_workspace_with_many_hanging_receivers_leaves_room_for_others(
     # the rest at once, so another workspace's webhook goes out without waiting.
     ports = 6
     assert ports * (RECEIVER_SLOTS + RECEIVER_WAITERS) >= NOTIFY_PREFETCH
-    pool = await create_pool(hooks_iso.database_url, max_size=4)
-    bus = Bus(AMQP_URL, Names(hooks_iso.namespace), "notifier-test")
-    await bus.connect()
-    stop = asyncio.Event()
-    store = DeliveryStore(pool, claim_s=core.claim_seconds(10.0))
-    service = notifier_service(
-        bus,
-        store,
-        guarded_poster(LOOPBACK, 10.0),
-        ledger_readiness(pool),
-        recover_every_s=0.5,
-        grace_s=2.0,
-        receiver_wait_s=20.0,
-    )
-    running = asyncio.create_task(service.run(stop))
-    try:
+    async with running_notifier(hooks_iso) as (pool, bus, service):
         async with contextlib.AsyncExitStack() as receivers:
             hanging = [
                 await receivers.enter_async_context(serving(Receiver(hang=True)))
@@ -294,11 +290,6 @@ async def test_one_workspace_with_many_hanging_receivers_leaves_room_for_others(
             assert sum(r.open_most for r in hanging) <= WORKSPACE_OPEN
             for receiver in hanging:
                 receiver.release.set()
-    finally:
-        stop.set()
-        await asyncio.wait_for(running, 60)
-        await bus.close()
-        await pool.close()
 
 
 async def defer_batches(pool: asyncpg.Pool, name: str, url: str, n: int) -> list[str]:

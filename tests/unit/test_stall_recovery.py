@@ -3,6 +3,8 @@ longer queued are published again (in-memory store, fake clocks)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 
 from relay_batches.messages import DecodedSlice, HeldRows, HoldingReport, JobEvent
@@ -237,16 +239,14 @@ def test_a_mark_of_a_worker_from_before_owners_names_no_dispatcher() -> None:
     assert HoldingReport.decode(old).marks == (("", 0, 5.0),)
 
 
-async def test_nothing_is_judged_while_the_aggregator_is_behind(
-    store: FakeDispatchStore, recorder: Recorder
-) -> None:
-    state = [(0, 0)]
-
-    async def results_state() -> tuple[int, int]:
-        return state[-1]
-
-    mono = Clock()
-    dispatcher = Dispatcher(
+def probed(
+    store: FakeDispatchStore,
+    recorder: Recorder,
+    results_state: Callable[[], Awaitable[tuple[int, int]]],
+    mono: Clock,
+) -> Dispatcher:
+    """A dispatcher (stall timeout 10 s, empty rows queue) that probes ``results``."""
+    return Dispatcher(
         store,
         recorder.publish,
         recorder.announce,
@@ -257,6 +257,18 @@ async def test_nothing_is_judged_while_the_aggregator_is_behind(
         results_state=results_state,
         clock=mono,
     )
+
+
+async def test_nothing_is_judged_while_the_aggregator_is_behind(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    state = [(0, 0)]
+
+    async def results_state() -> tuple[int, int]:
+        return state[-1]
+
+    mono = Clock()
+    dispatcher = probed(store, recorder, results_state, mono)
     await stalled_job(store, recorder, dispatcher)
     mono.now += 6.0  # no progress recorded for more than half a stall timeout
     # Nobody consumes results; outcomes wait on it while nothing is recorded.
@@ -282,17 +294,7 @@ async def test_a_busy_aggregator_with_messages_ready_does_not_hold_recovery_back
     async def results_state() -> tuple[int, int]:
         return 40, 1  # always some outcomes ready: the aggregator is busy, not stuck
 
-    dispatcher = Dispatcher(
-        store,
-        recorder.publish,
-        recorder.announce,
-        {"gpt-4o-mini"}.__contains__,
-        DispatchConfig(OWNER, 20, 4, 8, LEASE_S, stall_s=10.0),
-        rows_waiting=Waiting(0),
-        inflight=InFlight(OWNER, mono),
-        results_state=results_state,
-        clock=mono,
-    )
+    dispatcher = probed(store, recorder, results_state, mono)
     await stalled_job(store, recorder, dispatcher)
     mono.now += 30.0
     await dispatcher.on_progress(JobEvent("other-job", JobStatus.RUNNING, 100, 5, 0))  # recorded
