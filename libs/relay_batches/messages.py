@@ -63,10 +63,41 @@ class DispatchWakeup:
 
 @dataclass(frozen=True)
 class SliceRow:
-    """One row of a task: its index in the job and its messages (raw JSON text)."""
+    """One row of a slice: its index in the job and its chat request (raw JSON text).
+
+    ``request_json`` is as ``batch_rows.request`` stores it: the row's messages array,
+    or an object with ``messages`` and the row's own fields (see :class:`RowRequest`).
+    """
 
     index: int
-    messages_json: str
+    request_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class RowRequest:
+    """One row's chat request as a worker runs it.
+
+    ``model`` is the row's own alias (None: the job's); ``params`` are the row's own
+    request fields (tools, tool_choice, max_tokens, …), which override the job's.
+    """
+
+    messages: list[Any]
+    model: str | None = None
+    params: dict[str, Any] | None = None
+
+
+def row_request(value: Any) -> RowRequest:
+    """A decoded ``request_json``: a messages array, or an object holding ``messages``."""
+    if isinstance(value, list):
+        return RowRequest(value)
+    if not isinstance(value, dict):
+        raise TypeError(f"row request is not an array or object: {type(value).__name__}")
+    fields = dict(value)
+    messages = _message_list(fields.pop("messages", None))
+    model = fields.pop("model", None)
+    if model is not None and not isinstance(model, str):
+        raise TypeError("row model is not a string")
+    return RowRequest(messages, model, fields or None)
 
 
 @dataclass(frozen=True)
@@ -91,7 +122,7 @@ class SliceMessage:
                 "batch_id": self.batch_id,
                 "model": self.model,
                 "params": orjson.Fragment(self.params_json),
-                "rows": [[r.index, orjson.Fragment(r.messages_json)] for r in self.rows],
+                "rows": [[r.index, orjson.Fragment(r.request_json)] for r in self.rows],
                 "level": self.level,
                 "sent_at": self.sent_at,
                 "owner": self.owner,
@@ -100,10 +131,10 @@ class SliceMessage:
 
     @classmethod
     def decode(cls, body: bytes) -> DecodedSlice:
-        """Parse a bus body into a task whose row messages are already decoded."""
+        """Parse a bus body into a slice whose row requests are already decoded."""
         d = _load(body, cls.KIND)
         try:
-            rows = tuple((int(i), _message_list(m)) for i, m in d["rows"])
+            rows = tuple((int(i), row_request(m)) for i, m in d["rows"])
             params = d.get("params") or {}
             if not isinstance(params, dict):
                 raise TypeError("params is not an object")
@@ -129,11 +160,11 @@ def _message_list(value: Any) -> list[Any]:
 
 @dataclass(frozen=True)
 class DecodedSlice:
-    """A :class:`SliceMessage` as a worker sees it: rows are ``(index, messages)`` pairs."""
+    """A :class:`SliceMessage` as a worker sees it: rows are ``(index, request)`` pairs."""
 
     batch_id: str
     model: str
-    rows: tuple[tuple[int, list[Any]], ...]
+    rows: tuple[tuple[int, RowRequest], ...]
     params: dict[str, Any] = field(default_factory=dict)
     level: int = 0
     sent_at: float = 0.0
@@ -142,7 +173,13 @@ class DecodedSlice:
 
 @dataclass(frozen=True)
 class RowOutcome:
-    """The outcome of one row: content or error, with attempts and usage."""
+    """The outcome of one row: content or error, with attempts and usage.
+
+    With content, the whole answer: ``tool_calls`` (JSON text of the chat-completions
+    ``tool_calls`` array, None when the model called none), ``finish_reason``
+    (chat-completions vocabulary: stop, length, tool_calls, content_filter) and
+    ``model`` (the model that answered, as its provider named it).
+    """
 
     batch_id: str
     row_index: int
@@ -153,6 +190,9 @@ class RowOutcome:
     deployment: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_calls: str | None = None
+    finish_reason: str | None = None
+    model: str | None = None
 
     def as_list(self) -> list[Any]:
         """Compact positional form used on the wire."""
@@ -166,6 +206,9 @@ class RowOutcome:
             self.deployment,
             self.prompt_tokens,
             self.completion_tokens,
+            self.tool_calls,
+            self.finish_reason,
+            self.model,
         ]
 
 
@@ -186,23 +229,31 @@ class OutcomesMessage:
         """Parse a bus body; raise :class:`MessageError` if it is not one."""
         d = _load(body, cls.KIND)
         try:
-            outcomes = tuple(
-                RowOutcome(
-                    batch_id=str(b),
-                    row_index=int(i),
-                    content=c,
-                    error=e,
-                    attempts=int(a),
-                    dead_letter=bool(dl),
-                    deployment=dep,
-                    prompt_tokens=int(pt),
-                    completion_tokens=int(ct),
-                )
-                for b, i, c, e, a, dl, dep, pt, ct in d["outcomes"]
-            )
+            outcomes = tuple(_outcome(o) for o in d["outcomes"])
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
         return cls(outcomes)
+
+
+def _outcome(value: Any) -> RowOutcome:
+    """One outcome of the wire's positional form; the last three fields are optional
+    (a worker from before whole answers sends nine)."""
+    b, i, c, e, a, dl, dep, pt, ct, *answer = value
+    tool_calls, finish_reason, model = (*answer, None, None, None)[:3]
+    return RowOutcome(
+        batch_id=str(b),
+        row_index=int(i),
+        content=c,
+        error=e,
+        attempts=int(a),
+        dead_letter=bool(dl),
+        deployment=dep,
+        prompt_tokens=int(pt),
+        completion_tokens=int(ct),
+        tool_calls=tool_calls,
+        finish_reason=finish_reason,
+        model=model,
+    )
 
 
 @dataclass(frozen=True)

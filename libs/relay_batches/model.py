@@ -27,6 +27,7 @@ class JobStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELED = "canceled"
+    EXPIRED = "expired"
 
 
 class DeliveryStatus(StrEnum):
@@ -45,15 +46,18 @@ S = TypeVar("S", bound=StrEnum)
 JOB_INITIAL: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.SCHEDULED})
 
 # Which status each job status may move to, and nothing else: queued and running jobs
-# end by failing or being canceled, a running job completes when every row has an
-# outcome, a cron template (scheduled) only ever ends by cancel; its runs are new jobs.
+# end by failing, being canceled or expiring (past their completion window), a running
+# job completes when every row has an outcome, a cron template (scheduled) only ever
+# ends by cancel; its runs are new jobs.
+_ENDS_OF_LIVE = frozenset({JobStatus.FAILED, JobStatus.CANCELED, JobStatus.EXPIRED})
 JOB_STATUS_TRANSITIONS: Mapping[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.FAILED, JobStatus.CANCELED}),
+    JobStatus.QUEUED: _ENDS_OF_LIVE | {JobStatus.RUNNING},
     JobStatus.SCHEDULED: frozenset({JobStatus.CANCELED}),
-    JobStatus.RUNNING: frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELED}),
+    JobStatus.RUNNING: _ENDS_OF_LIVE | {JobStatus.COMPLETED},
     JobStatus.COMPLETED: frozenset(),
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELED: frozenset(),
+    JobStatus.EXPIRED: frozenset(),
 }
 
 DELIVERY_INITIAL: frozenset[DeliveryStatus] = frozenset({DeliveryStatus.SENDING})
@@ -128,6 +132,8 @@ class Job:
     completed_at: datetime | None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    expires_at: datetime | None = None
+    metadata: str | None = None
 
     @classmethod
     def from_record(cls, record: Any) -> Job:

@@ -1,4 +1,10 @@
-"""HTTP edge policy: API.md's error object for every failure, Bearer-key auth, timing."""
+"""HTTP edge policy: the error object of each surface for every failure, key auth, timing.
+
+Three surfaces share one application and one ledger: the native API under ``/v1/``, the
+OpenAI-compatible one under ``/openai/v1/`` and the Anthropic-compatible one under
+``/anthropic/v1/``. Each answers failures in its own error shape (:func:`error_response`
+picks it by path) and every one of them requires a Relay API key.
+"""
 
 from __future__ import annotations
 
@@ -32,13 +38,49 @@ RETRY_AFTER_S = 2
 UNAVAILABLE = "service temporarily unavailable, retry shortly"
 
 
-def error_response(status: int, message: str, param: str | None = None) -> web.Response:
-    """API.md's error object with ``status``; a 503 says when to retry (``Retry-After``)."""
+OPENAI_PREFIX = "/openai/v1/"
+ANTHROPIC_PREFIX = "/anthropic/v1/"
+AUTHENTICATED_PREFIXES = ("/v1/", OPENAI_PREFIX, ANTHROPIC_PREFIX)
+
+# The error ``type`` of Anthropic's error object for each status.
+ANTHROPIC_ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, object]:
+    """The error object of the surface ``path`` belongs to.
+
+    Native (API.md): ``{error: {type, message, param}}``; OpenAI: the same plus ``code``;
+    Anthropic: ``{type: "error", error: {type, message}}``.
+    """
     error_type = ERROR_TYPES.get(
         status, "invalid_request_error" if status < 500 else "internal_error"
     )
-    body = {"error": {"type": error_type, "message": message, "param": param}}
-    response = json_response(body, status)
+    if path.startswith(ANTHROPIC_PREFIX):
+        kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error" if status >= 500 else error_type)
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    if path.startswith(OPENAI_PREFIX):
+        return {"error": {"message": message, "type": error_type, "param": param, "code": None}}
+    return {"error": {"type": error_type, "message": message, "param": param}}
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, path: str = "/v1/"
+) -> web.Response:
+    """The error object of ``path``'s surface with ``status``; a 503 says when to retry
+    (``Retry-After``)."""
+    response = json_response(error_body(path, status, message, param), status)
     if status == 503:
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
@@ -101,15 +143,16 @@ async def _send_and_close(request: web.Request, response: web.Response) -> None:
 
 def _error_for(request: web.Request, exc: Exception) -> web.Response:
     """The error object answering ``exc`` (no response has been started)."""
+    path = request.path
     if isinstance(exc, ApiError):
-        return error_response(exc.status, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param, path)
     if isinstance(exc, web.HTTPException):
-        return error_response(exc.status, _HTTP_MESSAGES.get(exc.status, exc.reason))
+        return error_response(exc.status, _HTTP_MESSAGES.get(exc.status, exc.reason), path=path)
     if isinstance(exc, TransientError):
-        log.warning("dependency_unavailable", extra={"error": str(exc), "path": request.path})
-        return error_response(503, UNAVAILABLE)
-    log.error("request_failed", exc_info=exc, extra={"path": request.path, "error": repr(exc)})
-    return error_response(500, "internal error")
+        log.warning("dependency_unavailable", extra={"error": str(exc), "path": path})
+        return error_response(503, UNAVAILABLE, path=path)
+    log.error("request_failed", exc_info=exc, extra={"path": path, "error": repr(exc)})
+    return error_response(500, "internal error", path=path)
 
 
 class StreamAborted(Exception):
@@ -131,39 +174,56 @@ def log_stream_aborts_once(server_logger: logging.Logger | None = None) -> None:
 
 
 def schema_middleware(current: Callable[[], Awaitable[bool]]) -> Middleware:
-    """Answer ``/v1/…`` with 503 while the ledger's schema is behind this code's version
-    (a migration has not run yet): every such request needs the ledger, keys included."""
+    """Answer every surface's API paths with 503 while the ledger's schema is behind this
+    code's version (a migration has not run yet): every such request needs the ledger,
+    keys included."""
 
     @web.middleware
     async def require_schema(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith("/v1/") and not await current():
+        if request.path.startswith(AUTHENTICATED_PREFIXES) and not await current():
             log.warning("schema_not_current", extra={"path": request.path})
-            return error_response(503, UNAVAILABLE)
+            return error_response(503, UNAVAILABLE, path=request.path)
         return await handler(request)
 
     return require_schema
 
 
 def auth_middleware(resolve: ResolveKey) -> Middleware:
-    """Require ``Authorization: Bearer <key>`` on ``/v1/…``; store the workspace id."""
+    """Require a Relay API key on every surface's API paths; store the workspace id.
+
+    The key comes as ``Authorization: Bearer <key>`` (every SDK's way but Anthropic's) or
+    as ``x-api-key: <key>`` (Anthropic's); when both are sent, they must agree.
+    """
 
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not request.path.startswith("/v1/"):
+        if not request.path.startswith(AUTHENTICATED_PREFIXES):
             return await handler(request)
-        header = request.headers.get("Authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise ApiError(401, "missing API key: send Authorization: Bearer <key>")
-        key = key.strip()
+        key = _presented_key(request)
+        if key is None:
+            raise ApiError(
+                401, "missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)"
+            )
         # Header bytes that are not UTF-8 arrive as surrogates: such a key cannot exist.
-        workspace_id = await resolve(key) if _is_utf8(key) else None
+        workspace_id = await resolve(key) if key and _is_utf8(key) else None
         if workspace_id is None:
             raise ApiError(401, "invalid API key")
         request[WORKSPACE_ID] = workspace_id
         return await handler(request)
 
     return authenticate
+
+
+def _presented_key(request: web.Request) -> str | None:
+    """The key of the request's ``Authorization: Bearer`` or ``x-api-key`` header; ``""``
+    when the two disagree (no key is both), None when neither is sent."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, bearer = header.partition(" ")
+    bearer = bearer.strip() if scheme.lower() == "bearer" else ""
+    x_api_key = request.headers.get("x-api-key", "").strip()
+    if bearer and x_api_key and bearer != x_api_key:
+        return ""
+    return bearer or x_api_key or None
 
 
 def _is_utf8(text: str) -> bool:

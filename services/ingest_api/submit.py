@@ -100,7 +100,7 @@ async def submit_many(
 
 
 def _row_pairs(planned: PlannedJob) -> Iterator[tuple[str, str]]:
-    return ((r.custom_id, r.messages_json) for r in planned.rows)
+    return ((r.custom_id, r.request_json) for r in planned.rows)
 
 
 async def _created(deps: ApiDeps, created: list[Job]) -> None:

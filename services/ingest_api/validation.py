@@ -70,12 +70,15 @@ class SubmitLimits:
 class RowInput:
     """One validated request row.
 
-    ``messages_json`` is the row's messages list re-encoded compactly by orjson, each
-    message reduced to its two keys, sorted: ``[{"content":"…","role":"user"}]``.
+    ``request_json`` is the row's chat request as ``batch_rows.request`` stores it: for
+    a row of string messages only, its messages list re-encoded compactly by orjson,
+    each message reduced to its two keys, sorted: ``[{"content":"…","role":"user"}]``.
+    ``model`` is the row's own alias (None: the job's).
     """
 
     custom_id: str
-    messages_json: str
+    request_json: str
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+import orjson
+
 from relay_batches.errors import HandBack
-from relay_batches.messages import DecodedSlice, RowOutcome
+from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest
 from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
 from relay_batches.router.types import RowResult
 from relay_batches.services.row_worker.holdings import Holdings
@@ -102,7 +104,7 @@ class RowRunner:
 
     async def _run_slice(self, job_slice: DecodedSlice) -> int:
         started: list[asyncio.Task[None]] = []
-        for index, messages in job_slice.rows:
+        for index, request in job_slice.rows:
             await self._slots.acquire()
             if self._stopping and not started:
                 self._slots.release()
@@ -112,7 +114,7 @@ class RowRunner:
                 ROWS_DROPPED.inc()
                 continue
             row = asyncio.create_task(
-                self._run_row(job_slice, index, messages), name=f"row-{job_slice.batch_id}-{index}"
+                self._run_row(job_slice, index, request), name=f"row-{job_slice.batch_id}-{index}"
             )
             self._running.setdefault(job_slice.batch_id, set()).add(row)
             row.add_done_callback(functools.partial(self._forget, job_slice.batch_id))
@@ -130,10 +132,10 @@ class RowRunner:
             if not tasks:
                 del self._running[batch_id]
 
-    async def _run_row(self, job_slice: DecodedSlice, index: int, messages: list[Any]) -> None:
+    async def _run_row(self, job_slice: DecodedSlice, index: int, request: RowRequest) -> None:
         ROWS_IN_FLIGHT.inc()
         try:
-            result = await self._call(job_slice, index, messages)
+            result = await self._call(job_slice, index, request)
         finally:
             ROWS_IN_FLIGHT.dec()
             self._slots.release()
@@ -141,9 +143,11 @@ class RowRunner:
         ROWS_PROCESSED.labels("content" if outcome.error is None else "error").inc()
         await self._sink(outcome)
 
-    async def _call(self, job_slice: DecodedSlice, index: int, messages: list[Any]) -> RowResult:
+    async def _call(self, job_slice: DecodedSlice, index: int, request: RowRequest) -> RowResult:
+        alias = request.model or job_slice.model
+        params = job_slice.params if not request.params else {**job_slice.params, **request.params}
         try:
-            return await self._router.complete(job_slice.model, messages, job_slice.params)
+            return await self._router.complete(alias, request.messages, params)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -179,4 +183,14 @@ def to_outcome(batch_id: str, index: int, result: RowResult) -> RowOutcome:
         deployment=result.deployment,
         prompt_tokens=0 if completion is None else _tokens(completion.prompt_tokens),
         completion_tokens=0 if completion is None else _tokens(completion.completion_tokens),
+        tool_calls=None if completion is None else _tool_calls_json(completion.tool_calls),
+        finish_reason=None if completion is None else completion.finish_reason,
+        model=None if completion is None else completion.model,
     )
+
+
+def _tool_calls_json(tool_calls: Sequence[Any] | None) -> str | None:
+    """The tool calls as the ledger stores them: compact JSON text, None for none."""
+    if not tool_calls:
+        return None
+    return storable_text(orjson.dumps(tool_calls).decode())

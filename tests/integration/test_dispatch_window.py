@@ -43,7 +43,7 @@ class Published:
 
     def in_flight(self, done: set[int]) -> int:
         """Bytes of message text published whose row has no outcome."""
-        return sum(len(r.messages_json) for t in self.tasks for r in t.rows if r.index not in done)
+        return sum(len(r.request_json) for t in self.tasks for r in t.rows if r.index not in done)
 
 
 async def test_a_job_of_big_rows_keeps_its_message_bytes_in_flight_within_the_window(

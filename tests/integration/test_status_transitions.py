@@ -15,6 +15,7 @@ from relay_batches.errors import ConflictError
 from relay_batches.ids import new_id
 from relay_batches.ledger.deliveries import MAX_CLAIMS, Claim, DeliveryStore
 from relay_batches.ledger.dispatch import DispatchStore
+from relay_batches.ledger.expiry import ExpiryStore
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.migrate import migration_files
@@ -102,8 +103,9 @@ def plan_only(template_id: str) -> Plan:
 async def test_every_job_transition_is_made_by_a_ledger_function(pool: asyncpg.Pool) -> None:
     workspace = await KeyStore(pool).ensure_workspace(f"st-{new_id()[:6]}")
     jobs, dispatch, outcomes = JobStore(pool), DispatchStore(pool), OutcomeStore(pool)
+    expiry = ExpiryStore(pool)
     seen = Observed(pool)
-    queued = [await new_job(pool, workspace) for _ in range(5)]
+    queued = [await new_job(pool, workspace) for _ in range(6)]
     template = await new_job(pool, workspace, cron="0 0 * * *")
     _, runs = await ScheduleStore(pool).spawn_due(FAR, 100, plan_only(template))
     created = [*queued, template, runs[0].id]
@@ -117,6 +119,11 @@ async def test_every_job_transition_is_made_by_a_ledger_function(pool: asyncpg.P
     await seen.job([queued[2]], outcomes.record(done))
     await seen.job([queued[3]], dispatch.fail(queued[3], "model gone"))
     await seen.job([queued[4]], jobs.cancel(workspace, queued[4]))
+    late = await new_job(pool, workspace)  # queued after the claim
+    await pool.execute(
+        "UPDATE batches SET expires_at = now() WHERE id = ANY($1::text[])", [late, queued[5]]
+    )
+    await seen.job([late, queued[5]], expiry.expire_due())  # queued and running -> expired
     await seen.job([template], jobs.cancel(workspace, template))
     await jobs.cancel(workspace, runs[0].id)  # claimed above with the others; ends here
 

@@ -442,6 +442,6 @@ async def test_wrong_method_is_405_with_error_object(
 async def test_nul_in_content_is_stored(client_a: ApiClient, pool: asyncpg.Pool) -> None:
     created = await client_a.submit(body(requests=[req("a", [msg(content="nul \u0000 inside")])]))
     messages = await pool.fetchval(
-        "SELECT messages FROM batch_rows WHERE batch_id = $1", created["id"]
+        "SELECT request FROM batch_rows WHERE batch_id = $1", created["id"]
     )
     assert orjson.loads(messages) == [{"content": "nul \u0000 inside", "role": "user"}]

@@ -61,10 +61,10 @@ async def job_count(client: ApiClient) -> int:
 async def stored_rows(pool: asyncpg.Pool, batch_id: str) -> list[tuple[str, Any]]:
     """(custom_id, messages) of every stored row, in order."""
     records = await pool.fetch(
-        "SELECT custom_id, messages FROM batch_rows WHERE batch_id = $1 ORDER BY row_index",
+        "SELECT custom_id, request FROM batch_rows WHERE batch_id = $1 ORDER BY row_index",
         batch_id,
     )
-    return [(r["custom_id"], orjson.loads(r["messages"])) for r in records]
+    return [(r["custom_id"], orjson.loads(r["request"])) for r in records]
 
 
 def user(content: str) -> list[dict[str, str]]:

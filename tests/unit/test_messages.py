@@ -16,6 +16,7 @@ from relay_batches.messages import (
     MessageError,
     OutcomesMessage,
     RowOutcome,
+    RowRequest,
     SliceMessage,
     SliceRow,
 )
@@ -56,20 +57,58 @@ def test_job_event_round_trip() -> None:
     assert JobEvent.decode(message.encode()) == message
 
 
+def test_outcome_of_nine_fields_decodes_without_an_answer() -> None:
+    """A worker from before whole answers sends nine fields per outcome."""
+    raw = orjson.dumps(
+        {
+            "v": SCHEMA_VERSION,
+            "kind": "results",
+            "outcomes": [["b", 0, "hi", None, 1, False, "d", 1, 2]],
+        }
+    )
+    assert OutcomesMessage.decode(raw).outcomes == (
+        RowOutcome("b", 0, "hi", None, 1, False, "d", 1, 2),
+    )
+
+
+def test_row_request_of_an_object_carries_its_model_and_params() -> None:
+    raw = SliceMessage(
+        "b",
+        "m",
+        (SliceRow(0, '{"messages":[{"role":"user","content":"x"}],"model":"m2","seed":1}'),),
+    ).encode()
+    assert SliceMessage.decode(raw).rows == (
+        (0, RowRequest([{"role": "user", "content": "x"}], "m2", {"seed": 1})),
+    )
+
+
 def test_outcome_batch_round_trip() -> None:
     outcomes = (
-        RowOutcome("b1", 0, "hello", None, 1, False, "primary", 3, 5),
+        RowOutcome("b1", 0, "hello", None, 1, False, "primary", 3, 5, None, "stop", "m-1"),
         RowOutcome("b1", 1, None, "upstream_error: x: HTTP 503: busy", 4, True, None, 0, 0),
-        RowOutcome("b2", 9, "", None, 2),
+        RowOutcome("b2", 9, "", None, 2, tool_calls='[{"id":"c"}]', finish_reason="tool_calls"),
     )
     message = OutcomesMessage(outcomes)
     assert orjson.loads(message.encode()) == {
         "v": SCHEMA_VERSION,
         "kind": "results",
         "outcomes": [
-            ["b1", 0, "hello", None, 1, False, "primary", 3, 5],
-            ["b1", 1, None, "upstream_error: x: HTTP 503: busy", 4, True, None, 0, 0],
-            ["b2", 9, "", None, 2, False, None, 0, 0],
+            ["b1", 0, "hello", None, 1, False, "primary", 3, 5, None, "stop", "m-1"],
+            [
+                "b1",
+                1,
+                None,
+                "upstream_error: x: HTTP 503: busy",
+                4,
+                True,
+                None,
+                0,
+                0,
+                None,
+                None,
+                None,
+            ],
+            ["b2", 9, "", None, 2, False, None, 0, 0, '[{"id":"c"}]', "tool_calls", None],
         ],
     }
     assert OutcomesMessage.decode(message.encode()) == message
@@ -108,19 +147,19 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
     assert decoded == DecodedSlice(
         "b1",
         "gpt-4o-mini",
-        ((4, orjson.loads(MESSAGES_1)), (5, orjson.loads(MESSAGES_2))),
+        ((4, RowRequest(orjson.loads(MESSAGES_1))), (5, RowRequest(orjson.loads(MESSAGES_2)))),
         {"temperature": 0.5},
         3,
         1700000000.25,
         "dispatcher-1",
     )
-    assert all(isinstance(messages, list) for _, messages in decoded.rows)
+    assert all(isinstance(request.messages, list) for _, request in decoded.rows)
 
 
 def test_row_task_default_params() -> None:
     decoded = SliceMessage.decode(SliceMessage("b1", "m", (SliceRow(0, MESSAGES_1),)).encode())
     assert decoded.params == {}
-    assert decoded.rows == ((0, [{"role": "user", "content": "hi"}]),)
+    assert decoded.rows == ((0, RowRequest([{"role": "user", "content": "hi"}])),)
 
 
 def test_row_task_null_params_decode_as_empty() -> None:
@@ -216,5 +255,5 @@ def test_missing_or_malformed_field_is_rejected(decode: Decode, fields: dict[str
 
 def test_row_messages_that_are_not_an_array_are_rejected() -> None:
     raw = body(v=SCHEMA_VERSION, kind="rows", batch_id="b", model="m", rows=[[0, "hi"]])
-    with pytest.raises(MessageError, match="row messages are not an array: str"):
+    with pytest.raises(MessageError, match="row request is not an array or object: str"):
         SliceMessage.decode(raw)

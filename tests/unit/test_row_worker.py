@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from relay_batches.errors import HandBack
-from relay_batches.messages import DecodedSlice, OutcomesMessage, RowOutcome
+from relay_batches.messages import DecodedSlice, OutcomesMessage, RowOutcome, RowRequest
 from relay_batches.router.types import Completion, RowResult
 from relay_batches.services.row_worker import outcomes as outcomes_module
 from relay_batches.services.row_worker.core import CanceledJobs, RowRunner, to_outcome
@@ -26,7 +26,10 @@ def row_messages(index: int) -> list[dict[str, str]]:
 
 def make_task(batch_id: str, indexes: Sequence[int], model: str = "m") -> DecodedSlice:
     return DecodedSlice(
-        batch_id, model, tuple((i, row_messages(i)) for i in indexes), {"temperature": 0}
+        batch_id,
+        model,
+        tuple((i, RowRequest(row_messages(i))) for i in indexes),
+        {"temperature": 0},
     )
 
 
@@ -91,7 +94,10 @@ class Sink:
 def tagged(batch_id: str, indexes: Sequence[int]) -> DecodedSlice:
     """A task whose params tell the fake router which job a call belongs to."""
     return DecodedSlice(
-        batch_id, batch_id, tuple((i, row_messages(i)) for i in indexes), {"batch": batch_id}
+        batch_id,
+        batch_id,
+        tuple((i, RowRequest(row_messages(i))) for i in indexes),
+        {"batch": batch_id},
     )
 
 

@@ -91,11 +91,11 @@ def test_a_transition_table_covers_its_enum_and_ends_in_its_terminal_set(
 
 def test_the_job_table_is_the_one_the_ledger_makes() -> None:
     assert {src: sorted(dst) for src, dst in JOB_STATUS_TRANSITIONS.items() if dst} == {
-        "queued": ["canceled", "failed", "running"],
+        "queued": ["canceled", "expired", "failed", "running"],
         "scheduled": ["canceled"],
-        "running": ["canceled", "completed", "failed"],
+        "running": ["canceled", "completed", "expired", "failed"],
     }
-    assert TERMINAL == {"completed", "failed", "canceled"}
+    assert TERMINAL == {"completed", "failed", "canceled", "expired"}
     assert JOB_INITIAL == {"queued", "scheduled"}
 
 
@@ -117,7 +117,7 @@ def test_allowed_from_reads_the_table_backwards_in_enum_order() -> None:
 
 def test_status_constants_render_in_enum_order() -> None:
     assert status_in([JobStatus.QUEUED]) == "status IN ('queued')"
-    assert status_in(TERMINAL) == "status IN ('completed', 'failed', 'canceled')"
+    assert status_in(TERMINAL) == "status IN ('completed', 'failed', 'canceled', 'expired')"
     with pytest.raises(ValueError):
         status_in([])
 

@@ -28,7 +28,7 @@ def contents(rows: list[RowInput]) -> list[tuple[str, str]]:
     """(custom_id, content of the single user message) per row."""
     out = []
     for row in rows:
-        messages = orjson.loads(row.messages_json)
+        messages = orjson.loads(row.request_json)
         assert [m["role"] for m in messages] == ["user"]
         out.append((row.custom_id, messages[0]["content"]))
     return out

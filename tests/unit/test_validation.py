@@ -313,7 +313,7 @@ def test_message_role_missing() -> None:
 @pytest.mark.parametrize("role", ["system", "developer", "user", "assistant"])
 def test_every_role_is_accepted(role: str) -> None:
     spec = validate_submit(rows({"messages": [{"role": role, "content": "x"}]}), LIMITS, MODELS)
-    assert spec.rows[0].messages_json == f'[{{"content":"x","role":"{role}"}}]'
+    assert spec.rows[0].request_json == f'[{{"content":"x","role":"{role}"}}]'
 
 
 @pytest.mark.parametrize("content", [None, 5, 1.5, True, ["hi"], {"type": "text", "text": "hi"}])
@@ -366,17 +366,17 @@ def test_first_bad_message_is_reported() -> None:
     assert_invalid(payload, "requests[1].messages[1].role", "must be one of")
 
 
-# --- messages_json -------------------------------------------------------------------
+# --- request_json -------------------------------------------------------------------
 
 
-def test_messages_json_is_compact_with_only_role_and_content() -> None:
+def test_request_json_is_compact_with_only_role_and_content() -> None:
     messages = [
         {"role": "system", "content": "Be terse.", "name": "sys", "extra": {"a": [1]}},
         {"content": 'Say "hi"\nplease — ünïcødé 😀', "role": "user"},
         {"role": "assistant", "content": "", "tool_calls": None},
     ]
     spec = validate_submit(rows({"messages": messages}), LIMITS, MODELS)
-    text = spec.rows[0].messages_json
+    text = spec.rows[0].request_json
     assert text == (
         '[{"content":"Be terse.","role":"system"},'
         '{"content":"Say \\"hi\\"\\nplease — ünïcødé 😀","role":"user"},'
@@ -389,14 +389,14 @@ def test_messages_json_is_compact_with_only_role_and_content() -> None:
     ]
 
 
-def test_messages_json_does_not_depend_on_key_order_or_extra_keys() -> None:
+def test_request_json_does_not_depend_on_key_order_or_extra_keys() -> None:
     variants = [
         {"role": "user", "content": "hi"},
         {"content": "hi", "role": "user"},
         {"name": "n", "content": "hi", "role": "user"},
     ]
     spec = validate_submit(rows(*({"messages": [m]} for m in variants)), LIMITS, MODELS)
-    assert {row.messages_json for row in spec.rows} == {HI_JSON}
+    assert {row.request_json for row in spec.rows} == {HI_JSON}
 
 
 def test_input_messages_are_not_modified() -> None:
@@ -743,7 +743,7 @@ def test_nul_in_message_content_is_kept_escaped() -> None:
     spec = validate_submit(
         rows({"messages": [{"role": "user", "content": "a\x00b"}]}), LIMITS, MODELS
     )
-    assert "\\u0000" in spec.rows[0].messages_json
+    assert "\\u0000" in spec.rows[0].request_json
 
 
 def test_known_models_is_a_container_of_the_routers_aliases() -> None:

@@ -171,7 +171,7 @@ class DispatchStore:
         """
         async with translated():
             records = await self._pool.fetch(
-                "SELECT r.row_index, r.messages FROM batch_rows r"
+                "SELECT r.row_index, r.request FROM batch_rows r"
                 " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
                 " AND NOT EXISTS (SELECT 1 FROM row_results o"
                 "   WHERE o.batch_id = $1 AND o.row_index = r.row_index"
@@ -390,7 +390,7 @@ _UNFINISHED = (
 
 # $1 job id, $2 rows batch id, $3 indexes.
 _ROWS_AT = (
-    "SELECT r.row_index, r.messages FROM batch_rows r"
+    "SELECT r.row_index, r.request FROM batch_rows r"
     " WHERE r.batch_id = $2 AND r.row_index = ANY($3::int[])"
     " AND NOT EXISTS (SELECT 1 FROM row_results o"
     "   WHERE o.batch_id = $1 AND o.row_index = r.row_index)"
@@ -401,7 +401,7 @@ _ROWS_AT = (
 
 # $1 job, $2 the batch whose rows it uses, $3..$4 rows in flight, $4..$5 rows to come.
 _UNFINISHED_SIZED = (
-    "SELECT r.row_index, octet_length(r.messages) AS size FROM batch_rows r"
+    "SELECT r.row_index, octet_length(r.request) AS size FROM batch_rows r"
     " WHERE r.batch_id = $2 AND r.row_index >= {low} AND r.row_index < {high}"
     " AND NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1"
     "   AND o.row_index = r.row_index AND o.row_index >= {low} AND o.row_index < {high})"

@@ -46,9 +46,45 @@ _DEAD_LETTER_PAGE = _PAGE_CUT.format(
 )
 
 
+# Every row of a job's input with its outcome, if any, for the dialects' renderers
+# (OpenAI output and error files, Anthropic results), which show rows without an outcome
+# of an ended job as canceled or expired. Pages are cut like _PAGE_CUT's; {only} keeps
+# the rows with content (a success) or those without.
+# $1 batch id, $2 the batch whose rows it uses, $3 last row index seen, $4 rows, $5 bytes.
+_ROW_PAGE = (
+    "WITH sized AS ("
+    "  SELECT r.row_index, row_number() OVER w AS n,"
+    "   sum(octet_length(r.custom_id) + COALESCE(octet_length(o.content), 0)"
+    "       + COALESCE(octet_length(o.error), 0) + COALESCE(octet_length(o.tool_calls), 0))"
+    "     OVER w AS upto"
+    "  FROM batch_rows r LEFT JOIN row_results o"
+    "    ON o.batch_id = $1 AND o.row_index = r.row_index AND o.row_index > $3"
+    "  WHERE r.batch_id = $2 AND r.row_index > $3 {only}"
+    "  WINDOW w AS (ORDER BY r.row_index ROWS UNBOUNDED PRECEDING)"
+    "  ORDER BY r.row_index LIMIT $4)"
+    " SELECT r.row_index, r.custom_id, o.content, o.error, o.tool_calls, o.finish_reason,"
+    "  o.model, o.prompt_tokens, o.completion_tokens, o.attempts, o.dead_letter, o.deployment,"
+    "  o.row_index IS NOT NULL AS done"
+    " FROM sized s JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = s.row_index"
+    " LEFT JOIN row_results o ON o.batch_id = $1 AND o.row_index = s.row_index"
+    " WHERE s.n = 1 OR s.upto <= $5 ORDER BY s.row_index"
+)
+ROW_SELECTIONS = {
+    "all": "",
+    "succeeded": "AND o.content IS NOT NULL",
+    "unsucceeded": "AND o.content IS NULL",
+}
+_ROW_PAGES = {name: _ROW_PAGE.format(only=only) for name, only in ROW_SELECTIONS.items()}
+
+
 @dataclass(frozen=True)
 class NewJob:
-    """Everything needed to insert a batch; ``rows`` yields ``(custom_id, messages_json)``."""
+    """Everything needed to insert a batch; ``rows`` yields ``(custom_id, request_json)``.
+
+    ``rows_batch_id`` names stored rows the job runs instead of its own (an uploaded
+    input file's, which are then not copied: its ``rows`` are empty); ``metadata`` is
+    JSON text of string pairs; ``expires_at`` the end of its completion window.
+    """
 
     id: str
     workspace_id: str
@@ -60,6 +96,9 @@ class NewJob:
     cron: str | None
     next_run_at: datetime | None
     params: str = "{}"
+    rows_batch_id: str | None = None
+    metadata: str | None = None
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +109,26 @@ class ResultRow:
     custom_id: str
     content: str | None
     error: str | None
+
+
+@dataclass(frozen=True)
+class AnsweredRow:
+    """One row of a job's input with its whole outcome; ``done`` is False (and every
+    outcome field None) for a row without one."""
+
+    row_index: int
+    custom_id: str
+    content: str | None
+    error: str | None
+    tool_calls: str | None
+    finish_reason: str | None
+    model: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    attempts: int | None
+    dead_letter: bool | None
+    deployment: str | None
+    done: bool
 
 
 @dataclass(frozen=True)
@@ -196,6 +255,18 @@ class JobStore:
         """The job's dead-letter rows in row order, pages bounded as :meth:`result_pages`."""
         return self._pages(_DEAD_LETTER_PAGE, job, page_rows, page_bytes, DeadLetterRow)
 
+    def answered_pages(
+        self,
+        job: Job,
+        select: str = "all",
+        page_rows: int = RESULT_PAGE_ROWS,
+        page_bytes: int | None = None,
+    ) -> AsyncIterator[list[AnsweredRow]]:
+        """Every row of the job's input in row order with its outcome, if any, pages
+        bounded as :meth:`result_pages`; ``select`` is a key of :data:`ROW_SELECTIONS`
+        (``succeeded``: rows with content; ``unsucceeded``: rows with an error or none)."""
+        return self._pages(_ROW_PAGES[select], job, page_rows, page_bytes, AnsweredRow)
+
     async def _pages(
         self,
         sql: str,
@@ -230,8 +301,9 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
     status = JobStatus.SCHEDULED if new.cron else JobStatus.QUEUED
     record = await conn.fetchrow(
         "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
-        " webhook_url, cron, next_run_at, rows_batch_id, params)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $1, $11) RETURNING *",
+        " webhook_url, cron, next_run_at, rows_batch_id, params, metadata, expires_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($12, $1), $11, $13, $14)"
+        " RETURNING *",
         new.id,
         new.workspace_id,
         new.name,
@@ -243,12 +315,17 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
         new.cron,
         new.next_run_at,
         new.params,
+        new.rows_batch_id,
+        new.metadata,
+        new.expires_at,
     )
+    if new.rows_batch_id is not None:
+        return Job.from_record(record)
     await conn.copy_records_to_table(
         "batch_rows",
         records=(
-            (new.id, index, custom_id, messages) for index, (custom_id, messages) in enumerate(rows)
+            (new.id, index, custom_id, request) for index, (custom_id, request) in enumerate(rows)
         ),
-        columns=("batch_id", "row_index", "custom_id", "messages"),
+        columns=("batch_id", "row_index", "custom_id", "request"),
     )
     return Job.from_record(record)

@@ -23,15 +23,18 @@ _LOCK_RUNNING = (
 _RECORD = """
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
-                         $6::bool[], $7::text[], $8::int[], $9::int[])
+                         $6::bool[], $7::text[], $8::int[], $9::int[],
+                         $12::text[], $13::text[], $14::text[])
         AS t(batch_id, row_index, content, error, attempts, dead_letter, deployment,
-             prompt_tokens, completion_tokens)
+             prompt_tokens, completion_tokens, tool_calls, finish_reason, model)
 ),
 ins AS (
     INSERT INTO row_results (batch_id, row_index, content, error, attempts, dead_letter,
-                             deployment, prompt_tokens, completion_tokens)
+                             deployment, prompt_tokens, completion_tokens, tool_calls,
+                             finish_reason, model)
     SELECT i.batch_id, i.row_index, i.content, i.error, i.attempts, i.dead_letter,
-           i.deployment, i.prompt_tokens, i.completion_tokens
+           i.deployment, i.prompt_tokens, i.completion_tokens, i.tool_calls,
+           i.finish_reason, i.model
     FROM input i JOIN batches b ON b.id = i.batch_id
     WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
     ON CONFLICT (batch_id, row_index) DO NOTHING
@@ -107,8 +110,9 @@ class OutcomeStore:
                 return []
             _refuse_out_of_range(outcomes, totals)
             accepted = [o for o in outcomes if o.batch_id in totals]
+            columns = _columns(accepted)
             records = await conn.fetch(
-                _RECORD, *_columns(accepted), list(totals), JobStatus.COMPLETED
+                _RECORD, *columns[:9], list(totals), JobStatus.COMPLETED, *columns[9:]
             )
         return [_progress(r) for r in records]
 
@@ -177,4 +181,7 @@ def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
         [o.deployment for o in outcomes],
         [o.prompt_tokens for o in outcomes],
         [o.completion_tokens for o in outcomes],
+        [o.tool_calls for o in outcomes],
+        [o.finish_reason for o in outcomes],
+        [o.model for o in outcomes],
     )

@@ -64,12 +64,42 @@ def build_request(
     return f"{deployment.base_url}/messages", headers, orjson.dumps(body)
 
 
+# Messages stop reasons in the chat-completions vocabulary of outcomes.
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+    "pause_turn": "stop",
+}
+
+
 def parse_reply(raw: bytes) -> ProviderReply:
-    """Text of the reply's content blocks, joined, and its usage."""
+    """The reply's text blocks joined, its ``tool_use`` blocks as chat-completions tool
+    calls, its stop reason as a finish reason, and its usage."""
     try:
         data = orjson.loads(raw)
         blocks = data["content"]
         text = "".join(b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+        tool_calls = [
+            {
+                "id": b["id"],
+                "type": "function",
+                "function": {"name": b["name"], "arguments": orjson.dumps(b["input"]).decode()},
+            }
+            for b in blocks
+            if isinstance(b, dict) and b.get("type") == "tool_use"
+        ]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return ProviderReply(error="malformed response from upstream")
-    return reply_with_usage(text, data.get("usage"), "input_tokens", "output_tokens")
+    stop_reason = data.get("stop_reason")
+    return reply_with_usage(
+        text,
+        data.get("usage"),
+        "input_tokens",
+        "output_tokens",
+        tool_calls=tool_calls,
+        finish_reason=FINISH_REASONS.get(stop_reason) if isinstance(stop_reason, str) else None,
+        model=data.get("model"),
+    )

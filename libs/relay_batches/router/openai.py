@@ -26,9 +26,21 @@ def parse_reply(raw: bytes) -> ProviderReply:
     """Content and usage of a 200 reply; a malformed one is a permanent failure."""
     try:
         data = orjson.loads(raw)
-        content = data["choices"][0]["message"]["content"]
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        choice = data["choices"][0]
+        message = choice["message"]
+        content = message.get("content")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
         return ProviderReply(error="malformed response from upstream")
     if not isinstance(content, str):
         content = "" if content is None else orjson.dumps(content).decode()
-    return reply_with_usage(content, data.get("usage"), "prompt_tokens", "completion_tokens")
+    tool_calls = message.get("tool_calls")
+    finish_reason = choice.get("finish_reason")
+    return reply_with_usage(
+        content,
+        data.get("usage"),
+        "prompt_tokens",
+        "completion_tokens",
+        tool_calls=tool_calls if isinstance(tool_calls, list) else None,
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+        model=data.get("model"),
+    )

@@ -8,11 +8,18 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Completion:
-    """A successful reply of a model."""
+    """A successful reply of a model, in the chat-completions vocabulary whatever the
+    provider: ``content`` is the text (``""`` when the model only called tools),
+    ``tool_calls`` the chat-completions ``tool_calls`` array (None for none),
+    ``finish_reason`` one of stop, length, tool_calls, content_filter (None when the
+    provider gave none), ``model`` the model that answered as the provider named it."""
 
     content: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,14 @@ class RowResult:
 
 
 def reply_with_usage(
-    content: str, usage: Any, prompt_key: str, completion_key: str
+    content: str,
+    usage: Any,
+    prompt_key: str,
+    completion_key: str,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish_reason: str | None = None,
+    model: Any = None,
 ) -> ProviderReply:
     """A successful reply whose token counts come from a provider's ``usage`` object
     (missing or malformed counts are 0)."""
@@ -45,6 +59,9 @@ def reply_with_usage(
             content=content,
             prompt_tokens=_count(usage.get(prompt_key)),
             completion_tokens=_count(usage.get(completion_key)),
+            tool_calls=tool_calls or None,
+            finish_reason=finish_reason,
+            model=model if isinstance(model, str) else None,
         )
     )
 

@@ -50,7 +50,7 @@ export function statusBadge(status) {
 }
 
 export const CANCELABLE = new Set(["queued", "running", "scheduled"]);
-export const TERMINAL = new Set(["completed", "failed", "canceled"]);
+export const TERMINAL = new Set(["completed", "failed", "canceled", "expired"]);
 
 /** Keep keyboard focus across a re-render: remember the focused element's key. */
 export function focusKey() {
