@@ -543,12 +543,22 @@ def is_plain(request: Mapping[str, object]) -> bool:
 
 
 def stored_request(request: Mapping[str, object]) -> str:
-    """``batch_rows.request`` of a validated chat request (``custom_id`` excluded, null
-    fields left out): the sorted-keys messages array when plain, else the sorted-keys
-    object form ``{"messages": [...], "model"?: ..., ...}``."""
+    """``batch_rows.request`` of a validated chat request: ``custom_id`` excluded and
+    null fields left out (of the row and of its messages: null means absent), then the
+    sorted-keys messages array when plain, else the sorted-keys object form
+    ``{"messages": [...], "model"?: ..., ...}``."""
     kept = {k: v for k, v in request.items() if k != "custom_id" and v is not None}
+    messages = kept["messages"]
+    if type(messages) is list:
+        kept["messages"] = [_without_nulls(m) for m in messages]
     value: object = kept["messages"] if is_plain(kept) else kept
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _without_nulls(message: object) -> object:
+    if type(message) is not dict or None not in message.values():
+        return message
+    return {k: v for k, v in message.items() if v is not None}
 
 
 def _quote(value: str, limit: int = 64) -> str:
