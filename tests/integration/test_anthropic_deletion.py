@@ -84,7 +84,8 @@ async def test_an_ended_job_leaves_nothing_behind(pool: asyncpg.Pool) -> None:
     bystander = await job(pool, ws)
     await finish(pool, target)
     await pool.execute(
-        "INSERT INTO webhook_deliveries (batch_id, url, status) VALUES ($1, 'http://h/', 'sending')",
+        "INSERT INTO webhook_deliveries (batch_id, url, status)"
+        " VALUES ($1, 'http://h/', 'sending')",
         target.id,
     )
     async with pool.acquire() as conn:
