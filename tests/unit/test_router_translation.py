@@ -483,6 +483,17 @@ def test_anthropic_reply_text_tool_use_stop_reason_usage_and_model() -> None:
     )
 
 
+def test_anthropic_reply_prompt_tokens_include_the_cached_ones() -> None:
+    usage = {
+        "input_tokens": 5,
+        "cache_creation_input_tokens": 100,
+        "cache_read_input_tokens": 40,
+        "output_tokens": 7,
+    }
+    raw = orjson.dumps({"content": [{"type": "text", "text": "ok"}], "usage": usage})
+    assert anthropic.parse_reply(raw) == ProviderReply(Completion("ok", 145, 7))
+
+
 @pytest.mark.parametrize(
     ("stop_reason", "finish_reason"),
     [

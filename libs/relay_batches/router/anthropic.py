@@ -27,7 +27,8 @@ set to ``null`` is treated as not set. A deployment's ``params`` are defaults in
 chat vocabulary, overridden by the row's.
 
 Reply: text blocks joined as the content, ``tool_use`` blocks as chat tool calls, the
-stop reason as a finish reason (:data:`FINISH_REASONS`), usage and model.
+stop reason as a finish reason (:data:`FINISH_REASONS`), usage (prompt tokens include the
+cache's, as chat completions count them) and model.
 """
 
 from __future__ import annotations
@@ -328,6 +329,19 @@ FINISH_REASONS = {
 }
 
 
+CACHE_TOKENS = ("cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def _prompt_usage(usage: Any) -> Any:
+    """``usage`` with the prompt's cached tokens counted in ``input_tokens``, as a chat
+    completion's ``prompt_tokens`` counts them (the Messages API counts them apart)."""
+    if not isinstance(usage, dict) or not any(key in usage for key in CACHE_TOKENS):
+        return usage
+    counts = [usage.get(key) for key in ("input_tokens", *CACHE_TOKENS)]
+    total = sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool))
+    return {**usage, "input_tokens": total}
+
+
 def parse_reply(raw: bytes) -> ProviderReply:
     """The reply's text blocks joined, its ``tool_use`` blocks as chat-completions tool
     calls, its stop reason as a finish reason, and its usage."""
@@ -349,7 +363,7 @@ def parse_reply(raw: bytes) -> ProviderReply:
     stop_reason = data.get("stop_reason")
     return reply_with_usage(
         text,
-        data.get("usage"),
+        _prompt_usage(data.get("usage")),
         "input_tokens",
         "output_tokens",
         tool_calls=tool_calls,
