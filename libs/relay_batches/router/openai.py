@@ -30,7 +30,7 @@ def build_request(
     if deployment.api_key:
         headers["Authorization"] = f"Bearer {deployment.api_key}"
     defaults = deployment.params
-    if defaults and any(key in params for key in TOKEN_LIMITS):
+    if defaults and any(params.get(key) is not None for key in TOKEN_LIMITS):
         defaults = {k: v for k, v in defaults.items() if k not in TOKEN_LIMITS}
     body = {**defaults, **params, "model": deployment.model, "messages": messages}
     return f"{deployment.base_url}/chat/completions", headers, orjson.dumps(body)
