@@ -98,6 +98,8 @@ def test_openai_a_row_token_limit_replaces_the_deployment_default_of_either_name
     }
     _, _, body = openai.build_request(deployment, USER, {})
     assert orjson.loads(body)["max_tokens"] == 10
+    _, _, body = openai.build_request(deployment, USER, {"max_completion_tokens": None})
+    assert orjson.loads(body)["max_tokens"] == 10  # a null limit is no limit given
 
 
 def test_openai_reply_with_tool_calls_keeps_the_whole_answer() -> None:
