@@ -96,13 +96,19 @@ def _translated(
     elements: Iterator[object], limits: SubmitLimits, known_models: Container[str]
 ) -> list[RowInput]:
     """Each request of the array as a row; the first bad one is a 400 naming its field."""
-    try:
-        return [
-            anthropic_request_row(i, request, limits, known_models)
-            for i, request in enumerate(at_most(elements, limits.max_rows))
-        ]
-    except RowRejected as exc:
-        raise _request_error(exc) from None
+    rows: list[RowInput] = []
+    for i, request in enumerate(at_most(elements, limits.max_rows)):
+        try:
+            rows.append(anthropic_request_row(i, request, limits, known_models))
+        except RowRejected as exc:
+            raise _request_error(exc) from None
+        except TypeError:  # a value JSON can hold but the row encoder cannot: a huge integer
+            raise invalid(
+                f"requests[{i}].params: holds a value that cannot be stored"
+                " (an integer beyond 64 bits, or text that is not valid Unicode)",
+                f"requests[{i}].params",
+            ) from None
+    return rows
 
 
 def _request_error(exc: RowRejected) -> ApiError:

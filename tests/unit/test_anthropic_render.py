@@ -4,6 +4,7 @@ and create bodies translated into rows or refused naming the field."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -402,3 +403,24 @@ def test_more_requests_than_the_limit_are_refused() -> None:
 
     assert param == "requests"
     assert "at most 3" in message
+
+
+def test_a_value_the_row_encoder_cannot_store_is_refused_not_a_500() -> None:
+    turn = request("a")
+    turn["params"]["messages"] = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"n": 2**70}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}],
+        },
+    ]
+    turn["params"]["tools"] = [{"name": "f", "input_schema": {"type": "object"}}]
+
+    param, message = refusal(json.dumps({"requests": [turn]}).encode())  # orjson refuses it
+
+    assert param == "requests[0].params"
+    assert "cannot be stored" in message
