@@ -325,3 +325,33 @@ async def test_an_idempotency_key_replays_the_first_batch(alice: User) -> None:
     assert (first_status, again_status) == (200, 200)
     assert strict_batch(again)["id"] == first["id"]
     assert (other_status, error_of(other)[0]) == (409, "invalid_request_error")
+
+
+async def test_an_expired_batch_shows_its_unrun_rows_expired(
+    alice: User, pool: asyncpg.Pool
+) -> None:
+    created = await alice.raw.batch("POST", "", {"requests": two_requests()})
+    job_id = created["id"][9:]
+    await pool.execute("UPDATE batches SET status = 'running' WHERE id = $1", job_id)
+    await OutcomeStore(pool).record([RowOutcome(job_id, 0, "answer 0", None, 1)])
+    # What the expiry reaper does once expires_at has passed.
+    await pool.execute(
+        "UPDATE batches SET status = 'expired', completed_at = now() WHERE id = $1", job_id
+    )
+
+    ended = await alice.raw.batch("GET", f"/{created['id']}")
+
+    assert ended["processing_status"] == "ended"
+    assert ended["cancel_initiated_at"] is None
+    assert ended["request_counts"] == {
+        "processing": 0,
+        "succeeded": 1,
+        "errored": 0,
+        "canceled": 0,
+        "expired": 1,
+    }
+    lines = await alice.raw.results(ended["results_url"])
+    assert [(line.custom_id, line.result.type) for line in lines] == [
+        ("first", "succeeded"),
+        ("second", "expired"),
+    ]

@@ -35,6 +35,7 @@ from relay_batches.services.ingest_api.anthropic_render import (
     result_line,
 )
 from relay_batches.services.ingest_api.middleware import error_body
+from relay_batches.services.ingest_api.openapi import load_document
 from relay_batches.services.ingest_api.validation import SubmitLimits
 
 JOB_ID = "0123456789abcdef0123456789abcdef"
@@ -424,3 +425,29 @@ def test_a_value_the_row_encoder_cannot_store_is_refused_not_a_500() -> None:
 
     assert param == "requests[0].params"
     assert "cannot be stored" in message
+
+
+def test_the_documented_error_responses_are_the_error_object_the_middleware_sends() -> None:
+    document = load_document()
+    operations = [
+        (path, method, operation)
+        for path, item in document["paths"].items()
+        if path.startswith("/anthropic/")
+        for method, operation in item.items()
+        if method != "parameters"
+    ]
+    assert len(operations) == 6
+    for path, method, operation in operations:
+        for code, response in operation["responses"].items():
+            schema = response["content"]
+            if int(code) < 400:
+                continue
+            assert schema["application/json"]["schema"] == {
+                "$ref": "#/components/schemas/AnthropicError"
+            }, (method, path, code)
+            body = error_body(path, int(code), "x")
+            AnthropicError.model_validate(body)
+            if int(code) == 413:  # Anthropic's documented type, missing from the SDK's union
+                assert body["error"]["type"] == "request_too_large"  # type: ignore[index]
+            else:
+                assert ErrorResponse.model_validate(body).type == "error"
