@@ -6,6 +6,9 @@ cancel is synchronous, so a canceled batch is ``ended`` with ``cancel_initiated_
 set). Counts: rows with content have ``succeeded``, rows with an error ``errored``; the
 rows without an outcome are ``processing`` while the batch runs and, once it has ended,
 ``canceled`` (canceled batch), ``expired`` (expired batch) or ``errored`` (failed batch).
+Counts move as rows finish (Anthropic's own show only ``processing`` until the end).
+``expires_at`` is the job's deadline; a job without one (created natively, without a
+completion window) shows ``created_at`` + 24 h, since the object requires a time.
 
 A result line's ``message`` is built from the outcome: a text block (left out when the
 model only called tools), a ``tool_use`` block per stored chat tool call with ``input``
