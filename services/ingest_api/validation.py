@@ -390,7 +390,7 @@ def completion_window(value: object, param: str) -> timedelta:
     value) is one of them. Anything else is a 400 naming ``param``.
     """
     if type(value) is not str:
-        raise invalid(f"{param} must be a string such as \"24h\"", param)
+        raise invalid(f'{param} must be a string such as "24h"', param)
     digits, unit = value[:-1], WINDOW_UNITS.get(value[-1:])
     if (
         unit is None
@@ -399,7 +399,7 @@ def completion_window(value: object, param: str) -> timedelta:
     ):
         raise invalid(
             f"{param} {_quote(value)} is not a duration: write <n>s, <n>m, <n>h or <n>d"
-            " (for example \"24h\")",
+            ' (for example "24h")',
             param,
         )
     window = timedelta(seconds=int(digits) * unit)
