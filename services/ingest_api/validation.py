@@ -53,7 +53,16 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 # Every job-level field of a submission: the rest of a body is its rows.
-JOB_FIELDS = ("model", "name", "priority", "webhookUrl", "cron", "params")
+JOB_FIELDS = (
+    "model",
+    "name",
+    "priority",
+    "webhookUrl",
+    "cron",
+    "params",
+    "completion_window",
+    "metadata",
+)
 SUBMIT_FIELDS = frozenset({*JOB_FIELDS, "requests"})
 ROW_FIELDS = frozenset({"custom_id", "messages"})  # the keys a request row may carry
 
@@ -96,7 +105,9 @@ class BatchOptions:
     """The job-level fields of a submission (:data:`JOB_FIELDS`), validated.
 
     ``name`` is None when absent (the caller defaults it); ``params_json`` is the
-    ``params`` object as compact JSON text (``{}`` when absent).
+    ``params`` object as compact JSON text (``{}`` when absent); ``completion_window``
+    is how long each job (each run of a cron template) has to finish (None: no limit);
+    ``metadata_json`` the ``metadata`` pairs as compact JSON text (None when absent).
     """
 
     name: str | None
@@ -105,6 +116,8 @@ class BatchOptions:
     webhook_url: str | None
     cron: str | None
     params_json: str = "{}"
+    completion_window: timedelta | None = None
+    metadata_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +284,12 @@ def validate_batch_options(
     if cron is not None:
         cron = validate_cron(cron)
     params_json = validate_params(payload.get("params"))
-    return BatchOptions(name, model, priority, webhook_url, cron, params_json)
+    raw_window = payload.get("completion_window")
+    window = None if raw_window is None else completion_window(raw_window, "completion_window")
+    metadata_json = validate_metadata(payload.get("metadata"))
+    return BatchOptions(
+        name, model, priority, webhook_url, cron, params_json, window, metadata_json
+    )
 
 
 def _validate_model(model: object, known_models: Container[str]) -> str:
