@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import aio_pika
+import aiohttp
 import asyncpg
 import pytest
 
@@ -297,3 +298,27 @@ async def test_a_native_submission_shows_its_deadline_and_metadata(client_a: Api
 
 def _instant(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+async def test_an_upload_gives_each_files_job_the_window_and_metadata(
+    client_a: ApiClient,
+) -> None:
+    data = aiohttp.FormData(default_to_multipart=True)
+    data.add_field("model", "gpt-4o-mini")
+    data.add_field("completion_window", "45m")
+    data.add_field("metadata", '{"source": "upload"}')
+    for name in ("a.csv", "b.csv"):
+        data.add_field("file", b"hello\n", filename=name, content_type="text/plain")
+    status, body = await client_a.request("POST", "/v1/batches/upload", data=data)
+    assert status == 201, body
+    for job in body["data"]:
+        assert job["metadata"] == {"source": "upload"}
+        left = _instant(job["expires_at"]) - _instant(job["created_at"])
+        assert abs(left - timedelta(minutes=45)) <= timedelta(seconds=5)
+    bad = aiohttp.FormData(default_to_multipart=True)
+    bad.add_field("model", "gpt-4o-mini")
+    bad.add_field("metadata", '{"source": 1}')
+    bad.add_field("file", b"hello\n", filename="a.csv", content_type="text/plain")
+    status, body = await client_a.request("POST", "/v1/batches/upload", data=bad)
+    assert status == 400
+    assert body["error"]["param"] == "metadata.source"
