@@ -39,7 +39,9 @@ _PAGE_CUT = (
     " WHERE s.n = 1 OR s.upto <= $5 ORDER BY s.row_index"
 )
 _RESULTS_PAGE = _PAGE_CUT.format(
-    size="octet_length(COALESCE(o.content, o.error))", only="", columns="o.content, o.error"
+    size="octet_length(COALESCE(o.content, o.error)) + COALESCE(octet_length(o.tool_calls), 0)",
+    only="",
+    columns="o.content, o.error, o.tool_calls",
 )
 _DEAD_LETTER_PAGE = _PAGE_CUT.format(
     size="octet_length(o.error)", only="AND o.dead_letter", columns="o.error, o.attempts"
@@ -106,12 +108,14 @@ class NewJob:
 
 @dataclass(frozen=True)
 class ResultRow:
-    """One row of a job's results."""
+    """One row of a job's results; ``tool_calls`` is the JSON text of the answer's
+    chat-completions tool calls (None when the model called none)."""
 
     row_index: int
     custom_id: str
     content: str | None
     error: str | None
+    tool_calls: str | None = None
 
 
 @dataclass(frozen=True)
