@@ -68,8 +68,13 @@ def plan_job(
     now: datetime,
     name: str | None = None,
 ) -> PlannedJob:
-    """Build the job: ``name`` (default ``options.name``, else ``batch <timestamp>``)."""
+    """Build the job: ``name`` (default ``options.name``, else ``batch <timestamp>``).
+
+    A job with a completion window expires that long after ``now``; a cron template
+    keeps the window for each run it spawns (see :mod:`relay_batches.ledger.schedule`).
+    """
     chosen = options.name if name is None else name
+    window = options.completion_window
     new = NewJob(
         id=new_id(),
         workspace_id=workspace_id,
@@ -81,6 +86,9 @@ def plan_job(
         cron=options.cron,
         next_run_at=next_tick(options.cron, now) if options.cron else None,
         params=options.params_json,
+        metadata=options.metadata_json,
+        expires_at=now + window if window is not None and not options.cron else None,
+        completion_window=window,
     )
     return PlannedJob(new, rows)
 
