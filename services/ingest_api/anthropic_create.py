@@ -11,7 +11,6 @@ expires 24 hours after it was created, as Anthropic's batches do.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Container, Iterator
 from datetime import datetime
 
@@ -43,10 +42,14 @@ def plan_batch(
     """
     rows = scan_requests(raw, deps.limits, row_models(deps))
     options = BatchOptions(
-        name=None, model=rows[0].model or "", priority=0, webhook_url=None, cron=None
+        name=None,
+        model=rows[0].model or "",
+        priority=0,
+        webhook_url=None,
+        cron=None,
+        completion_window=EXPIRY,
     )
-    planned = plan_job(options, rows, workspace_id, now)
-    return PlannedJob(dataclasses.replace(planned.new, expires_at=now + EXPIRY), planned.rows)
+    return plan_job(options, rows, workspace_id, now)
 
 
 def scan_requests(
