@@ -61,6 +61,7 @@ async def build(
         model_known=lambda alias: aliases.resolve(alias) is not None,
         limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),
         max_body_bytes=settings.max_body_bytes,
+        pool=pool,
         model_names=aliases.names,
         body_gate=BodyGate(
             settings.body_read_timeout_s,
