@@ -165,6 +165,9 @@ def content_bytes(content: object) -> int:
 
 
 class _Message(Shape):
+    """A message's content is at most ``RELAY_MAX_CONTENT_BYTES`` (default 1 MiB) of
+    UTF-8, its text parts counted together."""
+
     NOUN: ClassVar[str] = "a message"
     name: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
 
@@ -372,11 +375,12 @@ class JsonSchemaFormat(Shape):
     json_schema: FreeObject
 
 
+RESPONSE_FORMAT_TYPES = ("json_object", "json_schema", "text")
 ResponseFormat = Annotated[
     Annotated[TextFormat, tagged("text")]
     | Annotated[JsonObjectFormat, tagged("json_object")]
     | Annotated[JsonSchemaFormat, tagged("json_schema")],
-    tagged_by("type", ("json_object", "json_schema", "text")),
+    tagged_by("type", RESPONSE_FORMAT_TYPES),
 ]
 
 
@@ -400,7 +404,9 @@ class ChatRequest(Params):
 
     NOUN: ClassVar[str] = "a chat request"
     messages: Annotated[list[Message], Field(min_length=1)]
-    model: str | None = None
+    model: str | None = Field(
+        None, description="A known model alias for this row; absent or null: the job's model."
+    )
 
     @field_validator("model")
     @classmethod
@@ -422,8 +428,18 @@ class RequestRow(ChatRequest):
 
     NOUN: ClassVar[str] = "a request"
     custom_id: (
-        Annotated[str, Field(max_length=MAX_CUSTOM_ID_CHARS), AfterValidator(_custom_id)] | None
-    ) = None
+        Annotated[
+            str,
+            Field(max_length=MAX_CUSTOM_ID_CHARS, json_schema_extra={"pattern": "^[^\\u0000]*$"}),
+            AfterValidator(_custom_id),
+        ]
+        | None
+    ) = Field(
+        None,
+        description="No NUL characters. Defaults (absent or null) to `row-<n>` by 1-based"
+        " position. After defaulting, custom ids must be unique within the batch, else 400"
+        " naming the duplicate.",
+    )
 
 
 # --- errors --------------------------------------------------------------------------
