@@ -301,3 +301,25 @@ async def test_the_csv_download_neutralises_cells_a_spreadsheet_would_run_as_for
     ]
     jsonl = await download(page, "Download JSONL")  # the data itself is unchanged
     assert [orjson.loads(line)["custom_id"] for line in jsonl.splitlines()] == FORMULA_IDS
+
+
+async def test_an_openai_file_uploads_with_the_model_from_its_rows(
+    page: Page, panel_key: str, tmp_path: Path, system: System, api: ApiClient
+) -> None:
+    openai_file = tmp_path / "openai.jsonl"
+    line = {
+        "custom_id": "o-1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    openai_file.write_bytes(orjson.dumps(line) + b"\n")
+    await sign_in(page, panel_key)
+    await page.get_by_role("link", name="New batch").click()
+    await expect(page.get_by_label("Model")).to_have_value("gpt-4o-mini")
+    await page.get_by_label("Model").select_option(label="From each file's rows")
+    await page.get_by_label("Files (.csv, .jsonl)").set_input_files([openai_file])
+    await page.get_by_role("button", name="Create jobs").click()
+    await expect(job_row(page, "openai.jsonl")).to_be_visible()
+    (job,) = await workspace_jobs(system, panel_key, api)
+    assert (job["name"], job["model"], job["total"]) == ("openai.jsonl", "gpt-4o-mini", 1)
