@@ -286,13 +286,18 @@ def json_depth(value: object) -> int:
     return deepest
 
 
-def _bounded(value: dict[str, Any]) -> dict[str, Any]:
+def _shallow(value: dict[str, Any]) -> dict[str, Any]:
     # Stored free-form JSON is echoed by every listing: orjson refuses to encode past 255
     # levels, so a deep value would otherwise break each page that holds it.
     if json_depth(value) > MAX_JSON_DEPTH:
         raise PydanticCustomError(
             "too_deep", f"must nest at most {MAX_JSON_DEPTH} levels of objects and arrays"
         )
+    return value
+
+
+def _bounded(value: dict[str, Any]) -> dict[str, Any]:
+    _shallow(value)
     try:
         size = len(orjson.dumps(value))
     except TypeError:  # lone surrogates: only from a payload not built by orjson
@@ -302,6 +307,8 @@ def _bounded(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+# A free-form object: nesting bounded (NestedObject), and size too (FreeObject, a schema).
+NestedObject = Annotated[dict[str, Any], AfterValidator(_shallow)]
 FreeObject = Annotated[dict[str, Any], AfterValidator(_bounded)]
 
 
@@ -461,6 +468,7 @@ _PHRASES = {
     "model_type": "must be an object",
     "model_attributes_type": "must be an object",
     "none_required": "must be null",
+    "string_unicode": "must be valid Unicode text",
 }
 
 
@@ -575,6 +583,34 @@ def stored_request(request: Mapping[str, object]) -> str:
         kept["messages"] = [_without_nulls(m) for m in messages]
     value: object = kept["messages"] if is_plain(kept) else kept
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def unencodable_path(value: object) -> str:
+    """The path of the first string in ``value`` (a value or a key) that is not valid
+    Unicode, a lone surrogate (only from a payload not built by orjson); ``""`` for none."""
+    stack: list[tuple[str, object]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if type(item) is dict:
+            items = list(item.items())
+            if not all(_encodes(k) for k, _ in items):
+                return path.lstrip(".")
+            stack.extend((f"{path}.{k}", child) for k, child in reversed(items))
+        elif type(item) is list:
+            stack.extend((f"{path}[{i}]", child) for i, child in reversed(list(enumerate(item))))
+        elif not _encodes(item):
+            return path.lstrip(".")
+    return ""
+
+
+def _encodes(value: object) -> bool:
+    if type(value) is not str:
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _without_nulls(message: object) -> object:

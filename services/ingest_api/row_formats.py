@@ -36,6 +36,7 @@ from relay_batches.services.ingest_api.chat_rows import (
     MAX_CUSTOM_ID_CHARS,
     ChatRequest,
     FreeObject,
+    NestedObject,
     Shape,
     StopText,
     TokenCount,
@@ -45,6 +46,7 @@ from relay_batches.services.ingest_api.chat_rows import (
     stored_request,
     tagged,
     tagged_by,
+    unencodable_path,
 )
 from relay_batches.services.ingest_api.validation import (
     RowError,
@@ -129,7 +131,10 @@ def _chat_row(
     try:
         request_json = stored_request(chat)
     except TypeError:  # lone surrogates: only from a payload not built by orjson
-        raise _reject(index, prefix, "must be valid Unicode text") from None
+        field = unencodable_path(chat)
+        raise _reject(
+            index, f"{prefix}.{field}" if field else prefix, "must be valid Unicode text"
+        ) from None
     return RowInput(custom_id, request_json, chat["model"])
 
 
@@ -217,7 +222,7 @@ class ToolUse(Shape):
     type: Literal["tool_use"]
     id: str
     name: str
-    input: dict[str, Any]
+    input: NestedObject
 
 
 class ToolResult(Shape):
@@ -364,7 +369,7 @@ def _turn(role: str, content: str | list[dict[str, Any]]) -> Iterable[dict[str, 
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": _image_url(block["source"])}})
         elif kind == "tool_use":
-            arguments = orjson.dumps(block["input"]).decode()
+            arguments = orjson.dumps(block["input"]).decode()  # depth bounded: encodable
             function = {"name": block["name"], "arguments": arguments}
             calls.append({"id": block["id"], "type": "function", "function": function})
         else:  # tool_result: what came before it is one message, the result the next

@@ -36,6 +36,7 @@ from relay_batches.services.ingest_api.chat_rows import (
     RequestRow,
     check_row,
     stored_request,
+    unencodable_path,
 )
 from relay_batches.services.ingest_api.params import validate_params
 from relay_batches.services.ingest_api.scan import WINDOW_BYTES, JsonScanner, NotJson
@@ -467,7 +468,8 @@ def request_rows(
                 try:  # sorted keys: the same text whatever order the client sent
                     encoded = dumps(messages, option=sort_keys).decode()
                 except TypeError:  # lone surrogates: only from a payload not built by orjson
-                    raise RowRejected(_unencodable_error(i, messages)) from None
+                    field = unencodable_path({"messages": messages})
+                    raise RowRejected(RowError(i, field, "must be valid Unicode text")) from None
                 add_id(custom_id)
                 add_row(RowInput(custom_id, encoded))
                 continue
@@ -489,7 +491,8 @@ def _model_row(index: int, req: object, max_bytes: int, known_models: Container[
     try:
         request_json = stored_request(req)
     except TypeError:  # lone surrogates: only from a payload not built by orjson
-        raise RowRejected(_unencodable_error(index, req["messages"])) from None
+        field = unencodable_path(req)
+        raise RowRejected(RowError(index, field, "must be valid Unicode text")) from None
     return RowInput(
         f"row-{index + 1}" if custom_id is None else custom_id, request_json, req.get("model")
     )
@@ -518,24 +521,6 @@ def _check_row_list(requests: object, limits: SubmitLimits) -> list[object]:
 
 def _too_many_rows(max_rows: int) -> ApiError:
     return invalid(f"requests must hold at most {max_rows:,} requests per batch", "requests")
-
-
-def _unencodable_error(index: int, messages: Sequence[object]) -> RowError:
-    for j, msg in enumerate(messages):
-        content = msg["content"] if type(msg) is dict else ""
-        try:
-            content.encode("utf-8")
-        except UnicodeEncodeError:
-            return RowError(index, f"messages[{j}].content", "must be valid Unicode text")
-    return RowError(index, "messages", "must be valid Unicode text")
-
-
-def _custom_id_problem(custom_id: object) -> str:
-    if type(custom_id) is not str:
-        return "must be a string"
-    if len(custom_id) > MAX_CUSTOM_ID_CHARS:
-        return f"must be at most {MAX_CUSTOM_ID_CHARS} characters"
-    return "must not contain NUL characters"
 
 
 def _check_unique(ids: list[str]) -> None:

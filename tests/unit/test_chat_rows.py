@@ -303,3 +303,27 @@ def test_job_params_take_the_row_parameters_too() -> None:
     }
     spec = validate_submit(payload, LIMITS, MODELS)
     assert orjson.loads(spec.options.params_json) == {"tools": [TOOL], "tool_choice": "required"}
+
+
+@pytest.mark.parametrize(
+    ("row", "param"),
+    [
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a\ud800"}]}]},
+            "requests[1].messages[0].content[0].text",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "name": "\udfff"}]},
+            "requests[1].messages[0].name",
+        ),
+        ({"messages": [HI], "stop": ["\ud800"]}, "requests[1].stop[0]"),
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_a_400_naming_it(row: dict[str, Any], param: str) -> None:
+    payload = {"model": "gpt-4o-mini", "requests": [{"messages": [HI]}, row]}
+    with pytest.raises(ApiError) as caught:
+        validate_submit(payload, LIMITS, MODELS)
+    assert (caught.value.param, caught.value.message) == (
+        param,
+        f"{param} must be valid Unicode text",
+    )

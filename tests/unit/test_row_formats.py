@@ -437,3 +437,21 @@ def test_anthropic_content_is_bounded_after_translation() -> None:
     assert caught.value.error == RowError(
         0, "params.messages[0].content", "must be at most 4 bytes of UTF-8"
     )
+
+
+def test_a_tool_use_input_is_bounded_in_depth() -> None:
+    deep: dict[str, Any] = {}
+    for _ in range(300):
+        deep = {"a": deep}
+    turns = [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t", "name": "f", "input": deep}],
+        }
+    ]
+    error = anthropic_error({"custom_id": "a", "params": params(messages=turns)})
+    assert error == RowError(
+        2,
+        "params.messages[0].content[0].input",
+        "must nest at most 32 levels of objects and arrays",
+    )
