@@ -35,15 +35,17 @@ from pydantic import Field, ValidationError
 from relay_batches.services.ingest_api.chat_rows import (
     MAX_CUSTOM_ID_CHARS,
     ChatRequest,
-    FreeObject,
-    NestedObject,
-    Shape,
     StopText,
     TokenCount,
     TopP,
     check_row,
-    first_error,
     stored_request,
+)
+from relay_batches.services.ingest_api.shapes import (
+    FreeObject,
+    NestedObject,
+    Shape,
+    first_error,
     tagged,
     tagged_by,
     unencodable_path,
