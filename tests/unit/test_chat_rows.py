@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from relay_batches.errors import ApiError
-from relay_batches.services.ingest_api.chat_rows import stored_request
+from relay_batches.services.ingest_api.chat_rows import RequestRow, check_row, stored_request
 from relay_batches.services.ingest_api.validation import (
     RowInput,
     SubmitLimits,
@@ -327,3 +327,37 @@ def test_a_lone_surrogate_anywhere_is_a_400_naming_it(row: dict[str, Any], param
         param,
         f"{param} must be valid Unicode text",
     )
+
+
+PLAIN_ROWS = [
+    {"messages": [HI]},
+    {"custom_id": "x", "messages": [{"content": "a", "role": "system"}, HI]},
+    {"messages": [{"role": role, "content": "é😀"} for role in ("developer", "assistant")]},
+    {"custom_id": "c" * 256, "messages": [{"role": "user", "content": ""}]},
+]
+
+
+@pytest.mark.parametrize("row", PLAIN_ROWS)
+def test_the_fast_check_and_the_model_agree_on_plain_rows(row: dict[str, Any]) -> None:
+    fast = one_row(row)
+    assert check_row(RequestRow, row, LIMITS.max_content_bytes, MODELS) is None
+    assert fast.request_json == stored_request(row)
+    assert fast.model is None
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"messages": [{"role": "user", "content": "x" * 9}]},
+        {"custom_id": "c" * 257, "messages": [HI]},
+        {"custom_id": "a\x00", "messages": [HI]},
+        {"messages": [{"role": "robot", "content": "x"}]},
+    ],
+)
+def test_what_the_fast_check_refuses_the_model_refuses(row: dict[str, Any]) -> None:
+    limits = SubmitLimits(max_content_bytes=8)
+    problem = check_row(RequestRow, row, limits.max_content_bytes, MODELS)
+    assert problem is not None
+    err = refused(row, limits)
+    assert err.param == f"requests[1].{problem[0]}"
+    assert err.message == f"requests[1].{problem[0]} {problem[1]}"
