@@ -6,10 +6,12 @@ One set of models is the rule for every row, whatever the surface: :class:`Reque
 the OpenAPI document's ``RequestRow``, ``Message`` and ``Params`` (:func:`openapi_fragment`).
 
 Models are strict (no coercion: ``"1"`` is not an integer) and refuse unknown keys with
-a message listing the known ones (the plumbing is :mod:`.shapes`). :func:`check_row` turns pydantic's first error into a
-:class:`~.validation.RowError`-shaped ``(field, message)`` whose field is the exact path
-inside the row (``messages[0].content[1].text``), so every surface can name it.
-:func:`stored_request` applies the storage rule of ``batch_rows.request``.
+a message listing the known ones (the plumbing is :mod:`.shapes`). :func:`check_row`
+turns pydantic's first error into a :class:`~.validation.RowError`-shaped
+``(field, message)`` whose field is the exact path inside the row
+(``messages[0].content[1].text``), so every surface can name it. :func:`plain_messages`
+is the fast check of the common case (string messages), a subset of what the models
+accept. :func:`stored_request` applies the storage rule of ``batch_rows.request``.
 
 The validation context carries the limits a row is checked against: ``max_bytes`` (a
 message's content, text parts counted together, in UTF-8 bytes) and ``known_models``.
@@ -382,6 +384,27 @@ def check_params(data: object) -> tuple[str, str] | None:
 
 
 # --- storage -------------------------------------------------------------------------
+
+
+def plain_messages(messages: object, max_bytes: int) -> bool:
+    """The fast check of the common case: ``messages`` a non-empty list of exactly
+    ``{role, content: str}`` (role system, developer, user or assistant), each content
+    at most ``max_bytes`` of UTF-8, which the message models always accept. False only
+    means "not this shape": the models then accept the messages or say why."""
+    if type(messages) is not list or not messages:
+        return False
+    safe_chars = max_bytes // 4  # n code points are at most 4n bytes: no need to encode
+    roles = FAST_ROLES
+    for msg in messages:
+        if type(msg) is not dict or len(msg) != 2:
+            return False
+        role = msg.get("role")
+        content = msg.get("content")
+        if type(role) is not str or role not in roles or type(content) is not str:
+            return False
+        if len(content) > safe_chars and len(content.encode("utf-8", "replace")) > max_bytes:
+            return False
+    return True
 
 
 def is_plain(request: Mapping[str, object]) -> bool:

@@ -39,6 +39,7 @@ from relay_batches.services.ingest_api.chat_rows import (
     TokenCount,
     TopP,
     check_row,
+    plain_messages,
     stored_request,
 )
 from relay_batches.services.ingest_api.shapes import (
@@ -90,6 +91,7 @@ _OPENAI_REFUSED = {
 }
 _NOT_TRANSLATED = "cannot be translated to a chat request (Relay runs rows on any provider)"
 _LINE_FIELDS = ("body", "custom_id", "method", "url")
+_PLAIN_CHAT = frozenset({"messages", "model"})
 
 
 def _reject(index: int, field: str, message: str) -> RowRejected:
@@ -124,9 +126,18 @@ def _chat_row(
     known_models: Container[str],
 ) -> RowInput:
     """``chat`` checked by the chat request model (errors under ``prefix``) and stored."""
-    if chat.get("model") is None:
+    model = chat.get("model")
+    if model is None:
         raise _reject(index, f"{prefix}.model", "is required")
-    problem = check_row(ChatRequest, chat, limits.max_content_bytes, known_models)
+    plain = (
+        chat.keys() == _PLAIN_CHAT
+        and type(model) is str
+        and model in known_models
+        and plain_messages(chat["messages"], limits.max_content_bytes)
+    )  # the common case, which the model always accepts: no need to ask it
+    problem = (
+        None if plain else check_row(ChatRequest, chat, limits.max_content_bytes, known_models)
+    )
     if problem is not None:
         field, message = problem
         raise _reject(index, f"{prefix}.{field}" if field else prefix, message)

@@ -30,11 +30,11 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 
 from relay_batches.errors import ApiError, invalid
 from relay_batches.services.ingest_api.chat_rows import (
-    FAST_ROLES,
     MAX_CUSTOM_ID_CHARS,
     ROLES,
     RequestRow,
     check_row,
+    plain_messages,
     stored_request,
     unencodable_path,
 )
@@ -424,13 +424,11 @@ def request_rows(
     ``requests`` may be a stream (see :func:`at_most`).
 
     A plain row (``custom_id?`` and ``{role, content: str}`` messages) is checked here
-    inline, the rules of :class:`.chat_rows.RequestRow` for that shape; any other row,
-    or a plain one failing the inline check, goes to the model itself, which accepts it
-    or gives the precise error.
+    and by :func:`.chat_rows.plain_messages`, a subset of what :class:`.chat_rows.RequestRow`
+    accepts; any other row, or a plain one failing that check, goes to the model itself,
+    which accepts it or gives the precise error.
     """
-    # A str of n code points is at most 4n UTF-8 bytes: only longer ones get encoded.
-    safe_chars = max_bytes // 4
-    roles = FAST_ROLES
+    plain = plain_messages
     plain_fields = _PLAIN_FIELDS
     dumps = orjson.dumps
     sort_keys = orjson.OPT_SORT_KEYS
@@ -439,29 +437,16 @@ def request_rows(
     add_row = rows.append
     add_id = ids.append
     for i, req in enumerate(requests):
-        if type(req) is not dict or not plain_fields.issuperset(req):
-            row = _model_row(i, req, max_bytes, known_models)
-            add_id(row.custom_id)
-            add_row(row)
-            continue
-        messages = req.get("messages")
-        if type(messages) is not list or not messages:
-            raise RowRejected(RowError(i, "messages", "must be a non-empty array"))
-        for msg in messages:
-            if type(msg) is not dict or len(msg) != 2:
-                break
-            role = msg.get("role")
-            content = msg.get("content")
-            if type(role) is not str or role not in roles or type(content) is not str:
-                break
-            if len(content) > safe_chars and len(content.encode("utf-8", "replace")) > max_bytes:
-                break
-        else:  # every message passed: finish the row, then on to the next one
+        if type(req) is dict and plain_fields.issuperset(req):
+            messages = req.get("messages")
+            if type(messages) is not list or not messages:
+                raise RowRejected(RowError(i, "messages", "must be a non-empty array"))
             custom_id = req.get("custom_id")
             if custom_id is None:
                 custom_id = f"row-{i + 1}"
             if (
-                type(custom_id) is str
+                plain(messages, max_bytes)
+                and type(custom_id) is str
                 and len(custom_id) <= MAX_CUSTOM_ID_CHARS
                 and "\x00" not in custom_id  # Postgres text cannot hold NUL
             ):
@@ -473,7 +458,7 @@ def request_rows(
                 add_id(custom_id)
                 add_row(RowInput(custom_id, encoded))
                 continue
-        # The fast check failed (break, or custom_id): the model accepts it or says why.
+        # Not a plain row (or the fast check failed): the model accepts it or says why.
         row = _model_row(i, req, max_bytes, known_models)
         add_id(row.custom_id)
         add_row(row)
