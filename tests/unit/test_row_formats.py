@@ -455,3 +455,13 @@ def test_a_tool_use_input_is_bounded_in_depth() -> None:
         "params.messages[0].content[0].input",
         "must nest at most 32 levels of objects and arrays",
     )
+
+
+def test_an_openai_line_over_the_content_limit_is_refused() -> None:
+    limits = SubmitLimits(max_content_bytes=4)
+    assert openai_line_row(0, line(), limits, MODELS).custom_id == "req-1"  # "hi" fits
+    with pytest.raises(RowRejected) as caught:
+        openai_line_row(1, line(messages=[{"role": "user", "content": "12345"}]), limits, MODELS)
+    assert caught.value.error == RowError(
+        1, "body.messages[0].content", "must be at most 4 bytes of UTF-8"
+    )
