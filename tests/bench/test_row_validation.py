@@ -14,28 +14,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from relay_batches.services.ingest_api.upload_formats import parse_upload_file
 from relay_batches.services.ingest_api.validation import SubmitLimits, scan_submit
-from tests.bench.harness import RUNS, Figure
+from tests.bench.harness import RUNS, Figure, busy_share, machine_ticks
 
 ROWS = 50_000
 MODEL = "gpt-4o-mini"
 MODELS = frozenset({MODEL})
 LIMITS = SubmitLimits(max_rows=100_000)
 FLOOR_ROWS_PER_S = 50_000
-
-
-def machine_ticks() -> tuple[int, int]:
-    """(busy, total) CPU ticks of the whole machine so far (``/proc/stat``)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
-    return total - idle, total
 
 
 def plain_rows() -> list[dict[str, Any]]:
@@ -88,14 +79,13 @@ def measure(run: Callable[[], int]) -> dict[str, Figure]:
     """Rows/s, CPU µs per row and machine busy share of ``RUNS`` runs of ``run``."""
     rates, cpu, busy = Figure(), Figure(), Figure()
     for _ in range(RUNS):
-        busy0, total0 = machine_ticks()
+        ticks = machine_ticks()
         cpu0, wall0 = time.thread_time(), time.perf_counter()
         n = run()
         wall, used = time.perf_counter() - wall0, time.thread_time() - cpu0
-        busy1, total1 = machine_ticks()
         rates.samples.append(n / wall)
         cpu.samples.append(used / n * 1e6)
-        busy.samples.append((busy1 - busy0) / max(total1 - total0, 1))
+        busy.samples.append(busy_share(ticks, machine_ticks()))
     return {"rows_per_s": rates, "cpu_us_per_row": cpu, "machine_busy_share": busy}
 
 
