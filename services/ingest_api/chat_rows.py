@@ -6,10 +6,12 @@ One set of models is the rule for every row, whatever the surface: :class:`Reque
 the OpenAPI document's ``RequestRow``, ``Message`` and ``Params`` (:func:`openapi_fragment`).
 
 Models are strict (no coercion: ``"1"`` is not an integer) and refuse unknown keys with
-a message listing the known ones. :func:`check_row` turns pydantic's first error into a
-:class:`~.validation.RowError`-shaped ``(field, message)`` whose field is the exact path
-inside the row (``messages[0].content[1].text``), so every surface can name it.
-:func:`stored_request` applies the storage rule of ``batch_rows.request``.
+a message listing the known ones (the plumbing is :mod:`.shapes`). :func:`check_row`
+turns pydantic's first error into a :class:`~.validation.RowError`-shaped
+``(field, message)`` whose field is the exact path inside the row
+(``messages[0].content[1].text``), so every surface can name it. :func:`plain_messages`
+is the fast check of the common case (string messages), a subset of what the models
+accept. :func:`stored_request` applies the storage rule of ``batch_rows.request``.
 
 The validation context carries the limits a row is checked against: ``max_bytes`` (a
 message's content, text parts counted together, in UTF-8 bytes) and ``known_models``.
@@ -17,29 +19,47 @@ message's content, text parts counted together, in UTF-8 bytes) and ``known_mode
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 import orjson
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Discriminator,
     Field,
     RootModel,
-    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_core import PydanticCustomError
 
-BAD_TAG = "bad_tag:"
-# A union member's tag, as it appears in an error's location: marked so that no JSON key
-# of the input can be mistaken for it (see error_field_and_message).
-TAG_MARK = "="
+from relay_batches.services.ingest_api.shapes import (
+    MAX_JSON_DEPTH,
+    MAX_SCHEMA_BYTES,
+    FreeObject,
+    Shape,
+    first_error,
+    json_depth,
+    ranged,
+    tagged,
+    tagged_by,
+    unencodable_path,
+)
+
+# Re-exported: the rules of a row, and the plumbing its models are made of.
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_SCHEMA_BYTES",
+    "FreeObject",
+    "Shape",
+    "first_error",
+    "json_depth",
+    "tagged",
+    "tagged_by",
+    "unencodable_path",
+]
+
 FAST_ROLES = frozenset({"system", "developer", "user", "assistant"})
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOOLS = 128
@@ -47,8 +67,6 @@ MAX_CUSTOM_ID_CHARS = 256
 MAX_TOKENS_LIMIT = 1_000_000
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
-MAX_SCHEMA_BYTES = 64 * 1024  # a free-form object (a JSON Schema), compact JSON
-MAX_JSON_DEPTH = 32  # nesting of a free-form object: ``{}`` is 1, ``{"a": []}`` is 2
 SEED_RANGE = (-(2**63), 2**63 - 1)
 MAX_NAME_CHARS = 256
 # Row fields besides the messages: what a chat request carries for the model.
@@ -63,59 +81,6 @@ PARAM_FIELDS = (
     "tools",
     "top_p",
 )
-
-
-class Shape(BaseModel):
-    """A JSON object of the API: strict, no unknown keys (each named with the known)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    # What the object is, for "is not a field of <NOUN>"; reasons for keys that are known
-    # elsewhere but cannot be honoured here.
-    NOUN: ClassVar[str] = "this object"
-    UNSUPPORTED: ClassVar[Mapping[str, str]] = {}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, data: Any) -> Any:
-        if type(data) is dict:
-            for key in data:
-                if key not in cls.model_fields:
-                    raise _unknown_key(cls, key)
-        return data
-
-
-def _unknown_key(cls: type[Shape], key: object) -> PydanticCustomError:
-    reason = cls.UNSUPPORTED.get(key) if type(key) is str else None
-    if reason is not None:
-        return PydanticCustomError("unsupported", reason, {"field": key})
-    known = ", ".join(sorted(cls.model_fields))
-    return PydanticCustomError(
-        "unknown_key", f"is not a field of {cls.NOUN} (fields: {known})", {"field": key}
-    )
-
-
-def tagged_by(key: str, tags: tuple[str, ...], non_object: str | None = None) -> Discriminator:
-    """A discriminator on ``key``: a missing or unknown tag is one error on ``key`` naming
-    the tags; a value that is not an object goes to the ``non_object`` member (whose own
-    error says "must be an object"), or is that same error when None."""
-
-    def tag(value: Any) -> str | None:
-        if type(value) is not dict:
-            return None if non_object is None else TAG_MARK + non_object
-        found = value.get(key)
-        return TAG_MARK + found if type(found) is str and found in tags else None
-
-    return Discriminator(
-        tag,
-        # The error's type names the key (a context dict would make the type unhashable).
-        custom_error_type=f"{BAD_TAG}{key}",
-        custom_error_message=f"must be one of {', '.join(tags)}",
-    )
-
-
-def tagged(name: str) -> Tag:
-    """The ``Tag`` of the union member chosen by a :func:`tagged_by` value ``name``."""
-    return Tag(TAG_MARK + name)
 
 
 # --- content -----------------------------------------------------------------------
@@ -165,6 +130,9 @@ def content_bytes(content: object) -> int:
 
 
 class _Message(Shape):
+    """A message's content is at most ``RELAY_MAX_CONTENT_BYTES`` (default 1 MiB) of
+    UTF-8, its text parts counted together."""
+
     NOUN: ClassVar[str] = "a message"
     name: Annotated[str, Field(max_length=MAX_NAME_CHARS)] | None = None
 
@@ -260,55 +228,6 @@ class Message(RootModel[Any]):
 # --- parameters ----------------------------------------------------------------------
 
 
-def json_depth(value: object) -> int:
-    """How deeply ``value`` nests objects and arrays (a scalar is 0, ``[]`` is 1)."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if type(item) is dict:
-            children: Iterable[object] = item.values()
-        elif type(item) is list:
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth + 1)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
-
-
-def _bounded(value: dict[str, Any]) -> dict[str, Any]:
-    # Stored free-form JSON is echoed by every listing: orjson refuses to encode past 255
-    # levels, so a deep value would otherwise break each page that holds it.
-    if json_depth(value) > MAX_JSON_DEPTH:
-        raise PydanticCustomError(
-            "too_deep", f"must nest at most {MAX_JSON_DEPTH} levels of objects and arrays"
-        )
-    try:
-        size = len(orjson.dumps(value))
-    except TypeError:  # lone surrogates: only from a payload not built by orjson
-        raise PydanticCustomError("not_json", "must be valid Unicode JSON") from None
-    if size > MAX_SCHEMA_BYTES:
-        raise PydanticCustomError("too_large", f"must be at most {MAX_SCHEMA_BYTES} bytes")
-    return value
-
-
-FreeObject = Annotated[dict[str, Any], AfterValidator(_bounded)]
-
-
-def ranged(low: int, high: int, what: str) -> tuple[Any, ...]:
-    """Annotations of a number from ``low`` to ``high`` (``what``: "a number", "an
-    integer"), documented as the schema's minimum and maximum, one message for both."""
-
-    def check(value: float) -> float:
-        if not low <= value <= high:
-            raise PydanticCustomError("range", f"must be {what} from {low} to {high}")
-        return value
-
-    bounds: dict[str, Any] = {"minimum": low, "maximum": high}
-    return Field(json_schema_extra=bounds, allow_inf_nan=False), AfterValidator(check)
-
-
 Temperature = Annotated[float, *ranged(0, 2, "a number")]
 TopP = Annotated[float, *ranged(0, 1, "a number")]
 TokenCount = Annotated[int, *ranged(1, MAX_TOKENS_LIMIT, "an integer")]
@@ -372,11 +291,12 @@ class JsonSchemaFormat(Shape):
     json_schema: FreeObject
 
 
+RESPONSE_FORMAT_TYPES = ("json_object", "json_schema", "text")
 ResponseFormat = Annotated[
     Annotated[TextFormat, tagged("text")]
     | Annotated[JsonObjectFormat, tagged("json_object")]
     | Annotated[JsonSchemaFormat, tagged("json_schema")],
-    tagged_by("type", ("json_object", "json_schema", "text")),
+    tagged_by("type", RESPONSE_FORMAT_TYPES),
 ]
 
 
@@ -400,7 +320,9 @@ class ChatRequest(Params):
 
     NOUN: ClassVar[str] = "a chat request"
     messages: Annotated[list[Message], Field(min_length=1)]
-    model: str | None = None
+    model: str | None = Field(
+        None, description="A known model alias for this row; absent or null: the job's model."
+    )
 
     @field_validator("model")
     @classmethod
@@ -422,83 +344,18 @@ class RequestRow(ChatRequest):
 
     NOUN: ClassVar[str] = "a request"
     custom_id: (
-        Annotated[str, Field(max_length=MAX_CUSTOM_ID_CHARS), AfterValidator(_custom_id)] | None
-    ) = None
-
-
-# --- errors --------------------------------------------------------------------------
-
-_PHRASES = {
-    "missing": "is required",
-    "string_type": "must be a string",
-    "int_type": "must be an integer",
-    "float_type": "must be a number",
-    "bool_type": "must be a boolean",
-    "list_type": "must be an array",
-    "dict_type": "must be an object",
-    "model_type": "must be an object",
-    "model_attributes_type": "must be an object",
-    "none_required": "must be null",
-}
-
-
-def error_field_and_message(error: ErrorDetails, data: object) -> tuple[str, str]:
-    """The path (``messages[0].content``) and message (``must be a string``) of a
-    pydantic error on ``data``; the path follows the input, skipping union tags."""
-    path = ""
-    node: object = data
-    loc = error["loc"]
-    ctx = error.get("ctx") or {}
-    for n, step in enumerate(loc):
-        if type(node) is dict and type(step) is str and step in node:
-            path, node = f"{path}.{step}", node[step]
-        elif type(node) is list and type(step) is int:
-            path, node = f"{path}[{step}]", node[step]
-        elif n == len(loc) - 1 and error["type"] == "missing" and type(step) is str:
-            path = f"{path}.{step}"
-    field = ctx.get("field") or error["type"].partition(BAD_TAG)[2]
-    if field:
-        path = f"{path}.{field}"
-    return path.lstrip("."), _phrase(error)
-
-
-def _phrase(error: ErrorDetails) -> str:
-    kind = error["type"]
-    ctx = error.get("ctx") or {}
-    if kind in _PHRASES:
-        return _PHRASES[kind]
-    if kind == "literal_error":
-        return f"must be {ctx.get('expected', 'one of the allowed values')}"
-    if kind == "too_short":
-        return "must be a non-empty array"
-    if kind == "too_long":
-        return f"must hold at most {ctx.get('max_length')} items"
-    if kind == "string_too_short":
-        return "must not be empty"
-    if kind == "string_too_long":
-        return f"must be at most {ctx.get('max_length')} characters"
-    if kind == "greater_than_equal":
-        return f"must be at least {ctx.get('ge')}"
-    if kind == "less_than_equal":
-        return f"must be at most {ctx.get('le')}"
-    if kind == "finite_number":
-        return "must be a finite number"
-    if kind == "string_pattern_mismatch":
-        return f"must match {ctx.get('pattern')}"
-    return error["msg"]
-
-
-def first_error(exc: ValidationError, data: object) -> tuple[str, str]:
-    """The error to report of all pydantic found: the deepest (a union's other members
-    fail at the union itself), the first of those."""
-    found = [
-        (error_field_and_message(e, data), e["type"].endswith("_type"))
-        for e in exc.errors(include_url=False)
-    ]
-    # Deepest first; at one depth, a member that took the value's type says more than
-    # one that did not ("at most 4 items" rather than "must be a string").
-    best = max(found, key=lambda f: (f[0][0].count(".") + f[0][0].count("["), not f[1]))
-    return best[0]
+        Annotated[
+            str,
+            Field(max_length=MAX_CUSTOM_ID_CHARS, json_schema_extra={"pattern": "^[^\\u0000]*$"}),
+            AfterValidator(_custom_id),
+        ]
+        | None
+    ) = Field(
+        None,
+        description="No NUL characters. Defaults (absent or null) to `row-<n>` by 1-based"
+        " position. After defaulting, custom ids must be unique within the batch, else 400"
+        " naming the duplicate.",
+    )
 
 
 def check_row(
@@ -527,6 +384,27 @@ def check_params(data: object) -> tuple[str, str] | None:
 
 
 # --- storage -------------------------------------------------------------------------
+
+
+def plain_messages(messages: object, max_bytes: int) -> bool:
+    """The fast check of the common case: ``messages`` a non-empty list of exactly
+    ``{role, content: str}`` (role system, developer, user or assistant), each content
+    at most ``max_bytes`` of UTF-8, which the message models always accept. False only
+    means "not this shape": the models then accept the messages or say why."""
+    if type(messages) is not list or not messages:
+        return False
+    safe_chars = max_bytes // 4  # n code points are at most 4n bytes: no need to encode
+    roles = FAST_ROLES
+    for msg in messages:
+        if type(msg) is not dict or len(msg) != 2:
+            return False
+        role = msg.get("role")
+        content = msg.get("content")
+        if type(role) is not str or role not in roles or type(content) is not str:
+            return False
+        if len(content) > safe_chars and len(content.encode("utf-8", "replace")) > max_bytes:
+            return False
+    return True
 
 
 def is_plain(request: Mapping[str, object]) -> bool:

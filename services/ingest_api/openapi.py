@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from relay_batches.services.ingest_api import anthropic_openapi
+from relay_batches.services.ingest_api import chat_rows
 
 DOCUMENT_PATH = "/openapi.json"
 _RESOURCE = "openapi.json"
@@ -33,6 +34,7 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 Fragment = Mapping[str, Mapping[str, Any]]
 FRAGMENTS: tuple[Callable[[], Fragment], ...] = (
     anthropic_openapi.anthropic_fragment,  # /anthropic/v1/messages/batches
+    chat_rows.openapi_fragment,  # RequestRow, Message, Params
 )
 
 

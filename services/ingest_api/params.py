@@ -17,12 +17,12 @@ from relay_batches.services.ingest_api.chat_rows import (
     MAX_STOP_SEQUENCES,
     MAX_TOKENS_LIMIT,
     PARAM_FIELDS,
+    RESPONSE_FORMAT_TYPES,
     SEED_RANGE,
     check_params,
     json_depth,
 )
 
-RESPONSE_FORMAT_TYPES = frozenset({"text", "json_object", "json_schema"})
 __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_SCHEMA_BYTES",
@@ -38,7 +38,8 @@ __all__ = [
 
 
 def validate_params(value: object, param: str = "params") -> str:
-    """Validate ``params``; return it as compact JSON text (``{}`` when absent)."""
+    """Validate ``params``; return it as compact JSON text (``{}`` when absent), null
+    values left out (null means absent)."""
     if value is None:
         return "{}"
     problem = check_params(value)
@@ -46,4 +47,5 @@ def validate_params(value: object, param: str = "params") -> str:
         field, message = problem
         at = f"{param}.{field}" if field else param
         raise invalid(f"{at} {message}", at)
-    return orjson.dumps(value).decode()
+    assert type(value) is dict  # check_params refuses anything else
+    return orjson.dumps({k: v for k, v in value.items() if v is not None}).decode()

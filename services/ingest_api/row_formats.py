@@ -35,16 +35,21 @@ from pydantic import Field, ValidationError
 from relay_batches.services.ingest_api.chat_rows import (
     MAX_CUSTOM_ID_CHARS,
     ChatRequest,
-    FreeObject,
-    Shape,
     StopText,
     TokenCount,
     TopP,
     check_row,
-    first_error,
+    plain_messages,
     stored_request,
+)
+from relay_batches.services.ingest_api.shapes import (
+    FreeObject,
+    NestedObject,
+    Shape,
+    first_error,
     tagged,
     tagged_by,
+    unencodable_path,
 )
 from relay_batches.services.ingest_api.validation import (
     RowError,
@@ -86,6 +91,7 @@ _OPENAI_REFUSED = {
 }
 _NOT_TRANSLATED = "cannot be translated to a chat request (Relay runs rows on any provider)"
 _LINE_FIELDS = ("body", "custom_id", "method", "url")
+_PLAIN_CHAT = frozenset({"messages", "model"})
 
 
 def _reject(index: int, field: str, message: str) -> RowRejected:
@@ -120,16 +126,28 @@ def _chat_row(
     known_models: Container[str],
 ) -> RowInput:
     """``chat`` checked by the chat request model (errors under ``prefix``) and stored."""
-    if chat.get("model") is None:
+    model = chat.get("model")
+    if model is None:
         raise _reject(index, f"{prefix}.model", "is required")
-    problem = check_row(ChatRequest, chat, limits.max_content_bytes, known_models)
+    plain = (
+        chat.keys() == _PLAIN_CHAT
+        and type(model) is str
+        and model in known_models
+        and plain_messages(chat["messages"], limits.max_content_bytes)
+    )  # the common case, which the model always accepts: no need to ask it
+    problem = (
+        None if plain else check_row(ChatRequest, chat, limits.max_content_bytes, known_models)
+    )
     if problem is not None:
         field, message = problem
         raise _reject(index, f"{prefix}.{field}" if field else prefix, message)
     try:
         request_json = stored_request(chat)
     except TypeError:  # lone surrogates: only from a payload not built by orjson
-        raise _reject(index, prefix, "must be valid Unicode text") from None
+        field = unencodable_path(chat)
+        raise _reject(
+            index, f"{prefix}.{field}" if field else prefix, "must be valid Unicode text"
+        ) from None
     return RowInput(custom_id, request_json, chat["model"])
 
 
@@ -217,7 +235,7 @@ class ToolUse(Shape):
     type: Literal["tool_use"]
     id: str
     name: str
-    input: dict[str, Any]
+    input: NestedObject
 
 
 class ToolResult(Shape):
@@ -364,7 +382,7 @@ def _turn(role: str, content: str | list[dict[str, Any]]) -> Iterable[dict[str, 
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": _image_url(block["source"])}})
         elif kind == "tool_use":
-            arguments = orjson.dumps(block["input"]).decode()
+            arguments = orjson.dumps(block["input"]).decode()  # depth bounded: encodable
             function = {"name": block["name"], "arguments": arguments}
             calls.append({"id": block["id"], "type": "function", "function": function})
         else:  # tool_result: what came before it is one message, the result the next

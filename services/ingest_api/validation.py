@@ -31,12 +31,13 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 
 from relay_batches.errors import ApiError, invalid
 from relay_batches.services.ingest_api.chat_rows import (
-    FAST_ROLES,
     MAX_CUSTOM_ID_CHARS,
     ROLES,
     RequestRow,
     check_row,
+    plain_messages,
     stored_request,
+    unencodable_path,
 )
 from relay_batches.services.ingest_api.params import validate_params
 from relay_batches.services.ingest_api.scan import WINDOW_BYTES, JsonScanner, NotJson
@@ -509,13 +510,11 @@ def request_rows(
     ``requests`` may be a stream (see :func:`at_most`).
 
     A plain row (``custom_id?`` and ``{role, content: str}`` messages) is checked here
-    inline, the rules of :class:`.chat_rows.RequestRow` for that shape; any other row,
-    or a plain one failing the inline check, goes to the model itself, which accepts it
-    or gives the precise error.
+    and by :func:`.chat_rows.plain_messages`, a subset of what :class:`.chat_rows.RequestRow`
+    accepts; any other row, or a plain one failing that check, goes to the model itself,
+    which accepts it or gives the precise error.
     """
-    # A str of n code points is at most 4n UTF-8 bytes: only longer ones get encoded.
-    safe_chars = max_bytes // 4
-    roles = FAST_ROLES
+    plain = plain_messages
     plain_fields = _PLAIN_FIELDS
     dumps = orjson.dumps
     sort_keys = orjson.OPT_SORT_KEYS
@@ -524,40 +523,28 @@ def request_rows(
     add_row = rows.append
     add_id = ids.append
     for i, req in enumerate(requests):
-        if type(req) is not dict or not plain_fields.issuperset(req):
-            row = _model_row(i, req, max_bytes, known_models)
-            add_id(row.custom_id)
-            add_row(row)
-            continue
-        messages = req.get("messages")
-        if type(messages) is not list or not messages:
-            raise RowRejected(RowError(i, "messages", "must be a non-empty array"))
-        for msg in messages:
-            if type(msg) is not dict or len(msg) != 2:
-                break
-            role = msg.get("role")
-            content = msg.get("content")
-            if type(role) is not str or role not in roles or type(content) is not str:
-                break
-            if len(content) > safe_chars and len(content.encode("utf-8", "replace")) > max_bytes:
-                break
-        else:  # every message passed: finish the row, then on to the next one
+        if type(req) is dict and plain_fields.issuperset(req):
+            messages = req.get("messages")
+            if type(messages) is not list or not messages:
+                raise RowRejected(RowError(i, "messages", "must be a non-empty array"))
             custom_id = req.get("custom_id")
             if custom_id is None:
                 custom_id = f"row-{i + 1}"
             if (
-                type(custom_id) is str
+                plain(messages, max_bytes)
+                and type(custom_id) is str
                 and len(custom_id) <= MAX_CUSTOM_ID_CHARS
                 and "\x00" not in custom_id  # Postgres text cannot hold NUL
             ):
                 try:  # sorted keys: the same text whatever order the client sent
                     encoded = dumps(messages, option=sort_keys).decode()
                 except TypeError:  # lone surrogates: only from a payload not built by orjson
-                    raise RowRejected(_unencodable_error(i, messages)) from None
+                    field = unencodable_path({"messages": messages})
+                    raise RowRejected(RowError(i, field, "must be valid Unicode text")) from None
                 add_id(custom_id)
                 add_row(RowInput(custom_id, encoded))
                 continue
-        # The fast check failed (break, or custom_id): the model accepts it or says why.
+        # Not a plain row (or the fast check failed): the model accepts it or says why.
         row = _model_row(i, req, max_bytes, known_models)
         add_id(row.custom_id)
         add_row(row)
@@ -575,7 +562,8 @@ def _model_row(index: int, req: object, max_bytes: int, known_models: Container[
     try:
         request_json = stored_request(req)
     except TypeError:  # lone surrogates: only from a payload not built by orjson
-        raise RowRejected(_unencodable_error(index, req["messages"])) from None
+        field = unencodable_path(req)
+        raise RowRejected(RowError(index, field, "must be valid Unicode text")) from None
     return RowInput(
         f"row-{index + 1}" if custom_id is None else custom_id, request_json, req.get("model")
     )
@@ -604,24 +592,6 @@ def _check_row_list(requests: object, limits: SubmitLimits) -> list[object]:
 
 def _too_many_rows(max_rows: int) -> ApiError:
     return invalid(f"requests must hold at most {max_rows:,} requests per batch", "requests")
-
-
-def _unencodable_error(index: int, messages: Sequence[object]) -> RowError:
-    for j, msg in enumerate(messages):
-        content = msg["content"] if type(msg) is dict else ""
-        try:
-            content.encode("utf-8")
-        except UnicodeEncodeError:
-            return RowError(index, f"messages[{j}].content", "must be valid Unicode text")
-    return RowError(index, "messages", "must be valid Unicode text")
-
-
-def _custom_id_problem(custom_id: object) -> str:
-    if type(custom_id) is not str:
-        return "must be a string"
-    if len(custom_id) > MAX_CUSTOM_ID_CHARS:
-        return f"must be at most {MAX_CUSTOM_ID_CHARS} characters"
-    return "must not contain NUL characters"
 
 
 def _check_unique(ids: list[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -41,6 +42,25 @@ class Figure:
             f"{name}_min": round(min(self.samples), 3),
             f"{name}_max": round(max(self.samples), 3),
         }
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far (``/proc/stat``)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+    return total - idle, total
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the machine's CPU time that was busy between two :func:`machine_ticks`."""
+    return (after[0] - before[0]) / max(after[1] - before[1], 1)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds ``pid`` has used (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:

@@ -22,7 +22,10 @@ from tests.bench.harness import (
     Figure,
     RssSampler,
     bench_system,
+    busy_share,
     ideal_client,
+    machine_ticks,
+    process_cpu_s,
     repeat,
     rss_mib,
 )
@@ -41,15 +44,21 @@ async def test_ingest_rows_per_second(
         api_pid = bench.system.processes["ingest-api"].pid
         for n in (10_000, 100_000):
             body = orjson.dumps({"model": "gpt-4o-mini", "requests": rows(n)})
-            figure = Figure()
+            figure, cpu, busy = Figure(), Figure(), Figure()
             peak = 0.0
             for _ in range(RUNS):
                 with RssSampler({"ingest-api": api_pid}) as sampler:
+                    ticks, cpu0 = machine_ticks(), process_cpu_s(api_pid)
                     started = time.perf_counter()
                     await bench.post(body)
                     figure.samples.append(n / (time.perf_counter() - started))
+                    cpu.samples.append((process_cpu_s(api_pid) - cpu0) / n * 1e6)
+                    busy.samples.append(busy_share(ticks, machine_ticks()))
                 peak = max(peak, sampler.peaks["ingest-api"])
             report.update(figure.keys(f"ingest_rows_per_s_{n}"))
+            # The ingest-api's CPU per row, and how busy the whole machine was meanwhile.
+            report.update(cpu.keys(f"ingest_api_cpu_us_per_row_{n}"))
+            report.update(busy.keys(f"ingest_machine_busy_share_{n}"))
             report[f"ingest_peak_rss_mib_{n}"] = round(peak, 1)
             if n == 100_000:
                 report.update(figure.keys("ingest_rows_per_s"))

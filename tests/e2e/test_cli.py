@@ -159,3 +159,44 @@ async def test_watch_of_a_canceled_job_exits_non_zero(
     assert f"{batch_id} canceled:" in watched.err
     results = await relay(system, api_key, "cancel", batch_id)
     assert results.code == 1 and "409 conflict_error" in results.err, results
+
+
+async def test_submit_takes_openai_and_anthropic_files_without_a_model(
+    system: System, api_key: str, api: ApiClient, tmp_path: Path
+) -> None:
+    openai_file = tmp_path / "openai.jsonl"
+    lines = [
+        {
+            "custom_id": f"o-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "gpt-4o-mini",
+                "messages": [{"role": "user", "content": f"openai {i}"}],
+                "max_tokens": 16,
+            },
+        }
+        for i in range(2)
+    ]
+    openai_file.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
+    anthropic_file = tmp_path / "anthropic.jsonl"
+    params = {
+        "model": "gpt-4o-mini",
+        "max_tokens": 16,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "anthropic 0"}],
+    }
+    anthropic_file.write_bytes(orjson.dumps({"custom_id": "a_0", "params": params}) + b"\n")
+    run = await relay(system, api_key, "submit", str(openai_file), str(anthropic_file), "--wait")
+    assert run.code == 0, run
+    openai_id, anthropic_id = created_ids(run)
+    assert (await api.get(openai_id))["model"] == "gpt-4o-mini"
+    openai_results = await api.results(openai_id)
+    assert [(r["custom_id"], r["content"]) for r in openai_results["data"]] == [
+        ("o-0", "echo: openai 0"),
+        ("o-1", "echo: openai 1"),
+    ]
+    anthropic_results = await api.results(anthropic_id)
+    assert [(r["custom_id"], r["content"]) for r in anthropic_results["data"]] == [
+        ("a_0", "echo: anthropic 0")
+    ]

@@ -346,3 +346,25 @@ async def test_an_expired_job_shows_as_ended_with_its_deadline_metadata_and_kept
     assert 0 < kept < 400
     await expect(page.locator("#results-body tr")).to_have_count(min(kept, RESULTS_PAGE))
     await page.screenshot(path=shots / "job-expired.png", full_page=True)
+
+
+async def test_an_openai_file_uploads_with_the_model_from_its_rows(
+    page: Page, panel_key: str, tmp_path: Path, system: System, api: ApiClient
+) -> None:
+    openai_file = tmp_path / "openai.jsonl"
+    line = {
+        "custom_id": "o-1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+    }
+    openai_file.write_bytes(orjson.dumps(line) + b"\n")
+    await sign_in(page, panel_key)
+    await page.get_by_role("link", name="New batch").click()
+    await expect(page.get_by_label("Model")).to_have_value("gpt-4o-mini")
+    await page.get_by_label("Model").select_option(label="From each file's rows")
+    await page.get_by_label("Files (.csv, .jsonl)").set_input_files([openai_file])
+    await page.get_by_role("button", name="Create jobs").click()
+    await expect(job_row(page, "openai.jsonl")).to_be_visible()
+    (job,) = await workspace_jobs(system, panel_key, api)
+    assert (job["name"], job["model"], job["total"]) == ("openai.jsonl", "gpt-4o-mini", 1)

@@ -13,6 +13,10 @@ def test_absent_params_are_an_empty_object() -> None:
     assert validate_params(None) == "{}"
 
 
+def test_null_params_are_left_out() -> None:
+    assert validate_params({"temperature": None, "seed": 3}) == '{"seed":3}'
+
+
 def test_every_supported_param_is_kept() -> None:
     params = {
         "temperature": 0.5,
@@ -49,6 +53,14 @@ def test_every_supported_param_is_kept() -> None:
             "params.response_format.json_schema",
         ),
         ({"temprature": 0.5}, "params.temprature"),
+        ({"tools": [{"type": "retrieval"}]}, "params.tools[0].type"),
+        ({"tools": []}, "params.tools"),
+        ({"tool_choice": "any"}, "params.tool_choice"),
+        ({"max_completion_tokens": 0}, "params.max_completion_tokens"),
+        (
+            {"response_format": {"type": "json_object", "strict": True}},
+            "params.response_format.strict",
+        ),
     ],
 )
 def test_bad_params_are_400_naming_the_field(params: object, param: str) -> None:
