@@ -21,8 +21,7 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from relay_batches.services.ingest_api import anthropic_openapi
-from relay_batches.services.ingest_api import chat_rows
+from relay_batches.services.ingest_api import anthropic_openapi, chat_rows
 
 DOCUMENT_PATH = "/openapi.json"
 _RESOURCE = "openapi.json"
