@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job
@@ -34,6 +35,7 @@ class ApiDeps:
     model_known: Callable[[str], bool]
     limits: SubmitLimits
     max_body_bytes: int
+    files: FileStore  # the OpenAI surface's files and batch links
     model_names: Callable[[], list[str]] = list  # the router's public aliases
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
     # Decoding and validating large bodies, one at a time: each thread more would take

@@ -21,6 +21,8 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from relay_batches.services.ingest_api.openai_openapi import openai_fragment
+
 DOCUMENT_PATH = "/openapi.json"
 _RESOURCE = "openapi.json"
 
@@ -29,7 +31,7 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 
 # Each surface's fragment: ``{"paths": {...}, "schemas": {...}}`` (see merge_fragment).
 Fragment = Mapping[str, Mapping[str, Any]]
-FRAGMENTS: tuple[Callable[[], Fragment], ...] = ()
+FRAGMENTS: tuple[Callable[[], Fragment], ...] = (openai_fragment,)
 
 
 def model_schemas(*models: type[BaseModel], mode: str = "validation") -> dict[str, dict[str, Any]]:
