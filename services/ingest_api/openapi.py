@@ -21,6 +21,7 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from relay_batches.services.ingest_api import chat_rows
 from relay_batches.services.ingest_api.openai_openapi import openai_fragment
 
 DOCUMENT_PATH = "/openapi.json"
@@ -31,7 +32,10 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 
 # Each surface's fragment: ``{"paths": {...}, "schemas": {...}}`` (see merge_fragment).
 Fragment = Mapping[str, Mapping[str, Any]]
-FRAGMENTS: tuple[Callable[[], Fragment], ...] = (openai_fragment,)
+FRAGMENTS: tuple[Callable[[], Fragment], ...] = (
+    chat_rows.openapi_fragment,  # RequestRow, Message, Params
+    openai_fragment,  # /openai/v1: files and batches
+)
 
 
 def model_schemas(*models: type[BaseModel], mode: str = "validation") -> dict[str, dict[str, Any]]:

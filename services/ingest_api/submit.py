@@ -45,6 +45,11 @@ def job_fields(fields: Mapping[str, object], deps: ApiDeps) -> BatchOptions:
     return validate_batch_options(fields, KnownModels(deps.model_known))
 
 
+def row_models(deps: ApiDeps) -> KnownModels:
+    """The router's aliases, which a row's own ``model`` may name."""
+    return KnownModels(deps.model_known)
+
+
 def plan_submission(
     raw: bytes | bytearray, deps: ApiDeps, workspace_id: str, now: datetime
 ) -> PlannedJob:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Container
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -35,11 +36,18 @@ from relay_batches.services.ingest_api.idempotency import (
     stored_response,
 )
 from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_response
-from relay_batches.services.ingest_api.submit import PlannedJob, job_fields, plan_job, submit_many
+from relay_batches.services.ingest_api.submit import (
+    PlannedJob,
+    job_fields,
+    plan_job,
+    row_models,
+    submit_many,
+)
 from relay_batches.services.ingest_api.upload_formats import LineError, parse_upload_file
 from relay_batches.services.ingest_api.validation import (
     JOB_FIELDS,
     MAX_NAME_CHARS,
+    BatchOptions,
     RowInput,
     SubmitLimits,
     parse_priority_field,
@@ -229,16 +237,36 @@ def clean_filename(filename: str) -> str:
 def plan_jobs(
     form: UploadForm, deps: ApiDeps, workspace_id: str, now: datetime
 ) -> list[PlannedJob]:
-    """Validate the fields and every file; one :class:`PlannedJob` per file, in order."""
-    options = job_fields(form_payload(form.fields), deps)
+    """Validate the fields and every file; one :class:`PlannedJob` per file, in order.
+
+    Without a ``model`` field each job's model is its file's first row's own ``model``
+    (an OpenAI or Anthropic line always names one).
+    """
+    payload = form_payload(form.fields)
+    options = job_fields(payload, deps) if "model" in payload else None
     if not form.files:
         raise invalid("at least one file (.csv or .jsonl) is required", FILE_FIELD)
+    known = row_models(deps)
     planned = []
     for index, upload in enumerate(form.files):
-        rows = _file_rows(index, upload, deps.limits)
-        name = job_name(options.name, upload.filename, len(form.files))
-        planned.append(plan_job(options, rows, workspace_id, now, name))
+        rows = _file_rows(index, upload, deps.limits, known)
+        job = options if options is not None else _row_model_options(payload, rows, deps)
+        name = job_name(job.name, upload.filename, len(form.files))
+        planned.append(plan_job(job, rows, workspace_id, now, name))
     return planned
+
+
+def _row_model_options(
+    payload: dict[str, object], rows: list[RowInput], deps: ApiDeps
+) -> BatchOptions:
+    """The job-level fields with the file's first row's model as the job's."""
+    if rows[0].model is None:
+        raise invalid(
+            "model is required: give the model field, or a model in every row of the file"
+            " (OpenAI and Anthropic lines always carry one)",
+            "model",
+        )
+    return job_fields({**payload, "model": rows[0].model}, deps)
 
 
 def form_payload(fields: dict[str, str]) -> dict[str, object]:
@@ -268,9 +296,11 @@ def _json_field(name: str, text: str) -> object:
         raise invalid(f"{name} must be JSON text", name) from None
 
 
-def _file_rows(index: int, upload: UploadedFile, limits: SubmitLimits) -> list[RowInput]:
+def _file_rows(
+    index: int, upload: UploadedFile, limits: SubmitLimits, known: Container[str]
+) -> list[RowInput]:
     try:
-        return parse_upload_file(upload.filename, upload.data, limits)
+        return parse_upload_file(upload.filename, upload.data, limits, known)
     except LineError as exc:
         where = (
             f"{upload.filename!r}" if exc.line is None else f"{upload.filename!r} line {exc.line}"

@@ -9,8 +9,17 @@ have exactly one field: a prompt with a comma has to be quoted. Blank lines are 
 A first record whose only field is ``prompt`` (any case) is a header and skipped. Custom
 ids default to ``row-1``, ``row-2``, … by record.
 
-``.jsonl``: one request object ``{custom_id?, messages}`` per line, the same rules as a
-``requests`` element of ``POST /v1/batches``; blank lines are skipped.
+``.jsonl``: one request per line, blank lines skipped, in one of three formats told
+apart by the file's first line (:func:`line_format`), every line then in that format:
+
+- Relay's own, ``{custom_id?, messages, ...row fields}``: a ``requests`` element of
+  ``POST /v1/batches``;
+- OpenAI's Batch input, ``{custom_id, method, url, body}``
+  (:func:`.row_formats.openai_line_row`);
+- Anthropic's Message Batches request, ``{custom_id, params}``
+  (:func:`.row_formats.anthropic_request_row`).
+
+A row may name its own ``model`` (an OpenAI or Anthropic line always does).
 
 Both are UTF-8 (a leading byte-order mark is ignored). Line numbers are 1-based physical
 lines of the file; a CSV record spanning several lines is reported at its first line.
@@ -25,20 +34,34 @@ from __future__ import annotations
 import codecs
 import csv
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
 import orjson
 
+from relay_batches.services.ingest_api.row_formats import (
+    anthropic_request_row,
+    openai_line_row,
+)
 from relay_batches.services.ingest_api.validation import (
+    NO_MODELS,
     RowError,
     RowInput,
     RowRejected,
     SubmitLimits,
+    check_unique_ids,
     request_rows,
 )
 
 FORMATS = (".csv", ".jsonl")
+RELAY, OPENAI, ANTHROPIC = "a Relay request", "an OpenAI batch line", "an Anthropic request"
+_SHAPES = {
+    RELAY: "{custom_id?, messages}",
+    OPENAI: "{custom_id, method, url, body}",
+    ANTHROPIC: "{custom_id, params}",
+}
+DialectRow = Callable[[int, object, SubmitLimits, Container[str]], RowInput]
+_DIALECT_ROWS: dict[str, DialectRow] = {OPENAI: openai_line_row, ANTHROPIC: anthropic_request_row}
 CSV_HEADER = "prompt"
 BOM = codecs.BOM_UTF8
 CHECK_WINDOW = 1024 * 1024  # bytes decoded at a time to check a file is UTF-8
@@ -67,27 +90,56 @@ def file_format(filename: str) -> str | None:
     return next((ext for ext in FORMATS if lowered.endswith(ext)), None)
 
 
+def line_format(request: dict[str, object]) -> str:
+    """Which format a decoded ``.jsonl`` line is in: :data:`OPENAI` if it has any of
+    ``body``, ``method``, ``url``; else :data:`ANTHROPIC` if it has ``params``; else
+    :data:`RELAY`."""
+    if "body" in request or "method" in request or "url" in request:
+        return OPENAI
+    return ANTHROPIC if "params" in request else RELAY
+
+
 def parse_upload_file(
-    filename: str, data: bytes | bytearray, limits: SubmitLimits
+    filename: str,
+    data: bytes | bytearray,
+    limits: SubmitLimits,
+    known_models: Container[str] = NO_MODELS,
 ) -> list[RowInput]:
     """Validated rows of one uploaded file; :class:`LineError` on the first bad line.
 
     The file is read line by line and each request validated as it is read, so only the
-    validated rows are kept (never every decoded request at once).
+    validated rows are kept (never every decoded request at once). ``known_models``
+    are the aliases a row's own ``model`` may name.
     """
     kind = file_format(filename)
     if kind is None:
         raise LineError(None, f"file name must end in {' or '.join(FORMATS)}")
     _check_utf8(data)
     lines: list[int] = []  # the line each request starts on, by row index
-    source = _csv_rows(data, limits) if kind == ".csv" else _jsonl_rows(data, limits)
+    formats: list[str] = []  # the file's format, once its first line is read
+    source = _csv_rows(data, limits) if kind == ".csv" else _jsonl_rows(data, limits, formats)
     try:
-        rows = request_rows(_requests(source, lines), limits.max_content_bytes)
+        requests = _requests(source, lines)
+        first = next(requests, None)
+        if first is None:
+            raise LineError(None, "the file holds no rows")
+        dialect_row = _DIALECT_ROWS.get(formats[0]) if formats else None
+        if dialect_row is None:
+            rows = request_rows(_chain(first, requests), limits.max_content_bytes, known_models)
+        else:
+            rows = [
+                dialect_row(i, request, limits, known_models)
+                for i, request in enumerate(_chain(first, requests))
+            ]
+            check_unique_ids(rows)
     except RowRejected as exc:
         raise _line_error(exc.error, lines) from None
-    if not rows:
-        raise LineError(None, "the file holds no rows")
     return rows
+
+
+def _chain(first: object, rest: Iterator[object]) -> Iterator[object]:
+    yield first
+    yield from rest
 
 
 def _requests(source: Iterator[RawRow], lines: list[int]) -> Iterator[object]:
@@ -182,8 +234,11 @@ def _csv_reason(message: str, limits: SubmitLimits) -> str:
     return f"not valid CSV ({message})"
 
 
-def _jsonl_rows(data: bytes | bytearray, limits: SubmitLimits) -> Iterator[RawRow]:
-    """One request object per line."""
+def _jsonl_rows(
+    data: bytes | bytearray, limits: SubmitLimits, formats: list[str]
+) -> Iterator[RawRow]:
+    """One request object per line, each in the format of the first (appended to
+    ``formats`` when read)."""
     # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
     # which may stand unescaped inside a JSON string.
     count = 0
@@ -196,7 +251,17 @@ def _jsonl_rows(data: bytes | bytearray, limits: SubmitLimits) -> Iterator[RawRo
         except orjson.JSONDecodeError as exc:
             raise LineError(number, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
         if type(request) is not dict:
-            raise LineError(number, "must be a JSON object {custom_id?, messages}")
+            shape = _SHAPES[formats[0]] if formats else "{custom_id?, messages}"
+            raise LineError(number, f"must be a JSON object {shape}")
+        kind = line_format(request)
+        if not formats:
+            formats.append(kind)
+        elif kind != formats[0]:
+            raise LineError(
+                number,
+                f"is {kind} {_SHAPES[kind]} but the file's first line is {formats[0]}"
+                f" {_SHAPES[formats[0]]}: a file holds one format",
+            )
         count += 1
         if count > limits.max_rows:
             raise _too_many(limits)

@@ -29,12 +29,18 @@ import orjson
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from relay_batches.errors import ApiError, invalid
+from relay_batches.services.ingest_api.chat_rows import (
+    FAST_ROLES,
+    MAX_CUSTOM_ID_CHARS,
+    ROLES,
+    RequestRow,
+    check_row,
+    stored_request,
+)
 from relay_batches.services.ingest_api.params import validate_params
 from relay_batches.services.ingest_api.scan import WINDOW_BYTES, JsonScanner, NotJson
 
-ROLES: frozenset[str] = frozenset({"system", "developer", "user", "assistant"})
 MAX_NAME_CHARS = 256
-MAX_CUSTOM_ID_CHARS = 256
 MAX_WEBHOOK_URL_CHARS = 2048
 MAX_CRON_CHARS = 256
 # Priority orders jobs within their workspace (fairness shares across workspaces).
@@ -45,7 +51,10 @@ _QUOTE_CHARS = 64
 # Every job-level field of a submission: the rest of a body is its rows.
 JOB_FIELDS = ("model", "name", "priority", "webhookUrl", "cron", "params")
 SUBMIT_FIELDS = frozenset({*JOB_FIELDS, "requests"})
-ROW_FIELDS = frozenset({"custom_id", "messages"})  # the keys a request row may carry
+ROW_FIELDS = frozenset(RequestRow.model_fields)  # the keys a request row may carry
+_PLAIN_FIELDS = frozenset({"custom_id", "messages"})  # a row the fast path may take
+NO_MODELS: frozenset[str] = frozenset()
+__all__ = ["MAX_CUSTOM_ID_CHARS", "ROLES"]  # re-exported: the rules of a row
 
 
 class KnownModels:
@@ -70,9 +79,10 @@ class SubmitLimits:
 class RowInput:
     """One validated request row.
 
-    ``request_json`` is the row's chat request as ``batch_rows.request`` stores it: for
-    a row of string messages only, its messages list re-encoded compactly by orjson,
-    each message reduced to its two keys, sorted: ``[{"content":"…","role":"user"}]``.
+    ``request_json`` is the row's chat request as ``batch_rows.request`` stores it
+    (:func:`.chat_rows.stored_request`): for a row of ``{role, content: str}`` messages
+    only, its messages list re-encoded compactly by orjson with sorted keys,
+    ``[{"content":"…","role":"user"}]``; else the object ``{"messages": […], …}``.
     ``model`` is the row's own alias (None: the job's).
     """
 
@@ -153,7 +163,8 @@ def validate_submit(
     options = validate_batch_options(payload, known_models)
     if "requests" not in payload:
         raise invalid("requests is required", "requests")
-    return BatchSpec(options, validate_request_rows(payload["requests"], limits))
+    rows = validate_request_rows(payload["requests"], limits, known_models)
+    return BatchSpec(options, rows)
 
 
 def check_submit_field(key: str) -> None:
@@ -206,7 +217,7 @@ def _scan_submit(
             fields[key] = scanner.value()
             rows, row_error = None, None
         else:
-            rows, row_error = _scan_rows(scanner.elements(), limits)
+            rows, row_error = _scan_rows(scanner.elements(), limits, known_models)
     if not scanner.at_end():
         raise NotJson()
     options = validate_batch_options(fields, known_models)
@@ -215,19 +226,21 @@ def _scan_submit(
     if rows is None:
         if "requests" not in fields:
             raise invalid("requests is required", "requests")
-        rows = validate_request_rows(fields["requests"], limits)
+        rows = validate_request_rows(fields["requests"], limits, known_models)
     return BatchSpec(options, rows)
 
 
 def _scan_rows(
-    elements: Iterator[object], limits: SubmitLimits
+    elements: Iterator[object], limits: SubmitLimits, known_models: Container[str]
 ) -> tuple[list[RowInput] | None, ApiError | None]:
     """The rows of a streamed ``requests`` array, or the error of its first bad row
     (the rest of the array is then parsed and dropped, to find the body's end)."""
     error: ApiError | None = None
     rows: list[RowInput] | None = None
     try:
-        rows = request_rows(at_most(elements, limits.max_rows), limits.max_content_bytes)
+        rows = request_rows(
+            at_most(elements, limits.max_rows), limits.max_content_bytes, known_models
+        )
     except RowRejected as exc:
         error = row_api_error(exc.error)
     except ApiError as exc:
@@ -376,11 +389,13 @@ def _has_random_field(fields: list[str]) -> bool:
 # --- rows --------------------------------------------------------------------------
 
 
-def validate_request_rows(requests: object, limits: SubmitLimits) -> list[RowInput]:
+def validate_request_rows(
+    requests: object, limits: SubmitLimits, known_models: Container[str] = NO_MODELS
+) -> list[RowInput]:
     """The ``requests`` of ``POST /v1/batches``: a bad row is a 400 naming its field."""
     requests = _check_row_list(requests, limits)
     try:
-        return request_rows(requests, limits.max_content_bytes)
+        return request_rows(requests, limits.max_content_bytes, known_models)
     except RowRejected as exc:
         raise row_api_error(exc.error) from None
 
@@ -398,15 +413,24 @@ def _row_path(prefix: str, index: int, field: str) -> str:
     return f"{prefix}[{index}].{field}" if field else f"{prefix}[{index}]"
 
 
-def request_rows(requests: Iterable[object], max_bytes: int) -> list[RowInput]:
-    """Validate request rows, default their custom ids and encode their messages.
+def request_rows(
+    requests: Iterable[object], max_bytes: int, known_models: Container[str] = NO_MODELS
+) -> list[RowInput]:
+    """Validate request rows, default their custom ids and encode their requests.
 
     :class:`RowRejected` for the first bad row; ``max_bytes`` bounds each message's
-    content in UTF-8 bytes. ``requests`` may be a stream (see :func:`at_most`).
+    content in UTF-8 bytes, ``known_models`` the aliases a row's ``model`` may name.
+    ``requests`` may be a stream (see :func:`at_most`).
+
+    A plain row (``custom_id?`` and ``{role, content: str}`` messages) is checked here
+    inline, the rules of :class:`.chat_rows.RequestRow` for that shape; any other row,
+    or a plain one failing the inline check, goes to the model itself, which accepts it
+    or gives the precise error.
     """
     # A str of n code points is at most 4n UTF-8 bytes: only longer ones get encoded.
     safe_chars = max_bytes // 4
-    roles = ROLES
+    roles = FAST_ROLES
+    plain_fields = _PLAIN_FIELDS
     dumps = orjson.dumps
     sort_keys = orjson.OPT_SORT_KEYS
     rows: list[RowInput] = []
@@ -414,14 +438,16 @@ def request_rows(requests: Iterable[object], max_bytes: int) -> list[RowInput]:
     add_row = rows.append
     add_id = ids.append
     for i, req in enumerate(requests):
-        if type(req) is not dict or not ROW_FIELDS.issuperset(req):
-            raise RowRejected(_row_shape_error(i, req))
+        if type(req) is not dict or not plain_fields.issuperset(req):
+            row = _model_row(i, req, max_bytes, known_models)
+            add_id(row.custom_id)
+            add_row(row)
+            continue
         messages = req.get("messages")
         if type(messages) is not list or not messages:
             raise RowRejected(RowError(i, "messages", "must be a non-empty array"))
-        n_keys = 0
         for msg in messages:
-            if type(msg) is not dict:
+            if type(msg) is not dict or len(msg) != 2:
                 break
             role = msg.get("role")
             content = msg.get("content")
@@ -429,30 +455,49 @@ def request_rows(requests: Iterable[object], max_bytes: int) -> list[RowInput]:
                 break
             if len(content) > safe_chars and len(content.encode("utf-8", "replace")) > max_bytes:
                 break
-            n_keys += len(msg)
         else:  # every message passed: finish the row, then on to the next one
             custom_id = req.get("custom_id")
             if custom_id is None:
                 custom_id = f"row-{i + 1}"
-            elif (
-                type(custom_id) is not str
-                or len(custom_id) > MAX_CUSTOM_ID_CHARS
-                or "\x00" in custom_id  # Postgres text cannot hold NUL
+            if (
+                type(custom_id) is str
+                and len(custom_id) <= MAX_CUSTOM_ID_CHARS
+                and "\x00" not in custom_id  # Postgres text cannot hold NUL
             ):
-                raise RowRejected(RowError(i, "custom_id", _custom_id_problem(custom_id)))
-            if n_keys != 2 * len(messages):  # some message has extra keys: drop them
-                messages = _role_and_content(messages)
-            try:  # sorted keys: the same text whatever order the client sent
-                encoded = dumps(messages, option=sort_keys).decode()
-            except TypeError:  # lone surrogates: only from a payload not built by orjson
-                raise RowRejected(_unencodable_error(i, messages)) from None
-            add_id(custom_id)
-            add_row(RowInput(custom_id, encoded))
-            continue
-        # A message failed the fast check (break): find and report it precisely.
-        raise RowRejected(_message_error(i, messages, max_bytes))
+                try:  # sorted keys: the same text whatever order the client sent
+                    encoded = dumps(messages, option=sort_keys).decode()
+                except TypeError:  # lone surrogates: only from a payload not built by orjson
+                    raise RowRejected(_unencodable_error(i, messages)) from None
+                add_id(custom_id)
+                add_row(RowInput(custom_id, encoded))
+                continue
+        # The fast check failed (break, or custom_id): the model accepts it or says why.
+        row = _model_row(i, req, max_bytes, known_models)
+        add_id(row.custom_id)
+        add_row(row)
     _check_unique(ids)
     return rows
+
+
+def _model_row(index: int, req: object, max_bytes: int, known_models: Container[str]) -> RowInput:
+    """A row checked by :class:`.chat_rows.RequestRow`: stored, or :class:`RowRejected`."""
+    problem = check_row(RequestRow, req, max_bytes, known_models)
+    if problem is not None:
+        raise RowRejected(RowError(index, *problem))
+    assert type(req) is dict  # check_row refuses anything else
+    custom_id = req.get("custom_id")
+    try:
+        request_json = stored_request(req)
+    except TypeError:  # lone surrogates: only from a payload not built by orjson
+        raise RowRejected(_unencodable_error(index, req["messages"])) from None
+    return RowInput(
+        f"row-{index + 1}" if custom_id is None else custom_id, request_json, req.get("model")
+    )
+
+
+def check_unique_ids(rows: Sequence[RowInput]) -> None:
+    """:class:`RowRejected` naming the first row whose custom id repeats an earlier one."""
+    _check_unique([row.custom_id for row in rows])
 
 
 def at_most(requests: Iterable[object], max_rows: int) -> Iterator[object]:
@@ -461,19 +506,6 @@ def at_most(requests: Iterable[object], max_rows: int) -> Iterator[object]:
         if i >= max_rows:
             raise _too_many_rows(max_rows)
         yield req
-
-
-def _row_shape_error(index: int, req: object) -> RowError:
-    """A row that is not an object, or the first key of it that is not a row field."""
-    if type(req) is not dict:
-        return RowError(index, "", "must be an object")
-    key = next(k for k in req if k not in ROW_FIELDS)
-    known = ", ".join(sorted(ROW_FIELDS))
-    return RowError(index, key, f"is not a field of a request (fields: {known})")
-
-
-def _role_and_content(messages: list[dict[str, object]]) -> list[dict[str, object]]:
-    return [{"content": m["content"], "role": m["role"]} for m in messages]
 
 
 def _check_row_list(requests: object, limits: SubmitLimits) -> list[object]:
@@ -486,25 +518,6 @@ def _check_row_list(requests: object, limits: SubmitLimits) -> list[object]:
 
 def _too_many_rows(max_rows: int) -> ApiError:
     return invalid(f"requests must hold at most {max_rows:,} requests per batch", "requests")
-
-
-def _message_error(index: int, messages: list[object], max_bytes: int) -> RowError:
-    """The precise error for the first bad message; the slow path of the row loop."""
-    for j, msg in enumerate(messages):
-        at = f"messages[{j}]"
-        if type(msg) is not dict:
-            return RowError(index, at, "must be an object")
-        role = msg.get("role")
-        if type(role) is not str or role not in ROLES:
-            return RowError(
-                index, f"{at}.role", "must be one of system, developer, user, assistant"
-            )
-        content = msg.get("content")
-        if type(content) is not str:
-            return RowError(index, f"{at}.content", "must be a string")
-        if len(content.encode("utf-8", "replace")) > max_bytes:
-            return RowError(index, f"{at}.content", f"must be at most {max_bytes} bytes of UTF-8")
-    return RowError(index, "messages", "is not valid")  # unreachable: the fast check failed
 
 
 def _unencodable_error(index: int, messages: Sequence[object]) -> RowError:

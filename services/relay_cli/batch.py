@@ -49,9 +49,17 @@ def add_batch_parser(sub: Any) -> None:
     batch = sub.add_parser("batch", help="submit and follow batches through the public API")
     commands = batch.add_subparsers(dest="batch_command", required=True)
 
-    submit = commands.add_parser("submit", parents=[common], help="one job per .csv/.jsonl file")
+    submit = commands.add_parser(
+        "submit",
+        parents=[common],
+        help="one job per .csv/.jsonl file (.jsonl: Relay, OpenAI batch or Anthropic lines)",
+    )
     submit.add_argument("files", nargs="+", metavar="FILE", type=Path)
-    submit.add_argument("--model", required=True, help="a public model alias")
+    submit.add_argument(
+        "--model",
+        help="a public model alias (default: each file's first row's model, which OpenAI"
+        " and Anthropic lines always name)",
+    )
     submit.add_argument("--priority", help="integer; higher runs first (default 0)")
     submit.add_argument("--name", help="job name (default: the file name)")
     submit.add_argument("--webhook", help="completion webhook URL")
@@ -129,14 +137,20 @@ async def _with_client(
 
 
 async def submit(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Upload the files (one job each); print ``<id>  <status>  <n> rows  <name>`` lines."""
+    """Upload the files (one job each); print ``<id>  <status>  <n> rows  <name>`` lines.
+
+    The server reads each file's format (CSV; ``.jsonl`` of Relay requests, OpenAI batch
+    lines or Anthropic requests) and, without ``--model``, takes each job's model from
+    its file's first row.
+    """
     if args.wait and args.cron:
         raise UsageError("--wait cannot be used with --cron: a cron template never ends")
     for path in args.files:
         if not path.is_file():
             raise UsageError(f"cannot read {path}: no such file")
-    fields = {"model": args.model}
+    fields: dict[str, str] = {}
     optional = {
+        "model": args.model,
         "priority": args.priority,
         "name": args.name,
         "webhookUrl": args.webhook,

@@ -125,9 +125,29 @@ REPRESENTATIVE_RULES = [
     ),
     pytest.param(body(priority=1001), "priority", "between -1000 and 1000", id="priority-range"),
     pytest.param(
+        body(requests=[*good_rows(2), req("p", [msg(content=[{"type": "text", "text": 5}])])]),
+        "requests[2].messages[0].content[0].text",
+        "requests[2].messages[0].content[0].text must be a string",
+        id="content-part",
+    ),
+    pytest.param(
+        body(requests=[req("t", [msg(), msg(role="tool", content="42")])]),
+        "requests[0].messages[1].tool_call_id",
+        "requests[0].messages[1].tool_call_id is required",
+        id="tool-turn",
+    ),
+    pytest.param(
+        body(requests=[{**req("m"), "model": "gpt-9-imaginary"}]),
+        "requests[0].model",
+        "requests[0].model 'gpt-9-imaginary' is unknown",
+        id="row-model",
+    ),
+    pytest.param(
         body(requests=[*good_rows(3), {**good_rows(1)[0], "custom_id": "r-9", "bogus": 1}]),
         "requests[3].bogus",
-        "requests[3].bogus is not a field of a request (fields: custom_id, messages)",
+        "requests[3].bogus is not a field of a request (fields: custom_id,"
+        " max_completion_tokens, max_tokens, messages, model, response_format, seed, stop,"
+        " temperature, tool_choice, tools, top_p)",
         id="unknown-row-field",
     ),
 ]
@@ -445,3 +465,35 @@ async def test_nul_in_content_is_stored(client_a: ApiClient, pool: asyncpg.Pool)
         "SELECT request FROM batch_rows WHERE batch_id = $1", created["id"]
     )
     assert orjson.loads(messages) == [{"content": "nul \u0000 inside", "role": "user"}]
+
+
+async def test_rich_rows_are_stored_whole(client_a: ApiClient, pool: asyncpg.Pool) -> None:
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    rich = {
+        "custom_id": "rich",
+        "model": MODEL,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "look it up"}], "name": "ann"},
+            {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "found"},
+        ],
+        "tools": [tool],
+        "tool_choice": "auto",
+        "max_tokens": 32,
+    }
+    created = await client_a.submit(body(requests=[req("plain"), rich]))
+    assert created["total"] == 2
+    records = await pool.fetch(
+        "SELECT custom_id, request FROM batch_rows WHERE batch_id = $1 ORDER BY row_index",
+        created["id"],
+    )
+    assert [(r["custom_id"], r["request"]) for r in records] == [
+        ("plain", '[{"content":"hello","role":"user"}]'),
+        (
+            "rich",
+            orjson.dumps(
+                {k: v for k, v in rich.items() if k != "custom_id"}, option=orjson.OPT_SORT_KEYS
+            ).decode(),
+        ),
+    ]

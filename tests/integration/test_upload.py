@@ -421,6 +421,91 @@ async def test_an_unknown_key_of_a_jsonl_row_is_refused_naming_it(fresh: ApiClie
     assert status == 400, data
     assert data["error"]["param"] == "file[0]"
     assert data["error"]["message"] == (
-        "'a.jsonl' line 3: bogus is not a field of a request (fields: custom_id, messages)"
+        "'a.jsonl' line 3: bogus is not a field of a request (fields: custom_id,"
+        " max_completion_tokens, max_tokens, messages, model, response_format, seed, stop,"
+        " temperature, tool_choice, tools, top_p)"
     )
+    assert await job_count(fresh) == 0
+
+
+# --- OpenAI and Anthropic files --------------------------------------------------------
+
+
+def openai_line(custom_id: str, content: str) -> bytes:
+    body = {"model": MODEL, "messages": user(content), "max_tokens": 8}
+    line = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+    return orjson.dumps(line)
+
+
+def anthropic_line(custom_id: str, content: Any) -> bytes:
+    params = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": content}]}
+    return orjson.dumps({"custom_id": custom_id, "params": params})
+
+
+def no_model_form(files: list[tuple[str, bytes]]) -> aiohttp.FormData:
+    data = aiohttp.FormData(default_to_multipart=True)
+    for filename, content in files:
+        data.add_field("file", content, filename=filename, content_type="text/plain")
+    return data
+
+
+async def test_dialect_files_need_no_model_field_and_keep_each_rows_model(
+    fresh: ApiClient, pool: asyncpg.Pool
+) -> None:
+    openai_file = openai_line("o-1", "first") + b"\n" + openai_line("o-2", "second") + b"\n"
+    parts = [{"type": "text", "text": "look"}]
+    anthropic_file = anthropic_line("a_1", parts) + b"\n"
+    status, body = await upload(
+        fresh, no_model_form([("openai.jsonl", openai_file), ("anthropic.jsonl", anthropic_file)])
+    )
+    assert status == 201, body
+    openai_job, anthropic_job = body["data"]
+    assert (openai_job["model"], openai_job["total"]) == (MODEL, 2)
+    assert (anthropic_job["model"], anthropic_job["total"]) == (MODEL, 1)
+    assert await stored_rows(pool, openai_job["id"]) == [
+        ("o-1", {"max_tokens": 8, "messages": user("first"), "model": MODEL}),
+        ("o-2", {"max_tokens": 8, "messages": user("second"), "model": MODEL}),
+    ]
+    assert await stored_rows(pool, anthropic_job["id"]) == [
+        ("a_1", {"max_tokens": 8, "messages": [{"content": parts, "role": "user"}], "model": MODEL})
+    ]
+
+
+async def test_a_file_without_row_models_still_needs_the_model_field(fresh: ApiClient) -> None:
+    status, body = await upload(fresh, no_model_form([("a.csv", CSV)]))
+    assert (status, body["error"]["param"]) == (400, "model")
+    assert body["error"]["message"] == (
+        "model is required: give the model field, or a model in every row of the file"
+        " (OpenAI and Anthropic lines always carry one)"
+    )
+    assert await job_count(fresh) == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param(
+            openai_line("o-1", "x") + b"\n" + anthropic_line("a", "y"),
+            "'mixed.jsonl' line 2: is an Anthropic request {custom_id, params} but the file's"
+            " first line is an OpenAI batch line {custom_id, method, url, body}: a file holds"
+            " one format",
+            id="mixed",
+        ),
+        pytest.param(
+            anthropic_line("a", "x") + b"\n\n" + anthropic_line("b", "y")[:-2],
+            "'mixed.jsonl' line 3: not valid JSON (unexpected end of data at column 107)",
+            id="broken",
+        ),
+        pytest.param(
+            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/embeddings"),
+            "'mixed.jsonl' line 1: url must be /v1/chat/completions (the only endpoint Relay runs)",
+            id="endpoint",
+        ),
+    ],
+)
+async def test_a_mixed_or_broken_dialect_file_names_the_line(
+    fresh: ApiClient, content: bytes, message: str
+) -> None:
+    status, body = await upload(fresh, form([("ok.jsonl", JSONL), ("mixed.jsonl", content)]))
+    assert (status, body["error"]["param"], body["error"]["message"]) == (400, "file[1]", message)
     assert await job_count(fresh) == 0

@@ -103,24 +103,37 @@ def test_error_responses_name_the_type_the_code_sends_for_their_status() -> None
 def test_submission_limits_are_the_validation_constants() -> None:
     row = SCHEMAS["RequestRow"]["properties"]
     assert CREATE["name"]["maxLength"] == validation.MAX_NAME_CHARS
-    assert row["custom_id"]["maxLength"] == validation.MAX_CUSTOM_ID_CHARS
+    assert row["custom_id"]["anyOf"][0]["maxLength"] == validation.MAX_CUSTOM_ID_CHARS
     assert CREATE["webhookUrl"]["maxLength"] == validation.MAX_WEBHOOK_URL_CHARS
     assert CREATE["cron"]["maxLength"] == validation.MAX_CRON_CHARS
     assert (CREATE["priority"]["minimum"], CREATE["priority"]["maximum"]) == (
         validation.PRIORITY_MIN,
         validation.PRIORITY_MAX,
     )
-    assert set(SCHEMAS["Message"]["properties"]["role"]["enum"]) == validation.ROLES
+    roles = [
+        SCHEMAS[m["$ref"].rsplit("/", 1)[-1]]["properties"]["role"]["const"]
+        for m in SCHEMAS["Message"]["oneOf"]
+    ]
+    assert tuple(roles) == validation.ROLES
 
 
 def test_params_limits_are_the_params_constants() -> None:
-    stop_string, stop_list = PARAMS["stop"]["oneOf"]
-    assert PARAMS["max_tokens"]["maximum"] == params.MAX_TOKENS_LIMIT
-    assert (PARAMS["seed"]["minimum"], PARAMS["seed"]["maximum"]) == params.SEED_RANGE
+    # Params is generated from chat_rows.Params; an optional field is ``anyOf [T, null]``.
+    def first(name: str) -> dict[str, Any]:
+        schema: dict[str, Any] = PARAMS[name]["anyOf"][0]
+        return schema
+
+    stop_string, stop_list = PARAMS["stop"]["anyOf"][:2]
+    assert first("max_tokens")["maximum"] == params.MAX_TOKENS_LIMIT
+    assert first("max_completion_tokens")["maximum"] == params.MAX_TOKENS_LIMIT
+    assert (first("seed")["minimum"], first("seed")["maximum"]) == params.SEED_RANGE
     assert stop_string["maxLength"] == params.MAX_STOP_CHARS
     assert stop_list["maxItems"] == params.MAX_STOP_SEQUENCES
-    response_format = PARAMS["response_format"]["properties"]["type"]["enum"]
-    assert set(response_format) == params.RESPONSE_FORMAT_TYPES
+    formats = [
+        SCHEMAS[m["$ref"].rsplit("/", 1)[-1]]["properties"]["type"]["const"]
+        for m in first("response_format")["oneOf"]
+    ]
+    assert sorted(formats) == sorted(params.RESPONSE_FORMAT_TYPES)
 
 
 def test_documented_params_are_exactly_the_accepted_ones() -> None:
@@ -128,11 +141,14 @@ def test_documented_params_are_exactly_the_accepted_ones() -> None:
         "temperature": 1,
         "top_p": 0.5,
         "max_tokens": 5,
+        "max_completion_tokens": 5,
         "seed": 1,
         "stop": "x",
         "response_format": {"type": "text"},
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "tool_choice": "auto",
     }
-    assert set(samples) == set(PARAMS)
+    assert set(samples) == set(PARAMS) == set(params.PARAM_FIELDS)
     for key, value in samples.items():
         params.validate_params({key: value})
     assert SCHEMAS["Params"]["additionalProperties"] is False

@@ -38,7 +38,7 @@ def test_every_supported_param_is_kept() -> None:
         ({"seed": "1"}, "params.seed"),
         ({"stop": ""}, "params.stop"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "params.stop"),
-        ({"stop": [1]}, "params.stop"),
+        ({"stop": [1]}, "params.stop[0]"),
         ({"response_format": {"type": "xml"}}, "params.response_format.type"),
         ({"response_format": "json"}, "params.response_format.type"),
         ({"response_format": {"type": {}}}, "params.response_format.type"),

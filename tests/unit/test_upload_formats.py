@@ -139,7 +139,7 @@ def test_jsonl_one_request_per_line_defaults_ids_by_position() -> None:
         pytest.param(
             [row("a"), b'{"messages": [{"role": "user", "content": "x"}], "bogus": 1}'],
             2,
-            "bogus is not a field of a request (fields: custom_id, messages)",
+            "bogus is not a field of a request (fields: custom_id, max_completion_tokens,",
             id="unknown-key",
         ),
     ],
@@ -272,3 +272,115 @@ def test_csv_from_a_bytearray_with_emoji_and_a_quoted_newline() -> None:
         ("row-2", "multi\nline, quoted"),
         ("row-3", "third"),
     ]
+
+
+# --- dialect .jsonl files ---------------------------------------------------------------
+
+MODELS = frozenset({"gpt-4o-mini", "claude-haiku"})
+
+
+def openai_line(custom_id: str, content: str, model: str = "gpt-4o-mini") -> bytes:
+    body = {"model": model, "messages": [{"role": "user", "content": content}]}
+    line = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+    return orjson.dumps(line)
+
+
+def anthropic_line(custom_id: str, content: str, model: str = "claude-haiku") -> bytes:
+    params = {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": content}]}
+    return orjson.dumps({"custom_id": custom_id, "params": params})
+
+
+def dialect_error(data: bytes) -> LineError:
+    with pytest.raises(LineError) as caught:
+        parse_upload_file("d.jsonl", data, LIMITS, MODELS)
+    return caught.value
+
+
+def test_an_openai_batch_file_gives_rows_with_their_models() -> None:
+    data = b"\n".join([openai_line("a", "one"), b"", openai_line("b", "two", "claude-haiku")])
+    rows = parse_upload_file("batch.jsonl", data, LIMITS, MODELS)
+    assert [(r.custom_id, r.model) for r in rows] == [("a", "gpt-4o-mini"), ("b", "claude-haiku")]
+    assert rows[0].request_json == (
+        '{"messages":[{"content":"one","role":"user"}],"model":"gpt-4o-mini"}'
+    )
+
+
+def test_an_anthropic_batch_file_gives_translated_rows() -> None:
+    data = b"\n".join([anthropic_line("a", "one"), anthropic_line("b", "two", "gpt-4o-mini")])
+    rows = parse_upload_file("batch.jsonl", data, LIMITS, MODELS)
+    assert [(r.custom_id, r.model) for r in rows] == [("a", "claude-haiku"), ("b", "gpt-4o-mini")]
+    assert orjson.loads(rows[1].request_json) == {
+        "max_tokens": 16,
+        "messages": [{"content": "two", "role": "user"}],
+        "model": "gpt-4o-mini",
+    }
+
+
+@pytest.mark.parametrize(
+    ("lines", "line", "reason"),
+    [
+        pytest.param(
+            [openai_line("a", "x"), row("b")],
+            2,
+            "is a Relay request {custom_id?, messages} but the file's first line is an OpenAI"
+            " batch line {custom_id, method, url, body}: a file holds one format",
+            id="openai-then-relay",
+        ),
+        pytest.param(
+            [row("a"), b"", anthropic_line("b", "x")],
+            3,
+            "is an Anthropic request {custom_id, params} but the file's first line is a Relay"
+            " request {custom_id?, messages}: a file holds one format",
+            id="relay-then-anthropic",
+        ),
+        pytest.param(
+            [anthropic_line("a", "x"), openai_line("b", "x")],
+            2,
+            "is an OpenAI batch line {custom_id, method, url, body} but the file's first line"
+            " is an Anthropic request {custom_id, params}: a file holds one format",
+            id="anthropic-then-openai",
+        ),
+        pytest.param(
+            [openai_line("a", "x"), b'{"custom_id": "b", "method": "POST"'],
+            2,
+            "not valid JSON (unexpected end of data at column 36)",
+            id="broken",
+        ),
+        pytest.param(
+            [openai_line("a", "x"), b"[]"],
+            2,
+            "must be a JSON object {custom_id, method, url, body}",
+            id="not-object",
+        ),
+        pytest.param(
+            [openai_line("a", "x"), openai_line("a", "y")],
+            2,
+            "custom_id 'a' duplicates line 1",
+            id="openai-duplicate",
+        ),
+        pytest.param(
+            [anthropic_line("a", "x"), anthropic_line("b", "x", "nope")],
+            2,
+            "params.model 'nope' is unknown",
+            id="anthropic-model",
+        ),
+        pytest.param(
+            [openai_line("a", "x"), openai_line("b", "x").replace(b'"POST"', b'"PUT"')],
+            2,
+            "method must be POST",
+            id="openai-method",
+        ),
+        pytest.param(
+            [
+                row("a"),
+                orjson.dumps({"messages": [{"role": "user", "content": "x"}], "model": "nope"}),
+            ],
+            2,
+            "model 'nope' is unknown",
+            id="relay-row-model",
+        ),
+    ],
+)
+def test_dialect_file_errors_name_the_line(lines: list[bytes], line: int, reason: str) -> None:
+    error = dialect_error(b"\n".join(lines))
+    assert (error.line, error.reason) == (line, reason)

@@ -30,6 +30,10 @@ MODELS = frozenset({"gpt-4o-mini", "claude-haiku"})
 LIMITS = SubmitLimits()
 HI = [{"role": "user", "content": "hi"}]
 HI_JSON = '[{"content":"hi","role":"user"}]'
+ROW_FIELDS = (
+    "custom_id, max_completion_tokens, max_tokens, messages, model, response_format, seed,"
+    " stop, temperature, tool_choice, tools, top_p"
+)
 
 
 def body(**fields: object) -> dict[str, object]:
@@ -295,14 +299,19 @@ def test_message_must_be_an_object(message: object) -> None:
     assert_invalid(payload, "requests[1].messages[1]", "must be an object")
 
 
-@pytest.mark.parametrize("role", ["tool", "User", "", None, 5, ["user"], {"user": 1}])
+@pytest.mark.parametrize("role", ["robot", "User", "", None, 5, ["user"], {"user": 1}])
 def test_message_role_must_be_known(role: object) -> None:
     payload = rows({"messages": [HI[0], {"role": role, "content": "x"}]})
     assert_invalid(
         payload,
         "requests[0].messages[1].role",
-        "must be one of system, developer, user, assistant",
+        "must be one of system, developer, user, assistant, tool",
     )
+
+
+def test_a_tool_message_needs_its_tool_call_id() -> None:
+    payload = rows({"messages": [HI[0], {"role": "tool", "content": "42"}]})
+    assert_invalid(payload, "requests[0].messages[1].tool_call_id", "is required")
 
 
 def test_message_role_missing() -> None:
@@ -316,16 +325,21 @@ def test_every_role_is_accepted(role: str) -> None:
     assert spec.rows[0].request_json == f'[{{"content":"x","role":"{role}"}}]'
 
 
-@pytest.mark.parametrize("content", [None, 5, 1.5, True, ["hi"], {"type": "text", "text": "hi"}])
+@pytest.mark.parametrize("content", [None, 5, 1.5, True, {"type": "text", "text": "hi"}])
 def test_message_content_must_be_a_string(content: object) -> None:
     bad = {"messages": [{"role": "user", "content": content}, HI[0]]}
     payload = rows({"messages": HI}, {"messages": HI}, bad)
     assert_invalid(payload, "requests[2].messages[0].content", "must be a string")
 
 
+def test_message_content_parts_must_be_objects() -> None:
+    bad = {"messages": [{"role": "user", "content": ["hi"]}]}
+    assert_invalid(rows(bad), "requests[0].messages[0].content[0]", "must be an object")
+
+
 def test_message_content_missing() -> None:
     assert_invalid(
-        rows({"messages": [{"role": "user"}]}), "requests[0].messages[0].content", "string"
+        rows({"messages": [{"role": "user"}]}), "requests[0].messages[0].content", "is required"
     )
 
 
@@ -371,9 +385,9 @@ def test_first_bad_message_is_reported() -> None:
 
 def test_request_json_is_compact_with_only_role_and_content() -> None:
     messages = [
-        {"role": "system", "content": "Be terse.", "name": "sys", "extra": {"a": [1]}},
+        {"role": "system", "content": "Be terse."},
         {"content": 'Say "hi"\nplease — ünïcødé 😀', "role": "user"},
-        {"role": "assistant", "content": "", "tool_calls": None},
+        {"role": "assistant", "content": "", "tool_calls": None},  # null: absent
     ]
     spec = validate_submit(rows({"messages": messages}), LIMITS, MODELS)
     text = spec.rows[0].request_json
@@ -389,14 +403,26 @@ def test_request_json_is_compact_with_only_role_and_content() -> None:
     ]
 
 
-def test_request_json_does_not_depend_on_key_order_or_extra_keys() -> None:
-    variants = [
-        {"role": "user", "content": "hi"},
-        {"content": "hi", "role": "user"},
-        {"name": "n", "content": "hi", "role": "user"},
-    ]
+def test_an_unknown_message_key_is_a_400_never_dropped() -> None:
+    bad = {"messages": [{"role": "system", "content": "Be terse.", "extra": {"a": [1]}}]}
+    assert_invalid(
+        rows(bad),
+        "requests[0].messages[0].extra",
+        "is not a field of a system message (fields: content, name, role)",
+    )
+
+
+def test_request_json_does_not_depend_on_key_order() -> None:
+    variants = [{"role": "user", "content": "hi"}, {"content": "hi", "role": "user"}]
     spec = validate_submit(rows(*({"messages": [m]} for m in variants)), LIMITS, MODELS)
     assert {row.request_json for row in spec.rows} == {HI_JSON}
+
+
+def test_a_known_message_key_is_kept_in_the_object_form() -> None:
+    spec = validate_submit(
+        rows({"messages": [{"name": "n", "content": "hi", "role": "user"}]}), LIMITS, MODELS
+    )
+    assert spec.rows[0].request_json == '{"messages":[{"content":"hi","name":"n","role":"user"}]}'
 
 
 def test_input_messages_are_not_modified() -> None:
@@ -663,7 +689,9 @@ def test_webhook_url_length() -> None:
         pytest.param(["x"], RowError(0, "", "must be an object"), id="row"),
         pytest.param(
             [{"messages": HI}, {"messages": [HI[0], {"role": "bot", "content": "x"}]}],
-            RowError(1, "messages[1].role", "must be one of system, developer, user, assistant"),
+            RowError(
+                1, "messages[1].role", "must be one of system, developer, user, assistant, tool"
+            ),
             id="message-field",
         ),
         pytest.param(
@@ -677,12 +705,12 @@ def test_webhook_url_length() -> None:
         ),
         pytest.param(
             [{"messages": HI}, {"custom_id": "b", "messages": HI, "bogus": 1}],
-            RowError(1, "bogus", "is not a field of a request (fields: custom_id, messages)"),
+            RowError(1, "bogus", f"is not a field of a request (fields: {ROW_FIELDS})"),
             id="unknown-key",
         ),
         pytest.param(
             [{"bogus": 1}],
-            RowError(0, "bogus", "is not a field of a request (fields: custom_id, messages)"),
+            RowError(0, "bogus", f"is not a field of a request (fields: {ROW_FIELDS})"),
             id="unknown-key-before-missing-messages",
         ),
     ],

@@ -7,6 +7,7 @@ import { fill, h, setText } from "./dom.js";
 const FIELDS = ["model", "priority", "name", "webhookUrl", "cron"];
 const FIELD_IDS = { model: "model", priority: "priority", name: "name", webhookUrl: "webhook", cron: "cron" };
 const FILE_PARAM = /^file\[(\d+)\]$/;
+const FROM_ROWS = "From each file's rows";
 
 function sizeText(bytes) {
   if (bytes < 1024) return `${bytes} B`;
@@ -92,13 +93,18 @@ async function submit(event, onCreated) {
   }
 }
 
-/** Fill the model select from GET /v1/models (keeping the current choice). */
+/** Fill the model select from GET /v1/models (keeping the current choice), then the
+ * blank choice: each job takes its file's first row's model (OpenAI and Anthropic
+ * lines always name one). */
 export async function loadModels() {
   const select = document.getElementById("model");
   const current = select.value;
+  const fromRows = select.options.length > 0 && current === "";
   try {
     const { data } = await api.models();
-    fill(select, data.map((m) => h("option", { value: m.id, selected: m.id === current }, m.id)));
+    const options = data.map((m) => h("option", { value: m.id, selected: m.id === current }, m.id));
+    options.push(h("option", { value: "", selected: fromRows }, FROM_ROWS));
+    fill(select, options);
   } catch (err) {
     setText("model-error", `Could not load models: ${err.message}`);
   }
