@@ -21,18 +21,16 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from relay_batches.services.ingest_api.row_formats import openai_line_row
 from relay_batches.services.ingest_api.validation import (
     RowError,
     RowInput,
     RowRejected,
     SubmitLimits,
-    request_rows,
 )
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_LINE_ERRORS = 100
-LINE_FIELDS = frozenset({"custom_id", "method", "url", "body"})
-CHAT_URL = "/v1/chat/completions"
 BOM = codecs.BOM_UTF8
 
 
@@ -53,42 +51,13 @@ class LineError:
 def line_row(
     index: int, line: bytes, limits: SubmitLimits, known_models: Container[str]
 ) -> RowInput:
-    """The row of one OpenAI batch line; :class:`RowRejected` naming the field if bad.
-
-    The row keeps its own ``model`` (always, for a dialect row) beside its messages.
-    """
+    """The row of one OpenAI batch line (:func:`.row_formats.openai_line_row`: a whole
+    chat request, its own ``model`` kept); :class:`RowRejected` naming the field if bad."""
     try:
         request = orjson.loads(line)
     except orjson.JSONDecodeError:
         raise RowRejected(RowError(index, "", "is not parseable as valid JSON")) from None
-    if type(request) is not dict:
-        raise RowRejected(RowError(index, "", "must be a JSON object"))
-    for key in request:
-        if key not in LINE_FIELDS:
-            fields = ", ".join(sorted(LINE_FIELDS))
-            raise RowRejected(RowError(index, key, f"is not a field of a line ({fields})"))
-    if request.get("method") != "POST":
-        raise RowRejected(RowError(index, "method", "must be POST"))
-    if request.get("url") != CHAT_URL:
-        raise RowRejected(RowError(index, "url", f"must be {CHAT_URL}"))
-    body = request.get("body")
-    if type(body) is not dict:
-        raise RowRejected(RowError(index, "body", "must be an object"))
-    model = body.get("model")
-    if type(model) is not str or model not in known_models:
-        raise RowRejected(RowError(index, "body.model", "must be a known model alias"))
-    for key in body:
-        if key not in ("model", "messages"):
-            raise RowRejected(RowError(index, f"body.{key}", "is not supported"))
-    rows = request_rows(
-        [{"custom_id": request.get("custom_id"), "messages": body.get("messages")}],
-        limits.max_content_bytes,
-    )
-    if type(request.get("custom_id")) is not str:
-        raise RowRejected(RowError(index, "custom_id", "is required and must be a string"))
-    messages = orjson.loads(rows[0].request_json)
-    encoded = orjson.dumps({"messages": messages, "model": model}, option=orjson.OPT_SORT_KEYS)
-    return RowInput(rows[0].custom_id, encoded.decode(), model)
+    return openai_line_row(index, request, limits, known_models)
 
 
 def _line_error(error: RowError, line: int) -> LineError:

@@ -340,3 +340,62 @@ async def test_requests_run_concurrently_with_the_native_surface(
     assert [o["response"]["body"]["choices"][0]["message"]["content"] for o in outputs] == [
         f"echo: row {i}" for i in range(300)
     ]
+
+
+async def test_rows_with_content_parts_tools_and_tool_turns_run(
+    client: openai.AsyncOpenAI, raw: Raw
+) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    parts = {
+        "custom_id": "parts",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": MODEL,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "look at "},
+                        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+                        {"type": "text", "text": "this"},
+                    ],
+                }
+            ],
+            "max_tokens": 50,
+        },
+    }
+    turns = line("tools", "define it", tools=[tool], tool_choice="auto", temperature=0.2)
+    turns["body"]["messages"] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "what is relay?", "name": "ana"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a gateway"},
+        {"role": "user", "content": "now define it"},
+    ]
+    uploaded = await client.files.create(
+        file=("rich.jsonl", jsonl([parts, turns])), purpose="batch"
+    )
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.errors is None and batch.status == "in_progress"
+
+    done = await wait_batch(client, batch.id, {"completed"})
+
+    assert done.request_counts is not None and done.request_counts.completed == 2
+    assert done.output_file_id is not None
+    outputs = await content_lines(client, done.output_file_id)
+    bodies = {o["custom_id"]: ChatCompletion.model_validate(o["response"]["body"]) for o in outputs}
+    assert bodies["parts"].choices[0].message.content == "echo: look at this"
+    assert bodies["tools"].choices[0].message.content == "echo: now define it"
+    assert all(b.model for b in bodies.values())
+    assert (await raw.strict_batch(batch.id)).model == MODEL
