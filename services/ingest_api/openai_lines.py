@@ -110,8 +110,6 @@ class LineReader:
 
     def _start(self, chunk: bytes) -> bytes:
         """The carried partial line joined with ``chunk``, a skipped line's tail dropped."""
-        if self._line == 0 and not self._carry and chunk.startswith(BOM):
-            chunk = chunk[len(BOM) :]
         if self._skipping:
             cut = chunk.find(b"\n")
             if cut < 0:
@@ -143,7 +141,7 @@ class LineReader:
             self.errors.append(error)
 
     def _take(self, raw: bytes, rows: list[tuple[int, str, str]]) -> None:
-        stripped = raw.strip()
+        stripped = raw.removeprefix(BOM).strip() if self._line == 1 else raw.strip()
         if not stripped:
             return
         self.requests += 1
