@@ -218,7 +218,8 @@ async def create_batch(request: web.Request) -> web.Response:
             linked = await deps.files.create_failed(planned.new, link, claim)
             await announce_created(deps, linked.job)
             return _answer(linked)
-        await deps.files.link(workspace_id, link)
+        if not await deps.files.link(workspace_id, link):
+            raise ApiError(404, f"No such input file: {body.input_file_id[:80]!r}", "input_file_id")
         job = await submit_one(deps, planned, claim)
     except KeyTaken:
         raced = await _replayed(deps, workspace_id, claim.key if claim else "")

@@ -125,6 +125,10 @@ async def _store_form(
                 stored = await _store_file(part, upload, deps, workspace_id, filename, ticket)
             elif part.name == "file":
                 raise invalid("send one file per upload", "file")
+            elif (part.name or "").startswith("expires_after"):
+                raise invalid(
+                    "expires_after is not supported: files are kept until deleted", "expires_after"
+                )
             else:
                 name = _printable(part.name or "", 64)
                 raise invalid(f"{name!r} is not a field of a file upload (file, purpose)", name)

@@ -195,3 +195,65 @@ async def test_output_files_render_across_bounded_pages_with_exact_sizes(
         done["output_file_id"],
         done["error_file_id"],
     ]
+
+
+async def test_an_idempotency_key_replays_the_batch_it_created(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession
+) -> None:
+    client = await client_of(iso, api_server, http)
+    stored = await upload(client, "i.jsonl", line("a", [{"role": "user", "content": "x"}]))
+    body = {"input_file_id": stored["id"], "endpoint": "/v1/chat/completions"}
+    headers = {"Idempotency-Key": "retry-1"}
+
+    first = await client.request(
+        "POST", "/openai/v1/batches", json={**body, "completion_window": "24h"}, headers=headers
+    )
+    again = await client.request(
+        "POST", "/openai/v1/batches", json={**body, "completion_window": "24h"}, headers=headers
+    )
+    other = await client.request(
+        "POST", "/openai/v1/batches", json={**body, "completion_window": "1h"}, headers=headers
+    )
+
+    assert first[0] == again[0] == 200
+    assert again[1]["id"] == first[1]["id"] and again[1]["object"] == "batch"
+    assert other[0] == 409
+    assert other[1]["error"]["param"] == "Idempotency-Key"
+    status, page = await client.request("GET", "/openai/v1/batches")
+    assert (status, [b["id"] for b in page["data"]]) == (200, [first[1]["id"]])
+
+
+async def test_deleting_an_input_file_keeps_the_rows_its_batch_runs(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    client = await client_of(iso, api_server, http)
+    one = [{"role": "user", "content": "x"}]
+    used = await upload(client, "used.jsonl", line("a", one) + line("b", one))
+    unused = await upload(client, "unused.jsonl", line("a", one))
+    await create_batch(client, used["id"])
+
+    for stored in (used, unused):
+        status, deleted = await client.request("DELETE", f"/openai/v1/files/{stored['id']}")
+        assert (status, deleted) == (200, {"id": stored["id"], "object": "file", "deleted": True})
+
+    async def counts(file_id: str) -> tuple[int, int]:
+        hex_id = file_id.removeprefix("file-")
+        rows = await pool.fetchval("SELECT count(*) FROM batch_rows WHERE batch_id = $1", hex_id)
+        parts = await pool.fetchval("SELECT count(*) FROM file_parts WHERE file_id = $1", hex_id)
+        return rows, parts
+
+    assert await counts(used["id"]) == (2, 0)
+    assert await counts(unused["id"]) == (0, 0)
+    for stored in (used, unused):
+        assert (await client.request("GET", f"/openai/v1/files/{stored['id']}"))[0] == 404
+        assert (await client.request("DELETE", f"/openai/v1/files/{stored['id']}"))[0] == 404
+    status, refused = await client.request(
+        "POST",
+        "/openai/v1/batches",
+        json={
+            "input_file_id": used["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )
+    assert (status, refused["error"]["param"]) == (404, "input_file_id")

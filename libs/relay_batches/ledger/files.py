@@ -244,11 +244,21 @@ class FileStore:
                 return
             last = records[-1][0]
 
-    async def link(self, workspace_id: str, link: BatchLink) -> None:
+    async def link(self, workspace_id: str, link: BatchLink) -> bool:
         """Record a batch's link before its job is created (a link without a job is
-        never shown: every read joins the job)."""
+        never shown: every read joins the job); False, and nothing recorded, if its input
+        file is no longer live. The file's row is share-locked meanwhile, so a concurrent
+        delete either sees the link (and keeps the rows it runs) or wins first."""
         async with translated():
-            await self._pool.execute(_INSERT_LINK, *_link_values(workspace_id, link))
+            linked = await self._pool.fetchval(
+                "WITH live AS (SELECT id FROM files WHERE id = $3 AND workspace_id = $2"
+                "  AND deleted_at IS NULL FOR SHARE)"
+                " INSERT INTO openai_batches (batch_id, workspace_id, input_file_id,"
+                " output_file_id, error_file_id, endpoint, completion_window, errors)"
+                " SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM live RETURNING 1",
+                *_link_values(workspace_id, link),
+            )
+        return linked is not None
 
     async def create_failed(
         self, new: NewJob, link: BatchLink, claim: IdempotencyClaim | None
