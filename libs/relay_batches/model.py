@@ -97,6 +97,9 @@ def delivery_allowed_from(target: DeliveryStatus) -> list[DeliveryStatus]:
 
 
 CANCELABLE: frozenset[JobStatus] = frozenset(allowed_from(JobStatus.CANCELED))
+# The ends that stop a job's rows where they are (rows without an outcome never run, and
+# outcomes arriving later are discarded): each is announced with ``job.canceled``.
+STOPPED: frozenset[JobStatus] = frozenset({JobStatus.CANCELED, JobStatus.EXPIRED})
 
 
 def iso(ts: datetime | None) -> str | None:
@@ -163,6 +166,8 @@ class Job:
             "next_run_at": iso(self.next_run_at),
             "template_id": self.template_id,
             "params": orjson.loads(self.params),
+            "expires_at": iso(self.expires_at),
+            "metadata": None if self.metadata is None else orjson.loads(self.metadata),
             "usage": {
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,

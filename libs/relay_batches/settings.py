@@ -6,6 +6,7 @@ the object (or the values it needs) as arguments.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -41,6 +42,13 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     value = _float(env, name, default)
     if not value > 0:
         raise ConfigError(f"{name} must be a number above 0, got {env.get(name)!r}")
+    return value
+
+
+def _finite_positive(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _positive(env, name, default)
+    if math.isinf(value):
+        raise ConfigError(f"{name} must be a finite number above 0, got {env.get(name)!r}")
     return value
 
 
@@ -119,6 +127,7 @@ class Settings:
     stall_seconds: float = 120.0
     heartbeat_seconds: float = 2.0
     scheduler_max_sleep_s: float = 60.0
+    expiry_interval_s: float = 1.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -188,6 +197,7 @@ class Settings:
             scheduler_max_sleep_s=_positive(
                 env, "RELAY_SCHEDULER_MAX_SLEEP_S", d.scheduler_max_sleep_s
             ),
+            expiry_interval_s=_finite_positive(env, "RELAY_EXPIRY_INTERVAL_S", d.expiry_interval_s),
         )
 
     def describe(self) -> dict[str, object]:

@@ -37,8 +37,8 @@ class Store(Protocol):
     async def snapshot(self, batch_ids: list[str]) -> list[JobProgress]:
         """Current counters of these jobs."""
 
-    async def canceled_among(self, batch_ids: list[str]) -> list[str]:
-        """Which of these jobs are canceled."""
+    async def canceled_among(self, batch_ids: list[str]) -> list[tuple[str, JobStatus]]:
+        """Which of these jobs are canceled or expired, with that status."""
 
     async def unannounced_terminal(self, older_than_s: float, limit: int = 100) -> list[str]:
         """Terminal jobs whose finished event is not yet out."""
@@ -50,9 +50,10 @@ class Store(Protocol):
 class Aggregator:
     """Records outcomes, then publishes ``job.progress`` and, once, ``job.finished``.
 
-    Outcomes that still arrive for a canceled job mean some row-worker missed the
-    cancel (it started later, or was reconnecting): the cancel is broadcast again, at
-    most once per :data:`CANCEL_REPEAT_S` per job, so such workers drop the rest.
+    Outcomes that still arrive for a canceled (or expired) job mean some row-worker
+    missed the cancel (it started later, or was reconnecting): the cancel is broadcast
+    again with the job's status, at most once per :data:`CANCEL_REPEAT_S` per job, so
+    such workers drop the rest.
     """
 
     def __init__(
@@ -149,10 +150,10 @@ class Aggregator:
         ]
         if not due:
             return
-        for batch_id in await self._store.canceled_among(due):
+        for batch_id, status in await self._store.canceled_among(due):
             self._cancel_sent[batch_id] = now
             self._cancel_sent.move_to_end(batch_id)
-            event = JobEvent(batch_id, JobStatus.CANCELED, 0, 0, 0)
+            event = JobEvent(batch_id, status, 0, 0, 0)
             await self._publish(EVENT_CANCELED, event.encode())
             log.info("cancel_repeated", extra={"batch_id": batch_id})
         while len(self._cancel_sent) > CANCEL_MEMORY:

@@ -1,4 +1,5 @@
-"""The dispatcher: wake-ups, progress and cancel events, and a reconcile timer.
+"""The dispatcher: wake-ups, progress and cancel events (a cancel, or an expiry: status
+``expired``), and a reconcile timer.
 
 Messages are wake-ups; the ledger is the truth. A missed wake-up or progress event only
 delays work until the next reconcile pass, which claims queued and orphaned jobs, renews

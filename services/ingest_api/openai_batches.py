@@ -16,8 +16,8 @@ validation gives a ``failed`` batch with its ``errors`` (line numbers).
 from __future__ import annotations
 
 import logging
-import re
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime
 
 import orjson
 from aiohttp import web
@@ -43,7 +43,6 @@ from relay_batches.services.ingest_api.openai_models import (
     OpenAIBatchUsage,
     OpenAICreateBatch,
     OpenAIRequestCounts,
-    check_metadata,
     validation_error,
 )
 from relay_batches.services.ingest_api.openai_output import OUTPUT, output_file, output_files
@@ -53,7 +52,12 @@ from relay_batches.services.ingest_api.submit import (
     plan_stored_job,
     submit_one,
 )
-from relay_batches.services.ingest_api.validation import MAX_NAME_CHARS, BatchOptions
+from relay_batches.services.ingest_api.validation import (
+    MAX_NAME_CHARS,
+    BatchOptions,
+    completion_window,
+    validate_metadata,
+)
 
 log = logging.getLogger("relay.ingest_api")
 
@@ -63,10 +67,6 @@ MAX_CREATE_BYTES = 64 * 1024
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
 NO_MODEL = "none"  # the model of a batch whose input has no valid line
-MIN_WINDOW = timedelta(seconds=1)
-MAX_WINDOW = timedelta(days=7)
-_WINDOW = re.compile(r"([1-9][0-9]{0,6})([smhd])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _STATUSES: dict[JobStatus, BatchStatus] = {
     JobStatus.QUEUED: "in_progress",
     JobStatus.RUNNING: "in_progress",
@@ -75,18 +75,6 @@ _STATUSES: dict[JobStatus, BatchStatus] = {
     JobStatus.CANCELED: "cancelled",
     JobStatus.EXPIRED: "expired",
 }
-
-
-def completion_window(value: str) -> timedelta:
-    """``24h`` or any ``<n>s|m|h|d`` from 1 s to 7 d; a 400 naming the field otherwise."""
-    match = _WINDOW.fullmatch(value)
-    window = None if match is None else timedelta(seconds=int(match[1]) * _UNITS[match[2]])
-    if window is None or not MIN_WINDOW <= window <= MAX_WINDOW:
-        raise invalid(
-            "completion_window must be 24h, or a duration <n>s, <n>m, <n>h or <n>d from 1s to 7d",
-            "completion_window",
-        )
-    return window
 
 
 def batch_hex(batch_id: str) -> str | None:
@@ -174,7 +162,6 @@ def parse_create(raw: bytes | bytearray) -> OpenAICreateBatch:
         raise validation_error(exc) from None
     if body.endpoint != CHAT_ENDPOINT:
         raise invalid(f"endpoint must be {CHAT_ENDPOINT} (the only one Relay runs)", "endpoint")
-    check_metadata(body.metadata)
     return body
 
 
@@ -190,20 +177,21 @@ async def create_batch(request: web.Request) -> web.Response:
         _check_same(replayed[1], claim.request_hash, claim.key)
         return replayed[0]
     body = parse_create(raw)
-    window = completion_window(body.completion_window)
+    window = completion_window(body.completion_window, "completion_window")
+    metadata = validate_metadata(body.metadata)
     hex_id = file_hex(body.input_file_id)
     stored = None if hex_id is None else await deps.files.get(workspace_id, hex_id)
     if stored is None or stored.purpose != INPUT_PURPOSE:
         raise ApiError(404, f"No such input file: {body.input_file_id[:80]!r}", "input_file_id")
     now = datetime.now(UTC)
-    metadata = None if body.metadata is None else orjson.dumps(body.metadata).decode()
     name = stored.filename[:MAX_NAME_CHARS] or None
     if stored.line_errors is None:
         options = job_fields({"model": stored.model, "name": name}, deps)
     else:
         options = BatchOptions(name, stored.model or NO_MODEL, 0, None, None)
+    options = replace(options, completion_window=window, metadata_json=metadata)
     total = stored.rows if stored.line_errors is None else 1
-    planned = plan_stored_job(options, stored.id, total, workspace_id, now, metadata, now + window)
+    planned = plan_stored_job(options, stored.id, total, workspace_id, now)
     link = BatchLink(
         planned.new.id,
         stored.id,

@@ -25,9 +25,6 @@ BatchStatus = Literal[
     "cancelled",
 ]
 CHAT_ENDPOINT = "/v1/chat/completions"
-MAX_METADATA_PAIRS = 16
-MAX_METADATA_KEY_CHARS = 64
-MAX_METADATA_VALUE_CHARS = 512
 
 
 class _Strict(BaseModel):
@@ -192,23 +189,3 @@ def validation_error(exc: ValidationError) -> ApiError:
         return invalid(f"{param} is required", param)
     where = f"{param}: " if param else ""
     return invalid(f"{where}{first['msg']}", param)
-
-
-def check_metadata(metadata: dict[str, str] | None) -> dict[str, str] | None:
-    """OpenAI's metadata limits: at most 16 pairs, keys up to 64 characters, values up
-    to 512 (a NUL is refused: the ledger cannot store it)."""
-    if metadata is None:
-        return None
-    if len(metadata) > MAX_METADATA_PAIRS:
-        raise invalid(f"metadata must hold at most {MAX_METADATA_PAIRS} pairs", "metadata")
-    for key, value in metadata.items():
-        if not key or len(key) > MAX_METADATA_KEY_CHARS or "\x00" in key:
-            raise invalid(
-                f"metadata keys must be 1 to {MAX_METADATA_KEY_CHARS} characters", "metadata"
-            )
-        if len(value) > MAX_METADATA_VALUE_CHARS or "\x00" in value:
-            raise invalid(
-                f"metadata.{key} must be at most {MAX_METADATA_VALUE_CHARS} characters",
-                f"metadata.{key}",
-            )
-    return metadata

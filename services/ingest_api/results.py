@@ -16,11 +16,19 @@ from relay_batches.services.ingest_api.middleware import STREAMING
 NDJSON = "application/x-ndjson"
 
 
-def row_object(row: ResultRow) -> dict[str, str | None]:
-    """API.md's per-row result: ``{custom_id, content}`` or ``{custom_id, error}``."""
-    if row.error is None:
+def row_object(row: ResultRow) -> dict[str, Any]:
+    """API.md's per-row result: ``{custom_id, content}`` or ``{custom_id, error}``, a
+    success with ``tool_calls`` (the chat-completions array) when the model called tools.
+    The stored tool calls are JSON already and are spliced in as they are."""
+    if row.error is not None:
+        return {"custom_id": row.custom_id, "error": row.error}
+    if row.tool_calls is None:
         return {"custom_id": row.custom_id, "content": row.content}
-    return {"custom_id": row.custom_id, "error": row.error}
+    return {
+        "custom_id": row.custom_id,
+        "content": row.content,
+        "tool_calls": orjson.Fragment(row.tool_calls),
+    }
 
 
 def dead_letter_object(row: DeadLetterRow) -> dict[str, Any]:

@@ -68,8 +68,13 @@ def plan_job(
     now: datetime,
     name: str | None = None,
 ) -> PlannedJob:
-    """Build the job: ``name`` (default ``options.name``, else ``batch <timestamp>``)."""
+    """Build the job: ``name`` (default ``options.name``, else ``batch <timestamp>``).
+
+    A job with a completion window expires that long after ``now``; a cron template
+    keeps the window for each run it spawns (see :mod:`relay_batches.ledger.schedule`).
+    """
     chosen = options.name if name is None else name
+    window = options.completion_window
     new = NewJob(
         id=new_id(),
         workspace_id=workspace_id,
@@ -81,6 +86,9 @@ def plan_job(
         cron=options.cron,
         next_run_at=next_tick(options.cron, now) if options.cron else None,
         params=options.params_json,
+        metadata=options.metadata_json,
+        expires_at=now + window if window is not None and not options.cron else None,
+        completion_window=window,
     )
     return PlannedJob(new, rows)
 
@@ -91,20 +99,11 @@ def plan_stored_job(
     total: int,
     workspace_id: str,
     now: datetime,
-    metadata: str | None = None,
-    expires_at: datetime | None = None,
 ) -> PlannedJob:
     """A job over ``total`` rows already stored under ``rows_batch_id`` (an uploaded
-    file's), which are not copied; ``metadata`` JSON text, ``expires_at`` its deadline."""
+    file's), which are not copied."""
     planned = plan_job(options, [], workspace_id, now)
-    new = replace(
-        planned.new,
-        total=total,
-        rows_batch_id=rows_batch_id,
-        metadata=metadata,
-        expires_at=expires_at,
-    )
-    return PlannedJob(new, [])
+    return PlannedJob(replace(planned.new, total=total, rows_batch_id=rows_batch_id), [])
 
 
 async def submit_one(deps: ApiDeps, planned: PlannedJob, claim: IdempotencyClaim | None) -> Job:

@@ -1,7 +1,8 @@
 """``POST /v1/batches/upload``: multipart files, one job per file (API.md, "Panel upload").
 
 The form carries every job-level field of ``POST /v1/batches`` (:data:`JOB_FIELDS`) as a
-text part: ``priority`` as decimal digits, ``params`` JSON-encoded, a blank field absent.
+text part: ``priority`` as decimal digits, ``params`` and ``metadata`` JSON-encoded, a
+blank field absent.
 The handler is three steps, with the ``Idempotency-Key`` replay checked before the last two:
 
 1. :func:`read_upload_form` streams the multipart parts, bounded by the body limit;
@@ -54,7 +55,7 @@ from relay_batches.services.ingest_api.validation import (
 )
 
 FILE_FIELD = "file"
-JSON_FIELDS = frozenset({"params"})  # form fields that hold a JSON-encoded value
+JSON_FIELDS = frozenset({"params", "metadata"})  # form fields holding a JSON-encoded value
 MAX_FILES = 100
 MAX_PARTS = MAX_FILES + 50
 MAX_FIELD_BYTES = 8 * 1024  # a text field; a JSON field is bounded by the body limit only

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 import orjson
@@ -48,8 +49,26 @@ PRIORITY_MIN = -1000
 PRIORITY_MAX = 1000
 _ABSENT = object()
 _QUOTE_CHARS = 64
+# A completion window: "24h" (OpenAI's only value) or any <n>s|m|h|d from 1s to 7d.
+WINDOW_UNITS: Mapping[str, int] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MIN_COMPLETION_WINDOW = timedelta(seconds=1)
+MAX_COMPLETION_WINDOW = timedelta(days=7)
+_MAX_WINDOW_DIGITS = 6  # 604800s is the longest allowed spelling
+# Metadata as OpenAI limits it: at most 16 string pairs, keys ≤ 64, values ≤ 512 chars.
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
 # Every job-level field of a submission: the rest of a body is its rows.
-JOB_FIELDS = ("model", "name", "priority", "webhookUrl", "cron", "params")
+JOB_FIELDS = (
+    "model",
+    "name",
+    "priority",
+    "webhookUrl",
+    "cron",
+    "params",
+    "completion_window",
+    "metadata",
+)
 SUBMIT_FIELDS = frozenset({*JOB_FIELDS, "requests"})
 ROW_FIELDS = frozenset(RequestRow.model_fields)  # the keys a request row may carry
 _PLAIN_FIELDS = frozenset({"custom_id", "messages"})  # a row the fast path may take
@@ -96,7 +115,9 @@ class BatchOptions:
     """The job-level fields of a submission (:data:`JOB_FIELDS`), validated.
 
     ``name`` is None when absent (the caller defaults it); ``params_json`` is the
-    ``params`` object as compact JSON text (``{}`` when absent).
+    ``params`` object as compact JSON text (``{}`` when absent); ``completion_window``
+    is how long each job (each run of a cron template) has to finish (None: no limit);
+    ``metadata_json`` the ``metadata`` pairs as compact JSON text (None when absent).
     """
 
     name: str | None
@@ -105,6 +126,8 @@ class BatchOptions:
     webhook_url: str | None
     cron: str | None
     params_json: str = "{}"
+    completion_window: timedelta | None = None
+    metadata_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +297,12 @@ def validate_batch_options(
     if cron is not None:
         cron = validate_cron(cron)
     params_json = validate_params(payload.get("params"))
-    return BatchOptions(name, model, priority, webhook_url, cron, params_json)
+    raw_window = payload.get("completion_window")
+    window = None if raw_window is None else completion_window(raw_window, "completion_window")
+    metadata_json = validate_metadata(payload.get("metadata"))
+    return BatchOptions(
+        name, model, priority, webhook_url, cron, params_json, window, metadata_json
+    )
 
 
 def _validate_model(model: object, known_models: Container[str]) -> str:
@@ -384,6 +412,64 @@ def _has_random_field(fields: list[str]) -> bool:
     # No month or weekday name starts with R or H, so a leading R/H is croniter's
     # random ("R") or hashed ("H") extension in any field.
     return any(part[:1] in ("R", "r", "H", "h") for f in fields for part in f.split(","))
+
+
+def completion_window(value: object, param: str) -> timedelta:
+    """A completion window: ``"<n>s"``, ``"<n>m"``, ``"<n>h"`` or ``"<n>d"`` from 1s to 7d.
+
+    ``n`` is ASCII digits without sign or surrounding space; ``"24h"`` (OpenAI's only
+    value) is one of them. Anything else is a 400 naming ``param``.
+    """
+    if type(value) is not str:
+        raise invalid(f'{param} must be a string such as "24h"', param)
+    digits, unit = value[:-1], WINDOW_UNITS.get(value[-1:])
+    if (
+        unit is None
+        or not (digits.isascii() and digits.isdigit())
+        or len(digits) > _MAX_WINDOW_DIGITS
+    ):
+        raise invalid(
+            f"{param} {_quote(value)} is not a duration: write <n>s, <n>m, <n>h or <n>d"
+            ' (for example "24h")',
+            param,
+        )
+    window = timedelta(seconds=int(digits) * unit)
+    if not MIN_COMPLETION_WINDOW <= window <= MAX_COMPLETION_WINDOW:
+        raise invalid(f"{param} must be from 1s to 7d, got {_quote(value)}", param)
+    return window
+
+
+def validate_metadata(value: object, param: str = "metadata") -> str | None:
+    """Metadata as ``batches.metadata`` stores it: compact JSON of string pairs, or None.
+
+    None and ``{}`` are absent. At most 16 pairs, keys of 1 to 64 characters and values
+    of at most 512 (OpenAI's limits), no NUL; anything else is a 400 naming the field.
+    """
+    if value is None:
+        return None
+    if type(value) is not dict:
+        raise invalid(f"{param} must be an object of string keys and string values", param)
+    if len(value) > MAX_METADATA_PAIRS:
+        raise invalid(f"{param} must have at most {MAX_METADATA_PAIRS} pairs", param)
+    for key, item in value.items():
+        _check_metadata_pair(key, item, param)
+    return orjson.dumps(value).decode() if value else None
+
+
+def _check_metadata_pair(key: str, item: object, param: str) -> None:
+    if not 0 < len(key) <= MAX_METADATA_KEY_CHARS or "\x00" in key:
+        raise invalid(
+            f"{param} keys must be 1 to {MAX_METADATA_KEY_CHARS} characters without NUL,"
+            f" got {_quote(key)}",
+            param,
+        )
+    path = f"{param}.{key}"
+    if type(item) is not str:
+        raise invalid(f"{path} must be a string", path)
+    if len(item) > MAX_METADATA_VALUE_CHARS or "\x00" in item:
+        raise invalid(
+            f"{path} must be at most {MAX_METADATA_VALUE_CHARS} characters without NUL", path
+        )
 
 
 # --- rows --------------------------------------------------------------------------

@@ -195,8 +195,15 @@ def _status_lines(batch: dict[str, Any]) -> list[tuple[str, str]]:
         ("started", batch["started_at"] or "-"),
         ("finished", batch["completed_at"] or "-"),
     ]
-    optional = [("cron", "cron"), ("next run", "next_run_at"), ("template", "template_id")]
+    optional = [
+        ("expires", "expires_at"),
+        ("cron", "cron"),
+        ("next run", "next_run_at"),
+        ("template", "template_id"),
+    ]
     lines += [(label, str(batch[key])) for label, key in optional if batch.get(key)]
+    if batch.get("metadata"):
+        lines.append(("metadata", orjson.dumps(batch["metadata"]).decode()))
     if batch.get("error"):
         lines.append(("error", str(batch["error"])))
     return lines

@@ -1,15 +1,19 @@
-"""``relay-scheduler``: read settings, open the pool and bus, run the spawn loop."""
+"""``relay-scheduler``: read settings, open the pool and bus, run the spawn loop and the
+expiry reaper."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 from relay_batches.announce import wake_dispatcher
+from relay_batches.ledger.expiry import ExpiryStore
+from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
 from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.runtime import Service, run_service
-from relay_batches.services.scheduler.core import Scheduler
+from relay_batches.services.scheduler.core import Reaper, Scheduler
 from relay_batches.services.scheduler.service import scheduler_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
@@ -27,18 +31,27 @@ async def build(
         await wake_dispatcher(bus, run.id, run.priority)
 
     scheduler = Scheduler(ScheduleStore(pool), wake)
+    reaper = Reaper(
+        ExpiryStore(pool), bus.publish_event, functools.partial(mark_finished_published, pool)
+    )
     return scheduler_service(
         bus,
         scheduler,
         ledger_readiness(pool),
         max_sleep_s=settings.scheduler_max_sleep_s,
         grace_s=settings.shutdown_grace_s,
+        reaper=reaper,
+        expiry_interval_s=settings.expiry_interval_s,
     )
 
 
 def main() -> None:
     """Console entry point."""
-    answer_help("relay-scheduler", "Spawns one queued run per due cron tick of each template.")
+    answer_help(
+        "relay-scheduler",
+        "Spawns one queued run per due cron tick of each template and ends jobs past"
+        " their completion window.",
+    )
     run_service("scheduler", build)
 
 

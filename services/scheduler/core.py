@@ -1,4 +1,5 @@
-"""Spawning cron runs: which tick is due, when the next one falls, one pass of the scheduler.
+"""Spawning cron runs: which tick is due, when the next one falls, one pass of the
+scheduler; and the reaper, which ends jobs past their completion window (:class:`Reaper`).
 
 Time is always a parameter (``now``): each pass reads the database's clock (one query),
 never the replica's own, so a replica whose clock is off neither runs a template early
@@ -7,24 +8,31 @@ A template late by several ticks (the scheduler was down) gets one run, for the 
 tick that has passed, and its ``next_run_at`` jumps past ``now``: a backlog never turns
 into a burst.
 
-No aio-pika or asyncpg here: the store and the wake-up publisher are passed in.
+No aio-pika or asyncpg here: the stores and the publishers are passed in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from relay_batches.announce import MarkPublished, PublishEvent, announce_finished
+from relay_batches.bus.topology import EVENT_CANCELED
 from relay_batches.cron import latest_tick, next_tick
+from relay_batches.ledger.expiry import ExpiredJob
 from relay_batches.ledger.schedule import DueTemplate, Plan, PlannedTick, SpawnedRun
-from relay_batches.model import iso
+from relay_batches.messages import JobEvent
+from relay_batches.metrics import JOB_TRANSITIONS
+from relay_batches.model import JobStatus, iso
 
 log = logging.getLogger("relay.scheduler")
 
 SPAWN_PAGE = 100
+EXPIRY_PAGE = 500
 MIN_SLEEP_S = 0.1
 CLOCK_SKEW_WARN_S = 5.0
 
@@ -138,3 +146,58 @@ class Scheduler:
         except Exception as exc:
             # The run is committed; the dispatcher's reconcile scan will find it.
             log.warning("wakeup_failed", extra={"batch_id": run.id, "error": repr(exc)})
+
+
+class ExpiryLedger(Protocol):
+    """What the reaper needs of the ledger."""
+
+    async def expire_due(self, limit: int) -> list[ExpiredJob]:
+        """Move due queued/running jobs to ``expired``; those jobs (each to one caller)."""
+
+
+class Reaper:
+    """Ends jobs past their completion window, and announces each as a cancel is.
+
+    Every job it expires gets ``job.canceled`` (status ``expired``: row-workers abort
+    its calls in flight and drop its queued rows, dispatchers stop releasing them) and
+    ``job.finished`` (the notifier's completion webhook), then the outbox flag. A job
+    is expired by exactly one reaper (see :class:`~relay_batches.ledger.expiry.ExpiryStore`),
+    so it is announced once; if the reaper dies in between, the aggregator's outbox scan
+    announces it and outcomes still arriving make the aggregator repeat the cancel.
+    """
+
+    def __init__(
+        self,
+        store: ExpiryLedger,
+        publish_event: PublishEvent,
+        mark_published: MarkPublished,
+        page: int = EXPIRY_PAGE,
+    ) -> None:
+        self._store = store
+        self._publish = publish_event
+        self._mark_published = mark_published
+        self._page = page
+
+    async def expire_pass(self) -> int:
+        """Expire every due job, ``page`` at a time (each page announced before the next
+        is taken); return how many this pass expired."""
+        expired = 0
+        while True:
+            jobs = await self._store.expire_due(self._page)
+            expired += len(jobs)
+            await self._announce(jobs)
+            if len(jobs) < self._page:
+                return expired
+
+    async def _announce(self, jobs: list[ExpiredJob]) -> None:
+        if not jobs:
+            return
+        events = [JobEvent(j.id, JobStatus.EXPIRED, j.total, j.completed, j.failed) for j in jobs]
+        for job in jobs:
+            JOB_TRANSITIONS.labels(JobStatus.EXPIRED).inc()
+            log.info(
+                "job_expired",
+                extra={"batch_id": job.id, "completed": job.completed, "failed": job.failed},
+            )
+        await asyncio.gather(*(self._publish(EVENT_CANCELED, e.encode()) for e in events))
+        await announce_finished(self._publish, self._mark_published, events)

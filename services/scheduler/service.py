@@ -5,6 +5,9 @@ clock), capped (a template
 created by an older ingest-api, or a wake-up lost while disconnected, is at most one
 cap late), and ends early when a ``template.created`` event arrives. A failed pass
 (database away) is retried after a short pause.
+
+Beside it runs the reaper (:class:`~.core.Reaper`): every ``expiry_interval_s`` it ends
+the jobs whose completion window has passed.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import logging
 from relay_batches.bus.topology import EVENT_TEMPLATE_CREATED
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
 from relay_batches.kit.consumer import Subscribe
-from relay_batches.kit.periodic import Periodic
+from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import TemplateCreated
-from relay_batches.services.scheduler.core import Clock, Scheduler, utc_now
+from relay_batches.services.scheduler.core import Clock, Reaper, Scheduler, utc_now
 
 log = logging.getLogger("relay.scheduler")
 
@@ -32,8 +35,10 @@ def scheduler_service(
     max_sleep_s: float,
     grace_s: float,
     clock: Clock = utc_now,
+    reaper: Reaper | None = None,
+    expiry_interval_s: float = 1.0,
 ) -> BusService:
-    """The scheduler's declaration."""
+    """The scheduler's declaration; with a ``reaper``, its expiry pass too."""
     spawn = Periodic(
         "spawn",
         max_sleep_s,
@@ -51,4 +56,7 @@ def scheduler_service(
         kind="template",
         prefetch=EVENTS_PREFETCH,
     )
-    return BusService(bus, [created], periodic=[spawn], ledger=ledger, grace_s=grace_s)
+    periodic = [spawn]
+    if reaper is not None:
+        periodic.append(every("expire", expiry_interval_s, reaper.expire_pass))
+    return BusService(bus, [created], periodic=periodic, ledger=ledger, grace_s=grace_s)

@@ -1,8 +1,28 @@
-"""The upstream simulator: an OpenAI-compatible chat completions endpoint that echoes.
+"""The upstream simulator: OpenAI-compatible chat completions and Anthropic-shaped
+Messages endpoints that echo.
 
-Replies are deterministic ``"echo: <last user message>"`` completions. Markers in the
-message contents make a call misbehave on purpose, so tests and benchmarks can exercise
-retries, rate limits and timeouts without a real model:
+``POST /v1/chat/completions`` replies with deterministic ``"echo: <last user message>"``
+completions; ``POST /v1/messages`` does the same in the Anthropic Messages shape (content
+blocks, ``stop_reason``, ``usage`` in input/output tokens) after validating the request as
+the Messages API does: ``x-api-key`` (any value, else 401) and ``anthropic-version``
+headers, ``model``, ``max_tokens``, user/assistant turns of text, image, ``tool_use`` and
+``tool_result`` blocks (each tool result answering a ``tool_use`` of the assistant turn
+right before it, each tool use answered in the next turn), ``tools``, ``tool_choice`` and
+no unknown top-level field; errors there have Anthropic's ``{type: "error", error}`` shape.
+
+The echoed text is the text of the last user message (content parts: their text parts
+joined); a ``tool`` message (chat) or a user turn of tool results (Messages) counts as a
+user message, its result text echoed, so a conversation answering a tool call gets text.
+
+``[sim:tool-call]`` in that last user text, on a request with ``tools``, answers with a
+call of the first tool instead (or of the tool ``tool_choice`` names; none when
+``tool_choice`` is ``none``): arguments ``{"text": <the last user text>}``, id
+``call_<24 hex>`` (Messages: ``toolu_<24 hex>``) derived from that text and the tool's
+name, no content, ``finish_reason: "tool_calls"`` (Messages: a ``tool_use`` block,
+``stop_reason: "tool_use"``).
+
+Markers in the message contents make a call misbehave on purpose, so tests and benchmarks
+can exercise retries, rate limits and timeouts without a real model (on both endpoints):
 
 ``[sim:status=NNN]``     always answer HTTP NNN (400..599; other values are ignored)
 ``[sim:fail-first=N]``   answer 503 to the first N calls with the same last user message
@@ -20,11 +40,12 @@ fraction of the untriggered calls answers 503.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +60,24 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 
 _MARKER = "[sim:"
+TOOL_CALL_MARKER = "[sim:tool-call]"
+ANTHROPIC_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+MESSAGES_FIELDS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "metadata",
+        "stream",
+    }
+)
 _TRIGGER_RE = re.compile(
     r"\[sim:(?:(status|fail-first|delay-ms|retry-after|reply-bytes)=(\d{1,9})|(hang))\]"
 )
@@ -128,16 +167,28 @@ def estimate_tokens(text: str) -> int:
 
 
 class InvalidRequest(ValueError):
-    """The request body is not a chat completions request."""
+    """The request is not one the endpoint takes; ``status`` is the HTTP answer (400,
+    or 401 for a Messages call without ``x-api-key``)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    """What the simulator needs from a chat completions request."""
+    """What the simulator needs from a chat completions or Messages request; ``tool`` is
+    the name of the tool a ``[sim:tool-call]`` calls (None: no tool may be called)."""
 
     model: str
     contents: tuple[str, ...]
     last_user: str
+    tool: str | None = None
+
+    @property
+    def calls_tool(self) -> bool:
+        """True when the reply is a tool call rather than the echo."""
+        return self.tool is not None and TOOL_CALL_MARKER in self.last_user
 
     def triggers(self) -> Triggers:
         """The triggers found anywhere in the message contents."""
@@ -159,34 +210,243 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def parse_chat_request(body: bytes) -> ChatRequest:
-    """Decode a chat completions body; raise :class:`InvalidRequest` when it is not one."""
+def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         raise InvalidRequest("request body is not valid JSON") from None
     if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object")
+    return data
+
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    """Decode a chat completions body; raise :class:`InvalidRequest` when it is not one
+    (besides the shape of ``messages``: ``tools`` that are not function tools, or a
+    ``tool`` message answering no earlier assistant tool call)."""
+    data = _json_object(body)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list")
     if not all(isinstance(message, dict) for message in messages):
         raise InvalidRequest("every message must be an object")
     contents = tuple(_content_text(message.get("content")) for message in messages)
-    last_user = next(
-        (
-            content
-            for message, content in zip(reversed(messages), reversed(contents), strict=True)
-            if message.get("role") == "user"
-        ),
-        "",
-    )
+    last_user = ""
+    call_ids: set[Any] = set()
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "assistant" and message.get("tool_calls"):
+            call_ids.update(_chat_call_ids(message["tool_calls"], index))
+        elif role == "tool" and message.get("tool_call_id") not in call_ids:
+            raise InvalidRequest(f"messages[{index}] answers no earlier assistant tool call")
+        if role in ("user", "tool"):
+            last_user = contents[index]
     model = data.get("model")
     return ChatRequest(
         model=model if isinstance(model, str) else MODEL_ID,
         contents=contents,
         last_user=last_user,
+        tool=_chat_tool(data.get("tools"), data.get("tool_choice")),
     )
+
+
+def _chat_call_ids(calls: Any, index: int) -> list[Any]:
+    if not isinstance(calls, list) or not all(
+        isinstance(call, dict) and isinstance(call.get("id"), str) for call in calls
+    ):
+        raise InvalidRequest(f"messages[{index}].tool_calls must be a list of calls with ids")
+    return [call["id"] for call in calls]
+
+
+def _chat_tool(tools: Any, choice: Any) -> str | None:
+    """The tool a chat request's ``[sim:tool-call]`` calls."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(
+        isinstance(tool, dict)
+        and tool.get("type") == "function"
+        and isinstance(tool.get("function"), dict)
+        and isinstance(tool["function"].get("name"), str)
+        for tool in tools
+    ):
+        raise InvalidRequest("'tools' must be a list of function tools with names")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if isinstance(name, str):
+            return name
+    name = tools[0]["function"]["name"]
+    return name if isinstance(name, str) else None
+
+
+# --- the Messages (Anthropic) request ---------------------------------------------------
+
+
+def parse_messages_request(body: bytes, headers: Mapping[str, str]) -> ChatRequest:
+    """Decode and validate a Messages body and its headers; raise :class:`InvalidRequest`
+    as the Messages API would refuse it."""
+    if not headers.get("x-api-key"):
+        raise InvalidRequest("x-api-key header is required", status=401)
+    if not headers.get("anthropic-version"):
+        raise InvalidRequest("anthropic-version: header is required")
+    data = _json_object(body)
+    for key in data:
+        if key not in MESSAGES_FIELDS:
+            raise InvalidRequest(f"{key}: Extra inputs are not permitted")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: Field required")
+    max_tokens = data.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidRequest("max_tokens: Field required (an integer of at least 1)")
+    if data.get("stream"):
+        raise InvalidRequest("stream: the simulator does not stream")
+    _check_sampling(data)
+    system = _system_text(data.get("system"))
+    contents, last_user = _check_turns(data.get("messages"))
+    return ChatRequest(
+        model=model,
+        contents=(system, *contents) if system else contents,
+        last_user=last_user,
+        tool=_messages_tool(data.get("tools"), data.get("tool_choice")),
+    )
+
+
+def _check_sampling(data: Mapping[str, Any]) -> None:
+    for key in ("temperature", "top_p"):
+        value = data.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1
+        ):
+            raise InvalidRequest(f"{key}: Input should be a number from 0 to 1")
+    stops = data.get("stop_sequences")
+    if stops is not None and (
+        not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)
+    ):
+        raise InvalidRequest("stop_sequences: Input should be a list of strings")
+
+
+def _system_text(system: Any) -> str:
+    if system is None or isinstance(system, str):
+        return system or ""
+    if isinstance(system, list) and all(_is_text_block(b) for b in system):
+        return "".join(block["text"] for block in system)
+    raise InvalidRequest("system: Input should be a string or a list of text blocks")
+
+
+def _is_text_block(block: Any) -> bool:
+    return (
+        isinstance(block, dict)
+        and block.get("type") == "text"
+        and isinstance(block.get("text"), str)
+    )
+
+
+def _check_turns(messages: Any) -> tuple[tuple[str, ...], str]:
+    """The text of every turn and of the last user turn, once the turns are checked."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages: Input should be a non-empty list")
+    texts: list[str] = []
+    last_user = ""
+    pending: set[str] = set()  # tool_use ids of the turn before, to be answered now
+    for index, message in enumerate(messages):
+        where = f"messages.{index}"
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("user", "assistant"):
+            raise InvalidRequest(f"{where}.role: Input should be 'user' or 'assistant'")
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list) or not blocks:
+            raise InvalidRequest(f"{where}.content: Input should be a string or a list of blocks")
+        answered = {
+            block.get("tool_use_id")
+            for block in blocks
+            if isinstance(block, dict) and block.get("type") == "tool_result"
+        }
+        if pending - answered:
+            raise InvalidRequest(
+                f"{where}: tool_use ids were found without tool_result blocks immediately"
+                f" after: {', '.join(sorted(pending - answered))}"
+            )
+        if answered - pending:
+            raise InvalidRequest(
+                f"{where}: unexpected tool_use_id found in tool_result blocks:"
+                f" {', '.join(sorted(str(i) for i in answered - pending))}"
+            )
+        pending = set()
+        parts = []
+        for j, block in enumerate(blocks):
+            text, tool_use = _check_block(block, role, f"{where}.content.{j}")
+            parts.append(text)
+            if tool_use is not None:
+                pending.add(tool_use)
+        texts.append("".join(parts))
+        if role == "user":
+            last_user = texts[-1]
+    return tuple(texts), last_user
+
+
+def _check_block(block: Any, role: str, where: str) -> tuple[str, str | None]:
+    """The text a content block carries and, for a ``tool_use``, its id."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "text" and isinstance(block.get("text"), str):
+        return block["text"], None
+    if kind == "image" and _is_image_source(block.get("source")):
+        return "", None
+    if kind == "tool_use" and role == "assistant":
+        if not (
+            isinstance(block.get("id"), str)
+            and isinstance(block.get("name"), str)
+            and isinstance(block.get("input"), dict)
+        ):
+            raise InvalidRequest(f"{where}: a tool_use block needs id, name and an input object")
+        return "", block["id"]
+    if kind == "tool_result" and role == "user":
+        content = block.get("content", "")
+        if isinstance(content, str):
+            return content, None
+        if isinstance(content, list) and all(_is_text_block(b) for b in content):
+            return "".join(b["text"] for b in content), None
+        raise InvalidRequest(f"{where}.content: a tool result holds a string or text blocks")
+    raise InvalidRequest(f"{where}: not a valid {role} content block")
+
+
+def _is_image_source(source: Any) -> bool:
+    if not isinstance(source, dict):
+        return False
+    if source.get("type") == "base64":
+        return source.get("media_type") in ANTHROPIC_IMAGE_TYPES and isinstance(
+            source.get("data"), str
+        )
+    return source.get("type") == "url" and isinstance(source.get("url"), str)
+
+
+def _messages_tool(tools: Any, choice: Any) -> str | None:
+    """The tool a Messages request's ``[sim:tool-call]`` calls."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(
+        isinstance(tool, dict)
+        and isinstance(tool.get("name"), str)
+        and isinstance(tool.get("input_schema"), dict)
+        and tool["input_schema"].get("type") == "object"
+        for tool in tools
+    ):
+        raise InvalidRequest("tools: each tool needs a name and an object input_schema")
+    if choice is not None and not (
+        isinstance(choice, dict)
+        and choice.get("type") in ("auto", "any", "tool", "none")
+        and (choice.get("type") != "tool" or isinstance(choice.get("name"), str))
+    ):
+        raise InvalidRequest("tool_choice: Input should be auto, any, tool (with a name) or none")
+    if not tools or (choice or {}).get("type") == "none":
+        return None
+    if choice is not None and choice.get("type") == "tool":
+        name: str = choice["name"]
+        return name
+    first: str = tools[0]["name"]
+    return first
 
 
 # --- state and decisions ---------------------------------------------------------------
@@ -296,32 +556,121 @@ def error_response(
     return json_response(payload, status=status, headers=headers)
 
 
-def completion_payload(chat: ChatRequest, reply_bytes: int | None = None) -> dict[str, object]:
-    """The ``chat.completion`` object answering ``chat``, its content padded with dots to
-    ``reply_bytes`` when given."""
+def _reply_text(chat: ChatRequest, reply_bytes: int | None) -> str:
     reply = "echo: " + chat.last_user
     if reply_bytes is not None:
         reply += "." * (reply_bytes - len(reply.encode()))
-    prompt_tokens = sum(estimate_tokens(content) for content in chat.contents)
-    completion_tokens = estimate_tokens(reply)
+    return reply
+
+
+def _tool_call(chat: ChatRequest) -> tuple[str, str, dict[str, str]]:
+    """The 24-hex id, tool name and arguments of the call ``chat`` triggers."""
+    name = chat.tool or ""
+    digest = hashlib.blake2b(f"{name}\n{chat.last_user}".encode(), digest_size=12).hexdigest()
+    return digest, name, {"text": chat.last_user}
+
+
+def _prompt_tokens(chat: ChatRequest) -> int:
+    return sum(estimate_tokens(content) for content in chat.contents)
+
+
+def completion_payload(chat: ChatRequest, reply_bytes: int | None = None) -> dict[str, object]:
+    """The ``chat.completion`` object answering ``chat``: the echo, its content padded
+    with dots to ``reply_bytes`` when given, or the tool call it triggers."""
+    if chat.calls_tool:
+        digest, name, arguments = _tool_call(chat)
+        encoded = orjson.dumps(arguments).decode()
+        function = {"name": name, "arguments": encoded}
+        call: dict[str, object] = {"id": "call_" + digest, "type": "function", "function": function}
+        message: dict[str, object] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        finish_reason, completion_tokens = "tool_calls", estimate_tokens(encoded)
+    else:
+        reply = _reply_text(chat, reply_bytes)
+        message = {"role": "assistant", "content": reply}
+        finish_reason, completion_tokens = "stop", estimate_tokens(reply)
+    prompt_tokens = _prompt_tokens(chat)
     return {
         "id": "chatcmpl-" + os.urandom(12).hex(),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": chat.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": reply},
-                "finish_reason": "stop",
-            }
-        ],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
         "usage": {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+def message_payload(chat: ChatRequest, reply_bytes: int | None = None) -> dict[str, object]:
+    """The Messages ``message`` object answering ``chat``: a text block with the echo
+    (padded to ``reply_bytes`` when given), or a ``tool_use`` block for the call it
+    triggers."""
+    block: dict[str, object]
+    if chat.calls_tool:
+        digest, name, arguments = _tool_call(chat)
+        block = {"type": "tool_use", "id": "toolu_" + digest, "name": name, "input": arguments}
+        stop_reason, output_tokens = "tool_use", estimate_tokens(orjson.dumps(arguments).decode())
+    else:
+        reply = _reply_text(chat, reply_bytes)
+        block = {"type": "text", "text": reply}
+        stop_reason, output_tokens = "end_turn", estimate_tokens(reply)
+    return {
+        "id": "msg_" + os.urandom(12).hex(),
+        "type": "message",
+        "role": "assistant",
+        "model": chat.model,
+        "content": [block],
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": _prompt_tokens(chat), "output_tokens": output_tokens},
+    }
+
+
+def anthropic_error_type(status: int) -> str:
+    """The Messages API's error ``type`` for an HTTP status."""
+    named = {
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "request_too_large",
+        429: "rate_limit_error",
+        529: "overloaded_error",
+    }
+    return named.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def anthropic_error_response(
+    status: int, message: str, retry_after: int | None = None
+) -> web.Response:
+    """A Messages API error object, with ``Retry-After`` when given."""
+    headers = None if retry_after is None else {"Retry-After": str(retry_after)}
+    payload = {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+    return json_response(payload, status=status, headers=headers)
+
+
+@dataclass(frozen=True)
+class _Dialect:
+    """How one endpoint reads a request and writes its answers."""
+
+    parse: Callable[[web.Request, bytes], ChatRequest]
+    success: Callable[[ChatRequest, int | None], dict[str, object]]
+    error: Callable[[int, str, str, int | None], web.Response]
+
+
+CHAT_DIALECT = _Dialect(
+    parse=lambda _request, body: parse_chat_request(body),
+    success=completion_payload,
+    error=error_response,
+)
+MESSAGES_DIALECT = _Dialect(
+    parse=lambda request, body: parse_messages_request(body, request.headers),
+    success=message_payload,
+    error=lambda status, message, _kind, retry_after: anthropic_error_response(
+        status, message, retry_after
+    ),
+)
 
 
 STATE_KEY: web.AppKey[SimState] = web.AppKey("upstream_sim_state", SimState)
@@ -337,9 +686,16 @@ class _Routes:
 
     async def chat_completions(self, request: web.Request) -> web.Response:
         """``POST /v1/chat/completions``: count the call, then answer it."""
+        return await self._counted(request, CHAT_DIALECT)
+
+    async def messages(self, request: web.Request) -> web.Response:
+        """``POST /v1/messages``: the same, in the Anthropic Messages shape."""
+        return await self._counted(request, MESSAGES_DIALECT)
+
+    async def _counted(self, request: web.Request, dialect: _Dialect) -> web.Response:
         self._state.enter()
         try:
-            response = await self._answer(await request.read())
+            response = await self._answer(request, dialect)
         finally:
             self._state.leave()
         if response.status == 200:
@@ -348,12 +704,13 @@ class _Routes:
             self._state.errors += 1
         return response
 
-    async def _answer(self, body: bytes) -> web.Response:
+    async def _answer(self, request: web.Request, dialect: _Dialect) -> web.Response:
         try:
-            chat = parse_chat_request(body)
+            chat = dialect.parse(request, await request.read())
         except InvalidRequest as exc:
             await self._pause(self._config.latency_ms)
-            return error_response(400, str(exc), "invalid_request_error")
+            kind = "authentication_error" if exc.status == 401 else "invalid_request_error"
+            return dialect.error(exc.status, str(exc), kind, None)
         triggers = chat.triggers()
         outcome = decide_outcome(triggers, chat.last_user, self._state, self._config.error_rate)
         await self._pause(self._config.latency_ms + (triggers.delay_ms or 0))
@@ -361,8 +718,8 @@ class _Routes:
             await self._sleep(HANG_SECONDS)
         if outcome.status != 200:
             message = f"simulated status {outcome.status}"
-            return error_response(outcome.status, message, "sim_error", outcome.retry_after)
-        return json_response(completion_payload(chat, triggers.reply_bytes))
+            return dialect.error(outcome.status, message, "sim_error", outcome.retry_after)
+        return json_response(dialect.success(chat, triggers.reply_bytes))
 
     async def _pause(self, milliseconds: float) -> None:
         if milliseconds > 0:
@@ -397,6 +754,7 @@ def build_app(config: SimConfig, *, sleep: Sleep = asyncio.sleep) -> web.Applica
     app[STATE_KEY] = state
     routes = _Routes(config, state, sleep)
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
+    app.router.add_post("/v1/messages", routes.messages)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/stats", routes.stats)
     app.router.add_post("/reset", routes.reset)

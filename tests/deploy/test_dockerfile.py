@@ -164,4 +164,4 @@ def test_the_readme_docker_run_example_has_everything_the_service_needs() -> Non
     source, target, mode = mount.split(":")
     assert target == _image_env()["RELAY_ROUTES_FILE"] and mode == "ro"
     routes = source.replace("$PWD", str(ROOT))
-    assert load_aliases(routes, {}).names() == ["gpt-4o-mini"]
+    assert load_aliases(routes, {}).names() == ["gpt-4o-mini", "sim-claude"]

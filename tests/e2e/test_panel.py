@@ -33,6 +33,7 @@ CHROMIUM_ARGS = [
 ]
 UI_TIMEOUT_MS = 20_000
 RUN_TIMEOUT_MS = 90_000  # a whole (small) job, on a shared 2-core machine
+RESULTS_PAGE = 25  # result rows the job page shows at a time (job.js)
 REVIEWS_CSV = 'Classify: great product\n"Classify: good, but pricey"\nClassify: meh\n'
 CHATS_JSONL = b"".join(
     orjson.dumps({"custom_id": f"chat-{i}", "messages": [{"role": "user", "content": f"hi {i}"}]})
@@ -301,3 +302,47 @@ async def test_the_csv_download_neutralises_cells_a_spreadsheet_would_run_as_for
     ]
     jsonl = await download(page, "Download JSONL")  # the data itself is unchanged
     assert [orjson.loads(line)["custom_id"] for line in jsonl.splitlines()] == FORMULA_IDS
+
+
+async def test_an_expired_job_shows_as_ended_with_its_deadline_metadata_and_kept_results(
+    page: Page, panel_key: str, api: ApiClient, shots: Path
+) -> None:
+    requests = [
+        {
+            "custom_id": f"e-{i}",
+            "messages": [{"role": "user", "content": f"[sim:delay-ms=300] {i}"}],
+        }
+        for i in range(400)
+    ]
+    job = await api.submit(
+        {
+            "model": "gpt-4o-mini",
+            "name": "Short window",
+            "requests": requests,
+            "completion_window": "3s",
+            "metadata": {"team": "search"},
+        },
+        key=panel_key,
+    )
+    await sign_in(page, panel_key)
+    await page.get_by_label("Status").select_option("expired")
+    row = job_row(page, "Short window")
+    await expect(row.locator("[data-status]")).to_have_text("expired", timeout=RUN_TIMEOUT_MS)
+    await expect(row.get_by_role("button", name="Cancel Short window")).to_have_count(0)
+    await page.screenshot(path=shots / "job-list-expired.png", full_page=True)
+
+    await row.get_by_role("link", name="Short window").click()
+    await expect(page.locator("#job-status [data-status]")).to_have_text("expired")
+    details = page.locator("#job-details")
+    expires = details.locator("dt:text-is('Expires') + dd time")
+    await expect(expires).to_have_attribute("datetime", job["expires_at"])
+    await expect(details.locator(".metadata li")).to_have_text(["team search"])
+    await expect(page.get_by_role("button", name="Cancel job")).to_be_hidden()
+    await expect(page.get_by_role("button", name="Download CSV")).to_be_enabled()
+    await expect(page.locator("#job-usage dt")).to_have_text(["prompt tokens", "completion tokens"])
+    status, ended = await api.request("GET", f"/v1/batches/{job['id']}", key=panel_key)
+    assert status == 200, ended
+    kept = ended["completed"] + ended["failed"]
+    assert 0 < kept < 400
+    await expect(page.locator("#results-body tr")).to_have_count(min(kept, RESULTS_PAGE))
+    await page.screenshot(path=shots / "job-expired.png", full_page=True)

@@ -167,10 +167,16 @@ def build_system(
     routes = log_dir / "routes.toml"
     routes.write_text(
         '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\n\n'
+        '[aliases.sim-claude]\ndeployments = ["sim-claude"]\n\n'
         "[deployments.sim]\n"
         'provider = "openai"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
-        f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
+        f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n\n'
+        "[deployments.sim-claude]\n"
+        'provider = "anthropic"\n'
+        f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
+        f'model = "sim-claude"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
+        'headers = { "x-api-key" = "sim" }\n'
     )
     env = {
         **os.environ,

@@ -128,3 +128,49 @@ async def ndjson_lines(http: aiohttp.ClientSession, client: ApiClient, path: str
         assert response.status == 200
         raw = await response.read()
     return [orjson.loads(line) for line in raw.splitlines()]
+
+
+async def test_results_carry_tool_calls_and_pages_count_their_bytes(
+    pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, client_a: ApiClient
+) -> None:
+    workspace = await KeyStore(pool).workspace_for_key(client_a.key)
+    assert workspace is not None
+    job = await JobStore(pool).create(
+        NewJob(new_id(), workspace, "tools", "gpt-4o-mini", 0, 3, None, None, None),
+        ((f"t-{i}", '[{"role":"user","content":"x"}]') for i in range(3)),
+    )
+    await pool.execute("UPDATE batches SET status = 'running' WHERE id = $1", job.id)
+    calls = [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}' + " " * 20 * KIB},
+        }
+    ]
+    await OutcomeStore(pool).record(
+        [
+            RowOutcome(job.id, 0, "", None, 1, tool_calls=orjson.dumps(calls).decode()),
+            RowOutcome(job.id, 1, "plain", None, 1, finish_reason="stop"),
+            RowOutcome(job.id, 2, None, "upstream_error: x", 1),
+        ]
+    )
+    store = JobStore(pool, page_bytes=16 * KIB)
+    finished = await store.get(workspace, job.id)
+    assert finished is not None
+    pages = [[row.row_index for row in page] async for page in store.result_pages(finished)]
+    assert pages == [[0], [1, 2]]  # the tool calls' bytes count towards the budget
+    server = await start_api(pool, bus, aliases, store)
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = ApiClient(str(server.make_url("")).rstrip("/"), client_a.key, http)
+            document = await client.results(job.id)
+            ndjson = await ndjson_lines(http, client, f"/v1/batches/{job.id}/results")
+    finally:
+        await server.close()
+    expected = [
+        {"custom_id": "t-0", "content": "", "tool_calls": calls},
+        {"custom_id": "t-1", "content": "plain"},
+        {"custom_id": "t-2", "error": "upstream_error: x"},
+    ]
+    assert document == {"id": job.id, "status": "completed", "data": expected}
+    assert ndjson == expected

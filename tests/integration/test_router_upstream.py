@@ -1,5 +1,7 @@
-"""The model router against the upstream simulator and an Anthropic-shaped fake, over
-real loopback HTTP: retries, fallback, dead letters, permanent failures, timeouts."""
+"""The model router against the upstream simulator (its chat completions and Messages
+endpoints) and an Anthropic-shaped fake, over real loopback HTTP: retries, fallback, dead
+letters, permanent failures, timeouts, and whole chat rows (content parts, tools, tool
+turns) through both providers."""
 
 from __future__ import annotations
 
@@ -227,7 +229,7 @@ async def test_anthropic_messages_shape_over_http(session: aiohttp.ClientSession
     ]
     try:
         result = await _router(aliases, session).complete(
-            "claude", chat, {"temperature": 0.2, "stop": "END", "seed": 3}
+            "claude", chat, {"temperature": 0.2, "stop": "END", "max_completion_tokens": 64}
         )
     finally:
         await server.close()
@@ -240,9 +242,158 @@ async def test_anthropic_messages_shape_over_http(session: aiohttp.ClientSession
     assert "Authorization" not in headers
     assert body == {
         "model": "claude-x",
-        "max_tokens": 1024,
+        "max_tokens": 64,
         "system": "Be brief.\n\nFrench.",
         "messages": [{"role": "user", "content": "Hello"}],
         "temperature": 0.2,
         "stop_sequences": ["END"],
     }
+
+
+# --- whole chat rows through both providers ---------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+ASK = "weather in Oslo? [sim:tool-call]"
+TOOLS = {"tools": [WEATHER], "tool_choice": "auto"}
+
+
+def _both(sim: TestServer) -> AliasTable:
+    """Alias ``gpt`` on the simulator's chat endpoint, ``claude`` on its Messages one,
+    ``claude-or-gpt`` trying Claude first."""
+    claude = {
+        **_deployment(sim, provider="anthropic", model="sim-claude"),
+        "headers": {"x-api-key": "sim"},
+    }
+    return parse_aliases(
+        {
+            "aliases": {
+                "gpt": {"deployments": ["gpt"]},
+                "claude": {"deployments": ["claude"]},
+                "claude-or-gpt": {"deployments": ["claude", "gpt"]},
+            },
+            "deployments": {"gpt": _deployment(sim), "claude": claude},
+        },
+        {},
+    )
+
+
+ASKING = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": [{"type": "text", "text": ASK}]},
+]
+
+
+def _answer_turns(call: dict[str, Any], result: str) -> list[dict[str, Any]]:
+    return [
+        *ASKING,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": result},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("alias", "model", "call_prefix"),
+    [("gpt", "sim-echo", "call_"), ("claude", "sim-claude", "toolu_")],
+)
+async def test_a_tool_call_then_its_answer_through_each_provider(
+    sim: TestServer, session: aiohttp.ClientSession, alias: str, model: str, call_prefix: str
+) -> None:
+    router = _router(_both(sim), session)
+    first = await router.complete(alias, ASKING, TOOLS)
+    assert first.completion is not None and first.error is None
+    assert (first.deployment, first.attempts) == (alias, 1)
+    (call,) = first.completion.tool_calls or []
+    assert call["id"].startswith(call_prefix)
+    assert call == {
+        "id": call["id"],
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": orjson.dumps({"text": ASK}).decode()},
+    }
+    assert (first.completion.content, first.completion.finish_reason) == ("", "tool_calls")
+    assert first.completion.model == model
+    assert first.completion.prompt_tokens > 0 and first.completion.completion_tokens > 0
+
+    second = await router.complete(alias, _answer_turns(call, "snow, -3C"), TOOLS)
+    assert second.completion is not None
+    assert (second.completion.content, second.completion.tool_calls) == ("echo: snow, -3C", None)
+    assert (second.completion.finish_reason, second.completion.model) == ("stop", model)
+
+
+async def test_consecutive_tool_turns_and_a_user_turn_reach_claude_as_one_user_turn(
+    sim: TestServer, session: aiohttp.ClientSession
+) -> None:
+    calls = [
+        {
+            "id": f"call_{city}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": orjson.dumps({"city": city}).decode()},
+        }
+        for city in ("Oslo", "Rome")
+    ]
+    messages = [
+        {"role": "user", "content": ASK},
+        {"role": "assistant", "content": "Checking both.", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_Oslo", "content": "snow"},
+        {
+            "role": "tool",
+            "tool_call_id": "call_Rome",
+            "content": [{"type": "text", "text": "+sun"}],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "+and this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+            ],
+        },
+    ]
+    result = await _router(_both(sim), session).complete("claude", messages, TOOLS)
+    assert result.completion is not None, result.error
+    # the simulator echoes the last user turn's text: both tool results and the text part
+    assert result.completion.content == "echo: snow+sun+and this?"
+    assert result.completion.finish_reason == "stop"
+
+
+async def test_content_parts_are_echoed_through_both_providers(
+    sim: TestServer, session: aiohttp.ClientSession
+) -> None:
+    parts = [
+        {"type": "text", "text": "describe "},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+        {"type": "text", "text": "this"},
+    ]
+    router = _router(_both(sim), session)
+    for alias in ("gpt", "claude"):
+        result = await router.complete(alias, [{"role": "user", "content": parts}], {})
+        assert result.completion is not None, result.error
+        assert result.completion.content == "echo: describe this"
+
+
+async def test_a_field_claude_cannot_take_falls_through_to_the_openai_deployment(
+    sim: TestServer, session: aiohttp.ClientSession
+) -> None:
+    router = _router(_both(sim), session)
+    params = {**TOOLS, "seed": 7, "response_format": {"type": "json_object"}}
+    result = await router.complete("claude-or-gpt", _user("hi [sim:tool-call]"), params)
+    assert result.completion is not None
+    assert (result.deployment, result.attempts, result.completion.finish_reason) == (
+        "gpt",
+        1,
+        "tool_calls",
+    )
+    alone = await router.complete("claude", _user("hi"), {"seed": 7})
+    assert (alone.completion, alone.attempts, alone.dead_letter, alone.error) == (
+        None,
+        0,
+        False,
+        "upstream_error: claude: anthropic deployments cannot take seed",
+    )
+    async with session.get(sim.make_url("/stats")) as stats:
+        assert (await stats.json())["calls"] == 1

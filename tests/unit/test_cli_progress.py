@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 
 import pytest
 
-from relay_batches.services.relay_cli.batch import UsageError, watch_job
+from relay_batches.services.relay_cli.batch import UsageError, status, watch_job
 from relay_batches.services.relay_cli.client import ApiFailure
 from relay_batches.services.relay_cli.progress import (
     RateMeter,
@@ -120,7 +121,7 @@ async def test_watch_redraws_one_line_on_a_terminal_and_exits_zero_when_complete
     assert drawn.splitlines()[-1].startswith(f"{'a' * 32} completed: 1000 rows")
 
 
-@pytest.mark.parametrize("final", ["failed", "canceled"])
+@pytest.mark.parametrize("final", ["failed", "canceled", "expired"])
 async def test_watch_prints_changes_only_off_a_terminal_and_fails_unless_completed(
     final: str,
 ) -> None:
@@ -137,3 +138,28 @@ async def test_watch_refuses_a_cron_template() -> None:
     client = FakeClient(batch(status="scheduled"))
     with pytest.raises(UsageError, match="cron template"):
         await watch_job(client, "a" * 32, 0.001, io.StringIO())  # type: ignore[arg-type]
+
+
+async def test_status_of_an_expired_job_shows_its_deadline_and_metadata() -> None:
+    expired = batch(
+        status="expired",
+        name="nightly",
+        model="gpt-4o-mini",
+        priority=0,
+        completed=120,
+        failed=0,
+        dead_letter=0,
+        created_at="2030-01-01T12:00:00Z",
+        started_at="2030-01-01T12:00:01Z",
+        completed_at="2030-01-01T12:05:00Z",
+        expires_at="2030-01-01T12:05:00Z",
+        metadata={"team": "search"},
+        error=None,
+    )
+    out = io.StringIO()
+    args = argparse.Namespace(id="a" * 32, json=False)
+    assert await status(FakeClient(expired), args, out, io.StringIO()) == 0  # type: ignore[arg-type]
+    lines = out.getvalue().splitlines()
+    assert "status    expired" in lines
+    assert "expires   2030-01-01T12:05:00Z" in lines
+    assert 'metadata  {"team":"search"}' in lines

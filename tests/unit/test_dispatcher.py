@@ -165,7 +165,7 @@ async def test_unknown_model_fails_the_job(store: FakeDispatchStore, recorder: R
     assert dispatcher.jobs == {}
 
 
-@pytest.mark.parametrize("status", ["completed", "failed", "canceled"])
+@pytest.mark.parametrize("status", ["completed", "failed", "canceled", "expired"])
 async def test_terminal_progress_forgets_the_job(
     store: FakeDispatchStore, recorder: Recorder, status: str
 ) -> None:

@@ -1,5 +1,5 @@
 """The OpenAI surface's objects as the SDK's own types read them: batches in every job
-status, output and error lines, the completion window, and the OpenAPI fragment."""
+status, output and error lines, and the OpenAPI fragment."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import pytest
 from openai.types import Batch
 from openai.types.chat import ChatCompletion
 
-from relay_batches.errors import ApiError
 from relay_batches.ledger.files import BatchLink, LinkedBatch
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import Job, JobStatus
-from relay_batches.services.ingest_api.openai_batches import batch_object, completion_window
+from relay_batches.services.ingest_api.openai_batches import batch_object
 from relay_batches.services.ingest_api.openai_output import (
     ERROR,
     OUTPUT,
@@ -178,21 +177,6 @@ def test_error_lines_say_why_a_row_did_not_succeed(status: JobStatus, code: str)
         ("r1", None, code),
     ]
     assert lines[0]["error"]["message"] == "upstream_error: sim: HTTP 400"
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("24h", 86_400), ("1s", 1), ("90m", 5_400), ("7d", 604_800), ("168h", 604_800)],
-)
-def test_completion_windows_from_a_second_to_a_week(text: str, seconds: int) -> None:
-    assert completion_window(text) == timedelta(seconds=seconds)
-
-
-@pytest.mark.parametrize("text", ["0s", "8d", "169h", "24", "1.5h", "01h", "24 h", "-1h", ""])
-def test_other_windows_are_a_400_naming_the_field(text: str) -> None:
-    with pytest.raises(ApiError) as caught:
-        completion_window(text)
-    assert (caught.value.status, caught.value.param) == (400, "completion_window")
 
 
 def test_every_openai_operation_answers_errors_in_openai_shape() -> None:

@@ -457,3 +457,31 @@ async def test_a_reply_over_the_size_cap_fails_the_deployment(
     assert result.completion is None
     assert result.error == "upstream_error: a: reply larger than 1000 bytes"
     assert (result.attempts, result.dead_letter) == (1, False)
+
+
+async def test_a_deployment_that_cannot_take_the_row_falls_through_without_a_call(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("b", reply("from b"))
+    claude = deployment(upstream, "a", provider="anthropic")
+    router = make_router(session, sleep, claude, deployment(upstream, "b"))
+    result = await router.complete(ALIAS, MESSAGES, {"seed": 7})
+    assert result == RowResult(Completion("from b", 3, 5), None, 1, "b", dead_letter=False)
+    assert [(c.deployment, c.body["seed"]) for c in upstream.calls] == [("b", 7)]
+    assert sleep.delays == []
+
+
+async def test_a_row_no_deployment_can_take_fails_with_the_refusal(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    claude = deployment(upstream, "a", provider="anthropic")
+    router = make_router(session, sleep, claude)
+    result = await router.complete(ALIAS, MESSAGES, {"seed": 7})
+    assert result == RowResult(
+        None,
+        "upstream_error: a: anthropic deployments cannot take seed",
+        0,
+        None,
+        dead_letter=False,
+    )
+    assert upstream.calls == []

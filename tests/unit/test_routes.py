@@ -83,7 +83,7 @@ def test_valid_file_loads_aliases_in_order(tmp_path: Path) -> None:
 
 def test_local_routes_file_loads() -> None:
     routes = load_aliases(str(REPO / "deploy" / "routes.local.toml"), {})
-    assert routes.names() == ["gpt-4o-mini"]
+    assert routes.names() == ["gpt-4o-mini", "sim-claude"]
     (sim,) = routes.resolve("gpt-4o-mini") or ()
     assert sim == Deployment(
         name="local-sim",
@@ -93,6 +93,17 @@ def test_local_routes_file_loads() -> None:
         api_key=None,
         timeout_s=30.0,
         max_retries=3,
+    )
+    (claude,) = routes.resolve("sim-claude") or ()
+    assert claude == Deployment(
+        name="local-sim-claude",
+        provider="anthropic",
+        base_url="http://127.0.0.1:8090/v1",
+        model="sim-claude",
+        api_key=None,
+        timeout_s=30.0,
+        max_retries=3,
+        headers={"x-api-key": "sim"},
     )
 
 

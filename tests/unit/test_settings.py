@@ -169,6 +169,7 @@ POSITIVE_DURATIONS = [
     ("RELAY_COOLDOWN_S", "cooldown_s"),
     # A grace of 0 would hand back every in-flight row at once on SIGTERM: refused too.
     ("RELAY_SHUTDOWN_GRACE_S", "shutdown_grace_s"),
+    ("RELAY_EXPIRY_INTERVAL_S", "expiry_interval_s"),
 ]
 
 
@@ -199,3 +200,16 @@ def test_integer_defaults_come_from_the_dataclass() -> None:
     assert settings.batch_concurrency == 7
     assert settings.results_flush_rows == 9
     assert settings.aggregator_prefetch == 11
+
+
+def test_the_expiry_interval_defaults_to_one_second_and_must_be_finite() -> None:
+    assert Settings.from_env({}).expiry_interval_s == 1.0
+    for raw in ("inf", "Infinity"):
+        with pytest.raises(ConfigError) as err:
+            Settings.from_env({"RELAY_EXPIRY_INTERVAL_S": raw})
+        assert str(err.value) == (
+            f"RELAY_EXPIRY_INTERVAL_S must be a finite number above 0, got {raw!r}"
+        )
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"RELAY_EXPIRY_INTERVAL_S": "1s"})
+    assert str(err.value) == "RELAY_EXPIRY_INTERVAL_S must be a number, got '1s'"

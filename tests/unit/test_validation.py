@@ -153,7 +153,7 @@ def test_explicit_nulls_are_absent() -> None:
     assert spec.rows == [RowInput("row-1", HI_JSON)]
 
 
-@pytest.mark.parametrize("key", ["webhook_url", "budget", "Model", "metadata"])
+@pytest.mark.parametrize("key", ["webhook_url", "budget", "Model", "expires_at"])
 def test_an_unknown_top_level_key_is_refused_naming_it(key: str) -> None:
     err = rejected(body(**{key: 1}))
     assert err.param == key

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import asyncpg
 
 from relay_batches.ledger.pool import translated
@@ -17,8 +19,18 @@ _EXPIRE_DUE = (
     " locked AS (SELECT b.id FROM batches b JOIN due USING (id)"
     "  WHERE b.status = ANY($1::text[]) ORDER BY b.id FOR UPDATE OF b SKIP LOCKED)"
     " UPDATE batches b SET status = $3, completed_at = now(), lease_owner = NULL"
-    " FROM locked WHERE b.id = locked.id RETURNING b.id"
+    " FROM locked WHERE b.id = locked.id RETURNING b.id, b.total, b.completed, b.failed"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredJob:
+    """A job just moved to ``expired``, with its counters at that moment."""
+
+    id: str
+    total: int
+    completed: int
+    failed: int
 
 
 class ExpiryStore:
@@ -27,14 +39,16 @@ class ExpiryStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def expire_due(self, limit: int = 500) -> list[str]:
-        """Move up to ``limit`` due queued or running jobs to ``expired``; their ids.
+    async def expire_due(self, limit: int = 500) -> list[ExpiredJob]:
+        """Move up to ``limit`` due queued or running jobs to ``expired``; those jobs,
+        by id.
 
         Rows without an outcome by now never run: outcomes arriving later are discarded
-        (only running jobs accept outcomes). Safe with several replicas.
+        (only running jobs accept outcomes). Safe with several replicas: a job is
+        expired, and returned, by exactly one call.
         """
         async with translated():
             records = await self._pool.fetch(
                 _EXPIRE_DUE, allowed_from(JobStatus.EXPIRED), limit, JobStatus.EXPIRED
             )
-        return sorted(r[0] for r in records)
+        return sorted((ExpiredJob(*r) for r in records), key=lambda job: job.id)

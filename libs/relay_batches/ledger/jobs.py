@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 import asyncpg
@@ -39,7 +39,9 @@ _PAGE_CUT = (
     " WHERE s.n = 1 OR s.upto <= $5 ORDER BY s.row_index"
 )
 _RESULTS_PAGE = _PAGE_CUT.format(
-    size="octet_length(COALESCE(o.content, o.error))", only="", columns="o.content, o.error"
+    size="octet_length(COALESCE(o.content, o.error)) + COALESCE(octet_length(o.tool_calls), 0)",
+    only="",
+    columns="o.content, o.error, o.tool_calls",
 )
 _DEAD_LETTER_PAGE = _PAGE_CUT.format(
     size="octet_length(o.error)", only="AND o.dead_letter", columns="o.error, o.attempts"
@@ -83,7 +85,9 @@ class NewJob:
 
     ``rows_batch_id`` names stored rows the job runs instead of its own (an uploaded
     input file's, which are then not copied: its ``rows`` are empty); ``metadata`` is
-    JSON text of string pairs; ``expires_at`` the end of its completion window.
+    JSON text of string pairs; ``expires_at`` the end of its completion window. A cron
+    template has no ``expires_at`` but a ``completion_window``: each run it spawns
+    expires that long after it is spawned.
     """
 
     id: str
@@ -99,16 +103,19 @@ class NewJob:
     rows_batch_id: str | None = None
     metadata: str | None = None
     expires_at: datetime | None = None
+    completion_window: timedelta | None = None
 
 
 @dataclass(frozen=True)
 class ResultRow:
-    """One row of a job's results."""
+    """One row of a job's results; ``tool_calls`` is the JSON text of the answer's
+    chat-completions tool calls (None when the model called none)."""
 
     row_index: int
     custom_id: str
     content: str | None
     error: str | None
+    tool_calls: str | None = None
 
 
 @dataclass(frozen=True)
@@ -301,8 +308,10 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
     status = JobStatus.SCHEDULED if new.cron else JobStatus.QUEUED
     record = await conn.fetchrow(
         "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
-        " webhook_url, cron, next_run_at, rows_batch_id, params, metadata, expires_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($12, $1), $11, $13, $14)"
+        " webhook_url, cron, next_run_at, rows_batch_id, params, metadata, expires_at,"
+        " completion_window)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($12, $1), $11, $13, $14,"
+        " $15)"
         " RETURNING *",
         new.id,
         new.workspace_id,
@@ -318,6 +327,7 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
         new.rows_batch_id,
         new.metadata,
         new.expires_at,
+        new.completion_window,
     )
     if new.rows_batch_id is not None:
         return Job.from_record(record)

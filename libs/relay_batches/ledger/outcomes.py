@@ -12,7 +12,7 @@ from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.pool import translated
 from relay_batches.ledger.status_sql import status_in
 from relay_batches.messages import RowOutcome
-from relay_batches.model import TERMINAL, JobStatus, allowed_from
+from relay_batches.model import STOPPED, TERMINAL, JobStatus, allowed_from
 
 # $1 batch ids, $2 the statuses a job may complete from: only those accept outcomes.
 _LOCK_RUNNING = (
@@ -116,15 +116,17 @@ class OutcomeStore:
             )
         return [_progress(r) for r in records]
 
-    async def canceled_among(self, batch_ids: list[str]) -> list[str]:
-        """Which of ``batch_ids`` are canceled (outcomes still arriving for them)."""
+    async def canceled_among(self, batch_ids: list[str]) -> list[tuple[str, JobStatus]]:
+        """Which of ``batch_ids`` were stopped, canceled or expired, with that status
+        (outcomes still arriving for them), by id."""
         async with translated():
             records = await self._pool.fetch(
-                "SELECT id FROM batches WHERE id = ANY($1::text[]) AND status = $2",
+                "SELECT id, status FROM batches WHERE id = ANY($1::text[])"
+                " AND status = ANY($2::text[]) ORDER BY id",
                 batch_ids,
-                JobStatus.CANCELED,
+                sorted(STOPPED),
             )
-        return [r[0] for r in records]
+        return [(r[0], JobStatus(r[1])) for r in records]
 
     async def unannounced_terminal(self, older_than_s: float, limit: int = 100) -> list[str]:
         """Terminal jobs whose ``job.finished`` was not yet published (outbox scan)."""

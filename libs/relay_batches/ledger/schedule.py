@@ -5,6 +5,8 @@ templates with ``FOR UPDATE SKIP LOCKED`` (another scheduler takes the next page
 the same rows), lets the caller plan each template's tick and next tick (pure Python,
 croniter), inserts the runs set-based with ``ON CONFLICT (template_id, tick) DO
 NOTHING`` and moves every template's ``next_run_at`` forward, all before committing.
+A run carries its template's metadata, and its template's completion window from the
+moment it is spawned (``expires_at``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ _LOCK_DUE = (
 
 _INSERT_RUNS = """
 INSERT INTO batches (id, workspace_id, name, model, priority, status, total, webhook_url,
-                     template_id, rows_batch_id, params, tick)
+                     template_id, rows_batch_id, params, tick, metadata, completion_window,
+                     expires_at)
 SELECT p.run_id, t.workspace_id, p.run_name, t.model, t.priority, $5::text, t.total,
-       t.webhook_url, t.id, t.rows_batch_id, t.params, p.tick
+       t.webhook_url, t.id, t.rows_batch_id, t.params, p.tick, t.metadata,
+       t.completion_window, now() + t.completion_window
 FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[])
     AS p(template_id, run_id, run_name, tick)
 JOIN batches t ON t.id = p.template_id

@@ -1,4 +1,13 @@
-"""The OpenAI-compatible chat completions provider (OpenAI, vLLM, Ollama, Together, …)."""
+"""The OpenAI-compatible chat completions provider (OpenAI, vLLM, Ollama, Together, …).
+
+A row already is a chat-completions request, so it is sent whole: its messages as they
+are stored (content parts, ``name``, ``tool_calls``, ``tool`` turns) and every field it
+carries (``tools``, ``tool_choice``, ``response_format``, ``max_tokens`` and
+``max_completion_tokens`` as given, ``seed``, …) over the deployment's ``params``; only
+``model`` is the deployment's. A row that sets either token limit replaces the
+deployment's default limit of either name, so the two never reach the upstream together
+unless the row itself sends both.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,8 @@ import orjson
 from relay_batches.router.aliases import Deployment
 from relay_batches.router.types import ProviderReply, reply_with_usage
 
+TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
+
 
 def build_request(
     deployment: Deployment, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
@@ -18,7 +29,10 @@ def build_request(
     headers = {"Content-Type": "application/json", **deployment.headers}
     if deployment.api_key:
         headers["Authorization"] = f"Bearer {deployment.api_key}"
-    body = {**deployment.params, **params, "model": deployment.model, "messages": messages}
+    defaults = deployment.params
+    if defaults and any(params.get(key) is not None for key in TOKEN_LIMITS):
+        defaults = {k: v for k, v in defaults.items() if k not in TOKEN_LIMITS}
+    body = {**defaults, **params, "model": deployment.model, "messages": messages}
     return f"{deployment.base_url}/chat/completions", headers, orjson.dumps(body)
 
 

@@ -6,6 +6,10 @@ any other status falls through to the next deployment at once. A deployment cool
 down (see :mod:`relay_batches.router.cooldown`) is skipped while another is available. A row
 failing everywhere gets ``upstream_error: …``; it is dead-lettered when its last
 failure was transient (worth replaying), and only failed when it was permanent.
+
+A deployment's request is built once per row; a provider that cannot take what the row
+asks for (:class:`~relay_batches.router.types.UnsupportedRequest`) is a permanent
+failure of that deployment without a call, so the row falls through to the next one.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from relay_batches.router import anthropic, openai
 from relay_batches.router.aliases import AliasTable, Deployment
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.policy import BackoffPolicy, is_retryable_status, parse_retry_after
-from relay_batches.router.types import ProviderReply, RowResult
+from relay_batches.router.types import ProviderReply, RowResult, UnsupportedRequest
 
 ERROR_SNIPPET_CHARS = 200
 MAX_REPLY_BYTES = 8 * 1024 * 1024
@@ -139,9 +143,14 @@ class ModelRouter:
         has_next: bool,
     ) -> _DeploymentResult:
         """Call one deployment with retries until success, a permanent error or give-up."""
+        provider = PROVIDERS[deployment.provider]
+        try:
+            request = provider.build_request(deployment, messages, params)
+        except UnsupportedRequest as exc:
+            return _DeploymentResult(ProviderReply(error=str(exc)), 0, False)
         calls = 0
         while True:
-            attempt = await self._call(deployment, messages, params)
+            attempt = await self._call(deployment, provider, request)
             calls += 1
             if attempt.reply is not None:
                 if attempt.reply.completion is not None:
@@ -157,10 +166,12 @@ class ModelRouter:
             await self._sleep(self._policy.delay(calls - 1, self._rng, attempt.retry_after))
 
     async def _call(
-        self, deployment: Deployment, messages: Sequence[Mapping[str, Any]], params: Any
+        self,
+        deployment: Deployment,
+        provider: ModuleType,
+        request: tuple[str, dict[str, str], bytes],
     ) -> _Attempt:
-        provider = PROVIDERS[deployment.provider]
-        url, headers, body = provider.build_request(deployment, messages, params)
+        url, headers, body = request
         timeout, latency = self._per_deployment(deployment)
         started = time.perf_counter()
         try:

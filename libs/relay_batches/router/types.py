@@ -22,6 +22,13 @@ class Completion:
     model: str | None = None
 
 
+class UnsupportedRequest(ValueError):
+    """A row asks for something a provider cannot honour (raised while building the
+    request, before anything is sent): the router records it as a permanent failure of
+    that deployment, so the row falls through to the alias's next deployment. The
+    message names the field, e.g. ``anthropic deployments cannot take seed``."""
+
+
 @dataclass(frozen=True)
 class ProviderReply:
     """A provider's parse of a 200 reply: a completion, or why it is unusable."""

@@ -51,10 +51,12 @@ function renderBatch(batch) {
     detail("Created", timeEl(batch.created_at)),
     detail("Started", timeEl(batch.started_at)),
     detail("Finished", timeEl(batch.completed_at)),
+    batch.expires_at ? detail("Expires", timeEl(batch.expires_at)) : [],
     batch.error ? detail("Error", batch.error) : [],
     batch.cron ? detail("Cron", h("code", {}, batch.cron)) : [],
     batch.cron ? detail("Next run", timeEl(batch.next_run_at)) : [],
     template ? detail("Template", template) : [],
+    batch.metadata ? detail("Metadata", metadataList(batch.metadata)) : [],
   );
   renderUsage(batch.usage);
   const terminal = TERMINAL.has(batch.status);
@@ -63,13 +65,18 @@ function renderBatch(batch) {
   document.getElementById("runs-section").hidden = !batch.cron;
 }
 
+function metadataList(metadata) {
+  return h("ul", { class: "metadata" },
+    Object.entries(metadata).map(([k, v]) => h("li", {}, h("code", {}, k), " ", v)));
+}
+
 function renderUsage(usage) {
   const section = document.getElementById("usage-section");
   const entries = usage && typeof usage === "object" ? Object.entries(usage) : [];
   section.hidden = entries.length === 0;
   fill(
     document.getElementById("job-usage"),
-    entries.map(([k, v]) => detail(k.replaceAll("_", " "), String(v))),
+    ...entries.map(([k, v]) => detail(k.replaceAll("_", " "), String(v))),
   );
 }
 
