@@ -400,3 +400,31 @@ async def test_rows_with_content_parts_tools_and_tool_turns_run(
     assert bodies["tools"].choices[0].message.content == "echo: now define it"
     assert all(b.model for b in bodies.values())
     assert (await raw.strict_batch(batch.id)).model == MODEL
+
+
+async def test_a_short_completion_window_ends_the_batch_expired(
+    client: openai.AsyncOpenAI, raw: Raw
+) -> None:
+    rows = [line("quick", "quick")] + [
+        line(f"slow{i}", f"slow {i} [sim:delay-ms=20000]") for i in range(12)
+    ]
+    uploaded = await client.files.create(file=("exp.jsonl", jsonl(rows)), purpose="batch")
+    created = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="3s"
+    )
+    assert created.expires_at is not None
+    assert abs(created.expires_at - (created.created_at + 3)) <= 1
+
+    done = await wait_batch(client, created.id, {"expired", "completed"})
+
+    assert done.status == "expired" and done.expired_at is not None
+    assert await raw.strict_batch(created.id) == done
+    assert done.error_file_id is not None
+    errors = await content_lines(client, done.error_file_id)
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        (f"slow{i}", "batch_expired") for i in range(12)
+    ]
+    assert done.request_counts is not None and done.request_counts.completed == 1
+    assert done.output_file_id is not None
+    outputs = await content_lines(client, done.output_file_id)
+    assert [o["custom_id"] for o in outputs] == ["quick"]  # finished rows are kept
