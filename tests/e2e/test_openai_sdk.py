@@ -382,8 +382,11 @@ async def test_rows_with_content_parts_tools_and_tool_turns_run(
         {"role": "tool", "tool_call_id": "call_1", "content": "a gateway"},
         {"role": "user", "content": "now define it"},
     ]
+    claude = line("claude", "hello claude", model="sim-claude", max_tokens=20)
+    claude["body"]["messages"].insert(0, {"role": "system", "content": "Be brief."})
+    calls_tool = line("call", "find relay [sim:tool-call]", tools=[tool])
     uploaded = await client.files.create(
-        file=("rich.jsonl", jsonl([parts, turns])), purpose="batch"
+        file=("rich.jsonl", jsonl([parts, turns, claude, calls_tool])), purpose="batch"
     )
     batch = await client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -392,14 +395,23 @@ async def test_rows_with_content_parts_tools_and_tool_turns_run(
 
     done = await wait_batch(client, batch.id, {"completed"})
 
-    assert done.request_counts is not None and done.request_counts.completed == 2
+    assert done.request_counts is not None and done.request_counts.completed == 4
     assert done.output_file_id is not None
     outputs = await content_lines(client, done.output_file_id)
     bodies = {o["custom_id"]: ChatCompletion.model_validate(o["response"]["body"]) for o in outputs}
     assert bodies["parts"].choices[0].message.content == "echo: look at this"
     assert bodies["tools"].choices[0].message.content == "echo: now define it"
-    assert all(b.model for b in bodies.values())
-    assert (await raw.strict_batch(batch.id)).model == MODEL
+    assert bodies["claude"].choices[0].message.content == "echo: hello claude"
+    called = bodies["call"].choices[0]
+    assert called.finish_reason == "tool_calls" and called.message.content is None
+    assert called.message.tool_calls is not None
+    function = called.message.tool_calls[0].function  # type: ignore[union-attr]
+    assert function.name == "lookup"
+    assert orjson.loads(function.arguments) == {"text": "find relay [sim:tool-call]"}
+    # Mixed models: each row answered by its own alias's deployment, named as it answered.
+    assert bodies["claude"].model != bodies["parts"].model
+    assert bodies["tools"].model == bodies["parts"].model
+    assert (await raw.strict_batch(batch.id)).model == MODEL  # the first line's
 
 
 async def test_a_short_completion_window_ends_the_batch_expired(
