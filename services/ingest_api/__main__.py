@@ -63,6 +63,7 @@ async def build(
         limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),
         max_body_bytes=settings.max_body_bytes,
         files=FileStore(pool),
+        pool=pool,
         model_names=aliases.names,
         body_gate=BodyGate(
             settings.body_read_timeout_s,

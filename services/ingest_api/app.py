@@ -8,6 +8,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from relay_batches.health import add_health_routes
+from relay_batches.services.ingest_api.anthropic_routes import add_anthropic_routes
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.middleware import (
     ResolveKey,
@@ -48,6 +49,7 @@ def build_app(
     add_batch_routes(app)
     add_upload_routes(app)
     add_openai_routes(app)
+    add_anthropic_routes(app)
     add_model_routes(app)
     add_panel_routes(app)
     add_health_routes(app, ready, metrics=False)  # /metrics: the health port only

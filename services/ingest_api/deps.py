@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import asyncpg
 from aiohttp import web
 
 from relay_batches.ledger.files import FileStore
@@ -36,6 +37,7 @@ class ApiDeps:
     limits: SubmitLimits
     max_body_bytes: int
     files: FileStore  # the OpenAI surface's files and batch links
+    pool: asyncpg.Pool  # the ledger, for the stores a surface builds on it
     model_names: Callable[[], list[str]] = list  # the router's public aliases
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
     # Decoding and validating large bodies, one at a time: each thread more would take

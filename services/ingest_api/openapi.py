@@ -21,7 +21,7 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from relay_batches.services.ingest_api import chat_rows
+from relay_batches.services.ingest_api import anthropic_openapi, chat_rows
 from relay_batches.services.ingest_api.openai_openapi import openai_fragment
 
 DOCUMENT_PATH = "/openapi.json"
@@ -35,6 +35,7 @@ Fragment = Mapping[str, Mapping[str, Any]]
 FRAGMENTS: tuple[Callable[[], Fragment], ...] = (
     chat_rows.openapi_fragment,  # RequestRow, Message, Params
     openai_fragment,  # /openai/v1: files and batches
+    anthropic_openapi.anthropic_fragment,  # /anthropic/v1/messages/batches
 )
 
 

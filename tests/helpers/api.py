@@ -64,6 +64,7 @@ async def start_api(
         limits=TEST_LIMITS,
         max_body_bytes=TEST_MAX_BODY,
         files=FileStore(pool),
+        pool=pool,
         model_names=aliases.names,
         body_gate=BodyGate(TEST_READ_TIMEOUT_S, TEST_LARGE_BODY, TEST_LARGE_SLOTS, TEST_MIN_RATE),
     )

@@ -16,12 +16,18 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 from relay_batches.errors import ERROR_TYPES, ApiError
 from relay_batches.model import Job, JobStatus
 from relay_batches.services.ingest_api import params, validation
+from relay_batches.services.ingest_api.middleware import (
+    ANTHROPIC_PREFIX,
+    AUTHENTICATED_PREFIXES,
+    OPENAI_PREFIX,
+)
 from relay_batches.services.ingest_api.openapi import load_document
 from relay_batches.services.ingest_api.routes import DEFAULT_PAGE, MAX_PAGE
 from tests.helpers.openapi_ops import component_validator, documented_operations
 
 DOC = load_document()
 SCHEMAS = DOC["components"]["schemas"]
+DIALECT_PREFIXES = (OPENAI_PREFIX, ANTHROPIC_PREFIX)
 CREATE = SCHEMAS["CreateBatch"]["properties"]
 PARAMS = SCHEMAS["Params"]["properties"]
 EXAMPLE = DOC["paths"]["/v1/batches"]["post"]["requestBody"]["content"]["application/json"][
@@ -79,7 +85,7 @@ def test_v1_operations_need_the_bearer_key_and_service_endpoints_do_not() -> Non
     scheme = DOC["components"]["securitySchemes"]["bearerAuth"]
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
     for method, path, operation in operations():
-        if path.startswith(("/v1/", "/openai/v1/", "/anthropic/v1/")):
+        if path.startswith(AUTHENTICATED_PREFIXES):
             assert operation["security"] == [{"bearerAuth": []}], (method, path)
             assert "401" in operation["responses"], (method, path)
         else:
@@ -89,10 +95,8 @@ def test_v1_operations_need_the_bearer_key_and_service_endpoints_do_not() -> Non
 def test_error_responses_name_the_type_the_code_sends_for_their_status() -> None:
     for method, path, operation in operations():
         for code, response in operation["responses"].items():
-            if int(code) < 400 or path in ("/readyz",):
-                continue
-            if path.startswith(("/openai/", "/anthropic/")):
-                continue  # the dialects' own error objects: tests/unit/test_openai_*.py
+            if int(code) < 400 or path in ("/readyz",) or path.startswith(DIALECT_PREFIXES):
+                continue  # the dialects' error objects: their own tests
             name = response["$ref"].rsplit("/", 1)[-1]
             body = DOC["components"]["responses"][name]["content"]["application/json"]
             schema = SCHEMAS[body["schema"]["$ref"].rsplit("/", 1)[-1]]

@@ -1,0 +1,206 @@
+"""The shapes of the Anthropic-compatible Message Batches surface, as pydantic models.
+
+Written once: the handlers build their answers from them (or, for the results lines,
+plain dicts of exactly these shapes, checked against them by the tests) and the OpenAPI
+document takes its schemas from them (:func:`.openapi.model_schemas`). Field names, types
+and literals follow Anthropic's Message Batches API, so the official SDK's own types
+validate every object. Class names carry an ``Anthropic`` prefix: they are the schema
+names in the one document every surface shares.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from relay_batches.services.ingest_api.row_formats import AnthropicParams
+
+CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+ProcessingStatus = Literal["in_progress", "canceling", "ended"]
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "refusal"]
+# The error types of Anthropic's error object (its SDK's ErrorObject union).
+ErrorType = Literal[
+    "invalid_request_error",
+    "authentication_error",
+    "billing_error",
+    "permission_error",
+    "not_found_error",
+    "rate_limit_error",
+    "timeout_error",
+    "api_error",
+    "overloaded_error",
+    "request_too_large",
+]
+
+
+class _Response(BaseModel):
+    """A response shape: every field is always sent (``null`` when unset)."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+# --- requests ------------------------------------------------------------------------
+
+
+class AnthropicBatchRequest(BaseModel):
+    """One request of a batch: the caller's id and Messages API parameters (``model`` a
+    Relay alias), translated into a row by :func:`.row_formats.anthropic_request_row`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    custom_id: Annotated[str, Field(pattern=CUSTOM_ID_PATTERN)]
+    params: AnthropicParams
+
+
+class AnthropicCreateBatch(BaseModel):
+    """The body of ``POST /anthropic/v1/messages/batches`` (documented by this model;
+    scanned request by request by :mod:`.anthropic_create`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: Annotated[list[AnthropicBatchRequest], Field(min_length=1)]
+
+
+# --- the batch -----------------------------------------------------------------------
+
+
+class AnthropicRequestCounts(_Response):
+    """How many requests are in each state; they always add up to the batch's total."""
+
+    processing: int
+    succeeded: int
+    errored: int
+    canceled: int
+    expired: int
+
+
+class AnthropicMessageBatch(_Response):
+    """A Message Batch: one Relay job seen through the Anthropic surface."""
+
+    id: str = Field(description="`msgbatch_` and the job's 32-hex id.")
+    type: Literal["message_batch"] = "message_batch"
+    processing_status: ProcessingStatus
+    request_counts: AnthropicRequestCounts
+    created_at: datetime
+    expires_at: datetime
+    ended_at: datetime | None = None
+    cancel_initiated_at: datetime | None = None
+    archived_at: datetime | None = None
+    results_url: str | None = Field(
+        default=None, description="Where the results are, once the batch has ended."
+    )
+
+
+class AnthropicMessageBatchList(_Response):
+    """A page of batches, newest first."""
+
+    data: list[AnthropicMessageBatch]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class AnthropicDeletedMessageBatch(_Response):
+    """The answer to a delete."""
+
+    id: str
+    type: Literal["message_batch_deleted"] = "message_batch_deleted"
+
+
+class AnthropicErrorDetail(_Response):
+    """The inner error: its type and a message naming the field where there is one."""
+
+    type: ErrorType
+    message: str
+
+
+class AnthropicError(_Response):
+    """Anthropic's error object, on this surface for every failure."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
+
+# --- the results ---------------------------------------------------------------------
+
+
+class AnthropicResultText(_Response):
+    """Text the model answered."""
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class AnthropicResultToolUse(_Response):
+    """A tool the model called, with its arguments as an object."""
+
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class AnthropicResultUsage(_Response):
+    """Tokens of the row's request and answer."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+class AnthropicResultMessage(_Response):
+    """A Messages API message, built from the row's stored outcome."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[
+        Annotated[AnthropicResultText | AnthropicResultToolUse, Field(discriminator="type")]
+    ]
+    stop_reason: StopReason
+    stop_sequence: str | None = None
+    usage: AnthropicResultUsage
+
+
+class AnthropicSucceededResult(_Response):
+    """The row was answered."""
+
+    type: Literal["succeeded"] = "succeeded"
+    message: AnthropicResultMessage
+
+
+class AnthropicErroredResult(_Response):
+    """The row failed on every deployment (or its batch failed before it ran)."""
+
+    type: Literal["errored"] = "errored"
+    error: AnthropicError
+
+
+class AnthropicCanceledResult(_Response):
+    """The batch was canceled before the row ran."""
+
+    type: Literal["canceled"] = "canceled"
+
+
+class AnthropicExpiredResult(_Response):
+    """The batch expired before the row ran."""
+
+    type: Literal["expired"] = "expired"
+
+
+AnthropicResult = Annotated[
+    AnthropicSucceededResult
+    | AnthropicErroredResult
+    | AnthropicCanceledResult
+    | AnthropicExpiredResult,
+    Field(discriminator="type"),
+]
+
+
+class AnthropicResultLine(_Response):
+    """One line of a batch's results (``.jsonl``), in request order."""
+
+    custom_id: str
+    result: AnthropicResult
