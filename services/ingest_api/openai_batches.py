@@ -45,7 +45,12 @@ from relay_batches.services.ingest_api.openai_models import (
     OpenAIRequestCounts,
     validation_error,
 )
-from relay_batches.services.ingest_api.openai_output import OUTPUT, output_file, output_files
+from relay_batches.services.ingest_api.openai_output import (
+    ERROR,
+    OUTPUT,
+    output_file,
+    output_files,
+)
 from relay_batches.services.ingest_api.submit import (
     announce_created,
     job_fields,
@@ -259,7 +264,7 @@ async def get_batch(request: web.Request) -> web.Response:
     linked = await _find(request)
     deps = request.app[DEPS]
     files = output_files(linked)
-    for kind, file_id in ((OUTPUT, files.output), ("error", files.error)):
+    for kind, file_id in ((OUTPUT, files.output), (ERROR, files.error)):
         if file_id is not None:
             await output_file(deps, linked, kind)
     return _answer(linked)

@@ -36,8 +36,6 @@ from relay_batches.services.ingest_api.openai_models import (
     OpenAIFileList,
 )
 from relay_batches.services.ingest_api.openai_output import (
-    ERROR,
-    OUTPUT,
     filename_of,
     kind_of,
     output_file,
@@ -314,7 +312,7 @@ async def delete_file(request: web.Request) -> web.Response:
         if linked is None or kind is None or await deps.files.file_known(workspace_id, hex_id):
             raise _not_found(raw)
         created: datetime = linked.job.completed_at or linked.job.created_at
-        name = filename_of(linked, OUTPUT if kind == OUTPUT else ERROR)
+        name = filename_of(linked, kind)
         await deps.files.delete_output_file(workspace_id, hex_id, name, created)
     return json_response(OpenAIFileDeleted(id=raw, deleted=True).model_dump())
 

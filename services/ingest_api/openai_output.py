@@ -162,7 +162,8 @@ async def output_file(deps: ApiDeps, linked: LinkedBatch, kind: str) -> StoredFi
     """The batch's ``kind`` file, registered with its measured size the first time it
     is asked for; None once deleted."""
     job = linked.job
-    file_id = getattr(linked.link, f"{kind}_file_id")
+    link = linked.link
+    file_id = link.output_file_id if kind == OUTPUT else link.error_file_id
     found = await deps.files.get(job.workspace_id, file_id)
     if found is not None or await deps.files.file_known(job.workspace_id, file_id):
         return found
