@@ -87,7 +87,7 @@ async def create_file(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
     async with deps.body_gate.admit(workspace_id) as ticket:
-        check_body(request, MULTIPART, MAX_FILE_BYTES + FORM_SLACK)
+        _check_upload(request)
         ticket.grow(request.content_length or 0)
         try:
             with body_errors():
@@ -98,6 +98,16 @@ async def create_file(request: web.Request) -> web.Response:
             message = exc.message if isinstance(exc, HttpProcessingError) else str(exc)
             raise invalid(f"malformed multipart body: {_printable(message)}") from None
     return json_response(file_object(stored).model_dump())
+
+
+def _check_upload(request: web.Request) -> None:
+    """The body checks of :func:`.body.check_body`; a 413 names the file limit."""
+    try:
+        check_body(request, MULTIPART, MAX_FILE_BYTES + FORM_SLACK)
+    except ApiError as exc:
+        if exc.status == 413:
+            raise too_large(MAX_FILE_BYTES) from None
+        raise
 
 
 async def _store_form(

@@ -22,6 +22,7 @@ from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import RowOutcome
 from relay_batches.router.aliases import AliasTable
+from relay_batches.services.ingest_api import openai_files
 from relay_batches.services.ingest_api.openai_files import PART_BYTES
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import TEST_LIMITS, start_api
@@ -255,3 +256,45 @@ async def test_deleting_an_input_file_keeps_the_rows_its_batch_runs(
         },
     )
     assert (status, refused["error"]["param"]) == (404, "input_file_id")
+
+
+async def test_a_file_over_the_size_limit_is_a_413_and_nothing_is_stored(
+    iso: Isolation,
+    api_server: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(openai_files, "MAX_FILE_BYTES", 256 * 1024)
+    client = await client_of(iso, api_server, http)
+    one = [{"role": "user", "content": "x" * 500}]
+    data = b"".join(line(f"r{i}", one) for i in range(600))  # about 370 KiB
+    before = await pool.fetchval("SELECT count(*) FROM files")
+
+    form = aiohttp.FormData()
+    form.add_field("purpose", "batch")
+    form.add_field("file", io.BytesIO(data), filename="big.jsonl", content_type="application/jsonl")
+    status, body = await client.request("POST", "/openai/v1/files", data=form)
+
+    assert status == 413
+    assert body["error"]["message"] == f"request body exceeds {256 * 1024} bytes"
+    assert body["error"]["type"] == "request_too_large" and "code" in body["error"]
+    assert await pool.fetchval("SELECT count(*) FROM files") == before
+
+
+async def test_upload_form_errors_name_the_field(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession
+) -> None:
+    client = await client_of(iso, api_server, http)
+    cases = [
+        ({"purpose": "fine-tune"}, "purpose"),
+        ({}, "purpose"),
+        ({"purpose": "batch", "expires_after[anchor]": "created_at"}, "expires_after"),
+    ]
+    for fields, param in cases:
+        form = aiohttp.FormData()
+        for name, value in fields.items():
+            form.add_field(name, value)
+        form.add_field("file", io.BytesIO(b"{}\n"), filename="f.jsonl", content_type="text/plain")
+        status, body = await client.request("POST", "/openai/v1/files", data=form)
+        assert (status, body["error"]["param"]) == (400, param), body
