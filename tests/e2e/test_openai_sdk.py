@@ -176,7 +176,7 @@ async def test_file_batch_poll_output_and_error_files(
     )
 
 
-async def test_list_auto_paging_newest_first(client: openai.AsyncOpenAI) -> None:
+async def test_list_auto_paging_newest_first(client: openai.AsyncOpenAI, raw: Raw) -> None:
     uploaded = await client.files.create(
         file=("p.jsonl", jsonl([line("x", "hi")])), purpose="batch"
     )
@@ -193,6 +193,18 @@ async def test_list_auto_paging_newest_first(client: openai.AsyncOpenAI) -> None
     assert len(listed) == len(set(listed))
     files = [f.id async for f in client.files.list(limit=1)]
     assert uploaded.id in files and len(files) == len(set(files))
+    # The pages as sent: OpenAI's list shape, every item read strictly by the SDK's type.
+    status, page = await raw.get("/batches?limit=2")
+    assert status == 200 and (page["object"], page["has_more"]) == ("list", True)
+    assert [page["first_id"], page["last_id"]] == ids[:0:-1]
+    for item in page["data"]:
+        Batch.model_validate(item, strict=True)
+    status, page = await raw.get(f"/batches?limit=100&after={ids[1]}")
+    assert status == 200 and page["data"][0]["id"] == ids[0]
+    status, page = await raw.get("/files?limit=2&order=desc")
+    assert status == 200 and page["object"] == "list" and page["first_id"] == uploaded.id
+    for item in page["data"]:
+        FileObject.model_validate(item, strict=True)
 
 
 async def test_cancel_ends_cancelled_and_a_second_cancel_returns_it(
