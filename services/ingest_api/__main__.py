@@ -10,6 +10,7 @@ import os
 from aiohttp import web
 
 from relay_batches.kit.base import Readiness
+from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.keys import KeyStore
@@ -61,6 +62,7 @@ async def build(
         model_known=lambda alias: aliases.resolve(alias) is not None,
         limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),
         max_body_bytes=settings.max_body_bytes,
+        files=FileStore(pool),
         pool=pool,
         model_names=aliases.names,
         body_gate=BodyGate(

@@ -18,6 +18,7 @@ from relay_batches.services.ingest_api.middleware import (
     schema_middleware,
 )
 from relay_batches.services.ingest_api.models import add_model_routes
+from relay_batches.services.ingest_api.openai_openapi import add_openai_routes
 from relay_batches.services.ingest_api.openapi import add_openapi_route
 from relay_batches.services.ingest_api.panel import add_panel_routes
 from relay_batches.services.ingest_api.routes import add_batch_routes
@@ -47,6 +48,7 @@ def build_app(
     app[DEPS] = deps
     add_batch_routes(app)
     add_upload_routes(app)
+    add_openai_routes(app)
     add_anthropic_routes(app)
     add_model_routes(app)
     add_panel_routes(app)

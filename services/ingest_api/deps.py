@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import asyncpg
 from aiohttp import web
 
+from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job
@@ -35,6 +36,7 @@ class ApiDeps:
     model_known: Callable[[str], bool]
     limits: SubmitLimits
     max_body_bytes: int
+    files: FileStore  # the OpenAI surface's files and batch links
     pool: asyncpg.Pool  # the ledger, for the stores a surface builds on it
     model_names: Callable[[], list[str]] = list  # the router's public aliases
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies

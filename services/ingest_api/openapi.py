@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from relay_batches.services.ingest_api import anthropic_openapi, chat_rows
+from relay_batches.services.ingest_api.openai_openapi import openai_fragment
 
 DOCUMENT_PATH = "/openapi.json"
 _RESOURCE = "openapi.json"
@@ -32,8 +33,9 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 # Each surface's fragment: ``{"paths": {...}, "schemas": {...}}`` (see merge_fragment).
 Fragment = Mapping[str, Mapping[str, Any]]
 FRAGMENTS: tuple[Callable[[], Fragment], ...] = (
-    anthropic_openapi.anthropic_fragment,  # /anthropic/v1/messages/batches
     chat_rows.openapi_fragment,  # RequestRow, Message, Params
+    openai_fragment,  # /openai/v1: files and batches
+    anthropic_openapi.anthropic_fragment,  # /anthropic/v1/messages/batches
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from relay_batches.cron import next_tick
@@ -93,6 +93,19 @@ def plan_job(
     return PlannedJob(new, rows)
 
 
+def plan_stored_job(
+    options: BatchOptions,
+    rows_batch_id: str,
+    total: int,
+    workspace_id: str,
+    now: datetime,
+) -> PlannedJob:
+    """A job over ``total`` rows already stored under ``rows_batch_id`` (an uploaded
+    file's), which are not copied."""
+    planned = plan_job(options, [], workspace_id, now)
+    return PlannedJob(replace(planned.new, total=total, rows_batch_id=rows_batch_id), [])
+
+
 async def submit_one(deps: ApiDeps, planned: PlannedJob, claim: IdempotencyClaim | None) -> Job:
     """Store one job (recording its 201 for ``claim``), then wake its dispatcher.
 
@@ -110,6 +123,12 @@ async def submit_many(
     created = await deps.jobs.create_many([(p.new, _row_pairs(p)) for p in jobs], claim)
     await _created(deps, created)
     return created
+
+
+async def announce_created(deps: ApiDeps, job: Job) -> None:
+    """Count and announce a job a surface stored itself (one that ended at once, as a
+    batch whose input failed validation): the metrics and wake-up of :func:`submit_one`."""
+    await _created(deps, [job])
 
 
 def _row_pairs(planned: PlannedJob) -> Iterator[tuple[str, str]]:

@@ -9,6 +9,7 @@ from aiohttp.test_utils import TestServer
 from aiohttp.web_runner import BaseRunner
 
 from relay_batches.bus.client import Bus
+from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.keys import KeyStore
@@ -62,6 +63,7 @@ async def start_api(
         model_known=lambda alias: aliases.resolve(alias) is not None,
         limits=TEST_LIMITS,
         max_body_bytes=TEST_MAX_BODY,
+        files=FileStore(pool),
         pool=pool,
         model_names=aliases.names,
         body_gate=BodyGate(TEST_READ_TIMEOUT_S, TEST_LARGE_BODY, TEST_LARGE_SLOTS, TEST_MIN_RATE),

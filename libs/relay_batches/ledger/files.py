@@ -1,0 +1,394 @@
+"""Files and the batches created from them (the OpenAI-compatible surface's ledger).
+
+An input file is stored in one transaction while it is uploaded (:meth:`FileStore.upload`):
+its bytes COPY'd as ``file_parts`` chunks and its parsed requests COPY'd as
+``batch_rows`` under the file's own id, so a job created from it runs those rows
+(``rows_batch_id``) and nothing is copied again. Output and error files have no parts:
+their rows are registered once their batch has ended and their size measured
+(:meth:`FileStore.add_output_file`); their content is rendered from the outcomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+import orjson
+
+from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
+from relay_batches.ledger.jobs import NewJob
+from relay_batches.ledger.pool import Connection, translated
+from relay_batches.model import Job, JobStatus
+
+INPUT_PURPOSE = "batch"
+OUTPUT_PURPOSE = "batch_output"
+PARTS_PER_READ = 4  # file parts fetched per round trip while streaming content
+
+_FILE_COLUMNS = "id, workspace_id, filename, purpose, bytes, rows, model, line_errors, created_at"
+_LINK_COLUMNS = (
+    "o.batch_id AS link_batch_id, o.input_file_id, o.output_file_id, o.error_file_id,"
+    " o.endpoint, o.completion_window, o.errors AS link_errors"
+)
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One live file: ``line_errors`` is the JSON list of its lines' errors (None: clean)."""
+
+    id: str
+    workspace_id: str
+    filename: str
+    purpose: str
+    bytes: int
+    rows: int
+    model: str | None
+    line_errors: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class BatchLink:
+    """What the OpenAI surface keeps of a batch beside its job: the file ids (32-hex),
+    the requested endpoint and window, and the input's errors (JSON) if it failed
+    validation."""
+
+    batch_id: str
+    input_file_id: str
+    output_file_id: str
+    error_file_id: str
+    endpoint: str
+    completion_window: str
+    errors: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkedBatch:
+    """A job with its OpenAI link."""
+
+    job: Job
+    link: BatchLink
+
+
+def _file(record: asyncpg.Record) -> StoredFile:
+    return StoredFile(*(record[name] for name in StoredFile.__dataclass_fields__))
+
+
+def _linked(record: asyncpg.Record) -> LinkedBatch:
+    link = BatchLink(
+        record["link_batch_id"],
+        record["input_file_id"],
+        record["output_file_id"],
+        record["error_file_id"],
+        record["endpoint"],
+        record["completion_window"],
+        record["link_errors"],
+    )
+    return LinkedBatch(Job.from_record(record), link)
+
+
+class FileUpload:
+    """One input file being stored, inside the upload's transaction."""
+
+    def __init__(self, conn: Connection, file_id: str) -> None:
+        self._conn = conn
+        self.file_id = file_id
+        self._parts = 0
+
+    async def add_part(self, data: bytes) -> None:
+        """Store the next chunk of the file's bytes."""
+        async with translated():
+            await self._conn.copy_records_to_table(
+                "file_parts",
+                records=[(self.file_id, self._parts, data)],
+                columns=("file_id", "part", "data"),
+            )
+        self._parts += 1
+
+    async def add_rows(self, rows: Sequence[tuple[int, str, str]]) -> None:
+        """Store parsed requests as ``(row_index, custom_id, request_json)``."""
+        if not rows:
+            return
+        async with translated():
+            await self._conn.copy_records_to_table(
+                "batch_rows",
+                records=((self.file_id, i, custom_id, req) for i, custom_id, req in rows),
+                columns=("batch_id", "row_index", "custom_id", "request"),
+            )
+
+    async def duplicate_ids(self, limit: int) -> list[tuple[str, int]]:
+        """Up to ``limit`` custom ids stored more than once, each with the row index of
+        its second occurrence, in row order."""
+        async with translated():
+            records = await self._conn.fetch(
+                "SELECT custom_id, (array_agg(row_index ORDER BY row_index))[2] AS repeat"
+                " FROM batch_rows WHERE batch_id = $1 GROUP BY custom_id"
+                " HAVING count(*) > 1 ORDER BY repeat LIMIT $2",
+                self.file_id,
+                limit,
+            )
+        return [(r[0], r[1]) for r in records]
+
+    async def drop_rows(self) -> None:
+        """Forget the parsed requests (a file with errors never runs)."""
+        async with translated():
+            await self._conn.execute("DELETE FROM batch_rows WHERE batch_id = $1", self.file_id)
+
+    async def finish(
+        self,
+        workspace_id: str,
+        filename: str,
+        size: int,
+        rows: int,
+        model: str | None,
+        line_errors: str | None,
+    ) -> StoredFile:
+        """Record the file itself (committed with its parts and rows on leaving)."""
+        async with translated():
+            record = await self._conn.fetchrow(
+                "INSERT INTO files (id, workspace_id, filename, purpose, bytes, rows, model,"
+                f" line_errors) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {_FILE_COLUMNS}",
+                self.file_id,
+                workspace_id,
+                filename,
+                INPUT_PURPOSE,
+                size,
+                rows,
+                model,
+                line_errors,
+            )
+        assert record is not None  # INSERT … RETURNING gives its row
+        return _file(record)
+
+
+class FileStore:
+    """The ``files``, ``file_parts`` and ``openai_batches`` queries of the OpenAI surface."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @asynccontextmanager
+    async def upload(self, file_id: str) -> AsyncIterator[FileUpload]:
+        """One transaction for storing a whole file: all of it, or nothing on error."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            yield FileUpload(conn, file_id)
+
+    async def get(self, workspace_id: str, file_id: str) -> StoredFile | None:
+        """The live file ``file_id`` of ``workspace_id``."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                f"SELECT {_FILE_COLUMNS} FROM files"
+                " WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL",
+                file_id,
+                workspace_id,
+            )
+        return None if record is None else _file(record)
+
+    async def list_page(
+        self, workspace_id: str, limit: int, after: str | None, ascending: bool, purpose: str | None
+    ) -> tuple[list[StoredFile], bool]:
+        """Live files by creation time; ``after`` is the last id of the previous page."""
+        direction, compare = ("ASC", ">") if ascending else ("DESC", "<")
+        async with translated():
+            records = await self._pool.fetch(
+                f"SELECT {_FILE_COLUMNS} FROM files f WHERE workspace_id = $1"
+                " AND deleted_at IS NULL AND ($4::text IS NULL OR purpose = $4)"
+                f" AND ($2::text IS NULL OR (created_at, id) {compare} ("
+                "   SELECT a.created_at, a.id FROM files a"
+                "   WHERE a.id = $2 AND a.workspace_id = $1))"
+                f" ORDER BY created_at {direction}, id {direction} LIMIT $3",
+                workspace_id,
+                after,
+                limit + 1,
+                purpose,
+            )
+        return [_file(r) for r in records[:limit]], len(records) > limit
+
+    async def delete(self, workspace_id: str, file_id: str) -> bool:
+        """Delete a live file: its parts, and its rows unless a batch runs them. False if
+        there is no such live file."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            deleted = await conn.fetchval(
+                "UPDATE files SET deleted_at = now()"
+                " WHERE id = $1 AND workspace_id = $2 AND deleted_at IS NULL RETURNING id",
+                file_id,
+                workspace_id,
+            )
+            if deleted is None:
+                return False
+            await conn.execute("DELETE FROM file_parts WHERE file_id = $1", file_id)
+            await conn.execute(
+                "DELETE FROM batch_rows WHERE batch_id = $1 AND NOT EXISTS ("
+                " SELECT 1 FROM openai_batches WHERE input_file_id = $1)",
+                file_id,
+            )
+        return True
+
+    async def parts(self, file_id: str) -> AsyncIterator[bytes]:
+        """The file's bytes as uploaded, a stored chunk at a time."""
+        last = -1
+        while True:
+            async with translated():
+                records = await self._pool.fetch(
+                    "SELECT part, data FROM file_parts WHERE file_id = $1 AND part > $2"
+                    " ORDER BY part LIMIT $3",
+                    file_id,
+                    last,
+                    PARTS_PER_READ,
+                )
+            for record in records:
+                yield bytes(record[1])
+            if len(records) < PARTS_PER_READ:
+                return
+            last = records[-1][0]
+
+    async def link(self, workspace_id: str, link: BatchLink) -> bool:
+        """Record a batch's link before its job is created (a link without a job is
+        never shown: every read joins the job); False, and nothing recorded, if its input
+        file is no longer live. The file's row is share-locked meanwhile, so a concurrent
+        delete either sees the link (and keeps the rows it runs) or wins first."""
+        async with translated():
+            linked = await self._pool.fetchval(
+                "WITH live AS (SELECT id FROM files WHERE id = $3 AND workspace_id = $2"
+                "  AND deleted_at IS NULL FOR SHARE)"
+                " INSERT INTO openai_batches (batch_id, workspace_id, input_file_id,"
+                " output_file_id, error_file_id, endpoint, completion_window, errors)"
+                " SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM live RETURNING 1",
+                *_link_values(workspace_id, link),
+            )
+        return linked is not None
+
+    async def create_failed(
+        self, new: NewJob, link: BatchLink, claim: IdempotencyClaim | None
+    ) -> LinkedBatch:
+        """Store a job that failed validation (its input file's errors in ``link``) with
+        its link, ended at once: no row of it ever runs."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(_INSERT_LINK, *_link_values(new.workspace_id, link))
+            record = await conn.fetchrow(
+                "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
+                " rows_batch_id, params, metadata, expires_at, error, completed_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now()) RETURNING *",
+                new.id,
+                new.workspace_id,
+                new.name,
+                new.model,
+                new.priority,
+                JobStatus.FAILED,
+                new.total,
+                new.rows_batch_id,
+                new.params,
+                new.metadata,
+                new.expires_at,
+                "input file failed validation",
+            )
+            job = Job.from_record(record)
+            if claim is not None:
+                await record_response(conn, claim, 201, orjson.dumps(job.to_api()).decode())
+        return LinkedBatch(job, link)
+
+    async def batch(self, workspace_id: str, batch_id: str) -> LinkedBatch | None:
+        """The OpenAI batch ``batch_id`` of ``workspace_id``."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                f"SELECT b.*, {_LINK_COLUMNS} FROM openai_batches o"
+                " JOIN batches b ON b.id = o.batch_id"
+                " WHERE o.batch_id = $1 AND o.workspace_id = $2",
+                batch_id,
+                workspace_id,
+            )
+        return None if record is None else _linked(record)
+
+    async def batch_page(
+        self, workspace_id: str, limit: int, after: str | None
+    ) -> tuple[list[LinkedBatch], bool]:
+        """The workspace's OpenAI batches, newest first; ``after`` the previous page's last."""
+        async with translated():
+            records = await self._pool.fetch(
+                f"SELECT b.*, {_LINK_COLUMNS} FROM openai_batches o"
+                " JOIN batches b ON b.id = o.batch_id WHERE o.workspace_id = $1"
+                " AND ($2::text IS NULL OR (o.created_at, o.batch_id) < ("
+                "   SELECT a.created_at, a.batch_id FROM openai_batches a"
+                "   WHERE a.batch_id = $2 AND a.workspace_id = $1))"
+                " ORDER BY o.created_at DESC, o.batch_id DESC LIMIT $3",
+                workspace_id,
+                after,
+                limit + 1,
+            )
+        return [_linked(r) for r in records[:limit]], len(records) > limit
+
+    async def batch_of_output(self, workspace_id: str, file_id: str) -> LinkedBatch | None:
+        """The batch whose output or error file ``file_id`` is."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                f"SELECT b.*, {_LINK_COLUMNS} FROM openai_batches o"
+                " JOIN batches b ON b.id = o.batch_id WHERE o.workspace_id = $2"
+                " AND (o.output_file_id = $1 OR o.error_file_id = $1)",
+                file_id,
+                workspace_id,
+            )
+        return None if record is None else _linked(record)
+
+    async def file_known(self, workspace_id: str, file_id: str) -> bool:
+        """Whether ``file_id`` was ever registered, deleted or not."""
+        async with translated():
+            found = await self._pool.fetchval(
+                "SELECT 1 FROM files WHERE id = $1 AND workspace_id = $2", file_id, workspace_id
+            )
+        return found is not None
+
+    async def add_output_file(
+        self, workspace_id: str, file_id: str, filename: str, size: int, created_at: datetime
+    ) -> StoredFile | None:
+        """Register an output or error file of ``size`` bytes (once: a second call, or a
+        call after it was deleted, changes nothing); the live file, None if deleted."""
+        async with translated():
+            await self._pool.execute(
+                "INSERT INTO files (id, workspace_id, filename, purpose, bytes, created_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+                file_id,
+                workspace_id,
+                filename,
+                OUTPUT_PURPOSE,
+                size,
+                created_at,
+            )
+        return await self.get(workspace_id, file_id)
+
+    async def delete_output_file(
+        self, workspace_id: str, file_id: str, filename: str, created_at: datetime
+    ) -> None:
+        """Delete an output or error file, registered or not, so it is never shown."""
+        async with translated():
+            await self._pool.execute(
+                "INSERT INTO files (id, workspace_id, filename, purpose, bytes, created_at,"
+                " deleted_at) VALUES ($1, $2, $3, $4, 0, $5, now())"
+                " ON CONFLICT (id) DO UPDATE SET deleted_at = now()"
+                " WHERE files.deleted_at IS NULL",
+                file_id,
+                workspace_id,
+                filename,
+                OUTPUT_PURPOSE,
+                created_at,
+            )
+
+
+_INSERT_LINK = (
+    "INSERT INTO openai_batches (batch_id, workspace_id, input_file_id, output_file_id,"
+    " error_file_id, endpoint, completion_window, errors) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+)
+
+
+def _link_values(workspace_id: str, link: BatchLink) -> tuple[object, ...]:
+    return (
+        link.batch_id,
+        workspace_id,
+        link.input_file_id,
+        link.output_file_id,
+        link.error_file_id,
+        link.endpoint,
+        link.completion_window,
+        link.errors,
+    )

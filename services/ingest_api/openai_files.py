@@ -1,0 +1,336 @@
+"""``/openai/v1/files``: upload, list, retrieve, read and delete files, as OpenAI does.
+
+An upload (multipart, ``purpose=batch``, up to :data:`MAX_FILE_BYTES`) is streamed into
+the ledger in one transaction as it arrives: its bytes as stored parts (so ``content``
+returns the file as uploaded) and each line parsed into a request row under the file's
+id (:mod:`.openai_lines`), a few MiB at a time, parsed off the event loop. Memory stays
+bounded by a part, whatever the file's size. The body policy is the native upload's
+(:mod:`.body`: large-body slots, stall and rate timeouts, 413, 415).
+
+A file is ``file-<32 hex>``; an id that does not parse, or belongs to another
+workspace, is a 404. A batch's output and error files (``purpose: batch_output``) are
+files too, rendered from its outcomes (:mod:`.openai_output`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+import orjson
+from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.multipart import BadContentDispositionHeader, BadContentDispositionParam
+
+from relay_batches.errors import ApiError, invalid
+from relay_batches.ids import is_valid_id, new_id
+from relay_batches.ledger.files import INPUT_PURPOSE, OUTPUT_PURPOSE, FileUpload, StoredFile
+from relay_batches.services.ingest_api.body import BodyTicket, body_errors, check_body, too_large
+from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
+from relay_batches.services.ingest_api.middleware import STREAMING, WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.openai_lines import LineReader
+from relay_batches.services.ingest_api.openai_models import (
+    OpenAIFile,
+    OpenAIFileDeleted,
+    OpenAIFileList,
+)
+from relay_batches.services.ingest_api.openai_output import (
+    filename_of,
+    kind_of,
+    output_file,
+    rendered,
+)
+from relay_batches.services.ingest_api.upload import clean_filename
+from relay_batches.services.ingest_api.validation import KnownModels
+
+FILE_PREFIX = "file-"
+MAX_FILE_BYTES = 200 * 1024 * 1024
+FORM_SLACK = 64 * 1024  # multipart framing and the purpose field around the file
+PART_BYTES = 4 * 1024 * 1024  # bytes stored per part, and parsed per step
+READ_CHUNK = 256 * 1024
+MAX_FIELD_BYTES = 1024
+MAX_FILENAME_CHARS = 256
+MAX_PARTS = 8
+DEFAULT_FILE_PAGE = 10_000
+MAX_FILE_PAGE = 10_000
+MULTIPART = "multipart/form-data"
+_BAD_DISPOSITION = (BadContentDispositionHeader, BadContentDispositionParam)
+
+
+def file_hex(file_id: str) -> str | None:
+    """The 32-hex id inside ``file-<hex>``, None if it is not one."""
+    hex_id = file_id.removeprefix(FILE_PREFIX)
+    return hex_id if file_id.startswith(FILE_PREFIX) and is_valid_id(hex_id) else None
+
+
+def file_object(stored: StoredFile) -> OpenAIFile:
+    """A stored file as OpenAI shapes it."""
+    return OpenAIFile(
+        id=FILE_PREFIX + stored.id,
+        bytes=stored.bytes,
+        created_at=int(stored.created_at.timestamp()),
+        filename=stored.filename,
+        purpose="batch" if stored.purpose == INPUT_PURPOSE else "batch_output",
+    )
+
+
+def _not_found(file_id: str) -> ApiError:
+    return ApiError(404, f"No such File object: {file_id[:80]!r}", "file_id")
+
+
+# --- upload -----------------------------------------------------------------------
+
+
+async def create_file(request: web.Request) -> web.Response:
+    """``POST /files``: store the file and its rows; 200 with the file object."""
+    deps = request.app[DEPS]
+    workspace_id = request[WORKSPACE_ID]
+    async with deps.body_gate.admit(workspace_id) as ticket:
+        _check_upload(request)
+        ticket.grow(request.content_length or 0)
+        try:
+            with body_errors():
+                stored = await _store_form(request, deps, workspace_id, ticket)
+        except web.HTTPRequestEntityTooLarge:
+            raise too_large(MAX_FILE_BYTES) from None
+        except (ValueError, RuntimeError, TypeError, HttpProcessingError, *_BAD_DISPOSITION) as exc:
+            message = exc.message if isinstance(exc, HttpProcessingError) else str(exc)
+            raise invalid(f"malformed multipart body: {_printable(message)}") from None
+    return json_response(file_object(stored).model_dump())
+
+
+def _check_upload(request: web.Request) -> None:
+    """The body checks of :func:`.body.check_body`; a 413 names the file limit."""
+    try:
+        check_body(request, MULTIPART, MAX_FILE_BYTES + FORM_SLACK)
+    except ApiError as exc:
+        if exc.status == 413:
+            raise too_large(MAX_FILE_BYTES) from None
+        raise
+
+
+async def _store_form(
+    request: web.Request, deps: ApiDeps, workspace_id: str, ticket: BodyTicket
+) -> StoredFile:
+    reader = await request.multipart()
+    purpose: str | None = None
+    stored: StoredFile | None = None
+    file_id = new_id()
+    async with deps.files.upload(file_id) as upload:
+        for _ in range(MAX_PARTS):
+            part = await ticket.within(reader.next())
+            if part is None:
+                break
+            if not isinstance(part, BodyPartReader):
+                raise invalid("nested multipart bodies are not supported")
+            if part.name == "purpose":
+                purpose = _purpose(await _read_field(part, ticket))
+            elif part.name == "file" and stored is None:
+                filename = clean_filename(part.filename or "")[:MAX_FILENAME_CHARS]
+                if not filename:
+                    raise invalid("file must be sent as a file part with a filename", "file")
+                stored = await _store_file(part, upload, deps, workspace_id, filename, ticket)
+            elif part.name == "file":
+                raise invalid("send one file per upload", "file")
+            elif (part.name or "").startswith("expires_after"):
+                raise invalid(
+                    "expires_after is not supported: files are kept until deleted", "expires_after"
+                )
+            else:
+                name = _printable(part.name or "", 64)
+                raise invalid(f"{name!r} is not a field of a file upload (file, purpose)", name)
+        else:
+            raise invalid(f"at most {MAX_PARTS} parts per upload")
+        if purpose is None:
+            raise invalid("purpose is required", "purpose")
+        if stored is None:
+            raise invalid("file is required", "file")
+    return stored
+
+
+def _purpose(text: str) -> str:
+    if text.strip() != INPUT_PURPOSE:
+        raise invalid("purpose must be batch (the only purpose this API stores)", "purpose")
+    return INPUT_PURPOSE
+
+
+async def _chunk(part: BodyPartReader, ticket: BodyTicket) -> bytes:
+    chunk = await ticket.within(part.read_chunk(READ_CHUNK))
+    ticket.count(len(chunk))
+    return chunk
+
+
+async def _read_field(part: BodyPartReader, ticket: BodyTicket) -> str:
+    data = bytearray()
+    while chunk := await _chunk(part, ticket):
+        data += chunk
+        if len(data) > MAX_FIELD_BYTES:
+            raise invalid(f"{part.name} is too long", part.name)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid(f"{part.name} must be UTF-8 text", part.name) from None
+
+
+async def _store_file(
+    part: BodyPartReader,
+    upload: FileUpload,
+    deps: ApiDeps,
+    workspace_id: str,
+    filename: str,
+    ticket: BodyTicket,
+) -> StoredFile:
+    """Stream the file part into the ledger: parts and rows, a step at a time."""
+    reader = LineReader(deps.limits, KnownModels(deps.model_known))
+    loop = asyncio.get_running_loop()
+    size = 0
+    pending = bytearray()
+    while chunk := await _chunk(part, ticket):
+        size += len(chunk)
+        if size > MAX_FILE_BYTES:
+            raise too_large(MAX_FILE_BYTES)
+        pending += chunk
+        if len(pending) >= PART_BYTES:
+            data, pending = bytes(pending), bytearray()
+            await upload.add_part(data)
+            rows = await loop.run_in_executor(deps.parser_for(ticket.large), reader.feed, data)
+            await upload.add_rows(rows)
+    data = bytes(pending)
+    if data:
+        await upload.add_part(data)
+    rows = await loop.run_in_executor(deps.parser_for(ticket.large), reader.feed, data, True)
+    await upload.add_rows(rows)
+    reader.finish()
+    if not reader.errors:
+        for custom_id, row_index in await upload.duplicate_ids(10):
+            reader.duplicate(custom_id, row_index)
+    if reader.errors:
+        await upload.drop_rows()
+    errors = orjson.dumps([e.to_api() for e in reader.errors]).decode() if reader.errors else None
+    rows_kept = 0 if reader.errors else reader.rows
+    return await upload.finish(workspace_id, filename, size, rows_kept, reader.model, errors)
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    return "".join(ch for ch in text[:limit] if ch.isprintable())
+
+
+# --- read -------------------------------------------------------------------------
+
+
+async def _find(request: web.Request) -> StoredFile:
+    """The live file of the path's ``file_id`` in the caller's workspace; an output or
+    error file is registered here the first time it is asked for."""
+    deps = request.app[DEPS]
+    workspace_id = request[WORKSPACE_ID]
+    raw = request.match_info["file_id"]
+    hex_id = file_hex(raw)
+    if hex_id is None:
+        raise _not_found(raw)
+    stored = await deps.files.get(workspace_id, hex_id)
+    if stored is None:
+        linked = await deps.files.batch_of_output(workspace_id, hex_id)
+        kind = None if linked is None else kind_of(linked, hex_id)
+        if linked is not None and kind is not None:
+            stored = await output_file(deps, linked, kind)
+    if stored is None:
+        raise _not_found(raw)
+    return stored
+
+
+async def get_file(request: web.Request) -> web.Response:
+    """``GET /files/{file_id}``."""
+    return json_response(file_object(await _find(request)).model_dump())
+
+
+async def list_files(request: web.Request) -> web.Response:
+    """``GET /files``: ``limit`` (1–10,000, default 10,000), ``after``, ``order``
+    (``desc`` by default), ``purpose``."""
+    query = request.query
+    limit = _limit(query.get("limit"))
+    after = query.get("after")
+    after_hex = None if after is None else file_hex(after)
+    if after is not None and after_hex is None:
+        raise invalid("after must be a file id", "after")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("order must be asc or desc", "order")
+    purpose = query.get("purpose")
+    if purpose is not None and purpose not in (INPUT_PURPOSE, OUTPUT_PURPOSE):
+        raise invalid("purpose must be batch or batch_output", "purpose")
+    deps = request.app[DEPS]
+    page, more = await deps.files.list_page(
+        request[WORKSPACE_ID], limit, after_hex, order == "asc", purpose
+    )
+    data = [file_object(f) for f in page]
+    listing = OpenAIFileList(
+        data=data,
+        has_more=more,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+    )
+    return json_response(listing.model_dump())
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_FILE_PAGE
+    digits = raw.lstrip("0")
+    short = raw.isascii() and raw.isdigit() and len(digits) <= len(str(MAX_FILE_PAGE))
+    if not short or not 1 <= int(digits or "0") <= MAX_FILE_PAGE:
+        raise invalid(f"limit must be an integer from 1 to {MAX_FILE_PAGE}", "limit")
+    return int(digits)
+
+
+async def get_file_content(request: web.Request) -> web.StreamResponse:
+    """``GET /files/{file_id}/content``: the bytes as uploaded, or the rendered lines of
+    an output or error file, streamed with their ``Content-Length``."""
+    stored = await _find(request)
+    deps = request.app[DEPS]
+    chunks: AsyncIterator[bytes]
+    if stored.purpose == INPUT_PURPOSE:
+        chunks = deps.files.parts(stored.id)
+    else:
+        linked = await deps.files.batch_of_output(stored.workspace_id, stored.id)
+        kind = None if linked is None else kind_of(linked, stored.id)
+        if linked is None or kind is None:
+            raise _not_found(request.match_info["file_id"])
+        chunks = rendered(deps, linked.job, kind)
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    response.content_length = stored.bytes
+    await response.prepare(request)
+    request[STREAMING] = True  # from here on a failure can only abort the connection
+    async for chunk in chunks:
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def delete_file(request: web.Request) -> web.Response:
+    """``DELETE /files/{file_id}``: gone for good (a batch already created from an
+    input file keeps running its rows)."""
+    deps = request.app[DEPS]
+    workspace_id = request[WORKSPACE_ID]
+    raw = request.match_info["file_id"]
+    hex_id = file_hex(raw)
+    if hex_id is None:
+        raise _not_found(raw)
+    if not await deps.files.delete(workspace_id, hex_id):
+        linked = await deps.files.batch_of_output(workspace_id, hex_id)
+        kind = None if linked is None else kind_of(linked, hex_id)
+        if linked is None or kind is None or await deps.files.file_known(workspace_id, hex_id):
+            raise _not_found(raw)
+        created: datetime = linked.job.completed_at or linked.job.created_at
+        name = filename_of(linked, kind)
+        await deps.files.delete_output_file(workspace_id, hex_id, name, created)
+    return json_response(OpenAIFileDeleted(id=raw, deleted=True).model_dump())
+
+
+def add_file_routes(app: web.Application) -> None:
+    """Register the ``/openai/v1/files`` routes on ``app``."""
+    app.router.add_post("/openai/v1/files", create_file)
+    app.router.add_get("/openai/v1/files", list_files)
+    app.router.add_get("/openai/v1/files/{file_id}", get_file)
+    app.router.add_delete("/openai/v1/files/{file_id}", delete_file)
+    app.router.add_get("/openai/v1/files/{file_id}/content", get_file_content)

@@ -1,0 +1,193 @@
+"""Reading an uploaded OpenAI batch file (``.jsonl`` of ``{custom_id, method, url, body}``
+lines) into request rows as it streams in, with bounded memory.
+
+:class:`LineReader` takes the file's bytes in chunks of any size and hands back the rows
+of every complete line (a line's row: :func:`line_row`); a partial last line waits for
+the next chunk, and a line longer than :data:`MAX_LINE_BYTES` is reported and skipped
+without being held. A bad line does not stop the reading: its error (OpenAI's
+``{code, message, param, line}``) is collected, up to :data:`MAX_LINE_ERRORS`, and once
+the file has an error no more rows are kept (it will never run). Line numbers are the
+file's 1-based physical lines; blank lines are skipped.
+
+Pure, no aiohttp or asyncpg: the upload calls :meth:`LineReader.feed` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import codecs
+from array import array
+from collections.abc import Container
+from dataclasses import dataclass, field
+
+import orjson
+
+from relay_batches.services.ingest_api.row_formats import openai_line_row
+from relay_batches.services.ingest_api.validation import (
+    RowError,
+    RowInput,
+    RowRejected,
+    SubmitLimits,
+)
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_LINE_ERRORS = 100
+BOM = codecs.BOM_UTF8
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    """One error of a file, as OpenAI's batch ``errors`` show it."""
+
+    code: str
+    message: str
+    param: str | None
+    line: int | None
+
+    def to_api(self) -> dict[str, object]:
+        """``{code, message, param, line}``."""
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
+def line_row(
+    index: int, line: bytes, limits: SubmitLimits, known_models: Container[str]
+) -> RowInput:
+    """The row of one OpenAI batch line (:func:`.row_formats.openai_line_row`: a whole
+    chat request, its own ``model`` kept); :class:`RowRejected` naming the field if bad."""
+    try:
+        request = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise RowRejected(RowError(index, "", "is not parseable as valid JSON")) from None
+    return openai_line_row(index, request, limits, known_models)
+
+
+def _line_error(error: RowError, line: int) -> LineError:
+    """A row's error as the file's error on ``line``: OpenAI's codes where one fits."""
+    if error.field == "" and "JSON" in error.message:
+        return LineError(
+            "invalid_json_line", "This line is not parseable as valid JSON.", None, line
+        )
+    if error.field == "url":
+        return LineError("url_mismatch", f"url {error.message}", "url", line)
+    field_path = error.field or None
+    text = f"{error.field} {error.message}" if error.field else f"the line {error.message}"
+    return LineError("invalid_request", text, field_path, line)
+
+
+@dataclass
+class LineReader:
+    """Parses a file fed chunk by chunk; see the module docstring."""
+
+    limits: SubmitLimits
+    known_models: Container[str]
+    errors: list[LineError] = field(default_factory=list)
+    requests: int = 0  # non-blank lines seen
+    model: str | None = None  # the first row's model
+    lines: array[int] = field(default_factory=lambda: array("I"))  # line of each row
+    _line: int = 0
+    _carry: bytearray = field(default_factory=bytearray)
+    _skipping: bool = False  # inside a line too long to keep
+
+    def feed(self, chunk: bytes, final: bool = False) -> list[tuple[int, str, str]]:
+        """The rows ``(row_index, custom_id, request_json)`` completed by ``chunk``;
+        ``final`` for the end of the file (its last line needs no newline)."""
+        data = self._start(chunk)
+        rows: list[tuple[int, str, str]] = []
+        end = data.rfind(b"\n") + 1
+        for raw in data[:end].split(b"\n")[:-1]:
+            self._line += 1
+            self._take(raw, rows)
+        rest = data[end:]
+        if final:
+            if rest and not self._skipping:
+                self._line += 1
+                self._take(rest, rows)
+            self._carry = bytearray()
+        elif len(rest) > MAX_LINE_BYTES:
+            self._too_long()
+        else:
+            self._carry = bytearray(rest)
+        return rows
+
+    def _start(self, chunk: bytes) -> bytes:
+        """The carried partial line joined with ``chunk``, a skipped line's tail dropped."""
+        if self._skipping:
+            cut = chunk.find(b"\n")
+            if cut < 0:
+                return b""
+            self._skipping = False
+            self._line += 1
+            chunk = chunk[cut + 1 :]
+        if self._carry:
+            joined = bytes(self._carry) + chunk
+            self._carry = bytearray()
+            return joined
+        return chunk
+
+    def _too_long(self) -> None:
+        self._carry = bytearray()
+        self._skipping = True
+        self.requests += 1
+        self._error(
+            LineError(
+                "invalid_request",
+                f"the line is longer than {MAX_LINE_BYTES} bytes",
+                None,
+                self._line + 1,
+            )
+        )
+
+    def _error(self, error: LineError) -> None:
+        if len(self.errors) < MAX_LINE_ERRORS:
+            self.errors.append(error)
+
+    def _take(self, raw: bytes, rows: list[tuple[int, str, str]]) -> None:
+        stripped = raw.removeprefix(BOM).strip() if self._line == 1 else raw.strip()
+        if not stripped:
+            return
+        self.requests += 1
+        if self.requests > self.limits.max_rows:
+            if self.requests == self.limits.max_rows + 1:
+                self._error(
+                    LineError(
+                        "too_many_tasks",
+                        f"the file holds more than {self.limits.max_rows} requests",
+                        None,
+                        self._line,
+                    )
+                )
+            return
+        if len(self.errors) >= MAX_LINE_ERRORS:
+            return
+        index = len(self.lines)
+        try:
+            row = line_row(index, stripped, self.limits, self.known_models)
+        except RowRejected as exc:
+            self._error(_line_error(exc.error, self._line))
+            return
+        if self.errors:
+            return
+        if self.model is None:
+            self.model = row.model
+        self.lines.append(self._line)
+        rows.append((index, row.custom_id, row.request_json))
+
+    def duplicate(self, custom_id: str, row_index: int) -> None:
+        """Record that row ``row_index`` repeats an earlier row's ``custom_id``."""
+        self._error(
+            LineError(
+                "duplicate_custom_id",
+                f"custom_id {custom_id[:64]!r} is used by an earlier line",
+                "custom_id",
+                self.lines[row_index],
+            )
+        )
+
+    def finish(self) -> None:
+        """The file has ended: an empty one is an error."""
+        if self.requests == 0:
+            self._error(LineError("empty_file", "the file holds no requests", None, None))
+
+    @property
+    def rows(self) -> int:
+        """How many rows were kept."""
+        return len(self.lines)

@@ -1,0 +1,300 @@
+"""The OpenAI surface's ledger parts over real HTTP against the ingest-api on the real
+Postgres and RabbitMQ: files stored as parts and rows, the row limit, and output files
+rendered from outcomes in byte-bounded pages. No dispatcher runs here: outcomes are
+recorded as the aggregator would."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+
+from relay_batches.bus.client import Bus
+from relay_batches.ids import new_id
+from relay_batches.ledger.dispatch import DispatchStore
+from relay_batches.ledger.jobs import JobStore
+from relay_batches.ledger.outcomes import OutcomeStore
+from relay_batches.messages import RowOutcome
+from relay_batches.router.aliases import AliasTable
+from relay_batches.services.ingest_api import openai_files
+from relay_batches.services.ingest_api.openai_files import PART_BYTES
+from relay_batches.services.relay_cli import admin
+from tests.helpers.api import TEST_LIMITS, start_api
+from tests.helpers.support import ApiClient, Isolation
+
+MODEL = "gpt-4o-mini"
+
+
+def line(custom_id: str, messages: list[dict[str, Any]]) -> bytes:
+    """One OpenAI batch line with its newline."""
+    body = {"model": MODEL, "messages": messages}
+    item = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+    return orjson.dumps(item) + b"\n"
+
+
+@pytest.fixture
+async def small_pages(
+    pool: asyncpg.Pool, bus: Bus, aliases: AliasTable
+) -> AsyncIterator[TestServer]:
+    """The API on a ledger whose pages hold at most 300 bytes of outcomes."""
+    server = await start_api(pool, bus, aliases, JobStore(pool, page_bytes=300))
+    yield server
+    await server.close()
+
+
+async def client_of(iso: Isolation, server: TestServer, http: aiohttp.ClientSession) -> ApiClient:
+    """A client of a fresh workspace."""
+    created = await admin.create_key(iso.database_url, f"openai-{new_id()[:12]}")
+    return ApiClient(str(server.make_url("")).rstrip("/"), created.key, http)
+
+
+async def upload(client: ApiClient, name: str, data: bytes) -> dict[str, Any]:
+    """``POST /openai/v1/files``; insists on 200."""
+    form = aiohttp.FormData()
+    form.add_field("purpose", "batch")
+    form.add_field("file", io.BytesIO(data), filename=name, content_type="application/jsonl")
+    status, body = await client.request("POST", "/openai/v1/files", data=form)
+    assert status == 200, body
+    return dict(body)
+
+
+async def create_batch(client: ApiClient, file_id: str) -> dict[str, Any]:
+    """``POST /openai/v1/batches``; insists on 200."""
+    status, body = await client.request(
+        "POST",
+        "/openai/v1/batches",
+        json={
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "2h",
+        },
+    )
+    assert status == 200, body
+    return dict(body)
+
+
+async def content(client: ApiClient, http: aiohttp.ClientSession, file_id: str) -> bytes:
+    """A file's content and a check that its Content-Length is exact."""
+    headers = {"Authorization": f"Bearer {client.key}"}
+    url = f"{client.base_url}/openai/v1/files/{file_id}/content"
+    async with http.get(url, headers=headers) as response:
+        assert response.status == 200
+        data = await response.read()
+        assert response.content_length == len(data)
+        return data
+
+
+async def test_a_file_of_several_parts_round_trips_byte_for_byte(
+    iso: Isolation,
+    api_server: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+) -> None:
+    client = await client_of(iso, api_server, http)
+    turns = [{"role": "user", "content": "x" * 1000} for _ in range(120)]
+    data = b"\xef\xbb\xbf" + b"".join(line(f"r{i}", turns) for i in range(TEST_LIMITS.max_rows))
+    data = data.replace(b"\n", b"\r\n", 1) + b"\n\n"  # a CRLF line and trailing blank lines
+    assert len(data) > PART_BYTES
+
+    stored = await upload(client, "big.jsonl", data)
+
+    assert stored["bytes"] == len(data)
+    assert await content(client, http, stored["id"]) == data
+    hex_id = stored["id"].removeprefix("file-")
+    parts = await pool.fetchval("SELECT count(*) FROM file_parts WHERE file_id = $1", hex_id)
+    rows = await pool.fetch(
+        "SELECT row_index, custom_id FROM batch_rows WHERE batch_id = $1 ORDER BY row_index",
+        hex_id,
+    )
+    assert parts == -(-len(data) // PART_BYTES)
+    assert [(r[0], r[1]) for r in rows] == [(i, f"r{i}") for i in range(TEST_LIMITS.max_rows)]
+    batch = await create_batch(client, stored["id"])
+    assert (batch["status"], batch["request_counts"]["total"]) == ("in_progress", 50)
+    job_rows = await pool.fetchval(
+        "SELECT rows_batch_id FROM batches WHERE id = $1", batch["id"].removeprefix("batch_")
+    )
+    assert job_rows == hex_id  # run in place: nothing copied
+
+
+async def test_a_file_over_the_row_limit_gives_a_failed_batch_and_keeps_no_rows(
+    iso: Isolation,
+    api_server: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+) -> None:
+    client = await client_of(iso, api_server, http)
+    one = [{"role": "user", "content": "hi"}]
+    data = b"".join(line(f"r{i}", one) for i in range(TEST_LIMITS.max_rows + 1))
+
+    stored = await upload(client, "many.jsonl", data)
+    batch = await create_batch(client, stored["id"])
+
+    assert batch["status"] == "failed"
+    assert batch["errors"]["data"] == [
+        {
+            "code": "too_many_tasks",
+            "message": f"the file holds more than {TEST_LIMITS.max_rows} requests",
+            "param": None,
+            "line": TEST_LIMITS.max_rows + 1,
+        }
+    ]
+    assert batch["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
+    hex_id = stored["id"].removeprefix("file-")
+    assert await pool.fetchval("SELECT count(*) FROM batch_rows WHERE batch_id = $1", hex_id) == 0
+    assert await content(client, http, stored["id"]) == data  # the file itself is kept
+
+
+async def test_output_files_render_across_bounded_pages_with_exact_sizes(
+    iso: Isolation,
+    small_pages: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+) -> None:
+    client = await client_of(iso, small_pages, http)
+    data = b"".join(line(f"r{i}", [{"role": "user", "content": f"q{i}"}]) for i in range(30))
+    stored = await upload(client, "out.jsonl", data)
+    batch = await create_batch(client, stored["id"])
+    job_id = batch["id"].removeprefix("batch_")
+    await DispatchStore(pool).claim_queued(f"openai-{job_id}", 100, 30)
+    await OutcomeStore(pool).record(
+        [
+            RowOutcome(job_id, i, f"answer {i} " + "y" * 40, None, 1, prompt_tokens=2)
+            if i % 3
+            else RowOutcome(job_id, i, None, "upstream_error: sim: HTTP 400", 1)
+            for i in range(30)
+        ]
+    )
+
+    status, done = await client.request("GET", f"/openai/v1/batches/{batch['id']}")
+
+    assert status == 200 and done["status"] == "completed"
+    assert done["request_counts"] == {"total": 30, "completed": 20, "failed": 10}
+    output = await content(client, http, done["output_file_id"])
+    errors = await content(client, http, done["error_file_id"])
+    ok = [orjson.loads(x) for x in output.splitlines()]
+    bad = [orjson.loads(x) for x in errors.splitlines()]
+    assert [o["custom_id"] for o in ok] == [f"r{i}" for i in range(30) if i % 3]
+    assert [o["response"]["body"]["choices"][0]["message"]["content"] for o in ok] == [
+        f"answer {i} " + "y" * 40 for i in range(30) if i % 3
+    ]
+    assert [(b["custom_id"], b["error"]) for b in bad] == [
+        (f"r{i}", {"code": "upstream_error", "message": "upstream_error: sim: HTTP 400"})
+        for i in range(0, 30, 3)
+    ]
+    for file_id, body in ((done["output_file_id"], output), (done["error_file_id"], errors)):
+        status, meta = await client.request("GET", f"/openai/v1/files/{file_id}")
+        assert (status, meta["bytes"], meta["purpose"]) == (200, len(body), "batch_output")
+    status, listed = await client.request("GET", "/openai/v1/files?order=asc")
+    listed_ids = [f["id"] for f in listed["data"]]
+    assert listed_ids[0] == stored["id"]  # the two output files were created together
+    assert sorted(listed_ids[1:]) == sorted([done["output_file_id"], done["error_file_id"]])
+
+
+async def test_an_idempotency_key_replays_the_batch_it_created(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession
+) -> None:
+    client = await client_of(iso, api_server, http)
+    stored = await upload(client, "i.jsonl", line("a", [{"role": "user", "content": "x"}]))
+    body = {"input_file_id": stored["id"], "endpoint": "/v1/chat/completions"}
+    headers = {"Idempotency-Key": "retry-1"}
+
+    first = await client.request(
+        "POST", "/openai/v1/batches", json={**body, "completion_window": "24h"}, headers=headers
+    )
+    again = await client.request(
+        "POST", "/openai/v1/batches", json={**body, "completion_window": "24h"}, headers=headers
+    )
+    other = await client.request(
+        "POST", "/openai/v1/batches", json={**body, "completion_window": "1h"}, headers=headers
+    )
+
+    assert first[0] == again[0] == 200
+    assert again[1]["id"] == first[1]["id"] and again[1]["object"] == "batch"
+    assert other[0] == 409
+    assert other[1]["error"]["param"] == "Idempotency-Key"
+    status, page = await client.request("GET", "/openai/v1/batches")
+    assert (status, [b["id"] for b in page["data"]]) == (200, [first[1]["id"]])
+
+
+async def test_deleting_an_input_file_keeps_the_rows_its_batch_runs(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    client = await client_of(iso, api_server, http)
+    one = [{"role": "user", "content": "x"}]
+    used = await upload(client, "used.jsonl", line("a", one) + line("b", one))
+    unused = await upload(client, "unused.jsonl", line("a", one))
+    await create_batch(client, used["id"])
+
+    for stored in (used, unused):
+        status, deleted = await client.request("DELETE", f"/openai/v1/files/{stored['id']}")
+        assert (status, deleted) == (200, {"id": stored["id"], "object": "file", "deleted": True})
+
+    async def counts(file_id: str) -> tuple[int, int]:
+        hex_id = file_id.removeprefix("file-")
+        rows = await pool.fetchval("SELECT count(*) FROM batch_rows WHERE batch_id = $1", hex_id)
+        parts = await pool.fetchval("SELECT count(*) FROM file_parts WHERE file_id = $1", hex_id)
+        return rows, parts
+
+    assert await counts(used["id"]) == (2, 0)
+    assert await counts(unused["id"]) == (0, 0)
+    for stored in (used, unused):
+        assert (await client.request("GET", f"/openai/v1/files/{stored['id']}"))[0] == 404
+        assert (await client.request("DELETE", f"/openai/v1/files/{stored['id']}"))[0] == 404
+    status, refused = await client.request(
+        "POST",
+        "/openai/v1/batches",
+        json={
+            "input_file_id": used["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )
+    assert (status, refused["error"]["param"]) == (404, "input_file_id")
+
+
+async def test_a_file_over_the_size_limit_is_a_413_and_nothing_is_stored(
+    iso: Isolation,
+    api_server: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(openai_files, "MAX_FILE_BYTES", 256 * 1024)
+    client = await client_of(iso, api_server, http)
+    one = [{"role": "user", "content": "x" * 500}]
+    data = b"".join(line(f"r{i}", one) for i in range(600))  # about 370 KiB
+    before = await pool.fetchval("SELECT count(*) FROM files")
+
+    form = aiohttp.FormData()
+    form.add_field("purpose", "batch")
+    form.add_field("file", io.BytesIO(data), filename="big.jsonl", content_type="application/jsonl")
+    status, body = await client.request("POST", "/openai/v1/files", data=form)
+
+    assert status == 413
+    assert body["error"]["message"] == f"request body exceeds {256 * 1024} bytes"
+    assert body["error"]["type"] == "request_too_large" and "code" in body["error"]
+    assert await pool.fetchval("SELECT count(*) FROM files") == before
+
+
+async def test_upload_form_errors_name_the_field(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession
+) -> None:
+    client = await client_of(iso, api_server, http)
+    cases = [
+        ({"purpose": "fine-tune"}, "purpose"),
+        ({}, "purpose"),
+        ({"purpose": "batch", "expires_after[anchor]": "created_at"}, "expires_after"),
+    ]
+    for fields, param in cases:
+        form = aiohttp.FormData()
+        for name, value in fields.items():
+            form.add_field(name, value)
+        form.add_field("file", io.BytesIO(b"{}\n"), filename="f.jsonl", content_type="text/plain")
+        status, body = await client.request("POST", "/openai/v1/files", data=form)
+        assert (status, body["error"]["param"]) == (400, param), body
