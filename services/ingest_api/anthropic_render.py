@@ -11,7 +11,9 @@ Counts move as rows finish (Anthropic's own show only ``processing`` until the e
 completion window) shows ``created_at`` + 24 h, since the object requires a time.
 
 A result line's ``message`` is built from the outcome: a text block (left out when the
-model only called tools), a ``tool_use`` block per stored chat tool call with ``input``
+model only called tools), a ``tool_use`` block per well-formed stored chat tool call
+(a stored value that is not a list of calls, left by rows recorded before replies were
+checked, renders as no calls rather than breaking the stream) with ``input``
 its JSON ``arguments`` (arguments that are not a JSON object, which only a misbehaving
 model writes, are kept whole as ``{"raw_arguments": text}``), the stop reason mapped back
 from the finish reason, the usage, the model that answered, and an id derived from the
@@ -37,6 +39,7 @@ from relay_batches.services.ingest_api.anthropic_models import (
     ProcessingStatus,
     StopReason,
 )
+from relay_batches.tool_calls import stored_tool_calls
 
 ID_PREFIX = "msgbatch_"
 BATCHES_PATH = "/anthropic/v1/messages/batches"
@@ -179,28 +182,20 @@ def _stop_reason(finish_reason: str | None, called_tools: bool) -> StopReason:
 
 
 def _tool_use_blocks(tool_calls: str | None) -> list[dict[str, Any]]:
-    """The stored chat ``tool_calls`` JSON as ``tool_use`` blocks."""
-    if not tool_calls:
-        return []
-    blocks = []
-    for call in orjson.loads(tool_calls):
-        function = call.get("function") or {}
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": call.get("id") or "",
-                "name": function.get("name") or "",
-                "input": _arguments(function.get("arguments")),
-            }
-        )
-    return blocks
+    """The stored chat ``tool_calls`` JSON as ``tool_use`` blocks (only its well-formed
+    calls: :func:`~relay_batches.tool_calls.stored_tool_calls`)."""
+    return [
+        {
+            "type": "tool_use",
+            "id": call["id"],
+            "name": call["function"]["name"],
+            "input": _arguments(call["function"]["arguments"]),
+        }
+        for call in stored_tool_calls(tool_calls)
+    ]
 
 
-def _arguments(arguments: object) -> dict[str, Any]:
-    if isinstance(arguments, dict):
-        return arguments
-    if not isinstance(arguments, str):
-        return {}
+def _arguments(arguments: str) -> dict[str, Any]:
     try:
         parsed = orjson.loads(arguments)
     except orjson.JSONDecodeError:

@@ -3,7 +3,11 @@
 Each line is ``{id, custom_id, response, error}``. The output file holds the rows that
 succeeded, each ``response: {status_code: 200, request_id, body}`` with ``body`` a
 ``chat.completion`` built from the stored outcome (message content and tool calls,
-finish reason, usage, the model that answered). The error file holds every other row,
+finish reason, usage, the model that answered; only the well-formed stored tool calls and
+a finish reason of the chat vocabulary are shown, so a stored value left by rows
+recorded before replies were checked cannot make a line the SDK rejects; a refusal is
+stored as content with finish reason ``content_filter`` and shows as such). The error
+file holds every other row,
 ``response: null`` and ``error: {code, message}``: a row that failed with Relay's error
 code (``upstream_error``, ``internal_error``) and message, a row a cancel kept from
 running ``batch_cancelled``, one past the completion window ``batch_expired``.
@@ -27,6 +31,7 @@ from relay_batches.ledger.files import LinkedBatch, StoredFile
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import TERMINAL, Job, JobStatus
 from relay_batches.services.ingest_api.deps import ApiDeps
+from relay_batches.tool_calls import stored_finish_reason, stored_tool_calls
 
 OUTPUT = "output"
 ERROR = "error"
@@ -86,8 +91,9 @@ def _line_id(prefix: str, job: Job, row: AnsweredRow) -> str:
 
 def success_line(job: Job, row: AnsweredRow, created: int) -> dict[str, object]:
     """A succeeded row's line: a 200 whose body is a ``chat.completion``."""
-    tool_calls = None if row.tool_calls is None else orjson.Fragment(row.tool_calls)
-    content = None if tool_calls is not None and not row.content else row.content
+    tool_calls = stored_tool_calls(row.tool_calls) or None
+    content = None if tool_calls is not None and not row.content else (row.content or "")
+    finish_reason = stored_finish_reason(row.finish_reason)
     prompt, completion = row.prompt_tokens or 0, row.completion_tokens or 0
     body = {
         "id": _line_id("chatcmpl-", job, row),
@@ -104,7 +110,7 @@ def success_line(job: Job, row: AnsweredRow, created: int) -> dict[str, object]:
                     "tool_calls": tool_calls,
                 },
                 "logprobs": None,
-                "finish_reason": row.finish_reason or ("tool_calls" if tool_calls else "stop"),
+                "finish_reason": finish_reason or ("tool_calls" if tool_calls else "stop"),
             }
         ],
         "usage": {

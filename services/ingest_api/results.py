@@ -12,6 +12,7 @@ from aiohttp import web
 from relay_batches.ledger.jobs import DeadLetterRow, ResultRow
 from relay_batches.model import TERMINAL, Job
 from relay_batches.services.ingest_api.middleware import STREAMING
+from relay_batches.tool_calls import stored_tool_calls
 
 NDJSON = "application/x-ndjson"
 
@@ -19,16 +20,14 @@ NDJSON = "application/x-ndjson"
 def row_object(row: ResultRow) -> dict[str, Any]:
     """API.md's per-row result: ``{custom_id, content}`` or ``{custom_id, error}``, a
     success with ``tool_calls`` (the chat-completions array) when the model called tools.
-    The stored tool calls are JSON already and are spliced in as they are."""
+    The stored tool calls are read back (their well-formed calls only), never spliced in
+    as text, so a bad stored value cannot make the document invalid JSON."""
     if row.error is not None:
         return {"custom_id": row.custom_id, "error": row.error}
-    if row.tool_calls is None:
+    tool_calls = stored_tool_calls(row.tool_calls)
+    if not tool_calls:
         return {"custom_id": row.custom_id, "content": row.content}
-    return {
-        "custom_id": row.custom_id,
-        "content": row.content,
-        "tool_calls": orjson.Fragment(row.tool_calls),
-    }
+    return {"custom_id": row.custom_id, "content": row.content, "tool_calls": tool_calls}
 
 
 def dead_letter_object(row: DeadLetterRow) -> dict[str, Any]:

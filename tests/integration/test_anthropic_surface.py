@@ -293,6 +293,35 @@ async def test_results_render_each_outcome_and_the_sdk_reads_them(
     assert [line.custom_id async for line in streamed] == ["r0", "r1", "r2"]
 
 
+async def test_bad_stored_tool_calls_never_break_the_results_stream(
+    alice: User, pool: asyncpg.Pool
+) -> None:
+    """Rows recorded before replies were checked may hold any tool calls: every results
+    rendering (Anthropic lines, native results) still streams whole and valid."""
+    stored = ["[1]", "not json", '{"id":"call_1"}', '[{"function":"x"}]']
+    requests = [{"custom_id": f"r{i}", "params": params(f"q{i}")} for i in range(len(stored))]
+    created = await alice.raw.batch("POST", "", {"requests": requests})
+    job_id = created["id"][9:]
+    outcomes = [
+        RowOutcome(job_id, i, "", None, 1, tool_calls=text, finish_reason="tool_calls")
+        for i, text in enumerate(stored)
+    ]
+    await run_to_end(pool, job_id, outcomes)
+
+    ended = await alice.raw.batch("GET", f"/{created['id']}")
+    lines = await alice.raw.results(ended["results_url"])
+    assert [(line.custom_id, line.result.type) for line in lines] == [
+        (f"r{i}", "succeeded") for i in range(len(stored))
+    ]
+    for line in lines:
+        message = line.result.message  # type: ignore[union-attr]
+        assert [(b.type, b.text) for b in message.content] == [("text", "")]  # type: ignore[union-attr]
+    streamed = await alice.sdk.messages.batches.results(created["id"])
+    assert [line.custom_id async for line in streamed] == [f"r{i}" for i in range(len(stored))]
+    native = await alice.native.results(job_id)
+    assert native["data"] == [{"custom_id": f"r{i}", "content": ""} for i in range(len(stored))]
+
+
 async def test_delete_only_an_ended_batch_and_then_it_is_gone_everywhere(alice: User) -> None:
     created = await alice.raw.batch("POST", "", {"requests": two_requests()})
     with pytest.raises(anthropic.ConflictError):

@@ -14,6 +14,7 @@ import asyncpg
 import orjson
 import pytest
 from aiohttp.test_utils import TestServer
+from openai.types.chat import ChatCompletion
 
 from relay_batches.bus.client import Bus
 from relay_batches.ids import new_id
@@ -194,6 +195,40 @@ async def test_output_files_render_across_bounded_pages_with_exact_sizes(
     listed_ids = [f["id"] for f in listed["data"]]
     assert listed_ids[0] == stored["id"]  # the two output files were created together
     assert sorted(listed_ids[1:]) == sorted([done["output_file_id"], done["error_file_id"]])
+
+
+async def test_bad_stored_tool_calls_give_an_output_file_of_valid_chat_completions(
+    iso: Isolation,
+    api_server: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+) -> None:
+    """Rows recorded before replies were checked may hold any tool calls: the output
+    file still renders every line, each a chat completion the SDK accepts strictly."""
+    client = await client_of(iso, api_server, http)
+    stored_calls = ["[1]", "not json", '{"id":"call_1"}', '[{"function":"x"}]']
+    data = b"".join(line(f"r{i}", [{"role": "user", "content": "q"}]) for i in range(4))
+    batch = await create_batch(client, (await upload(client, "tc.jsonl", data))["id"])
+    job_id = batch["id"].removeprefix("batch_")
+    await DispatchStore(pool).claim_queued(f"openai-{job_id}", 100, 4)
+    await OutcomeStore(pool).record(
+        [
+            RowOutcome(job_id, i, "", None, 1, tool_calls=text, finish_reason="tool_calls")
+            for i, text in enumerate(stored_calls)
+        ]
+    )
+
+    status, done = await client.request("GET", f"/openai/v1/batches/{batch['id']}")
+    assert (status, done["status"]) == (200, "completed")
+    output = await content(client, http, done["output_file_id"])
+
+    bodies = [
+        ChatCompletion.model_validate(orjson.loads(x)["response"]["body"], strict=True)
+        for x in output.splitlines()
+    ]
+    assert [(b.choices[0].message.content, b.choices[0].message.tool_calls) for b in bodies] == [
+        ("", None)
+    ] * 4
 
 
 async def test_an_idempotency_key_replays_the_batch_it_created(

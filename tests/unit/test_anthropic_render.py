@@ -14,6 +14,7 @@ from anthropic.types.messages import (
     DeletedMessageBatch,
     MessageBatch,
     MessageBatchIndividualResponse,
+    MessageBatchSucceededResult,
 )
 from anthropic.types.shared import ErrorResponse
 
@@ -451,3 +452,49 @@ def test_the_documented_error_responses_are_the_error_object_the_middleware_send
                 assert body["error"]["type"] == "request_too_large"  # type: ignore[index]
             else:
                 assert ErrorResponse.model_validate(body).type == "error"
+
+
+# Stored tool calls that rows recorded before replies were checked may hold, and the
+# tool_use blocks each shows.
+BAD_STORED_TOOL_CALLS = [
+    ("[1]", []),
+    ("not json", []),
+    ('{"id":"call_1"}', []),
+    ('[{"function":"x"}]', []),
+    ('[{"id":7,"type":"function","function":{"name":"f","arguments":"{}"}}]', []),
+    ('[{"id":"c","type":"function","function":{"name":9,"arguments":"{}"}}]', []),
+    (
+        '[{"id":"c","type":"function","function":{"name":"f","arguments":{"a":1}}}]',
+        [{"type": "tool_use", "id": "c", "name": "f", "input": {"a": 1}}],
+    ),
+    (
+        '[1,{"id":"c","type":"function","function":{"name":"f","arguments":"[2]"}}]',
+        [{"type": "tool_use", "id": "c", "name": "f", "input": {"raw_arguments": "[2]"}}],
+    ),
+]
+
+
+@pytest.mark.parametrize(("stored", "blocks"), BAD_STORED_TOOL_CALLS)
+def test_results_lines_stay_valid_whatever_the_stored_tool_calls(
+    stored: str, blocks: list[dict[str, Any]]
+) -> None:
+    line = result_line(
+        job(JobStatus.COMPLETED), row(0, content="", tool_calls=stored, finish_reason="tool_calls")
+    )
+
+    result = as_sdk_line(line).result
+    content = orjson.loads(orjson.dumps(line))["result"]["message"]["content"]
+    assert content == (blocks or [{"type": "text", "text": ""}])
+    assert isinstance(result, MessageBatchSucceededResult)
+    assert result.message.stop_reason == "tool_use"
+
+
+def test_a_refusal_shows_as_text_with_the_refusal_stop_reason() -> None:
+    line = result_line(
+        job(JobStatus.COMPLETED), row(0, content="I can't help.", finish_reason="content_filter")
+    )
+
+    result = as_sdk_line(line).result
+    assert isinstance(result, MessageBatchSucceededResult)
+    assert result.message.stop_reason == "refusal"
+    assert line["result"]["message"]["content"] == [{"type": "text", "text": "I can't help."}]

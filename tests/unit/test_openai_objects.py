@@ -200,3 +200,57 @@ def test_every_openai_operation_answers_errors_in_openai_shape() -> None:
                 if int(status) >= 400:
                     schema = response["content"]["application/json"]["schema"]
                     assert schema == {"$ref": "#/components/schemas/OpenAIError"}
+
+
+GOOD_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+# Stored tool calls that rows recorded before replies were checked may hold.
+BAD_STORED_TOOL_CALLS = [
+    ("[1]", []),
+    ("not json", []),
+    ('{"id":"call_1"}', []),
+    ('[{"function":"x"}]', []),
+    ('[{"id":7,"type":"function","function":{"name":"f","arguments":"{}"}}]', []),
+    ('[{"id":"c","type":"function","function":{"name":9,"arguments":"{}"}}]', []),
+    (
+        '[{"id":"c","type":"function","function":{"name":"f","arguments":{"a":1}}}]',
+        [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}],
+    ),
+    ("[1," + orjson.dumps(GOOD_CALL).decode() + "]", [GOOD_CALL]),
+]
+
+
+@pytest.mark.parametrize(("stored", "shown"), BAD_STORED_TOOL_CALLS)
+def test_output_lines_stay_valid_chat_completions_whatever_the_stored_tool_calls(
+    stored: str, shown: list[dict[str, object]]
+) -> None:
+    rows = [answered(0, content="", tool_calls=stored, finish_reason="tool_calls")]
+
+    (line,) = [orjson.loads(x) for x in render_page(JOB, OUTPUT, rows).splitlines()]
+
+    body = ChatCompletion.model_validate(line["response"]["body"], strict=True)
+    message = body.choices[0].message
+    assert line["response"]["body"]["choices"][0]["message"]["tool_calls"] == (shown or None)
+    assert message.content == (None if shown else "")
+    assert body.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(("stored", "shown"), [("abort", "stop"), ("function_call", "stop")])
+def test_output_lines_show_only_chat_finish_reasons(stored: str, shown: str) -> None:
+    rows = [answered(0, content="hi", finish_reason=stored)]
+
+    (line,) = [orjson.loads(x) for x in render_page(JOB, OUTPUT, rows).splitlines()]
+
+    body = ChatCompletion.model_validate(line["response"]["body"], strict=True)
+    assert body.choices[0].finish_reason == shown
+
+
+def test_a_refusal_shows_as_content_filtered_content() -> None:
+    rows = [answered(0, content="I can't help with that.", finish_reason="content_filter")]
+
+    (line,) = [orjson.loads(x) for x in render_page(JOB, OUTPUT, rows).splitlines()]
+
+    choice = ChatCompletion.model_validate(line["response"]["body"], strict=True).choices[0]
+    assert (choice.message.content, choice.finish_reason) == (
+        "I can't help with that.",
+        "content_filter",
+    )

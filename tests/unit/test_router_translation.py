@@ -528,3 +528,81 @@ def test_anthropic_stop_reasons(stop_reason: str | None, finish_reason: str | No
 )
 def test_anthropic_malformed_reply(raw: bytes) -> None:
     assert anthropic.parse_reply(raw) == ProviderReply(error="malformed response from upstream")
+
+
+# --- malformed tool calls and refusals in replies ------------------------------------------
+
+
+def _openai_reply(message: dict[str, Any], finish_reason: Any = "stop") -> bytes:
+    return orjson.dumps({"choices": [{"message": message, "finish_reason": finish_reason}]})
+
+
+@pytest.mark.parametrize(
+    "tool_calls",
+    [
+        [1],
+        [{"function": "x"}],
+        {"id": "call_1"},
+        "call_1",
+        [{"id": 7, "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        [{"id": "c", "type": "function", "function": {"name": 3, "arguments": "{}"}}],
+        [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}],
+        [{"id": "c", "type": "function", "function": {"name": "f"}}],
+        [{"id": "c", "type": "custom", "function": {"name": "f", "arguments": "{}"}}],
+        [{"id": "c", "function": {"name": "f", "arguments": "{}"}}],
+        [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            None,
+        ],
+    ],
+)
+def test_openai_reply_with_malformed_tool_calls_is_malformed(tool_calls: Any) -> None:
+    raw = _openai_reply({"role": "assistant", "content": None, "tool_calls": tool_calls})
+    assert openai.parse_reply(raw) == ProviderReply(error="malformed response from upstream")
+
+
+def test_openai_reply_tool_calls_keep_only_the_chat_keys() -> None:
+    call = {
+        "id": "c",
+        "type": "function",
+        "index": 0,
+        "function": {"name": "f", "arguments": "{}", "extra": 1},
+    }
+    raw = _openai_reply({"role": "assistant", "content": "", "tool_calls": [call]}, "tool_calls")
+    canonical = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert openai.parse_reply(raw) == ProviderReply(
+        Completion("", tool_calls=[canonical], finish_reason="tool_calls")
+    )
+
+
+def test_openai_refusal_is_kept_as_the_content_with_content_filter() -> None:
+    raw = _openai_reply({"role": "assistant", "content": None, "refusal": "I can't help."})
+    assert openai.parse_reply(raw) == ProviderReply(
+        Completion("I can't help.", finish_reason="content_filter")
+    )
+
+
+def test_openai_refusal_beside_content_leaves_the_content() -> None:
+    raw = _openai_reply({"role": "assistant", "content": "ok", "refusal": "no"})
+    assert openai.parse_reply(raw) == ProviderReply(Completion("ok", finish_reason="stop"))
+
+
+@pytest.mark.parametrize("finish_reason", ["abort", "function_call", 3, None])
+def test_openai_finish_reason_outside_the_vocabulary_is_dropped(finish_reason: Any) -> None:
+    raw = _openai_reply({"role": "assistant", "content": "ok"}, finish_reason)
+    assert openai.parse_reply(raw) == ProviderReply(Completion("ok"))
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"type": "tool_use", "id": 1, "name": "f", "input": {}},
+        {"type": "tool_use", "id": "t", "name": 2, "input": {}},
+        {"type": "tool_use", "id": "t", "name": "f", "input": [1]},
+        {"type": "tool_use", "id": "t", "name": "f", "input": "{}"},
+        {"type": "text", "text": 5},
+    ],
+)
+def test_anthropic_reply_with_malformed_blocks_is_malformed(block: dict[str, Any]) -> None:
+    raw = orjson.dumps({"content": [{"type": "text", "text": "hi"}, block]})
+    assert anthropic.parse_reply(raw) == ProviderReply(error="malformed response from upstream")

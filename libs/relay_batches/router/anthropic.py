@@ -342,21 +342,33 @@ def _prompt_usage(usage: Any) -> Any:
     return {**usage, "input_tokens": total}
 
 
+def _tool_call(block: dict[str, Any]) -> dict[str, Any]:
+    """A ``tool_use`` block as a chat tool call; KeyError or TypeError when the block is
+    not a well-formed one (string id and name, object input)."""
+    call_id, name, arguments = block["id"], block["name"], block["input"]
+    if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, dict):
+        raise TypeError("malformed tool_use block")
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": orjson.dumps(arguments).decode()},
+    }
+
+
 def parse_reply(raw: bytes) -> ProviderReply:
     """The reply's text blocks joined, its ``tool_use`` blocks as chat-completions tool
-    calls, its stop reason as a finish reason, and its usage."""
+    calls, its stop reason as a finish reason, and its usage. A text block without
+    string text or a ``tool_use`` block without string id and name or object input
+    makes the reply malformed."""
     try:
         data = orjson.loads(raw)
         blocks = data["content"]
-        text = "".join(b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+        texts = [b["text"] for b in blocks if isinstance(b, dict) and b.get("type") == "text"]
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("malformed text block")
+        text = "".join(texts)
         tool_calls = [
-            {
-                "id": b["id"],
-                "type": "function",
-                "function": {"name": b["name"], "arguments": orjson.dumps(b["input"]).decode()},
-            }
-            for b in blocks
-            if isinstance(b, dict) and b.get("type") == "tool_use"
+            _tool_call(b) for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"
         ]
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return ProviderReply(error="malformed response from upstream")

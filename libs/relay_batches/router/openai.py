@@ -7,6 +7,11 @@ carries (``tools``, ``tool_choice``, ``response_format``, ``max_tokens`` and
 ``model`` is the deployment's. A row that sets either token limit replaces the
 deployment's default limit of either name, so the two never reach the upstream together
 unless the row itself sends both.
+
+Reply: the message's content, its ``tool_calls`` (held to the well-formed shape), the
+finish reason and usage. A refusal (``content`` null, ``refusal`` text) is stored as the
+content with finish reason ``content_filter``, so the surfaces show the text the model
+gave (the outcome has no refusal field of its own).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import orjson
 
 from relay_batches.router.aliases import Deployment
 from relay_batches.router.types import ProviderReply, reply_with_usage
+from relay_batches.tool_calls import FINISH_REASONS, checked_tool_calls
 
 TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 
@@ -37,24 +43,33 @@ def build_request(
 
 
 def parse_reply(raw: bytes) -> ProviderReply:
-    """Content and usage of a 200 reply; a malformed one is a permanent failure."""
+    """Content, tool calls, finish reason and usage of a 200 reply; a malformed one
+    (``tool_calls`` included: every entry must be a well-formed function call, see
+    :mod:`relay_batches.tool_calls`) is a permanent failure. A refusal (``content``
+    null, ``refusal`` text) is kept as the content with finish reason
+    ``content_filter``. A finish reason outside the chat vocabulary is dropped."""
     try:
         data = orjson.loads(raw)
         choice = data["choices"][0]
         message = choice["message"]
         content = message.get("content")
+        tool_calls = checked_tool_calls(message.get("tool_calls"))
+        finish_reason = choice.get("finish_reason")
+        refusal = message.get("refusal")
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
         return ProviderReply(error="malformed response from upstream")
+    if tool_calls is None:
+        return ProviderReply(error="malformed response from upstream")
+    if content is None and isinstance(refusal, str):
+        content, finish_reason = refusal, "content_filter"
     if not isinstance(content, str):
         content = "" if content is None else orjson.dumps(content).decode()
-    tool_calls = message.get("tool_calls")
-    finish_reason = choice.get("finish_reason")
     return reply_with_usage(
         content,
         data.get("usage"),
         "prompt_tokens",
         "completion_tokens",
-        tool_calls=tool_calls if isinstance(tool_calls, list) else None,
-        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+        tool_calls=tool_calls,
+        finish_reason=finish_reason if finish_reason in FINISH_REASONS else None,
         model=data.get("model"),
     )
