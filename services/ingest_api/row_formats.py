@@ -277,13 +277,45 @@ class AnthropicTool(Shape):
     input_schema: FreeObject
 
 
-class AnthropicToolChoice(Shape):
-    """How the model may use tools."""
+class AutoChoice(Shape):
+    """``tool_choice: {type: auto}``: the model decides."""
 
-    NOUN: ClassVar[str] = "a tool_choice"
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
+    NOUN: ClassVar[str] = "an auto tool_choice"
+    type: Literal["auto"]
     disable_parallel_tool_use: Literal[False] | None = None
+
+
+class AnyChoice(Shape):
+    """``tool_choice: {type: any}``: the model must call some tool."""
+
+    NOUN: ClassVar[str] = "an any tool_choice"
+    type: Literal["any"]
+    disable_parallel_tool_use: Literal[False] | None = None
+
+
+class NamedToolChoice(Shape):
+    """``tool_choice: {type: tool, name}``: the model must call the tool ``name``."""
+
+    NOUN: ClassVar[str] = "a tool tool_choice"
+    type: Literal["tool"]
+    name: Annotated[str, Field(min_length=1)]
+    disable_parallel_tool_use: Literal[False] | None = None
+
+
+class NoneChoice(Shape):
+    """``tool_choice: {type: none}``: the model must not call tools."""
+
+    NOUN: ClassVar[str] = "a none tool_choice"
+    type: Literal["none"]
+
+
+AnthropicToolChoice = Annotated[
+    Annotated[AutoChoice, tagged("auto")]
+    | Annotated[AnyChoice, tagged("any")]
+    | Annotated[NamedToolChoice, tagged("tool")]
+    | Annotated[NoneChoice, tagged("none")],
+    tagged_by("type", ("auto", "any", "tool", "none")),
+]
 
 
 class AnthropicParams(Shape):
@@ -328,12 +360,6 @@ def anthropic_request_row(
     except ValidationError as exc:
         field, message = first_error(exc, params)
         raise _reject(index, f"params.{field}" if field else "params", message) from None
-    if (
-        (choice := params.get("tool_choice"))
-        and choice["type"] == "tool"
-        and not choice.get("name")
-    ):
-        raise _reject(index, "params.tool_choice.name", "is required when type is tool")
     return _chat_row(index, custom_id, _translate(params), "params", limits, known_models)
 
 
