@@ -40,6 +40,7 @@ from relay_batches.services.ingest_api.shapes import (
     FreeObject,
     Shape,
     first_error,
+    is_unicode,
     json_depth,
     ranged,
     tagged,
@@ -54,6 +55,7 @@ __all__ = [
     "FreeObject",
     "Shape",
     "first_error",
+    "is_unicode",
     "json_depth",
     "tagged",
     "tagged_by",
@@ -336,6 +338,8 @@ class ChatRequest(Params):
 def _custom_id(custom_id: str) -> str:
     if "\x00" in custom_id:  # Postgres text cannot hold NUL
         raise PydanticCustomError("nul", "must not contain NUL characters")
+    if not is_unicode(custom_id):  # a lone surrogate: the ledger cannot store it
+        raise PydanticCustomError("string_unicode", "must be valid Unicode text")
     return custom_id
 
 

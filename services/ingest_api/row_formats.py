@@ -47,6 +47,7 @@ from relay_batches.services.ingest_api.shapes import (
     NestedObject,
     Shape,
     first_error,
+    is_unicode,
     tagged,
     tagged_by,
     unencodable_path,
@@ -108,6 +109,8 @@ def _custom_id(index: int, custom_id: object, anthropic: bool) -> str:
         raise _reject(index, "custom_id", f"must be at most {MAX_CUSTOM_ID_CHARS} characters")
     if "\x00" in custom_id:  # Postgres text cannot hold NUL
         raise _reject(index, "custom_id", "must not contain NUL characters")
+    if not is_unicode(custom_id):  # a lone surrogate: the ledger cannot store it
+        raise _reject(index, "custom_id", "must be valid Unicode text")
     return custom_id
 
 

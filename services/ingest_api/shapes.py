@@ -251,6 +251,11 @@ def unencodable_path(value: object) -> str:
     return ""
 
 
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (holds no lone surrogate): cheap for ASCII."""
+    return text.isascii() or _encodes(text)
+
+
 def _encodes(value: object) -> bool:
     if type(value) is not str:
         return True

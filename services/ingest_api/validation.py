@@ -35,6 +35,7 @@ from relay_batches.services.ingest_api.chat_rows import (
     ROLES,
     RequestRow,
     check_row,
+    is_unicode,
     plain_messages,
     stored_request,
     unencodable_path,
@@ -325,6 +326,8 @@ def _validate_name(name: object) -> str | None:
         raise invalid(f"name must be at most {MAX_NAME_CHARS} characters", "name")
     if "\x00" in name:  # Postgres text cannot hold NUL
         raise invalid("name must not contain NUL characters", "name")
+    if not is_unicode(name):  # a lone surrogate: the ledger cannot store it
+        raise invalid("name must be valid Unicode text", "name")
     return name
 
 
@@ -458,6 +461,8 @@ def validate_metadata(value: object, param: str = "metadata") -> str | None:
 
 
 def _check_metadata_pair(key: str, item: object, param: str) -> None:
+    if not is_unicode(key):  # a lone surrogate: not echoed in the path
+        raise invalid(f"{param} keys must be valid Unicode text", param)
     if not 0 < len(key) <= MAX_METADATA_KEY_CHARS or "\x00" in key:
         raise invalid(
             f"{param} keys must be 1 to {MAX_METADATA_KEY_CHARS} characters without NUL,"
@@ -471,6 +476,8 @@ def _check_metadata_pair(key: str, item: object, param: str) -> None:
         raise invalid(
             f"{path} must be at most {MAX_METADATA_VALUE_CHARS} characters without NUL", path
         )
+    if not is_unicode(item):
+        raise invalid(f"{path} must be valid Unicode text", path)
 
 
 # --- rows --------------------------------------------------------------------------
@@ -535,6 +542,7 @@ def request_rows(
                 and type(custom_id) is str
                 and len(custom_id) <= MAX_CUSTOM_ID_CHARS
                 and "\x00" not in custom_id  # Postgres text cannot hold NUL
+                and is_unicode(custom_id)
             ):
                 try:  # sorted keys: the same text whatever order the client sent
                     encoded = dumps(messages, option=sort_keys).decode()

@@ -147,6 +147,18 @@ def test_an_openai_line_keeps_tools_and_tool_turns() -> None:
             RowError(4, "body.messages[0].content", "must be a string"),
             id="content",
         ),
+        pytest.param(
+            {**line(), "custom_id": "r\udc00"},
+            RowError(4, "custom_id", "must be valid Unicode text"),
+            id="surrogate-custom-id",
+        ),
+        pytest.param(
+            {**line(), "\udc00": 1},
+            RowError(
+                4, "\udc00", "is not a field of a batch line (fields: body, custom_id, method, url)"
+            ),
+            id="surrogate-key",
+        ),
     ],
 )
 def test_openai_line_errors_name_their_field(value: object, error: RowError) -> None:
