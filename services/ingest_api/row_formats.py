@@ -33,6 +33,7 @@ import orjson
 from pydantic import Field, ValidationError
 
 from relay_batches.services.ingest_api.chat_rows import (
+    FAST_PARAMS,
     MAX_CUSTOM_ID_CHARS,
     ChatRequest,
     StopText,
@@ -40,6 +41,7 @@ from relay_batches.services.ingest_api.chat_rows import (
     TopP,
     check_row,
     plain_messages,
+    plain_params,
     stored_request,
 )
 from relay_batches.services.ingest_api.shapes import (
@@ -133,10 +135,10 @@ def _chat_row(
     if model is None:
         raise _reject(index, f"{prefix}.model", "is required")
     plain = (
-        chat.keys() == _PLAIN_CHAT
+        plain_params(chat, _PLAIN_CHAT)
         and type(model) is str
         and model in known_models
-        and plain_messages(chat["messages"], limits.max_content_bytes)
+        and plain_messages(chat.get("messages"), limits.max_content_bytes)
     )  # the common case, which the model always accepts: no need to ask it
     problem = (
         None if plain else check_row(ChatRequest, chat, limits.max_content_bytes, known_models)
@@ -145,7 +147,12 @@ def _chat_row(
         field, message = problem
         raise _reject(index, f"{prefix}.{field}" if field else prefix, message)
     try:
-        request_json = stored_request(chat)
+        # A plain chat holds no null: stored_request's text, without its copying.
+        request_json = (
+            orjson.dumps(chat, option=orjson.OPT_SORT_KEYS).decode()
+            if plain
+            else stored_request(chat)
+        )
     except TypeError:  # lone surrogates: only from a payload not built by orjson
         field = unencodable_path(chat)
         raise _reject(
@@ -358,12 +365,58 @@ def anthropic_request_row(
     params = request.get("params")
     if type(params) is not dict:
         raise _reject(index, "params", "is required" if params is None else "must be an object")
-    try:
-        AnthropicParams.model_validate(params)
-    except ValidationError as exc:
-        field, message = first_error(exc, params)
-        raise _reject(index, f"params.{field}" if field else "params", message) from None
-    return _chat_row(index, custom_id, _translate(params), "params", limits, known_models)
+    chat = _simple_translation(params)
+    if chat is None:
+        try:
+            AnthropicParams.model_validate(params)
+        except ValidationError as exc:
+            field, message = first_error(exc, params)
+            raise _reject(index, f"params.{field}" if field else "params", message) from None
+        chat = _translate(params)
+    return _chat_row(index, custom_id, chat, "params", limits, known_models)
+
+
+_SIMPLE_PARAMS = frozenset({"model", "max_tokens", "messages", "system", "temperature", "top_p"})
+_ANTHROPIC_ROLES = frozenset({"user", "assistant"})
+_token_count = FAST_PARAMS["max_tokens"]
+_unit = FAST_PARAMS["top_p"]  # Anthropic's temperature is 0 to 1 too
+
+
+def _simple_translation(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The fast path of the common request, which :class:`AnthropicParams` always accepts:
+    string turns of ``user``/``assistant``, a string ``system`` (or none), ``model``, and
+    ``max_tokens``, ``temperature``, ``top_p`` in range; translated as :func:`_translate`
+    does. None for any other request (the model then accepts it or says why)."""
+    if not _SIMPLE_PARAMS.issuperset(params) or type(params.get("model")) is not str:
+        return None
+    messages = params.get("messages")
+    if (
+        type(params.get("system", "")) is not str
+        or type(messages) is not list
+        or not messages
+        or not _token_count(params.get("max_tokens"))
+        or ("temperature" in params and not _unit(params["temperature"]))
+        or ("top_p" in params and not _unit(params["top_p"]))
+    ):
+        return None
+    roles = _ANTHROPIC_ROLES
+    for message in messages:
+        if (
+            type(message) is not dict
+            or len(message) != 2
+            or type(role := message.get("role")) is not str
+            or role not in roles
+            or type(message.get("content")) is not str
+        ):
+            return None
+    turns = messages
+    if "system" in params:
+        turns = [{"role": "system", "content": params["system"]}, *messages]
+    chat = {"model": params["model"], "max_tokens": params["max_tokens"], "messages": turns}
+    for key in ("temperature", "top_p"):
+        if key in params:
+            chat[key] = params[key]
+    return chat
 
 
 def _translate(params: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from relay_batches.services.ingest_api.chat_rows import (
     check_row,
     is_unicode,
     plain_messages,
+    plain_params,
     stored_request,
     unencodable_path,
 )
@@ -516,8 +517,9 @@ def request_rows(
     content in UTF-8 bytes, ``known_models`` the aliases a row's ``model`` may name.
     ``requests`` may be a stream (see :func:`at_most`).
 
-    A plain row (``custom_id?`` and ``{role, content: str}`` messages) is checked here
-    and by :func:`.chat_rows.plain_messages`, a subset of what :class:`.chat_rows.RequestRow`
+    A plain row (``custom_id?`` and ``{role, content: str}`` messages, perhaps scalar
+    parameters) is checked here and by :func:`.chat_rows.plain_messages` and
+    :func:`.chat_rows.plain_params`, a subset of what :class:`.chat_rows.RequestRow`
     accepts; any other row, or a plain one failing that check, goes to the model itself,
     which accepts it or gives the precise error.
     """
@@ -552,12 +554,42 @@ def request_rows(
                 add_id(custom_id)
                 add_row(RowInput(custom_id, encoded))
                 continue
+        elif type(req) is dict and plain_params(req, plain_fields):
+            row = _fast_row(i, req, max_bytes)
+            if row is not None:
+                add_id(row.custom_id)
+                add_row(row)
+                continue
         # Not a plain row (or the fast check failed): the model accepts it or says why.
         row = _model_row(i, req, max_bytes, known_models)
         add_id(row.custom_id)
         add_row(row)
     _check_unique(ids)
     return rows
+
+
+def _fast_row(index: int, req: dict[str, object], max_bytes: int) -> RowInput | None:
+    """A row of plain messages and scalar parameters (:func:`.chat_rows.plain_params`),
+    stored as the model path stores it; None when the fast check does not hold."""
+    custom_id = req.get("custom_id")
+    if custom_id is None:
+        custom_id = f"row-{index + 1}"
+    if not (
+        plain_messages(req.get("messages"), max_bytes)
+        and type(custom_id) is str
+        and len(custom_id) <= MAX_CUSTOM_ID_CHARS
+        and "\x00" not in custom_id
+        and is_unicode(custom_id)
+    ):
+        return None
+    # No null anywhere, a parameter beside the messages: stored_request's object form.
+    kept = {key: value for key, value in req.items() if key != "custom_id"}
+    try:
+        request_json = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # lone surrogates: only from a payload not built by orjson
+        field = unencodable_path(req)
+        raise RowRejected(RowError(index, field, "must be valid Unicode text")) from None
+    return RowInput(custom_id, request_json)
 
 
 def _model_row(index: int, req: object, max_bytes: int, known_models: Container[str]) -> RowInput:
