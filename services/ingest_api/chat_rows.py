@@ -11,7 +11,8 @@ turns pydantic's first error into a :class:`~.validation.RowError`-shaped
 ``(field, message)`` whose field is the exact path inside the row
 (``messages[0].content[1].text``), so every surface can name it. :func:`plain_messages`
 and :func:`plain_params` are the one fast check of the common case (string messages,
-scalar parameters) on every surface, a subset of what the models accept. :func:`stored_request` applies the storage rule of ``batch_rows.request``.
+scalar parameters) on every surface, a subset of what the models accept.
+:func:`stored_request` applies the storage rule of ``batch_rows.request``.
 
 The validation context carries the limits a row is checked against: ``max_bytes`` (a
 message's content, text parts counted together, in UTF-8 bytes) and ``known_models``.
