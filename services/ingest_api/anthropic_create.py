@@ -81,7 +81,7 @@ def _scan_body(
     rows: list[RowInput] | None = None
     for key in scanner.members():
         if key not in BODY_FIELDS:
-            raise invalid(f"{key}: extra inputs are not permitted (fields: requests)", key)
+            raise invalid(f"{key!r}: extra inputs are not permitted (fields: requests)", key)
         if scanner.peek() != "[":
             scanner.value()
             raise invalid("requests: must be a non-empty array", "requests")

@@ -10,8 +10,9 @@ a message listing the known ones (the plumbing is :mod:`.shapes`). :func:`check_
 turns pydantic's first error into a :class:`~.validation.RowError`-shaped
 ``(field, message)`` whose field is the exact path inside the row
 (``messages[0].content[1].text``), so every surface can name it. :func:`plain_messages`
-is the fast check of the common case (string messages), a subset of what the models
-accept. :func:`stored_request` applies the storage rule of ``batch_rows.request``.
+and :func:`plain_params` are the one fast check of the common case (string messages,
+scalar parameters) on every surface, a subset of what the models accept.
+:func:`stored_request` applies the storage rule of ``batch_rows.request``.
 
 The validation context carries the limits a row is checked against: ``max_bytes`` (a
 message's content, text parts counted together, in UTF-8 bytes) and ``known_models``.
@@ -19,7 +20,7 @@ message's content, text parts counted together, in UTF-8 bytes) and ``known_mode
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 import orjson
@@ -40,6 +41,7 @@ from relay_batches.services.ingest_api.shapes import (
     FreeObject,
     Shape,
     first_error,
+    is_unicode,
     json_depth,
     ranged,
     tagged,
@@ -54,6 +56,7 @@ __all__ = [
     "FreeObject",
     "Shape",
     "first_error",
+    "is_unicode",
     "json_depth",
     "tagged",
     "tagged_by",
@@ -336,6 +339,8 @@ class ChatRequest(Params):
 def _custom_id(custom_id: str) -> str:
     if "\x00" in custom_id:  # Postgres text cannot hold NUL
         raise PydanticCustomError("nul", "must not contain NUL characters")
+    if not is_unicode(custom_id):  # a lone surrogate: the ledger cannot store it
+        raise PydanticCustomError("string_unicode", "must be valid Unicode text")
     return custom_id
 
 
@@ -403,6 +408,50 @@ def plain_messages(messages: object, max_bytes: int) -> bool:
         if type(role) is not str or role not in roles or type(content) is not str:
             return False
         if len(content) > safe_chars and len(content.encode("utf-8", "replace")) > max_bytes:
+            return False
+    return True
+
+
+def _token_count(value: object) -> bool:
+    return type(value) is int and 1 <= value <= MAX_TOKENS_LIMIT
+
+
+def _seed(value: object) -> bool:
+    return type(value) is int and SEED_RANGE[0] <= value <= SEED_RANGE[1]
+
+
+def _number_to(high: int) -> Callable[[object], bool]:
+    def check(value: object) -> bool:  # NaN and infinities fail the comparison
+        return (type(value) is float or type(value) is int) and 0 <= value <= high
+
+    return check
+
+
+def _stop_text(value: object) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_STOP_CHARS
+
+
+# The scalar parameters the fast check takes, each with the test the models apply to it.
+FAST_PARAMS: Mapping[str, Callable[[object], bool]] = {
+    "max_tokens": _token_count,
+    "max_completion_tokens": _token_count,
+    "seed": _seed,
+    "temperature": _number_to(2),
+    "top_p": _number_to(1),
+    "stop": _stop_text,
+}
+
+
+def plain_params(request: Mapping[str, object], other: Container[str]) -> bool:
+    """The fast check of a request's parameters: every key is in ``other`` (checked by
+    the caller) or one of :data:`FAST_PARAMS` whose value the models always accept. False
+    only means "not this shape"."""
+    checks = FAST_PARAMS
+    for key, value in request.items():
+        if key in other:
+            continue
+        check = checks.get(key)
+        if check is None or not check(value):
             return False
     return True
 

@@ -62,8 +62,12 @@ def error_body(path: str, status: int, message: str, param: str | None = None) -
     """The error object of the surface ``path`` belongs to.
 
     Native (API.md): ``{error: {type, message, param}}``; OpenAI: the same plus ``code``;
-    Anthropic: ``{type: "error", error: {type, message}}``.
+    Anthropic: ``{type: "error", error: {type, message}}``. A lone surrogate (from a key
+    or value of a payload not built by orjson) is written as its backslash escape, so
+    every error object can be encoded.
     """
+    message = _encodable(message)
+    param = None if param is None else _encodable(param)
     error_type = ERROR_TYPES.get(
         status, "invalid_request_error" if status < 500 else "internal_error"
     )
@@ -73,6 +77,12 @@ def error_body(path: str, status: int, message: str, param: str | None = None) -
     if path.startswith(OPENAI_PREFIX):
         return {"error": {"message": message, "type": error_type, "param": param, "code": None}}
     return {"error": {"type": error_type, "message": message, "param": param}}
+
+
+def _encodable(text: str) -> str:
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(

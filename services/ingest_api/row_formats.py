@@ -33,6 +33,7 @@ import orjson
 from pydantic import Field, ValidationError
 
 from relay_batches.services.ingest_api.chat_rows import (
+    FAST_PARAMS,
     MAX_CUSTOM_ID_CHARS,
     ChatRequest,
     StopText,
@@ -40,6 +41,7 @@ from relay_batches.services.ingest_api.chat_rows import (
     TopP,
     check_row,
     plain_messages,
+    plain_params,
     stored_request,
 )
 from relay_batches.services.ingest_api.shapes import (
@@ -47,6 +49,7 @@ from relay_batches.services.ingest_api.shapes import (
     NestedObject,
     Shape,
     first_error,
+    is_unicode,
     tagged,
     tagged_by,
     unencodable_path,
@@ -108,6 +111,8 @@ def _custom_id(index: int, custom_id: object, anthropic: bool) -> str:
         raise _reject(index, "custom_id", f"must be at most {MAX_CUSTOM_ID_CHARS} characters")
     if "\x00" in custom_id:  # Postgres text cannot hold NUL
         raise _reject(index, "custom_id", "must not contain NUL characters")
+    if not is_unicode(custom_id):  # a lone surrogate: the ledger cannot store it
+        raise _reject(index, "custom_id", "must be valid Unicode text")
     return custom_id
 
 
@@ -130,10 +135,10 @@ def _chat_row(
     if model is None:
         raise _reject(index, f"{prefix}.model", "is required")
     plain = (
-        chat.keys() == _PLAIN_CHAT
+        plain_params(chat, _PLAIN_CHAT)
         and type(model) is str
         and model in known_models
-        and plain_messages(chat["messages"], limits.max_content_bytes)
+        and plain_messages(chat.get("messages"), limits.max_content_bytes)
     )  # the common case, which the model always accepts: no need to ask it
     problem = (
         None if plain else check_row(ChatRequest, chat, limits.max_content_bytes, known_models)
@@ -142,7 +147,12 @@ def _chat_row(
         field, message = problem
         raise _reject(index, f"{prefix}.{field}" if field else prefix, message)
     try:
-        request_json = stored_request(chat)
+        # A plain chat holds no null: stored_request's text, without its copying.
+        request_json = (
+            orjson.dumps(chat, option=orjson.OPT_SORT_KEYS).decode()
+            if plain
+            else stored_request(chat)
+        )
     except TypeError:  # lone surrogates: only from a payload not built by orjson
         field = unencodable_path(chat)
         raise _reject(
@@ -277,13 +287,45 @@ class AnthropicTool(Shape):
     input_schema: FreeObject
 
 
-class AnthropicToolChoice(Shape):
-    """How the model may use tools."""
+class AutoChoice(Shape):
+    """``tool_choice: {type: auto}``: the model decides."""
 
-    NOUN: ClassVar[str] = "a tool_choice"
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
+    NOUN: ClassVar[str] = "an auto tool_choice"
+    type: Literal["auto"]
     disable_parallel_tool_use: Literal[False] | None = None
+
+
+class AnyChoice(Shape):
+    """``tool_choice: {type: any}``: the model must call some tool."""
+
+    NOUN: ClassVar[str] = "an any tool_choice"
+    type: Literal["any"]
+    disable_parallel_tool_use: Literal[False] | None = None
+
+
+class NamedToolChoice(Shape):
+    """``tool_choice: {type: tool, name}``: the model must call the tool ``name``."""
+
+    NOUN: ClassVar[str] = "a tool tool_choice"
+    type: Literal["tool"]
+    name: Annotated[str, Field(min_length=1)]
+    disable_parallel_tool_use: Literal[False] | None = None
+
+
+class NoneChoice(Shape):
+    """``tool_choice: {type: none}``: the model must not call tools."""
+
+    NOUN: ClassVar[str] = "a none tool_choice"
+    type: Literal["none"]
+
+
+AnthropicToolChoice = Annotated[
+    Annotated[AutoChoice, tagged("auto")]
+    | Annotated[AnyChoice, tagged("any")]
+    | Annotated[NamedToolChoice, tagged("tool")]
+    | Annotated[NoneChoice, tagged("none")],
+    tagged_by("type", ("auto", "any", "tool", "none")),
+]
 
 
 class AnthropicParams(Shape):
@@ -323,18 +365,58 @@ def anthropic_request_row(
     params = request.get("params")
     if type(params) is not dict:
         raise _reject(index, "params", "is required" if params is None else "must be an object")
-    try:
-        AnthropicParams.model_validate(params)
-    except ValidationError as exc:
-        field, message = first_error(exc, params)
-        raise _reject(index, f"params.{field}" if field else "params", message) from None
+    chat = _simple_translation(params)
+    if chat is None:
+        try:
+            AnthropicParams.model_validate(params)
+        except ValidationError as exc:
+            field, message = first_error(exc, params)
+            raise _reject(index, f"params.{field}" if field else "params", message) from None
+        chat = _translate(params)
+    return _chat_row(index, custom_id, chat, "params", limits, known_models)
+
+
+_SIMPLE_PARAMS = frozenset({"model", "max_tokens", "messages", "system", "temperature", "top_p"})
+_ANTHROPIC_ROLES = frozenset({"user", "assistant"})
+_token_count = FAST_PARAMS["max_tokens"]
+_unit = FAST_PARAMS["top_p"]  # Anthropic's temperature is 0 to 1 too
+
+
+def _simple_translation(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The fast path of the common request, which :class:`AnthropicParams` always accepts:
+    string turns of ``user``/``assistant``, a string ``system`` (or none), ``model``, and
+    ``max_tokens``, ``temperature``, ``top_p`` in range; translated as :func:`_translate`
+    does. None for any other request (the model then accepts it or says why)."""
+    if not _SIMPLE_PARAMS.issuperset(params) or type(params.get("model")) is not str:
+        return None
+    messages = params.get("messages")
     if (
-        (choice := params.get("tool_choice"))
-        and choice["type"] == "tool"
-        and not choice.get("name")
+        type(params.get("system", "")) is not str
+        or type(messages) is not list
+        or not messages
+        or not _token_count(params.get("max_tokens"))
+        or ("temperature" in params and not _unit(params["temperature"]))
+        or ("top_p" in params and not _unit(params["top_p"]))
     ):
-        raise _reject(index, "params.tool_choice.name", "is required when type is tool")
-    return _chat_row(index, custom_id, _translate(params), "params", limits, known_models)
+        return None
+    roles = _ANTHROPIC_ROLES
+    for message in messages:
+        if (
+            type(message) is not dict
+            or len(message) != 2
+            or type(role := message.get("role")) is not str
+            or role not in roles
+            or type(message.get("content")) is not str
+        ):
+            return None
+    turns = messages
+    if "system" in params:
+        turns = [{"role": "system", "content": params["system"]}, *messages]
+    chat = {"model": params["model"], "max_tokens": params["max_tokens"], "messages": turns}
+    for key in ("temperature", "top_p"):
+        if key in params:
+            chat[key] = params[key]
+    return chat
 
 
 def _translate(params: dict[str, Any]) -> dict[str, Any]:

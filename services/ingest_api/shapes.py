@@ -64,6 +64,8 @@ class Shape(BaseModel):
 
 
 def _unknown_key(cls: type[Shape], key: object) -> PydanticCustomError:
+    if not _encodes(key):  # pydantic cannot render such a key: name the object instead
+        return PydanticCustomError("string_unicode", "must be valid Unicode text")
     reason = cls.UNSUPPORTED.get(key) if type(key) is str else None
     if reason is not None:
         return PydanticCustomError("unsupported", reason, {"field": key})
@@ -218,11 +220,13 @@ def _phrase(error: ErrorDetails) -> str:
 
 def first_error(exc: ValidationError, data: object) -> tuple[str, str]:
     """The error to report of all pydantic found: the deepest (a union's other members
-    fail at the union itself), the first of those."""
-    found = [
-        (error_field_and_message(e, data), e["type"].endswith("_type"))
-        for e in exc.errors(include_url=False)
-    ]
+    fail at the union itself), the first of those. An error pydantic cannot render
+    (a lone surrogate in a key it reports) is the unencodable string's path."""
+    try:
+        errors = exc.errors(include_url=False)
+    except UnicodeEncodeError:
+        return unencodable_path(data), _PHRASES["string_unicode"]
+    found = [(error_field_and_message(e, data), e["type"].endswith("_type")) for e in errors]
     # Deepest first; at one depth, a member that took the value's type says more than
     # one that did not ("at most 4 items" rather than "must be a string").
     best = max(found, key=lambda f: (f[0][0].count(".") + f[0][0].count("["), not f[1]))
@@ -245,6 +249,11 @@ def unencodable_path(value: object) -> str:
         elif not _encodes(item):
             return path.lstrip(".")
     return ""
+
+
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (holds no lone surrogate): cheap for ASCII."""
+    return text.isascii() or _encodes(text)
 
 
 def _encodes(value: object) -> bool:

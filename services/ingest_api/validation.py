@@ -35,7 +35,9 @@ from relay_batches.services.ingest_api.chat_rows import (
     ROLES,
     RequestRow,
     check_row,
+    is_unicode,
     plain_messages,
+    plain_params,
     stored_request,
     unencodable_path,
 )
@@ -325,6 +327,8 @@ def _validate_name(name: object) -> str | None:
         raise invalid(f"name must be at most {MAX_NAME_CHARS} characters", "name")
     if "\x00" in name:  # Postgres text cannot hold NUL
         raise invalid("name must not contain NUL characters", "name")
+    if not is_unicode(name):  # a lone surrogate: the ledger cannot store it
+        raise invalid("name must be valid Unicode text", "name")
     return name
 
 
@@ -458,6 +462,8 @@ def validate_metadata(value: object, param: str = "metadata") -> str | None:
 
 
 def _check_metadata_pair(key: str, item: object, param: str) -> None:
+    if not is_unicode(key):  # a lone surrogate: not echoed in the path
+        raise invalid(f"{param} keys must be valid Unicode text", param)
     if not 0 < len(key) <= MAX_METADATA_KEY_CHARS or "\x00" in key:
         raise invalid(
             f"{param} keys must be 1 to {MAX_METADATA_KEY_CHARS} characters without NUL,"
@@ -471,6 +477,8 @@ def _check_metadata_pair(key: str, item: object, param: str) -> None:
         raise invalid(
             f"{path} must be at most {MAX_METADATA_VALUE_CHARS} characters without NUL", path
         )
+    if not is_unicode(item):
+        raise invalid(f"{path} must be valid Unicode text", path)
 
 
 # --- rows --------------------------------------------------------------------------
@@ -509,8 +517,9 @@ def request_rows(
     content in UTF-8 bytes, ``known_models`` the aliases a row's ``model`` may name.
     ``requests`` may be a stream (see :func:`at_most`).
 
-    A plain row (``custom_id?`` and ``{role, content: str}`` messages) is checked here
-    and by :func:`.chat_rows.plain_messages`, a subset of what :class:`.chat_rows.RequestRow`
+    A plain row (``custom_id?`` and ``{role, content: str}`` messages, perhaps scalar
+    parameters) is checked here and by :func:`.chat_rows.plain_messages` and
+    :func:`.chat_rows.plain_params`, a subset of what :class:`.chat_rows.RequestRow`
     accepts; any other row, or a plain one failing that check, goes to the model itself,
     which accepts it or gives the precise error.
     """
@@ -535,6 +544,7 @@ def request_rows(
                 and type(custom_id) is str
                 and len(custom_id) <= MAX_CUSTOM_ID_CHARS
                 and "\x00" not in custom_id  # Postgres text cannot hold NUL
+                and is_unicode(custom_id)
             ):
                 try:  # sorted keys: the same text whatever order the client sent
                     encoded = dumps(messages, option=sort_keys).decode()
@@ -544,12 +554,42 @@ def request_rows(
                 add_id(custom_id)
                 add_row(RowInput(custom_id, encoded))
                 continue
+        elif type(req) is dict and plain_params(req, plain_fields):
+            row = _fast_row(i, req, max_bytes)
+            if row is not None:
+                add_id(row.custom_id)
+                add_row(row)
+                continue
         # Not a plain row (or the fast check failed): the model accepts it or says why.
         row = _model_row(i, req, max_bytes, known_models)
         add_id(row.custom_id)
         add_row(row)
     _check_unique(ids)
     return rows
+
+
+def _fast_row(index: int, req: dict[str, object], max_bytes: int) -> RowInput | None:
+    """A row of plain messages and scalar parameters (:func:`.chat_rows.plain_params`),
+    stored as the model path stores it; None when the fast check does not hold."""
+    custom_id = req.get("custom_id")
+    if custom_id is None:
+        custom_id = f"row-{index + 1}"
+    if not (
+        plain_messages(req.get("messages"), max_bytes)
+        and type(custom_id) is str
+        and len(custom_id) <= MAX_CUSTOM_ID_CHARS
+        and "\x00" not in custom_id
+        and is_unicode(custom_id)
+    ):
+        return None
+    # No null anywhere, a parameter beside the messages: stored_request's object form.
+    kept = {key: value for key, value in req.items() if key != "custom_id"}
+    try:
+        request_json = orjson.dumps(kept, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:  # lone surrogates: only from a payload not built by orjson
+        field = unencodable_path(req)
+        raise RowRejected(RowError(index, field, "must be valid Unicode text")) from None
+    return RowInput(custom_id, request_json)
 
 
 def _model_row(index: int, req: object, max_bytes: int, known_models: Container[str]) -> RowInput:

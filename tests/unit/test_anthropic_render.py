@@ -373,7 +373,7 @@ def test_requests_become_rows_that_each_keep_their_model() -> None:
         (
             body(request(), model="x"),
             "model",
-            "model: extra inputs are not permitted (fields: requests)",
+            "'model': extra inputs are not permitted (fields: requests)",
         ),
     ],
 )

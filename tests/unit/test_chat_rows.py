@@ -317,6 +317,12 @@ def test_job_params_take_the_row_parameters_too() -> None:
             "requests[1].messages[0].name",
         ),
         ({"messages": [HI], "stop": ["\ud800"]}, "requests[1].stop[0]"),
+        ({"messages": [HI], "\udc00": 1}, "requests[1]"),
+        ({"messages": [{**HI, "\udc00": 1}]}, "requests[1].messages[0]"),
+        (
+            {"messages": [HI], "response_format": {"type": "text", "\udc00": 1}},
+            "requests[1].response_format",
+        ),
     ],
 )
 def test_a_lone_surrogate_anywhere_is_a_400_naming_it(row: dict[str, Any], param: str) -> None:

@@ -147,6 +147,18 @@ def test_an_openai_line_keeps_tools_and_tool_turns() -> None:
             RowError(4, "body.messages[0].content", "must be a string"),
             id="content",
         ),
+        pytest.param(
+            {**line(), "custom_id": "r\udc00"},
+            RowError(4, "custom_id", "must be valid Unicode text"),
+            id="surrogate-custom-id",
+        ),
+        pytest.param(
+            {**line(), "\udc00": 1},
+            RowError(
+                4, "\udc00", "is not a field of a batch line (fields: body, custom_id, method, url)"
+            ),
+            id="surrogate-key",
+        ),
     ],
 )
 def test_openai_line_errors_name_their_field(value: object, error: RowError) -> None:
@@ -254,9 +266,14 @@ def test_an_anthropic_request_is_translated_into_a_chat_row() -> None:
 
 @pytest.mark.parametrize(
     ("choice", "translated"),
-    [({"type": "auto"}, "auto"), ({"type": "any"}, "required"), ({"type": "none"}, "none")],
+    [
+        ({"type": "auto"}, "auto"),
+        ({"type": "any", "disable_parallel_tool_use": False}, "required"),
+        ({"type": "none"}, "none"),
+        ({"type": "tool", "name": "f"}, {"type": "function", "function": {"name": "f"}}),
+    ],
 )
-def test_anthropic_tool_choices_translate(choice: dict[str, str], translated: str) -> None:
+def test_anthropic_tool_choices_translate(choice: dict[str, object], translated: object) -> None:
     row = anthropic_request_row(
         0, {"custom_id": "a", "params": params(tool_choice=choice)}, LIMITS, MODELS
     )
@@ -393,8 +410,63 @@ def block(**fields: Any) -> dict[str, Any]:
         ),
         pytest.param(
             {"custom_id": "a", "params": params(tool_choice={"type": "tool"})},
-            RowError(2, "params.tool_choice.name", "is required when type is tool"),
+            RowError(2, "params.tool_choice.name", "is required"),
             id="tool-choice-name",
+        ),
+        pytest.param(
+            {"custom_id": "a", "params": params(tool_choice={"type": "auto", "name": "f"})},
+            RowError(
+                2,
+                "params.tool_choice.name",
+                "is not a field of an auto tool_choice (fields: disable_parallel_tool_use, type)",
+            ),
+            id="tool-choice-auto-name",
+        ),
+        pytest.param(
+            {"custom_id": "a", "params": params(tool_choice={"type": "any", "name": "f"})},
+            RowError(
+                2,
+                "params.tool_choice.name",
+                "is not a field of an any tool_choice (fields: disable_parallel_tool_use, type)",
+            ),
+            id="tool-choice-any-name",
+        ),
+        pytest.param(
+            {
+                "custom_id": "a",
+                "params": params(tool_choice={"type": "none", "disable_parallel_tool_use": False}),
+            },
+            RowError(
+                2,
+                "params.tool_choice.disable_parallel_tool_use",
+                "is not a field of a none tool_choice (fields: type)",
+            ),
+            id="tool-choice-none-parallel",
+        ),
+        pytest.param(
+            {"custom_id": "a", "params": params(tool_choice={"type": "tool", "name": ""})},
+            RowError(2, "params.tool_choice.name", "must not be empty"),
+            id="tool-choice-empty-name",
+        ),
+        pytest.param(
+            {"custom_id": "a", "params": params(tool_choice={"type": "later"})},
+            RowError(2, "params.tool_choice.type", "must be one of auto, any, tool, none"),
+            id="tool-choice-type",
+        ),
+        pytest.param(
+            {"custom_id": "a", "params": {**params(), "\udc00": 1}},
+            RowError(2, "params", "must be valid Unicode text"),
+            id="surrogate-key",
+        ),
+        pytest.param(
+            {"custom_id": "a", "params": params(messages=[{**HI, "\udc00": 1}])},
+            RowError(2, "params.messages[0]", "must be valid Unicode text"),
+            id="surrogate-key-in-message",
+        ),
+        pytest.param(
+            {"custom_id": "a\udc00", "params": params()},
+            RowError(2, "custom_id", "must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -"),
+            id="surrogate-custom-id",
         ),
         pytest.param(
             {"custom_id": "a", "params": params(tools=[{"name": "f"}])},

@@ -384,3 +384,19 @@ def test_an_anthropic_batch_file_gives_translated_rows() -> None:
 def test_dialect_file_errors_name_the_line(lines: list[bytes], line: int, reason: str) -> None:
     error = dialect_error(b"\n".join(lines))
     assert (error.line, error.reason) == (line, reason)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"custom_id": "a\\udc00", "messages": [{"role": "user", "content": "hi"}]}',
+        b'{"custom_id": "a\\ud800", "method": "POST", "url": "/v1/chat/completions", "body": {}}',
+        b'{"custom_id": "a", "params": {"\\udc00": 1}}',
+    ],
+)
+def test_a_lone_surrogate_in_a_jsonl_line_is_not_json(line: bytes) -> None:
+    # Lines are decoded by orjson, which refuses an escaped lone surrogate: none can reach
+    # the rows (or the ledger) from an uploaded file.
+    error = line_error("f.jsonl", line + b"\n")
+    assert error.line == 1
+    assert error.reason.startswith("not valid JSON (")

@@ -372,6 +372,30 @@ def test_content_with_lone_surrogate_is_a_400() -> None:
     assert_invalid(payload, "requests[0].messages[1].content", "valid Unicode")
 
 
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        pytest.param(
+            rows({"custom_id": "a\udc00", "messages": HI}), "requests[0].custom_id", id="fast-id"
+        ),
+        pytest.param(
+            rows({"custom_id": "\ud800", "messages": HI, "seed": 1}),
+            "requests[0].custom_id",
+            id="model-id",
+        ),
+        pytest.param(body(name="job \ud800"), "name", id="name"),
+        pytest.param(body(metadata={"a": "\ud800"}), "metadata.a", id="metadata-value"),
+        pytest.param(body(metadata={"\udc00": "v"}), "metadata", id="metadata-key"),
+    ],
+)
+def test_a_lone_surrogate_the_ledger_cannot_store_is_a_400(
+    payload: dict[str, object], param: str
+) -> None:
+    err = assert_invalid(payload, param, "must be valid Unicode text")
+    keys = " keys" if param == "metadata" else ""
+    assert err.message == f"{param}{keys} must be valid Unicode text"
+
+
 def test_first_bad_message_is_reported() -> None:
     payload = rows(
         {"messages": HI},
