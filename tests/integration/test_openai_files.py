@@ -5,6 +5,7 @@ recorded as the aggregator would."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,12 +19,13 @@ from aiohttp.test_utils import TestServer
 from relay_batches.bus.client import Bus
 from relay_batches.ids import new_id
 from relay_batches.ledger.dispatch import DispatchStore
+from relay_batches.ledger.files import PART_BYTES
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.outcomes import OutcomeStore
+from relay_batches.ledger.pool import create_pool
 from relay_batches.messages import RowOutcome
 from relay_batches.router.aliases import AliasTable
 from relay_batches.services.ingest_api import openai_files
-from relay_batches.services.ingest_api.openai_files import PART_BYTES
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import TEST_LIMITS, start_api
 from tests.helpers.support import ApiClient, Isolation
@@ -298,3 +300,49 @@ async def test_upload_form_errors_name_the_field(
         form.add_field("file", io.BytesIO(b"{}\n"), filename="f.jsonl", content_type="text/plain")
         status, body = await client.request("POST", "/openai/v1/files", data=form)
         assert (status, body["error"]["param"]) == (400, param), body
+
+
+async def test_stalled_uploads_hold_no_connection_from_other_requests(
+    iso: Isolation, bus: Bus, aliases: AliasTable, http: aiohttp.ClientSession
+) -> None:
+    small = await create_pool(iso.database_url, max_size=2)
+    server = await start_api(small, bus, aliases, JobStore(small))
+    try:
+        client = await client_of(iso, server, http)
+        other = await client_of(iso, server, http)
+        assert server.port is not None
+        stalled = [await _stalled_upload(server.port, client.key) for _ in range(4)]
+
+        async with asyncio.timeout(1.5):  # the stalled bodies are answered 408 after 3 s
+            status, listed = await other.request("GET", "/openai/v1/files")
+
+        assert (status, listed["data"]) == (200, [])
+        answers = [await reader.readline() for reader, _ in stalled]
+        assert answers == [b"HTTP/1.1 408 Request Timeout\r\n"] * 4
+        for _, writer in stalled:
+            writer.close()
+    finally:
+        await server.close()
+        await small.close()
+
+
+async def _stalled_upload(port: int, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An upload whose client sends its headers and the start of its file, then nothing;
+    returned once the server has taken it in (its ``100 Continue``)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    start = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="s.jsonl"\r\n\r\n'
+    )
+    head = (
+        "POST /openai/v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+        "Content-Length: 10000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    writer.write(head.encode())
+    await writer.drain()
+    assert await reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+    assert await reader.readline() == b"\r\n"
+    writer.write(start + line("a", [{"role": "user", "content": "x"}]))
+    await writer.drain()
+    return reader, writer

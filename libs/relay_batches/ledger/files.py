@@ -1,15 +1,18 @@
 """Files and the batches created from them (the OpenAI-compatible surface's ledger).
 
-An input file is stored in one transaction while it is uploaded (:meth:`FileStore.upload`):
-its bytes COPY'd as ``file_parts`` chunks and its parsed requests COPY'd as
-``batch_rows`` under the file's own id, so a job created from it runs those rows
-(``rows_batch_id``) and nothing is copied again. Output and error files have no parts:
+An input file is stored in one short transaction once it has been received whole
+(:meth:`FileStore.upload`; the API spools it to a temporary file first, so no
+connection waits on a client): its bytes COPY'd as ``file_parts`` chunks of
+:data:`PART_BYTES` and its parsed requests COPY'd as ``batch_rows`` under the file's
+own id, so a job created from it runs those rows (``rows_batch_id``) and nothing is
+copied again. Output and error files have no parts:
 their rows are registered once their batch has ended and their size measured
 (:meth:`FileStore.add_output_file`); their content is rendered from the outcomes.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,7 +28,8 @@ from relay_batches.model import Job, JobStatus
 
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
-PARTS_PER_READ = 4  # file parts fetched per round trip while streaming content
+PART_BYTES = 256 * 1024  # bytes of a stored part: one is read per query of ``content``
+MAX_STORING = 2  # uploads storing at once (each holds a pooled connection meanwhile)
 
 _FILE_COLUMNS = "id, workspace_id, filename, purpose, bytes, rows, model, line_errors, created_at"
 _LINK_COLUMNS = (
@@ -97,15 +101,21 @@ class FileUpload:
         self.file_id = file_id
         self._parts = 0
 
-    async def add_part(self, data: bytes) -> None:
-        """Store the next chunk of the file's bytes."""
+    async def add_bytes(self, data: bytes) -> None:
+        """Store the next bytes of the file, as parts of :data:`PART_BYTES` (the last
+        call's last part may be shorter)."""
+        first = self._parts
+        count = -(-len(data) // PART_BYTES)
+        self._parts += count
+        view = memoryview(data)
+        records = (
+            (self.file_id, first + n, view[n * PART_BYTES : (n + 1) * PART_BYTES].tobytes())
+            for n in range(count)
+        )
         async with translated():
             await self._conn.copy_records_to_table(
-                "file_parts",
-                records=[(self.file_id, self._parts, data)],
-                columns=("file_id", "part", "data"),
+                "file_parts", records=records, columns=("file_id", "part", "data")
             )
-        self._parts += 1
 
     async def add_rows(self, rows: Sequence[tuple[int, str, str]]) -> None:
         """Store parsed requests as ``(row_index, custom_id, request_json)``."""
@@ -166,14 +176,19 @@ class FileUpload:
 class FileStore:
     """The ``files``, ``file_parts`` and ``openai_batches`` queries of the OpenAI surface."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, max_storing: int = MAX_STORING) -> None:
         self._pool = pool
+        self._storing = asyncio.Semaphore(max_storing)
 
     @asynccontextmanager
     async def upload(self, file_id: str) -> AsyncIterator[FileUpload]:
-        """One transaction for storing a whole file: all of it, or nothing on error."""
-        async with translated(), self._pool.acquire() as conn, conn.transaction():
-            yield FileUpload(conn, file_id)
+        """One transaction for storing a whole file: all of it, or nothing on error. At
+        most ``max_storing`` uploads hold a connection at once (the others wait their
+        turn), so uploads never take the pool from other requests; the caller feeds it
+        from local storage, never from a client."""
+        async with self._storing, translated(), self._pool.acquire() as conn:
+            async with conn.transaction():
+                yield FileUpload(conn, file_id)
 
     async def get(self, workspace_id: str, file_id: str) -> StoredFile | None:
         """The live file ``file_id`` of ``workspace_id``."""
@@ -227,22 +242,21 @@ class FileStore:
         return True
 
     async def parts(self, file_id: str) -> AsyncIterator[bytes]:
-        """The file's bytes as uploaded, a stored chunk at a time."""
+        """The file's bytes as uploaded, one stored part (:data:`PART_BYTES`) per query,
+        so a slow reader holds one part and no connection."""
         last = -1
         while True:
             async with translated():
-                records = await self._pool.fetch(
+                record = await self._pool.fetchrow(
                     "SELECT part, data FROM file_parts WHERE file_id = $1 AND part > $2"
-                    " ORDER BY part LIMIT $3",
+                    " ORDER BY part LIMIT 1",
                     file_id,
                     last,
-                    PARTS_PER_READ,
                 )
-            for record in records:
-                yield bytes(record[1])
-            if len(records) < PARTS_PER_READ:
+            if record is None:
                 return
-            last = records[-1][0]
+            last = record[0]
+            yield bytes(record[1])
 
     async def link(self, workspace_id: str, link: BatchLink) -> bool:
         """Record a batch's link before its job is created (a link without a job is
