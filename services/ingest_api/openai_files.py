@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import BinaryIO, TypeVar
@@ -34,7 +35,13 @@ from aiohttp.multipart import BadContentDispositionHeader, BadContentDisposition
 from relay_batches.errors import ApiError, invalid
 from relay_batches.ids import is_valid_id, new_id
 from relay_batches.ledger.files import INPUT_PURPOSE, OUTPUT_PURPOSE, StoredFile
-from relay_batches.services.ingest_api.body import BodyTicket, body_errors, check_body, too_large
+from relay_batches.services.ingest_api.body import (
+    RETRY_AFTER_S,
+    BodyTicket,
+    body_errors,
+    check_body,
+    too_large,
+)
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.middleware import STREAMING, WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.openai_lines import LineReader
@@ -60,6 +67,7 @@ READ_CHUNK = 256 * 1024
 MAX_FIELD_BYTES = 1024
 MAX_FILENAME_CHARS = 256
 MAX_PARTS = 8
+MAX_DOWNLOADS_PER_WORKSPACE = 4
 DEFAULT_FILE_PAGE = 10_000
 MAX_FILE_PAGE = 10_000
 MULTIPART = "multipart/form-data"
@@ -314,9 +322,45 @@ def _limit(raw: str | None) -> int:
     return int(digits)
 
 
+class DownloadGate:
+    """How many ``content`` streams a workspace may hold open at once (each holds a part
+    or a rendered page while its client drains it). Single event loop: no lock."""
+
+    def __init__(self, per_workspace: int = MAX_DOWNLOADS_PER_WORKSPACE) -> None:
+        self.per_workspace = per_workspace
+        self.open: dict[str, int] = {}
+
+    @contextmanager
+    def hold(self, workspace_id: str) -> Iterator[None]:
+        """One stream of ``workspace_id``; a 503 while it holds ``per_workspace``."""
+        held = self.open.get(workspace_id, 0)
+        if held >= self.per_workspace:
+            raise ApiError(
+                503,
+                f"this workspace already reads {held} files at once, retry in {RETRY_AFTER_S} s",
+            )
+        self.open[workspace_id] = held + 1
+        try:
+            yield
+        finally:
+            if self.open[workspace_id] == 1:
+                del self.open[workspace_id]
+            else:
+                self.open[workspace_id] -= 1
+
+
+DOWNLOADS = web.AppKey("openai_downloads", DownloadGate)
+
+
 async def get_file_content(request: web.Request) -> web.StreamResponse:
     """``GET /files/{file_id}/content``: the bytes as uploaded, or the rendered lines of
-    an output or error file, streamed with their ``Content-Length``."""
+    an output or error file, streamed with their ``Content-Length``; at most
+    :data:`MAX_DOWNLOADS_PER_WORKSPACE` at once per workspace."""
+    with request.app[DOWNLOADS].hold(request[WORKSPACE_ID]):
+        return await _stream_content(request)
+
+
+async def _stream_content(request: web.Request) -> web.StreamResponse:
     stored = await _find(request)
     deps = request.app[DEPS]
     chunks: AsyncIterator[bytes]
@@ -360,6 +404,7 @@ async def delete_file(request: web.Request) -> web.Response:
 
 def add_file_routes(app: web.Application) -> None:
     """Register the ``/openai/v1/files`` routes on ``app``."""
+    app[DOWNLOADS] = DownloadGate()
     app.router.add_post("/openai/v1/files", create_file)
     app.router.add_get("/openai/v1/files", list_files)
     app.router.add_get("/openai/v1/files/{file_id}", get_file)

@@ -11,10 +11,12 @@ import pytest
 from openai.types import Batch
 from openai.types.chat import ChatCompletion
 
+from relay_batches.errors import ApiError
 from relay_batches.ledger.files import BatchLink, LinkedBatch
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import Job, JobStatus
 from relay_batches.services.ingest_api.openai_batches import batch_object
+from relay_batches.services.ingest_api.openai_files import DownloadGate
 from relay_batches.services.ingest_api.openai_output import (
     ERROR,
     OUTPUT,
@@ -200,3 +202,15 @@ def test_every_openai_operation_answers_errors_in_openai_shape() -> None:
                 if int(status) >= 400:
                     schema = response["content"]["application/json"]["schema"]
                     assert schema == {"$ref": "#/components/schemas/OpenAIError"}
+
+
+def test_a_workspace_holds_at_most_its_share_of_content_streams() -> None:
+    gate = DownloadGate(per_workspace=2)
+    with gate.hold("w1"), gate.hold("w1"), gate.hold("w2"):
+        with pytest.raises(ApiError) as refused:
+            with gate.hold("w1"):
+                pytest.fail("a third stream of w1 was let in")
+        assert (refused.value.status, gate.open) == (503, {"w1": 2, "w2": 1})
+    assert gate.open == {}
+    with gate.hold("w1"):
+        assert gate.open == {"w1": 1}
