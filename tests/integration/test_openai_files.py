@@ -346,3 +346,31 @@ async def _stalled_upload(port: int, key: str) -> tuple[asyncio.StreamReader, as
     writer.write(start + line("a", [{"role": "user", "content": "x"}]))
     await writer.drain()
     return reader, writer
+
+
+async def test_concurrent_creates_with_one_key_leave_one_batch_and_one_link(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    client = await client_of(iso, api_server, http)
+    stored = await upload(client, "k.jsonl", line("a", [{"role": "user", "content": "x"}]))
+    body = {
+        "input_file_id": stored["id"],
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    headers = {"Idempotency-Key": "race-1"}
+
+    answers = await asyncio.gather(
+        *(
+            client.request("POST", "/openai/v1/batches", json=body, headers=headers)
+            for _ in range(4)
+        )
+    )
+
+    created = {b["id"] for status, b in answers if status == 200}
+    assert len(created) == 1
+    assert all(status in (200, 409) for status, _ in answers)
+    hex_id = stored["id"].removeprefix("file-")
+    links = await pool.fetch("SELECT batch_id FROM openai_batches WHERE input_file_id = $1", hex_id)
+    jobs = await pool.fetch("SELECT id FROM batches WHERE rows_batch_id = $1", hex_id)
+    assert [r[0] for r in links] == [r[0] for r in jobs] == [created.pop().removeprefix("batch_")]

@@ -23,6 +23,7 @@ import orjson
 
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
 from relay_batches.ledger.jobs import NewJob
+from relay_batches.ledger.jobs import _insert_job as insert_job
 from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import Job, JobStatus
 
@@ -236,7 +237,8 @@ class FileStore:
             await conn.execute("DELETE FROM file_parts WHERE file_id = $1", file_id)
             await conn.execute(
                 "DELETE FROM batch_rows WHERE batch_id = $1 AND NOT EXISTS ("
-                " SELECT 1 FROM openai_batches WHERE input_file_id = $1)",
+                " SELECT 1 FROM openai_batches o JOIN batches b ON b.id = o.batch_id"
+                " WHERE o.input_file_id = $1)",
                 file_id,
             )
         return True
@@ -258,21 +260,29 @@ class FileStore:
             last = record[0]
             yield bytes(record[1])
 
-    async def link(self, workspace_id: str, link: BatchLink) -> bool:
-        """Record a batch's link before its job is created (a link without a job is
-        never shown: every read joins the job); False, and nothing recorded, if its input
-        file is no longer live. The file's row is share-locked meanwhile, so a concurrent
-        delete either sees the link (and keeps the rows it runs) or wins first."""
-        async with translated():
-            linked = await self._pool.fetchval(
+    async def create_linked(
+        self, new: NewJob, link: BatchLink, claim: IdempotencyClaim | None
+    ) -> LinkedBatch | None:
+        """Store a job over its input file's rows with its link and its
+        ``Idempotency-Key`` response, in one transaction (:class:`KeyTaken`, nothing
+        stored, if the key was used first); None, nothing stored, if the input file is no
+        longer live. The file's row is share-locked meanwhile, so a concurrent delete
+        either sees the job (and keeps the rows it runs) or wins first."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            linked = await conn.fetchval(
                 "WITH live AS (SELECT id FROM files WHERE id = $3 AND workspace_id = $2"
                 "  AND deleted_at IS NULL FOR SHARE)"
                 " INSERT INTO openai_batches (batch_id, workspace_id, input_file_id,"
                 " output_file_id, error_file_id, endpoint, completion_window, errors)"
                 " SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM live RETURNING 1",
-                *_link_values(workspace_id, link),
+                *_link_values(new.workspace_id, link),
             )
-        return linked is not None
+            if linked is None:
+                return None
+            job = await insert_job(conn, new, ())
+            if claim is not None:
+                await record_response(conn, claim, 201, orjson.dumps(job.to_api()).decode())
+        return LinkedBatch(job, link)
 
     async def create_failed(
         self, new: NewJob, link: BatchLink, claim: IdempotencyClaim | None
