@@ -185,10 +185,21 @@ async def test_output_files_render_across_bounded_pages_with_exact_sizes(
     assert [o["response"]["body"]["choices"][0]["message"]["content"] for o in ok] == [
         f"answer {i} " + "y" * 40 for i in range(30) if i % 3
     ]
-    assert [(b["custom_id"], b["error"]) for b in bad] == [
-        (f"r{i}", {"code": "upstream_error", "message": "upstream_error: sim: HTTP 400"})
-        for i in range(0, 30, 3)
+    assert [(b["custom_id"], b["error"], b["response"]["status_code"]) for b in bad] == [
+        (f"r{i}", None, 400) for i in range(0, 30, 3)
     ]
+    assert {orjson.dumps(b["response"]["body"]) for b in bad} == {
+        orjson.dumps(
+            {
+                "error": {
+                    "message": "upstream_error: sim: HTTP 400",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "upstream_error",
+                }
+            }
+        )
+    }
     for file_id, body in ((done["output_file_id"], output), (done["error_file_id"], errors)):
         status, meta = await client.request("GET", f"/openai/v1/files/{file_id}")
         assert (status, meta["bytes"], meta["purpose"]) == (200, len(body), "batch_output")
