@@ -187,16 +187,18 @@ async def rendered(deps: ApiDeps, job: Job, kind: str) -> AsyncIterator[bytes]:
 
 async def output_file(deps: ApiDeps, linked: LinkedBatch, kind: str) -> StoredFile | None:
     """The batch's ``kind`` file, registered with its measured size the first time it
-    is asked for; None once deleted."""
+    is asked for (one rendering measures it while concurrent callers wait for it);
+    None once deleted."""
     job = linked.job
     link = linked.link
     file_id = link.output_file_id if kind == OUTPUT else link.error_file_id
-    found = await deps.files.get(job.workspace_id, file_id)
-    if found is not None or await deps.files.file_known(job.workspace_id, file_id):
-        return found
-    size = 0
-    async for chunk in rendered(deps, job, kind):
-        size += len(chunk)
+
+    async def measure() -> int:
+        size = 0
+        async for chunk in rendered(deps, job, kind):
+            size += len(chunk)
+        return size
+
     created = job.completed_at or job.created_at
     name = filename_of(linked, kind)
-    return await deps.files.add_output_file(job.workspace_id, file_id, name, size, created)
+    return await deps.files.output_file_once(job.workspace_id, file_id, name, created, measure)

@@ -24,8 +24,10 @@ from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import create_pool
 from relay_batches.messages import RowOutcome
+from relay_batches.model import Job
 from relay_batches.router.aliases import AliasTable
-from relay_batches.services.ingest_api import openai_files
+from relay_batches.services.ingest_api import openai_files, openai_output
+from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import TEST_LIMITS, start_api
 from tests.helpers.support import ApiClient, Isolation
@@ -385,3 +387,42 @@ async def test_concurrent_creates_with_one_key_leave_one_batch_and_one_link(
     links = await pool.fetch("SELECT batch_id FROM openai_batches WHERE input_file_id = $1", hex_id)
     jobs = await pool.fetch("SELECT id FROM batches WHERE rows_batch_id = $1", hex_id)
     assert [r[0] for r in links] == [r[0] for r in jobs] == [created.pop().removeprefix("batch_")]
+
+
+async def test_concurrent_pollers_measure_each_output_file_once(
+    iso: Isolation,
+    small_pages: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = await client_of(iso, small_pages, http)
+    data = b"".join(line(f"r{i}", [{"role": "user", "content": f"q{i}"}]) for i in range(20))
+    batch = await create_batch(client, (await upload(client, "m.jsonl", data))["id"])
+    job_id = batch["id"].removeprefix("batch_")
+    await DispatchStore(pool).claim_queued(f"openai-{job_id}", 100, 20)
+    await OutcomeStore(pool).record(
+        [
+            RowOutcome(job_id, i, f"answer {i}", None, 1)
+            if i % 2
+            else RowOutcome(job_id, i, None, "upstream_error: sim: HTTP 500", 1)
+            for i in range(20)
+        ]
+    )
+    renderings: list[str] = []
+    original = openai_output.rendered
+
+    def counted(deps: ApiDeps, job: Job, kind: str) -> AsyncIterator[bytes]:
+        renderings.append(kind)
+        return original(deps, job, kind)
+
+    monkeypatch.setattr(openai_output, "rendered", counted)
+
+    answers = await asyncio.gather(
+        *(client.request("GET", f"/openai/v1/batches/{batch['id']}") for _ in range(6))
+    )
+
+    assert {(status, b["status"]) for status, b in answers} == {(200, "completed")}
+    assert sorted(renderings) == ["error", "output"]
+    status, listed = await client.request("GET", "/openai/v1/files?purpose=batch_output")
+    assert (status, len(listed["data"])) == (200, 2)

@@ -13,7 +13,7 @@ their rows are registered once their batch has ended and their size measured
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -180,6 +180,7 @@ class FileStore:
     def __init__(self, pool: asyncpg.Pool, max_storing: int = MAX_STORING) -> None:
         self._pool = pool
         self._storing = asyncio.Semaphore(max_storing)
+        self._measuring: dict[str, asyncio.Future[StoredFile | None]] = {}
 
     @asynccontextmanager
     async def upload(self, file_id: str) -> AsyncIterator[FileUpload]:
@@ -362,6 +363,33 @@ class FileStore:
                 "SELECT 1 FROM files WHERE id = $1 AND workspace_id = $2", file_id, workspace_id
             )
         return found is not None
+
+    async def output_file_once(
+        self,
+        workspace_id: str,
+        file_id: str,
+        filename: str,
+        created_at: datetime,
+        measure: Callable[[], Awaitable[int]],
+    ) -> StoredFile | None:
+        """The output or error file ``file_id``, registered with the size ``measure``
+        gives if it is not yet known: one measurement at a time per file in this process
+        (concurrent callers wait for it; one that gives up does not stop it for the
+        others); None once deleted."""
+        found = await self.get(workspace_id, file_id)
+        if found is not None or await self.file_known(workspace_id, file_id):
+            return found
+        running = self._measuring.get(file_id)
+        if running is None:
+
+            async def register() -> StoredFile | None:
+                size = await measure()
+                return await self.add_output_file(workspace_id, file_id, filename, size, created_at)
+
+            running = asyncio.ensure_future(register())
+            self._measuring[file_id] = running
+            running.add_done_callback(lambda _: self._measuring.pop(file_id, None))
+        return await asyncio.shield(running)
 
     async def add_output_file(
         self, workspace_id: str, file_id: str, filename: str, size: int, created_at: datetime
