@@ -194,6 +194,8 @@ async def create_batch(request: web.Request) -> web.Response:
     else:
         options = BatchOptions(name, stored.model or NO_MODEL, 0, None, None)
     options = replace(options, completion_window=window, metadata_json=metadata)
+    # A file that failed validation keeps no rows: its job counts it as one failed
+    # request (a job has at least one), which never runs and has no result row.
     total = stored.rows if stored.line_errors is None else 1
     planned = plan_stored_job(options, stored.id, total, workspace_id, now)
     link = BatchLink(

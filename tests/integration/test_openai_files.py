@@ -149,6 +149,11 @@ async def test_a_file_over_the_row_limit_gives_a_failed_batch_and_keeps_no_rows(
         }
     ]
     assert batch["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
+    native = await pool.fetchrow(
+        "SELECT status, total, completed, failed, error FROM batches WHERE id = $1",
+        batch["id"].removeprefix("batch_"),
+    )
+    assert tuple(native) == ("failed", 1, 0, 1, "input file failed validation")
     hex_id = stored["id"].removeprefix("file-")
     assert await pool.fetchval("SELECT count(*) FROM batch_rows WHERE batch_id = $1", hex_id) == 0
     assert await content(client, http, stored["id"]) == data  # the file itself is kept

@@ -289,13 +289,16 @@ class FileStore:
         self, new: NewJob, link: BatchLink, claim: IdempotencyClaim | None
     ) -> LinkedBatch:
         """Store a job that failed validation (its input file's errors in ``link``) with
-        its link, ended at once: no row of it ever runs."""
+        its link, ended at once: no row of it ever runs, and every one of its ``total``
+        requests is counted failed (``completed + failed == total`` as for any ended
+        job, so the native API, the panel and the webhook agree)."""
         async with translated(), self._pool.acquire() as conn, conn.transaction():
             await conn.execute(_INSERT_LINK, *_link_values(new.workspace_id, link))
             record = await conn.fetchrow(
                 "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
-                " rows_batch_id, params, metadata, expires_at, error, completed_at)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now()) RETURNING *",
+                " failed, rows_batch_id, params, metadata, expires_at, error, completed_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, now())"
+                " RETURNING *",
                 new.id,
                 new.workspace_id,
                 new.name,
