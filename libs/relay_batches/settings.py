@@ -121,6 +121,7 @@ class Settings:
     body_min_rate: float = 64 * 1024  # bytes/s a body must average after the read timeout
     large_body_bytes: int = 1024 * 1024
     max_large_bodies: int = 2
+    upload_spool_dir: str | None = None  # OpenAI file uploads are spooled here (None: TMPDIR)
     shutdown_grace_s: float = 20.0
     log_level: str = "INFO"
     event_loop: str = "uvloop"
@@ -189,6 +190,7 @@ class Settings:
             body_min_rate=_positive(env, "RELAY_BODY_MIN_RATE", d.body_min_rate),
             large_body_bytes=max(1, _int(env, "RELAY_LARGE_BODY_BYTES", d.large_body_bytes)),
             max_large_bodies=max(1, _int(env, "RELAY_MAX_LARGE_BODIES", d.max_large_bodies)),
+            upload_spool_dir=env.get("RELAY_UPLOAD_SPOOL_DIR") or None,
             shutdown_grace_s=_positive(env, "RELAY_SHUTDOWN_GRACE_S", d.shutdown_grace_s),
             log_level=_str(env, "RELAY_LOG_LEVEL", d.log_level).upper(),
             event_loop=_choice(env, "RELAY_EVENT_LOOP", d.event_loop, ("uvloop", "asyncio")),

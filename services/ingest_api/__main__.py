@@ -71,6 +71,7 @@ async def build(
             settings.max_large_bodies,
             settings.body_min_rate,
         ),
+        spool_dir=settings.upload_spool_dir,
     )
 
     gate = schema_gate(pool)

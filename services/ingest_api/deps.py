@@ -40,6 +40,7 @@ class ApiDeps:
     pool: asyncpg.Pool  # the ledger, for the stores a surface builds on it
     model_names: Callable[[], list[str]] = list  # the router's public aliases
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
+    spool_dir: str | None = None  # where uploads are spooled; None: the system temp dir
     # Decoding and validating large bodies, one at a time: each thread more would take
     # GIL time from the event loop without adding throughput. Small bodies have their
     # own thread, so they never queue behind a large one's seconds of parsing.

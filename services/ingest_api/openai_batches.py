@@ -55,7 +55,6 @@ from relay_batches.services.ingest_api.submit import (
     announce_created,
     job_fields,
     plan_stored_job,
-    submit_one,
 )
 from relay_batches.services.ingest_api.validation import (
     MAX_NAME_CHARS,
@@ -195,6 +194,8 @@ async def create_batch(request: web.Request) -> web.Response:
     else:
         options = BatchOptions(name, stored.model or NO_MODEL, 0, None, None)
     options = replace(options, completion_window=window, metadata_json=metadata)
+    # A file that failed validation keeps no rows: its job counts it as one failed
+    # request (a job has at least one), which never runs and has no result row.
     total = stored.rows if stored.line_errors is None else 1
     planned = plan_stored_job(options, stored.id, total, workspace_id, now)
     link = BatchLink(
@@ -206,20 +207,21 @@ async def create_batch(request: web.Request) -> web.Response:
         body.completion_window,
         stored.line_errors,
     )
+    linked: LinkedBatch | None
     try:
         if stored.line_errors is not None:
             linked = await deps.files.create_failed(planned.new, link, claim)
-            await announce_created(deps, linked.job)
-            return _answer(linked)
-        if not await deps.files.link(workspace_id, link):
-            raise ApiError(404, f"No such input file: {body.input_file_id[:80]!r}", "input_file_id")
-        job = await submit_one(deps, planned, claim)
+        else:
+            linked = await deps.files.create_linked(planned.new, link, claim)
     except KeyTaken:
         raced = await _replayed(deps, workspace_id, claim.key if claim else "")
         if raced is None:
             raise ApiError(409, "a concurrent request holds this key", HEADER) from None
         return raced[0]
-    return _answer(LinkedBatch(job, link))
+    if linked is None:
+        raise ApiError(404, f"No such input file: {body.input_file_id[:80]!r}", "input_file_id")
+    await announce_created(deps, linked.job)
+    return _answer(linked)
 
 
 async def _replayed(

@@ -1,11 +1,16 @@
 """``/openai/v1/files``: upload, list, retrieve, read and delete files, as OpenAI does.
 
-An upload (multipart, ``purpose=batch``, up to :data:`MAX_FILE_BYTES`) is streamed into
-the ledger in one transaction as it arrives: its bytes as stored parts (so ``content``
+An upload (multipart, ``purpose=batch``, up to :data:`MAX_FILE_BYTES`) is first
+received whole, its file part spooled to an anonymous temporary file (in
+``ApiDeps.spool_dir``, else the system's temporary directory; gone when the request
+ends, however it ends), so a slow or stalled client holds no ledger connection. Then
+it is stored in one short transaction: its bytes as stored parts (so ``content``
 returns the file as uploaded) and each line parsed into a request row under the file's
-id (:mod:`.openai_lines`), a few MiB at a time, parsed off the event loop. Memory stays
-bounded by a part, whatever the file's size. The body policy is the native upload's
-(:mod:`.body`: large-body slots, stall and rate timeouts, 413, 415).
+id (:mod:`.openai_lines`), :data:`STEP_BYTES` at a time, parsed off the event loop; at
+most ``FileStore``'s ``max_storing`` uploads store at once. Memory stays bounded by a
+step, whatever the file's size. The body policy is the native upload's (:mod:`.body`:
+large-body slots, so at most that many large uploads spool at once, stall and rate
+timeouts, 413, 415).
 
 A file is ``file-<32 hex>``; an id that does not parse, or belongs to another
 workspace, is a 404. A batch's output and error files (``purpose: batch_output``) are
@@ -15,8 +20,12 @@ files too, rendered from its outcomes (:mod:`.openai_output`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
+from typing import BinaryIO, TypeVar
 
 import orjson
 from aiohttp import BodyPartReader, web
@@ -25,8 +34,14 @@ from aiohttp.multipart import BadContentDispositionHeader, BadContentDisposition
 
 from relay_batches.errors import ApiError, invalid
 from relay_batches.ids import is_valid_id, new_id
-from relay_batches.ledger.files import INPUT_PURPOSE, OUTPUT_PURPOSE, FileUpload, StoredFile
-from relay_batches.services.ingest_api.body import BodyTicket, body_errors, check_body, too_large
+from relay_batches.ledger.files import INPUT_PURPOSE, OUTPUT_PURPOSE, StoredFile
+from relay_batches.services.ingest_api.body import (
+    RETRY_AFTER_S,
+    BodyTicket,
+    body_errors,
+    check_body,
+    too_large,
+)
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.middleware import STREAMING, WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.openai_lines import LineReader
@@ -47,15 +62,17 @@ from relay_batches.services.ingest_api.validation import KnownModels
 FILE_PREFIX = "file-"
 MAX_FILE_BYTES = 200 * 1024 * 1024
 FORM_SLACK = 64 * 1024  # multipart framing and the purpose field around the file
-PART_BYTES = 4 * 1024 * 1024  # bytes stored per part, and parsed per step
+STEP_BYTES = 4 * 1024 * 1024  # bytes spooled per write, and stored and parsed per step
 READ_CHUNK = 256 * 1024
 MAX_FIELD_BYTES = 1024
 MAX_FILENAME_CHARS = 256
 MAX_PARTS = 8
+MAX_DOWNLOADS_PER_WORKSPACE = 4
 DEFAULT_FILE_PAGE = 10_000
 MAX_FILE_PAGE = 10_000
 MULTIPART = "multipart/form-data"
 _BAD_DISPOSITION = (BadContentDispositionHeader, BadContentDispositionParam)
+T = TypeVar("T")
 
 
 def file_hex(file_id: str) -> str | None:
@@ -82,21 +99,25 @@ def _not_found(file_id: str) -> ApiError:
 # --- upload -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Form:
+    """A received upload form: the file part is spooled, ``size`` bytes."""
+
+    filename: str
+    size: int
+
+
 async def create_file(request: web.Request) -> web.Response:
-    """``POST /files``: store the file and its rows; 200 with the file object."""
+    """``POST /files``: receive the form (the file spooled to a temporary file), then
+    store the file and its rows; 200 with the file object."""
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
     async with deps.body_gate.admit(workspace_id) as ticket:
         _check_upload(request)
         ticket.grow(request.content_length or 0)
-        try:
-            with body_errors():
-                stored = await _store_form(request, deps, workspace_id, ticket)
-        except web.HTTPRequestEntityTooLarge:
-            raise too_large(MAX_FILE_BYTES) from None
-        except (ValueError, RuntimeError, TypeError, HttpProcessingError, *_BAD_DISPOSITION) as exc:
-            message = exc.message if isinstance(exc, HttpProcessingError) else str(exc)
-            raise invalid(f"malformed multipart body: {_printable(message)}") from None
+        with tempfile.TemporaryFile(dir=deps.spool_dir) as spool:
+            form = await _receive_form(request, spool, ticket)
+            stored = await _store_spooled(spool, form, deps, workspace_id, ticket.large)
     return json_response(file_object(stored).model_dump())
 
 
@@ -110,43 +131,53 @@ def _check_upload(request: web.Request) -> None:
         raise
 
 
-async def _store_form(
-    request: web.Request, deps: ApiDeps, workspace_id: str, ticket: BodyTicket
-) -> StoredFile:
-    reader = await request.multipart()
+async def _read(step: Awaitable[T], ticket: BodyTicket) -> T:
+    """One read of the multipart body; what a broken body raises is a 400."""
+    try:
+        with body_errors():
+            return await ticket.within(step)
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large(MAX_FILE_BYTES) from None
+    except (ValueError, RuntimeError, TypeError, HttpProcessingError, *_BAD_DISPOSITION) as exc:
+        message = exc.message if isinstance(exc, HttpProcessingError) else str(exc)
+        raise invalid(f"malformed multipart body: {_printable(message)}") from None
+
+
+async def _receive_form(request: web.Request, spool: BinaryIO, ticket: BodyTicket) -> _Form:
+    """Read the whole form, the file part into ``spool``; no ledger connection is held
+    while the client sends."""
+    reader = await _read(request.multipart(), ticket)
     purpose: str | None = None
-    stored: StoredFile | None = None
-    file_id = new_id()
-    async with deps.files.upload(file_id) as upload:
-        for _ in range(MAX_PARTS):
-            part = await ticket.within(reader.next())
-            if part is None:
-                break
-            if not isinstance(part, BodyPartReader):
-                raise invalid("nested multipart bodies are not supported")
-            if part.name == "purpose":
-                purpose = _purpose(await _read_field(part, ticket))
-            elif part.name == "file" and stored is None:
-                filename = clean_filename(part.filename or "")[:MAX_FILENAME_CHARS]
-                if not filename:
-                    raise invalid("file must be sent as a file part with a filename", "file")
-                stored = await _store_file(part, upload, deps, workspace_id, filename, ticket)
-            elif part.name == "file":
-                raise invalid("send one file per upload", "file")
-            elif (part.name or "").startswith("expires_after"):
-                raise invalid(
-                    "expires_after is not supported: files are kept until deleted", "expires_after"
-                )
-            else:
-                name = _printable(part.name or "", 64)
-                raise invalid(f"{name!r} is not a field of a file upload (file, purpose)", name)
+    form: _Form | None = None
+    for _ in range(MAX_PARTS):
+        part = await _read(reader.next(), ticket)
+        if part is None:
+            break
+        if not isinstance(part, BodyPartReader):
+            raise invalid("nested multipart bodies are not supported")
+        if part.name == "purpose":
+            purpose = _purpose(await _read_field(part, ticket))
+        elif part.name == "file" and form is None:
+            filename = clean_filename(part.filename or "")[:MAX_FILENAME_CHARS]
+            if not filename:
+                raise invalid("file must be sent as a file part with a filename", "file")
+            form = _Form(filename, await _spool_file(part, spool, ticket))
+        elif part.name == "file":
+            raise invalid("send one file per upload", "file")
+        elif (part.name or "").startswith("expires_after"):
+            raise invalid(
+                "expires_after is not supported: files are kept until deleted", "expires_after"
+            )
         else:
-            raise invalid(f"at most {MAX_PARTS} parts per upload")
-        if purpose is None:
-            raise invalid("purpose is required", "purpose")
-        if stored is None:
-            raise invalid("file is required", "file")
-    return stored
+            name = _printable(part.name or "", 64)
+            raise invalid(f"{name!r} is not a field of a file upload (file, purpose)", name or None)
+    else:
+        raise invalid(f"at most {MAX_PARTS} parts per upload")
+    if purpose is None:
+        raise invalid("purpose is required", "purpose")
+    if form is None:
+        raise invalid("file is required", "file")
+    return form
 
 
 def _purpose(text: str) -> str:
@@ -156,7 +187,7 @@ def _purpose(text: str) -> str:
 
 
 async def _chunk(part: BodyPartReader, ticket: BodyTicket) -> bytes:
-    chunk = await ticket.within(part.read_chunk(READ_CHUNK))
+    chunk = await _read(part.read_chunk(READ_CHUNK), ticket)
     ticket.count(len(chunk))
     return chunk
 
@@ -173,16 +204,9 @@ async def _read_field(part: BodyPartReader, ticket: BodyTicket) -> str:
         raise invalid(f"{part.name} must be UTF-8 text", part.name) from None
 
 
-async def _store_file(
-    part: BodyPartReader,
-    upload: FileUpload,
-    deps: ApiDeps,
-    workspace_id: str,
-    filename: str,
-    ticket: BodyTicket,
-) -> StoredFile:
-    """Stream the file part into the ledger: parts and rows, a step at a time."""
-    reader = LineReader(deps.limits, KnownModels(deps.model_known))
+async def _spool_file(part: BodyPartReader, spool: BinaryIO, ticket: BodyTicket) -> int:
+    """Copy the file part into ``spool`` (written a step at a time off the event loop);
+    its size, a 413 past :data:`MAX_FILE_BYTES`."""
     loop = asyncio.get_running_loop()
     size = 0
     pending = bytearray()
@@ -191,25 +215,40 @@ async def _store_file(
         if size > MAX_FILE_BYTES:
             raise too_large(MAX_FILE_BYTES)
         pending += chunk
-        if len(pending) >= PART_BYTES:
-            data, pending = bytes(pending), bytearray()
-            await upload.add_part(data)
-            rows = await loop.run_in_executor(deps.parser_for(ticket.large), reader.feed, data)
-            await upload.add_rows(rows)
-    data = bytes(pending)
-    if data:
-        await upload.add_part(data)
-    rows = await loop.run_in_executor(deps.parser_for(ticket.large), reader.feed, data, True)
-    await upload.add_rows(rows)
-    reader.finish()
-    if not reader.errors:
-        for custom_id, row_index in await upload.duplicate_ids(10):
-            reader.duplicate(custom_id, row_index)
-    if reader.errors:
-        await upload.drop_rows()
-    errors = orjson.dumps([e.to_api() for e in reader.errors]).decode() if reader.errors else None
-    rows_kept = 0 if reader.errors else reader.rows
-    return await upload.finish(workspace_id, filename, size, rows_kept, reader.model, errors)
+        if len(pending) >= STEP_BYTES:
+            await loop.run_in_executor(None, spool.write, bytes(pending))
+            pending = bytearray()
+    await loop.run_in_executor(None, spool.write, bytes(pending))
+    return size
+
+
+async def _store_spooled(
+    spool: BinaryIO, form: _Form, deps: ApiDeps, workspace_id: str, large: bool
+) -> StoredFile:
+    """Store the spooled file in one transaction: its bytes and its rows, parsed a step
+    at a time in the parser executor."""
+    reader = LineReader(deps.limits, KnownModels(deps.model_known))
+    loop = asyncio.get_running_loop()
+    parser = deps.parser_for(large)
+    await loop.run_in_executor(None, spool.seek, 0)
+    async with deps.files.upload(new_id()) as upload:
+        while data := await loop.run_in_executor(None, spool.read, STEP_BYTES):
+            await upload.add_bytes(data)
+            await upload.add_rows(await loop.run_in_executor(parser, reader.feed, data))
+        await upload.add_rows(await loop.run_in_executor(parser, reader.feed, b"", True))
+        reader.finish()
+        if not reader.errors:
+            for custom_id, row_index in await upload.duplicate_ids(10):
+                reader.duplicate(custom_id, row_index)
+        if reader.errors:
+            await upload.drop_rows()
+        errors = None
+        if reader.errors:
+            errors = orjson.dumps([e.to_api() for e in reader.errors]).decode()
+        rows_kept = 0 if reader.errors else reader.rows
+        return await upload.finish(
+            workspace_id, form.filename, form.size, rows_kept, reader.model, errors
+        )
 
 
 def _printable(text: str, limit: int = 200) -> str:
@@ -283,9 +322,45 @@ def _limit(raw: str | None) -> int:
     return int(digits)
 
 
+class DownloadGate:
+    """How many ``content`` streams a workspace may hold open at once (each holds a part
+    or a rendered page while its client drains it). Single event loop: no lock."""
+
+    def __init__(self, per_workspace: int = MAX_DOWNLOADS_PER_WORKSPACE) -> None:
+        self.per_workspace = per_workspace
+        self.open: dict[str, int] = {}
+
+    @contextmanager
+    def hold(self, workspace_id: str) -> Iterator[None]:
+        """One stream of ``workspace_id``; a 503 while it holds ``per_workspace``."""
+        held = self.open.get(workspace_id, 0)
+        if held >= self.per_workspace:
+            raise ApiError(
+                503,
+                f"this workspace already reads {held} files at once, retry in {RETRY_AFTER_S} s",
+            )
+        self.open[workspace_id] = held + 1
+        try:
+            yield
+        finally:
+            if self.open[workspace_id] == 1:
+                del self.open[workspace_id]
+            else:
+                self.open[workspace_id] -= 1
+
+
+DOWNLOADS = web.AppKey("openai_downloads", DownloadGate)
+
+
 async def get_file_content(request: web.Request) -> web.StreamResponse:
     """``GET /files/{file_id}/content``: the bytes as uploaded, or the rendered lines of
-    an output or error file, streamed with their ``Content-Length``."""
+    an output or error file, streamed with their ``Content-Length``; at most
+    :data:`MAX_DOWNLOADS_PER_WORKSPACE` at once per workspace."""
+    with request.app[DOWNLOADS].hold(request[WORKSPACE_ID]):
+        return await _stream_content(request)
+
+
+async def _stream_content(request: web.Request) -> web.StreamResponse:
     stored = await _find(request)
     deps = request.app[DEPS]
     chunks: AsyncIterator[bytes]
@@ -329,6 +404,7 @@ async def delete_file(request: web.Request) -> web.Response:
 
 def add_file_routes(app: web.Application) -> None:
     """Register the ``/openai/v1/files`` routes on ``app``."""
+    app[DOWNLOADS] = DownloadGate()
     app.router.add_post("/openai/v1/files", create_file)
     app.router.add_get("/openai/v1/files", list_files)
     app.router.add_get("/openai/v1/files/{file_id}", get_file)

@@ -92,19 +92,26 @@ class LineReader:
         ``final`` for the end of the file (its last line needs no newline)."""
         data = self._start(chunk)
         rows: list[tuple[int, str, str]] = []
-        end = data.rfind(b"\n") + 1
-        for raw in data[:end].split(b"\n")[:-1]:
-            self._line += 1
-            self._take(raw, rows)
-        rest = data[end:]
+        pos = 0
+        while (cut := data.find(b"\n", pos)) >= 0:  # one line at a time, never all of them
+            if cut - pos > MAX_LINE_BYTES:
+                self._report_too_long()
+                self._line += 1
+            else:
+                self._line += 1
+                self._take(data[pos:cut], rows)
+            pos = cut + 1
+        rest = data[pos:]
+        if len(rest) > MAX_LINE_BYTES:
+            self._too_long()
+            rest = b""
         if final:
             if rest and not self._skipping:
                 self._line += 1
                 self._take(rest, rows)
             self._carry = bytearray()
-        elif len(rest) > MAX_LINE_BYTES:
-            self._too_long()
-        else:
+            self._skipping = False
+        elif not self._skipping:
             self._carry = bytearray(rest)
         return rows
 
@@ -124,8 +131,12 @@ class LineReader:
         return chunk
 
     def _too_long(self) -> None:
+        """The unfinished line is too long: report it and skip to its end."""
         self._carry = bytearray()
         self._skipping = True
+        self._report_too_long()
+
+    def _report_too_long(self) -> None:
         self.requests += 1
         self._error(
             LineError(

@@ -21,6 +21,7 @@ a file renders to the same bytes every time: its size is measured by rendering i
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
@@ -46,6 +47,7 @@ _NOT_RUN: dict[JobStatus, tuple[str, str]] = {
         "This request could not be executed before the completion window expired.",
     ),
 }
+_HTTP_STATUS = re.compile(r"\bHTTP (\d{3})\b")
 _FAILED_UNRUN = ("batch_failed", "This request was not executed because the batch failed.")
 
 
@@ -132,19 +134,44 @@ def success_line(job: Job, row: AnsweredRow, created: int) -> dict[str, object]:
     }
 
 
+def upstream_status(error: str) -> int:
+    """The HTTP status a failed row's stored error names (``… HTTP 429 …``), 500 when
+    it names none in 400–599."""
+    found = _HTTP_STATUS.search(error)
+    status = int(found.group(1)) if found else 500
+    return status if 400 <= status <= 599 else 500
+
+
 def error_line(job: Job, row: AnsweredRow) -> dict[str, object]:
-    """A row without a success: its error, or why it never ran."""
-    if row.error is not None:
-        code, _, _ = row.error.partition(":")
-        error = {"code": code if code.isidentifier() else "request_failed", "message": row.error}
-    else:
+    """A row without a success: a row that ran and failed has the failed ``response``
+    (its status and an error body); a row that never ran has ``error`` saying why."""
+    if row.error is None:
         code, message = _NOT_RUN.get(job.status, _FAILED_UNRUN)
-        error = {"code": code, "message": message}
+        return {
+            "id": _line_id("batch_req_", job, row),
+            "custom_id": row.custom_id,
+            "response": None,
+            "error": {"code": code, "message": message},
+        }
+    status = upstream_status(row.error)
+    code, _, _ = row.error.partition(":")
+    body = {
+        "error": {
+            "message": row.error,
+            "type": "invalid_request_error" if status < 500 else "server_error",
+            "param": None,
+            "code": code if code.isidentifier() else "request_failed",
+        }
+    }
     return {
         "id": _line_id("batch_req_", job, row),
         "custom_id": row.custom_id,
-        "response": None,
-        "error": error,
+        "response": {
+            "status_code": status,
+            "request_id": _line_id("req_", job, row),
+            "body": body,
+        },
+        "error": None,
     }
 
 
@@ -166,16 +193,18 @@ async def rendered(deps: ApiDeps, job: Job, kind: str) -> AsyncIterator[bytes]:
 
 async def output_file(deps: ApiDeps, linked: LinkedBatch, kind: str) -> StoredFile | None:
     """The batch's ``kind`` file, registered with its measured size the first time it
-    is asked for; None once deleted."""
+    is asked for (one rendering measures it while concurrent callers wait for it);
+    None once deleted."""
     job = linked.job
     link = linked.link
     file_id = link.output_file_id if kind == OUTPUT else link.error_file_id
-    found = await deps.files.get(job.workspace_id, file_id)
-    if found is not None or await deps.files.file_known(job.workspace_id, file_id):
-        return found
-    size = 0
-    async for chunk in rendered(deps, job, kind):
-        size += len(chunk)
+
+    async def measure() -> int:
+        size = 0
+        async for chunk in rendered(deps, job, kind):
+            size += len(chunk)
+        return size
+
     created = job.completed_at or job.created_at
     name = filename_of(linked, kind)
-    return await deps.files.add_output_file(job.workspace_id, file_id, name, size, created)
+    return await deps.files.output_file_once(job.workspace_id, file_id, name, created, measure)

@@ -1,5 +1,5 @@
 """``openai_file_ingest_rows_per_s``: an OpenAI batch input file of 50,000 lines and about
-200 MB uploaded to ``POST /openai/v1/files`` (streamed into the ledger: stored parts and
+200 MB uploaded to ``POST /openai/v1/files`` (spooled, then stored in the ledger: parts and
 parsed rows) and the batch created from it, with the ingest-api's peak RSS while it
 happens. Not part of ``make test`` (``make bench``)."""
 

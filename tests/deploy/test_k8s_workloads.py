@@ -218,3 +218,13 @@ def test_the_ingest_api_service_reaches_the_api_port(overlay: str) -> None:
                 backend = path["backend"]["service"]
                 assert backend["name"] == "ingest-api"
                 assert backend["port"]["name"] == port["name"]
+
+
+def test_the_ingest_api_spools_uploads_on_a_writable_volume(overlay: str) -> None:
+    deployment = render(overlay).get("Deployment", "ingest-api")
+    (container,) = pod_spec(deployment)["containers"]
+    spool = dict(env_sources(container))["RELAY_UPLOAD_SPOOL_DIR"]["value"]
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == spool]
+    assert not mount.get("readOnly", False)
+    assert quantity(volumes[mount["name"]]["emptyDir"]["sizeLimit"]) >= 2 * 200 * 1024 * 1024

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from openai.types import Batch, FileDeleted, FileObject
 from openai.types.chat import ChatCompletion
+from openai.types.shared import ErrorObject
 
 from relay_batches.services.relay_cli import admin
 from tests.helpers.processes import System
@@ -155,9 +156,9 @@ async def test_file_batch_poll_output_and_error_files(
     assert all(o["response"]["status_code"] == 200 and o["error"] is None for o in outputs)
 
     errors = await content_lines(client, done.error_file_id)
-    assert [(e["custom_id"], e["response"], e["error"]["code"]) for e in errors] == [
-        ("b", None, "upstream_error")
-    ]
+    assert [(e["custom_id"], e["error"]) for e in errors] == [("b", None)]
+    failure = ErrorObject.model_validate(errors[0]["response"]["body"]["error"], strict=True)
+    assert errors[0]["response"]["status_code"] >= 400 and failure.code == "upstream_error"
     for file_id in (done.output_file_id, done.error_file_id):
         stored = await raw.strict_file(file_id)
         content = await client.files.content(file_id)
@@ -227,7 +228,7 @@ async def test_cancel_ends_cancelled_and_a_second_cancel_returns_it(
     errors = await content_lines(client, final.error_file_id)
     assert final.request_counts is not None
     assert len(errors) == 40 - final.request_counts.completed
-    unrun = [e for e in errors if e["error"]["code"] == "batch_cancelled"]
+    unrun = [e for e in errors if e["error"] and e["error"]["code"] == "batch_cancelled"]
     assert len(unrun) >= 30 and all(e["response"] is None for e in unrun)
 
 

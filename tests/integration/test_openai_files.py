@@ -5,6 +5,7 @@ recorded as the aggregator would."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,12 +20,15 @@ from openai.types.chat import ChatCompletion
 from relay_batches.bus.client import Bus
 from relay_batches.ids import new_id
 from relay_batches.ledger.dispatch import DispatchStore
+from relay_batches.ledger.files import PART_BYTES
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.outcomes import OutcomeStore
+from relay_batches.ledger.pool import create_pool
 from relay_batches.messages import RowOutcome
+from relay_batches.model import Job
 from relay_batches.router.aliases import AliasTable
-from relay_batches.services.ingest_api import openai_files
-from relay_batches.services.ingest_api.openai_files import PART_BYTES
+from relay_batches.services.ingest_api import openai_files, openai_output
+from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import TEST_LIMITS, start_api
 from tests.helpers.support import ApiClient, Isolation
@@ -146,6 +150,11 @@ async def test_a_file_over_the_row_limit_gives_a_failed_batch_and_keeps_no_rows(
         }
     ]
     assert batch["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
+    native = await pool.fetchrow(
+        "SELECT status, total, completed, failed, error FROM batches WHERE id = $1",
+        batch["id"].removeprefix("batch_"),
+    )
+    assert tuple(native) == ("failed", 1, 0, 1, "input file failed validation")
     hex_id = stored["id"].removeprefix("file-")
     assert await pool.fetchval("SELECT count(*) FROM batch_rows WHERE batch_id = $1", hex_id) == 0
     assert await content(client, http, stored["id"]) == data  # the file itself is kept
@@ -184,10 +193,21 @@ async def test_output_files_render_across_bounded_pages_with_exact_sizes(
     assert [o["response"]["body"]["choices"][0]["message"]["content"] for o in ok] == [
         f"answer {i} " + "y" * 40 for i in range(30) if i % 3
     ]
-    assert [(b["custom_id"], b["error"]) for b in bad] == [
-        (f"r{i}", {"code": "upstream_error", "message": "upstream_error: sim: HTTP 400"})
-        for i in range(0, 30, 3)
+    assert [(b["custom_id"], b["error"], b["response"]["status_code"]) for b in bad] == [
+        (f"r{i}", None, 400) for i in range(0, 30, 3)
     ]
+    assert {orjson.dumps(b["response"]["body"]) for b in bad} == {
+        orjson.dumps(
+            {
+                "error": {
+                    "message": "upstream_error: sim: HTTP 400",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "upstream_error",
+                }
+            }
+        )
+    }
     for file_id, body in ((done["output_file_id"], output), (done["error_file_id"], errors)):
         status, meta = await client.request("GET", f"/openai/v1/files/{file_id}")
         assert (status, meta["bytes"], meta["purpose"]) == (200, len(body), "batch_output")
@@ -333,3 +353,116 @@ async def test_upload_form_errors_name_the_field(
         form.add_field("file", io.BytesIO(b"{}\n"), filename="f.jsonl", content_type="text/plain")
         status, body = await client.request("POST", "/openai/v1/files", data=form)
         assert (status, body["error"]["param"]) == (400, param), body
+
+
+async def test_stalled_uploads_hold_no_connection_from_other_requests(
+    iso: Isolation, bus: Bus, aliases: AliasTable, http: aiohttp.ClientSession
+) -> None:
+    small = await create_pool(iso.database_url, max_size=2)
+    server = await start_api(small, bus, aliases, JobStore(small))
+    try:
+        client = await client_of(iso, server, http)
+        other = await client_of(iso, server, http)
+        assert server.port is not None
+        stalled = [await _stalled_upload(server.port, client.key) for _ in range(4)]
+
+        async with asyncio.timeout(1.5):  # the stalled bodies are answered 408 after 3 s
+            status, listed = await other.request("GET", "/openai/v1/files")
+
+        assert (status, listed["data"]) == (200, [])
+        answers = [await reader.readline() for reader, _ in stalled]
+        assert answers == [b"HTTP/1.1 408 Request Timeout\r\n"] * 4
+        for _, writer in stalled:
+            writer.close()
+    finally:
+        await server.close()
+        await small.close()
+
+
+async def _stalled_upload(port: int, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An upload whose client sends its headers and the start of its file, then nothing;
+    returned once the server has taken it in (its ``100 Continue``)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    start = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="s.jsonl"\r\n\r\n'
+    )
+    head = (
+        "POST /openai/v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+        "Content-Length: 10000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    writer.write(head.encode())
+    await writer.drain()
+    assert await reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+    assert await reader.readline() == b"\r\n"
+    writer.write(start + line("a", [{"role": "user", "content": "x"}]))
+    await writer.drain()
+    return reader, writer
+
+
+async def test_concurrent_creates_with_one_key_leave_one_batch_and_one_link(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    client = await client_of(iso, api_server, http)
+    stored = await upload(client, "k.jsonl", line("a", [{"role": "user", "content": "x"}]))
+    body = {
+        "input_file_id": stored["id"],
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    headers = {"Idempotency-Key": "race-1"}
+
+    answers = await asyncio.gather(
+        *(
+            client.request("POST", "/openai/v1/batches", json=body, headers=headers)
+            for _ in range(4)
+        )
+    )
+
+    created = {b["id"] for status, b in answers if status == 200}
+    assert len(created) == 1
+    assert all(status in (200, 409) for status, _ in answers)
+    hex_id = stored["id"].removeprefix("file-")
+    links = await pool.fetch("SELECT batch_id FROM openai_batches WHERE input_file_id = $1", hex_id)
+    jobs = await pool.fetch("SELECT id FROM batches WHERE rows_batch_id = $1", hex_id)
+    assert [r[0] for r in links] == [r[0] for r in jobs] == [created.pop().removeprefix("batch_")]
+
+
+async def test_concurrent_pollers_measure_each_output_file_once(
+    iso: Isolation,
+    small_pages: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = await client_of(iso, small_pages, http)
+    data = b"".join(line(f"r{i}", [{"role": "user", "content": f"q{i}"}]) for i in range(20))
+    batch = await create_batch(client, (await upload(client, "m.jsonl", data))["id"])
+    job_id = batch["id"].removeprefix("batch_")
+    await DispatchStore(pool).claim_queued(f"openai-{job_id}", 100, 20)
+    await OutcomeStore(pool).record(
+        [
+            RowOutcome(job_id, i, f"answer {i}", None, 1)
+            if i % 2
+            else RowOutcome(job_id, i, None, "upstream_error: sim: HTTP 500", 1)
+            for i in range(20)
+        ]
+    )
+    renderings: list[str] = []
+    original = openai_output.rendered
+
+    def counted(deps: ApiDeps, job: Job, kind: str) -> AsyncIterator[bytes]:
+        renderings.append(kind)
+        return original(deps, job, kind)
+
+    monkeypatch.setattr(openai_output, "rendered", counted)
+
+    answers = await asyncio.gather(
+        *(client.request("GET", f"/openai/v1/batches/{batch['id']}") for _ in range(6))
+    )
+
+    assert {(status, b["status"]) for status, b in answers} == {(200, "completed")}
+    assert sorted(renderings) == ["error", "output"]
+    status, listed = await client.request("GET", "/openai/v1/files?purpose=batch_output")
+    assert (status, len(listed["data"])) == (200, 2)

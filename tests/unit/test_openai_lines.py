@@ -106,3 +106,29 @@ def test_a_duplicate_is_reported_on_the_line_of_its_repeat() -> None:
     assert [(e.code, e.param, e.line) for e in reader.errors] == [
         ("duplicate_custom_id", "custom_id", 4)
     ]
+
+
+@pytest.mark.parametrize("cut", [None, 40, 250])
+def test_a_long_line_is_caught_whole_in_one_chunk_and_as_the_last_line(
+    monkeypatch: pytest.MonkeyPatch, cut: int | None
+) -> None:
+    monkeypatch.setattr(openai_lines, "MAX_LINE_BYTES", 200)
+    data = line("a") + b"y" * 300 + b"\n" + line("b") + b"z" * 300  # the last has no newline
+
+    reader, rows = read(data, cut)
+
+    assert [(e.code, e.line) for e in reader.errors] == [
+        ("invalid_request", 2),
+        ("invalid_request", 4),
+    ]
+    assert [c for _, c, _ in rows] == ["a"]
+    assert reader.requests == 4
+
+
+def test_blank_lines_count_for_line_numbers_only() -> None:
+    data = b"\n" * 10_000 + line("a") + b"\r\n" * 3 + b"{bad"
+
+    reader, rows = read(data, cut=4096)
+
+    assert [(c, reader.lines[i]) for i, c, _ in rows] == [("a", 10_001)]
+    assert [(e.code, e.line) for e in reader.errors] == [("invalid_json_line", 10_005)]

@@ -10,11 +10,14 @@ import orjson
 import pytest
 from openai.types import Batch
 from openai.types.chat import ChatCompletion
+from openai.types.shared import ErrorObject
 
+from relay_batches.errors import ApiError
 from relay_batches.ledger.files import BatchLink, LinkedBatch
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import Job, JobStatus
 from relay_batches.services.ingest_api.openai_batches import batch_object
+from relay_batches.services.ingest_api.openai_files import DownloadGate
 from relay_batches.services.ingest_api.openai_output import (
     ERROR,
     OUTPUT,
@@ -168,15 +171,29 @@ def test_output_lines_are_chat_completions_with_tool_calls() -> None:
     ],
 )
 def test_error_lines_say_why_a_row_did_not_succeed(status: JobStatus, code: str) -> None:
-    rows = [answered(0, error="upstream_error: sim: HTTP 400"), answered(1)]
+    rows = [
+        answered(0, error="upstream_error: sim: HTTP 429 slow down"),
+        answered(1, error="internal_error: the reply could not be read"),
+        answered(2),
+    ]
 
     lines = [orjson.loads(x) for x in render_page(linked(status).job, ERROR, rows).splitlines()]
 
-    assert [(x["custom_id"], x["response"], x["error"]["code"]) for x in lines] == [
-        ("r0", None, "upstream_error"),
-        ("r1", None, code),
+    failed = [x["response"] for x in lines[:2]]
+    assert [(x["custom_id"], x["error"]) for x in lines[:2]] == [("r0", None), ("r1", None)]
+    assert [r["status_code"] for r in failed] == [429, 500]
+    assert [r["request_id"] for r in failed] == [f"req_{HEX}{i:08x}" for i in range(2)]
+    errors = [ErrorObject.model_validate(r["body"]["error"], strict=True) for r in failed]
+    assert [(e.code, e.type, e.param) for e in errors] == [
+        ("upstream_error", "invalid_request_error", None),
+        ("internal_error", "server_error", None),
     ]
-    assert lines[0]["error"]["message"] == "upstream_error: sim: HTTP 400"
+    assert errors[0].message == "upstream_error: sim: HTTP 429 slow down"
+    assert (lines[2]["custom_id"], lines[2]["response"], lines[2]["error"]["code"]) == (
+        "r2",
+        None,
+        code,
+    )
 
 
 def test_every_openai_operation_answers_errors_in_openai_shape() -> None:
@@ -254,3 +271,15 @@ def test_a_refusal_shows_as_content_filtered_content() -> None:
         "I can't help with that.",
         "content_filter",
     )
+
+
+def test_a_workspace_holds_at_most_its_share_of_content_streams() -> None:
+    gate = DownloadGate(per_workspace=2)
+    with gate.hold("w1"), gate.hold("w1"), gate.hold("w2"):
+        with pytest.raises(ApiError) as refused:
+            with gate.hold("w1"):
+                pytest.fail("a third stream of w1 was let in")
+        assert (refused.value.status, gate.open) == (503, {"w1": 2, "w2": 1})
+    assert gate.open == {}
+    with gate.hold("w1"):
+        assert gate.open == {"w1": 1}

@@ -1,16 +1,19 @@
 """Files and the batches created from them (the OpenAI-compatible surface's ledger).
 
-An input file is stored in one transaction while it is uploaded (:meth:`FileStore.upload`):
-its bytes COPY'd as ``file_parts`` chunks and its parsed requests COPY'd as
-``batch_rows`` under the file's own id, so a job created from it runs those rows
-(``rows_batch_id``) and nothing is copied again. Output and error files have no parts:
+An input file is stored in one short transaction once it has been received whole
+(:meth:`FileStore.upload`; the API spools it to a temporary file first, so no
+connection waits on a client): its bytes COPY'd as ``file_parts`` chunks of
+:data:`PART_BYTES` and its parsed requests COPY'd as ``batch_rows`` under the file's
+own id, so a job created from it runs those rows (``rows_batch_id``) and nothing is
+copied again. Output and error files have no parts:
 their rows are registered once their batch has ended and their size measured
 (:meth:`FileStore.add_output_file`); their content is rendered from the outcomes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,12 +23,14 @@ import orjson
 
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
 from relay_batches.ledger.jobs import NewJob
+from relay_batches.ledger.jobs import _insert_job as insert_job
 from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import Job, JobStatus
 
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
-PARTS_PER_READ = 4  # file parts fetched per round trip while streaming content
+PART_BYTES = 256 * 1024  # bytes of a stored part: one is read per query of ``content``
+MAX_STORING = 2  # uploads storing at once (each holds a pooled connection meanwhile)
 
 _FILE_COLUMNS = "id, workspace_id, filename, purpose, bytes, rows, model, line_errors, created_at"
 _LINK_COLUMNS = (
@@ -97,15 +102,21 @@ class FileUpload:
         self.file_id = file_id
         self._parts = 0
 
-    async def add_part(self, data: bytes) -> None:
-        """Store the next chunk of the file's bytes."""
+    async def add_bytes(self, data: bytes) -> None:
+        """Store the next bytes of the file, as parts of :data:`PART_BYTES` (the last
+        call's last part may be shorter)."""
+        first = self._parts
+        count = -(-len(data) // PART_BYTES)
+        self._parts += count
+        view = memoryview(data)
+        records = (
+            (self.file_id, first + n, view[n * PART_BYTES : (n + 1) * PART_BYTES].tobytes())
+            for n in range(count)
+        )
         async with translated():
             await self._conn.copy_records_to_table(
-                "file_parts",
-                records=[(self.file_id, self._parts, data)],
-                columns=("file_id", "part", "data"),
+                "file_parts", records=records, columns=("file_id", "part", "data")
             )
-        self._parts += 1
 
     async def add_rows(self, rows: Sequence[tuple[int, str, str]]) -> None:
         """Store parsed requests as ``(row_index, custom_id, request_json)``."""
@@ -166,14 +177,20 @@ class FileUpload:
 class FileStore:
     """The ``files``, ``file_parts`` and ``openai_batches`` queries of the OpenAI surface."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, max_storing: int = MAX_STORING) -> None:
         self._pool = pool
+        self._storing = asyncio.Semaphore(max_storing)
+        self._measuring: dict[str, asyncio.Future[StoredFile | None]] = {}
 
     @asynccontextmanager
     async def upload(self, file_id: str) -> AsyncIterator[FileUpload]:
-        """One transaction for storing a whole file: all of it, or nothing on error."""
-        async with translated(), self._pool.acquire() as conn, conn.transaction():
-            yield FileUpload(conn, file_id)
+        """One transaction for storing a whole file: all of it, or nothing on error. At
+        most ``max_storing`` uploads hold a connection at once (the others wait their
+        turn), so uploads never take the pool from other requests; the caller feeds it
+        from local storage, never from a client."""
+        async with self._storing, translated(), self._pool.acquire() as conn:
+            async with conn.transaction():
+                yield FileUpload(conn, file_id)
 
     async def get(self, workspace_id: str, file_id: str) -> StoredFile | None:
         """The live file ``file_id`` of ``workspace_id``."""
@@ -221,56 +238,67 @@ class FileStore:
             await conn.execute("DELETE FROM file_parts WHERE file_id = $1", file_id)
             await conn.execute(
                 "DELETE FROM batch_rows WHERE batch_id = $1 AND NOT EXISTS ("
-                " SELECT 1 FROM openai_batches WHERE input_file_id = $1)",
+                " SELECT 1 FROM openai_batches o JOIN batches b ON b.id = o.batch_id"
+                " WHERE o.input_file_id = $1)",
                 file_id,
             )
         return True
 
     async def parts(self, file_id: str) -> AsyncIterator[bytes]:
-        """The file's bytes as uploaded, a stored chunk at a time."""
+        """The file's bytes as uploaded, one stored part (:data:`PART_BYTES`) per query,
+        so a slow reader holds one part and no connection."""
         last = -1
         while True:
             async with translated():
-                records = await self._pool.fetch(
+                record = await self._pool.fetchrow(
                     "SELECT part, data FROM file_parts WHERE file_id = $1 AND part > $2"
-                    " ORDER BY part LIMIT $3",
+                    " ORDER BY part LIMIT 1",
                     file_id,
                     last,
-                    PARTS_PER_READ,
                 )
-            for record in records:
-                yield bytes(record[1])
-            if len(records) < PARTS_PER_READ:
+            if record is None:
                 return
-            last = records[-1][0]
+            last = record[0]
+            yield bytes(record[1])
 
-    async def link(self, workspace_id: str, link: BatchLink) -> bool:
-        """Record a batch's link before its job is created (a link without a job is
-        never shown: every read joins the job); False, and nothing recorded, if its input
-        file is no longer live. The file's row is share-locked meanwhile, so a concurrent
-        delete either sees the link (and keeps the rows it runs) or wins first."""
-        async with translated():
-            linked = await self._pool.fetchval(
+    async def create_linked(
+        self, new: NewJob, link: BatchLink, claim: IdempotencyClaim | None
+    ) -> LinkedBatch | None:
+        """Store a job over its input file's rows with its link and its
+        ``Idempotency-Key`` response, in one transaction (:class:`KeyTaken`, nothing
+        stored, if the key was used first); None, nothing stored, if the input file is no
+        longer live. The file's row is share-locked meanwhile, so a concurrent delete
+        either sees the job (and keeps the rows it runs) or wins first."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            linked = await conn.fetchval(
                 "WITH live AS (SELECT id FROM files WHERE id = $3 AND workspace_id = $2"
                 "  AND deleted_at IS NULL FOR SHARE)"
                 " INSERT INTO openai_batches (batch_id, workspace_id, input_file_id,"
                 " output_file_id, error_file_id, endpoint, completion_window, errors)"
                 " SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM live RETURNING 1",
-                *_link_values(workspace_id, link),
+                *_link_values(new.workspace_id, link),
             )
-        return linked is not None
+            if linked is None:
+                return None
+            job = await insert_job(conn, new, ())
+            if claim is not None:
+                await record_response(conn, claim, 201, orjson.dumps(job.to_api()).decode())
+        return LinkedBatch(job, link)
 
     async def create_failed(
         self, new: NewJob, link: BatchLink, claim: IdempotencyClaim | None
     ) -> LinkedBatch:
         """Store a job that failed validation (its input file's errors in ``link``) with
-        its link, ended at once: no row of it ever runs."""
+        its link, ended at once: no row of it ever runs, and every one of its ``total``
+        requests is counted failed (``completed + failed == total`` as for any ended
+        job, so the native API, the panel and the webhook agree)."""
         async with translated(), self._pool.acquire() as conn, conn.transaction():
             await conn.execute(_INSERT_LINK, *_link_values(new.workspace_id, link))
             record = await conn.fetchrow(
                 "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
-                " rows_batch_id, params, metadata, expires_at, error, completed_at)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now()) RETURNING *",
+                " failed, rows_batch_id, params, metadata, expires_at, error, completed_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, now())"
+                " RETURNING *",
                 new.id,
                 new.workspace_id,
                 new.name,
@@ -338,6 +366,33 @@ class FileStore:
                 "SELECT 1 FROM files WHERE id = $1 AND workspace_id = $2", file_id, workspace_id
             )
         return found is not None
+
+    async def output_file_once(
+        self,
+        workspace_id: str,
+        file_id: str,
+        filename: str,
+        created_at: datetime,
+        measure: Callable[[], Awaitable[int]],
+    ) -> StoredFile | None:
+        """The output or error file ``file_id``, registered with the size ``measure``
+        gives if it is not yet known: one measurement at a time per file in this process
+        (concurrent callers wait for it; one that gives up does not stop it for the
+        others); None once deleted."""
+        found = await self.get(workspace_id, file_id)
+        if found is not None or await self.file_known(workspace_id, file_id):
+            return found
+        running = self._measuring.get(file_id)
+        if running is None:
+
+            async def register() -> StoredFile | None:
+                size = await measure()
+                return await self.add_output_file(workspace_id, file_id, filename, size, created_at)
+
+            running = asyncio.ensure_future(register())
+            self._measuring[file_id] = running
+            running.add_done_callback(lambda _: self._measuring.pop(file_id, None))
+        return await asyncio.shield(running)
 
     async def add_output_file(
         self, workspace_id: str, file_id: str, filename: str, size: int, created_at: datetime
