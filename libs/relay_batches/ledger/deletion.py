@@ -20,10 +20,17 @@ from enum import StrEnum
 import asyncpg
 
 from relay_batches.errors import ConflictError
+from relay_batches.ledger.lock_order import update_jobs_in_id_order
 from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import TERMINAL, JobStatus
 
-_LOCK_JOB = "SELECT status FROM batches WHERE id = $1 AND workspace_id = $2 FOR UPDATE"
+# The job and the runs it spawned (a cron template's), locked together in id order
+# (ledger/lock_order.py): the aggregator locks jobs by id, so locking the template first
+# and its runs after could close a cycle with it.
+_LOCK_JOB = (
+    "SELECT id, status FROM batches"
+    " WHERE (id = $1 AND workspace_id = $2) OR template_id = $1 ORDER BY id FOR UPDATE"
+)
 _DELETE_OUTCOMES = "DELETE FROM row_results WHERE batch_id = $1"
 # Rows stored under the job's id, unless another job runs them (rows_batch_id).
 _DELETE_OWN_ROWS = (
@@ -36,7 +43,7 @@ _DELETE_DELIVERY = "DELETE FROM webhook_deliveries WHERE batch_id = $1"
 _DELETE_IDEMPOTENCY = (
     "DELETE FROM idempotency_keys WHERE workspace_id = $2 AND strpos(response_body, $1) > 0"
 )
-_DETACH_RUNS = "UPDATE batches SET template_id = NULL WHERE template_id = $1"
+_DETACH_RUNS = update_jobs_in_id_order("template_id = $1", "template_id = NULL")
 _DELETE_JOB = "DELETE FROM batches WHERE id = $1 AND workspace_id = $2"
 
 # In this order: everything naming the job goes before the job (foreign keys).
@@ -67,7 +74,8 @@ async def delete_job(conn: Connection, workspace_id: str, batch_id: str) -> Dele
     running; :attr:`Deleted.NOT_FOUND` when the workspace has no such job.
     """
     async with conn.transaction():
-        status = await conn.fetchval(_LOCK_JOB, batch_id, workspace_id)
+        locked = await conn.fetch(_LOCK_JOB, batch_id, workspace_id)
+        status = next((r["status"] for r in locked if r["id"] == batch_id), None)
         if status is None:
             return Deleted.NOT_FOUND
         if JobStatus(status) not in TERMINAL:
