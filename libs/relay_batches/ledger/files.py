@@ -269,8 +269,11 @@ class FileStore:
             await conn.execute(_INSERT_LINK, *_link_values(new.workspace_id, link))
             record = await conn.fetchrow(
                 "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
-                " rows_batch_id, params, metadata, expires_at, error, completed_at)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now()) RETURNING *",
+                " rows_batch_id, params, metadata, expires_at, error, completed_at,"
+                " completion_window)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,"
+                f" {EXPIRES_AT.format(deadline='$11', window='$13', cron='NULL')}, $12, now(), $13)"
+                " RETURNING *",
                 new.id,
                 new.workspace_id,
                 new.name,
@@ -283,6 +286,7 @@ class FileStore:
                 new.metadata,
                 new.expires_at,
                 "input file failed validation",
+                new.completion_window,
             )
             job = Job.from_record(record)
             if claim is not None:
