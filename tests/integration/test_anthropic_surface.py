@@ -24,8 +24,8 @@ from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import RowOutcome
 from relay_batches.router.aliases import AliasTable
 from relay_batches.services.relay_cli import admin
-from tests.helpers.api import start_api
 from tests.helpers.anthropic_sdk import RawAnthropic, error_of, params, sdk_client, strict_batch
+from tests.helpers.api import start_api
 from tests.helpers.support import ApiClient, Isolation
 
 

@@ -19,7 +19,7 @@ import asyncpg
 import orjson
 
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
-from relay_batches.ledger.jobs import NewJob
+from relay_batches.ledger.jobs import EXPIRES_AT, NewJob
 from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import Job, JobStatus
 
