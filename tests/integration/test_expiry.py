@@ -324,6 +324,16 @@ async def test_an_upload_gives_each_files_job_the_window_and_metadata(
     assert body["error"]["param"] == "metadata.source"
 
 
+async def end_as_reaped(pool: asyncpg.Pool, batch_ids: list[str]) -> None:
+    """End these jobs as the reaper would, announced: nothing of them is left live in
+    the shared session database."""
+    await pool.execute(
+        "UPDATE batches SET status = 'expired', completed_at = now(), finished_published = true,"
+        " lease_owner = NULL, lease_expires_at = NULL WHERE id = ANY($1::text[])",
+        batch_ids,
+    )
+
+
 async def test_the_deadline_is_the_window_after_the_insert_on_the_database_clock(
     pool: asyncpg.Pool,
 ) -> None:
@@ -350,6 +360,7 @@ async def test_a_job_past_its_deadline_is_never_claimed_even_without_a_reaper(
     claimed |= {j.id for j in await store.claim_queued("exp-owner", 1000, 30)}
     assert (due in claimed, live in claimed) == (False, True)
     assert (await status_of(pool, due), await status_of(pool, live)) == ("queued", "running")
+    await end_as_reaped(pool, [due, live])
 
 
 async def test_outcomes_past_the_deadline_are_not_recorded_even_without_a_reaper(
@@ -368,3 +379,4 @@ async def test_outcomes_past_the_deadline_are_not_recorded_even_without_a_reaper
     )
     assert [tuple(r) for r in results] == [(0, "in time")]
     assert await status_of(pool, batch_id) == "running"
+    await end_as_reaped(pool, [batch_id])
