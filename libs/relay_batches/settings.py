@@ -10,6 +10,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from urllib.parse import urlsplit
 
 from relay_batches.netguard import IPNetwork, parse_networks
 
@@ -129,6 +130,10 @@ class Settings:
     heartbeat_seconds: float = 2.0
     scheduler_max_sleep_s: float = 60.0
     expiry_interval_s: float = 1.0
+    # The API's public address (scheme://host[:port][/prefix]) for URLs it hands out
+    # (an Anthropic batch's results_url); empty: the request's own origin (dev only:
+    # behind a TLS-terminating proxy that origin is http://).
+    public_base_url: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -200,6 +205,7 @@ class Settings:
                 env, "RELAY_SCHEDULER_MAX_SLEEP_S", d.scheduler_max_sleep_s
             ),
             expiry_interval_s=_finite_positive(env, "RELAY_EXPIRY_INTERVAL_S", d.expiry_interval_s),
+            public_base_url=_base_url(env, "RELAY_PUBLIC_BASE_URL"),
         )
 
     def describe(self) -> dict[str, object]:
@@ -220,6 +226,24 @@ def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
         return parse_networks(env.get(name, ""))
     except ValueError as exc:
         raise ConfigError(f"{name} must be comma-separated CIDRs: {exc}") from None
+
+
+def _base_url(env: Mapping[str, str], name: str) -> str:
+    """An absolute http(s) URL without query or fragment, its trailing ``/`` removed;
+    empty if unset."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return ""
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ConfigError(
+            f"{name} must be an http(s) URL like https://relay.example.com, got {raw!r}"
+        )
+    try:
+        _ = parts.port  # a port out of range raises here
+    except ValueError:
+        raise ConfigError(f"{name} has an invalid port, got {raw!r}") from None
+    return raw.rstrip("/")
 
 
 def _namespace(value: str) -> str:

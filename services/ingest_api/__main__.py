@@ -65,6 +65,7 @@ async def build(
         files=FileStore(pool),
         pool=pool,
         model_names=aliases.names,
+        public_base_url=settings.public_base_url,
         body_gate=BodyGate(
             settings.body_read_timeout_s,
             settings.large_body_bytes,

@@ -101,7 +101,8 @@ def request_counts(job: Job) -> AnthropicRequestCounts:
 
 
 def batch_model(job: Job, origin: str) -> AnthropicMessageBatch:
-    """The Message Batch of ``job``; ``origin`` (``scheme://host``) roots ``results_url``."""
+    """The Message Batch of ``job``; ``origin`` (``scheme://host[/prefix]``, no trailing
+    slash: the public base URL or the request's origin) roots ``results_url``."""
     ended = job.status in TERMINAL
     ended_at = (job.completed_at or job.created_at) if ended else None
     batch_id = public_id(job.id)

@@ -56,7 +56,8 @@ def add_anthropic_routes(app: web.Application) -> None:
 
 
 def _origin(request: web.Request) -> str:
-    return str(request.url.origin())
+    """The root of ``results_url``: RELAY_PUBLIC_BASE_URL, else the request's origin."""
+    return request.app[DEPS].public_base_url or str(request.url.origin())
 
 
 def _answer(request: web.Request, job: Job) -> web.Response:

@@ -39,6 +39,9 @@ class ApiDeps:
     files: FileStore  # the OpenAI surface's files and batch links
     pool: asyncpg.Pool  # the ledger, for the stores a surface builds on it
     model_names: Callable[[], list[str]] = list  # the router's public aliases
+    # RELAY_PUBLIC_BASE_URL: the root of the URLs handed out (results_url); empty for
+    # the request's own origin.
+    public_base_url: str = ""
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
     spool_dir: str | None = None  # where uploads are spooled; None: the system temp dir
     # Decoding and validating large bodies, one at a time: each thread more would take

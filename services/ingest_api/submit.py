@@ -70,8 +70,10 @@ def plan_job(
 ) -> PlannedJob:
     """Build the job: ``name`` (default ``options.name``, else ``batch <timestamp>``).
 
-    A job with a completion window expires that long after ``now``; a cron template
-    keeps the window for each run it spawns (see :mod:`relay_batches.ledger.schedule`).
+    A job with a completion window expires that long after the ledger stores it (the
+    database's clock, the one the reaper and the claims compare with: see
+    :func:`relay_batches.ledger.jobs.NewJob`); a cron template keeps the window for each
+    run it spawns (see :mod:`relay_batches.ledger.schedule`).
     """
     chosen = options.name if name is None else name
     window = options.completion_window
@@ -87,7 +89,6 @@ def plan_job(
         next_run_at=next_tick(options.cron, now) if options.cron else None,
         params=options.params_json,
         metadata=options.metadata_json,
-        expires_at=now + window if window is not None and not options.cron else None,
         completion_window=window,
     )
     return PlannedJob(new, rows)

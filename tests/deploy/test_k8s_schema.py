@@ -77,3 +77,20 @@ def test_everything_lives_in_the_overlay_namespace(overlay: str) -> None:
     for resource in rendered.resources:
         if resource["kind"] != "Namespace":
             assert resource["metadata"].get("namespace") == name, resource["metadata"]
+
+
+def test_the_prod_ingress_routes_every_surface_and_the_public_url_is_https() -> None:
+    """/v1 alone would leave the OpenAI and Anthropic surfaces 404 behind the Ingress;
+    results_url is rooted at the Ingress's TLS host."""
+    rendered = render("prod")
+    ingress = rendered.get("Ingress", "ingest-api")
+    (rule,) = ingress["spec"]["rules"]
+    prefixes = {(p["path"], p["pathType"]) for p in rule["http"]["paths"]}
+    assert prefixes == {
+        ("/v1", "Prefix"),
+        ("/openai/v1", "Prefix"),
+        ("/anthropic/v1", "Prefix"),
+    }
+    (tls,) = ingress["spec"]["tls"]
+    assert rendered.settings().public_base_url == f"https://{rule['host']}"
+    assert rule["host"] in tls["hosts"]

@@ -53,7 +53,7 @@ class ApiTestServer(TestServer):
 
 
 async def start_api(
-    pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, jobs: JobStore
+    pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, jobs: JobStore, public_base_url: str = ""
 ) -> TestServer:
     """Start the ingest-api application, on ``jobs``, on a real loopback port."""
     deps = ApiDeps(
@@ -66,6 +66,7 @@ async def start_api(
         files=FileStore(pool),
         pool=pool,
         model_names=aliases.names,
+        public_base_url=public_base_url,
         body_gate=BodyGate(TEST_READ_TIMEOUT_S, TEST_LARGE_BODY, TEST_LARGE_SLOTS, TEST_MIN_RATE),
     )
 

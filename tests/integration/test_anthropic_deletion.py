@@ -3,17 +3,20 @@ job still runs stay, a live job or another workspace's is left untouched."""
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 
 from relay_batches.ids import new_id
-from relay_batches.ledger.deletion import Deleted, JobDeletion, StillLive
+from relay_batches.ledger.deletion import Deleted, JobDeletion, StillLive, delete_job
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import RowOutcome
 from relay_batches.model import Job, JobStatus
+from tests.helpers.support import wait_until
 
 ROW = '[{"content":"x","role":"user"}]'
 
@@ -192,3 +195,55 @@ async def test_rows_stored_under_another_id_are_never_touched(pool: asyncpg.Pool
     assert await counts(pool, first.id) == NOTHING
     assert (await counts(pool, file_id))["batch_rows"] == 3
     assert (await counts(pool, second.id))["batches"] == 1
+
+
+async def _job_with_id(
+    pool: asyncpg.Pool, workspace_id: str, batch_id: str, cron: str | None
+) -> Job:
+    new = NewJob(batch_id, workspace_id, "d", "gpt-4o-mini", 0, 1, None, cron, None)
+    return await JobStore(pool).create(new, [("c-0", ROW)])
+
+
+async def _waiting_for_a_lock(observer: asyncpg.Pool, pid: int) -> bool:
+    event = await observer.fetchval(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+    )
+    return bool(event == "Lock")
+
+
+async def test_deleting_a_template_locks_it_and_its_runs_in_id_order(
+    pool: asyncpg.Pool,
+) -> None:
+    """While the aggregator holds a run whose id is below the template's, the deletion
+    waits for that run before it locks the template (id order, as the aggregator locks),
+    so the aggregator can still lock the template and no deadlock can close."""
+    ws = await workspace(pool)
+    template = await _job_with_id(pool, ws, "f" + new_id()[1:], "0 * * * *")
+    run = await _job_with_id(pool, ws, "0" + new_id()[1:], None)
+    await pool.execute("UPDATE batches SET template_id = $1 WHERE id = $2", template.id, run.id)
+    await JobStore(pool).cancel(ws, template.id)
+    aggregator = await pool.acquire()
+    deleter = await pool.acquire()
+    try:
+        deleter_pid = await deleter.fetchval("SELECT pg_backend_pid()")
+        async with aggregator.transaction():
+            await aggregator.execute("SELECT 1 FROM batches WHERE id = $1 FOR UPDATE", run.id)
+            deleting = asyncio.create_task(delete_job(deleter, ws, template.id))
+            await wait_until(
+                lambda: _waiting_for_a_lock(pool, deleter_pid),
+                10,
+                "the deletion to wait for the run's lock",
+            )
+            # The template is not locked yet: the aggregator's next lock goes through.
+            assert (
+                await aggregator.fetchval(
+                    "SELECT id FROM batches WHERE id = $1 FOR UPDATE NOWAIT", template.id
+                )
+                == template.id
+            )
+        assert await asyncio.wait_for(deleting, 10) is Deleted.DELETED
+    finally:
+        await pool.release(aggregator)
+        await pool.release(deleter)
+    detached = await pool.fetchrow("SELECT template_id FROM batches WHERE id = $1", run.id)
+    assert detached is not None and detached["template_id"] is None

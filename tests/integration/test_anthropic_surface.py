@@ -17,11 +17,15 @@ import pytest
 from aiohttp.test_utils import TestServer
 from anthropic import AsyncAnthropic
 
+from relay_batches.bus.client import Bus
 from relay_batches.ids import new_id
+from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import RowOutcome
+from relay_batches.router.aliases import AliasTable
 from relay_batches.services.relay_cli import admin
 from tests.helpers.anthropic_sdk import RawAnthropic, error_of, params, sdk_client, strict_batch
+from tests.helpers.api import start_api
 from tests.helpers.support import ApiClient, Isolation
 
 
@@ -384,3 +388,21 @@ async def test_an_expired_batch_shows_its_unrun_rows_expired(
         ("first", "succeeded"),
         ("second", "expired"),
     ]
+
+
+async def test_results_url_is_rooted_at_the_public_base_url(
+    iso: Isolation, pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, http: aiohttp.ClientSession
+) -> None:
+    """Behind a TLS-terminating proxy the request's origin is http://; the configured
+    public address roots results_url instead, so the SDK never sends its key in clear."""
+    server = await start_api(pool, bus, aliases, JobStore(pool), "https://relay.example.com/gw")
+    user = await new_user(iso, server, http, f"anthropic-p-{new_id()[:8]}")
+    try:
+        created = await user.raw.batch("POST", "", {"requests": two_requests()})
+        canceled = await user.raw.batch("POST", f"/{created['id']}/cancel")
+    finally:
+        await user.sdk.close()
+        await server.close()
+    assert canceled["results_url"] == (
+        f"https://relay.example.com/gw/anthropic/v1/messages/batches/{created['id']}/results"
+    )

@@ -6,6 +6,7 @@ over, and its record lands."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 
 import asyncpg
 import orjson
@@ -18,7 +19,21 @@ from relay_batches.ledger.keys import KeyStore
 from relay_batches.messages import JobEvent
 from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
+NAME = "fence"  # every job of this module, so its deliveries are found and removed
+
 HOOK = "http://127.0.0.1:9/hook"  # never connected to: every Post here is a fake
+
+
+@pytest.fixture(autouse=True)
+async def settle_deliveries(pool: asyncpg.Pool) -> AsyncIterator[None]:
+    """Remove the deliveries these tests leave claimed, posting or deferred: the session
+    database is shared, and a later sweep (``recover_deliveries`` in test_recovery.py)
+    would take over a claim left here once its 30 s run out and POST it."""
+    yield
+    await pool.execute(
+        "DELETE FROM webhook_deliveries WHERE batch_id IN (SELECT id FROM batches WHERE name = $1)",
+        NAME,
+    )
 
 
 async def new_batch(pool: asyncpg.Pool, workspace: str | None = None) -> str:
@@ -26,7 +41,7 @@ async def new_batch(pool: asyncpg.Pool, workspace: str | None = None) -> str:
     if workspace is None:
         workspace = await KeyStore(pool).ensure_workspace(f"fence-{new_id()[:6]}")
     batch = await JobStore(pool).create(
-        NewJob(new_id(), workspace, "fence", "gpt-4o-mini", 0, 1, HOOK, None, None),
+        NewJob(new_id(), workspace, NAME, "gpt-4o-mini", 0, 1, HOOK, None, None),
         iter([("c-0", '[{"role":"user","content":"hi"}]')]),
     )
     return batch.id

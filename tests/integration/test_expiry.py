@@ -322,3 +322,61 @@ async def test_an_upload_gives_each_files_job_the_window_and_metadata(
     status, body = await client_a.request("POST", "/v1/batches/upload", data=bad)
     assert status == 400
     assert body["error"]["param"] == "metadata.source"
+
+
+async def end_as_reaped(pool: asyncpg.Pool, batch_ids: list[str]) -> None:
+    """End these jobs as the reaper would, announced: nothing of them is left live in
+    the shared session database."""
+    await pool.execute(
+        "UPDATE batches SET status = 'expired', completed_at = now(), finished_published = true,"
+        " lease_owner = NULL, lease_expires_at = NULL WHERE id = ANY($1::text[])",
+        batch_ids,
+    )
+
+
+async def test_the_deadline_is_the_window_after_the_insert_on_the_database_clock(
+    pool: asyncpg.Pool,
+) -> None:
+    """The reaper and the claims compare with the database's now(): the deadline is set
+    on that clock, exactly the window after the job's created_at."""
+    workspace = await KeyStore(pool).ensure_workspace(f"exp-{new_id()[:6]}")
+    window = timedelta(minutes=7)
+    batch_id = await new_job(pool, workspace, completion_window=window)
+    left = await pool.fetchval(
+        "SELECT expires_at - created_at FROM batches WHERE id = $1", batch_id
+    )
+    assert left == window
+
+
+async def test_a_job_past_its_deadline_is_never_claimed_even_without_a_reaper(
+    pool: asyncpg.Pool,
+) -> None:
+    workspace = await KeyStore(pool).ensure_workspace(f"exp-{new_id()[:6]}")
+    due = await new_job(pool, workspace, completion_window=timedelta(hours=1))
+    live = await new_job(pool, workspace, completion_window=timedelta(hours=1))
+    await make_due(pool, [due])
+    store = DispatchStore(pool)
+    claimed = {j.id for j in await store.claim_outranking("exp-owner", {workspace: -1}, 10, 30)}
+    claimed |= {j.id for j in await store.claim_queued("exp-owner", 1000, 30)}
+    assert (due in claimed, live in claimed) == (False, True)
+    assert (await status_of(pool, due), await status_of(pool, live)) == ("queued", "running")
+    await end_as_reaped(pool, [due, live])
+
+
+async def test_outcomes_past_the_deadline_are_not_recorded_even_without_a_reaper(
+    pool: asyncpg.Pool,
+) -> None:
+    workspace = await KeyStore(pool).ensure_workspace(f"exp-{new_id()[:6]}")
+    batch_id = await new_job(pool, workspace, rows=2, completion_window=timedelta(hours=1))
+    await pool.execute("UPDATE batches SET status = 'running' WHERE id = $1", batch_id)
+    store = OutcomeStore(pool)
+    assert len(await store.record([RowOutcome(batch_id, 0, "in time", None, attempts=1)])) == 1
+    await make_due(pool, [batch_id])
+    assert await store.record([RowOutcome(batch_id, 1, "too late", None, attempts=1)]) == []
+    results = await pool.fetch(
+        "SELECT row_index, content FROM row_results WHERE batch_id = $1 ORDER BY row_index",
+        batch_id,
+    )
+    assert [tuple(r) for r in results] == [(0, "in time")]
+    assert await status_of(pool, batch_id) == "running"
+    await end_as_reaped(pool, [batch_id])

@@ -1,6 +1,7 @@
-"""The unreleased migrations (0006 on) that scan webhook_deliveries (which only grows) do
-so without a lock that stops its readers, and the status CHECK ends up validated. The
-released ones (0003, 0005) ran long ago and are left as they are."""
+"""The unreleased migrations that scan a large table (webhook_deliveries from 0006,
+batches from 0010: both only grow) do so without an ACCESS EXCLUSIVE lock on it or on
+the tables changed alongside, and the status CHECKs end up validated. The released ones
+(0003, 0005) ran long ago and are left as they are."""
 
 from __future__ import annotations
 
@@ -12,23 +13,39 @@ from relay_batches.ledger.migrate import migration_files
 from relay_batches.ledger.schema import migration_version
 from tests.helpers.support import create_isolation, drop_isolation
 
-FIRST_UNRELEASED = 6
+# Each large table: the first unreleased migration that may scan it, and its CHECK.
+LARGE = {
+    "webhook_deliveries": (6, "webhook_deliveries_status_check"),
+    "batches": (10, "batches_status_check"),
+}
+# Tables whose ACCESS EXCLUSIVE lock stops every job's work (read by every service).
+GUARDED = ("webhook_deliveries", "batches", "batch_rows")
 
-# Statements that read every row of webhook_deliveries: building an index on it, or
-# adding a CHECK that is validated at once (without NOT VALID) or validating one.
-_SCANS = re.compile(
-    r"CREATE\s+INDEX[^;]*\bON\s+webhook_deliveries\b"
-    r"|ALTER\s+TABLE\s+webhook_deliveries\s+VALIDATE\s+CONSTRAINT"
-    r"|ALTER\s+TABLE\s+webhook_deliveries\s+ADD\s+CONSTRAINT\s+\w+\s+CHECK\s*\((?:(?!NOT\s+VALID)[^;])*;",
-    re.I,
-)
+
+def _scans(table: str) -> re.Pattern[str]:
+    """Statements that read every row of ``table``: building an index on it, or adding a
+    CHECK that is validated at once (without NOT VALID) or validating one."""
+    return re.compile(
+        rf"CREATE\s+INDEX[^;]*\bON\s+{table}\b"
+        rf"|ALTER\s+TABLE\s+{table}\s+VALIDATE\s+CONSTRAINT"
+        rf"|ALTER\s+TABLE\s+{table}\s+ADD\s+CONSTRAINT\s+\w+\s+CHECK\s*\((?:(?!NOT\s+VALID)[^;])*;",
+        re.I,
+    )
 
 
 def _code(sql: str) -> str:
     return "\n".join(line.split("--")[0] for line in sql.splitlines())
 
 
-async def test_scans_of_webhook_deliveries_never_hold_an_exclusive_lock() -> None:
+def _scanned(name: str, sql: str) -> list[str]:
+    return [
+        table
+        for table, (first, _) in LARGE.items()
+        if migration_version(name) >= first and _scans(table).search(_code(sql) + ";")
+    ]
+
+
+async def test_scans_of_large_tables_never_hold_an_exclusive_lock() -> None:
     iso = await create_isolation("miglocks", migrated=False)
     conn = await asyncpg.connect(iso.database_url, timeout=10)
     try:
@@ -36,25 +53,36 @@ async def test_scans_of_webhook_deliveries_never_hold_an_exclusive_lock() -> Non
             "CREATE TABLE schema_migrations (name text PRIMARY KEY,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        scanning: dict[str, set[str]] = {}
+        scanning: dict[str, dict[str, set[str]]] = {}
         for name, sql in migration_files():
             async with conn.transaction():
                 await conn.execute(sql)
                 await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
-                if migration_version(name) >= FIRST_UNRELEASED and _SCANS.search(_code(sql) + ";"):
+                if _scanned(name, sql):
                     held = await conn.fetch(
-                        "SELECT mode FROM pg_locks WHERE pid = pg_backend_pid()"
-                        " AND relation = 'webhook_deliveries'::regclass"
+                        "SELECT relation::regclass::text AS rel, mode FROM pg_locks"
+                        " WHERE pid = pg_backend_pid() AND relation = ANY("
+                        " SELECT to_regclass(t) FROM unnest($1::text[]) AS t)",
+                        list(GUARDED),
                     )
-                    scanning[name] = {r["mode"] for r in held}
-        assert scanning, "no migration scans webhook_deliveries"
+                    scanning[name] = {}
+                    for r in held:
+                        scanning[name].setdefault(r["rel"], set()).add(r["mode"])
+        scanned = {table for name, sql in migration_files() for table in _scanned(name, sql)}
+        assert scanned == set(LARGE), "a large table is never scanned: the check is stale"
         # Held until the migration's commit: an ACCESS EXCLUSIVE lock there would stop
         # every reader of the table for the whole scan.
-        assert {n: m for n, m in scanning.items() if "AccessExclusiveLock" in m} == {}
-        assert await conn.fetchval(
-            "SELECT convalidated FROM pg_constraint"
-            " WHERE conname = 'webhook_deliveries_status_check'"
-        )
+        exclusive = {
+            (name, rel)
+            for name, locks in scanning.items()
+            for rel, modes in locks.items()
+            if "AccessExclusiveLock" in modes
+        }
+        assert exclusive == set()
+        for _, check in LARGE.values():
+            assert await conn.fetchval(
+                "SELECT convalidated FROM pg_constraint WHERE conname = $1", check
+            ), check
     finally:
         await conn.close()
         await drop_isolation(iso)

@@ -466,3 +466,112 @@ async def test_concurrent_pollers_measure_each_output_file_once(
     assert sorted(renderings) == ["error", "output"]
     status, listed = await client.request("GET", "/openai/v1/files?purpose=batch_output")
     assert (status, len(listed["data"])) == (200, 2)
+
+
+async def _ended_batch(client: ApiClient, pool: asyncpg.Pool, file_id: str) -> dict[str, Any]:
+    """A batch over ``file_id`` run to completed, its output and error files listed."""
+    batch = await create_batch(client, file_id)
+    job_id = batch["id"].removeprefix("batch_")
+    await DispatchStore(pool).claim_queued(f"openai-{job_id}", 100, 30)
+    await OutcomeStore(pool).record(
+        [RowOutcome(job_id, 0, "fine", None, 1), RowOutcome(job_id, 1, None, "upstream_error", 1)]
+    )
+    status, done = await client.request("GET", f"/openai/v1/batches/{batch['id']}")
+    assert (status, done["status"]) == (200, "completed")
+    for file_id in (done["output_file_id"], done["error_file_id"]):
+        assert (await client.request("GET", f"/openai/v1/files/{file_id}"))[0] == 200
+    return dict(done)
+
+
+async def _rows_of(pool: asyncpg.Pool, file_id: str) -> int:
+    hex_id = file_id.removeprefix("file-")
+    count: int = await pool.fetchval("SELECT count(*) FROM batch_rows WHERE batch_id = $1", hex_id)
+    return count
+
+
+@pytest.mark.parametrize("file_first", [False, True], ids=["job-first", "file-first"])
+async def test_deleting_a_batch_through_anthropic_drops_its_link_and_output_files(
+    iso: Isolation,
+    api_server: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+    file_first: bool,
+) -> None:
+    """The job is a normal job, deletable on the Anthropic surface: its OpenAI link and
+    output/error files go with it, and its input file's rows are freed once the file is
+    deleted too, in either order."""
+    client = await client_of(iso, api_server, http)
+    one = [{"role": "user", "content": "x"}]
+    stored = await upload(client, "del.jsonl", line("a", one) + line("b", one))
+    done = await _ended_batch(client, pool, stored["id"])
+    job_id = done["id"].removeprefix("batch_")
+    delete_file = ("DELETE", f"/openai/v1/files/{stored['id']}")
+    if file_first:
+        assert (await client.request(*delete_file))[0] == 200
+        assert await _rows_of(pool, stored["id"]) == 2  # the batch still runs them
+
+    status, deleted = await client.request(
+        "DELETE", f"/anthropic/v1/messages/batches/msgbatch_{job_id}"
+    )
+
+    assert status == 200, deleted
+    assert (
+        await pool.fetchval("SELECT count(*) FROM openai_batches WHERE batch_id = $1", job_id) == 0
+    )
+    for file_id in (done["output_file_id"], done["error_file_id"]):
+        assert (await client.request("GET", f"/openai/v1/files/{file_id}"))[0] == 404
+    status, listed = await client.request("GET", "/openai/v1/files")
+    assert [f["id"] for f in listed["data"]] == ([] if file_first else [stored["id"]])
+    if not file_first:
+        assert (await client.request(*delete_file))[0] == 200
+    assert await _rows_of(pool, stored["id"]) == 0
+
+
+async def test_deleting_one_job_of_an_upload_never_lets_a_replay_duplicate_the_others(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    """The upload's Idempotency-Key record names both jobs: it stays when one of them is
+    deleted, so replaying the upload answers the stored list and creates nothing."""
+    client = await client_of(iso, api_server, http)
+
+    def form() -> aiohttp.FormData:
+        data = aiohttp.FormData(default_to_multipart=True)
+        data.add_field("model", MODEL)
+        for name in ("a.csv", "b.csv"):
+            data.add_field("file", b"hello\n", filename=name, content_type="text/plain")
+        return data
+
+    headers = {"Idempotency-Key": "upload-1"}
+    status, first = await client.request("POST", "/v1/batches/upload", data=form(), headers=headers)
+    assert status == 201, first
+    gone, kept = (job["id"] for job in first["data"])
+    assert (await client.request("POST", f"/v1/batches/{gone}/cancel"))[0] == 200
+    assert (await client.request("DELETE", f"/anthropic/v1/messages/batches/msgbatch_{gone}"))[
+        0
+    ] == 200
+
+    status, again = await client.request("POST", "/v1/batches/upload", data=form(), headers=headers)
+
+    assert (status, [job["id"] for job in again["data"]]) == (201, [gone, kept])
+    workspace = await pool.fetchval("SELECT workspace_id FROM batches WHERE id = $1", kept)
+    jobs = await pool.fetch("SELECT id FROM batches WHERE workspace_id = $1", workspace)
+    assert [r["id"] for r in jobs] == [kept]
+
+
+async def test_deleting_a_job_frees_its_own_idempotency_key(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession
+) -> None:
+    """A create's record is that job alone: it goes with the job, so the key can be used
+    again (and a replay never answers a job that is gone)."""
+    client = await client_of(iso, api_server, http)
+    body = {"model": MODEL, "requests": [{"messages": [{"role": "user", "content": "hi"}]}]}
+    headers = {"Idempotency-Key": "single-1"}
+    status, first = await client.request("POST", "/v1/batches", json=body, headers=headers)
+    assert status == 201, first
+    assert (await client.request("POST", f"/v1/batches/{first['id']}/cancel"))[0] == 200
+    path = f"/anthropic/v1/messages/batches/msgbatch_{first['id']}"
+    assert (await client.request("DELETE", path))[0] == 200
+
+    status, again = await client.request("POST", "/v1/batches", json=body, headers=headers)
+
+    assert status == 201 and again["id"] != first["id"]

@@ -18,7 +18,7 @@ from relay_batches.errors import HandBack, TransientError, UnstorableError
 from relay_batches.kit.base import BusService, Readiness
 from relay_batches.kit.consumer import Consume, ConsumeChunks, DeadLetter, Intake, Subscribe
 from relay_batches.kit.periodic import Periodic
-from relay_batches.ledger.schema import SchemaGate, expected_version, migration_version
+from relay_batches.ledger.schema import SchemaGate, expected_migrations, migration_version
 from relay_batches.messages import MessageError
 from tests.helpers.support import wait_until
 
@@ -421,45 +421,55 @@ async def test_readiness_without_a_ledger_is_consuming_and_connected() -> None:
     assert await readiness()
 
 
-class Versions:
-    """A database whose schema version the test moves; counts reads."""
+SHIPPED = frozenset({"0001_core.sql", "0002_usage.sql", "0003_more.sql"})
 
-    def __init__(self, version: int) -> None:
-        self.version: int | Exception = version
+
+class Applied:
+    """A database whose recorded migrations the test moves; counts reads."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names: frozenset[str] | Exception = names
         self.reads = 0
 
-    async def read(self) -> int:
+    async def read(self) -> frozenset[str]:
         self.reads += 1
-        if isinstance(self.version, Exception):
-            raise self.version
-        return self.version
+        if isinstance(self.names, Exception):
+            raise self.names
+        return self.names
 
 
 async def test_the_schema_gate_rechecks_while_behind_and_caches_once_current() -> None:
     now = [0.0]
-    versions = Versions(2)
-    gate = SchemaGate(versions.read, expected=4, recheck_s=1.0, clock=lambda: now[0])
+    applied = Applied(frozenset({"0001_core.sql"}))
+    gate = SchemaGate(applied.read, expected=SHIPPED, recheck_s=1.0, clock=lambda: now[0])
     assert not await gate.current()
-    versions.version = 4
+    applied.names = SHIPPED
     assert not await gate.current(), "a re-check came sooner than recheck_s"
-    assert versions.reads == 1
+    assert applied.reads == 1
     now[0] = 1.5
     assert await gate.current()
-    versions.version = TransientError("database away")
+    applied.names = TransientError("database away")
     now[0] = 10.0
     assert await gate.current()
-    assert versions.reads == 2
+    assert applied.reads == 2
 
 
 async def test_the_schema_gate_is_closed_while_the_database_is_away() -> None:
-    versions = Versions(0)
-    versions.version = TransientError("database away")
-    gate = SchemaGate(versions.read, expected=1, recheck_s=0.0)
+    applied = Applied(frozenset())
+    applied.names = TransientError("database away")
+    gate = SchemaGate(applied.read, expected=SHIPPED, recheck_s=0.0)
     assert not await gate.current()
-    versions.version = 7
+    applied.names = SHIPPED | {"0004_newer.sql"}
     assert await gate.current(), "a database ahead of the code is current"
 
 
-def test_the_expected_version_is_the_highest_migration_shipped() -> None:
+async def test_a_database_missing_an_earlier_migration_is_not_current() -> None:
+    """A later number recorded does not stand for an earlier one never applied."""
+    applied = Applied(frozenset({"0001_core.sql", "0003_more.sql", "0004_newer.sql"}))
+    gate = SchemaGate(applied.read, expected=SHIPPED, recheck_s=0.0)
+    assert not await gate.current()
+
+
+def test_the_expected_migrations_are_the_files_shipped() -> None:
     assert migration_version("0004_security.sql") == 4
-    assert expected_version() >= 4
+    assert {"0001_core.sql", "0004_security.sql"} <= expected_migrations()

@@ -213,3 +213,34 @@ def test_the_expiry_interval_defaults_to_one_second_and_must_be_finite() -> None
     with pytest.raises(ConfigError) as err:
         Settings.from_env({"RELAY_EXPIRY_INTERVAL_S": "1s"})
     assert str(err.value) == "RELAY_EXPIRY_INTERVAL_S must be a number, got '1s'"
+
+
+@pytest.mark.parametrize(
+    ("raw", "kept"),
+    [
+        ("", ""),
+        ("https://relay.example.com", "https://relay.example.com"),
+        ("https://relay.example.com/gw/", "https://relay.example.com/gw"),
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+    ],
+)
+def test_public_base_url(raw: str, kept: str) -> None:
+    assert Settings.from_env({"RELAY_PUBLIC_BASE_URL": raw}).public_base_url == kept
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["relay.example.com", "ftp://relay.example.com", "https://", "https://h/?a=1", "https://h#x"],
+)
+def test_bad_public_base_url(raw: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"RELAY_PUBLIC_BASE_URL": raw})
+    assert str(err.value) == (
+        f"RELAY_PUBLIC_BASE_URL must be an http(s) URL like https://relay.example.com, got {raw!r}"
+    )
+
+
+def test_public_base_url_with_a_bad_port() -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"RELAY_PUBLIC_BASE_URL": "https://h:99999"})
+    assert str(err.value) == "RELAY_PUBLIC_BASE_URL has an invalid port, got 'https://h:99999'"

@@ -1,10 +1,13 @@
 """Deleting an ended job and everything the ledger holds for it, whichever surface asks.
 
-One transaction, one set-based statement per table, the job's row locked first: its
+One transaction, one set-based statement per table, the job's row (with its runs, in id
+order) locked first: its
 outcomes (``row_results``), its own input rows (``batch_rows`` stored under its id) unless
 another job still runs them (a cron template's runs, which name the template in
-``rows_batch_id``), its webhook delivery, the ``Idempotency-Key`` records whose stored
-response names it (a replay would point at a job that is gone), then the job itself. Rows
+``rows_batch_id``), its webhook delivery, the ``Idempotency-Key`` record whose stored
+response is the job (a replay would point at a job that is gone; an upload's list
+response naming several jobs is kept, so its replay never re-creates the others), an
+OpenAI batch's link and its output and error file records, then the job itself. Rows
 the job ran but does not own (an uploaded file's, a template's) are never touched. The
 runs of a deleted cron template keep their rows and lose only their ``template_id``.
 
@@ -20,10 +23,17 @@ from enum import StrEnum
 import asyncpg
 
 from relay_batches.errors import ConflictError
+from relay_batches.ledger.lock_order import update_jobs_in_id_order
 from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import TERMINAL, JobStatus
 
-_LOCK_JOB = "SELECT status FROM batches WHERE id = $1 AND workspace_id = $2 FOR UPDATE"
+# The job and the runs it spawned (a cron template's), locked together in id order
+# (ledger/lock_order.py): the aggregator locks jobs by id, so locking the template first
+# and its runs after could close a cycle with it.
+_LOCK_JOB = (
+    "SELECT id, status FROM batches"
+    " WHERE (id = $1 AND workspace_id = $2) OR template_id = $1 ORDER BY id FOR UPDATE"
+)
 _DELETE_OUTCOMES = "DELETE FROM row_results WHERE batch_id = $1"
 # Rows stored under the job's id, unless another job runs them (rows_batch_id).
 _DELETE_OWN_ROWS = (
@@ -31,12 +41,38 @@ _DELETE_OWN_ROWS = (
     " AND NOT EXISTS (SELECT 1 FROM batches WHERE rows_batch_id = $1 AND id <> $1)"
 )
 _DELETE_DELIVERY = "DELETE FROM webhook_deliveries WHERE batch_id = $1"
-# A stored response names the job by its 32-hex id (bare, or inside a dialect's prefixed
-# id): 128 random bits never occur in a body by chance.
+# The record whose stored response is this job alone (a create's 201/200: one object
+# whose id is the job's, bare or with a dialect's prefix); the strpos only spares
+# casting every record.
+# A list response (an upload's 201, naming several jobs) stays: the key still stands for
+# that upload, so a replay answers the stored list (the deleted job's id in it is a 404)
+# and never creates the upload's surviving jobs a second time.
 _DELETE_IDEMPOTENCY = (
     "DELETE FROM idempotency_keys WHERE workspace_id = $2 AND strpos(response_body, $1) > 0"
+    " AND response_body::jsonb ->> 'id' IN ($1, 'batch_' || $1, 'msgbatch_' || $1)"
 )
-_DETACH_RUNS = "UPDATE batches SET template_id = NULL WHERE template_id = $1"
+# An OpenAI batch's input file, its row locked: a concurrent FileStore.delete either
+# commits first (deleted_at is seen here) or waits and then sees the link gone.
+_LOCK_INPUT_FILE = (
+    "SELECT f.id, f.deleted_at IS NOT NULL AS deleted FROM openai_batches o"
+    " JOIN files f ON f.id = o.input_file_id WHERE o.batch_id = $1 AND o.workspace_id = $2"
+    " FOR UPDATE OF f"
+)
+# The job's OpenAI link and the records of its output and error files (rendered from the
+# job, they cannot outlive it; they have no parts).
+_DELETE_LINK = (
+    "WITH link AS (DELETE FROM openai_batches WHERE batch_id = $1 AND workspace_id = $2"
+    "  RETURNING output_file_id, error_file_id)"
+    " DELETE FROM files f USING link"
+    " WHERE f.id IN (link.output_file_id, link.error_file_id) AND f.purpose = 'batch_output'"
+)
+# A deleted input file's rows, kept while this job ran them, once nothing else does.
+_DELETE_FREED_INPUT_ROWS = (
+    "DELETE FROM batch_rows WHERE batch_id = $1"
+    " AND NOT EXISTS (SELECT 1 FROM openai_batches WHERE input_file_id = $1)"
+    " AND NOT EXISTS (SELECT 1 FROM batches WHERE rows_batch_id = $1 AND id <> $2)"
+)
+_DETACH_RUNS = update_jobs_in_id_order("template_id = $1", "template_id = NULL")
 _DELETE_JOB = "DELETE FROM batches WHERE id = $1 AND workspace_id = $2"
 
 # In this order: everything naming the job goes before the job (foreign keys).
@@ -67,16 +103,27 @@ async def delete_job(conn: Connection, workspace_id: str, batch_id: str) -> Dele
     running; :attr:`Deleted.NOT_FOUND` when the workspace has no such job.
     """
     async with conn.transaction():
-        status = await conn.fetchval(_LOCK_JOB, batch_id, workspace_id)
+        locked = await conn.fetch(_LOCK_JOB, batch_id, workspace_id)
+        status = next((r["status"] for r in locked if r["id"] == batch_id), None)
         if status is None:
             return Deleted.NOT_FOUND
         if JobStatus(status) not in TERMINAL:
             raise StillLive(batch_id, JobStatus(status))
         for statement in _BY_ID:
             await conn.execute(statement, batch_id)
+        await _delete_openai_link(conn, workspace_id, batch_id)
         for statement in _BY_ID_AND_WORKSPACE:
             await conn.execute(statement, batch_id, workspace_id)
     return Deleted.DELETED
+
+
+async def _delete_openai_link(conn: Connection, workspace_id: str, batch_id: str) -> None:
+    """Drop the job's OpenAI link and output/error file records; free its input file's
+    rows if that file was deleted while the job ran them."""
+    input_file = await conn.fetchrow(_LOCK_INPUT_FILE, batch_id, workspace_id)
+    await conn.execute(_DELETE_LINK, batch_id, workspace_id)
+    if input_file is not None and input_file["deleted"]:
+        await conn.execute(_DELETE_FREED_INPUT_ROWS, input_file["id"], batch_id)
 
 
 class JobDeletion:

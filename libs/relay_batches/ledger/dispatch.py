@@ -270,6 +270,9 @@ def _running(record: asyncpg.Record) -> RunningJob:
 
 
 _QUEUED = status_in(allowed_from(JobStatus.RUNNING))
+# A job past its deadline is never claimed, reaped or not (the reaper may not have run).
+_LIVE = "(expires_at IS NULL OR expires_at > now())"
+_LIVE_Q = "(q.expires_at IS NULL OR q.expires_at > now())"
 _RUNNING = status_in([JobStatus.RUNNING])
 
 # $1 owner, $2 limit, $3 lease seconds, $4 running, $5 per-workspace cap (0: none): the
@@ -293,7 +296,7 @@ _CLAIM_QUEUED = (
     "    PARTITION BY q.workspace_id ORDER BY q.priority DESC, q.created_at, q.id) AS turn"
     "  FROM batches q JOIN spaces s ON s.id = q.workspace_id"
     "  LEFT JOIN load l ON l.workspace_id = q.workspace_id"
-    f"  WHERE q.{_QUEUED}"
+    f"  WHERE q.{_QUEUED} AND {_LIVE_Q}"
     "   AND NOT EXISTS (SELECT 1 FROM unnest($6::text[], $7::int[]) AS f(workspace_id, floor)"
     "    WHERE f.workspace_id = q.workspace_id AND q.priority < f.floor)),"
     " picked AS ("
@@ -304,7 +307,7 @@ _CLAIM_QUEUED = (
     "  last_progress_at = now(), lease_owner = $1,"
     "  lease_expires_at = now() + make_interval(secs => $3)"
     "  FROM (SELECT id FROM batches WHERE id IN (SELECT id FROM picked)"
-    f"        AND {_QUEUED} FOR UPDATE SKIP LOCKED) q"
+    f"        AND {_QUEUED} AND {_LIVE} FOR UPDATE SKIP LOCKED) q"
     f"  WHERE b.id = q.id RETURNING {_prefixed('b')}),"
     " served AS ("
     "  UPDATE workspaces SET last_claim_at = now()"
@@ -331,7 +334,7 @@ _CLAIM_OUTRANKING = (
     "    PARTITION BY q.workspace_id ORDER BY q.priority DESC, q.created_at, q.id) AS turn"
     "  FROM batches q JOIN floors f ON f.workspace_id = q.workspace_id"
     "  LEFT JOIN load l ON l.workspace_id = q.workspace_id"
-    f"  WHERE q.{_QUEUED} AND q.priority > f.floor),"
+    f"  WHERE q.{_QUEUED} AND {_LIVE_Q} AND q.priority > f.floor),"
     " picked AS ("
     "  SELECT id FROM turns WHERE $7 = 0 OR turn <= $7"
     "  ORDER BY turn, priority DESC, created_at, id LIMIT $2)"
@@ -339,7 +342,7 @@ _CLAIM_OUTRANKING = (
     " last_progress_at = now(), lease_owner = $1,"
     " lease_expires_at = now() + make_interval(secs => $3)"
     " FROM (SELECT id FROM batches WHERE id IN (SELECT id FROM picked)"
-    f"       AND {_QUEUED} FOR UPDATE SKIP LOCKED) c"
+    f"       AND {_QUEUED} AND {_LIVE} FOR UPDATE SKIP LOCKED) c"
     f" WHERE b.id = c.id RETURNING {_prefixed('b')}"
 )
 

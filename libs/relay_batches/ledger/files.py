@@ -22,7 +22,7 @@ import asyncpg
 import orjson
 
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
-from relay_batches.ledger.jobs import NewJob
+from relay_batches.ledger.jobs import EXPIRES_AT, NewJob
 from relay_batches.ledger.jobs import _insert_job as insert_job
 from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import Job, JobStatus
@@ -296,8 +296,10 @@ class FileStore:
             await conn.execute(_INSERT_LINK, *_link_values(new.workspace_id, link))
             record = await conn.fetchrow(
                 "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
-                " failed, rows_batch_id, params, metadata, expires_at, error, completed_at)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, now())"
+                " failed, rows_batch_id, params, metadata, expires_at, error, completed_at,"
+                " completion_window)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10,"
+                f" {EXPIRES_AT.format(deadline='$11', window='$13', cron='NULL')}, $12, now(), $13)"
                 " RETURNING *",
                 new.id,
                 new.workspace_id,
@@ -311,6 +313,7 @@ class FileStore:
                 new.metadata,
                 new.expires_at,
                 "input file failed validation",
+                new.completion_window,
             )
             job = Job.from_record(record)
             if claim is not None:

@@ -85,9 +85,11 @@ class NewJob:
 
     ``rows_batch_id`` names stored rows the job runs instead of its own (an uploaded
     input file's, which are then not copied: its ``rows`` are empty); ``metadata`` is
-    JSON text of string pairs; ``expires_at`` the end of its completion window. A cron
-    template has no ``expires_at`` but a ``completion_window``: each run it spawns
-    expires that long after it is spawned.
+    JSON text of string pairs. A job with a ``completion_window`` expires that long
+    after its INSERT, on the database's clock (the one the reaper, the dispatcher's claim
+    and the aggregator compare with); ``expires_at`` overrides that with an instant. A
+    cron template never expires itself: each run it spawns expires ``completion_window``
+    after it is spawned.
     """
 
     id: str
@@ -303,6 +305,14 @@ class JobStore:
         await mark_finished_published(self._pool, batch_ids)
 
 
+# A new job's deadline: the instant given, else its window from now on the database's
+# clock; a cron template (its runs expire, see schedule.py) has none.
+EXPIRES_AT = (
+    "COALESCE({deadline}::timestamptz,"
+    " CASE WHEN {cron}::text IS NULL THEN now() + {window}::interval END)"
+)
+
+
 async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, str]]) -> Job:
     """INSERT the batch and COPY its rows on ``conn`` (the caller owns the transaction)."""
     status = JobStatus.SCHEDULED if new.cron else JobStatus.QUEUED
@@ -310,8 +320,8 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
         "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
         " webhook_url, cron, next_run_at, rows_batch_id, params, metadata, expires_at,"
         " completion_window)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($12, $1), $11, $13, $14,"
-        " $15)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($12, $1), $11, $13,"
+        f" {EXPIRES_AT.format(deadline='$14', window='$15', cron='$9')}, $15)"
         " RETURNING *",
         new.id,
         new.workspace_id,

@@ -14,10 +14,11 @@ from relay_batches.ledger.status_sql import status_in
 from relay_batches.messages import RowOutcome
 from relay_batches.model import STOPPED, TERMINAL, JobStatus, allowed_from
 
-# $1 batch ids, $2 the statuses a job may complete from: only those accept outcomes.
+# $1 batch ids, $2 the statuses a job may complete from: only those accept outcomes,
+# and only before their deadline (reaped or not: the reaper may not have run yet).
 _LOCK_RUNNING = (
     "SELECT id, total FROM batches WHERE id = ANY($1::text[]) AND status = ANY($2::text[])"
-    " ORDER BY id FOR UPDATE"
+    " AND (expires_at IS NULL OR expires_at > now()) ORDER BY id FOR UPDATE"
 )
 
 _RECORD = """

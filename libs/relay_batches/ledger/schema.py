@@ -1,9 +1,10 @@
 """Whether the ledger's schema is at the version this code expects.
 
-The expected version is the highest number among the migration files shipped with the
-code (``0004_security.sql`` → 4); the database's version is the highest number recorded
-in ``schema_migrations`` (0 while that table does not exist). A database ahead of the
-code (a newer release migrated it first) counts as current.
+The schema is current when every migration file shipped with the code is recorded in
+``schema_migrations`` (none is while that table does not exist). The sets are compared,
+not the highest numbers: a database that has a later migration but misses an earlier
+one (branches merged in another order than they were numbered) is not current. Names
+recorded that this code does not ship (a newer release migrated it first) are ignored.
 """
 
 from __future__ import annotations
@@ -20,11 +21,7 @@ from relay_batches.ledger.pool import READY_TIMEOUT_S, database_ready, translate
 
 RECHECK_S = 1.0
 
-APPLIED_VERSION_SQL = """
-SELECT coalesce(max(split_part(name, '_', 1)::int), 0)
-FROM schema_migrations
-WHERE name ~ '^[0-9]+_'
-"""
+APPLIED_NAMES_SQL = "SELECT name FROM schema_migrations"
 
 
 def migration_version(name: str) -> int:
@@ -32,37 +29,37 @@ def migration_version(name: str) -> int:
     return int(name.split("_", 1)[0])
 
 
-def expected_version() -> int:
-    """The highest migration number shipped with this code."""
-    return max((migration_version(name) for name, _ in migration_files()), default=0)
+def expected_migrations() -> frozenset[str]:
+    """The names of the migration files shipped with this code."""
+    return frozenset(name for name, _ in migration_files())
 
 
-async def applied_version(pool: asyncpg.Pool) -> int:
-    """The highest migration number recorded in the database (0 if none ran yet)."""
+async def applied_migrations(pool: asyncpg.Pool) -> frozenset[str]:
+    """The migration names recorded in the database (none if none ran yet)."""
     try:
         async with translated():
-            value = await asyncio.wait_for(pool.fetchval(APPLIED_VERSION_SQL), READY_TIMEOUT_S)
+            records = await asyncio.wait_for(pool.fetch(APPLIED_NAMES_SQL), READY_TIMEOUT_S)
     except asyncpg.UndefinedTableError:
-        return 0
-    return int(value)
+        return frozenset()
+    return frozenset(r[0] for r in records)
 
 
 class SchemaGate:
     """Answers "is the schema current?"; once it is, the answer is cached for good.
 
-    While the schema is behind, the version is read again at most every ``recheck_s``
+    While the schema is behind, the recorded migrations are read again at most every ``recheck_s``
     (requests and probes arriving in between get the last answer), so a pending
     migration costs one cheap query per interval, not one per request.
     """
 
     def __init__(
         self,
-        read_version: Callable[[], Awaitable[int]],
-        expected: int,
+        read_applied: Callable[[], Awaitable[frozenset[str]]],
+        expected: frozenset[str],
         recheck_s: float = RECHECK_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._read_version = read_version
+        self._read_applied = read_applied
         self._expected = expected
         self._recheck_s = recheck_s
         self._clock = clock
@@ -70,12 +67,12 @@ class SchemaGate:
         self._checked_at: float | None = None
 
     @property
-    def expected(self) -> int:
-        """The version this code expects."""
+    def expected(self) -> frozenset[str]:
+        """The migrations this code expects recorded."""
         return self._expected
 
     async def current(self) -> bool:
-        """True once the database's schema is at (or past) the expected version."""
+        """True once every expected migration is recorded in the database."""
         if self._current:
             return True
         now = self._clock()
@@ -83,15 +80,16 @@ class SchemaGate:
             return False
         self._checked_at = now
         try:
-            self._current = await self._read_version() >= self._expected
+            self._current = self._expected <= await self._read_applied()
         except (TransientError, asyncpg.PostgresError):
             return False
         return self._current
 
 
 def schema_gate(pool: asyncpg.Pool) -> SchemaGate:
-    """A gate on the schema of the database behind ``pool``, expecting this code's version."""
-    return SchemaGate(lambda: applied_version(pool), expected_version())
+    """A gate on the schema of the database behind ``pool``, expecting this code's
+    migrations."""
+    return SchemaGate(lambda: applied_migrations(pool), expected_migrations())
 
 
 def ledger_readiness(

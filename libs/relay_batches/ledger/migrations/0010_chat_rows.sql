@@ -3,8 +3,9 @@
 -- batch_rows.messages becomes batch_rows.request: a row's chat request as compact JSON,
 -- either its messages array alone (every row stored before, and a row with nothing but
 -- string messages) or an object with "messages" and the row's own fields (model, tools,
--- tool_choice, response_format, max_tokens, …). The rename takes a brief exclusive lock
--- and scans nothing.
+-- tool_choice, response_format, max_tokens, …). The rename takes ACCESS EXCLUSIVE on
+-- batch_rows and scans nothing. Code of an earlier release reads and writes "messages":
+-- its pods must be stopped before this migration runs (README, "Upgrading").
 --
 -- row_results keeps what the dialects render: the assistant's tool calls (JSON, the
 -- chat-completions shape), the finish reason (chat-completions vocabulary) and the model
@@ -12,7 +13,13 @@
 --
 -- 'expired' is a new terminal status: a job past its expires_at (completion window)
 -- ends there; rows without an outcome by then never run. The status CHECK is replaced
--- NOT VALID and validated after (SHARE UPDATE EXCLUSIVE: reads and writes go on).
+-- NOT VALID (ACCESS EXCLUSIVE on batches, but no scan: new and updated rows are checked
+-- at once).
+--
+-- A migration runs in one transaction (ledger/migrate.py), so every lock taken here lasts
+-- until its commit: this file holds only statements that scan nothing. The scans of
+-- batches (VALIDATE, the two new indexes) are in 0013, a transaction of their own under
+-- weaker locks, and the old outbox index is dropped in 0014 once its successor exists.
 
 DO $$
 BEGIN
@@ -37,18 +44,7 @@ ALTER TABLE batches ADD CONSTRAINT batches_status_check
     CHECK (status IN ('queued', 'scheduled', 'running', 'completed', 'failed', 'canceled',
                       'expired'))
     NOT VALID;
-ALTER TABLE batches VALIDATE CONSTRAINT batches_status_check;
 
 INSERT INTO job_status_transitions (from_status, to_status) VALUES
     ('queued', 'expired'), ('running', 'expired')
 ON CONFLICT DO NOTHING;
-
--- The expiry scan: live jobs with a deadline, soonest first.
-CREATE INDEX IF NOT EXISTS batches_expiring
-    ON batches (expires_at) WHERE expires_at IS NOT NULL AND status IN ('queued', 'running');
-
--- The outbox scan of terminal jobs (aggregator), now with 'expired' among them.
-CREATE INDEX IF NOT EXISTS batches_unpublished_end
-    ON batches (completed_at) WHERE NOT finished_published
-        AND status IN ('completed', 'failed', 'canceled', 'expired');
-DROP INDEX IF EXISTS batches_unpublished_finish;
