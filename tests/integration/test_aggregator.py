@@ -103,6 +103,23 @@ async def aggregator(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[BusService]:
     await asyncio.wait_for(task, 10)
 
 
+async def test_a_chunk_holding_one_row_twice_stores_its_first_outcome(
+    pool: asyncpg.Pool,
+) -> None:
+    batch_id = await running_batch(pool, 3)
+    chunk = [outcome(batch_id, 2, "a"), outcome(batch_id, 0, "first"), outcome(batch_id, 0, "b")]
+    chunk += [outcome(batch_id, 2, "c"), outcome(batch_id, 1, None)]
+
+    await OutcomeStore(pool).record(chunk)
+
+    stored = await pool.fetch(
+        "SELECT row_index, content FROM row_results WHERE batch_id = $1 ORDER BY row_index",
+        batch_id,
+    )
+    assert [tuple(r) for r in stored] == [(0, "first"), (1, None), (2, "a")]
+    assert await counters(pool, batch_id) == ("completed", 2, 1, 3)
+
+
 async def test_redelivered_outcome_is_counted_once(
     pool: asyncpg.Pool, bus: Bus, iso: Isolation, aggregator: BusService
 ) -> None:

@@ -21,13 +21,18 @@ _LOCK_RUNNING = (
     " AND (expires_at IS NULL OR expires_at > now()) ORDER BY id FOR UPDATE"
 )
 
+# A chunk may hold one row's outcome twice (a redelivery next to its original, or a
+# retried publish): the first in the chunk's order is the one stored, whatever order the
+# join below reads them in (DISTINCT ON over the input's ordinality).
 _RECORD = """
 WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
-                         $6::bool[], $7::text[], $8::int[], $9::int[],
-                         $12::text[], $13::text[], $14::text[])
+    SELECT DISTINCT ON (batch_id, row_index) *
+    FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
+                $6::bool[], $7::text[], $8::int[], $9::int[],
+                $12::text[], $13::text[], $14::text[]) WITH ORDINALITY
         AS t(batch_id, row_index, content, error, attempts, dead_letter, deployment,
-             prompt_tokens, completion_tokens, tool_calls, finish_reason, model)
+             prompt_tokens, completion_tokens, tool_calls, finish_reason, model, n)
+    ORDER BY batch_id, row_index, n
 ),
 ins AS (
     INSERT INTO row_results (batch_id, row_index, content, error, attempts, dead_letter,
