@@ -35,6 +35,7 @@ from relay_batches.services.ingest_api.body import read_body
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.idempotency import HEADER, claim_for
 from relay_batches.services.ingest_api.middleware import STREAMING, WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.paging import page_limit
 from relay_batches.services.ingest_api.submit import submit_one
 
 log = logging.getLogger("relay.ingest_api")
@@ -128,7 +129,7 @@ async def list_batches(request: web.Request) -> web.Response:
     """``GET``: newest first; ``limit`` (1–1000), ``after_id`` (older) or ``before_id``
     (newer), ``has_more`` in the direction asked, ``first_id``/``last_id`` of the page."""
     query = request.query
-    limit = _page_limit(query.get("limit"))
+    limit = page_limit(query.get("limit"), DEFAULT_PAGE, MAX_PAGE, "limit:")
     after = _cursor(query.get("after_id"), "after_id")
     before = _cursor(query.get("before_id"), "before_id")
     if after is not None and before is not None:
@@ -157,16 +158,6 @@ def _cursor(value: str | None, name: str) -> str | None:
     if job_id is None:
         raise invalid(f"{name}: must be a message batch id (msgbatch_…)", name)
     return job_id
-
-
-def _page_limit(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_PAGE
-    digits = raw.lstrip("0")  # int() refuses over 4,300 digits: never hand it that many
-    short = raw.isascii() and raw.isdigit() and len(digits) <= len(str(MAX_PAGE))
-    if not short or not 1 <= int(digits or "0") <= MAX_PAGE:
-        raise invalid(f"limit: must be an integer from 1 to {MAX_PAGE}", "limit")
-    return int(digits)
 
 
 async def cancel_batch(request: web.Request) -> web.Response:

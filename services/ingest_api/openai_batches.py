@@ -51,6 +51,7 @@ from relay_batches.services.ingest_api.openai_output import (
     output_file,
     output_files,
 )
+from relay_batches.services.ingest_api.paging import page_limit
 from relay_batches.services.ingest_api.submit import (
     announce_created,
     job_fields,
@@ -275,7 +276,7 @@ async def get_batch(request: web.Request) -> web.Response:
 async def list_batches(request: web.Request) -> web.Response:
     """``GET /batches``: newest first; ``limit`` (1–100, default 20) and ``after``."""
     query = request.query
-    limit = _page_limit(query.get("limit"))
+    limit = page_limit(query.get("limit"), DEFAULT_PAGE, MAX_PAGE)
     after = query.get("after")
     after_hex = None if after is None else batch_hex(after)
     if after is not None and after_hex is None:
@@ -289,16 +290,6 @@ async def list_batches(request: web.Request) -> web.Response:
         last_id=data[-1].id if data else None,
     )
     return json_response(listing.model_dump())
-
-
-def _page_limit(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_PAGE
-    digits = raw.lstrip("0")
-    short = raw.isascii() and raw.isdigit() and len(digits) <= len(str(MAX_PAGE))
-    if not short or not 1 <= int(digits or "0") <= MAX_PAGE:
-        raise invalid(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
-    return int(digits)
 
 
 async def cancel_batch(request: web.Request) -> web.Response:

@@ -56,6 +56,7 @@ from relay_batches.services.ingest_api.openai_output import (
     output_file,
     rendered,
 )
+from relay_batches.services.ingest_api.paging import page_limit
 from relay_batches.services.ingest_api.upload import clean_filename
 from relay_batches.services.ingest_api.validation import KnownModels
 
@@ -287,7 +288,7 @@ async def list_files(request: web.Request) -> web.Response:
     """``GET /files``: ``limit`` (1–10,000, default 10,000), ``after``, ``order``
     (``desc`` by default), ``purpose``."""
     query = request.query
-    limit = _limit(query.get("limit"))
+    limit = page_limit(query.get("limit"), DEFAULT_FILE_PAGE, MAX_FILE_PAGE)
     after = query.get("after")
     after_hex = None if after is None else file_hex(after)
     if after is not None and after_hex is None:
@@ -310,16 +311,6 @@ async def list_files(request: web.Request) -> web.Response:
         last_id=data[-1].id if data else None,
     )
     return json_response(listing.model_dump())
-
-
-def _limit(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_FILE_PAGE
-    digits = raw.lstrip("0")
-    short = raw.isascii() and raw.isdigit() and len(digits) <= len(str(MAX_FILE_PAGE))
-    if not short or not 1 <= int(digits or "0") <= MAX_FILE_PAGE:
-        raise invalid(f"limit must be an integer from 1 to {MAX_FILE_PAGE}", "limit")
-    return int(digits)
 
 
 class DownloadGate:

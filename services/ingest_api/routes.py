@@ -22,6 +22,7 @@ from relay_batches.services.ingest_api.idempotency import (
     stored_response,
 )
 from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.paging import page_limit
 from relay_batches.services.ingest_api.results import (
     dead_letter_object,
     stream_list,
@@ -94,7 +95,7 @@ async def get_batch(request: web.Request) -> web.Response:
 async def list_batches(request: web.Request) -> web.Response:
     """``GET /v1/batches``: newest first, ``limit``/``after``/``status``."""
     query = request.query
-    limit = _page_limit(query.get("limit"))
+    limit = page_limit(query.get("limit"), DEFAULT_PAGE, MAX_PAGE)
     after = query.get("after")
     if after is not None and not is_valid_id(after):
         raise invalid("after must be a batch id", "after")
@@ -120,16 +121,6 @@ def _status_filter(value: str | None) -> JobStatus | None:
         raise invalid(
             f"status must be one of {', '.join(s.value for s in JobStatus)}", "status"
         ) from None
-
-
-def _page_limit(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_PAGE
-    digits = raw.lstrip("0")  # int() refuses over 4,300 digits: never hand it that many
-    short = raw.isascii() and raw.isdigit() and len(digits) <= len(str(MAX_PAGE))
-    if not short or not 1 <= int(digits or "0") <= MAX_PAGE:
-        raise invalid(f"limit must be an integer from 1 to {MAX_PAGE}", "limit")
-    return int(digits)
 
 
 async def get_results(request: web.Request) -> web.StreamResponse:
