@@ -111,6 +111,7 @@ class SliceMessage:
     level: int = 0  # the broker priority the slice is published at
     sent_at: float = 0.0  # on the publishing dispatcher's own clock
     owner: str = ""  # the publishing dispatcher, whose clock ``sent_at`` reads
+    expires_at: float = 0.0  # the job's deadline, Unix seconds (0: none): no row starts after
 
     KIND = "rows"
 
@@ -126,6 +127,7 @@ class SliceMessage:
                 "level": self.level,
                 "sent_at": self.sent_at,
                 "owner": self.owner,
+                "expires_at": self.expires_at,
             },
         )
 
@@ -146,6 +148,7 @@ class SliceMessage:
                 int(d.get("level", 0)),
                 float(d.get("sent_at", 0.0)),
                 str(d.get("owner", "")),
+                float(d.get("expires_at") or 0.0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
@@ -169,6 +172,7 @@ class DecodedSlice:
     level: int = 0
     sent_at: float = 0.0
     owner: str = ""
+    expires_at: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -578,6 +578,7 @@ class Dispatcher:
                         level,
                         sent_at,
                         self._config.owner,
+                        job.expires_at.timestamp() if job.expires_at else 0.0,
                     ),
                     level,
                 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -65,8 +66,10 @@ class RowRunner:
         sink: OutcomeSink,
         concurrency: int,
         holdings: Holdings | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._router = router
+        self._clock = clock
         self._sink = sink
         self._slots = asyncio.Semaphore(concurrency)
         self._holdings = holdings if holdings is not None else Holdings("row-worker", 1.0)
@@ -109,7 +112,7 @@ class RowRunner:
             if self._stopping and not started:
                 self._slots.release()
                 raise HandBack(f"stopping: slice of {job_slice.batch_id} not started")
-            if job_slice.batch_id in self.canceled:
+            if job_slice.batch_id in self.canceled or self._past_deadline(job_slice):
                 self._slots.release()
                 ROWS_DROPPED.inc()
                 continue
@@ -124,6 +127,11 @@ class RowRunner:
         if failures:
             raise failures[0]
         return sum(1 for r in results if r is None)
+
+    def _past_deadline(self, job_slice: DecodedSlice) -> bool:
+        """Whether the slice's job is past its completion window: its rows left are never
+        started (the ledger records no outcome past the deadline; the job ends expired)."""
+        return 0.0 < job_slice.expires_at <= self._clock()
 
     def _forget(self, batch_id: str, task: asyncio.Task[None]) -> None:
         tasks = self._running.get(batch_id)

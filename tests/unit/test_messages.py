@@ -127,6 +127,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         level=3,
         sent_at=1700000000.25,
         owner="dispatcher-1",
+        expires_at=1700000060.5,
     )
     encoded = task.encode()
     # The row messages travel as the very JSON text they were given, not re-serialised.
@@ -142,6 +143,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         "level": 3,
         "sent_at": 1700000000.25,
         "owner": "dispatcher-1",
+        "expires_at": 1700000060.5,
     }
     decoded = SliceMessage.decode(encoded)
     assert decoded == DecodedSlice(
@@ -152,6 +154,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         3,
         1700000000.25,
         "dispatcher-1",
+        1700000060.5,
     )
     assert all(isinstance(request.messages, list) for _, request in decoded.rows)
 

@@ -188,6 +188,17 @@ async def test_canceled_job_rows_are_dropped_without_a_call() -> None:
     assert await runner.handle_slice(make_task("b2", [0])) == 1
 
 
+async def test_rows_of_a_job_past_its_deadline_are_dropped_without_a_call() -> None:
+    router, sink = FakeRouter(), Sink()
+    runner = RowRunner(router, sink, concurrency=2, clock=lambda: 1000.0)
+    past = replace(make_task("b1", range(3)), expires_at=1000.0)
+    assert await runner.handle_slice(past) == 0
+    assert (router.calls, sink.outcomes) == ([], [])
+    # A deadline still ahead, or none, runs every row.
+    assert await runner.handle_slice(replace(make_task("b2", [0]), expires_at=1000.5)) == 1
+    assert await runner.handle_slice(make_task("b3", [0])) == 1
+
+
 async def test_cancel_aborts_in_flight_calls_and_drops_waiting_rows() -> None:
     router, sink = FakeRouter(gated=True), Sink()
     runner = RowRunner(router, sink, concurrency=2)

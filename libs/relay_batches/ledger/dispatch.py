@@ -4,6 +4,7 @@ find stalled jobs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import datetime
 
 import asyncpg
 
@@ -14,7 +15,7 @@ from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
     "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params,"
-    " workspace_id"
+    " workspace_id, expires_at"
 )
 
 
@@ -33,6 +34,7 @@ class RunningJob:
     rows_batch_id: str
     params: str
     workspace_id: str = ""
+    expires_at: datetime | None = None  # the end of its completion window, if any
 
     @property
     def done(self) -> int:
