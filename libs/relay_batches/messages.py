@@ -182,7 +182,9 @@ class RowOutcome:
     With content, the whole answer: ``tool_calls`` (JSON text of the chat-completions
     ``tool_calls`` array, None when the model called none), ``finish_reason``
     (chat-completions vocabulary: stop, length, tool_calls, content_filter) and
-    ``model`` (the model that answered, as its provider named it).
+    ``model`` (the model that answered, as its provider named it). ``latency_ms`` is
+    the row's time in the router (every attempt and backoff included), ``cost_usd``
+    what the answering deployment's ``price`` makes of its tokens (None: unpriced).
     """
 
     batch_id: str
@@ -197,6 +199,8 @@ class RowOutcome:
     tool_calls: str | None = None
     finish_reason: str | None = None
     model: str | None = None
+    latency_ms: int | None = None
+    cost_usd: float | None = None
 
     def as_list(self) -> list[Any]:
         """Compact positional form used on the wire."""
@@ -213,6 +217,8 @@ class RowOutcome:
             self.tool_calls,
             self.finish_reason,
             self.model,
+            self.latency_ms,
+            self.cost_usd,
         ]
 
 
@@ -240,10 +246,10 @@ class OutcomesMessage:
 
 
 def _outcome(value: Any) -> RowOutcome:
-    """One outcome of the wire's positional form; the last three fields are optional
-    (a worker from before whole answers sends nine)."""
+    """One outcome of the wire's positional form; the last five fields are optional
+    (a worker from before whole answers sends nine, one from before details twelve)."""
     b, i, c, e, a, dl, dep, pt, ct, *answer = value
-    tool_calls, finish_reason, model = (*answer, None, None, None)[:3]
+    tool_calls, finish_reason, model, latency_ms, cost_usd = (*answer, *[None] * 5)[:5]
     return RowOutcome(
         batch_id=str(b),
         row_index=int(i),
@@ -257,6 +263,8 @@ def _outcome(value: Any) -> RowOutcome:
         tool_calls=tool_calls,
         finish_reason=finish_reason,
         model=model,
+        latency_ms=None if latency_ms is None else int(latency_ms),
+        cost_usd=None if cost_usd is None else float(cost_usd),
     )
 
 

@@ -9,9 +9,10 @@ compares them).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ class JobStatus(StrEnum):
     QUEUED = "queued"
     SCHEDULED = "scheduled"
     RUNNING = "running"
+    PAUSED = "paused"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELED = "canceled"
@@ -39,6 +41,7 @@ class DeliveryStatus(StrEnum):
     REFUSED = "refused"
     FAILED = "failed"
     UNKNOWN = "unknown"
+    RETRYING = "retrying"
 
 
 S = TypeVar("S", bound=StrEnum)
@@ -48,12 +51,16 @@ JOB_INITIAL: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.SCHED
 # Which status each job status may move to, and nothing else: queued and running jobs
 # end by failing, being canceled or expiring (past their completion window), a running
 # job completes when every row has an outcome, a cron template (scheduled) only ever
-# ends by cancel; its runs are new jobs.
+# ends by cancel; its runs are new jobs. A queued or running job may be paused (no rows
+# are released; the rows already released still finish and count, so a paused job may
+# complete, or fail on its budget) and resumes as queued: a dispatcher claims it again
+# in its workspace's turn, from where it left off.
 _ENDS_OF_LIVE = frozenset({JobStatus.FAILED, JobStatus.CANCELED, JobStatus.EXPIRED})
 JOB_STATUS_TRANSITIONS: Mapping[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: _ENDS_OF_LIVE | {JobStatus.RUNNING},
+    JobStatus.QUEUED: _ENDS_OF_LIVE | {JobStatus.RUNNING, JobStatus.PAUSED},
     JobStatus.SCHEDULED: frozenset({JobStatus.CANCELED}),
-    JobStatus.RUNNING: _ENDS_OF_LIVE | {JobStatus.COMPLETED},
+    JobStatus.RUNNING: _ENDS_OF_LIVE | {JobStatus.COMPLETED, JobStatus.PAUSED},
+    JobStatus.PAUSED: _ENDS_OF_LIVE | {JobStatus.COMPLETED, JobStatus.QUEUED},
     JobStatus.COMPLETED: frozenset(),
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELED: frozenset(),
@@ -67,14 +74,21 @@ DELIVERY_INITIAL: frozenset[DeliveryStatus] = frozenset({DeliveryStatus.SENDING}
 # POSTed again). It ends once, however the POST went, or fails unsent (given up). A
 # ``posting`` claim whose holder went silent past its expiry is ``unknown``: its holder,
 # if alive after all, still records how the POST went, fenced by its claim number.
+# An attempt that did not deliver becomes ``retrying`` instead of ``failed`` or
+# ``refused`` while the workspace's retries allow another (``next_attempt_at``); a
+# ``retrying`` delivery is claimed again (``sending``) when due. A redelivery asked for
+# through the API re-arms a delivery that ended, however it ended, as ``retrying`` due
+# at once. Every POST is also one row of ``webhook_attempts`` (the delivery log).
 _POST_ENDS = frozenset({DeliveryStatus.DELIVERED, DeliveryStatus.REFUSED, DeliveryStatus.FAILED})
+_REARM = frozenset({DeliveryStatus.RETRYING})
 DELIVERY_STATUS_TRANSITIONS: Mapping[DeliveryStatus, frozenset[DeliveryStatus]] = {
     DeliveryStatus.SENDING: frozenset({DeliveryStatus.POSTING, DeliveryStatus.FAILED}),
-    DeliveryStatus.POSTING: _POST_ENDS | {DeliveryStatus.UNKNOWN},
-    DeliveryStatus.DELIVERED: frozenset(),
-    DeliveryStatus.REFUSED: frozenset(),
-    DeliveryStatus.FAILED: frozenset(),
-    DeliveryStatus.UNKNOWN: _POST_ENDS,
+    DeliveryStatus.POSTING: _POST_ENDS | {DeliveryStatus.UNKNOWN, DeliveryStatus.RETRYING},
+    DeliveryStatus.DELIVERED: _REARM,
+    DeliveryStatus.REFUSED: _REARM,
+    DeliveryStatus.FAILED: _REARM,
+    DeliveryStatus.UNKNOWN: _POST_ENDS | _REARM,
+    DeliveryStatus.RETRYING: frozenset({DeliveryStatus.SENDING, DeliveryStatus.FAILED}),
 }
 
 
@@ -83,7 +97,11 @@ def _terminal(transitions: Mapping[S, frozenset[S]]) -> frozenset[S]:
 
 
 TERMINAL: frozenset[JobStatus] = _terminal(JOB_STATUS_TRANSITIONS)
-DELIVERY_TERMINAL: frozenset[DeliveryStatus] = _terminal(DELIVERY_STATUS_TRANSITIONS)
+# A delivery is settled when no attempt is under way or due: only a redelivery asked for
+# through the API moves it on.
+DELIVERY_SETTLED: frozenset[DeliveryStatus] = frozenset(
+    s for s, targets in DELIVERY_STATUS_TRANSITIONS.items() if targets <= _REARM
+)
 
 
 def allowed_from(target: JobStatus) -> list[JobStatus]:
@@ -97,9 +115,37 @@ def delivery_allowed_from(target: DeliveryStatus) -> list[DeliveryStatus]:
 
 
 CANCELABLE: frozenset[JobStatus] = frozenset(allowed_from(JobStatus.CANCELED))
+PAUSABLE: frozenset[JobStatus] = frozenset(allowed_from(JobStatus.PAUSED))
 # The ends that stop a job's rows where they are (rows without an outcome never run, and
 # outcomes arriving later are discarded): each is announced with ``job.canceled``.
 STOPPED: frozenset[JobStatus] = frozenset({JobStatus.CANCELED, JobStatus.EXPIRED})
+
+
+# Costs are shown to the billionth of a dollar (a row costs fractions of a cent).
+COST_DIGITS = 9
+# The aggregator measures a job's rate over windows of at least this long; a window
+# older than twice that without a new measurement means the job slowed down.
+RATE_WINDOW_S = 5.0
+
+
+def recent_rate(
+    measured: float | None,
+    window_at: datetime | None,
+    window_done: int,
+    done: int,
+    now: datetime | None = None,
+) -> float | None:
+    """Rows per second lately: the last window's measurement (``measured``), or the rate
+    since the current window began (``window_at`` with ``window_done`` rows done) when
+    there is none yet or it is stale; None before a second of measuring."""
+    if window_at is None:
+        return measured
+    elapsed = ((now or datetime.now(UTC)) - window_at).total_seconds()
+    if measured is not None and elapsed < 2 * RATE_WINDOW_S:
+        return measured
+    if elapsed < 1.0:
+        return measured
+    return max(0, done - window_done) / elapsed
 
 
 def iso(ts: datetime | None) -> str | None:
@@ -137,16 +183,46 @@ class Job:
     completion_tokens: int = 0
     expires_at: datetime | None = None
     metadata: str | None = None
+    retry_of: str | None = None
+    retries: tuple[str, ...] = ()
+    cost_usd: float = 0.0
+    budget_usd: float | None = None
+    budget_exceeded_at: datetime | None = None
+    rate_rows_per_s: float | None = None
+    rate_window_at: datetime | None = None
+    rate_window_done: int = 0
 
     @classmethod
     def from_record(cls, record: Any) -> Job:
         """Build from an asyncpg record of ``SELECT * FROM batches`` (extra keys ignored)."""
         values = {name: record[name] for name in cls.__dataclass_fields__}
         values["status"] = JobStatus(values["status"])
+        values["retries"] = tuple(values["retries"] or ())
         return cls(**values)
 
-    def to_api(self) -> dict[str, Any]:
+    @property
+    def done(self) -> int:
+        """Rows with an outcome."""
+        return self.completed + self.failed
+
+    def rows_per_s(self, now: datetime | None = None) -> float | None:
+        """The job's recent rate while it runs (None otherwise, or before there is one)."""
+        if self.status is not JobStatus.RUNNING:
+            return None
+        return recent_rate(
+            self.rate_rows_per_s, self.rate_window_at, self.rate_window_done, self.done, now
+        )
+
+    def eta_s(self, now: datetime | None = None) -> int | None:
+        """Seconds until every row has an outcome at the recent rate, while it runs."""
+        rate = self.rows_per_s(now)
+        if not rate:
+            return None
+        return math.ceil(max(0, self.total - self.done) / rate)
+
+    def to_api(self, now: datetime | None = None) -> dict[str, Any]:
         """The batch object of API.md."""
+        rows_per_s = self.rows_per_s(now)
         return {
             "id": self.id,
             "object": "batch",
@@ -172,6 +248,12 @@ class Job:
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
             },
+            "cost_usd": round(self.cost_usd, COST_DIGITS),
+            "budget_usd": self.budget_usd,
+            "retry_of": self.retry_of,
+            "retries": list(self.retries),
+            "rows_per_s": None if rows_per_s is None else round(rows_per_s, 3),
+            "eta_s": self.eta_s(now),
         }
 
     def webhook_body(self) -> dict[str, Any]:
@@ -185,4 +267,5 @@ class Job:
             "failed": self.failed,
             "dead_letter": self.dead_letter,
             "completed_at": iso(self.completed_at),
+            "cost_usd": round(self.cost_usd, COST_DIGITS),
         }

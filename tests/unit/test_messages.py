@@ -84,7 +84,7 @@ def test_row_request_of_an_object_carries_its_model_and_params() -> None:
 
 def test_outcome_batch_round_trip() -> None:
     outcomes = (
-        RowOutcome("b1", 0, "hello", None, 1, False, "primary", 3, 5, None, "stop", "m-1"),
+        RowOutcome("b1", 0, "hello", None, 1, False, "primary", 3, 5, None, "stop", "m-1", 12, 0.5),
         RowOutcome("b1", 1, None, "upstream_error: x: HTTP 503: busy", 4, True, None, 0, 0),
         RowOutcome("b2", 9, "", None, 2, tool_calls='[{"id":"c"}]', finish_reason="tool_calls"),
     )
@@ -93,7 +93,7 @@ def test_outcome_batch_round_trip() -> None:
         "v": SCHEMA_VERSION,
         "kind": "results",
         "outcomes": [
-            ["b1", 0, "hello", None, 1, False, "primary", 3, 5, None, "stop", "m-1"],
+            ["b1", 0, "hello", None, 1, False, "primary", 3, 5, None, "stop", "m-1", 12, 0.5],
             [
                 "b1",
                 1,
@@ -101,17 +101,42 @@ def test_outcome_batch_round_trip() -> None:
                 "upstream_error: x: HTTP 503: busy",
                 4,
                 True,
+                *[None, 0, 0],
+                *[None] * 5,
+            ],
+            [
+                "b2",
+                9,
+                "",
+                None,
+                2,
+                False,
                 None,
                 0,
                 0,
+                '[{"id":"c"}]',
+                "tool_calls",
                 None,
                 None,
                 None,
             ],
-            ["b2", 9, "", None, 2, False, None, 0, 0, '[{"id":"c"}]', "tool_calls", None],
         ],
     }
     assert OutcomesMessage.decode(message.encode()) == message
+
+
+def test_outcome_of_twelve_fields_decodes_without_details() -> None:
+    """A worker from before row details sends twelve fields per outcome."""
+    raw = orjson.dumps(
+        {
+            "v": SCHEMA_VERSION,
+            "kind": "results",
+            "outcomes": [["b", 0, "hi", None, 1, False, "d", 1, 2, None, "stop", "m"]],
+        }
+    )
+    assert OutcomesMessage.decode(raw).outcomes == (
+        RowOutcome("b", 0, "hi", None, 1, False, "d", 1, 2, None, "stop", "m"),
+    )
 
 
 def test_empty_outcome_batch_round_trip() -> None:

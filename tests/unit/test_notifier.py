@@ -33,6 +33,7 @@ async def test_delivers_the_api_webhook_body() -> None:
             "failed": 1,
             "dead_letter": 1,
             "completed_at": "2026-10-04T09:20:01Z",
+            "cost_usd": 0.0,
         }
     )
     assert store.claims == {BATCH.id: HOOK}
@@ -54,6 +55,7 @@ async def test_canceled_run_reports_canceled() -> None:
         "failed": 0,
         "dead_letter": 0,
         "completed_at": "2026-10-04T09:20:01Z",
+        "cost_usd": 0.0,
     }
 
 

@@ -18,8 +18,8 @@ from relay_batches.messages import SCHEMA_VERSION, JobEvent, MessageError
 from relay_batches.model import (
     CANCELABLE,
     DELIVERY_INITIAL,
+    DELIVERY_SETTLED,
     DELIVERY_STATUS_TRANSITIONS,
-    DELIVERY_TERMINAL,
     JOB_INITIAL,
     JOB_STATUS_TRANSITIONS,
     TERMINAL,
@@ -70,10 +70,7 @@ def reachable(initial: frozenset[S], transitions: Mapping[S, frozenset[S]]) -> s
 
 @pytest.mark.parametrize(
     ("enum", "initial", "transitions", "terminal"),
-    [
-        (JobStatus, JOB_INITIAL, JOB_STATUS_TRANSITIONS, TERMINAL),
-        (DeliveryStatus, DELIVERY_INITIAL, DELIVERY_STATUS_TRANSITIONS, DELIVERY_TERMINAL),
-    ],
+    [(JobStatus, JOB_INITIAL, JOB_STATUS_TRANSITIONS, TERMINAL)],
 )
 def test_a_transition_table_covers_its_enum_and_ends_in_its_terminal_set(
     enum: type[StrEnum],
@@ -89,30 +86,53 @@ def test_a_transition_table_covers_its_enum_and_ends_in_its_terminal_set(
     assert reachable(initial, transitions) == set(enum)
 
 
+def test_a_delivery_settles_and_moves_on_from_there_only_when_re_armed() -> None:
+    transitions = DELIVERY_STATUS_TRANSITIONS
+    assert set(transitions) == set(DeliveryStatus)
+    assert all(src not in targets for src, targets in transitions.items())
+    assert reachable(DELIVERY_INITIAL, transitions) == set(DeliveryStatus)
+    assert all(transitions[s] == {"retrying"} for s in DELIVERY_SETTLED)
+    assert transitions[DeliveryStatus.RETRYING] == {"sending", "failed"}
+
+
 def test_the_job_table_is_the_one_the_ledger_makes() -> None:
     assert {src: sorted(dst) for src, dst in JOB_STATUS_TRANSITIONS.items() if dst} == {
-        "queued": ["canceled", "expired", "failed", "running"],
+        "queued": ["canceled", "expired", "failed", "paused", "running"],
         "scheduled": ["canceled"],
-        "running": ["canceled", "completed", "expired", "failed"],
+        "running": ["canceled", "completed", "expired", "failed", "paused"],
+        "paused": ["canceled", "completed", "expired", "failed", "queued"],
     }
     assert TERMINAL == {"completed", "failed", "canceled", "expired"}
     assert JOB_INITIAL == {"queued", "scheduled"}
 
 
 def test_allowed_from_reads_the_table_backwards_in_enum_order() -> None:
-    assert allowed_from(JobStatus.CANCELED) == ["queued", "scheduled", "running"]
-    assert allowed_from(JobStatus.FAILED) == ["queued", "running"]
+    assert allowed_from(JobStatus.CANCELED) == ["queued", "scheduled", "running", "paused"]
+    assert allowed_from(JobStatus.FAILED) == ["queued", "running", "paused"]
     assert allowed_from(JobStatus.RUNNING) == ["queued"]
-    assert allowed_from(JobStatus.COMPLETED) == ["running"]
-    assert allowed_from(JobStatus.QUEUED) == []
+    assert allowed_from(JobStatus.COMPLETED) == ["running", "paused"]
+    assert allowed_from(JobStatus.PAUSED) == ["queued", "running"]
+    assert allowed_from(JobStatus.QUEUED) == ["paused"]
     assert CANCELABLE == set(allowed_from(JobStatus.CANCELED))
-    assert delivery_allowed_from(DeliveryStatus.SENDING) == []
+    assert delivery_allowed_from(DeliveryStatus.SENDING) == ["retrying"]
     assert delivery_allowed_from(DeliveryStatus.POSTING) == ["sending"]
     assert delivery_allowed_from(DeliveryStatus.DELIVERED) == ["posting", "unknown"]
     assert delivery_allowed_from(DeliveryStatus.REFUSED) == ["posting", "unknown"]
-    assert delivery_allowed_from(DeliveryStatus.FAILED) == ["sending", "posting", "unknown"]
+    assert delivery_allowed_from(DeliveryStatus.FAILED) == [
+        "sending",
+        "posting",
+        "unknown",
+        "retrying",
+    ]
     assert delivery_allowed_from(DeliveryStatus.UNKNOWN) == ["posting"]
-    assert DELIVERY_TERMINAL == {"delivered", "refused", "failed"}
+    assert delivery_allowed_from(DeliveryStatus.RETRYING) == [
+        "posting",
+        "delivered",
+        "refused",
+        "failed",
+        "unknown",
+    ]
+    assert DELIVERY_SETTLED == {"delivered", "refused", "failed"}
 
 
 def test_status_constants_render_in_enum_order() -> None:
@@ -125,7 +145,7 @@ def test_status_constants_render_in_enum_order() -> None:
 def test_a_job_event_decodes_to_the_enum_and_refuses_an_unknown_status() -> None:
     event = JobEvent.decode(JobEvent("b", JobStatus.RUNNING, 1, 0, 0).encode())
     assert event.status is JobStatus.RUNNING
-    body = {"v": SCHEMA_VERSION, "kind": "job", "batch_id": "b", "status": "paused"}
+    body = {"v": SCHEMA_VERSION, "kind": "job", "batch_id": "b", "status": "sleeping"}
     with pytest.raises(MessageError):
         JobEvent.decode(orjson.dumps({**body, "total": 1, "completed": 0, "failed": 0}))
 

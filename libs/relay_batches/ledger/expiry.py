@@ -7,14 +7,17 @@ from dataclasses import dataclass
 import asyncpg
 
 from relay_batches.ledger.pool import translated
+from relay_batches.ledger.status_sql import status_in
 from relay_batches.model import JobStatus, allowed_from
 
 # $1 the statuses a job may expire from, $2 at most this many, $3 expired. Due jobs are
-# picked soonest-deadline first (the batches_expiring index), locked in id order like
-# every multi-job update, and skipped when another replica holds them.
+# picked soonest-deadline first (the batches_expiring_live index: its statuses are named
+# as constants so the planner can prove its predicate), locked in id order like every
+# multi-job update, and skipped when another replica holds them.
 _EXPIRE_DUE = (
     "WITH due AS (SELECT id FROM batches"
-    "  WHERE expires_at IS NOT NULL AND expires_at <= now() AND status = ANY($1::text[])"
+    "  WHERE expires_at IS NOT NULL AND expires_at <= now()"
+    f" AND {status_in(allowed_from(JobStatus.EXPIRED))}"
     "  ORDER BY expires_at LIMIT $2),"
     " locked AS (SELECT b.id FROM batches b JOIN due USING (id)"
     "  WHERE b.status = ANY($1::text[]) ORDER BY b.id FOR UPDATE OF b SKIP LOCKED)"
@@ -40,7 +43,7 @@ class ExpiryStore:
         self._pool = pool
 
     async def expire_due(self, limit: int = 500) -> list[ExpiredJob]:
-        """Move up to ``limit`` due queued or running jobs to ``expired``; those jobs,
+        """Move up to ``limit`` due queued, running or paused jobs to ``expired``; those jobs,
         by id.
 
         Rows without an outcome by now never run: outcomes arriving later are discarded

@@ -106,6 +106,8 @@ class NewJob:
     metadata: str | None = None
     expires_at: datetime | None = None
     completion_window: timedelta | None = None
+    budget_usd: float | None = None
+    retry_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -319,9 +321,9 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
     record = await conn.fetchrow(
         "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
         " webhook_url, cron, next_run_at, rows_batch_id, params, metadata, expires_at,"
-        " completion_window)"
+        " completion_window, budget_usd, retry_of)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($12, $1), $11, $13,"
-        f" {EXPIRES_AT.format(deadline='$14', window='$15', cron='$9')}, $15)"
+        f" {EXPIRES_AT.format(deadline='$14', window='$15', cron='$9')}, $15, $16, $17)"
         " RETURNING *",
         new.id,
         new.workspace_id,
@@ -338,6 +340,8 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
         new.metadata,
         new.expires_at,
         new.completion_window,
+        new.budget_usd,
+        new.retry_of,
     )
     if new.rows_batch_id is not None:
         return Job.from_record(record)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import asyncpg
 
@@ -12,7 +12,7 @@ from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.pool import translated
 from relay_batches.ledger.status_sql import status_in
 from relay_batches.messages import RowOutcome
-from relay_batches.model import STOPPED, TERMINAL, JobStatus, allowed_from
+from relay_batches.model import RATE_WINDOW_S, STOPPED, TERMINAL, JobStatus, allowed_from
 
 # $1 batch ids, $2 the statuses a job may complete from: only those accept outcomes,
 # and only before their deadline (reaped or not: the reaper may not have run yet).
@@ -29,22 +29,25 @@ WITH input AS (
     SELECT DISTINCT ON (batch_id, row_index) *
     FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
                 $6::bool[], $7::text[], $8::int[], $9::int[],
-                $12::text[], $13::text[], $14::text[]) WITH ORDINALITY
+                $12::text[], $13::text[], $14::text[], $15::int[],
+                $16::float8[]) WITH ORDINALITY
         AS t(batch_id, row_index, content, error, attempts, dead_letter, deployment,
-             prompt_tokens, completion_tokens, tool_calls, finish_reason, model, n)
+             prompt_tokens, completion_tokens, tool_calls, finish_reason, model,
+             latency_ms, cost_usd, n)
     ORDER BY batch_id, row_index, n
 ),
 ins AS (
     INSERT INTO row_results (batch_id, row_index, content, error, attempts, dead_letter,
                              deployment, prompt_tokens, completion_tokens, tool_calls,
-                             finish_reason, model)
+                             finish_reason, model, latency_ms, cost_usd)
     SELECT i.batch_id, i.row_index, i.content, i.error, i.attempts, i.dead_letter,
            i.deployment, i.prompt_tokens, i.completion_tokens, i.tool_calls,
-           i.finish_reason, i.model
+           i.finish_reason, i.model, i.latency_ms, i.cost_usd
     FROM input i JOIN batches b ON b.id = i.batch_id
     WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
     ON CONFLICT (batch_id, row_index) DO NOTHING
-    RETURNING batch_id, error IS NULL AS ok, dead_letter, prompt_tokens, completion_tokens
+    RETURNING batch_id, error IS NULL AS ok, dead_letter, prompt_tokens, completion_tokens,
+              cost_usd
 ),
 counts AS (
     SELECT batch_id,
@@ -52,8 +55,17 @@ counts AS (
            count(*) FILTER (WHERE NOT ok) AS bad,
            count(*) FILTER (WHERE dead_letter) AS dl,
            sum(prompt_tokens) AS pt,
-           sum(completion_tokens) AS ct
+           sum(completion_tokens) AS ct,
+           COALESCE(sum(cost_usd), 0) AS cost
     FROM ins GROUP BY batch_id
+),
+moved AS (
+    SELECT c.*, b.completed + c.ok + b.failed + c.bad AS done,
+           b.completed + c.ok + b.failed + c.bad >= b.total AS ends,
+           COALESCE(b.rate_window_at, b.started_at, now()) AS window_at,
+           now() - COALESCE(b.rate_window_at, b.started_at, now())
+               >= make_interval(secs => $17) AS window_closes
+    FROM counts c JOIN batches b ON b.id = c.batch_id
 )
 UPDATE batches b SET
     completed = b.completed + c.ok,
@@ -61,16 +73,67 @@ UPDATE batches b SET
     dead_letter = b.dead_letter + c.dl,
     prompt_tokens = b.prompt_tokens + c.pt,
     completion_tokens = b.completion_tokens + c.ct,
+    cost_usd = b.cost_usd + c.cost,
     last_progress_at = now(),
-    status = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
-                  THEN $11::text ELSE b.status END,
-    completed_at = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
+    rate_rows_per_s = CASE WHEN c.window_closes
+        THEN (c.done - b.rate_window_done)
+             / GREATEST(extract(epoch FROM now() - c.window_at), 0.001)
+        ELSE b.rate_rows_per_s END,
+    rate_window_at = CASE WHEN c.window_closes OR b.rate_window_at IS NULL
+                          THEN now() ELSE b.rate_window_at END,
+    rate_window_done = CASE WHEN c.window_closes OR b.rate_window_at IS NULL
+                            THEN c.done ELSE b.rate_window_done END,
+    -- A job whose budget withheld rows (its error says so, see _EXCEED) ends failed.
+    status = CASE WHEN c.ends AND b.error IS NOT NULL THEN $18::text
+                  WHEN c.ends THEN $11::text ELSE b.status END,
+    completed_at = CASE WHEN c.ends THEN now() ELSE b.completed_at END,
+    lease_owner = CASE WHEN c.ends THEN NULL ELSE b.lease_owner END
+FROM moved c WHERE b.id = c.batch_id
+RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad,
+          b.budget_usd IS NOT NULL AND b.cost_usd >= b.budget_usd
+              AND b.budget_exceeded_at IS NULL AND NOT c.ends AS over_budget
+"""
+
+# A job whose recorded cost reached its budget: every row not yet released (from
+# dispatched_upto on, without an outcome) gets the error outcome ``budget_exceeded``
+# now, so no dispatcher releases it (rows with an outcome are never released), while
+# the rows in flight finish and count. The job's error says so when any row was
+# withheld, and it ends failed once the rows in flight are in (at once if none are).
+# $1 batch ids (locked by the caller), $2 failed, $3 the row error.
+_EXCEED = """
+WITH over AS (
+    SELECT id, rows_batch_id, dispatched_upto FROM batches
+    WHERE id = ANY($1::text[]) AND budget_exceeded_at IS NULL
+),
+ins AS (
+    INSERT INTO row_results (batch_id, row_index, error, attempts)
+    SELECT o.id, r.row_index, $3, 0
+    FROM over o JOIN batch_rows r
+      ON r.batch_id = o.rows_batch_id AND r.row_index >= o.dispatched_upto
+    ON CONFLICT (batch_id, row_index) DO NOTHING
+    RETURNING batch_id
+),
+counts AS (
+    SELECT o.id AS batch_id, count(i.batch_id) AS bad
+    FROM over o LEFT JOIN ins i ON i.batch_id = o.id GROUP BY o.id
+)
+UPDATE batches b SET
+    failed = b.failed + c.bad,
+    budget_exceeded_at = now(),
+    error = CASE WHEN c.bad > 0
+        THEN 'budget_exceeded: the recorded cost reached the budget of '
+             || b.budget_usd || ' USD; rows not yet released were not run'
+        ELSE b.error END,
+    status = CASE WHEN c.bad > 0 AND b.completed + b.failed + c.bad >= b.total
+                  THEN $2::text ELSE b.status END,
+    completed_at = CASE WHEN c.bad > 0 AND b.completed + b.failed + c.bad >= b.total
                         THEN now() ELSE b.completed_at END,
-    lease_owner = CASE WHEN b.completed + c.ok + b.failed + c.bad >= b.total
+    lease_owner = CASE WHEN c.bad > 0 AND b.completed + b.failed + c.bad >= b.total
                        THEN NULL ELSE b.lease_owner END
 FROM counts c WHERE b.id = c.batch_id
-RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad
+RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, c.bad
 """
+BUDGET_ROW_ERROR = "budget_exceeded: the batch reached its budget before this row was released"
 
 
 @dataclass(frozen=True)
@@ -118,9 +181,25 @@ class OutcomeStore:
             accepted = [o for o in outcomes if o.batch_id in totals]
             columns = _columns(accepted)
             records = await conn.fetch(
-                _RECORD, *columns[:9], list(totals), JobStatus.COMPLETED, *columns[9:]
+                _RECORD,
+                *columns[:9],
+                list(totals),
+                JobStatus.COMPLETED,
+                *columns[9:],
+                RATE_WINDOW_S,
+                JobStatus.FAILED,
             )
-        return [_progress(r) for r in records]
+            progress = {r[0]: _progress(r) for r in records}
+            over = sorted(r[0] for r in records if r["over_budget"])
+            if over:
+                for r in await conn.fetch(_EXCEED, over, JobStatus.FAILED, BUDGET_ROW_ERROR):
+                    before = progress[r[0]]
+                    progress[r[0]] = replace(
+                        _progress(r),
+                        new_completed=before.new_completed,
+                        new_failed=before.new_failed + r[6],
+                    )
+        return list(progress.values())
 
     async def canceled_among(self, batch_ids: list[str]) -> list[tuple[str, JobStatus]]:
         """Which of ``batch_ids`` were stopped, canceled or expired, with that status
@@ -164,7 +243,7 @@ class OutcomeStore:
 
 def _progress(record: asyncpg.Record) -> JobProgress:
     """A :class:`JobProgress` from ``(id, status, total, completed, failed[, ok, bad])``."""
-    return JobProgress(record[0], JobStatus(record[1]), *record[2:])
+    return JobProgress(record[0], JobStatus(record[1]), *record[2:7])
 
 
 def _refuse_out_of_range(outcomes: Sequence[RowOutcome], totals: dict[str, int]) -> None:
@@ -192,4 +271,6 @@ def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
         [o.tool_calls for o in outcomes],
         [o.finish_reason for o in outcomes],
         [o.model for o in outcomes],
+        [o.latency_ms for o in outcomes],
+        [o.cost_usd for o in outcomes],
     )

@@ -49,7 +49,8 @@ export function statusBadge(status) {
   return h("span", { class: `status status-${status}`, "data-status": status }, status);
 }
 
-export const CANCELABLE = new Set(["queued", "running", "scheduled"]);
+export const CANCELABLE = new Set(["queued", "running", "paused", "scheduled"]);
+export const PAUSABLE = new Set(["queued", "running"]);
 export const TERMINAL = new Set(["completed", "failed", "canceled", "expired"]);
 
 /** Keep keyboard focus across a re-render: remember the focused element's key. */
