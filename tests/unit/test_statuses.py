@@ -22,6 +22,7 @@ from relay_batches.model import (
     DELIVERY_STATUS_TRANSITIONS,
     JOB_INITIAL,
     JOB_STATUS_TRANSITIONS,
+    PAUSABLE,
     TERMINAL,
     DeliveryStatus,
     JobStatus,
@@ -158,3 +159,4 @@ def test_the_panel_uses_the_model_terminal_and_cancelable_sets() -> None:
     }
     assert sets["TERMINAL"] == TERMINAL
     assert sets["CANCELABLE"] == CANCELABLE
+    assert sets["PAUSABLE"] == PAUSABLE
