@@ -26,7 +26,11 @@ from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import RowOutcome
 from relay_batches.model import Job
+from relay_batches.services.ingest_api.openapi import load_document
+from tests.helpers.openapi_ops import component_validator
 from tests.helpers.support import ApiClient
+
+DOC = load_document()
 
 T0 = datetime(2026, 11, 3, 10, 0, 0, tzinfo=UTC)
 
@@ -119,6 +123,9 @@ async def test_partial_results_show_the_rows_finished_so_far_with_their_details(
         "GET", f"/v1/batches/{job.id}/dead_letter?include=details"
     )
     assert (status, dead) == (200, {"id": job.id, "data": [detailed[1]]})
+    component_validator(DOC, "Results").validate(partial)
+    component_validator(DOC, "Results").validate(body)
+    component_validator(DOC, "DeadLetters").validate(dead)
 
 
 @pytest.mark.parametrize(
@@ -219,6 +226,7 @@ async def test_stats_count_rows_per_interval_and_bucket_latencies(pool: asyncpg.
             ],
         },
     }
+    component_validator(DOC, "BatchStats").validate(stats)
     total = sum(i["completed"] + i["failed"] for i in stats["progress"])
     assert total == len(outcomes)
 
@@ -279,5 +287,6 @@ async def test_the_stats_route_answers_for_the_callers_batches_only(
         {"start": "2026-11-03T10:00:00Z", "completed": 1, "failed": 0},
         {"start": "2026-11-03T10:00:01Z", "completed": 0, "failed": 1},
     ]
+    component_validator(DOC, "BatchStats").validate(stats)
     status, body = await client_b.request("GET", f"/v1/batches/{job.id}/stats")
     assert (status, body["error"]["param"]) == (404, "id")
