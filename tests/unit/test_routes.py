@@ -246,7 +246,8 @@ def test_a_zero_timeout_is_refused() -> None:
 
 def test_a_price_is_read_per_deployment(tmp_path: Path) -> None:
     text = VALID.replace(
-        'model = "claude-x"', 'model = "claude-x"\nprice = { prompt_per_mtok = 0.8, completion_per_mtok = 4 }'
+        'model = "claude-x"',
+        'model = "claude-x"\nprice = { prompt_per_mtok = 0.8, completion_per_mtok = 4 }',
     ).replace("max_retries = 2", "max_retries = 2\nprice = { completion_per_mtok = 0.6 }")
     routes = load_aliases(write(tmp_path, text), {"PRIMARY_KEY": "sk-123"})
     primary, backup = routes.resolve("gpt-4o-mini") or ()
@@ -309,9 +310,7 @@ def test_a_price_costs_tokens_per_million() -> None:
         ),
     ],
 )
-def test_a_bad_price_is_one_line_naming_the_deployment_and_key(
-    price: object, message: str
-) -> None:
+def test_a_bad_price_is_one_line_naming_the_deployment_and_key(price: object, message: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_aliases(routes_data(deployment(price=price)), {})
     assert str(err.value) == message
