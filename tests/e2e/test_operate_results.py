@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from relay_batches.ledger.job_stats import INTERVALS_S, LATENCY_BOUNDS_MS, MAX_INTERVALS
 from tests.helpers.support import ApiClient, rows, wait_until
 
@@ -72,12 +74,14 @@ async def test_partial_results_mid_run_then_details_and_stats_of_every_row(
     assert 1 <= len(stats["progress"]) <= MAX_INTERVALS
     assert sum(i["completed"] for i in stats["progress"]) == TOTAL - 1
     assert sum(i["failed"] for i in stats["progress"]) == 1
-    latencies = sorted(row["latency_ms"] for row in detailed if row["latency_ms"] is not None)
+    latencies = sorted(row["latency_ms"] for row in detailed)
     latency = stats["latency"]
-    assert latency["count"] == len(latencies)
+    assert latency["count"] == TOTAL
     assert [b["le_ms"] for b in latency["buckets"]] == [*LATENCY_BOUNDS_MS, None]
-    assert sum(b["count"] for b in latency["buckets"]) == len(latencies)
-    assert latency["max_ms"] == (latencies[-1] if latencies else None)
+    assert sum(b["count"] for b in latency["buckets"]) == TOTAL
+    assert latency["max_ms"] == latencies[-1] >= SLOW_MS
+    assert latency["p50_ms"] == latencies[TOTAL // 2 - 1] < SLOW_MS  # most rows are fast
+    assert latency["p90_ms"] >= SLOW_MS  # a third of them are slow
 
 
 def assert_details(i: int, row: dict[str, Any], asked: str) -> None:
@@ -86,8 +90,9 @@ def assert_details(i: int, row: dict[str, Any], asked: str) -> None:
     detail_keys = {"usage", "attempts", "deployment", "latency_ms", "finish_reason"}
     assert detail_keys <= set(row) <= detail_keys | {"custom_id", "content", "error", "cost_usd"}
     assert row["deployment"] == (None if i == FAILING else "sim")
-    assert row["latency_ms"] is None or isinstance(row["latency_ms"], int)
-    assert "cost_usd" not in row  # the e2e routes file prices nothing
+    assert isinstance(row["latency_ms"], int) and row["latency_ms"] >= 0
+    assert row["latency_ms"] >= SLOW_MS or i not in SLOW
+    assert "cost_usd" not in row  # the deployment of gpt-4o-mini has no price
     if i == FAILING:
         assert row["error"].startswith("upstream_error: ") and "HTTP 400" in row["error"]
         assert (row["attempts"], row["finish_reason"]) == (1, None)
@@ -96,3 +101,19 @@ def assert_details(i: int, row: dict[str, Any], asked: str) -> None:
     assert row["content"] == f"echo: {asked}"
     assert (row["attempts"], row["finish_reason"]) == (2 if i == RETRIED else 1, "stop")
     assert row["usage"]["prompt_tokens"] > 0 and row["usage"]["completion_tokens"] > 0
+
+
+async def test_rows_of_a_priced_deployment_show_their_cost(api: ApiClient) -> None:
+    requests = rows(3)
+    requests[1]["messages"][0]["content"] = "row 1 [sim:status=400]"
+    created = await api.submit({"model": "sim-priced", "requests": requests})
+    done = await api.wait_status(created["id"], {"completed"}, timeout=30)
+    data = (await get_ok(api, f"/v1/batches/{created['id']}/results?include=details"))["data"]
+    assert "cost_usd" not in data[1]  # an error: no deployment answered, nothing to price
+    for row in (data[0], data[2]):
+        usage = row["usage"]
+        # The e2e routes price sim-priced at 1000 and 2000 USD per million tokens.
+        expected = (usage["prompt_tokens"] * 1000 + usage["completion_tokens"] * 2000) / 1e6
+        assert row["cost_usd"] == pytest.approx(expected) and row["cost_usd"] > 0
+        assert row["deployment"] == "sim-priced"
+    assert done["cost_usd"] == pytest.approx(data[0]["cost_usd"] + data[2]["cost_usd"])
