@@ -74,8 +74,7 @@ async def delivery(pool: asyncpg.Pool, batch_id: str) -> tuple[str, int, int]:
 
 async def make_due(pool: asyncpg.Pool, batch_id: str) -> None:
     await pool.execute(
-        "UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1s'"
-        " WHERE batch_id = $1",
+        "UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1s' WHERE batch_id = $1",
         batch_id,
     )
 

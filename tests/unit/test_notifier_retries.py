@@ -71,7 +71,9 @@ async def test_a_failing_receiver_is_posted_max_attempts_times_then_the_delivery
     assert all(d is not None and d >= 0 for d in store.durations)
     # Every attempt is the same message, signed anew.
     assert [h["webhook-id"] for h in post.headers] == [f"msg_{BATCH.id}"] * 3
-    assert all(verify(SECRET, h, body) for h, (_, body) in zip(post.headers, post.posts))
+    assert all(
+        verify(SECRET, h, body) for h, (_, body) in zip(post.headers, post.posts, strict=True)
+    )
 
 
 async def test_a_retried_delivery_that_succeeds_ends_delivered() -> None:
@@ -83,7 +85,11 @@ async def test_a_retried_delivery_that_succeeds_ends_delivered() -> None:
 
     assert await deliver_webhook(EVENT, store, post, policy=HIGH) == "retrying"
     assert await deliver_deferred(store, post, ReceiverGate(4, 0, 1), policy=HIGH) == 2
-    assert [f[1:3] for f in store.finished] == [("retrying", None), ("retrying", 502), ("delivered", 204)]
+    assert [f[1:3] for f in store.finished] == [
+        ("retrying", None),
+        ("retrying", 502),
+        ("delivered", 204),
+    ]
     assert [round(r[2]) for r in store.retries] == [30, 60]
 
 
