@@ -54,10 +54,11 @@ JOB_INITIAL: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.SCHED
 # ends by cancel; its runs are new jobs. A queued or running job may be paused (no rows
 # are released; the rows already released still finish and count, so a paused job may
 # complete, or fail on its budget) and resumes as queued: a dispatcher claims it again
-# in its workspace's turn, from where it left off.
+# in its workspace's turn, from where it left off. Until then the rows that were in
+# flight at its pause still count, so a resumed job may complete while queued.
 _ENDS_OF_LIVE = frozenset({JobStatus.FAILED, JobStatus.CANCELED, JobStatus.EXPIRED})
 JOB_STATUS_TRANSITIONS: Mapping[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: _ENDS_OF_LIVE | {JobStatus.RUNNING, JobStatus.PAUSED},
+    JobStatus.QUEUED: _ENDS_OF_LIVE | {JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.COMPLETED},
     JobStatus.SCHEDULED: frozenset({JobStatus.CANCELED}),
     JobStatus.RUNNING: _ENDS_OF_LIVE | {JobStatus.COMPLETED, JobStatus.PAUSED},
     JobStatus.PAUSED: _ENDS_OF_LIVE | {JobStatus.COMPLETED, JobStatus.QUEUED},

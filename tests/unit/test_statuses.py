@@ -98,7 +98,7 @@ def test_a_delivery_settles_and_moves_on_from_there_only_when_re_armed() -> None
 
 def test_the_job_table_is_the_one_the_ledger_makes() -> None:
     assert {src: sorted(dst) for src, dst in JOB_STATUS_TRANSITIONS.items() if dst} == {
-        "queued": ["canceled", "expired", "failed", "paused", "running"],
+        "queued": ["canceled", "completed", "expired", "failed", "paused", "running"],
         "scheduled": ["canceled"],
         "running": ["canceled", "completed", "expired", "failed", "paused"],
         "paused": ["canceled", "completed", "expired", "failed", "queued"],
@@ -111,7 +111,7 @@ def test_allowed_from_reads_the_table_backwards_in_enum_order() -> None:
     assert allowed_from(JobStatus.CANCELED) == ["queued", "scheduled", "running", "paused"]
     assert allowed_from(JobStatus.FAILED) == ["queued", "running", "paused"]
     assert allowed_from(JobStatus.RUNNING) == ["queued"]
-    assert allowed_from(JobStatus.COMPLETED) == ["running", "paused"]
+    assert allowed_from(JobStatus.COMPLETED) == ["queued", "running", "paused"]
     assert allowed_from(JobStatus.PAUSED) == ["queued", "running"]
     assert allowed_from(JobStatus.QUEUED) == ["paused"]
     assert CANCELABLE == set(allowed_from(JobStatus.CANCELED))

@@ -41,6 +41,7 @@ _DELETE_OWN_ROWS = (
     " AND NOT EXISTS (SELECT 1 FROM batches WHERE rows_batch_id = $1 AND id <> $1)"
 )
 _DELETE_DELIVERY = "DELETE FROM webhook_deliveries WHERE batch_id = $1"
+_DELETE_ATTEMPTS = "DELETE FROM webhook_attempts WHERE batch_id = $1"
 # The record whose stored response is this job alone (a create's 201/200: one object
 # whose id is the job's, bare or with a dialect's prefix); the strpos only spares
 # casting every record.
@@ -76,7 +77,7 @@ _DETACH_RUNS = update_jobs_in_id_order("template_id = $1", "template_id = NULL")
 _DELETE_JOB = "DELETE FROM batches WHERE id = $1 AND workspace_id = $2"
 
 # In this order: everything naming the job goes before the job (foreign keys).
-_BY_ID = (_DELETE_OUTCOMES, _DELETE_OWN_ROWS, _DELETE_DELIVERY, _DETACH_RUNS)
+_BY_ID = (_DELETE_OUTCOMES, _DELETE_OWN_ROWS, _DELETE_ATTEMPTS, _DELETE_DELIVERY, _DETACH_RUNS)
 _BY_ID_AND_WORKSPACE = (_DELETE_IDEMPOTENCY, _DELETE_JOB)
 
 

@@ -23,7 +23,7 @@ ALTER TABLE batches ADD CONSTRAINT batches_status_check
     NOT VALID;
 
 INSERT INTO job_status_transitions (from_status, to_status) VALUES
-    ('queued', 'paused'), ('running', 'paused'),
+    ('queued', 'paused'), ('running', 'paused'), ('queued', 'completed'),
     ('paused', 'queued'), ('paused', 'completed'), ('paused', 'failed'),
     ('paused', 'canceled'), ('paused', 'expired')
 ON CONFLICT DO NOTHING;
