@@ -122,11 +122,20 @@ PAUSABLE: frozenset[JobStatus] = frozenset(allowed_from(JobStatus.PAUSED))
 STOPPED: frozenset[JobStatus] = frozenset({JobStatus.CANCELED, JobStatus.EXPIRED})
 
 
-# Costs are shown to the billionth of a dollar (a row costs fractions of a cent).
-COST_DIGITS = 9
+# Costs and rates are shown to this many significant digits: a row may cost a millionth
+# of a cent, and a float sum of many rows carries noise in its last digits.
+SHOWN_DIGITS = 12
+
+
+def shown(value: float, digits: int = SHOWN_DIGITS) -> float:
+    """``value`` rounded to ``digits`` significant digits (how costs and rates are shown)."""
+    return float(f"{value:.{digits}g}")
+
+
 # The aggregator measures a job's rate over windows of at least this long; a window
 # older than twice that without a new measurement means the job slowed down.
 RATE_WINDOW_S = 5.0
+RATE_DIGITS = 4
 
 
 def recent_rate(
@@ -207,12 +216,14 @@ class Job:
         return self.completed + self.failed
 
     def rows_per_s(self, now: datetime | None = None) -> float | None:
-        """The job's recent rate while it runs (None otherwise, or before there is one)."""
+        """The job's recent rate while it runs, to 4 significant digits (None otherwise,
+        or before there is one)."""
         if self.status is not JobStatus.RUNNING:
             return None
-        return recent_rate(
+        rate = recent_rate(
             self.rate_rows_per_s, self.rate_window_at, self.rate_window_done, self.done, now
         )
+        return None if rate is None else shown(rate, RATE_DIGITS)
 
     def eta_s(self, now: datetime | None = None) -> int | None:
         """Seconds until every row has an outcome at the recent rate, while it runs."""
@@ -249,12 +260,14 @@ class Job:
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
             },
-            "cost_usd": round(self.cost_usd, COST_DIGITS),
+            "cost_usd": shown(self.cost_usd),
             "budget_usd": self.budget_usd,
             "retry_of": self.retry_of,
             "retries": list(self.retries),
-            "rows_per_s": None if rows_per_s is None else round(rows_per_s, 3),
-            "eta_s": self.eta_s(now),
+            "rows_per_s": rows_per_s,
+            "eta_s": None
+            if not rows_per_s
+            else math.ceil(max(0, self.total - self.done) / rows_per_s),
         }
 
     def webhook_body(self) -> dict[str, Any]:
@@ -268,5 +281,5 @@ class Job:
             "failed": self.failed,
             "dead_letter": self.dead_letter,
             "completed_at": iso(self.completed_at),
-            "cost_usd": round(self.cost_usd, COST_DIGITS),
+            "cost_usd": shown(self.cost_usd),
         }

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from relay_batches.errors import invalid
 from relay_batches.ledger.jobs import DeadLetterRow, ResultRow, RowDetails
-from relay_batches.model import COST_DIGITS, TERMINAL, Job
+from relay_batches.model import TERMINAL, Job, shown
 from relay_batches.services.ingest_api.middleware import STREAMING
 from relay_batches.tool_calls import stored_tool_calls
 
@@ -20,6 +20,15 @@ NDJSON = "application/x-ndjson"
 # The values of ``partial`` and ``include`` (absent: false, and no details).
 FLAG_VALUES = {"true": True, "false": False}
 INCLUDE_VALUES = ("details",)
+
+
+def single(request: web.Request, name: str) -> str | None:
+    """The query parameter ``name`` given at most once (absent: None), else 400 naming it:
+    a repeated flag is ambiguous, and the first value must not silently win."""
+    values = request.query.getall(name, [])
+    if len(values) > 1:
+        raise invalid(f"{name} may be given once", name)
+    return values[0] if values else None
 
 
 def partial_flag(raw: str | None) -> bool:
@@ -43,7 +52,7 @@ def wants_details(raw: str | None) -> bool:
 def details_object(details: RowDetails, failed: bool) -> dict[str, Any]:
     """A row's details as the API shows them: ``usage``, ``attempts``, ``deployment``,
     ``latency_ms``, ``finish_reason`` (None for an error), and ``cost_usd`` when known."""
-    shown: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "usage": {
             "prompt_tokens": details.prompt_tokens,
             "completion_tokens": details.completion_tokens,
@@ -54,8 +63,8 @@ def details_object(details: RowDetails, failed: bool) -> dict[str, Any]:
         "finish_reason": None if failed else details.finish_reason,
     }
     if details.cost_usd is not None:
-        shown["cost_usd"] = round(details.cost_usd, COST_DIGITS)
-    return shown
+        fields["cost_usd"] = shown(details.cost_usd)
+    return fields
 
 
 def row_object(row: ResultRow) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from relay_batches.services.ingest_api.paging import page_limit
 from relay_batches.services.ingest_api.results import (
     dead_letter_object,
     partial_flag,
+    single,
     stream_list,
     stream_results,
     wants_details,
@@ -137,8 +138,8 @@ def _status_filter(value: str | None) -> JobStatus | None:
 async def get_results(request: web.Request) -> web.StreamResponse:
     """``GET /v1/batches/{id}/results``: streamed JSON, or ndjson on request;
     ``partial=true`` shows the rows finished so far, ``include=details`` their details."""
-    partial = partial_flag(request.query.get("partial"))
-    details = wants_details(request.query.get("include"))
+    partial = partial_flag(single(request, "partial"))
+    details = wants_details(single(request, "include"))
     job = await _find(request)
     jobs = request.app[DEPS].jobs
     pages = jobs.detailed_result_pages(job) if details else jobs.result_pages(job)
@@ -148,7 +149,7 @@ async def get_results(request: web.Request) -> web.StreamResponse:
 async def get_dead_letters(request: web.Request) -> web.StreamResponse:
     """``GET /v1/batches/{id}/dead_letter``: streamed, in row order (ndjson on request);
     ``include=details`` adds every row's details."""
-    details = wants_details(request.query.get("include"))
+    details = wants_details(single(request, "include"))
     job = await _find(request)
     jobs = request.app[DEPS].jobs
     pages = jobs.detailed_dead_letter_pages(job) if details else jobs.dead_letter_pages(job)

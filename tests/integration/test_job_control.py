@@ -28,10 +28,26 @@ async def workspace(pool: asyncpg.Pool) -> str:
     return await KeyStore(pool).ensure_workspace(f"ctl-{new_id()[:8]}")
 
 
-async def job_of(pool: asyncpg.Pool, space: str, n: int, window: timedelta | None = None) -> Job:
+async def job_of(
+    pool: asyncpg.Pool,
+    space: str,
+    n: int,
+    window: timedelta | None = None,
+    budget_usd: float | None = None,
+) -> Job:
     """A queued job of ``n`` rows ``c-0``… whose requests say ``x<i>``."""
     new = NewJob(
-        new_id(), space, "ctl", "gpt-4o-mini", 3, n, None, None, None, completion_window=window
+        new_id(),
+        space,
+        "ctl",
+        "gpt-4o-mini",
+        3,
+        n,
+        None,
+        None,
+        None,
+        completion_window=window,
+        budget_usd=budget_usd,
     )
     return await JobStore(pool).create(
         new, ((f"c-{i}", f'[{{"role":"user","content":"x{i}"}}]') for i in range(n))
@@ -102,7 +118,7 @@ async def test_a_resumed_job_keeps_its_start_and_place_and_restarts_its_rate_win
 
 async def ended_with_failures(pool: asyncpg.Pool, space: str) -> Job:
     """A completed job of 5 rows: 1 and 3 dead-lettered, 4 failed (not dead-lettered)."""
-    job = await job_of(pool, space, 5, timedelta(hours=2))
+    job = await job_of(pool, space, 5, timedelta(hours=2), budget_usd=7.5)
     await JobStore(pool).pause(space, job.id)  # a paused job takes outcomes (no claim)
     outcomes = [
         RowOutcome(job.id, 0, "ok", None, attempts=1),
@@ -145,6 +161,7 @@ async def test_a_retry_is_a_new_job_of_exactly_the_failed_rows_in_order(
     for retry, total in ((failed, 3), (dead, 2)):
         assert (retry.status, retry.total, retry.retry_of) == ("queued", total, original.id)
         assert (retry.name, retry.model, retry.priority) == ("ctl", "gpt-4o-mini", 3)
+        assert (retry.budget_usd, retry.cost_usd) == (7.5, 0.0)  # capped as the original
         assert retry.rows_batch_id == retry.id
         assert retry.expires_at is not None and original.expires_at is not None
         assert retry.expires_at > original.expires_at  # a new deadline from now

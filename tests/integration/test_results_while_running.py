@@ -136,6 +136,9 @@ async def test_partial_results_show_the_rows_finished_so_far_with_their_details(
         ("partial=", "partial"),
         ("include=usage", "include"),
         ("partial=true&include=", "include"),
+        ("partial=true&partial=bogus", "partial"),
+        ("partial=true&partial=true", "partial"),
+        ("include=details&include=details", "include"),
     ],
 )
 async def test_a_bad_partial_or_include_is_a_400_naming_it(

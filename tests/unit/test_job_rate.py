@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from relay_batches.model import RATE_WINDOW_S, Job, JobStatus, recent_rate
+from relay_batches.model import RATE_WINDOW_S, Job, JobStatus, recent_rate, shown
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 JOB = Job(
@@ -72,3 +72,13 @@ def test_no_rate_or_eta_unless_running() -> None:
     for status in (JobStatus.PAUSED, JobStatus.QUEUED, JobStatus.COMPLETED):
         body = replace(measured, status=status).to_api(NOW)
         assert (body["rows_per_s"], body["eta_s"]) == (None, None)
+
+
+def test_costs_and_rates_are_shown_to_significant_digits_not_decimals() -> None:
+    assert shown(1.5375e-06) == 1.5375e-06  # a millionth of a cent keeps its digits
+    assert shown(0.1 + 0.2) == 0.3  # a float sum's noise goes
+    slow = replace(JOB, rate_rows_per_s=0.00040004, rate_window_at=ago(1), rate_window_done=400)
+    body = slow.to_api(NOW)
+    assert body["rows_per_s"] == 0.0004
+    assert body["eta_s"] == 1_500_000  # 600 rows at the rate shown
+    assert replace(JOB, cost_usd=1537.5e-9 * 1000).to_api(NOW)["cost_usd"] == 0.0015375

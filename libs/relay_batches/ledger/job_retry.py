@@ -50,13 +50,16 @@ _COPY_ROWS = (
 )
 
 # $1 new id, $2 original id, $3 queued, $4 total: the new job over its own rows with the
-# original's name, model, params, priority, webhook, metadata and completion window (a
-# new deadline from now, on the database's clock).
+# original's name, model, params, priority, webhook, metadata, budget (the rows a budget
+# stopped are failed rows: their retry is capped as the original was) and completion
+# window (a new deadline from now, on the database's clock).
 _INSERT_JOB = (
     "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
-    " webhook_url, rows_batch_id, params, metadata, completion_window, expires_at, retry_of)"
+    " webhook_url, rows_batch_id, params, metadata, completion_window, expires_at, retry_of,"
+    " budget_usd)"
     " SELECT $1, o.workspace_id, o.name, o.model, o.priority, $3, $4, o.webhook_url, $1,"
-    " o.params, o.metadata, o.completion_window, now() + o.completion_window, o.id"
+    " o.params, o.metadata, o.completion_window, now() + o.completion_window, o.id,"
+    " o.budget_usd"
     " FROM batches o WHERE o.id = $2"
     " RETURNING *"
 )
