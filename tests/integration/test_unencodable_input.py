@@ -21,7 +21,8 @@ from tests.helpers.support import Isolation
 
 HI = {"role": "user", "content": "hi"}
 NATIVE_FIELDS = (
-    "completion_window, cron, metadata, model, name, params, priority, requests, webhookUrl"
+    "budget_usd, completion_window, cron, metadata, model, name, params, priority, requests,"
+    " webhookUrl"
 )
 
 
