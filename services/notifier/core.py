@@ -255,7 +255,7 @@ class DueWatch:
     every ``full_every_s``, not at every poll; one that waited for a receiver busy here
     goes out at the next listing (a slot freed in the pass, or the timer)."""
 
-    def __init__(self, full_every_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, full_every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.full_every_s = full_every_s
         self._clock = clock
         self._since: datetime | None = None
