@@ -63,8 +63,11 @@ def _after(raw: str | None, batch_id: str) -> int:
 
 async def redeliver(request: web.Request) -> web.Response:
     """``POST /v1/batches/{id}/webhook_deliveries``: 202 once the completion summary is
-    due again at once; 409 for a job not terminal, a cron template, or an attempt under
-    way; 400 for a batch without a webhook URL."""
+    due at once, with the delivery's stored status (``retrying``, or ``sending`` for a
+    first delivery still waiting unclaimed) and due time, as GET shows them; 409 for a
+    job not terminal, a cron template, an attempt under way, a last attempt that ended
+    less than 10 s ago, or a delivery at its 100 attempts; 400 for a batch without a
+    webhook URL."""
     job = await _find(request)
     if job.cron is not None:
         raise ApiError(409, "a cron template has no webhook of its own; its runs do", "id")
@@ -81,7 +84,7 @@ async def redeliver(request: web.Request) -> web.Response:
         {
             "object": "webhook_delivery.scheduled",
             "batch_id": job.id,
-            "status": "retrying",
+            "status": scheduled.status,
             "next_attempt_at": iso(scheduled.next_attempt_at),
         },
         status=202,

@@ -34,12 +34,13 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Protocol
 
 import orjson
 
 from relay_batches.errors import TransientError
-from relay_batches.ledger.deliveries import Attempt, Claim, Deferred
+from relay_batches.ledger.deliveries import Attempt, Claim, Deferred, Probe
 from relay_batches.messages import JobEvent
 from relay_batches.metrics import WEBHOOK_DELIVERIES
 from relay_batches.model import DeliveryStatus, Job
@@ -58,6 +59,9 @@ DEFERRED_PASS = 64  # deferred deliveries in flight at once in a deferred pass
 REFILL_S = 0.5  # while POSTs are in flight, look for more deferred deliveries this often
 RETRY_CAP_S = 3600.0  # the longest wait between two automatic attempts
 ERROR_CHARS = 500  # of a POST's error, kept in the delivery log (bounded per attempt)
+# A probe looks this far back before the listing it follows: a delivery deferred (or
+# re-armed) in a transaction that had not committed when that listing read is still seen.
+PROBE_OVERLAP_S = 1.0
 
 
 def claim_seconds(webhook_timeout_s: float) -> float:
@@ -182,6 +186,15 @@ class DeferredStore(Store, Protocol):
     async def claim_deferred(self, batch_id: str) -> Claim | None:
         """Claim a deferred (or due retrying) delivery; None if another notifier did."""
 
+    async def probe(
+        self,
+        since: datetime | None,
+        skip_workspaces: Sequence[str] = (),
+        skip_receivers: Sequence[tuple[str, str]] = (),
+    ) -> Probe:
+        """Whether a delivery was deferred or came due after ``since``, of a receiver
+        not named; with the database's time."""
+
 
 class RecoveryStore(DeferredStore, Protocol):
     """What taking over expired claims needs on top of :class:`Store`."""
@@ -234,12 +247,40 @@ def _never() -> bool:
     return False
 
 
+class DueWatch:
+    """When the deferred pass lists the waiting deliveries (a read of all of them): at
+    least every ``full_every_s``, and between those only when :meth:`DeferredStore.probe`
+    finds one deferred, or come due, since the last listing (less ``PROBE_OVERLAP_S``)
+    of a receiver not busy here. A backlog of a busy (hanging) receiver is thus read
+    every ``full_every_s``, not at every poll; one that waited for a receiver busy here
+    goes out at the next listing (a slot freed in the pass, or the timer)."""
+
+    def __init__(self, full_every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.full_every_s = full_every_s
+        self._clock = clock
+        self._since: datetime | None = None
+        self._listed_at: float | None = None
+
+    async def listing_due(self, store: DeferredStore, gate: ReceiverGate) -> bool:
+        """Ask the probe (cheap); True when the caller should list now (and it records
+        the listing as made)."""
+        probe = await store.probe(self._since, gate.full_workspaces(), gate.busy_receivers())
+        now = self._clock()
+        timer = self._listed_at is None or now - self._listed_at >= self.full_every_s
+        if not (timer or probe.due):
+            return False
+        self._since = probe.at - timedelta(seconds=PROBE_OVERLAP_S)
+        self._listed_at = now
+        return True
+
+
 async def deliver_deferred(
     store: DeferredStore,
     post: Post,
     gate: ReceiverGate,
     stopping: Callable[[], bool] = _never,
     policy: RetryPolicy = DEFAULT_RETRY,
+    watch: DueWatch | None = None,
 ) -> int:
     """Deliver deferred deliveries, and retrying ones that are due, whose receiver has a
     free slot, concurrently, oldest first; return how many were POSTed.
@@ -247,16 +288,24 @@ async def deliver_deferred(
     The listing leaves out the receivers and workspaces that are busy here, so a backlog
     of busy receivers never hides the others'. Up to ``DEFERRED_PASS`` run at once, and
     the pass looks for more whenever one ends and every ``REFILL_S`` meanwhile: a hanging
-    POST holds only its own slot, never the others' turn. The pass ends when nothing is
-    in flight and nothing more can start; once ``stopping()``, it starts nothing more and
-    ends with the POSTs in flight (each within the webhook timeout).
+    POST holds only its own slot, never the others' turn. With a ``watch``, a look that
+    does not follow a POST's end lists only when :meth:`DueWatch.listing_due` says so
+    (otherwise each one lists). The pass ends when nothing is in flight and nothing more
+    can start; once ``stopping()``, it starts nothing more and ends with the POSTs in
+    flight (each within the webhook timeout).
     """
     running: set[asyncio.Task[bool]] = set()
     delivered = 0
     failure: BaseException | None = None
+    slot_freed = False
     try:
         while True:
-            if failure is None and not stopping() and len(running) < DEFERRED_PASS:
+            if (
+                failure is None
+                and not stopping()
+                and len(running) < DEFERRED_PASS
+                and (slot_freed or watch is None or await watch.listing_due(store, gate))
+            ):
                 waiting = await store.deferred(
                     DEFERRED_PASS - len(running),
                     gate.slots,
@@ -274,6 +323,7 @@ async def deliver_deferred(
             done, _ = await asyncio.wait(
                 running, timeout=REFILL_S, return_when=asyncio.FIRST_COMPLETED
             )
+            slot_freed = bool(done)
             for task in done:
                 running.discard(task)
                 # Every delivery runs to its end before a failure, e.g. a record that

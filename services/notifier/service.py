@@ -12,9 +12,11 @@ acked) and delivered by the ``deliver-deferred`` pass, as their receiver has roo
 takeovers of dead notifiers' claims take the same slots. The same pass POSTs the
 retrying deliveries that are due (automatic retries, and redeliveries asked for through
 the API), so it runs every ``DUE_POLL_S`` (or ``recover_every_s`` if shorter): a
-redelivery goes out within about half a second. Idle, a pass is one read of two small
-partial indexes (deferred, retrying), so this costs two such reads a second per
-notifier.
+redelivery goes out within about half a second. Most passes are only a probe (see
+:class:`DueWatch`): two index ranges of what was deferred or came due since the last
+listing. The full listing, which reads every waiting delivery (a hanging receiver's
+backlog too), runs when the probe finds one, when a POST of the pass ends, and at least
+every ``recover_every_s``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from relay_batches.kit.consumer import Consume
 from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import JobEvent
 from relay_batches.services.notifier.core import (
+    DueWatch,
     Post,
     RecoveryStore,
     RetryPolicy,
@@ -89,8 +92,10 @@ def notifier_service(
         lambda: recover_deliveries(store, post, gate, policy=policy),
     )
 
+    watch = DueWatch(recover_every_s)
+
     async def deferred_pass() -> None:
-        await deliver_deferred(store, post, gate, deferred.halted, policy)
+        await deliver_deferred(store, post, gate, deferred.halted, policy, watch)
 
     deferred = _HaltSeen("deliver-deferred", min(recover_every_s, DUE_POLL_S), deferred_pass)
     return BusService(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from relay_batches.errors import TransientError
-from relay_batches.ledger.deliveries import Attempt, Claim, Deferred
+from relay_batches.ledger.deliveries import Attempt, Claim, Deferred, Probe
 from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.model import DeliveryStatus, Job, JobStatus
@@ -69,6 +69,7 @@ class FakeDeliveryStore:
     retrying: dict[str, str] = field(default_factory=dict)
     retries: list[tuple[str, int, float]] = field(default_factory=list)
     durations: list[int | None] = field(default_factory=list)
+    probes: int = 0
 
     async def job(self, batch_id: str) -> Job | None:
         return self.batches.get(batch_id)
@@ -115,6 +116,17 @@ class FakeDeliveryStore:
             return None
         self.claims[batch_id] = url
         return Claim(batch_id, 1)
+
+    async def probe(
+        self,
+        since: datetime | None,
+        skip_workspaces: Sequence[str] = (),
+        skip_receivers: Sequence[tuple[str, str]] = (),
+    ) -> Probe:
+        """Due whenever something waits (the fake keeps no times), as the notifier's
+        pass polled before it had a probe."""
+        self.probes += 1
+        return Probe(datetime.now(UTC), bool(self.waiting or self.retrying))
 
     async def start_post(self, claim: Claim) -> Attempt | None:
         self.posting.append(claim.batch_id)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import asyncpg
 import orjson
@@ -17,6 +18,7 @@ from relay_batches.ledger.deliveries import MAX_CLAIMS, Claim, DeliveryStore
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.messages import JobEvent
+from relay_batches.model import DeliveryStatus
 from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
 
 NAME = "fence"  # every job of this module, so its deliveries are found and removed
@@ -189,3 +191,34 @@ async def test_a_claim_handed_back_keeps_its_number_so_an_old_holder_stays_fence
     assert not await store.start_post(first), "the cut-off holder may not POST"
     assert not await store.start_post(taken)
     assert await store.start_post(again)
+
+
+async def test_the_probe_sees_only_deliveries_deferred_or_come_due_since_and_not_busy(
+    pool: asyncpg.Pool,
+) -> None:
+    store = DeliveryStore(pool, claim_s=30)
+    workspace = await KeyStore(pool).ensure_workspace(f"probe-{new_id()[:6]}")
+    start = await store.probe(None)
+    assert not start.due, "no listing yet: nothing counts"
+    deferred = await new_batch(pool, workspace)
+    assert await store.defer(deferred, HOOK, f"msg_{deferred}")
+    assert (await store.probe(start.at)).due
+    assert not (await store.probe(start.at, [workspace])).due
+    assert not (await store.probe(start.at, (), [(workspace, HOOK)])).due
+    assert (await store.probe(start.at, (), [(workspace, HOOK + "/other")])).due
+    later = await store.probe(start.at)
+    assert later.at > start.at
+    assert not (await store.probe(later.at)).due, "deferred before: the backlog is not read"
+
+    retried = await new_batch(pool, workspace)
+    claim = await store.claim(retried, HOOK, f"msg_{retried}")
+    assert claim is not None and await store.start_post(claim)
+    assert await store.finish(claim, DeliveryStatus.RETRYING, 503, None, retry_in_s=3600)
+    assert not (await store.probe(later.at)).due, "due in an hour"
+    come_due = "UPDATE webhook_deliveries SET next_attempt_at = $2 WHERE batch_id = $1"
+    await pool.execute(come_due, retried, later.at + timedelta(milliseconds=1))
+    assert (await store.probe(later.at)).due
+    assert not (await store.probe(later.at, [workspace])).due
+    await pool.execute(come_due, retried, later.at - timedelta(seconds=1))
+    assert not (await store.probe(later.at)).due, "due before: left to the full listing"
+    assert {deferred, retried} <= {d.batch_id for d in await store.deferred(64, 4)}

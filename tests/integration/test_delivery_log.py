@@ -1,7 +1,10 @@
 """The webhook delivery log, automatic retries and redeliveries against the real ledger:
 each attempt is logged by the statements that mark and end it, fenced like the delivery;
-a retrying delivery is claimed once when due; a redelivery re-arms an ended delivery and
-is refused while an attempt is under way; and the API shows and asks for them."""
+a retrying delivery is claimed once when due; a redelivery re-arms an ended delivery, is
+refused while an attempt is under way, within 10 s of the last end and past 100 attempts,
+only makes a pending retry due (keeping its retries), and before any delivery is the
+ordinary first one; the retry window starts at the first attempt; and the API shows and
+asks for them."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import pytest
 from relay_batches.errors import ConflictError
 from relay_batches.ids import new_id
 from relay_batches.ledger.deliveries import Attempt, Claim, DeliveryStore
-from relay_batches.ledger.delivery_log import DeliveryLog
+from relay_batches.ledger.delivery_log import DeliveryLog, Scheduled
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.model import DeliveryStatus, Job
@@ -90,6 +93,24 @@ async def expire(pool: asyncpg.Pool, batch_id: str) -> None:
         " WHERE batch_id = $1",
         batch_id,
     )
+
+
+async def ended_long_ago(pool: asyncpg.Pool, batch_id: str) -> None:
+    """Date the delivery's last end back past the redelivery cooldown (10 s)."""
+    await pool.execute(
+        "UPDATE webhook_deliveries SET finished_at = now() - interval '11s' WHERE batch_id = $1",
+        batch_id,
+    )
+
+
+async def stored(pool: asyncpg.Pool, batch_id: str) -> asyncpg.Record:
+    row = await pool.fetchrow(
+        "SELECT status, deferred, redelivery, retry_until, next_attempt_at, attempts,"
+        " now() AS now FROM webhook_deliveries WHERE batch_id = $1",
+        batch_id,
+    )
+    assert row is not None
+    return row
 
 
 def due_ids(listed: list[object]) -> set[str]:
@@ -186,6 +207,9 @@ async def test_a_redelivery_re_arms_an_ended_delivery_and_is_refused_while_one_i
     with pytest.raises(ConflictError, match="posting"):
         await log.request_redelivery(job)
     assert await store.finish(claim, DeliveryStatus.DELIVERED, 204, None, duration_ms=3)
+    with pytest.raises(ConflictError, match=r"ended 0\.\d s ago; a redelivery may be asked"):
+        await log.request_redelivery(job)
+    await ended_long_ago(pool, job.id)
 
     scheduled = await log.request_redelivery(job)
     assert scheduled.status == "retrying"
@@ -199,7 +223,7 @@ async def test_a_redelivery_re_arms_an_ended_delivery_and_is_refused_while_one_i
         await log.request_redelivery(job)
     attempt = await store.start_post(redelivered)
     assert attempt is not None
-    assert (attempt.number, attempt.redelivery, attempt.retry_window_s) == (2, True, 0.0)
+    assert (attempt.number, attempt.redelivery) == (2, True)
     assert not await store.finish(claim, DeliveryStatus.FAILED, 500, None), "fenced"
     assert await store.finish(redelivered, DeliveryStatus.FAILED, 500, None, duration_ms=4)
     assert await attempt_rows(pool, job.id) == [
@@ -227,18 +251,133 @@ async def test_a_redelivery_re_arms_an_unknown_attempt_and_fences_its_silent_hol
     assert [r[:2] for r in await attempt_rows(pool, job.id)] == [(1, "unknown")]
 
 
-async def test_a_redelivery_before_any_delivery_is_one_deferred_post(pool: asyncpg.Pool) -> None:
-    job = await new_job(pool, await new_workspace(pool))
+async def test_a_redelivery_before_any_delivery_is_the_ordinary_first_one(
+    pool: asyncpg.Pool,
+) -> None:
+    # Stored as the first delivery (not a redelivery, no window yet), so a workspace that
+    # opted in retries it; asked again while it waits unclaimed: the same, one POST.
+    job = await new_job(pool, await new_workspace(pool, max_attempts=3))
     store, log = DeliveryStore(pool, claim_s=30), DeliveryLog(pool)
     scheduled = await log.request_redelivery(job)
-    assert scheduled.status == "sending"
+    row = await stored(pool, job.id)
+    assert (row["status"], row["deferred"], row["redelivery"], row["retry_until"]) == (
+        "sending",
+        True,
+        False,
+        None,
+    )
+    assert (scheduled.status, scheduled.next_attempt_at) == ("sending", row["next_attempt_at"])
+    page = await log.attempts(job.id, 0, 100)
+    assert (page.status, page.next_attempt_at, page.attempts) == (
+        "sending",
+        scheduled.next_attempt_at,
+        [],
+    )
+    again = await log.request_redelivery(job)
+    assert again == scheduled
     # The job.finished handled afterwards finds it claimed; the deferred pass POSTs it.
     assert await store.claim(job.id, HOOK, f"msg_{job.id}") is None
     assert job.id in due_ids(await store.deferred(64, 4))
     claim = await store.claim_deferred(job.id)
     assert claim == Claim(job.id, 1)
+    with pytest.raises(ConflictError, match=r"in progress \(delivery sending\)"):
+        await log.request_redelivery(job)  # claimed now: an attempt is under way
     attempt = await store.start_post(claim)
-    assert attempt is not None and (attempt.number, attempt.redelivery) == (1, True)
+    assert attempt == Attempt(1, 3, pytest.approx(DAY_S, abs=60), False)
+    assert await store.finish(claim, DeliveryStatus.RETRYING, 500, None, retry_in_s=60)
+    assert await attempt_rows(pool, job.id) == [(1, "failed", 500, None, None, False)]
+
+
+async def test_a_redelivery_of_a_delivery_the_notifier_deferred_keeps_it_and_posts_once(
+    pool: asyncpg.Pool,
+) -> None:
+    job = await new_job(pool, await new_workspace(pool))
+    store, log = DeliveryStore(pool, claim_s=30), DeliveryLog(pool)
+    assert await store.defer(job.id, HOOK, f"msg_{job.id}")
+    first = await log.request_redelivery(job)
+    second = await log.request_redelivery(job)
+    assert first == second and first.status == "sending"
+    page = await log.attempts(job.id, 0, 100)
+    assert (page.status, page.next_attempt_at) == ("sending", first.next_attempt_at)
+    row = await stored(pool, job.id)
+    assert (row["deferred"], row["redelivery"], row["attempts"]) == (True, False, 0)
+    assert await store.claim_deferred(job.id) == Claim(job.id, 1)
+    assert await store.claim_deferred(job.id) is None
+
+
+async def test_a_redelivery_of_a_pending_automatic_retry_only_makes_it_due_now(
+    pool: asyncpg.Pool,
+) -> None:
+    job = await new_job(pool, await new_workspace(pool, max_attempts=3))
+    store, log = DeliveryStore(pool, claim_s=30), DeliveryLog(pool)
+    claim = await store.claim(job.id, HOOK, f"msg_{job.id}")
+    assert claim is not None and await store.start_post(claim)
+    assert await store.finish(claim, DeliveryStatus.RETRYING, 503, None, retry_in_s=3600)
+    window = (await stored(pool, job.id))["retry_until"]
+    scheduled = await log.request_redelivery(job)  # within 10 s of the end: adds no attempt
+    row = await stored(pool, job.id)
+    assert (row["status"], row["redelivery"], row["retry_until"]) == ("retrying", False, window)
+    assert scheduled == Scheduled("retrying", row["next_attempt_at"])
+    assert row["next_attempt_at"] <= row["now"]
+    assert job.id in due_ids(await store.deferred(64, 4))
+    retry = await store.claim_deferred(job.id)
+    assert retry == Claim(job.id, 2)
+    attempt = await store.start_post(retry)
+    # Its retries are kept: attempt 2 of 3, in the window of the first attempt.
+    assert attempt is not None and (attempt.number, attempt.max_attempts) == (2, 3)
+    assert not attempt.redelivery and DAY_S - 60 < attempt.retry_window_s <= DAY_S
+
+
+async def test_the_retry_window_starts_at_the_first_attempt_not_at_the_claim(
+    pool: asyncpg.Pool,
+) -> None:
+    store = DeliveryStore(pool, claim_s=30)
+    claimed = await new_job(pool, await new_workspace(pool, max_attempts=3))
+    deferred = await new_job(pool, await new_workspace(pool, max_attempts=3))
+    claim = await store.claim(claimed.id, HOOK, f"msg_{claimed.id}")
+    assert claim is not None and await store.defer(deferred.id, HOOK, f"msg_{deferred.id}")
+    assert (await stored(pool, claimed.id))["retry_until"] is None
+    assert (await stored(pool, deferred.id))["retry_until"] is None
+    # Deferred for two hours before its receiver had room: the window is still 24 h.
+    await pool.execute(
+        "UPDATE webhook_deliveries SET created_at = now() - interval '2h' WHERE batch_id = $1",
+        deferred.id,
+    )
+    late = await store.claim_deferred(deferred.id)
+    assert late is not None
+    for held in (claim, late):
+        attempt = await store.start_post(held)
+        assert attempt is not None and DAY_S - 60 < attempt.retry_window_s <= DAY_S
+        row = await stored(pool, held.batch_id)
+        assert (row["retry_until"] - row["now"]).total_seconds() == pytest.approx(DAY_S, abs=60)
+
+
+async def test_redeliveries_are_bounded_by_a_cooldown_and_100_attempts(
+    pool: asyncpg.Pool,
+) -> None:
+    job = await new_job(pool, await new_workspace(pool))
+    store, log = DeliveryStore(pool, claim_s=30), DeliveryLog(pool)
+    claim = await store.claim(job.id, HOOK, f"msg_{job.id}")
+    assert claim is not None and await store.start_post(claim)
+    assert await store.finish(claim, DeliveryStatus.FAILED, 500, None, duration_ms=3)
+    with pytest.raises(ConflictError, match="a redelivery may be asked for 10 s after it"):
+        await log.request_redelivery(job)
+    await pool.execute(
+        "UPDATE webhook_deliveries SET finished_at = now() - interval '9s' WHERE batch_id = $1",
+        job.id,
+    )
+    with pytest.raises(ConflictError, match=r"ended 9\.\d s ago"):
+        await log.request_redelivery(job)
+    assert await delivery(pool, job.id) == ("failed", 1, 1), "nothing changed"
+    await pool.execute(
+        "UPDATE webhook_deliveries SET attempts = 100, finished_at = now() - interval '1h'"
+        " WHERE batch_id = $1",
+        job.id,
+    )
+    with pytest.raises(ConflictError, match=r"made 100 attempts, the most a delivery may make"):
+        await log.request_redelivery(job)
+    await pool.execute("UPDATE webhook_deliveries SET attempts = 99 WHERE batch_id = $1", job.id)
+    assert (await log.request_redelivery(job)).status == "retrying"
 
 
 async def test_the_api_lists_attempts_and_schedules_a_redelivery(
@@ -275,16 +414,37 @@ async def test_the_api_lists_attempts_and_schedules_a_redelivery(
 
     status, body = await client_a.request("POST", path)
     assert status == 202, body
-    assert body.pop("next_attempt_at").endswith("Z")
+    due = body.pop("next_attempt_at")
+    assert due.endswith("Z")
     assert body == {
         "object": "webhook_delivery.scheduled",
         "batch_id": created.id,
-        "status": "retrying",
+        "status": "sending",  # its first delivery, waiting unclaimed
     }
-    status, body = await client_a.request("POST", path)
-    assert (status, body["error"]["param"]) == (409, "id")  # a deferred attempt is under way
+    status, again = await client_a.request("POST", path)  # still waiting: the same, once
+    assert (status, again["status"], again["next_attempt_at"]) == (202, "sending", due), again
     status, listed = await client_a.request("GET", path)
-    assert (status, listed["status"], listed["data"]) == (200, "sending", [])
+    assert (status, listed["status"], listed["next_attempt_at"], listed["data"]) == (
+        200,
+        "sending",
+        due,
+        [],
+    )
+    store = DeliveryStore(pool, claim_s=30)
+    claim = await store.claim_deferred(created.id)
+    assert claim is not None and await store.start_post(claim)
+    status, body = await client_a.request("POST", path)
+    assert (status, body["error"]["param"]) == (409, "id")
+    assert "in progress (delivery posting)" in body["error"]["message"]
+    assert await store.finish(claim, DeliveryStatus.FAILED, 500, None, duration_ms=1)
+    status, body = await client_a.request("POST", path)
+    assert (status, body["error"]["param"]) == (409, "id")
+    assert "a redelivery may be asked for 10 s after it" in body["error"]["message"]
+    await ended_long_ago(pool, created.id)
+    status, body = await client_a.request("POST", path)
+    assert (status, body["status"]) == (202, "retrying"), body
+    status, listed = await client_a.request("GET", path)
+    assert (listed["status"], listed["next_attempt_at"]) == ("retrying", body["next_attempt_at"])
 
     no_hook = await new_job(pool, "workspace-a", url=None)
     status, body = await client_a.request("POST", f"/v1/batches/{no_hook.id}/webhook_deliveries")

@@ -207,7 +207,13 @@ async def test_every_delivery_transition_is_made_by_a_ledger_function(
             assert await delivery_status(pool, batch_id) == end
             job = await store.job(batch_id)
             assert job is not None
-            # A redelivery asked for re-arms however it ended; due now, it is claimed.
+            # A redelivery asked for re-arms however it ended (once the last attempt
+            # ended 10 s ago); due now, it is claimed.
+            await pool.execute(
+                "UPDATE webhook_deliveries SET finished_at = now() - interval '11s'"
+                " WHERE batch_id = $1",
+                batch_id,
+            )
             await seen.delivery(batch_id, redeliveries.request_redelivery(job))
             assert await delivery_status(pool, batch_id) == DeliveryStatus.RETRYING
             await seen.delivery(batch_id, store.claim_deferred(batch_id))

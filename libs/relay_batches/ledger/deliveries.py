@@ -29,13 +29,19 @@ did not deliver may leave the delivery ``retrying`` (the notifier decides, from 
 :class:`Attempt` it was given): due at ``next_attempt_at``, it is listed and claimed by
 the deferred pass like a deferred delivery (``retrying`` → ``sending``, ``claims`` + 1),
 and its takeovers are counted from that claim (``claims_before``). ``retry_until`` (24 h
-after the first claim) bounds automatic retries: one still due past it is given up.
+after the first attempt, set by the first :meth:`start_post`) bounds automatic retries:
+one still due past it is given up.
+
+Listing the waiting deliveries (:meth:`deferred`) reads every one of them; :meth:`probe`
+is the cheap question asked between listings: has a delivery become due (or been
+deferred) since a given time, of a receiver not busy here?
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -46,7 +52,7 @@ from relay_batches.model import DeliveryStatus, Job, delivery_allowed_from
 
 MAX_CLAIMS = 3
 DEFAULT_CLAIM_S = 30.0
-RETRY_WINDOW_S = 24 * 3600.0  # automatic retries stop this long after the first claim
+RETRY_WINDOW_S = 24 * 3600.0  # automatic retries stop this long after the first attempt
 
 # Constant, so the scans below use the partial index webhook_deliveries_sending.
 _SENDING = status_in([DeliveryStatus.SENDING])
@@ -87,6 +93,28 @@ SELECT batch_id, url, workspace_id FROM (
                       WHERE busy.w = b.workspace_id AND busy.u = d.url)) q
 WHERE n <= $2
 ORDER BY since LIMIT $1
+"""
+
+# Deliveries deferred ($1 as created_at) or come due ($1 as next_attempt_at) after $1, each
+# a range of its partial index (0009 webhook_deliveries_deferred, 0016 …_retrying): a
+# backlog waiting since before $1 is not read. $1 NULL (no listing yet) matches nothing.
+_NEWLY_WAITING = f"""
+SELECT batch_id, url FROM webhook_deliveries
+WHERE {_SENDING} AND deferred AND created_at > $1
+UNION ALL
+SELECT batch_id, url FROM webhook_deliveries
+WHERE {_RETRYING} AND next_attempt_at <= now() AND next_attempt_at > $1
+"""
+
+# Whether one of them is of a receiver (workspace $2, pairs $3/$4) not busy here; and the
+# database's time, the caller's next $1.
+_PROBE = f"""
+SELECT now() AS at, EXISTS (
+    SELECT 1 FROM ({_NEWLY_WAITING}) d JOIN batches b ON b.id = d.batch_id
+    WHERE b.workspace_id <> ALL($2::text[])
+      AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::text[]) AS busy(w, u)
+                      WHERE busy.w = b.workspace_id AND busy.u = d.url)
+) AS due
 """
 
 # Back to deferred (nobody holds it), from the claim $2 taken over by a notifier whose
@@ -210,6 +238,15 @@ class Claim:
     number: int
 
 
+@dataclass(frozen=True)
+class Probe:
+    """The answer of :meth:`DeliveryStore.probe`: the database's time when it was asked,
+    and whether a delivery became due (or was deferred) since the time given."""
+
+    at: datetime
+    due: bool
+
+
 class DeliveryStore:
     """The ``webhook_deliveries`` table and the batch read the notifier needs."""
 
@@ -228,16 +265,14 @@ class DeliveryStore:
         async with translated():
             number = await self._pool.fetchval(
                 "INSERT INTO webhook_deliveries (batch_id, url, status, message_id,"
-                " claim_expires_at, retry_until)"
-                " VALUES ($1, $2, $5, $3, now() + make_interval(secs => $4),"
-                " now() + make_interval(secs => $6))"
+                " claim_expires_at)"
+                " VALUES ($1, $2, $5, $3, now() + make_interval(secs => $4))"
                 " ON CONFLICT (batch_id) DO NOTHING RETURNING claims",
                 batch_id,
                 url,
                 message_id,
                 self._claim_s,
                 DeliveryStatus.SENDING,
-                RETRY_WINDOW_S,
             )
         return None if number is None else Claim(batch_id, number)
 
@@ -247,14 +282,13 @@ class DeliveryStore:
         async with translated():
             value = await self._pool.fetchval(
                 "INSERT INTO webhook_deliveries (batch_id, url, status, message_id, claims,"
-                " deferred, claim_expires_at, retry_until)"
-                " VALUES ($1, $2, $4, $3, 0, true, now(), now() + make_interval(secs => $5))"
+                " deferred, claim_expires_at)"
+                " VALUES ($1, $2, $4, $3, 0, true, now())"
                 " ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id",
                 batch_id,
                 url,
                 message_id,
                 DeliveryStatus.SENDING,
-                RETRY_WINDOW_S,
             )
         return value is not None
 
@@ -278,6 +312,27 @@ class DeliveryStore:
                 [u for _, u in skip_receivers],
             )
         return [Deferred(r[0], r[1], r[2]) for r in records]
+
+    async def probe(
+        self,
+        since: datetime | None,
+        skip_workspaces: Sequence[str] = (),
+        skip_receivers: Sequence[tuple[str, str]] = (),
+    ) -> Probe:
+        """Whether a delivery was deferred, or a retrying one came due, after ``since``
+        (database time; None: nothing counts), of none of ``skip_workspaces`` nor the
+        ``(workspace, url)`` pairs ``skip_receivers``; with the database's time now. Reads
+        only those rows (two index ranges), not the backlog :meth:`deferred` lists."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                _PROBE,
+                since,
+                list(skip_workspaces),
+                [w for w, _ in skip_receivers],
+                [u for _, u in skip_receivers],
+            )
+        assert record is not None
+        return Probe(record["at"], record["due"])
 
     async def hand_back(self, claim: Claim) -> bool:
         """Make a claim taken over into a deferred delivery again (unclaimed, for the
