@@ -1,5 +1,5 @@
 """Recording a chunk of outcome messages and announcing what changed; the periodic
-outbox pass (budget settle, then unannounced ends).
+outbox pass (unannounced ends, then the budget settle).
 
 No aio-pika or asyncpg here: the store and the event publisher are passed in.
 """

@@ -1,4 +1,5 @@
-"""The aggregator's ledger: idempotent outcome inserts, counters, terminal status, outbox."""
+"""The aggregator's ledger: idempotent outcome inserts, counters, terminal status, the
+budget stop and its settle, outbox."""
 
 from __future__ import annotations
 
