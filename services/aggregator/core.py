@@ -1,4 +1,5 @@
-"""Recording a chunk of outcome messages and announcing what changed.
+"""Recording a chunk of outcome messages and announcing what changed; the periodic
+outbox pass (unannounced ends, then the budget settle).
 
 No aio-pika or asyncpg here: the store and the event publisher are passed in.
 """
@@ -26,6 +27,7 @@ log = logging.getLogger("relay.aggregator")
 PublishEvent = Callable[[str, bytes], Awaitable[None]]
 CANCEL_REPEAT_S = 5.0
 CANCEL_MEMORY = 10_000
+SETTLE_PASS_S = 1.0  # budget settle steps run for at most this long per outbox pass
 
 
 class Store(Protocol):
@@ -45,6 +47,9 @@ class Store(Protocol):
 
     async def mark_finished_published(self, batch_ids: list[str]) -> None:
         """Record that finished went out."""
+
+    async def settle_budget_stops(self) -> list[JobProgress]:
+        """One budget settle step: withhold never-released rows of one stopped job."""
 
 
 class Aggregator:
@@ -158,6 +163,33 @@ class Aggregator:
             log.info("cancel_repeated", extra={"batch_id": batch_id})
         while len(self._cancel_sent) > CANCEL_MEMORY:
             self._cancel_sent.popitem(last=False)
+
+    async def outbox_pass(self, older_than_s: float) -> None:
+        """The periodic pass: announce the ends nobody announced, then settle budget stops
+        (a settle that fails never holds the announcements back)."""
+        await self.announce_unannounced(older_than_s)
+        await self.settle_budget_stops()
+
+    async def settle_budget_stops(self, max_s: float = SETTLE_PASS_S) -> int:
+        """Give the rows that jobs stopped by their budget never released their
+        ``budget_exceeded`` outcome, one bounded step (one short transaction) at a time,
+        for at most ``max_s``; each step's counters are announced as a chunk's are
+        (``job.progress``, and ``job.finished`` for a job it ended). Returns the rows
+        withheld; what is left waits for the next pass."""
+        started, withheld = self._clock(), 0
+        while True:
+            progress = await self._store.settle_budget_stops()
+            if not progress:
+                break
+            for job in progress:
+                ROWS_RECORDED.labels("error").inc(job.new_failed)
+                withheld += job.new_failed
+            await self._announce(progress)
+            if self._clock() - started >= max_s:
+                break
+        if withheld:
+            log.info("budget_settled", extra={"rows": withheld})
+        return withheld
 
     async def announce_unannounced(self, older_than_s: float) -> int:
         """Publish ``job.finished`` for terminal jobs nobody announced (crash, cancel)."""

@@ -7,7 +7,9 @@ were confirmed. If recording fails (database away), the chunk is requeued after 
 pause. Messages holding an outcome the ledger can never store (a row index out of its
 job's range, a value the database refuses even as an error outcome) go to
 ``<ns>.results.dead`` once the rest of the chunk is recorded. Every ``outbox_every_s``,
-terminal jobs nobody announced are announced.
+terminal jobs nobody announced are announced, and the rows of jobs whose budget stopped
+them that were never released get their ``budget_exceeded`` outcome (bounded steps, for
+about a second per pass).
 """
 
 from __future__ import annotations
@@ -66,7 +68,5 @@ def aggregator_service(
         dead_letter=DeadLetter(dead, dead_letter),
         chunk_bytes=chunk_bytes,
     )
-    outbox = every(
-        "outbox-scan", outbox_every_s, lambda: aggregator.announce_unannounced(outbox_every_s)
-    )
+    outbox = every("outbox-scan", outbox_every_s, lambda: aggregator.outbox_pass(outbox_every_s))
     return BusService(bus, [results], periodic=[outbox], ledger=ledger, grace_s=grace_s)

@@ -3,10 +3,13 @@
 For every job it owns, the dispatcher keeps ``dispatched_upto - done <= window`` and the
 message text of its rows in flight within ``window_bytes`` (both its part of its
 workspace's windows; one row larger than that goes out alone, when nothing else of the
-job is in flight): it publishes slices of
-consecutive rows (confirmed) and then records the new ``dispatched_upto`` in the ledger,
-so a restart resumes where it left off (at worst re-publishing a slice, which the
-aggregator's idempotent insert absorbs).
+job is in flight): it records the new ``dispatched_upto`` in the ledger and only then
+publishes those slices of consecutive rows (confirmed), so a row is never out while the
+ledger holds it unreleased, and a release the ledger refuses (the job was paused,
+canceled, taken over or stopped by its budget) publishes nothing. A restart resumes
+where it left off; rows recorded as released that never went out (a crash or a failed
+publish in between) are re-sent by stall recovery. A job its budget stopped releases no
+more rows; it is kept (and re-sent from, if rows it released are lost) until it ends.
 
 Fair and prompt (see :mod:`relay_batches.services.dispatcher.sharing`): workspaces take
 turns for slots, each workspace's releasing jobs share one window, and within a
@@ -181,8 +184,8 @@ class OwnedJob:
 
     @property
     def exhausted(self) -> bool:
-        """Every row has been published."""
-        return self.dispatched_upto >= self.job.total
+        """Every row has been released, or its budget stopped it (nothing more goes)."""
+        return self.dispatched_upto >= self.job.total or self.job.budget_stopped
 
     @property
     def in_flight(self) -> int:
@@ -411,6 +414,7 @@ class Dispatcher:
         for job in alive:
             owned = self.jobs.get(job.id)
             if owned is not None:
+                owned.job = job  # its counters, and whether its budget stopped it
                 owned.done = max(owned.done, job.done)
                 await self.top_up(owned)
 
@@ -556,23 +560,34 @@ class Dispatcher:
         return byte_window_end(window.in_flight, window.next_rows, start, end, budget)
 
     async def _release_rows(self, owned: OwnedJob, end: int) -> bool:
-        """Publish rows from ``dispatched_upto`` to ``end`` (a few slices); False if the
-        job is no longer ours."""
+        """Release rows from ``dispatched_upto`` to ``end`` (a few slices): record the
+        release in the ledger, then publish them. False, with nothing published, if the
+        ledger refused (the job is no longer ours and running, or its budget stopped it).
+
+        If the publish fails the rows stay released: stall recovery re-sends them (their
+        send stamp is taken before the publish, so a slice of ours delivered after it
+        shows they are not queued)."""
         job, start = owned.job, owned.dispatched_upto
         rows = await self._store.fetch_rows(job.id, job.rows_batch_id, start, end)
-        await self._publish_rows(owned, rows)
+        if not await self._store.advance(self._config.owner, job.id, end):
+            return False
         owned.dispatched_upto = end
-        return await self._store.advance(self._config.owner, job.id, end)
+        await self._publish_rows(owned, rows)
+        return True
 
     async def _publish_rows(self, owned: OwnedJob, rows: list[tuple[int, str]]) -> None:
         """Publish ``rows`` of a job as slices (confirmed), stamped with our owner id and
         the time they went out on our clock (what stall recovery compares with the
-        workers' delivery marks of our own slices)."""
+        workers' delivery marks of our own slices). The send log takes the stamp before
+        the publish: a row whose publish failed (never out) then counts as lost once a
+        slice we published after it was delivered, and one that went out is judged by
+        its own stamp."""
         if not rows:
             return
         job, sent_at = owned.job, self._clock()
         slices = slice_rows(rows, self._config.slice_rows, MAX_SLICE_BYTES)
         level = self._broker_level(owned, len(rows))
+        owned.sent.record(rows[0][0], rows[-1][0] + 1, sent_at, level)
         await asyncio.gather(
             *(
                 self._publish_slice(
@@ -591,4 +606,3 @@ class Dispatcher:
                 for part in slices
             )
         )
-        owned.sent.record(rows[0][0], rows[-1][0] + 1, sent_at, level)

@@ -202,6 +202,7 @@ def job(
     dispatched_upto: int = 0,
     params: str = '{"temperature":0}',
     workspace: str | None = None,
+    budget_exceeded_at: datetime | None = None,
 ) -> RunningJob:
     return RunningJob(
         id=job_id,
@@ -216,6 +217,7 @@ def job(
         params=params,
         # Each job its own workspace unless told: no sharing between them.
         workspace_id=f"ws-{job_id}" if workspace is None else workspace,
+        budget_exceeded_at=budget_exceeded_at,
     )
 
 
@@ -331,7 +333,9 @@ class FakeDispatchStore:
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
         assert owner == OWNER
         self.advanced.append((job_id, upto))
-        return job_id not in self.lost
+        alive = self.alive.get(job_id)
+        stopped = alive is not None and alive.budget_stopped  # the ledger refuses those too
+        return job_id not in self.lost and not stopped
 
     async def fail(self, job_id: str, error: str) -> bool:
         self.failed.append((job_id, error))

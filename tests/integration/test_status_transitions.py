@@ -155,9 +155,16 @@ async def paused_moves(pool: asyncpg.Pool, workspace: str, seen: Observed) -> No
     await seen.job([paused[2]], jobs.cancel(workspace, paused[2]))
     await pool.execute("UPDATE batches SET expires_at = now() WHERE id = $1", paused[3])
     await seen.job([paused[3]], expiry.expire_due())
-    # Row 0 costs more than the budget: row 1, never released, gets budget_exceeded.
+    # Row 0 costs more than the budget: the job stops, and the budget settle gives row 1,
+    # never released, budget_exceeded, which ends it.
     costly = RowOutcome(budget.id, 0, "ok", None, attempts=1, cost_usd=1.0)
     await seen.job([budget.id], outcomes.record([costly]))
+
+    async def settle() -> None:
+        while await outcomes.settle_budget_stops():
+            pass
+
+    await seen.job([budget.id], settle())
     ended = await jobs.get(workspace, budget.id)
     assert ended is not None
     assert (ended.status, ended.completed, ended.failed) == ("failed", 1, 1)

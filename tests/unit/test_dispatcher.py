@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import cast
 
@@ -12,6 +13,7 @@ import pytest
 from relay_batches.bus.topology import EVENT_CANCELED, Names
 from relay_batches.kit.base import ServiceBus
 from relay_batches.kit.consumer import Subscribe
+from relay_batches.ledger.dispatch import RunningJob
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.services.dispatcher.core import (
     FETCH_SLICES,
@@ -287,16 +289,86 @@ async def test_fetches_are_bounded_to_a_few_slices(
     assert dispatcher.jobs["job1"].exhausted
 
 
-async def test_lost_lease_on_advance_stops_releasing(
+async def test_a_release_is_recorded_in_the_ledger_before_any_of_its_rows_is_published(
+    store: FakeDispatchStore,
+) -> None:
+    recorded_when_published: list[tuple[int, int]] = []  # (slice's end, dispatched_upto then)
+
+    async def publish(task: SliceMessage, level: int) -> None:
+        upto = max((u for b, u in store.advanced if b == task.batch_id), default=0)
+        recorded_when_published.append((task.rows[-1].index + 1, upto))
+
+    config = DispatchConfig(OWNER, 40, 4, 8, LEASE_S)
+    dispatcher = Dispatcher(store, publish, Recorder().announce, lambda _: True, config)
+    store.queued.append(job(total=100))
+    await dispatcher.claim()
+    await dispatcher.on_progress(progress("job1", completed=20))
+    assert store.advanced == [("job1", 40), ("job1", 60)]
+    assert [end for end, _ in recorded_when_published] == list(range(4, 61, 4))
+    assert all(end <= upto for end, upto in recorded_when_published)
+
+
+async def test_a_refused_advance_publishes_nothing_and_forgets_the_job(
     store: FakeDispatchStore, recorder: Recorder
 ) -> None:
+    """A job paused, canceled or taken over while we release: the ledger refuses the
+    release, so none of its rows goes out (they are released once, on resume)."""
     store.queued.append(job(total=200))
     store.lost.add("job1")
     dispatcher = make_dispatcher(store, recorder, window=1000, slice_rows=4)
     await dispatcher.claim()
     assert store.advanced == [("job1", 4 * FETCH_SLICES)]
-    assert recorder.flat() == list(range(4 * FETCH_SLICES))
+    assert recorder.tasks == []
     assert dispatcher.jobs == {}
+
+
+def stopped(running: RunningJob) -> RunningJob:
+    """``running`` as the ledger returns it once its budget stopped it."""
+    return replace(running, budget_exceeded_at=datetime(2026, 10, 4, 9, 13, tzinfo=UTC))
+
+
+async def test_a_job_its_budget_stopped_releases_no_more_rows_but_stays_ours(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    recorder.tasks.clear()
+    store.alive["job1"] = stopped(replace(store.alive["job1"], completed=8))
+    await dispatcher.renew()  # learns of the stop: releases nothing, not even a try
+    await dispatcher.on_progress(progress("job1", completed=16))
+    assert recorder.tasks == []
+    assert store.advanced == [("job1", 20)]
+    assert set(dispatcher.jobs) == {"job1"}, "kept: its rows in flight may need re-sending"
+    assert dispatcher.jobs["job1"].exhausted
+
+
+async def test_a_release_the_budget_stop_refuses_publishes_nothing(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    recorder.tasks.clear()
+    store.alive["job1"] = stopped(store.alive["job1"])  # stopped, we do not know it yet
+    await dispatcher.on_progress(progress("job1", completed=8))
+    assert store.advanced == [("job1", 20), ("job1", 28)]
+    assert recorder.tasks == []
+
+
+async def test_a_job_adopted_after_its_budget_stopped_releases_nothing_and_parks_no_job(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.expired.append(
+        stopped(job("spent", total=100, priority=9, dispatched_upto=30, workspace="a"))
+    )
+    store.queued.append(job("low", total=40, priority=1, workspace="a"))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    assert set(dispatcher.jobs) == {"spent", "low"}
+    assert recorder.flat("spent") == []
+    assert ("spent", 30) not in store.advanced and all(b != "spent" for b, _ in store.advanced)
+    assert recorder.flat("low") == list(range(20)), "a stopped job holds nothing back"
 
 
 async def test_claim_prefers_expired_then_queued_up_to_the_limit(

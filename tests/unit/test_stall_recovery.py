@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from relay_batches.messages import DecodedSlice, HeldRows, HoldingReport, JobEvent
+from relay_batches.messages import DecodedSlice, HeldRows, HoldingReport, JobEvent, SliceMessage
 from relay_batches.model import JobStatus
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.inflight import SEND_LOG_SPANS, InFlight, SendLog
@@ -300,3 +300,73 @@ async def test_a_busy_aggregator_with_messages_ready_does_not_hold_recovery_back
     await dispatcher.on_progress(JobEvent("other-job", JobStatus.RUNNING, 100, 5, 0))  # recorded
     assert await dispatcher.recover_stalled() == 1
     assert recorder.flat() == [10, 11, *range(14, 20)], "job1's lost rows are re-sent"
+
+
+# --- rows recorded as released that never went out ------------------------------------
+
+
+async def test_rows_whose_publish_failed_are_lost_once_a_later_slice_of_ours_was_delivered(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    """The release is recorded before the publish: if the publish fails, the rows are
+    released in the ledger but never out. Their send stamp (taken before the publish)
+    makes them lost as soon as a slice we published after them was delivered, even with
+    other rows still queued; before that they may be queued and are left alone."""
+    wall, waiting, broken = Clock(1000.0), Waiting(5), [False]
+
+    async def publish(task: SliceMessage, level: int) -> None:
+        if broken[0]:
+            raise ConnectionError("broker went away")
+        await recorder.publish(task, level)
+
+    dispatcher = Dispatcher(
+        store,
+        publish,
+        recorder.announce,
+        {"gpt-4o-mini"}.__contains__,
+        DispatchConfig(OWNER, 20, 4, 8, LEASE_S),
+        rows_waiting=waiting,
+        inflight=InFlight(OWNER, Clock()),
+        clock=wall,
+    )
+    store.queued.append(job(total=100))
+    await dispatcher.claim()  # rows 0..19 at 1000
+    wall.now, broken[0] = 1001.0, True
+    with pytest.raises(ConnectionError):
+        await dispatcher.on_progress(JobEvent("job1", JobStatus.RUNNING, 100, 8, 0))
+    assert store.advanced == [("job1", 20), ("job1", 28)], "20..27 released, never out"
+    wall.now, broken[0] = 1002.0, False
+    await dispatcher.on_progress(JobEvent("job1", JobStatus.RUNNING, 100, 16, 0))
+    assert recorder.flat() == [*range(20), *range(28, 36)]
+    store.outcomes["job1"] = set(range(20)) | set(range(28, 36))
+    recorder.tasks.clear()
+
+    await dispatcher.inflight.on_report(report("w1", {}, {0: 1000.0}))  # only 0..19 left
+    store.stalled["job1"] = 20
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.tasks == [], "nothing after them delivered yet: they may be queued"
+    await dispatcher.inflight.on_report(report("w1", {}, {0: 1002.0}))  # 28..35 delivered
+    store.stalled["job1"] = 20
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == list(range(20, 28))
+
+
+async def test_rows_an_owner_released_but_never_published_before_it_died_are_resent(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    """The owner recorded rows 20..39 as released and died before publishing them: the
+    dispatcher that takes the job over cannot tell them from rows still queued until the
+    queue is empty (or a slice it published later was delivered), then re-sends them."""
+    waiting = Waiting(3)
+    dispatcher = make(store, recorder, waiting, Clock(), Clock())
+    store.expired.append(job(total=100, completed=20, dispatched_upto=40))
+    store.outcomes["job1"] = set(range(20))
+    await dispatcher.claim()
+    assert recorder.tasks == [], "its window (20) is full of the rows in question"
+    store.stalled["job1"] = 20
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.tasks == []
+    waiting.count = 0
+    store.stalled["job1"] = 20
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == list(range(20, 40))

@@ -15,7 +15,7 @@ from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
     "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params,"
-    " workspace_id, expires_at"
+    " workspace_id, expires_at, budget_exceeded_at"
 )
 
 
@@ -35,11 +35,18 @@ class RunningJob:
     params: str
     workspace_id: str = ""
     expires_at: datetime | None = None  # the end of its completion window, if any
+    budget_exceeded_at: datetime | None = None  # its budget stop: no row is released after
 
     @property
     def done(self) -> int:
         """Rows with an outcome."""
         return self.completed + self.failed
+
+    @property
+    def budget_stopped(self) -> bool:
+        """Its recorded cost reached its budget: no more of its rows are released (those
+        already out finish, and are re-sent if lost)."""
+        return self.budget_exceeded_at is not None
 
 
 @dataclass(frozen=True)
@@ -221,11 +228,18 @@ class DispatchStore:
         return [(r[0], r[1]) for r in records]
 
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
-        """Record that rows below ``upto`` are published; False if the job is no longer ours."""
+        """Record that rows below ``upto`` are released, before they are published (so a
+        row is never out while the ledger holds it unreleased); False, and nothing may
+        be published, if the job is no longer ours and running or its budget stopped it.
+
+        A row below ``dispatched_upto`` that never went out (a crash or a failed publish
+        right after this) has no outcome and nobody holds it: stall recovery re-sends it.
+        """
         async with translated():
             value = await self._pool.fetchval(
                 "UPDATE batches SET dispatched_upto = GREATEST(dispatched_upto, $3)"
-                " WHERE id = $2 AND lease_owner = $1 AND status = $4 RETURNING id",
+                " WHERE id = $2 AND lease_owner = $1 AND status = $4"
+                " AND budget_exceeded_at IS NULL RETURNING id",
                 owner,
                 job_id,
                 upto,
@@ -276,6 +290,12 @@ _QUEUED = status_in(allowed_from(JobStatus.RUNNING))
 _LIVE = "(expires_at IS NULL OR expires_at > now())"
 _LIVE_Q = "(q.expires_at IS NULL OR q.expires_at > now())"
 _RUNNING = status_in([JobStatus.RUNNING])
+# A job whose budget stopped it releases no more rows (``advance`` refuses it); it is
+# claimed only while rows it released before are in flight, so stall recovery still
+# re-sends those if lost. With none in flight (every row below ``dispatched_upto`` has an
+# outcome, and no row above has one) the aggregator's budget settle ends it.
+_WANTED = "(budget_exceeded_at IS NULL OR dispatched_upto > completed + failed)"
+_WANTED_Q = "(q.budget_exceeded_at IS NULL OR q.dispatched_upto > q.completed + q.failed)"
 
 # $1 owner, $2 limit, $3 lease seconds, $4 running, $5 per-workspace cap (0: none): the
 # guarded move of the queued jobs whose turn comes first. ``turn`` is the workspace's
@@ -299,7 +319,7 @@ _CLAIM_QUEUED = (
     "    PARTITION BY q.workspace_id ORDER BY q.priority DESC, q.created_at, q.id) AS turn"
     "  FROM batches q JOIN spaces s ON s.id = q.workspace_id"
     "  LEFT JOIN load l ON l.workspace_id = q.workspace_id"
-    f"  WHERE q.{_QUEUED} AND {_LIVE_Q}"
+    f"  WHERE q.{_QUEUED} AND {_LIVE_Q} AND {_WANTED_Q}"
     "   AND NOT EXISTS (SELECT 1 FROM unnest($6::text[], $7::int[]) AS f(workspace_id, floor)"
     "    WHERE f.workspace_id = q.workspace_id AND q.priority < f.floor)),"
     " picked AS ("
@@ -310,7 +330,7 @@ _CLAIM_QUEUED = (
     "  last_progress_at = now(), lease_owner = $1,"
     "  lease_expires_at = now() + make_interval(secs => $3)"
     "  FROM (SELECT id FROM batches WHERE id IN (SELECT id FROM picked)"
-    f"        AND {_QUEUED} AND {_LIVE} FOR UPDATE SKIP LOCKED) q"
+    f"        AND {_QUEUED} AND {_LIVE} AND {_WANTED} FOR UPDATE SKIP LOCKED) q"
     f"  WHERE b.id = q.id RETURNING {_prefixed('b')}),"
     " served AS ("
     "  UPDATE workspaces SET last_claim_at = now()"
@@ -337,7 +357,7 @@ _CLAIM_OUTRANKING = (
     "    PARTITION BY q.workspace_id ORDER BY q.priority DESC, q.created_at, q.id) AS turn"
     "  FROM batches q JOIN floors f ON f.workspace_id = q.workspace_id"
     "  LEFT JOIN load l ON l.workspace_id = q.workspace_id"
-    f"  WHERE q.{_QUEUED} AND {_LIVE_Q} AND q.priority > f.floor),"
+    f"  WHERE q.{_QUEUED} AND {_LIVE_Q} AND {_WANTED_Q} AND q.priority > f.floor),"
     " picked AS ("
     "  SELECT id FROM turns WHERE $7 = 0 OR turn <= $7"
     "  ORDER BY turn, priority DESC, created_at, id LIMIT $2)"
@@ -345,7 +365,7 @@ _CLAIM_OUTRANKING = (
     " last_progress_at = now(), lease_owner = $1,"
     " lease_expires_at = now() + make_interval(secs => $3)"
     " FROM (SELECT id FROM batches WHERE id IN (SELECT id FROM picked)"
-    f"       AND {_QUEUED} AND {_LIVE} FOR UPDATE SKIP LOCKED) c"
+    f"       AND {_QUEUED} AND {_LIVE} AND {_WANTED} FOR UPDATE SKIP LOCKED) c"
     f" WHERE b.id = c.id RETURNING {_prefixed('b')}"
 )
 
@@ -355,6 +375,7 @@ _CLAIM_EXPIRED = (
     " lease_expires_at = now() + make_interval(secs => $3)"
     f" FROM (SELECT id FROM batches WHERE {status_in([JobStatus.RUNNING])}"
     "       AND (lease_expires_at IS NULL OR lease_expires_at < now())"
+    f"       AND {_WANTED}"
     "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
     f" WHERE b.id = q.id RETURNING {_prefixed('b')}"
 )

@@ -1,9 +1,10 @@
-"""The aggregator's ledger: idempotent outcome inserts, counters, terminal status, outbox."""
+"""The aggregator's ledger: idempotent outcome inserts, counters, terminal status, the
+budget stop and its settle, outbox."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -83,58 +84,69 @@ UPDATE batches b SET
                           THEN now() ELSE b.rate_window_at END,
     rate_window_done = CASE WHEN c.window_closes OR b.rate_window_at IS NULL
                             THEN c.done ELSE b.rate_window_done END,
-    -- A job whose budget withheld rows (its error says so, see _EXCEED) ends failed.
+    -- The budget stop: from now on no row is released (the dispatcher's advance refuses
+    -- the job) and the settle (_SETTLE) gives the rows not released their outcome. The
+    -- chunk that ends the job is no stop.
+    budget_exceeded_at = CASE WHEN b.budget_exceeded_at IS NULL AND b.budget_usd IS NOT NULL
+                                   AND b.cost_usd + c.cost >= b.budget_usd AND NOT c.ends
+                              THEN now() ELSE b.budget_exceeded_at END,
+    -- A job whose budget stop withheld a row (its error says so, see _SETTLE) ends failed.
     status = CASE WHEN c.ends AND b.budget_exceeded_at IS NOT NULL AND b.error IS NOT NULL
                   THEN $18::text
                   WHEN c.ends THEN $11::text ELSE b.status END,
     completed_at = CASE WHEN c.ends THEN now() ELSE b.completed_at END,
     lease_owner = CASE WHEN c.ends THEN NULL ELSE b.lease_owner END
 FROM moved c WHERE b.id = c.batch_id
-RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad,
-          b.budget_usd IS NOT NULL AND b.cost_usd >= b.budget_usd
-              AND b.budget_exceeded_at IS NULL AND NOT c.ends AS over_budget
+RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad
 """
 
-# A job whose recorded cost reached its budget: every row not yet released (from
-# dispatched_upto on, without an outcome) gets the error outcome ``budget_exceeded``
-# now, so no dispatcher releases it (rows with an outcome are never released), while
-# the rows in flight finish and count. The job's error says so when any row was
-# withheld, and it ends failed once the rows in flight are in (at once if none are).
-# $1 batch ids (locked by the caller), $2 failed, $3 the row error.
-_EXCEED = """
-WITH over AS (
-    SELECT id, rows_batch_id, dispatched_upto FROM batches
-    WHERE id = ANY($1::text[]) AND budget_exceeded_at IS NULL
-),
-ins AS (
+# The budget settle, one step: one job its budget stopped, that has rows never released
+# and is still live (queued, running or paused, before its deadline), locked SKIP LOCKED
+# so aggregators settling at once take different jobs. _SETTLE_LOCK names its statuses so
+# it reads the partial index batches_budget_stopped (0016).
+_SETTLE_LOCK = (
+    "SELECT id, rows_batch_id, dispatched_upto, total FROM batches"
+    f" WHERE budget_exceeded_at IS NOT NULL AND {status_in(allowed_from(JobStatus.COMPLETED))}"
+    " AND dispatched_upto < total AND (expires_at IS NULL OR expires_at > now())"
+    " ORDER BY budget_exceeded_at, id LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+
+# Rows $3 <= index < $4 of the locked job $1 (its input in batch $2) get the error
+# outcome $5 (0 attempts) unless they have one, ``dispatched_upto`` moves past them (rows
+# below it are released: none of these ever is), ``failed`` grows by what was inserted
+# and the job's error says the budget withheld rows. Once every row has an outcome the
+# job ends: $6 (failed) if its budget withheld a row, else $7 (completed).
+_SETTLE = """
+WITH ins AS (
     INSERT INTO row_results (batch_id, row_index, error, attempts)
-    SELECT o.id, r.row_index, $3, 0
-    FROM over o JOIN batch_rows r
-      ON r.batch_id = o.rows_batch_id AND r.row_index >= o.dispatched_upto
+    SELECT $1, r.row_index, $5, 0 FROM batch_rows r
+    WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4
     ON CONFLICT (batch_id, row_index) DO NOTHING
-    RETURNING batch_id
+    RETURNING 1
 ),
-counts AS (
-    SELECT o.id AS batch_id, count(i.batch_id) AS bad
-    FROM over o LEFT JOIN ins i ON i.batch_id = o.id GROUP BY o.id
+counted AS (SELECT count(*) AS bad FROM ins),
+moved AS (
+    SELECT c.bad, b.completed + b.failed + c.bad >= b.total AS ends,
+           b.error IS NOT NULL OR c.bad > 0 AS withheld
+    FROM counted c, batches b WHERE b.id = $1
 )
 UPDATE batches b SET
-    failed = b.failed + c.bad,
-    budget_exceeded_at = now(),
-    error = CASE WHEN c.bad > 0
+    failed = b.failed + m.bad,
+    dispatched_upto = GREATEST(b.dispatched_upto, $4),
+    last_progress_at = CASE WHEN m.bad > 0 THEN now() ELSE b.last_progress_at END,
+    error = CASE WHEN m.bad > 0 AND b.error IS NULL
         THEN 'budget_exceeded: the recorded cost reached the budget of '
              || b.budget_usd || ' USD; rows not yet released were not run'
         ELSE b.error END,
-    status = CASE WHEN c.bad > 0 AND b.completed + b.failed + c.bad >= b.total
-                  THEN $2::text ELSE b.status END,
-    completed_at = CASE WHEN c.bad > 0 AND b.completed + b.failed + c.bad >= b.total
-                        THEN now() ELSE b.completed_at END,
-    lease_owner = CASE WHEN c.bad > 0 AND b.completed + b.failed + c.bad >= b.total
-                       THEN NULL ELSE b.lease_owner END
-FROM counts c WHERE b.id = c.batch_id
-RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, c.bad
+    status = CASE WHEN m.ends AND m.withheld THEN $6::text
+                  WHEN m.ends THEN $7::text ELSE b.status END,
+    completed_at = CASE WHEN m.ends THEN now() ELSE b.completed_at END,
+    lease_owner = CASE WHEN m.ends THEN NULL ELSE b.lease_owner END
+FROM moved m WHERE b.id = $1
+RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad
 """
 BUDGET_ROW_ERROR = "budget_exceeded: the batch reached its budget before this row was released"
+SETTLE_STEP_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -190,17 +202,37 @@ class OutcomeStore:
                 RATE_WINDOW_S,
                 JobStatus.FAILED,
             )
-            progress = {r[0]: _progress(r) for r in records}
-            over = sorted(r[0] for r in records if r["over_budget"])
-            if over:
-                for r in await conn.fetch(_EXCEED, over, JobStatus.FAILED, BUDGET_ROW_ERROR):
-                    before = progress[r[0]]
-                    progress[r[0]] = replace(
-                        _progress(r),
-                        new_completed=before.new_completed,
-                        new_failed=before.new_failed + r[6],
-                    )
-        return list(progress.values())
+        return [_progress(r) for r in records]
+
+    async def settle_budget_stops(self, step_rows: int = SETTLE_STEP_ROWS) -> list[JobProgress]:
+        """One step of the budget settle, in one short transaction: the rows of one job
+        its budget stopped that were never released, up to ``step_rows`` of them from its
+        ``dispatched_upto``, get the error outcome :data:`BUDGET_ROW_ERROR` (set-based,
+        rows with an outcome skipped), and the job's counters move by what was inserted;
+        the job ends once every row has an outcome (failed: its budget withheld rows).
+
+        Returns that job's counters (``new_failed``: the rows withheld now), or nothing
+        when no job needs settling. Several aggregators may settle at once: each step
+        locks its job ``SKIP LOCKED`` and inserts ``ON CONFLICT DO NOTHING``, so no row
+        is counted twice.
+        """
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            locked = await conn.fetchrow(_SETTLE_LOCK)
+            if locked is None:
+                return []
+            batch_id, rows_batch_id, start, total = locked
+            record = await conn.fetchrow(
+                _SETTLE,
+                batch_id,
+                rows_batch_id,
+                start,
+                min(total, start + max(1, step_rows)),
+                BUDGET_ROW_ERROR,
+                JobStatus.FAILED,
+                JobStatus.COMPLETED,
+            )
+        assert record is not None
+        return [_progress(record)]
 
     async def canceled_among(self, batch_ids: list[str]) -> list[tuple[str, JobStatus]]:
         """Which of ``batch_ids`` were stopped, canceled or expired, with that status

@@ -10,6 +10,12 @@ ALTER TABLE webhook_deliveries VALIDATE CONSTRAINT webhook_deliveries_status_che
 -- The range of workspaces.webhook_max_attempts (0015).
 ALTER TABLE workspaces VALIDATE CONSTRAINT workspaces_webhook_max_attempts_check;
 
+-- The aggregator's budget settle: live jobs a budget stopped (few, and briefly: each is
+-- settled within seconds and ends once its rows in flight are in).
+CREATE INDEX IF NOT EXISTS batches_budget_stopped
+    ON batches (budget_exceeded_at) WHERE budget_exceeded_at IS NOT NULL
+        AND status IN ('queued', 'running', 'paused');
+
 -- Deliveries whose next automatic attempt (or an asked-for redelivery) is due.
 CREATE INDEX IF NOT EXISTS webhook_deliveries_retrying
     ON webhook_deliveries (next_attempt_at) WHERE status = 'retrying';
