@@ -18,7 +18,7 @@ from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import BUDGET_ROW_ERROR, JobProgress, OutcomeStore
 from relay_batches.messages import JobEvent, RowOutcome
-from relay_batches.model import RATE_WINDOW_S, Job
+from relay_batches.model import RATE_DIGITS, RATE_WINDOW_S, Job, shown
 from relay_batches.services.aggregator.core import Aggregator
 
 OWNER = "budget-test"
@@ -343,7 +343,7 @@ async def test_the_rate_window_moves_as_outcomes_arrive(pool: asyncpg.Pool) -> N
     # 10 rows (10..19) over the window, which lasted 8 s plus the test's own time
     assert closed.rate_rows_per_s is not None and 1.0 < closed.rate_rows_per_s <= 10 / 8
     rate = closed.rows_per_s(closed.rate_window_at + timedelta(seconds=1))
-    assert rate == closed.rate_rows_per_s
+    assert rate == shown(closed.rate_rows_per_s, RATE_DIGITS)  # as the API shows it
     eta = closed.eta_s(closed.rate_window_at + timedelta(seconds=1))
     assert eta is not None and eta >= 80 / (10 / 8)
 
