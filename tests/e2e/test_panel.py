@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -17,8 +19,9 @@ from playwright.async_api import Browser, Locator, Page, async_playwright, expec
 
 from relay_batches.ids import new_id
 from relay_batches.services.relay_cli import admin
+from tests.helpers.panel import scan_now, watch_panel
 from tests.helpers.processes import System
-from tests.helpers.support import ApiClient
+from tests.helpers.support import ApiClient, WebhookReceiver, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -62,18 +65,23 @@ async def panel_key(system: System) -> str:
 
 @pytest.fixture
 async def page(browser: Browser, system: System) -> AsyncIterator[Page]:
-    """A fresh browser context (own session storage) on the panel."""
+    """A fresh browser context (own session storage) on the panel, every page of it
+    checked for ``[object`` text and empty value cells (tests/helpers/panel.py)."""
     context = await browser.new_context(
         accept_downloads=True, viewport={"width": 1366, "height": 900}
     )
     context.set_default_timeout(UI_TIMEOUT_MS)
+    problems: list[str] = []
+    await watch_panel(context, problems)
     opened = await context.new_page()
     errors: list[str] = []
     opened.on("pageerror", lambda error: errors.append(str(error)))
     await opened.goto(f"{system.api_url}/panel")
     yield opened
+    problems += await scan_now(opened)
     await context.close()
     assert errors == [], f"uncaught errors in the panel: {errors}"
+    assert problems == [], "the panel showed a bad value:\n" + "\n".join(problems)
 
 
 @pytest.fixture
@@ -368,3 +376,263 @@ async def test_an_openai_file_uploads_with_the_model_from_its_rows(
     await expect(job_row(page, "openai.jsonl")).to_be_visible()
     (job,) = await workspace_jobs(system, panel_key, api)
     assert (job["name"], job["model"], job["total"]) == ("openai.jsonl", "gpt-4o-mini", 1)
+
+
+# --- operating a running batch (issue 14) -----------------------------------------------
+
+LIVE_NOTE = "Rows finished so far; the job is still running."
+
+
+def slow_rows(n: int, delay_ms: int, tag: str = "slow") -> list[dict[str, object]]:
+    """``n`` rows the simulator answers after ``delay_ms``."""
+    return [
+        {
+            "custom_id": f"{tag}-{i}",
+            "messages": [{"role": "user", "content": f"[sim:delay-ms={delay_ms}] {tag} {i}"}],
+        }
+        for i in range(n)
+    ]
+
+
+async def get_batch(api: ApiClient, batch_id: str, key: str) -> dict[str, Any]:
+    """``GET /v1/batches/{id}`` with ``key``; insist on 200."""
+    status, body = await api.request("GET", f"/v1/batches/{batch_id}", key=key)
+    assert status == 200, body
+    return dict(body)
+
+
+async def wait_batch(
+    api: ApiClient, batch_id: str, key: str, statuses: set[str], timeout: float = 90
+) -> dict[str, Any]:
+    """Poll the batch until its status is one of ``statuses``."""
+
+    async def reached() -> dict[str, Any] | None:
+        batch = await get_batch(api, batch_id, key)
+        return batch if batch["status"] in statuses else None
+
+    return dict(await wait_until(reached, timeout, f"{batch_id} to reach {statuses}", 0.2))
+
+
+async def open_job(page: Page, batch_id: str) -> None:
+    """Go to the job page of ``batch_id`` (signed in)."""
+    await page.goto(f"{page.url.split('#')[0]}#/jobs/{batch_id}")
+    await expect(page.locator("#job-details")).to_contain_text(batch_id)
+
+
+def badge(page: Page) -> Locator:
+    """The job page's status badge."""
+    return page.locator("#job-status [data-status]")
+
+
+async def bar_sum(page: Page, chart: str, attribute: str) -> int:
+    """The sum of ``attribute`` over the bars of chart ``#chart``."""
+    values = await page.locator(f"#{chart} .bar").evaluate_all(
+        f"(bars) => bars.map((b) => Number(b.getAttribute('{attribute}')))"
+    )
+    return sum(values)
+
+
+async def test_a_running_job_shows_cost_rate_eta_partial_results_and_charts_and_pauses(
+    page: Page, panel_key: str, api: ApiClient, shots: Path
+) -> None:
+    job = await api.submit(
+        {"model": "gpt-4o-mini", "name": "Live", "requests": slow_rows(400, 200), "budget_usd": 50},
+        key=panel_key,
+    )
+    await sign_in(page, panel_key)
+    await open_job(page, job["id"])
+    await expect(badge(page)).to_have_text("running", timeout=RUN_TIMEOUT_MS)
+    await expect(page.locator("#count-cost")).to_have_text(re.compile(r"^\$\d+\.\d+$"))
+    await expect(page.locator("#cost-label")).to_have_text("cost of $50.00 budget")
+    await expect(page.locator("#job-details dt:text-is('Budget') + dd")).to_have_text("$50.00")
+    await expect(page.locator("#count-rate")).to_have_text(re.compile(r"^\d+(\.\d)?$"))
+    await expect(page.locator("#count-eta")).to_have_text(re.compile(r"^\d+:\d\d$"))
+    await expect(page.locator("#results-note")).to_have_text(LIVE_NOTE)
+    first = page.locator("#results-body tr").first
+    await expect(first.locator("td").nth(1)).to_have_text("slow-0")
+    await expect(first.locator("td").nth(2)).to_have_text("echo: [sim:delay-ms=200] slow 0")
+    await expect(page.locator("#chart-progress svg .bar").first).to_be_visible()
+    await expect(page.locator("#chart-latency svg .bar")).to_have_count(13)
+    await expect(page.locator("#download-csv")).to_be_disabled()
+    await page.screenshot(path=shots / "job-running.png", full_page=True)
+
+    await page.get_by_role("button", name="Pause").click()
+    await expect(badge(page)).to_have_text("paused")
+    assert (await get_batch(api, job["id"], panel_key))["status"] == "paused"
+    await expect(page.get_by_role("button", name="Resume")).to_be_visible()
+    await expect(page.get_by_role("button", name="Pause")).to_be_hidden()
+    await expect(page.locator("#rate-item")).to_be_hidden()
+    await expect(page.locator("#results-note")).to_have_text(LIVE_NOTE)  # partial while paused
+    await page.screenshot(path=shots / "job-paused.png", full_page=True)
+    status, _ = await api.request("POST", f"/v1/batches/{job['id']}/cancel", key=panel_key)
+    assert status == 200
+
+
+async def test_resume_runs_a_paused_job_to_the_end_with_every_row_once(
+    page: Page, panel_key: str, api: ApiClient
+) -> None:
+    job = await api.submit(
+        {"model": "gpt-4o-mini", "name": "Held", "requests": slow_rows(200, 100, "held")},
+        key=panel_key,
+    )
+    status, paused = await api.request("POST", f"/v1/batches/{job['id']}/pause", key=panel_key)
+    assert (status, paused["status"]) == (200, "paused"), paused
+    await sign_in(page, panel_key)
+    await open_job(page, job["id"])
+    await expect(badge(page)).to_have_text("paused")
+    await expect(page.get_by_role("button", name="Pause")).to_be_hidden()
+
+    await page.get_by_role("button", name="Resume").click()
+    await expect(page.get_by_role("button", name="Resume")).to_be_hidden()
+    resumed = await get_batch(api, job["id"], panel_key)
+    assert resumed["status"] in {"queued", "running", "completed"}, resumed
+    await expect(badge(page)).to_have_text("completed", timeout=RUN_TIMEOUT_MS)
+    ended = await get_batch(api, job["id"], panel_key)
+    assert (ended["completed"], ended["failed"]) == (200, 0)
+    status, body = await api.request("GET", f"/v1/batches/{job['id']}/results", key=panel_key)
+    assert status == 200
+    assert [row["custom_id"] for row in body["data"]] == [f"held-{i}" for i in range(200)]
+    await expect(page.locator("#results-note")).to_have_text("")
+    await expect(page.locator("#results-body tr")).to_have_count(RESULTS_PAGE)
+
+
+async def test_retry_failed_rows_makes_a_job_of_the_dead_letter_that_then_succeeds(
+    page: Page, panel_key: str, api: ApiClient, shots: Path
+) -> None:
+    flaky = f"[sim:fail-first=4] flaky {new_id()}"  # 4 failures: dead-lettered, then answers
+    requests = [
+        {"custom_id": "fine-1", "messages": [{"role": "user", "content": "fine 1"}]},
+        {"custom_id": "flaky", "messages": [{"role": "user", "content": flaky}]},
+        {"custom_id": "fine-2", "messages": [{"role": "user", "content": "fine 2"}]},
+    ]
+    job = await api.submit(
+        {"model": "gpt-4o-mini", "name": "Flaky", "requests": requests}, key=panel_key
+    )
+    ended = await wait_batch(api, job["id"], panel_key, {"completed"})
+    assert (ended["completed"], ended["failed"], ended["dead_letter"]) == (2, 1, 1)
+    await sign_in(page, panel_key)
+    await open_job(page, job["id"])
+    await expect(page.locator("#dead-body tr")).to_have_count(1)
+    await expect(page.locator("#dead-body td").first).to_have_text("flaky")
+
+    await page.get_by_role("button", name="Retry failed rows").click()
+    await expect(page).not_to_have_url(re.compile(f"#/jobs/{job['id']}$"))
+    retry_id = page.url.rsplit("/", 1)[1]
+    await expect(page.locator("#job-details")).to_contain_text(retry_id)
+    retry = await get_batch(api, retry_id, panel_key)
+    assert (retry["retry_of"], retry["total"], retry["name"]) == (job["id"], 1, "Flaky")
+    assert (await get_batch(api, job["id"], panel_key))["retries"] == [retry_id]
+    await expect(page.locator("#job-details dt:text-is('Retry of') + dd a")).to_have_attribute(
+        "href", f"#/jobs/{job['id']}"
+    )
+    await expect(badge(page)).to_have_text("completed", timeout=RUN_TIMEOUT_MS)
+    status, body = await api.request("GET", f"/v1/batches/{retry_id}/results", key=panel_key)
+    assert status == 200
+    assert body["data"] == [{"custom_id": "flaky", "content": f"echo: {flaky}"}]
+    await expect(page.get_by_role("button", name="Retry failed rows")).to_be_hidden()
+    await page.screenshot(path=shots / "job-retry.png", full_page=True)
+
+
+async def deliveries(api: ApiClient, batch_id: str, key: str) -> dict[str, Any]:
+    """The batch's webhook delivery log."""
+    status, body = await api.request("GET", f"/v1/batches/{batch_id}/webhook_deliveries", key=key)
+    assert status == 200, body
+    return dict(body)
+
+
+async def test_a_finished_job_shows_details_the_delivery_log_and_charts_and_redelivers(
+    page: Page, panel_key: str, api: ApiClient, webhooks: WebhookReceiver, shots: Path
+) -> None:
+    job = await api.submit(
+        {
+            "model": "gpt-4o-mini",
+            "name": "Hooked",
+            "requests": slow_rows(6, 20, "hook"),
+            "webhook_url": webhooks.url,
+        },
+        key=panel_key,
+    )
+    await wait_batch(api, job["id"], panel_key, {"completed"})
+
+    async def delivered(count: int) -> dict[str, Any] | None:
+        log = await deliveries(api, job["id"], panel_key)
+        done = [a for a in log["data"] if a["status"] == "delivered"]
+        return log if len(done) == count and log["status"] == "delivered" else None
+
+    await wait_until(lambda: delivered(1), 30, "the first delivery")
+    await sign_in(page, panel_key)
+    await open_job(page, job["id"])
+    attempts = page.locator("#deliveries-body tr")
+    await expect(attempts).to_have_count(1)
+    await expect(attempts.first.locator("td").nth(1)).to_have_text("delivered")
+    await expect(attempts.first.locator("td").nth(2)).to_have_text("204")
+    await expect(attempts.first.locator("td").nth(6)).to_have_text("no")
+    await expect(page.locator("#delivery-state [data-status]")).to_have_text("delivered")
+
+    await page.get_by_label("Show row details").check()
+    heads = page.locator("#results-heads th")
+    await expect(heads).to_have_text(
+        [
+            "#",
+            "custom_id",
+            "Content or error",
+            "Tokens (in / out)",
+            "Attempts",
+            "Deployment",
+            "Latency",
+            "Finish",
+            "Cost",
+        ]
+    )
+    cells = page.locator("#results-body tr").first.locator("td")
+    await expect(cells.nth(3)).to_have_text(re.compile(r"^\d+ / \d+$"))
+    await expect(cells.nth(4)).to_have_text("1")
+    await expect(cells.nth(5)).to_have_text("sim")
+    await expect(cells.nth(6)).to_have_text(re.compile(r"^[\d,]+ ms$"))
+    await expect(cells.nth(7)).to_have_text("stop")
+    await expect(page.locator("#results-body tr")).to_have_count(6)
+
+    await expect(page.locator("#chart-latency svg .bar")).to_have_count(13)
+    assert await bar_sum(page, "chart-progress", "data-completed") == 6
+    assert await bar_sum(page, "chart-progress", "data-failed") == 0
+    assert await bar_sum(page, "chart-latency", "data-count") == 6
+    await expect(page.locator("#chart-latency .chart-summary")).to_contain_text("6 rows · p50")
+    await page.screenshot(path=shots / "job-details-deliveries.png", full_page=True)
+
+    await page.get_by_role("button", name="Redeliver").click()
+    await expect(page.locator("#delivery-note")).to_have_text("Redelivery scheduled (retrying).")
+    log = await wait_until(lambda: delivered(2), 30, "the redelivery")
+    assert [(a["attempt"], a["redelivery"]) for a in log["data"]] == [(1, False), (2, True)]
+    bodies = [i for i, b in enumerate(webhooks.bodies) if b.get("id") == job["id"]]
+    assert len(bodies) == 2
+    ids = {webhooks.headers[i].get("webhook-id") for i in bodies}
+    assert ids == {f"msg_{job['id']}"}
+    await expect(attempts).to_have_count(2)
+    await expect(attempts.nth(1).locator("td").nth(6)).to_have_text("yes")
+
+
+async def test_the_panel_check_reports_object_text_and_empty_value_cells(
+    browser: Browser, system: System, panel_key: str
+) -> None:
+    context = await browser.new_context()
+    problems: list[str] = []
+    await watch_panel(context, problems)
+    opened = await context.new_page()
+    await opened.goto(f"{system.api_url}/panel")
+    await sign_in(opened, panel_key)
+    await opened.evaluate(
+        """() => {
+          const dl = document.getElementById("job-usage");
+          const dd = document.createElement("dd");
+          dd.textContent = String([document.createElement("dt")]);
+          dl.append(document.createElement("dt"), dd, document.createElement("dd"));
+        }"""
+    )
+
+    async def reported() -> bool:
+        return len(problems) >= 2
+
+    await wait_until(reported, 10, "the check to report")
+    await context.close()
+    assert any(p.startswith("# text: ") and "Usage [object HTMLElement]" in p for p in problems)
+    assert any(p.startswith("empty <dd> # in #job-usage: ") for p in problems), problems
