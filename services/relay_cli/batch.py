@@ -4,8 +4,8 @@ redeliver``: the public API from a terminal.
 The server URL and key come from ``RELAY_URL`` / ``RELAY_API_KEY`` or ``--url`` /
 ``--api-key``. Output for scripts goes to stdout (job ids, results); progress and
 messages go to stderr. Exit codes: 0 success (for ``watch``, ``submit --wait`` and
-``retry --wait``: every job ``completed``), 1 an API or network error or a job that ended otherwise, 2 a usage
-error. An API error is printed as one line: ``relay: invalid API key (401 …)``.
+``retry --wait``: every job ``completed``), 1 an API or network error or a job that ended
+otherwise, 2 a usage error. An API error is printed as one line: ``relay: invalid API key (401 …)``.
 """
 
 from __future__ import annotations
