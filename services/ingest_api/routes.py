@@ -12,6 +12,7 @@ from aiohttp import web
 from relay_batches.errors import ApiError, ConflictError, invalid
 from relay_batches.ids import is_valid_id
 from relay_batches.ledger.idempotency import KeyTaken
+from relay_batches.ledger.job_stats import JobStatsStore
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, Job, JobStatus
 from relay_batches.services.ingest_api.body import read_body
@@ -25,8 +26,10 @@ from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_resp
 from relay_batches.services.ingest_api.paging import page_limit
 from relay_batches.services.ingest_api.results import (
     dead_letter_object,
+    partial_flag,
     stream_list,
     stream_results,
+    wants_details,
 )
 from relay_batches.services.ingest_api.submit import plan_submission, submit_one
 
@@ -44,6 +47,7 @@ def add_batch_routes(app: web.Application) -> None:
     app.router.add_get("/v1/batches/{id}", get_batch)
     app.router.add_get("/v1/batches/{id}/results", get_results)
     app.router.add_get("/v1/batches/{id}/dead_letter", get_dead_letters)
+    app.router.add_get("/v1/batches/{id}/stats", get_stats)
     app.router.add_post("/v1/batches/{id}/cancel", cancel_batch)
 
 
@@ -124,16 +128,32 @@ def _status_filter(value: str | None) -> JobStatus | None:
 
 
 async def get_results(request: web.Request) -> web.StreamResponse:
-    """``GET /v1/batches/{id}/results``: streamed JSON, or ndjson on request."""
+    """``GET /v1/batches/{id}/results``: streamed JSON, or ndjson on request;
+    ``partial=true`` shows the rows finished so far, ``include=details`` their details."""
+    partial = partial_flag(request.query.get("partial"))
+    details = wants_details(request.query.get("include"))
     job = await _find(request)
-    return await stream_results(request, job, request.app[DEPS].jobs.result_pages(job))
+    jobs = request.app[DEPS].jobs
+    pages = jobs.detailed_result_pages(job) if details else jobs.result_pages(job)
+    return await stream_results(request, job, pages, partial)
 
 
 async def get_dead_letters(request: web.Request) -> web.StreamResponse:
-    """``GET /v1/batches/{id}/dead_letter``: streamed, in row order (ndjson on request)."""
+    """``GET /v1/batches/{id}/dead_letter``: streamed, in row order (ndjson on request);
+    ``include=details`` adds every row's details."""
+    details = wants_details(request.query.get("include"))
     job = await _find(request)
-    pages = request.app[DEPS].jobs.dead_letter_pages(job)
+    jobs = request.app[DEPS].jobs
+    pages = jobs.detailed_dead_letter_pages(job) if details else jobs.dead_letter_pages(job)
     return await stream_list(request, {"id": job.id}, pages, dead_letter_object)
+
+
+async def get_stats(request: web.Request) -> web.Response:
+    """``GET /v1/batches/{id}/stats``: rows finished per interval and the latency
+    histogram, summed up in the ledger (bounded whatever the job's size)."""
+    job = await _find(request)
+    stats = await JobStatsStore(request.app[DEPS].pool).stats(job)
+    return json_response(stats.to_api())
 
 
 async def cancel_batch(request: web.Request) -> web.Response:

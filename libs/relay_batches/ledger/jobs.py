@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -38,13 +38,35 @@ _PAGE_CUT = (
     " JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = s.row_index"
     " WHERE s.n = 1 OR s.upto <= $5 ORDER BY s.row_index"
 )
+_RESULT_SIZE = (
+    "octet_length(COALESCE(o.content, o.error)) + COALESCE(octet_length(o.tool_calls), 0)"
+)
 _RESULTS_PAGE = _PAGE_CUT.format(
-    size="octet_length(COALESCE(o.content, o.error)) + COALESCE(octet_length(o.tool_calls), 0)",
-    only="",
-    columns="o.content, o.error, o.tool_calls",
+    size=_RESULT_SIZE, only="", columns="o.content, o.error, o.tool_calls"
 )
 _DEAD_LETTER_PAGE = _PAGE_CUT.format(
     size="octet_length(o.error)", only="AND o.dead_letter", columns="o.error, o.attempts"
+)
+# A row's details (RowDetails' fields, in order) and what they add to a page: their text
+# and about DETAIL_BYTES of keys and numbers as the API writes them.
+DETAIL_BYTES = 160
+_DETAIL_COLUMNS = (
+    "o.prompt_tokens, o.completion_tokens, o.attempts, o.deployment, o.latency_ms,"
+    " o.finish_reason, o.cost_usd"
+)
+_DETAIL_SIZE = (
+    f" + {DETAIL_BYTES} + COALESCE(octet_length(o.deployment), 0)"
+    " + COALESCE(octet_length(o.finish_reason), 0)"
+)
+_RESULTS_DETAIL_PAGE = _PAGE_CUT.format(
+    size=_RESULT_SIZE + _DETAIL_SIZE,
+    only="",
+    columns=f"o.content, o.error, o.tool_calls, {_DETAIL_COLUMNS}",
+)
+_DEAD_LETTER_DETAIL_PAGE = _PAGE_CUT.format(
+    size="octet_length(o.error)" + _DETAIL_SIZE,
+    only="AND o.dead_letter",
+    columns=f"o.error, o.attempts, {_DETAIL_COLUMNS}",
 )
 
 
@@ -111,15 +133,44 @@ class NewJob:
 
 
 @dataclass(frozen=True)
+class RowDetails:
+    """What an outcome records beside its answer: tokens, attempts, the deployment that
+    answered (None if none did), latency and cost (None when unknown or unpriced)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    attempts: int
+    deployment: str | None
+    latency_ms: int | None
+    finish_reason: str | None
+    cost_usd: float | None
+
+
+@dataclass(frozen=True)
 class ResultRow:
     """One row of a job's results; ``tool_calls`` is the JSON text of the answer's
-    chat-completions tool calls (None when the model called none)."""
+    chat-completions tool calls (None when the model called none); ``details`` is there
+    when the page was asked for with them."""
 
     row_index: int
     custom_id: str
     content: str | None
     error: str | None
     tool_calls: str | None = None
+    details: RowDetails | None = None
+
+    @classmethod
+    def with_details(
+        cls,
+        row_index: int,
+        custom_id: str,
+        content: str | None,
+        error: str | None,
+        tool_calls: str | None,
+        *details: Any,
+    ) -> ResultRow:
+        """From a row of the results-with-details page: the row's fields, then details'."""
+        return cls(row_index, custom_id, content, error, tool_calls, RowDetails(*details))
 
 
 @dataclass(frozen=True)
@@ -150,6 +201,14 @@ class DeadLetterRow:
     custom_id: str
     error: str
     attempts: int
+    details: RowDetails | None = None
+
+    @classmethod
+    def with_details(
+        cls, row_index: int, custom_id: str, error: str, attempts: int, *details: Any
+    ) -> DeadLetterRow:
+        """From a row of the dead-letter-with-details page: the row's fields, then details'."""
+        return cls(row_index, custom_id, error, attempts, RowDetails(*details))
 
 
 class JobStore:
@@ -265,6 +324,27 @@ class JobStore:
     ) -> AsyncIterator[list[DeadLetterRow]]:
         """The job's dead-letter rows in row order, pages bounded as :meth:`result_pages`."""
         return self._pages(_DEAD_LETTER_PAGE, job, page_rows, page_bytes, DeadLetterRow)
+
+    def detailed_result_pages(
+        self,
+        job: Job,
+        page_rows: int = RESULT_PAGE_ROWS,
+        page_bytes: int | None = None,
+    ) -> AsyncIterator[list[ResultRow]]:
+        """:meth:`result_pages` with every row's :class:`RowDetails` (counted in the
+        page's bytes)."""
+        return self._pages(_RESULTS_DETAIL_PAGE, job, page_rows, page_bytes, ResultRow.with_details)
+
+    def detailed_dead_letter_pages(
+        self,
+        job: Job,
+        page_rows: int = RESULT_PAGE_ROWS,
+        page_bytes: int | None = None,
+    ) -> AsyncIterator[list[DeadLetterRow]]:
+        """:meth:`dead_letter_pages` with every row's :class:`RowDetails`."""
+        return self._pages(
+            _DEAD_LETTER_DETAIL_PAGE, job, page_rows, page_bytes, DeadLetterRow.with_details
+        )
 
     def answered_pages(
         self,
