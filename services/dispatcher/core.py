@@ -329,13 +329,19 @@ class Dispatcher:
             )
 
     async def on_progress(self, event: JobEvent) -> None:
-        """A job's counters moved: forget it if it ended, else top up its window."""
+        """A job's counters moved: forget it if it is no longer running (it ended, or was
+        paused: its rows already out still finish), else top up its window."""
         self._progress_seen_at = self._clock()  # the aggregator is recording (any job)
         owned = self.jobs.get(event.batch_id)
         if owned is None:
             return
-        if event.status in TERMINAL:
+        if event.status != JobStatus.RUNNING:
             await self.drop(event.batch_id)
+            if event.status not in TERMINAL:
+                # Paused, or an event older than a resume after which we claimed the job
+                # again: give the lease back (a no-op on a paused job, which has none),
+                # so a running job is claimed again at the next pass, not a lease later.
+                await self._store.release(self._config.owner, [event.batch_id])
             return
         owned.done = max(owned.done, event.completed + event.failed)
         await self.top_up(owned)
@@ -378,7 +384,7 @@ class Dispatcher:
         return min(owned.level, self._config.max_level)
 
     def forget(self, batch_id: str) -> OwnedJob | None:
-        """Stop releasing rows of ``batch_id`` (ended, canceled or no longer ours)."""
+        """Stop releasing rows of ``batch_id`` (ended, canceled, paused or no longer ours)."""
         owned = self.jobs.pop(batch_id, None)
         if owned is not None:
             log.info("job_released", extra={"batch_id": batch_id})

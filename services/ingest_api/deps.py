@@ -24,6 +24,7 @@ class Announcer:
     wake_dispatcher: Callable[[Job], Awaitable[None]]
     job_canceled: Callable[[Job], Awaitable[None]]
     template_created: Callable[[Job], Awaitable[None]]
+    job_paused: Callable[[Job], Awaitable[None]]  # job.progress, status paused
 
 
 @dataclass(frozen=True)

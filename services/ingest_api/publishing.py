@@ -1,4 +1,5 @@
-"""The ingest-api's bus side-effects: wake a dispatcher, announce a cancel or a template."""
+"""The ingest-api's bus side-effects: wake a dispatcher, announce a cancel, a pause or a
+template."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from relay_batches.announce import announce_finished, wake_dispatcher
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import (
     EVENT_CANCELED,
+    EVENT_PROGRESS,
     EVENT_TEMPLATE_CREATED,
 )
 from relay_batches.ledger.jobs import JobStore
@@ -29,4 +31,10 @@ def publisher_for(bus: Bus, jobs: JobStore) -> Announcer:
         created = TemplateCreated(job.id, iso(job.next_run_at) or "")
         await bus.publish_event(EVENT_TEMPLATE_CREATED, created.encode())
 
-    return Announcer(wake, job_canceled, template_created)
+    async def job_paused(job: Job) -> None:
+        # A progress event whose status is paused: the dispatcher that owns the job
+        # stops releasing its rows at once (it forgets any job that is not running).
+        event = JobEvent(job.id, job.status, job.total, job.completed, job.failed)
+        await bus.publish_event(EVENT_PROGRESS, event.encode())
+
+    return Announcer(wake, job_canceled, template_created, job_paused)

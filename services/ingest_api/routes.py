@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Set
 from datetime import UTC, datetime
 
 import orjson
 from aiohttp import web
 
 from relay_batches.errors import ApiError, ConflictError, invalid
-from relay_batches.ids import is_valid_id
+from relay_batches.ids import is_valid_id, new_id
 from relay_batches.ledger.idempotency import KeyTaken
+from relay_batches.ledger.job_retry import NothingToRetry, RetryRows
 from relay_batches.ledger.job_stats import JobStatsStore
 from relay_batches.metrics import JOB_TRANSITIONS
-from relay_batches.model import TERMINAL, Job, JobStatus
+from relay_batches.model import PAUSABLE, TERMINAL, Job, JobStatus
 from relay_batches.services.ingest_api.body import read_body
 from relay_batches.services.ingest_api.deps import DEPS
 from relay_batches.services.ingest_api.idempotency import (
@@ -31,13 +33,15 @@ from relay_batches.services.ingest_api.results import (
     stream_results,
     wants_details,
 )
-from relay_batches.services.ingest_api.submit import plan_submission, submit_one
+from relay_batches.services.ingest_api.submit import plan_submission, submit_one, wake
+from relay_batches.services.ingest_api.validation import decode_json_object
 
 log = logging.getLogger("relay.ingest_api")
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
 JSON = "application/json"
+RETRY_BODY_BYTES = 4096  # {"rows": "dead_letter"} and some room
 
 
 def add_batch_routes(app: web.Application) -> None:
@@ -49,6 +53,9 @@ def add_batch_routes(app: web.Application) -> None:
     app.router.add_get("/v1/batches/{id}/dead_letter", get_dead_letters)
     app.router.add_get("/v1/batches/{id}/stats", get_stats)
     app.router.add_post("/v1/batches/{id}/cancel", cancel_batch)
+    app.router.add_post("/v1/batches/{id}/pause", pause_batch)
+    app.router.add_post("/v1/batches/{id}/resume", resume_batch)
+    app.router.add_post("/v1/batches/{id}/retry", retry_batch)
 
 
 async def create_batch(request: web.Request) -> web.Response:
@@ -175,3 +182,92 @@ async def cancel_batch(request: web.Request) -> web.Response:
         # Committed; the aggregator's outbox scan announces the finish later.
         log.warning("cancel_announce_failed", extra={"batch_id": job.id, "error": repr(exc)})
     return json_response(batch_object(job))
+
+
+async def pause_batch(request: web.Request) -> web.Response:
+    """``POST /v1/batches/{id}/pause``: 200 with the paused batch (from queued or
+    running), 409 otherwise; then the owning dispatcher is told to stop releasing rows."""
+    deps = request.app[DEPS]
+    found = await _find(request)
+    try:
+        job = await deps.jobs.pause(request[WORKSPACE_ID], found.id)
+    except ConflictError:
+        raise await _not_from(request, PAUSABLE, "paused") from None
+    log.info("batch_paused", extra={"batch_id": job.id})
+    JOB_TRANSITIONS.labels(job.status).inc()
+    try:
+        await deps.announcer.job_paused(job)
+    except Exception as exc:
+        # Committed; its dispatcher's next lease renewal finds it paused and lets it go.
+        log.warning("pause_announce_failed", extra={"batch_id": job.id, "error": repr(exc)})
+    return json_response(batch_object(job))
+
+
+async def resume_batch(request: web.Request) -> web.Response:
+    """``POST /v1/batches/{id}/resume``: 200 with the batch queued again (from paused),
+    409 otherwise; then a dispatcher is woken."""
+    deps = request.app[DEPS]
+    found = await _find(request)
+    try:
+        job = await deps.jobs.resume(request[WORKSPACE_ID], found.id)
+    except ConflictError:
+        raise await _not_from(request, {JobStatus.PAUSED}, "resumed") from None
+    log.info("batch_resumed", extra={"batch_id": job.id})
+    JOB_TRANSITIONS.labels(job.status).inc()
+    await wake(deps, job)
+    return json_response(batch_object(job))
+
+
+async def _not_from(request: web.Request, allowed: Set[JobStatus], verb: str) -> ApiError:
+    """The 409 of a transition the batch's current status does not allow."""
+    current = await _find(request)
+    names = " or ".join(s.value for s in JobStatus if s in allowed)
+    return ApiError(409, f"batch is {current.status}: only a {names} batch can be {verb}", "id")
+
+
+async def retry_batch(request: web.Request) -> web.Response:
+    """``POST /v1/batches/{id}/retry``: 201 with a new batch of the terminal batch's
+    failed (or dead-letter) rows; 409 on a batch that has not ended, 400 ``rows`` when
+    there is none to retry. Honours ``Idempotency-Key``; then a dispatcher is woken."""
+    deps = request.app[DEPS]
+    workspace_id = request[WORKSPACE_ID]
+    found = await _find(request)
+    raw = b""
+    if request.body_exists:
+        async with deps.body_gate.admit(workspace_id) as ticket:
+            raw = bytes(await read_body(request, JSON, RETRY_BODY_BYTES, ticket))
+    claim = claim_for(request, workspace_id, raw)
+    if (replayed := await stored_response(deps.idempotency, claim)) is not None:
+        return replayed
+    rows = retry_rows(raw)
+    not_ended = ApiError(409, f"batch is {found.status}: only an ended batch can be retried", "id")
+    if found.status not in TERMINAL:
+        raise not_ended
+    try:
+        job = await deps.jobs.create_retry(workspace_id, found, rows, new_id(), claim)
+    except ConflictError:
+        raise not_ended from None
+    except NothingToRetry:
+        raise invalid(f"batch {found.id} has no {rows} rows to retry", "rows") from None
+    except KeyTaken:
+        return await raced_response(deps.idempotency, claim)
+    log.info("batch_retried", extra={"batch_id": job.id, "retry_of": found.id, "total": job.total})
+    JOB_TRANSITIONS.labels(job.status).inc()
+    await wake(deps, job)
+    return json_response(batch_object(job), status=201)
+
+
+def retry_rows(raw: bytes) -> RetryRows:
+    """The ``rows`` of a retry body (``failed`` when the body is empty or leaves it out);
+    400 naming any other key, or ``rows`` when its value is not one of the choices."""
+    if not raw.strip():
+        return RetryRows.FAILED
+    body = decode_json_object(raw)
+    for key in body:
+        if key != "rows":
+            raise invalid(f"{key!r} is not a field of a retry (fields: rows)", key)
+    value = body.get("rows", RetryRows.FAILED.value)
+    choices = [r.value for r in RetryRows]
+    if not isinstance(value, str) or value not in choices:
+        raise invalid(f"rows must be one of {', '.join(choices)}", "rows")
+    return RetryRows(value)

@@ -126,8 +126,42 @@ async def test_every_job_transition_is_made_by_a_ledger_function(pool: asyncpg.P
     await seen.job([late, queued[5]], expiry.expire_due())  # queued and running -> expired
     await seen.job([template], jobs.cancel(workspace, template))
     await jobs.cancel(workspace, runs[0].id)  # claimed above with the others; ends here
+    await paused_moves(pool, workspace, seen)
 
     assert seen.jobs == table_pairs(JOB_STATUS_TRANSITIONS)
+
+
+async def paused_moves(pool: asyncpg.Pool, workspace: str, seen: Observed) -> None:
+    """Pause from queued and from running, resume, and every end of a paused job: its
+    rows already released complete it, fail it on its budget, or it is canceled or
+    expires."""
+    jobs, dispatch, outcomes = JobStore(pool), DispatchStore(pool), OutcomeStore(pool)
+    expiry = ExpiryStore(pool)
+    paused = [await new_job(pool, workspace) for _ in range(4)]
+    budget = await jobs.create(
+        NewJob(new_id(), workspace, "st", "gpt-4o-mini", 0, ROWS, HOOK, None, None, budget_usd=0.5),
+        ((f"c-{i}", '[{"role":"user","content":"x"}]') for i in range(ROWS)),
+    )
+    await seen.job([paused[0]], jobs.pause(workspace, paused[0]))
+    await dispatch.claim_queued("status-test", 1000, 30)
+    assert await dispatch.advance("status-test", budget.id, 1)  # row 0 released, row 1 not
+    for batch_id in [*paused[1:], budget.id]:
+        await seen.job([batch_id], jobs.pause(workspace, batch_id))
+    assert {await job_status(pool, b) for b in [*paused, budget.id]} == {"paused"}
+    await seen.job([paused[0]], jobs.resume(workspace, paused[0]))
+    done = [RowOutcome(paused[1], i, "ok", None, attempts=1) for i in range(ROWS)]
+    await seen.job([paused[1]], outcomes.record(done))
+    await seen.job([paused[2]], jobs.cancel(workspace, paused[2]))
+    await pool.execute("UPDATE batches SET expires_at = now() WHERE id = $1", paused[3])
+    await seen.job([paused[3]], expiry.expire_due())
+    # Row 0 costs more than the budget: row 1, never released, gets budget_exceeded.
+    costly = RowOutcome(budget.id, 0, "ok", None, attempts=1, cost_usd=1.0)
+    await seen.job([budget.id], outcomes.record([costly]))
+    ended = await jobs.get(workspace, budget.id)
+    assert ended is not None
+    assert (ended.status, ended.completed, ended.failed) == ("failed", 1, 1)
+    assert ended.error is not None and ended.error.startswith("budget_exceeded")
+    await jobs.cancel(workspace, paused[0])  # queued again; ends here
 
 
 async def test_a_move_the_table_forbids_is_refused(pool: asyncpg.Pool) -> None:

@@ -180,6 +180,51 @@ async def test_terminal_progress_forgets_the_job(
     assert recorder.tasks == []
 
 
+async def test_terminal_progress_gives_no_lease_back(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    await dispatcher.on_progress(progress("job1", completed=100, status="completed"))
+    assert store.released == []
+
+
+@pytest.mark.parametrize("status", ["paused", "queued"])
+async def test_progress_of_a_job_no_longer_running_forgets_it_and_gives_its_lease_back(
+    store: FakeDispatchStore, recorder: Recorder, status: str
+) -> None:
+    store.queued.append(job(total=100))
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    recorder.tasks.clear()
+
+    await dispatcher.on_progress(progress("job1", completed=20, status=status))
+
+    assert "job1" not in dispatcher.jobs
+    assert recorder.tasks == []  # the freed window is not topped up
+    # A no-op on a paused job; a running one (the event older than a resume we claimed
+    # it after) is claimed again at the next pass instead of a lease later.
+    assert store.released == [["job1"]]
+    await dispatcher.on_progress(progress("job1", completed=30))
+    assert recorder.tasks == []
+
+
+async def test_a_pause_tops_up_the_jobs_it_kept_parked_at_once(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued += [
+        job("high", total=40, priority=5, workspace="a"),
+        job("low", total=40, priority=1, workspace="a"),
+    ]
+    dispatcher = make_dispatcher(store, recorder, window=20, slice_rows=4)
+    await dispatcher.claim()
+    assert recorder.flat("low") == []
+    await dispatcher.on_progress(progress("high", completed=3, status="paused", total=40))
+    assert "high" not in dispatcher.jobs
+    assert recorder.flat("low") == list(range(20))
+
+
 async def test_renew_drops_jobs_the_store_no_longer_returns(
     store: FakeDispatchStore, recorder: Recorder
 ) -> None:

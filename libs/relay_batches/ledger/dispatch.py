@@ -283,7 +283,8 @@ _RUNNING = status_in([JobStatus.RUNNING])
 # the workspaces; on a tie the workspace served least recently (``last_claim_at``) goes
 # first, and each claim stamps the workspaces it served. The scans name their statuses so
 # they use the partial indexes; FOR UPDATE cannot sit beside a window function, so the
-# picked ids are locked after.
+# picked ids are locked after. A resumed job (paused, then queued again) keeps the
+# ``started_at`` of its first claim.
 _CLAIM_QUEUED = (
     "WITH spaces AS ("
     "  SELECT w.id, w.last_claim_at FROM workspaces w"
@@ -305,7 +306,7 @@ _CLAIM_QUEUED = (
     "  SELECT id FROM turns WHERE $5 = 0 OR turn <= $5"
     "  ORDER BY turn, last_claim_at NULLS FIRST, created_at, id LIMIT $2),"
     " claimed AS ("
-    "  UPDATE batches b SET status = $4, started_at = now(),"
+    "  UPDATE batches b SET status = $4, started_at = COALESCE(b.started_at, now()),"
     "  last_progress_at = now(), lease_owner = $1,"
     "  lease_expires_at = now() + make_interval(secs => $3)"
     "  FROM (SELECT id FROM batches WHERE id IN (SELECT id FROM picked)"
@@ -340,7 +341,7 @@ _CLAIM_OUTRANKING = (
     " picked AS ("
     "  SELECT id FROM turns WHERE $7 = 0 OR turn <= $7"
     "  ORDER BY turn, priority DESC, created_at, id LIMIT $2)"
-    " UPDATE batches b SET status = $4, started_at = now(),"
+    " UPDATE batches b SET status = $4, started_at = COALESCE(b.started_at, now()),"
     " last_progress_at = now(), lease_owner = $1,"
     " lease_expires_at = now() + make_interval(secs => $3)"
     " FROM (SELECT id FROM batches WHERE id IN (SELECT id FROM picked)"

@@ -12,9 +12,10 @@ import orjson
 
 from relay_batches.errors import ConflictError
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
+from relay_batches.ledger.job_retry import RetryRows, insert_retry
 from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.pool import Connection, translated
-from relay_batches.model import Job, JobStatus, allowed_from
+from relay_batches.model import PAUSABLE, Job, JobStatus, allowed_from
 
 RESULT_PAGE_ROWS = 5000
 RESULT_PAGE_BYTES = 4 * 1024 * 1024
@@ -304,6 +305,63 @@ class JobStore:
         if record is None:
             raise ConflictError(batch_id)
         return Job.from_record(record)
+
+    async def pause(self, workspace_id: str, batch_id: str) -> Job:
+        """Guarded transition of a queued or running job to ``paused``; its lease goes, so
+        no dispatcher releases its rows (those already released finish and count).
+        :class:`ConflictError` from any other status."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                "UPDATE batches SET status = $4, lease_owner = NULL"
+                " WHERE id = $1 AND workspace_id = $2 AND status = ANY($3::text[]) RETURNING *",
+                batch_id,
+                workspace_id,
+                sorted(PAUSABLE),
+                JobStatus.PAUSED,
+            )
+        if record is None:
+            raise ConflictError(batch_id)
+        return Job.from_record(record)
+
+    async def resume(self, workspace_id: str, batch_id: str) -> Job:
+        """Guarded transition of a paused job back to ``queued`` (a dispatcher claims it
+        again in its workspace's turn, from ``dispatched_upto``); its rate window restarts
+        now, so the time paused never lowers ``rows_per_s``. :class:`ConflictError` unless
+        it is paused."""
+        async with translated():
+            record = await self._pool.fetchrow(
+                "UPDATE batches SET status = $4, rate_window_at = now(),"
+                " rate_window_done = completed + failed, rate_rows_per_s = NULL"
+                " WHERE id = $1 AND workspace_id = $2 AND status = $3 RETURNING *",
+                batch_id,
+                workspace_id,
+                JobStatus.PAUSED,
+                JobStatus.QUEUED,
+            )
+        if record is None:
+            raise ConflictError(batch_id)
+        return Job.from_record(record)
+
+    async def create_retry(
+        self,
+        workspace_id: str,
+        original: Job,
+        rows: str,
+        new_id: str,
+        claim: IdempotencyClaim | None = None,
+    ) -> Job:
+        """A new queued job ``new_id`` of the ``rows`` (``failed`` or ``dead_letter``) of
+        the terminal job ``original``, its id appended to the original's ``retries``, in
+        one transaction (see :mod:`relay_batches.ledger.job_retry`).
+
+        :class:`ConflictError` unless the original is terminal, :class:`NothingToRetry`
+        when it has no such row; with ``claim`` the 201 is recorded as :meth:`create` does.
+        """
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            job = await insert_retry(conn, workspace_id, original.id, RetryRows(rows), new_id)
+            if claim is not None:
+                await record_response(conn, claim, 201, orjson.dumps(job.to_api()).decode())
+        return job
 
     def result_pages(
         self,
