@@ -90,6 +90,7 @@ def plan_job(
         params=options.params_json,
         metadata=options.metadata_json,
         completion_window=window,
+        budget_usd=options.budget_usd,
     )
     return PlannedJob(new, rows)
 

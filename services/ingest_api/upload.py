@@ -1,8 +1,8 @@
 """``POST /v1/batches/upload``: multipart files, one job per file (API.md, "Panel upload").
 
 The form carries every job-level field of ``POST /v1/batches`` (:data:`JOB_FIELDS`) as a
-text part: ``priority`` as decimal digits, ``params`` and ``metadata`` JSON-encoded, a
-blank field absent.
+text part: ``priority`` as decimal digits, ``budget_usd`` a decimal number, ``params``
+and ``metadata`` JSON-encoded, a blank field absent.
 The handler is three steps, with the ``Idempotency-Key`` replay checked before the last two:
 
 1. :func:`read_upload_form` streams the multipart parts, bounded by the body limit;
@@ -51,6 +51,7 @@ from relay_batches.services.ingest_api.validation import (
     BatchOptions,
     RowInput,
     SubmitLimits,
+    parse_budget_field,
     parse_priority_field,
 )
 
@@ -273,9 +274,10 @@ def _row_model_options(
 def form_payload(fields: dict[str, str]) -> dict[str, object]:
     """The form's text fields as the values of a ``POST /v1/batches`` body.
 
-    A blank field is absent; ``priority`` is parsed as an integer and each JSON field
-    decoded (400 naming the field if it is not JSON), so the job-level rules then see
-    the same values, and give the same errors, as for a JSON body.
+    A blank field is absent; ``priority`` is parsed as an integer, ``budget_usd`` as a
+    number and each JSON field decoded (400 naming the field if it is not JSON), so the
+    job-level rules then see the same values, and give the same errors, as for a JSON
+    body.
     """
     payload: dict[str, object] = {}
     for name, text in fields.items():
@@ -283,6 +285,8 @@ def form_payload(fields: dict[str, str]) -> dict[str, object]:
             continue
         if name == "priority":
             payload[name] = parse_priority_field(text)
+        elif name == "budget_usd":
+            payload[name] = parse_budget_field(text)
         elif name in JSON_FIELDS:
             payload[name] = _json_field(name, text)
         else:

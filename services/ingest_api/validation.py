@@ -20,6 +20,7 @@ separate slow path only once the fast check has failed.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,10 +58,13 @@ WINDOW_UNITS: Mapping[str, int] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MIN_COMPLETION_WINDOW = timedelta(seconds=1)
 MAX_COMPLETION_WINDOW = timedelta(days=7)
 _MAX_WINDOW_DIGITS = 6  # 604800s is the longest allowed spelling
+_MAX_NUMBER_CHARS = 64  # a form field's number: no huge conversions
 # Metadata as OpenAI limits it: at most 16 string pairs, keys ≤ 64, values ≤ 512 chars.
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
+# A job's budget: what its rows may cost, in USD (see the aggregator's budget trip).
+MAX_BUDGET_USD = 1_000_000
 # Every job-level field of a submission: the rest of a body is its rows.
 JOB_FIELDS = (
     "model",
@@ -71,6 +75,7 @@ JOB_FIELDS = (
     "params",
     "completion_window",
     "metadata",
+    "budget_usd",
 )
 SUBMIT_FIELDS = frozenset({*JOB_FIELDS, "requests"})
 ROW_FIELDS = frozenset(RequestRow.model_fields)  # the keys a request row may carry
@@ -120,7 +125,8 @@ class BatchOptions:
     ``name`` is None when absent (the caller defaults it); ``params_json`` is the
     ``params`` object as compact JSON text (``{}`` when absent); ``completion_window``
     is how long each job (each run of a cron template) has to finish (None: no limit);
-    ``metadata_json`` the ``metadata`` pairs as compact JSON text (None when absent).
+    ``metadata_json`` the ``metadata`` pairs as compact JSON text (None when absent);
+    ``budget_usd`` what the job's rows may cost (None: no budget).
     """
 
     name: str | None
@@ -131,6 +137,7 @@ class BatchOptions:
     params_json: str = "{}"
     completion_window: timedelta | None = None
     metadata_json: str | None = None
+    budget_usd: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,9 +310,39 @@ def validate_batch_options(
     raw_window = payload.get("completion_window")
     window = None if raw_window is None else completion_window(raw_window, "completion_window")
     metadata_json = validate_metadata(payload.get("metadata"))
+    budget = validate_budget(payload.get("budget_usd"))
     return BatchOptions(
-        name, model, priority, webhook_url, cron, params_json, window, metadata_json
+        name, model, priority, webhook_url, cron, params_json, window, metadata_json, budget
     )
+
+
+def validate_budget(value: object, param: str = "budget_usd") -> float | None:
+    """A budget in USD: a number greater than 0 and at most 1,000,000 (None: absent).
+
+    A boolean, a string, NaN or an infinity is a 400 naming ``param``.
+    """
+    if value is None:
+        return None
+    if type(value) is not int and type(value) is not float:
+        raise invalid(f"{param} must be a number (USD)", param)
+    if not (math.isfinite(value) and 0 < value <= MAX_BUDGET_USD):
+        raise invalid(f"{param} must be greater than 0 and at most {MAX_BUDGET_USD:,} (USD)", param)
+    return float(value)
+
+
+def parse_budget_field(text: str) -> float:
+    """A form field's budget: a JSON number (``12``, ``0.5``, ``1e3``), then the rules of
+    :func:`validate_budget`; anything else is a 400 naming ``budget_usd``."""
+    stripped = text.strip()
+    try:
+        value = orjson.loads(stripped) if len(stripped) <= _MAX_NUMBER_CHARS else None
+    except orjson.JSONDecodeError:
+        value = None
+    if type(value) is not int and type(value) is not float:
+        raise invalid("budget_usd must be a number (USD)", "budget_usd")
+    budget = validate_budget(value)
+    assert budget is not None
+    return budget
 
 
 def _validate_model(model: object, known_models: Container[str]) -> str:

@@ -54,7 +54,9 @@ async def build(
         max_bytes=settings.results_message_bytes,
     )
     holdings = Holdings(worker, settings.heartbeat_seconds)
-    runner = RowRunner(router, outcomes.add, settings.batch_concurrency, holdings)
+    runner = RowRunner(
+        router, outcomes.add, settings.batch_concurrency, holdings, prices=aliases.prices()
+    )
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info("configured", extra={"aliases": aliases.names(), "prefetch": prefetch})
     return row_worker_service(

@@ -19,6 +19,7 @@ import orjson
 from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest
 from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
+from relay_batches.router.aliases import Price
 from relay_batches.router.types import RowResult
 from relay_batches.services.row_worker.holdings import Holdings
 
@@ -67,9 +68,13 @@ class RowRunner:
         concurrency: int,
         holdings: Holdings | None = None,
         clock: Callable[[], float] = time.time,
+        prices: Mapping[str, Price] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._router = router
         self._clock = clock
+        self._prices: Mapping[str, Price] = prices or {}
+        self._monotonic = monotonic
         self._sink = sink
         self._slots = asyncio.Semaphore(concurrency)
         self._holdings = holdings if holdings is not None else Holdings("row-worker", 1.0)
@@ -142,12 +147,15 @@ class RowRunner:
 
     async def _run_row(self, job_slice: DecodedSlice, index: int, request: RowRequest) -> None:
         ROWS_IN_FLIGHT.inc()
+        started = self._monotonic()
         try:
             result = await self._call(job_slice, index, request)
         finally:
             ROWS_IN_FLIGHT.dec()
             self._slots.release()
-        outcome = to_outcome(job_slice.batch_id, index, result)
+        latency_ms = round((self._monotonic() - started) * 1000)
+        price = None if result.deployment is None else self._prices.get(result.deployment)
+        outcome = to_outcome(job_slice.batch_id, index, result, latency_ms, price)
         ROWS_PROCESSED.labels("content" if outcome.error is None else "error").inc()
         await self._sink(outcome)
 
@@ -177,10 +185,28 @@ def _tokens(count: int) -> int:
     return max(0, min(INT32_MAX, count))
 
 
-def to_outcome(batch_id: str, index: int, result: RowResult) -> RowOutcome:
-    """The bus outcome of one row's router result, made storable by the ledger."""
+def to_outcome(
+    batch_id: str,
+    index: int,
+    result: RowResult,
+    latency_ms: int | None = None,
+    price: Price | None = None,
+) -> RowOutcome:
+    """The bus outcome of one row's router result, made storable by the ledger.
+
+    ``latency_ms`` is the row's time in the router; ``price`` the answering deployment's
+    (None: unpriced), which makes the answer's ``cost_usd`` (None for an error: no
+    deployment answered).
+    """
     completion = result.completion
     error = None if completion is not None else (result.error or "upstream_error: unknown")
+    prompt_tokens = 0 if completion is None else _tokens(completion.prompt_tokens)
+    completion_tokens = 0 if completion is None else _tokens(completion.completion_tokens)
+    cost = (
+        None
+        if price is None or completion is None
+        else price.cost_usd(prompt_tokens, completion_tokens)
+    )
     return RowOutcome(
         batch_id=batch_id,
         row_index=index,
@@ -189,11 +215,13 @@ def to_outcome(batch_id: str, index: int, result: RowResult) -> RowOutcome:
         attempts=result.attempts,
         dead_letter=completion is None and result.dead_letter,
         deployment=result.deployment,
-        prompt_tokens=0 if completion is None else _tokens(completion.prompt_tokens),
-        completion_tokens=0 if completion is None else _tokens(completion.completion_tokens),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         tool_calls=None if completion is None else _tool_calls_json(completion.tool_calls),
         finish_reason=None if completion is None else completion.finish_reason,
         model=None if completion is None else completion.model,
+        latency_ms=None if latency_ms is None else min(max(0, latency_ms), INT32_MAX),
+        cost_usd=cost,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from relay_batches.router.aliases import load_aliases
+from relay_batches.router.aliases import Price, load_aliases
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "routes.example.toml"
 
@@ -21,3 +21,13 @@ def test_the_example_routes_file_loads_with_its_keys_set() -> None:
     ]
     anthropic = (routes.resolve("claude-haiku") or ())[0]
     assert (anthropic.provider, anthropic.api_key) == ("anthropic", "sk-ant-test")
+
+
+def test_the_example_routes_file_prices_its_provider_deployments() -> None:
+    routes = load_aliases(
+        str(EXAMPLE),
+        {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "sk-ant-test"},
+    )
+    prices = routes.prices()
+    assert sorted(prices) == ["anthropic-haiku", "openai-4o-mini"]
+    assert prices["openai-4o-mini"] == Price(prompt_per_mtok=0.15, completion_per_mtok=0.60)

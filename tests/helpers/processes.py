@@ -168,6 +168,7 @@ def build_system(
     routes.write_text(
         '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\n\n'
         '[aliases.sim-claude]\ndeployments = ["sim-claude"]\n\n'
+        '[aliases.sim-priced]\ndeployments = ["sim-priced"]\n\n'
         "[deployments.sim]\n"
         'provider = "openai"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
@@ -176,7 +177,13 @@ def build_system(
         'provider = "anthropic"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
         f'model = "sim-claude"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
-        'headers = { "x-api-key" = "sim" }\n'
+        'headers = { "x-api-key" = "sim" }\n\n'
+        # A priced alias on the simulator: a few tokens cost a visible fraction of a cent.
+        "[deployments.sim-priced]\n"
+        'provider = "openai"\n'
+        f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
+        f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
+        "price = { prompt_per_mtok = 1000.0, completion_per_mtok = 2000.0 }\n"
     )
     env = {
         **os.environ,

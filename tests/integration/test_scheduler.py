@@ -44,7 +44,12 @@ async def no_template_outlives_its_test(pool: asyncpg.Pool) -> AsyncIterator[Non
 
 
 async def make_template(
-    pool: asyncpg.Pool, cron: str, next_run_at: datetime, *, name: str = "nightly"
+    pool: asyncpg.Pool,
+    cron: str,
+    next_run_at: datetime,
+    *,
+    name: str = "nightly",
+    budget_usd: float | None = None,
 ) -> str:
     """Store a 3-row cron template directly; return its id."""
     workspace = await KeyStore(pool).ensure_workspace(f"sched-{new_id()[:6]}")
@@ -60,6 +65,7 @@ async def make_template(
             cron,
             next_run_at,
             '{"temperature":0}',
+            budget_usd=budget_usd,
         ),
         ((f"c-{i}", '[{"role":"user","content":"x"}]') for i in range(3)),
     )
@@ -128,6 +134,17 @@ async def test_every_minute_template_spawns_exactly_one_run_per_minute(
         "SELECT count(*) FROM batch_rows WHERE batch_id = ANY($1)", [r["id"] for r in runs]
     )
     assert rows == 0, "a run must reuse its template's rows, not copy them"
+
+
+async def test_every_run_gets_its_templates_budget(pool: asyncpg.Pool) -> None:
+    first = T0 + timedelta(seconds=30)
+    template_id = await make_template(pool, "* * * * *", first, budget_usd=1.5)
+    scheduler = scheduler_on(pool)
+    for now in simulated_minutes(T0, 2):
+        await scheduler.tick(now)
+    runs = await runs_of(pool, template_id)
+    assert [r["budget_usd"] for r in runs] == [1.5, 1.5]
+    assert [r["cost_usd"] for r in runs] == [0, 0]
 
 
 async def test_a_ten_minute_gap_spawns_one_run_for_the_latest_tick(pool: asyncpg.Pool) -> None:

@@ -354,6 +354,20 @@ async def test_submit_defaults_priority_and_name(client_a: ApiClient) -> None:
     assert created["next_run_at"] is None
 
 
+async def test_a_budget_is_stored_on_the_batch(client_a: ApiClient) -> None:
+    created = await client_a.submit(body(budget_usd=0.25))
+    assert (created["budget_usd"], created["cost_usd"]) == (0.25, 0)
+    assert (await client_a.get(created["id"]))["budget_usd"] == 0.25
+    plain = await client_a.submit(body())
+    assert plain["budget_usd"] is None
+
+
+@pytest.mark.parametrize("budget", ["1", True, 0, -5, 1_000_001])
+async def test_a_bad_budget_is_400_naming_it(client_a: ApiClient, budget: Any) -> None:
+    status, data = await client_a.request("POST", "/v1/batches", json=body(budget_usd=budget))
+    assert_invalid(status, data, "budget_usd", "budget_usd must be")
+
+
 async def test_cron_submission_is_a_scheduled_template(client_a: ApiClient) -> None:
     before = datetime.now(UTC).replace(microsecond=0)
     created = await client_a.submit(body(cron="*/5 * * * 1-5"))

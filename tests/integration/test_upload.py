@@ -394,6 +394,20 @@ async def test_bad_params_get_the_json_creates_error(fresh: ApiClient, params: A
     assert await job_count(fresh) == 0
 
 
+async def test_the_budget_field_gives_every_job_its_budget(fresh: ApiClient) -> None:
+    status, body = await upload(fresh, form([("a.csv", CSV), ("b.csv", CSV)], budget_usd="2.5"))
+    assert status == 201, body
+    assert [job["budget_usd"] for job in body["data"]] == [2.5, 2.5]
+
+
+@pytest.mark.parametrize("budget", ["two", "0", "-1", "1e7", "true", "NaN"])
+async def test_a_bad_budget_field_is_400_and_creates_no_job(fresh: ApiClient, budget: str) -> None:
+    status, body = await upload(fresh, form([("a.csv", CSV)], budget_usd=budget))
+    assert status == 400, body
+    assert body["error"]["param"] == "budget_usd"
+    assert await job_count(fresh) == 0
+
+
 async def test_params_that_are_not_json_are_400(fresh: ApiClient) -> None:
     status, body = await upload(fresh, form([("a.csv", CSV)], params="temperature=0.2"))
     assert status == 400, body

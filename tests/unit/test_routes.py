@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from relay_batches.router.aliases import Deployment, load_aliases, parse_aliases
+from relay_batches.router.aliases import Deployment, Price, load_aliases, parse_aliases
 from relay_batches.settings import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -242,3 +242,75 @@ def test_a_zero_timeout_is_refused() -> None:
             {},
         )
     assert "timeout_s must be greater than 0" in str(err.value)
+
+
+def test_a_price_is_read_per_deployment(tmp_path: Path) -> None:
+    text = VALID.replace(
+        'model = "claude-x"',
+        'model = "claude-x"\nprice = { prompt_per_mtok = 0.8, completion_per_mtok = 4 }',
+    ).replace("max_retries = 2", "max_retries = 2\nprice = { completion_per_mtok = 0.6 }")
+    routes = load_aliases(write(tmp_path, text), {"PRIMARY_KEY": "sk-123"})
+    primary, backup = routes.resolve("gpt-4o-mini") or ()
+    assert primary.price == Price(prompt_per_mtok=0.0, completion_per_mtok=0.6)
+    assert backup.price == Price(prompt_per_mtok=0.8, completion_per_mtok=4.0)
+    assert routes.prices() == {"primary": primary.price, "backup": backup.price}
+
+
+def test_an_unpriced_deployment_has_no_price() -> None:
+    routes = parse_aliases(routes_data(deployment()), {})
+    (d1,) = routes.resolve("a") or ()
+    assert d1.price is None
+    assert routes.prices() == {}
+
+
+def test_a_price_costs_tokens_per_million() -> None:
+    price = Price(prompt_per_mtok=0.15, completion_per_mtok=0.60)
+    assert price.cost_usd(1_000_000, 0) == pytest.approx(0.15)
+    assert price.cost_usd(2000, 500) == pytest.approx((2000 * 0.15 + 500 * 0.60) / 1e6)
+    assert price.cost_usd(0, 0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("price", "message"),
+    [
+        (
+            {"prompt_per_mtok": -1},
+            "routes: deployment 'd1': price.prompt_per_mtok must be a non-negative number"
+            " (USD per million tokens)",
+        ),
+        (
+            {"completion_per_mtok": "0.6"},
+            "routes: deployment 'd1': price.completion_per_mtok must be a non-negative number"
+            " (USD per million tokens)",
+        ),
+        (
+            {"completion_per_mtok": True},
+            "routes: deployment 'd1': price.completion_per_mtok must be a non-negative number"
+            " (USD per million tokens)",
+        ),
+        (
+            {"prompt_per_mtok": float("inf")},
+            "routes: deployment 'd1': price.prompt_per_mtok must be a non-negative number"
+            " (USD per million tokens)",
+        ),
+        (
+            {"prompt_per_mtok": float("nan")},
+            "routes: deployment 'd1': price.prompt_per_mtok must be a non-negative number"
+            " (USD per million tokens)",
+        ),
+        (
+            {"input_per_mtok": 1.0},
+            "routes: deployment 'd1': price.input_per_mtok is not a price key"
+            " (expected prompt_per_mtok or completion_per_mtok)",
+        ),
+        (
+            0.15,
+            "routes: deployment 'd1': price must be a table such as"
+            " { prompt_per_mtok = 0.15, completion_per_mtok = 0.60 }",
+        ),
+    ],
+)
+def test_a_bad_price_is_one_line_naming_the_deployment_and_key(price: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_aliases(routes_data(deployment(price=price)), {})
+    assert str(err.value) == message

@@ -12,6 +12,7 @@ import pytest
 
 from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, OutcomesMessage, RowOutcome, RowRequest
+from relay_batches.router.aliases import Price
 from relay_batches.router.types import Completion, RowResult
 from relay_batches.services.row_worker import outcomes as outcomes_module
 from relay_batches.services.row_worker.core import CanceledJobs, RowRunner, to_outcome
@@ -112,11 +113,12 @@ async def settle() -> None:
 
 async def test_every_row_gets_one_outcome_with_its_index() -> None:
     router, sink = FakeRouter(), Sink()
-    runner = RowRunner(router, sink, concurrency=4)
+    runner = RowRunner(router, sink, concurrency=4, monotonic=lambda: 7.0)
     assert await runner.handle_slice(make_task("b1", range(10, 20))) == 10
     assert sorted(o.row_index for o in sink.outcomes) == list(range(10, 20))
     assert sorted(sink.outcomes, key=lambda o: o.row_index) == [
-        RowOutcome("b1", i, f"echo {i}", None, 1, False, "dep", 2, 3) for i in range(10, 20)
+        RowOutcome("b1", i, f"echo {i}", None, 1, False, "dep", 2, 3, latency_ms=0)
+        for i in range(10, 20)
     ]
     assert all(call == ("m", call[1], {"temperature": 0}) for call in router.calls)
 
@@ -237,10 +239,11 @@ async def test_cancel_leaves_other_jobs_running() -> None:
 
 async def test_router_exception_becomes_an_internal_error_outcome() -> None:
     router, sink = FakeRouter(fail_with=ValueError("boom")), Sink()
-    runner = RowRunner(router, sink, concurrency=2)
+    prices = {"dep": Price(1.0, 1.0)}
+    runner = RowRunner(router, sink, concurrency=2, prices=prices, monotonic=lambda: 7.0)
     assert await runner.handle_slice(make_task("b1", [0, 1])) == 2
     assert sorted(sink.outcomes, key=lambda o: o.row_index) == [
-        RowOutcome("b1", i, None, "internal_error: ValueError", 1, False, None, 0, 0)
+        RowOutcome("b1", i, None, "internal_error: ValueError", 1, False, None, 0, 0, latency_ms=0)
         for i in (0, 1)
     ]
 
@@ -265,6 +268,62 @@ def test_to_outcome_of_a_failure() -> None:
 def test_to_outcome_of_a_success_ignores_dead_letter() -> None:
     result = RowResult(Completion("hi", 1, 2), None, 2, "dep", dead_letter=True)
     assert to_outcome("b", 0, result) == RowOutcome("b", 0, "hi", None, 2, False, "dep", 1, 2)
+
+
+@dataclass
+class FakeMonotonic:
+    """A monotonic clock the test moves by hand."""
+
+    now: float = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_latency_is_the_rows_time_in_the_router() -> None:
+    router, sink, clock = FakeRouter(gated=True), Sink(), FakeMonotonic()
+    runner = RowRunner(router, sink, concurrency=2, monotonic=clock)
+    running = asyncio.create_task(runner.handle_slice(make_task("m", [0])))
+    assert await router.next_started() == ("m", 0)
+    clock.now += 1.2345
+    router.open("m", 0)
+    assert await asyncio.wait_for(running, WAIT_S) == 1
+    assert [o.latency_ms for o in sink.outcomes] == [1234]
+
+
+async def test_cost_is_the_answering_deployments_price_of_its_tokens() -> None:
+    sink = Sink()
+    prices = {"dep": Price(prompt_per_mtok=1000.0, completion_per_mtok=2000.0)}
+    runner = RowRunner(FakeRouter(), sink, concurrency=2, prices=prices)
+    await runner.handle_slice(make_task("b1", [0, 1]))
+    # 2 prompt and 3 completion tokens each (FakeRouter's answer)
+    assert [o.cost_usd for o in sink.outcomes] == [pytest.approx(0.008)] * 2
+
+
+async def test_an_unpriced_deployment_gives_no_cost() -> None:
+    sink = Sink()
+    runner = RowRunner(FakeRouter(), sink, concurrency=2, prices={"other": Price(1.0, 1.0)})
+    await runner.handle_slice(make_task("b1", [0]))
+    assert [o.cost_usd for o in sink.outcomes] == [None]
+
+
+def test_to_outcome_costs_an_answer_and_never_an_error() -> None:
+    price = Price(prompt_per_mtok=0.15, completion_per_mtok=0.60)
+    answered = to_outcome("b", 0, RowResult(Completion("hi", 2000, 500), None, 1, "d"), 40, price)
+    assert answered.cost_usd == pytest.approx((2000 * 0.15 + 500 * 0.60) / 1e6)
+    assert answered.latency_ms == 40
+    failed = to_outcome("b", 1, RowResult(None, "upstream_error: x", 4, "d"), 9000, price)
+    assert (failed.cost_usd, failed.latency_ms) == (None, 9000)
+    free = to_outcome("b", 2, RowResult(Completion("hi", 5, 5), None, 1, "d"), 1, Price())
+    assert free.cost_usd == 0.0
+    assert to_outcome("b", 3, RowResult(Completion("hi", 5, 5), None, 1, "d")).cost_usd is None
+
+
+def test_to_outcome_bounds_latency_to_what_the_ledger_stores() -> None:
+    result = RowResult(Completion("hi"), None, 1, "d")
+    assert to_outcome("b", 0, result, 2**40).latency_ms == 2**31 - 1
+    assert to_outcome("b", 0, result, -3).latency_ms == 0
+    assert to_outcome("b", 0, result).latency_ms is None
 
 
 def test_canceled_jobs_memory_is_bounded() -> None:

@@ -18,10 +18,12 @@ from relay_batches.services.ingest_api.validation import (
     RowRejected,
     SubmitLimits,
     decode_json_object,
+    parse_budget_field,
     parse_priority_field,
     request_rows,
     row_api_error,
     scan_submit,
+    validate_budget,
     validate_cron,
     validate_submit,
 )
@@ -813,3 +815,55 @@ def test_ingest_api_builds_jobs_in_one_place() -> None:
     for handlers in (models, routes, upload):
         assert not hasattr(handlers, "KnownModels")
         assert not hasattr(handlers, "NewJob")
+
+
+# --- budget_usd ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "stored"), [(1, 1.0), (0.01, 0.01), (1_000_000, 1e6), (2.5, 2.5)]
+)
+def test_a_budget_is_a_positive_number_of_usd(value: object, stored: float) -> None:
+    spec = validate_submit(body(budget_usd=value), LIMITS, MODELS)
+    assert spec.options.budget_usd == stored
+    assert scan_submit(orjson.dumps(body(budget_usd=value)), LIMITS, MODELS) == spec
+
+
+def test_no_budget_is_none() -> None:
+    assert validate_submit(body(), LIMITS, MODELS).options.budget_usd is None
+    assert validate_submit(body(budget_usd=None), LIMITS, MODELS).options.budget_usd is None
+
+
+@pytest.mark.parametrize("value", ["5", True, False, [1], {"usd": 1}])
+def test_a_budget_that_is_not_a_number_is_a_400(value: object) -> None:
+    err = assert_invalid(body(budget_usd=value), "budget_usd", "must be a number")
+    assert err.message == "budget_usd must be a number (USD)"
+
+
+@pytest.mark.parametrize("value", [0, 0.0, -0.0, -1, 1_000_000.001, 10**30, 1e300])
+def test_a_budget_out_of_range_is_a_400(value: object) -> None:
+    err = assert_invalid(body(budget_usd=value), "budget_usd", "greater than 0")
+    assert err.message == "budget_usd must be greater than 0 and at most 1,000,000 (USD)"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_budget_that_is_not_finite_is_a_400(value: float) -> None:
+    # not JSON text (orjson writes them as null), so checked on the decoded value only
+    with pytest.raises(ApiError) as info:
+        validate_budget(value)
+    assert (info.value.status, info.value.param) == (400, "budget_usd")
+
+
+@pytest.mark.parametrize(("text", "value"), [("2.5", 2.5), (" 10 ", 10.0), ("1e3", 1000.0)])
+def test_a_budget_form_field_is_a_decimal_number(text: str, value: float) -> None:
+    assert parse_budget_field(text) == value
+
+
+@pytest.mark.parametrize(
+    "text", ["abc", "true", "NaN", "Infinity", "1_000", '"5"', "0", "-2", "1000001", "9" * 100]
+)
+def test_a_bad_budget_form_field_is_a_400_naming_it(text: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_budget_field(text)
+    assert (info.value.status, info.value.param) == (400, "budget_usd")
+    assert info.value.message.startswith("budget_usd must be"), info.value.message

@@ -84,7 +84,8 @@ UPDATE batches b SET
     rate_window_done = CASE WHEN c.window_closes OR b.rate_window_at IS NULL
                             THEN c.done ELSE b.rate_window_done END,
     -- A job whose budget withheld rows (its error says so, see _EXCEED) ends failed.
-    status = CASE WHEN c.ends AND b.error IS NOT NULL THEN $18::text
+    status = CASE WHEN c.ends AND b.budget_exceeded_at IS NOT NULL AND b.error IS NOT NULL
+                  THEN $18::text
                   WHEN c.ends THEN $11::text ELSE b.status END,
     completed_at = CASE WHEN c.ends THEN now() ELSE b.completed_at END,
     lease_owner = CASE WHEN c.ends THEN NULL ELSE b.lease_owner END

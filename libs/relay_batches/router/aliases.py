@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,6 +11,22 @@ from typing import Any
 from relay_batches.settings import ConfigError
 
 PROVIDERS = frozenset({"openai", "anthropic"})
+PRICE_KEYS = ("prompt_per_mtok", "completion_per_mtok")
+TOKENS_PER_MTOK = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """What a deployment's tokens cost: USD per million prompt and completion tokens."""
+
+    prompt_per_mtok: float = 0.0
+    completion_per_mtok: float = 0.0
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """The cost of one answer's tokens, in USD."""
+        return (
+            prompt_tokens * self.prompt_per_mtok + completion_tokens * self.completion_per_mtok
+        ) / TOKENS_PER_MTOK
 
 
 @dataclass(frozen=True)
@@ -25,6 +42,7 @@ class Deployment:
     max_retries: int = 3
     headers: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
+    price: Price | None = None  # None: unpriced (its rows have no cost)
 
 
 @dataclass(frozen=True)
@@ -40,6 +58,16 @@ class AliasTable:
     def names(self) -> list[str]:
         """The public aliases, sorted."""
         return sorted(self.aliases)
+
+    def prices(self) -> dict[str, Price]:
+        """The priced deployments' prices by deployment name (what a row-worker looks a
+        row's answering deployment up in)."""
+        return {
+            d.name: d.price
+            for deployments in self.aliases.values()
+            for d in deployments
+            if d.price is not None
+        }
 
 
 def load_aliases(path: str, env: Mapping[str, str]) -> AliasTable:
@@ -102,7 +130,39 @@ def _deployment(name: str, spec: Any, env: Mapping[str, str], where: str) -> Dep
         max_retries=int(_number(name, spec, "max_retries", 3, where)),
         headers=_str_table(name, spec, "headers", where),
         params=dict(spec.get("params", {})),
+        price=_price(name, spec.get("price"), where),
     )
+
+
+def _price(name: str, value: Any, where: str) -> Price | None:
+    """``price = { prompt_per_mtok = …, completion_per_mtok = … }``: non-negative finite
+    USD per million tokens, a key left out is 0; None when the deployment has no price."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(
+            where + f"deployment {name!r}: price must be a table such as"
+            " { prompt_per_mtok = 0.15, completion_per_mtok = 0.60 }"
+        )
+    for key in value:
+        if key not in PRICE_KEYS:
+            raise ConfigError(
+                where + f"deployment {name!r}: price.{key} is not a price key"
+                f" (expected {' or '.join(PRICE_KEYS)})"
+            )
+    rates = [value.get(key, 0.0) for key in PRICE_KEYS]
+    for key, rate in zip(PRICE_KEYS, rates, strict=True):
+        if (
+            isinstance(rate, bool)
+            or not isinstance(rate, int | float)
+            or not math.isfinite(rate)
+            or rate < 0
+        ):
+            raise ConfigError(
+                where + f"deployment {name!r}: price.{key} must be a non-negative number"
+                " (USD per million tokens)"
+            )
+    return Price(float(rates[0]), float(rates[1]))
 
 
 def _api_key(name: str, var: Any, env: Mapping[str, str], where: str) -> str | None:
