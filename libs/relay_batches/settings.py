@@ -109,6 +109,7 @@ class Settings:
     aggregator_linger_ms: float = 20.0
     webhook_timeout_s: float = 10.0
     webhook_allow_networks: tuple[IPNetwork, ...] = ()
+    webhook_retry_base_s: float = 30.0  # an automatic webhook retry's first backoff
     retry_base_ms: float = 200.0
     retry_cap_s: float = 10.0
     cooldown_failures: int = 5
@@ -182,6 +183,9 @@ class Settings:
             aggregator_linger_ms=_float(env, "RELAY_AGGREGATOR_LINGER_MS", d.aggregator_linger_ms),
             webhook_timeout_s=_positive(env, "RELAY_WEBHOOK_TIMEOUT_S", d.webhook_timeout_s),
             webhook_allow_networks=_networks(env, "RELAY_WEBHOOK_ALLOW_NETWORKS"),
+            webhook_retry_base_s=_finite_positive(
+                env, "RELAY_WEBHOOK_RETRY_BASE_S", d.webhook_retry_base_s
+            ),
             retry_base_ms=_float(env, "RELAY_RETRY_BASE_MS", d.retry_base_ms),
             retry_cap_s=_positive(env, "RELAY_RETRY_CAP_S", d.retry_cap_s),
             cooldown_failures=max(1, _int(env, "RELAY_COOLDOWN_FAILURES", d.cooldown_failures)),

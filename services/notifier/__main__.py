@@ -39,6 +39,7 @@ async def build(
         grace_s=settings.shutdown_grace_s,
         # Behind the receiver's slots, waiting out about two POSTs that time out.
         receiver_wait_s=2 * settings.webhook_timeout_s,
+        retry_base_s=settings.webhook_retry_base_s,
     )
 
 

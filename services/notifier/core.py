@@ -1,9 +1,9 @@
-"""Delivering one completion webhook: claim, mark posting, sign, POST (guarded, bounded,
-no retry), record.
+"""Delivering one completion webhook: claim, mark posting, sign, POST (guarded, bounded),
+record.
 
-The claim comes first so a redelivered ``job.finished`` never POSTs twice, and a failed
-POST is never retried ("once, no retry"). Delivery is at most once, and exactly once
-whenever the notifier that POSTs lives to record it:
+The claim comes first so a redelivered ``job.finished`` never POSTs twice, and by default
+a failed POST is never retried ("once, no retry"). Each attempt is at most once, and
+exactly once whenever the notifier that POSTs lives to record it:
 
 - a notifier that dies after its claim and before its POST leaves the claim
   ``sending``; once it expires, :func:`recover_deliveries` takes it over and POSTs;
@@ -15,13 +15,23 @@ whenever the notifier that POSTs lives to record it:
   still lands (fenced by its claim number), so an outage costs neither a second POST
   nor the record. Only a notifier that dies (or gives up) between its POST and its
   record leaves ``unknown`` for good: the receiver got the POST, or not, once at most.
+
+A workspace may opt into automatic retries (``webhook_max_attempts`` above 1): an attempt
+that failed (not delivered, not refused by the URL guard) is recorded ``retrying``,
+due after :meth:`RetryPolicy.retry_in`, while attempts remain and before the delivery's
+``retry_until``; the deferred pass claims it when due and POSTs the next attempt through
+the same claim protocol. A redelivery asked for through the API is one attempt, never
+retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import random
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,7 +39,7 @@ from typing import Protocol
 import orjson
 
 from relay_batches.errors import TransientError
-from relay_batches.ledger.deliveries import Claim, Deferred
+from relay_batches.ledger.deliveries import Attempt, Claim, Deferred
 from relay_batches.messages import JobEvent
 from relay_batches.metrics import WEBHOOK_DELIVERIES
 from relay_batches.model import DeliveryStatus, Job
@@ -46,6 +56,8 @@ CLAIM_MARGIN_S = 20.0
 RECOVER_PASS = 20  # expired claims taken over per recovery pass
 DEFERRED_PASS = 64  # deferred deliveries in flight at once in a deferred pass
 REFILL_S = 0.5  # while POSTs are in flight, look for more deferred deliveries this often
+RETRY_CAP_S = 3600.0  # the longest wait between two automatic attempts
+ERROR_CHARS = 500  # of a POST's error, kept in the delivery log (bounded per attempt)
 
 
 def claim_seconds(webhook_timeout_s: float) -> float:
@@ -80,6 +92,47 @@ class PostResult:
 Post = Callable[[str, bytes, dict[str, str]], Awaitable[PostResult]]
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a failed attempt is tried again: after ``min(base_s × 2^(n−1), cap_s)`` with
+    full jitter over its upper half (``jitter()`` in [0, 1)), while the workspace allows
+    another attempt and the next one would be due before the delivery's retry window
+    closes; a redelivery is never retried."""
+
+    base_s: float = 30.0
+    cap_s: float = RETRY_CAP_S
+    jitter: Callable[[], float] = random.random
+
+    def backoff_s(self, attempt: int) -> float:
+        """The wait after attempt number ``attempt`` (1 for the first) failed."""
+        top = min(self.base_s * 2.0 ** min(attempt - 1, 64), self.cap_s)
+        return top * (0.5 + 0.5 * self.jitter())
+
+    def retry_in(self, attempt: Attempt, elapsed_s: float) -> float | None:
+        """Seconds until the next attempt after ``attempt`` failed ``elapsed_s`` after it
+        was marked ``posting``; None when there is none (the delivery ends ``failed``)."""
+        if attempt.redelivery or attempt.number >= attempt.max_attempts:
+            return None
+        delay = self.backoff_s(attempt.number)
+        if elapsed_s + delay > attempt.retry_window_s:
+            return None
+        return delay
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True)
+class Posted:
+    """A POST that went out: how it went, which attempt it was, when it was marked
+    ``posting`` (monotonic) and how long the POST took."""
+
+    result: PostResult
+    attempt: Attempt
+    marked_at: float
+    duration_ms: int
+
+
 class Store(Protocol):
     """What the notifier needs of the ledger."""
 
@@ -92,16 +145,25 @@ class Store(Protocol):
     async def signing_secret(self, workspace_id: str) -> str:
         """The workspace's webhook signing secret."""
 
-    async def start_post(self, claim: Claim) -> bool:
-        """Mark the claim ``posting``; False if ``claim`` is no longer the live one."""
+    async def start_post(self, claim: Claim) -> Attempt | None:
+        """Mark the claim ``posting`` and log its attempt; None if ``claim`` is no longer
+        the live one."""
 
     async def defer(self, batch_id: str, url: str, message_id: str) -> bool:
         """Record the delivery as deferred; False if it was claimed or deferred before."""
 
     async def finish(
-        self, claim: Claim, status: DeliveryStatus, status_code: int | None, error: str | None
+        self,
+        claim: Claim,
+        status: DeliveryStatus,
+        status_code: int | None,
+        error: str | None,
+        *,
+        duration_ms: int | None = None,
+        retry_in_s: float | None = None,
     ) -> bool:
-        """Record the delivery's end; False if ``claim`` is no longer the live one."""
+        """Record how the attempt went (``retrying``: the next is due in ``retry_in_s``);
+        False if ``claim`` is no longer the live one."""
 
 
 class DeferredStore(Store, Protocol):
@@ -114,11 +176,11 @@ class DeferredStore(Store, Protocol):
         skip_workspaces: Sequence[str] = (),
         skip_receivers: Sequence[tuple[str, str]] = (),
     ) -> list[Deferred]:
-        """The oldest deferred deliveries, at most ``per_receiver`` of each receiver,
-        leaving out the workspaces and ``(workspace, url)`` pairs named."""
+        """The oldest deferred (and due retrying) deliveries, at most ``per_receiver`` of
+        each receiver, leaving out the workspaces and ``(workspace, url)`` pairs named."""
 
     async def claim_deferred(self, batch_id: str) -> Claim | None:
-        """Claim a deferred delivery; None if another notifier did."""
+        """Claim a deferred (or due retrying) delivery; None if another notifier did."""
 
 
 class RecoveryStore(DeferredStore, Protocol):
@@ -135,7 +197,11 @@ class RecoveryStore(DeferredStore, Protocol):
 
 
 async def deliver_webhook(
-    event: JobEvent, store: Store, post: Post, gate: ReceiverGate | None = None
+    event: JobEvent,
+    store: Store,
+    post: Post,
+    gate: ReceiverGate | None = None,
+    policy: RetryPolicy = DEFAULT_RETRY,
 ) -> str:
     """Deliver the webhook for ``event``; return what happened (for logs and tests).
 
@@ -161,7 +227,7 @@ async def deliver_webhook(
         return "deferred"
     if result is None:
         return "taken_over"
-    return await _record_outcome(job, claim, store, result)
+    return await _record_outcome(job, claim, store, result, policy)
 
 
 def _never() -> bool:
@@ -169,10 +235,14 @@ def _never() -> bool:
 
 
 async def deliver_deferred(
-    store: DeferredStore, post: Post, gate: ReceiverGate, stopping: Callable[[], bool] = _never
+    store: DeferredStore,
+    post: Post,
+    gate: ReceiverGate,
+    stopping: Callable[[], bool] = _never,
+    policy: RetryPolicy = DEFAULT_RETRY,
 ) -> int:
-    """Deliver deferred deliveries whose receiver has a free slot, concurrently, oldest
-    first; return how many were POSTed.
+    """Deliver deferred deliveries, and retrying ones that are due, whose receiver has a
+    free slot, concurrently, oldest first; return how many were POSTed.
 
     The listing leaves out the receivers and workspaces that are busy here, so a backlog
     of busy receivers never hides the others'. Up to ``DEFERRED_PASS`` run at once, and
@@ -196,7 +266,9 @@ async def deliver_deferred(
                 for item in waiting:
                     hold = gate.reserve(item.workspace_id, item.url)
                     if hold is not None:
-                        running.add(_start(_deliver_one_deferred(item, store, post, gate, hold)))
+                        running.add(
+                            _start(_deliver_one_deferred(item, store, post, gate, hold, policy))
+                        )
             if not running:
                 break
             done, _ = await asyncio.wait(
@@ -229,9 +301,15 @@ async def _cancel_all(tasks: set[asyncio.Task[bool]]) -> None:
 
 
 async def _deliver_one_deferred(
-    waiting: Deferred, store: DeferredStore, post: Post, gate: ReceiverGate, hold: Hold
+    waiting: Deferred,
+    store: DeferredStore,
+    post: Post,
+    gate: ReceiverGate,
+    hold: Hold,
+    policy: RetryPolicy,
 ) -> bool:
-    """Claim and POST one deferred delivery in the slot ``hold``; True if POSTed."""
+    """Claim and POST one deferred (or due retrying) delivery in the slot ``hold``; True
+    if POSTed."""
     job: Job | None = None
     try:
         claim = await store.claim_deferred(waiting.batch_id)
@@ -248,7 +326,7 @@ async def _deliver_one_deferred(
         return False
     if result is None:
         return False
-    await _record_outcome(job, claim, store, result)
+    await _record_outcome(job, claim, store, result, policy)
     return True
 
 
@@ -261,7 +339,11 @@ def _receiver_slot(
 
 
 async def recover_deliveries(
-    store: RecoveryStore, post: Post, gate: ReceiverGate | None = None, limit: int = RECOVER_PASS
+    store: RecoveryStore,
+    post: Post,
+    gate: ReceiverGate | None = None,
+    limit: int = RECOVER_PASS,
+    policy: RetryPolicy = DEFAULT_RETRY,
 ) -> int:
     """POST the deliveries whose claim expired before their POST (their notifier died);
     mark ``unknown`` those whose claim expired while ``posting`` (never POSTed again).
@@ -297,7 +379,7 @@ async def recover_deliveries(
                 "webhook_claim_taken_over",
                 extra={"batch_id": claim.batch_id, "claim": claim.number},
             )
-            running.append(_start(_take_over(job, claim, store, post, gate, hold)))
+            running.append(_start(_take_over(job, claim, store, post, (gate, hold), policy)))
         done = await asyncio.gather(*running, return_exceptions=True)
     finally:
         await _cancel_all({t for t in running if not t.done()})
@@ -310,9 +392,15 @@ async def recover_deliveries(
 
 
 async def _take_over(
-    job: Job, claim: Claim, store: Store, post: Post, gate: ReceiverGate | None, hold: Hold | None
+    job: Job,
+    claim: Claim,
+    store: Store,
+    post: Post,
+    slot: tuple[ReceiverGate | None, Hold | None],
+    policy: RetryPolicy,
 ) -> bool:
     assert job.webhook_url is not None
+    gate, hold = slot
     try:
         result = await _post(job, job.webhook_url, claim, store, post)
     finally:
@@ -320,27 +408,48 @@ async def _take_over(
             gate.release(hold)
     if result is None:
         return False
-    await _record_outcome(job, claim, store, result)
+    await _record_outcome(job, claim, store, result, policy)
     return True
 
 
-async def _post(job: Job, url: str, claim: Claim, store: Store, post: Post) -> PostResult | None:
+async def _post(job: Job, url: str, claim: Claim, store: Store, post: Post) -> Posted | None:
     """Sign, mark ``posting``, POST; None (nothing sent) if the claim was taken over."""
     body = orjson.dumps(job.webhook_body())
     secret = await store.signing_secret(job.workspace_id)
-    if not await store.start_post(claim):
+    attempt = await store.start_post(claim)
+    if not attempt:
         log.warning("webhook_claim_lost", extra={"batch_id": claim.batch_id, "claim": claim.number})
         return None
-    return await post(url, body, signed_headers(secret, f"msg_{job.id}", body))
+    marked_at = time.monotonic()
+    result = await post(url, body, signed_headers(secret, f"msg_{job.id}", body))
+    duration_ms = round((time.monotonic() - marked_at) * 1000)
+    return Posted(result, attempt, marked_at, duration_ms)
 
 
-async def _record_outcome(job: Job, claim: Claim, store: Store, result: PostResult) -> str:
+async def _record_outcome(
+    job: Job, claim: Claim, store: Store, posted: Posted, policy: RetryPolicy
+) -> str:
+    result = posted.result
     outcome = _outcome(result)
-    await _record(store, claim, outcome, result.status_code, result.error)
+    retry_in_s = None
+    if outcome is DeliveryStatus.FAILED:
+        retry_in_s = policy.retry_in(posted.attempt, time.monotonic() - posted.marked_at)
+        if retry_in_s is not None:
+            outcome = DeliveryStatus.RETRYING
+    error = None if result.error is None else result.error[:ERROR_CHARS]
+    await _record(
+        store, claim, outcome, result.status_code, error, posted.duration_ms, retry_in_s
+    )
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     log.info(
         "webhook_" + outcome,
-        extra={"batch_id": job.id, "status_code": result.status_code, "error": result.error},
+        extra={
+            "batch_id": job.id,
+            "attempt": posted.attempt.number,
+            "status_code": result.status_code,
+            "error": result.error,
+            "retry_in_s": retry_in_s,
+        },
     )
     return outcome
 
@@ -352,14 +461,29 @@ def _outcome(result: PostResult) -> DeliveryStatus:
 
 
 async def _record(
-    store: Store, claim: Claim, outcome: DeliveryStatus, status_code: int | None, error: str | None
+    store: Store,
+    claim: Claim,
+    outcome: DeliveryStatus,
+    status_code: int | None,
+    error: str | None,
+    duration_ms: int | None = None,
+    retry_in_s: float | None = None,
 ) -> None:
     """Record the delivery, retrying for up to ``RECORD_BUDGET_S`` while the database is
     away: the POST went out, and an unrecorded claim would end ``unknown``. A record
     fenced out (the claim was taken over or given up) is only logged."""
+    finish = functools.partial(
+        store.finish,
+        claim,
+        outcome,
+        status_code,
+        error,
+        duration_ms=duration_ms,
+        retry_in_s=retry_in_s,
+    )
     try:
         async with asyncio.timeout(RECORD_BUDGET_S):
-            recorded = await _finish_retrying(store, claim, outcome, status_code, error)
+            recorded = await _finish_retrying(claim, finish)
     except TimeoutError:
         raise TransientError(
             f"could not record the webhook delivery within {RECORD_BUDGET_S:g}s"
@@ -371,12 +495,10 @@ async def _record(
         )
 
 
-async def _finish_retrying(
-    store: Store, claim: Claim, outcome: DeliveryStatus, status_code: int | None, error: str | None
-) -> bool:
+async def _finish_retrying(claim: Claim, finish: Callable[[], Awaitable[bool]]) -> bool:
     while True:
         try:
-            return await store.finish(claim, outcome, status_code, error)
+            return await finish()
         except TransientError as exc:
             log.warning(
                 "webhook_record_failed", extra={"batch_id": claim.batch_id, "error": str(exc)}

@@ -8,8 +8,13 @@ workspace at most ``WORKSPACE_OPEN`` deliveries open over all its receivers: one
 workspace holds at most 16 of the 64 open deliveries however many hanging URLs it
 names, so a hanging receiver delays only its own workspace's webhooks (see
 :mod:`.receivers`). Deliveries beyond that are deferred to the ledger (their message
-acked) and delivered every ``recover_every_s`` by the ``deliver-deferred`` pass, as
-their receiver has room; takeovers of dead notifiers' claims take the same slots.
+acked) and delivered by the ``deliver-deferred`` pass, as their receiver has room;
+takeovers of dead notifiers' claims take the same slots. The same pass POSTs the
+retrying deliveries that are due (automatic retries, and redeliveries asked for through
+the API), so it runs every ``DUE_POLL_S`` (or ``recover_every_s`` if shorter): a
+redelivery goes out within about half a second. Idle, a pass is one read of two small
+partial indexes (deferred, retrying), so this costs two such reads a second per
+notifier.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from relay_batches.messages import JobEvent
 from relay_batches.services.notifier.core import (
     Post,
     RecoveryStore,
+    RetryPolicy,
     deliver_deferred,
     deliver_webhook,
     recover_deliveries,
@@ -34,6 +40,7 @@ NOTIFY_PREFETCH = 64
 RECEIVER_SLOTS = 4
 RECEIVER_WAITERS = 8
 WORKSPACE_OPEN = 16
+DUE_POLL_S = 0.5  # the deferred pass's period at most: how late a due retry may go out
 
 
 @dataclass(frozen=True)
@@ -62,25 +69,30 @@ def notifier_service(
     recover_every_s: float,
     grace_s: float,
     receiver_wait_s: float,
+    retry_base_s: float = 30.0,
 ) -> BusService:
     """The notifier's declaration; a delivery waits at most ``receiver_wait_s`` for a
-    slot of its receiver before it is deferred for later."""
+    slot of its receiver before it is deferred for later, and a failed attempt that may
+    be retried waits about ``retry_base_s`` × 2^(attempt−1) (see :class:`RetryPolicy`)."""
     gate = ReceiverGate(RECEIVER_SLOTS, RECEIVER_WAITERS, receiver_wait_s, WORKSPACE_OPEN)
+    policy = RetryPolicy(retry_base_s)
     finished = Consume(
         bus.names.notify,
         "finished",
         JobEvent.decode,
-        lambda event: deliver_webhook(event, store, post, gate),
+        lambda event: deliver_webhook(event, store, post, gate, policy),
         NOTIFY_PREFETCH,
     )
     recovery = every(
-        "recover-deliveries", recover_every_s, lambda: recover_deliveries(store, post, gate)
+        "recover-deliveries",
+        recover_every_s,
+        lambda: recover_deliveries(store, post, gate, policy=policy),
     )
 
     async def deferred_pass() -> None:
-        await deliver_deferred(store, post, gate, deferred.halted)
+        await deliver_deferred(store, post, gate, deferred.halted, policy)
 
-    deferred = _HaltSeen("deliver-deferred", recover_every_s, deferred_pass)
+    deferred = _HaltSeen("deliver-deferred", min(recover_every_s, DUE_POLL_S), deferred_pass)
     return BusService(
         bus, [finished], periodic=[recovery, deferred], ledger=ledger, grace_s=grace_s
     )

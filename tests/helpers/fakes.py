@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from relay_batches.errors import TransientError
-from relay_batches.ledger.deliveries import Claim, Deferred
+from relay_batches.ledger.deliveries import Attempt, Claim, Deferred
 from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.model import DeliveryStatus, Job, JobStatus
@@ -49,7 +49,10 @@ class FakeDeliveryStore:
     a delivery can be claimed once; ``expired`` claims are handed out to a taker-over,
     ``lost`` ones (expired while posting) are marked unknown, ``waiting`` ones are
     deferred (by batch id: the URL), and the first
-    ``finish_failures`` records fail as a database outage would."""
+    ``finish_failures`` records fail as a database outage would. Each POST is an
+    attempt (``attempts``: batch id → how many) allowed ``max_attempts`` within
+    ``retry_window_s``; a delivery recorded ``retrying`` is due at once (listed by
+    :meth:`deferred` again), its delay kept in ``retries``."""
 
     batches: dict[str, Job] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
@@ -59,6 +62,13 @@ class FakeDeliveryStore:
     posting: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)
+    max_attempts: int = 1
+    retry_window_s: float = 86400.0
+    redelivery: bool = False
+    attempts: dict[str, int] = field(default_factory=dict)
+    retrying: dict[str, str] = field(default_factory=dict)
+    retries: list[tuple[str, int, float]] = field(default_factory=list)
+    durations: list[int | None] = field(default_factory=list)
 
     async def job(self, batch_id: str) -> Job | None:
         return self.batches.get(batch_id)
@@ -85,7 +95,8 @@ class FakeDeliveryStore:
         skip_workspaces: Sequence[str] = (),
         skip_receivers: Sequence[tuple[str, str]] = (),
     ) -> list[Deferred]:
-        listed = [Deferred(b, url, self.batches[b].workspace_id) for b, url in self.waiting.items()]
+        due = {**self.waiting, **self.retrying}
+        listed = [Deferred(b, url, self.batches[b].workspace_id) for b, url in due.items()]
         return [
             d
             for d in listed
@@ -99,15 +110,17 @@ class FakeDeliveryStore:
         return True
 
     async def claim_deferred(self, batch_id: str) -> Claim | None:
-        url = self.waiting.pop(batch_id, None)
+        url = self.waiting.pop(batch_id, None) or self.retrying.pop(batch_id, None)
         if url is None:
             return None
         self.claims[batch_id] = url
         return Claim(batch_id, 1)
 
-    async def start_post(self, claim: Claim) -> bool:
+    async def start_post(self, claim: Claim) -> Attempt | None:
         self.posting.append(claim.batch_id)
-        return True
+        number = self.attempts.get(claim.batch_id, 0) + 1
+        self.attempts[claim.batch_id] = number
+        return Attempt(number, self.max_attempts, self.retry_window_s, self.redelivery)
 
     async def mark_unknown(self) -> list[str]:
         lost, self.lost = self.lost, []
@@ -118,12 +131,24 @@ class FakeDeliveryStore:
         return [Claim(batch_id, 2) for batch_id in taken]
 
     async def finish(
-        self, claim: Claim, status: DeliveryStatus, status_code: int | None, error: str | None
+        self,
+        claim: Claim,
+        status: DeliveryStatus,
+        status_code: int | None,
+        error: str | None,
+        *,
+        duration_ms: int | None = None,
+        retry_in_s: float | None = None,
     ) -> bool:
         if self.finish_failures:
             self.finish_failures -= 1
             raise TransientError("database unavailable")
         self.finished.append((claim.batch_id, status, status_code, error))
+        self.durations.append(duration_ms)
+        if status == DeliveryStatus.RETRYING:
+            assert retry_in_s is not None
+            self.retries.append((claim.batch_id, self.attempts[claim.batch_id], retry_in_s))
+            self.retrying[claim.batch_id] = self.claims.pop(claim.batch_id)
         return True
 
 

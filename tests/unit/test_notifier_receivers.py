@@ -70,9 +70,9 @@ async def test_the_record_is_made_after_the_receiver_slot_is_released(
     in_use_at_finish: list[int] = []
     finish = store.finish
 
-    async def watching(*args: object) -> bool:
+    async def watching(*args: object, **kwargs: object) -> bool:
         in_use_at_finish.append(gate.in_use(key))
-        return await finish(*args)  # type: ignore[arg-type]
+        return await finish(*args, **kwargs)  # type: ignore[arg-type]
 
     store.finish = watching  # type: ignore[method-assign,assignment]
 

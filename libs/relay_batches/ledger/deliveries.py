@@ -20,6 +20,16 @@ Every claim and takeover bumps ``claims`` (it never goes down), and the holder m
 its claim on only while the row has the ``claims`` it was given: a notifier whose claim
 was taken over (it outlived its claim while still ``sending``) can neither POST nor
 overwrite the new owner's record.
+
+Every POST is one row of ``webhook_attempts`` (the delivery log): :meth:`start_post`
+bumps the delivery's ``attempts`` and inserts that attempt ``posting`` in the statement
+that marks the claim ``posting``; :meth:`finish` and :meth:`mark_unknown` end it in the
+statement that ends the delivery, both fenced like the delivery itself. An attempt that
+did not deliver may leave the delivery ``retrying`` (the notifier decides, from the
+:class:`Attempt` it was given): due at ``next_attempt_at``, it is listed and claimed by
+the deferred pass like a deferred delivery (``retrying`` → ``sending``, ``claims`` + 1),
+and its takeovers are counted from that claim (``claims_before``). ``retry_until`` (24 h
+after the first claim) bounds automatic retries: one still due past it is given up.
 """
 
 from __future__ import annotations
@@ -31,11 +41,12 @@ import asyncpg
 
 from relay_batches.ledger.keys import generate_webhook_secret
 from relay_batches.ledger.pool import translated
-from relay_batches.ledger.status_sql import status_in
+from relay_batches.ledger.status_sql import column_in, status_in
 from relay_batches.model import DeliveryStatus, Job, delivery_allowed_from
 
 MAX_CLAIMS = 3
 DEFAULT_CLAIM_S = 30.0
+RETRY_WINDOW_S = 24 * 3600.0  # automatic retries stop this long after the first claim
 
 # Constant, so the scans below use the partial index webhook_deliveries_sending.
 _SENDING = status_in([DeliveryStatus.SENDING])
@@ -44,11 +55,23 @@ _RECLAIM = f"""
 UPDATE webhook_deliveries d
 SET claim_expires_at = now() + make_interval(secs => $1), claims = d.claims + 1
 FROM (SELECT batch_id FROM webhook_deliveries
-      WHERE {_SENDING} AND NOT deferred AND claims BETWEEN 1 AND $2 - 1
+      WHERE {_SENDING} AND NOT deferred AND claims - claims_before BETWEEN 1 AND $2 - 1
         AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
       ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) q
 WHERE d.batch_id = q.batch_id
 RETURNING d.batch_id, d.claims
+"""
+
+_RETRYING = status_in([DeliveryStatus.RETRYING])
+
+# Deferred deliveries (since they were recorded) and retrying ones that are due (since
+# they were due), each set through its partial index (0009, 0016).
+_WAITING = f"""
+SELECT batch_id, url, created_at AS since FROM webhook_deliveries
+WHERE {_SENDING} AND deferred
+UNION ALL
+SELECT batch_id, url, next_attempt_at FROM webhook_deliveries
+WHERE {_RETRYING} AND next_attempt_at <= now()
 """
 
 # The oldest $2 of each receiver (workspace and URL), oldest first, leaving out the
@@ -56,15 +79,14 @@ RETURNING d.batch_id, d.claims
 # receiver's backlog nor the busy receivers' hide another's.
 _DEFERRED = f"""
 SELECT batch_id, url, workspace_id FROM (
-    SELECT d.batch_id, d.url, b.workspace_id, d.created_at,
-           row_number() OVER (PARTITION BY b.workspace_id, d.url ORDER BY d.created_at) AS n
-    FROM webhook_deliveries d JOIN batches b ON b.id = d.batch_id
-    WHERE d.{_SENDING} AND d.deferred
-      AND b.workspace_id <> ALL($3::text[])
+    SELECT d.batch_id, d.url, b.workspace_id, d.since,
+           row_number() OVER (PARTITION BY b.workspace_id, d.url ORDER BY d.since) AS n
+    FROM ({_WAITING}) d JOIN batches b ON b.id = d.batch_id
+    WHERE b.workspace_id <> ALL($3::text[])
       AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::text[]) AS busy(w, u)
                       WHERE busy.w = b.workspace_id AND busy.u = d.url)) q
 WHERE n <= $2
-ORDER BY created_at LIMIT $1
+ORDER BY since LIMIT $1
 """
 
 # Back to deferred (nobody holds it), from the claim $2 taken over by a notifier whose
@@ -75,39 +97,87 @@ WHERE batch_id = $1 AND claims = $2 AND {_SENDING} AND NOT deferred
 RETURNING batch_id
 """
 
+# A deferred delivery, or a retrying one that is due ($3 sending); a retrying one's
+# takeovers count from this claim on.
 _CLAIM_DEFERRED = f"""
-UPDATE webhook_deliveries SET deferred = false, claims = claims + 1,
-    claim_expires_at = now() + make_interval(secs => $2)
-WHERE batch_id = $1 AND deferred AND {_SENDING}
+UPDATE webhook_deliveries SET status = $3, deferred = false, claims = claims + 1,
+    claims_before = CASE WHEN {_RETRYING} THEN claims ELSE claims_before END,
+    next_attempt_at = NULL, claim_expires_at = now() + make_interval(secs => $2)
+WHERE batch_id = $1
+  AND ((deferred AND {_SENDING}) OR ({_RETRYING} AND next_attempt_at <= now()))
 RETURNING claims
 """
 
+# $3 posting: the claim's POST is attempt attempts + 1, logged in the same statement; the
+# delivery's last status code and error belong to the attempt before.
 _START_POST = f"""
-UPDATE webhook_deliveries SET status = $3, claim_expires_at = now() + make_interval(secs => $4)
-WHERE batch_id = $1 AND claims = $2 AND {_SENDING}
-RETURNING batch_id
+WITH d AS (
+    UPDATE webhook_deliveries SET status = $3, attempts = attempts + 1,
+        status_code = NULL, error = NULL,
+        retry_until = COALESCE(retry_until, now() + make_interval(secs => $5)),
+        claim_expires_at = now() + make_interval(secs => $4)
+    WHERE batch_id = $1 AND claims = $2 AND {_SENDING}
+    RETURNING batch_id, attempts, redelivery, retry_until
+), logged AS (
+    INSERT INTO webhook_attempts (batch_id, attempt, status, redelivery)
+    SELECT batch_id, attempts, $3, redelivery FROM d
+)
+SELECT d.attempts, COALESCE(w.webhook_max_attempts, 1) AS max_attempts, d.redelivery,
+       EXTRACT(epoch FROM d.retry_until - now())::float8 AS retry_window_s
+FROM d LEFT JOIN batches b ON b.id = d.batch_id LEFT JOIN workspaces w ON w.id = b.workspace_id
 """
+
+_SILENT = "notifier went silent after starting the POST; it is never sent again"
 
 # $1 unknown: posting claims whose holder went silent; claims unchanged, so it may record.
 _LOSE = f"""
-UPDATE webhook_deliveries SET status = $1,
-    error = 'notifier went silent after starting the POST; it is never sent again'
-WHERE {status_in([DeliveryStatus.POSTING])} AND claim_expires_at < now()
-RETURNING batch_id
+WITH lost AS (
+    UPDATE webhook_deliveries SET status = $1, error = '{_SILENT}'
+    WHERE {status_in([DeliveryStatus.POSTING])} AND claim_expires_at < now()
+    RETURNING batch_id, attempts
+), logged AS (
+    UPDATE webhook_attempts a SET status = $1, error = '{_SILENT}'
+    FROM lost WHERE a.batch_id = lost.batch_id AND a.attempt = lost.attempts
+      AND a.status = '{DeliveryStatus.POSTING}'
+)
+SELECT batch_id FROM lost
 """
 
-_FINISH = """
-UPDATE webhook_deliveries SET status = $3, status_code = $4, error = $5, finished_at = now()
-WHERE batch_id = $1 AND claims = $2 AND status = ANY($6::text[])
-RETURNING batch_id
+# The delivery ends ($3; retrying: due in $8 s) and so does its attempt in flight ($7),
+# if one is (a claim given up unsent has none: its last attempt has ended already).
+_FINISH = f"""
+WITH d AS (
+    UPDATE webhook_deliveries SET status = $3, status_code = $4, error = $5,
+        finished_at = now(), next_attempt_at = now() + make_interval(secs => $8)
+    WHERE batch_id = $1 AND claims = $2 AND status = ANY($6::text[])
+    RETURNING batch_id, attempts
+), logged AS (
+    UPDATE webhook_attempts a SET status = $7, response_status = $4, error = $5,
+        duration_ms = $9
+    FROM d WHERE a.batch_id = d.batch_id AND a.attempt = d.attempts
+      AND {column_in("a.status", [DeliveryStatus.POSTING, DeliveryStatus.UNKNOWN])}
+)
+SELECT batch_id FROM d
 """
+
+# A holder records over its own claim only: sending (given up unsent), posting, or
+# unknown (back from an outage); never over a delivery that ended or is retrying.
+_HELD = frozenset({DeliveryStatus.SENDING, DeliveryStatus.POSTING, DeliveryStatus.UNKNOWN})
 
 # $3 failed: the end of claims taken over too often, never POSTed (sending → failed).
 _ABANDON = f"""
 UPDATE webhook_deliveries SET status = $3, finished_at = now(),
     error = 'notifier stopped during delivery ' || claims || ' times; giving up'
-WHERE {_SENDING} AND NOT deferred AND claims >= $2
+WHERE {_SENDING} AND NOT deferred AND claims - claims_before >= $2
   AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
+"""
+
+# $1 failed: automatic retries still due past their retry_until (every notifier was away
+# meanwhile) are given up; no automatic attempt goes out later than that.
+_RETRIES_OVER = f"""
+UPDATE webhook_deliveries SET status = $1, finished_at = now(), next_attempt_at = NULL,
+    error = 'automatic retries ended: 24 h after the first attempt passed'
+WHERE {_RETRYING} AND next_attempt_at <= now() AND NOT redelivery AND retry_until < now()
 """
 
 
@@ -118,6 +188,18 @@ class Deferred:
     batch_id: str
     url: str
     workspace_id: str
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The POST a claim marked ``posting`` makes: its number (1 for the first), how many
+    the workspace allows (``webhook_max_attempts``), the seconds from the mark until
+    automatic retries stop, and whether it is a redelivery asked for (never retried)."""
+
+    number: int
+    max_attempts: int = 1
+    retry_window_s: float = 0.0
+    redelivery: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,14 +228,16 @@ class DeliveryStore:
         async with translated():
             number = await self._pool.fetchval(
                 "INSERT INTO webhook_deliveries (batch_id, url, status, message_id,"
-                " claim_expires_at)"
-                " VALUES ($1, $2, $5, $3, now() + make_interval(secs => $4))"
+                " claim_expires_at, retry_until)"
+                " VALUES ($1, $2, $5, $3, now() + make_interval(secs => $4),"
+                " now() + make_interval(secs => $6))"
                 " ON CONFLICT (batch_id) DO NOTHING RETURNING claims",
                 batch_id,
                 url,
                 message_id,
                 self._claim_s,
                 DeliveryStatus.SENDING,
+                RETRY_WINDOW_S,
             )
         return None if number is None else Claim(batch_id, number)
 
@@ -163,12 +247,14 @@ class DeliveryStore:
         async with translated():
             value = await self._pool.fetchval(
                 "INSERT INTO webhook_deliveries (batch_id, url, status, message_id, claims,"
-                " deferred, claim_expires_at) VALUES ($1, $2, $4, $3, 0, true, now())"
+                " deferred, claim_expires_at, retry_until)"
+                " VALUES ($1, $2, $4, $3, 0, true, now(), now() + make_interval(secs => $5))"
                 " ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id",
                 batch_id,
                 url,
                 message_id,
                 DeliveryStatus.SENDING,
+                RETRY_WINDOW_S,
             )
         return value is not None
 
@@ -179,9 +265,9 @@ class DeliveryStore:
         skip_workspaces: Sequence[str] = (),
         skip_receivers: Sequence[tuple[str, str]] = (),
     ) -> list[Deferred]:
-        """The oldest ``limit`` deferred deliveries, at most ``per_receiver`` of each
-        workspace's URL, none of ``skip_workspaces`` nor of the ``(workspace, url)``
-        pairs ``skip_receivers`` (not locked: claim each before use)."""
+        """The oldest ``limit`` deferred deliveries and due retrying ones, at most
+        ``per_receiver`` of each workspace's URL, none of ``skip_workspaces`` nor of the
+        ``(workspace, url)`` pairs ``skip_receivers`` (not locked: claim each before use)."""
         async with translated():
             records = await self._pool.fetch(
                 _DEFERRED,
@@ -202,9 +288,12 @@ class DeliveryStore:
         return value is not None
 
     async def claim_deferred(self, batch_id: str) -> Claim | None:
-        """Claim a deferred delivery; None if another notifier claimed it first."""
+        """Claim a deferred delivery, or a retrying one that is due (``retrying`` →
+        ``sending``); None if another notifier claimed it first (or it is not due)."""
         async with translated():
-            number = await self._pool.fetchval(_CLAIM_DEFERRED, batch_id, self._claim_s)
+            number = await self._pool.fetchval(
+                _CLAIM_DEFERRED, batch_id, self._claim_s, DeliveryStatus.SENDING
+            )
         return None if number is None else Claim(batch_id, number)
 
     async def signing_secret(self, workspace_id: str) -> str:
@@ -220,37 +309,65 @@ class DeliveryStore:
             )
 
     async def reclaim_expired(self, limit: int = 20) -> list[Claim]:
-        """Take over expired ``sending`` claims (their notifier died); give up old ones."""
+        """Take over expired ``sending`` claims (their notifier died); give up old ones,
+        and automatic retries still due past their ``retry_until``."""
         async with translated(), self._pool.acquire() as conn, conn.transaction():
             await conn.execute(_ABANDON, self._claim_s, MAX_CLAIMS, DeliveryStatus.FAILED)
+            await conn.execute(_RETRIES_OVER, DeliveryStatus.FAILED)
             records = await conn.fetch(_RECLAIM, self._claim_s, MAX_CLAIMS, limit)
         return [Claim(r[0], r[1]) for r in records]
 
-    async def start_post(self, claim: Claim) -> bool:
-        """Mark the delivery ``posting`` (never POSTed again) and renew its expiry; False,
-        marking nothing, when ``claim`` is no longer the live one: then do not POST."""
+    async def start_post(self, claim: Claim) -> Attempt | None:
+        """Mark the delivery ``posting`` (never POSTed again), renew its expiry and log its
+        next attempt ``posting``, in one statement; return that attempt. None, marking
+        nothing, when ``claim`` is no longer the live one: then do not POST."""
         async with translated():
-            value = await self._pool.fetchval(
-                _START_POST, claim.batch_id, claim.number, DeliveryStatus.POSTING, self._claim_s
+            record = await self._pool.fetchrow(
+                _START_POST,
+                claim.batch_id,
+                claim.number,
+                DeliveryStatus.POSTING,
+                self._claim_s,
+                RETRY_WINDOW_S,
             )
-        return value is not None
+        if record is None:
+            return None
+        return Attempt(
+            record["attempts"],
+            record["max_attempts"],
+            max(0.0, record["retry_window_s"]),
+            record["redelivery"],
+        )
 
     async def mark_unknown(self) -> list[str]:
-        """Mark ``unknown`` every ``posting`` claim past its expiry; return their batches."""
+        """Mark ``unknown`` every ``posting`` claim past its expiry, and its attempt in the
+        log; return their batches."""
         async with translated():
             records = await self._pool.fetch(_LOSE, DeliveryStatus.UNKNOWN)
         return [r[0] for r in records]
 
     async def finish(
-        self, claim: Claim, status: DeliveryStatus, status_code: int | None, error: str | None
+        self,
+        claim: Claim,
+        status: DeliveryStatus,
+        status_code: int | None,
+        error: str | None,
+        *,
+        duration_ms: int | None = None,
+        retry_in_s: float | None = None,
     ) -> bool:
-        """Record how the delivery ended (``delivered``, ``failed`` or ``refused``), a
-        guarded move from the statuses :func:`delivery_allowed_from` names (``unknown``
-        among them: a holder back from an outage records what it knows).
+        """Record how the delivery's attempt went (``delivered``, ``failed`` or
+        ``refused``; ``retrying`` when another attempt is due in ``retry_in_s``, the
+        attempt itself ``failed``), a guarded move from the statuses
+        :func:`delivery_allowed_from` names that a holder may hold (``unknown`` among
+        them: a holder back from an outage records what it knows); its attempt in the
+        log gets the same, with ``duration_ms``, in the same statement.
 
         False, recording nothing, when ``claim`` is no longer the live one (it expired
         and was taken over, or given up): the record belongs to whoever holds it now.
         """
+        attempt_status = DeliveryStatus.FAILED if status is DeliveryStatus.RETRYING else status
+        allowed = [s for s in delivery_allowed_from(status) if s in _HELD]
         async with translated():
             value = await self._pool.fetchval(
                 _FINISH,
@@ -259,6 +376,9 @@ class DeliveryStore:
                 status,
                 status_code,
                 error,
-                delivery_allowed_from(status),
+                allowed,
+                attempt_status,
+                retry_in_s if status is DeliveryStatus.RETRYING else None,
+                duration_ms,
             )
         return value is not None

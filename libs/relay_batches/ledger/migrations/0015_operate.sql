@@ -37,6 +37,12 @@ ALTER TABLE row_results ADD COLUMN IF NOT EXISTS cost_usd double precision;
 ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS attempts integer NOT NULL DEFAULT 0;
 ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS next_attempt_at timestamptz;
 ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS retry_until timestamptz;
+-- A redelivery asked for through the API (its attempts are logged as such and never
+-- retried), and the claims made before the delivery's current attempt was armed: the
+-- takeovers of one attempt are counted from there (claims - claims_before), so a
+-- delivery retried many times is not given up for the claims of its earlier attempts.
+ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS redelivery boolean NOT NULL DEFAULT false;
+ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS claims_before integer NOT NULL DEFAULT 0;
 
 ALTER TABLE webhook_deliveries DROP CONSTRAINT IF EXISTS webhook_deliveries_status_check;
 ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check
