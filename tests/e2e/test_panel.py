@@ -471,8 +471,9 @@ async def test_a_running_job_shows_cost_rate_eta_partial_results_and_charts_and_
 async def test_resume_runs_a_paused_job_to_the_end_with_every_row_once(
     page: Page, panel_key: str, api: ApiClient
 ) -> None:
+    # More rows than the e2e dispatch window (256), so the job cannot end while paused.
     job = await api.submit(
-        {"model": "gpt-4o-mini", "name": "Held", "requests": slow_rows(200, 100, "held")},
+        {"model": "gpt-4o-mini", "name": "Held", "requests": slow_rows(400, 50, "held")},
         key=panel_key,
     )
     status, paused = await api.request("POST", f"/v1/batches/{job['id']}/pause", key=panel_key)
@@ -488,10 +489,10 @@ async def test_resume_runs_a_paused_job_to_the_end_with_every_row_once(
     assert resumed["status"] in {"queued", "running", "completed"}, resumed
     await expect(badge(page)).to_have_text("completed", timeout=RUN_TIMEOUT_MS)
     ended = await get_batch(api, job["id"], panel_key)
-    assert (ended["completed"], ended["failed"]) == (200, 0)
+    assert (ended["completed"], ended["failed"]) == (400, 0)
     status, body = await api.request("GET", f"/v1/batches/{job['id']}/results", key=panel_key)
     assert status == 200
-    assert [row["custom_id"] for row in body["data"]] == [f"held-{i}" for i in range(200)]
+    assert [row["custom_id"] for row in body["data"]] == [f"held-{i}" for i in range(400)]
     await expect(page.locator("#results-note")).to_have_text("")
     await expect(page.locator("#results-body tr")).to_have_count(RESULTS_PAGE)
 

@@ -9,6 +9,11 @@ const SVG = "http://www.w3.org/2000/svg";
 const WIDTH = 640;
 const HEIGHT = 220;
 const PAD = { left: 44, right: 12, top: 12, bottom: 36 };
+const MAX_BAR = 48; // a bar never wider than this, however few the intervals
+
+function rows(n) {
+  return `${n} row${n === 1 ? "" : "s"}`;
+}
 
 function s(tag, attrs = {}, text = null) {
   const el = document.createElementNS(SVG, tag);
@@ -59,11 +64,11 @@ export function progressChart(stats) {
   const top = Math.max(1, ...points.map((p) => p.completed + p.failed));
   const done = points.reduce((n, p) => n + p.completed + p.failed, 0);
   const svg = frame(
-    `Rows finished per ${stats.interval_s} s interval: ${done} rows over ${points.length} intervals`,
+    `Rows finished per ${stats.interval_s} s interval: ${rows(done)} over ${points.length} intervals`,
   );
   yAxis(svg, top);
   const step = plotWidth() / points.length;
-  const barWidth = Math.max(1, step * 0.8);
+  const barWidth = Math.min(MAX_BAR, Math.max(1, step * 0.8));
   const scale = plotHeight() / top;
   const y0 = PAD.top + plotHeight();
   points.forEach((point, i) => {
@@ -94,16 +99,20 @@ export function progressChart(stats) {
   return svg;
 }
 
+/** "10ms", "250ms", "1s", "2.5s": short enough to sit under a bar. */
+function shortMs(ms) {
+  return ms < 1000 ? `${ms}ms` : `${ms / 1000}s`;
+}
+
 function bucketLabel(bucket, previous) {
-  if (bucket.le_ms === null) return `>${millis(previous).replace(" ", "")}`;
-  return `≤${millis(bucket.le_ms).replace(" ", "")}`;
+  return bucket.le_ms === null ? `>${shortMs(previous)}` : `≤${shortMs(bucket.le_ms)}`;
 }
 
 /** Per-row latency: one bar per fixed bucket, each with data-le-ms/data-count and a tooltip. */
 export function latencyChart(latency) {
   const buckets = latency.buckets;
   const top = Math.max(1, ...buckets.map((b) => b.count));
-  const svg = frame(`Latency of ${latency.count} rows, p50 ${millis(latency.p50_ms)}`);
+  const svg = frame(`Latency of ${rows(latency.count)}, p50 ${millis(latency.p50_ms)}`);
   yAxis(svg, top);
   const step = plotWidth() / buckets.length;
   const barWidth = step * 0.8;
@@ -119,7 +128,7 @@ export function latencyChart(latency) {
       "data-count": bucket.count,
     });
     bar.append(
-      s("title", {}, `${label}: ${bucket.count} rows`),
+      s("title", {}, `${label}: ${rows(bucket.count)}`),
       s("rect", { x, y: y0 - height, width: barWidth, height, class: "ok" }),
       s("text", { x: x + barWidth / 2, y: y0 + 14, "text-anchor": "middle", class: "tick small" }, label),
     );
@@ -133,7 +142,7 @@ export function latencySummary(latency) {
   return h(
     "p",
     { class: "chart-summary" },
-    `${latency.count} rows · p50 ${millis(latency.p50_ms)} · p90 ${millis(latency.p90_ms)}` +
+    `${rows(latency.count)} · p50 ${millis(latency.p50_ms)} · p90 ${millis(latency.p90_ms)}` +
       ` · p99 ${millis(latency.p99_ms)} · max ${millis(latency.max_ms)}`,
   );
 }
