@@ -515,6 +515,12 @@ async def test_retry_failed_rows_makes_a_job_of_the_dead_letter_that_then_succee
     await open_job(page, job["id"])
     await expect(page.locator("#dead-body tr")).to_have_count(1)
     await expect(page.locator("#dead-body td").first).to_have_text("flaky")
+    await page.get_by_label("Show row details").check()
+    await expect(page.locator("#dead-heads th")).to_have_text(
+        ["custom_id", "Error", "Attempts", "Tokens (in / out)", "Deployment", "Latency", "Cost"]
+    )
+    await expect(page.locator("#dead-body td").nth(2)).to_have_text("4")
+    await expect(page.locator("#dead-body td").nth(3)).to_have_text(re.compile(r"^\d+ / \d+$"))
 
     await page.get_by_role("button", name="Retry failed rows").click()
     await expect(page).not_to_have_url(re.compile(f"#/jobs/{job['id']}$"))
