@@ -56,6 +56,7 @@ async def test_api_example_completes_with_exact_results_and_webhook(
             "failed": 0,
             "dead_letter": 0,
             "completed_at": batch["completed_at"],
+            "cost_usd": 0,
         }
     ]
 
