@@ -28,10 +28,10 @@ async def workspace(pool: asyncpg.Pool) -> str:
     return await KeyStore(pool).ensure_workspace(f"ctl-{new_id()[:8]}")
 
 
-async def job_of(pool: asyncpg.Pool, space: str, n: int, **fields: object) -> Job:
+async def job_of(pool: asyncpg.Pool, space: str, n: int, window: timedelta | None = None) -> Job:
     """A queued job of ``n`` rows ``c-0``… whose requests say ``x<i>``."""
     new = NewJob(
-        new_id(), space, "ctl", "gpt-4o-mini", 3, n, None, None, None, **fields  # type: ignore[arg-type]
+        new_id(), space, "ctl", "gpt-4o-mini", 3, n, None, None, None, completion_window=window
     )
     return await JobStore(pool).create(
         new, ((f"c-{i}", f'[{{"role":"user","content":"x{i}"}}]') for i in range(n))
@@ -102,7 +102,7 @@ async def test_a_resumed_job_keeps_its_start_and_place_and_restarts_its_rate_win
 
 async def ended_with_failures(pool: asyncpg.Pool, space: str) -> Job:
     """A completed job of 5 rows: 1 and 3 dead-lettered, 4 failed (not dead-lettered)."""
-    job = await job_of(pool, space, 5, completion_window=timedelta(hours=2))
+    job = await job_of(pool, space, 5, timedelta(hours=2))
     await claim_only(pool, job.id)
     outcomes = [
         RowOutcome(job.id, 0, "ok", None, attempts=1),
