@@ -9,6 +9,7 @@ from aiohttp.typedefs import Middleware
 
 from relay_batches.health import add_health_routes
 from relay_batches.services.ingest_api.anthropic_routes import add_anthropic_routes
+from relay_batches.services.ingest_api.delivery_routes import add_delivery_routes
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.middleware import (
     ResolveKey,
@@ -47,6 +48,7 @@ def build_app(
     )
     app[DEPS] = deps
     add_batch_routes(app)
+    add_delivery_routes(app)
     add_upload_routes(app)
     add_openai_routes(app)
     add_anthropic_routes(app)

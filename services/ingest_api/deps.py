@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import asyncpg
 from aiohttp import web
 
 from relay_batches.ledger.files import FileStore
+from relay_batches.ledger.delivery_log import DeliveryLog
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job
@@ -54,6 +56,11 @@ class ApiDeps:
     small_parser: Executor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="ingest-parse-small")
     )
+
+    @cached_property
+    def delivery_log(self) -> DeliveryLog:
+        """Completion-webhook delivery logs and redeliveries, on :attr:`pool`."""
+        return DeliveryLog(self.pool)
 
     def parser_for(self, large: bool) -> Executor:
         """The executor that decodes and validates a body (large or not)."""

@@ -36,10 +36,30 @@ def _parser() -> argparse.ArgumentParser:
         "webhook-secret", help="rotate the workspace's webhook signing secret (printed once)"
     )
     rotate.add_argument("name")
+    retries = spaces_sub.add_parser(
+        "webhook-retries",
+        help="how many attempts each completion webhook of the workspace gets (1: no retry)",
+    )
+    retries.add_argument("name")
+    retries.add_argument(
+        "--max-attempts",
+        type=_attempts,
+        required=True,
+        help=f"1 to {admin.MAX_WEBHOOK_ATTEMPTS}; failed attempts are retried with backoff"
+        " for up to 24 h",
+    )
 
     sub.add_parser("dev", help="run every service and the simulator locally (make run)")
     add_batch_parser(sub)
     return parser
+
+
+def _attempts(raw: str) -> int:
+    """``--max-attempts``: an integer from 1 to ``MAX_WEBHOOK_ATTEMPTS``."""
+    top = admin.MAX_WEBHOOK_ATTEMPTS
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 3 and 1 <= int(raw) <= top):
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {top}, got {raw!r}")
+    return int(raw)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -106,6 +126,13 @@ def _workspaces_secret(settings: Settings, args: argparse.Namespace) -> None:
     print(secret)
 
 
+def _workspaces_retries(settings: Settings, args: argparse.Namespace) -> None:
+    url = settings.database_url
+    stored = asyncio.run(admin.set_webhook_retries(url, args.name, args.max_attempts))
+    rule = "once, no retry" if stored == 1 else "failed attempts retried with backoff, up to 24 h"
+    print(f"workspace {args.name}: webhook max attempts {stored} ({rule})")
+
+
 def _dev_command(settings: Settings, _: argparse.Namespace) -> None:
     asyncio.run(dev.run(settings, dev.DevOptions.from_env(os.environ), os.environ))
 
@@ -118,6 +145,7 @@ _COMMANDS: dict[tuple[str, str | None], Callable[[Settings, argparse.Namespace],
     ("workspaces", "create"): _workspaces_create,
     ("workspaces", "list"): _workspaces_list,
     ("workspaces", "webhook-secret"): _workspaces_secret,
+    ("workspaces", "webhook-retries"): _workspaces_retries,
     ("dev", None): _dev_command,
 }
 

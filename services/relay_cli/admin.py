@@ -74,6 +74,21 @@ async def list_workspaces(database_url: str) -> list[WorkspaceInfo]:
         return await store.list_workspaces()
 
 
+MAX_WEBHOOK_ATTEMPTS = 20
+
+
+async def set_webhook_retries(database_url: str, name: str, max_attempts: int) -> int:
+    """Let workspace ``name``'s completion webhooks take up to ``max_attempts`` attempts
+    (1..``MAX_WEBHOOK_ATTEMPTS``; 1 is the default rule: once, no retry); return it."""
+    if not 1 <= max_attempts <= MAX_WEBHOOK_ATTEMPTS:
+        raise AdminError(f"--max-attempts must be from 1 to {MAX_WEBHOOK_ATTEMPTS}")
+    async with _keys(database_url) as store:
+        stored = await store.set_webhook_max_attempts(name, max_attempts)
+    if stored is None:
+        raise AdminError(f"no workspace named {name!r}")
+    return stored
+
+
 async def rotate_webhook_secret(database_url: str, name: str) -> str:
     """A new webhook signing secret for workspace ``name``."""
     async with _keys(database_url) as store:

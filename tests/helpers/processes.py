@@ -193,6 +193,8 @@ def build_system(
         "RELAY_API_PORT": str(api_port),
         "RELAY_HEALTH_PORT": "0",
         "RELAY_RECONCILE_SECONDS": "0.5",
+        # Opt-in webhook retries come fractions of a second apart (the default is 30 s).
+        "RELAY_WEBHOOK_RETRY_BASE_S": "0.2",
         "RELAY_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8,::1/128",
         "RELAY_SHUTDOWN_GRACE_S": "10",
         **overrides,

@@ -1,5 +1,6 @@
 """A webhook receiver for fault tests: records each POST's ``webhook-id`` and arrival,
-counts POSTs open at once, runs hooks on arrival, and can hang until released."""
+counts POSTs open at once, runs hooks on arrival, can hang until released, and can
+answer given statuses before its 204s."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from tests.helpers.support import free_port
 
 @dataclass
 class Receiver:
-    """A webhook receiver that records each POST's ``webhook-id``; ``on_post`` runs on
-    every POST before it is answered, and a ``hang``ing receiver answers only once
-    ``release`` is set."""
+    """A webhook receiver that records each POST's ``webhook-id`` (and its headers,
+    lower-cased, and body); ``on_post`` runs on every POST before it is answered, a
+    ``hang``ing receiver answers only once ``release`` is set, and the first POSTs are
+    answered with the statuses in ``answers`` (taken in order), the rest 204."""
 
     hang: bool = False
     ids: list[str] = field(default_factory=list)
@@ -28,6 +30,9 @@ class Receiver:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     on_post: list[asyncio.Event] = field(default_factory=list)
     port: int = 0
+    answers: list[int] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -36,7 +41,8 @@ class Receiver:
 
     async def handle(self, request: web.Request) -> web.Response:
         """Record, signal, (hang,) answer 204."""
-        await request.read()
+        self.bodies.append(await request.read())
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
         self.ids.append(request.headers["webhook-id"])
         self.received_at.append(time.monotonic())
         for event in self.on_post:
@@ -48,7 +54,7 @@ class Receiver:
                 await self.release.wait()
         finally:
             self.open_now -= 1
-        return web.Response(status=204)
+        return web.Response(status=self.answers.pop(0) if self.answers else 204)
 
 
 @contextlib.asynccontextmanager

@@ -14,6 +14,7 @@ import pytest
 from relay_batches.errors import ConflictError
 from relay_batches.ids import new_id
 from relay_batches.ledger.deliveries import MAX_CLAIMS, Claim, DeliveryStore
+from relay_batches.ledger.delivery_log import DeliveryLog
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.expiry import ExpiryStore
 from relay_batches.ledger.jobs import JobStore, NewJob
@@ -184,6 +185,7 @@ async def test_every_delivery_transition_is_made_by_a_ledger_function(
 ) -> None:
     workspace = await KeyStore(pool).ensure_workspace(f"st-{new_id()[:6]}")
     store = DeliveryStore(pool, claim_s=30)
+    redeliveries = DeliveryLog(pool)
     seen = Observed(pool)
     ends = [DeliveryStatus.DELIVERED, DeliveryStatus.REFUSED, DeliveryStatus.FAILED]
     for end in ends:
@@ -199,6 +201,34 @@ async def test_every_delivery_transition_is_made_by_a_ledger_function(
             await seen.delivery(batch_id, store.finish(claim, end, None, None))
             assert not await store.finish(claim, DeliveryStatus.DELIVERED, 204, None)
             assert await delivery_status(pool, batch_id) == end
+            job = await store.job(batch_id)
+            assert job is not None
+            # A redelivery asked for re-arms however it ended; due now, it is claimed.
+            await seen.delivery(batch_id, redeliveries.request_redelivery(job))
+            assert await delivery_status(pool, batch_id) == DeliveryStatus.RETRYING
+            await seen.delivery(batch_id, store.claim_deferred(batch_id))
+            assert await delivery_status(pool, batch_id) == DeliveryStatus.SENDING
+    unknown = await new_job(pool, workspace)
+    await store.claim(unknown, HOOK, f"msg_{unknown}")
+    await store.start_post(Claim(unknown, 1))
+    await expire_claim(pool, unknown)
+    await store.mark_unknown()
+    unknown_job = await store.job(unknown)
+    assert unknown_job is not None
+    await seen.delivery(unknown, redeliveries.request_redelivery(unknown_job))
+    assert await delivery_status(pool, unknown) == DeliveryStatus.RETRYING
+    # An automatic retry: scheduled by the holder, given up once its 24 h are over.
+    retried = await new_job(pool, workspace)
+    await store.claim(retried, HOOK, f"msg_{retried}")
+    await store.start_post(Claim(retried, 1))
+    finish = store.finish(Claim(retried, 1), DeliveryStatus.RETRYING, 500, None, retry_in_s=0)
+    await seen.delivery(retried, finish)
+    await pool.execute(
+        "UPDATE webhook_deliveries SET retry_until = now() - interval '1s' WHERE batch_id = $1",
+        retried,
+    )
+    await seen.delivery(retried, store.reclaim_expired())
+    assert await delivery_status(pool, retried) == DeliveryStatus.FAILED
     gone = await new_job(pool, workspace)
     await store.claim(gone, HOOK, f"msg_{gone}")
     await seen.delivery(gone, store.finish(Claim(gone, 1), DeliveryStatus.FAILED, None, "gone"))
@@ -213,6 +243,12 @@ async def test_every_delivery_transition_is_made_by_a_ledger_function(
 
     initial = {(None, s.value) for s in DELIVERY_INITIAL}
     assert seen.deliveries == initial | table_pairs(DELIVERY_STATUS_TRANSITIONS)
+    # Claimed or due deliveries left here would be POSTed by another test's passes.
+    await pool.execute(
+        "DELETE FROM webhook_deliveries WHERE batch_id IN"
+        " (SELECT id FROM batches WHERE workspace_id = $1)",
+        workspace,
+    )
 
 
 async def expire_claim(pool: asyncpg.Pool, batch_id: str) -> None:

@@ -170,6 +170,7 @@ POSITIVE_DURATIONS = [
     # A grace of 0 would hand back every in-flight row at once on SIGTERM: refused too.
     ("RELAY_SHUTDOWN_GRACE_S", "shutdown_grace_s"),
     ("RELAY_EXPIRY_INTERVAL_S", "expiry_interval_s"),
+    ("RELAY_WEBHOOK_RETRY_BASE_S", "webhook_retry_base_s"),
 ]
 
 
@@ -244,3 +245,10 @@ def test_public_base_url_with_a_bad_port() -> None:
     with pytest.raises(ConfigError) as err:
         Settings.from_env({"RELAY_PUBLIC_BASE_URL": "https://h:99999"})
     assert str(err.value) == "RELAY_PUBLIC_BASE_URL has an invalid port, got 'https://h:99999'"
+
+
+def test_the_webhook_retry_base_defaults_to_thirty_seconds_and_must_be_finite() -> None:
+    assert Settings.from_env({}).webhook_retry_base_s == 30.0
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"RELAY_WEBHOOK_RETRY_BASE_S": "inf"})
+    assert str(err.value) == "RELAY_WEBHOOK_RETRY_BASE_S must be a finite number above 0, got 'inf'"

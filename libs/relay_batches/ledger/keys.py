@@ -119,6 +119,18 @@ class KeyStore:
             )
         return None if value is None else secret
 
+    async def set_webhook_max_attempts(self, name: str, max_attempts: int) -> int | None:
+        """Give workspace ``name``'s completion webhooks up to ``max_attempts`` attempts
+        each (1: once, no retry); return the stored value (None if no workspace)."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE workspaces SET webhook_max_attempts = $2 WHERE name = $1"
+                " RETURNING webhook_max_attempts",
+                name,
+                max_attempts,
+            )
+        return None if value is None else int(value)
+
     async def create_key(self, workspace_id: str, key: str | None = None) -> CreatedKey:
         """Store a new key (or the given one) for ``workspace_id``; return it once.
 

@@ -73,3 +73,7 @@ CREATE TABLE IF NOT EXISTS webhook_attempts (
 
 -- How many attempts a workspace's completion webhooks get (1: the seed's rule, once).
 ALTER TABLE workspaces ADD COLUMN IF NOT EXISTS webhook_max_attempts integer NOT NULL DEFAULT 1;
+-- `relay workspaces webhook-retries` sets 1..20 (validated in 0016).
+ALTER TABLE workspaces DROP CONSTRAINT IF EXISTS workspaces_webhook_max_attempts_check;
+ALTER TABLE workspaces ADD CONSTRAINT workspaces_webhook_max_attempts_check
+    CHECK (webhook_max_attempts BETWEEN 1 AND 20) NOT VALID;

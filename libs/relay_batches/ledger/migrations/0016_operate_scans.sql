@@ -14,3 +14,6 @@ CREATE INDEX IF NOT EXISTS batches_expiring_live
 -- Deliveries whose next automatic attempt (or an asked-for redelivery) is due.
 CREATE INDEX IF NOT EXISTS webhook_deliveries_retrying
     ON webhook_deliveries (next_attempt_at) WHERE status = 'retrying';
+
+-- The range of workspaces.webhook_max_attempts (0015).
+ALTER TABLE workspaces VALIDATE CONSTRAINT workspaces_webhook_max_attempts_check;

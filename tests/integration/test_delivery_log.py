@@ -1,0 +1,287 @@
+"""The webhook delivery log, automatic retries and redeliveries against the real ledger:
+each attempt is logged by the statements that mark and end it, fenced like the delivery;
+a retrying delivery is claimed once when due; a redelivery re-arms an ended delivery and
+is refused while an attempt is under way; and the API shows and asks for them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from relay_batches.errors import ConflictError
+from relay_batches.ids import new_id
+from relay_batches.ledger.deliveries import Attempt, Claim, DeliveryStore
+from relay_batches.ledger.delivery_log import DeliveryLog
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.model import DeliveryStatus, Job
+from tests.helpers.support import ApiClient
+
+NAME = "delivery-log"  # every job of this module, so its deliveries are found and removed
+HOOK = "http://127.0.0.1:9/hook"  # never connected to: nothing here POSTs
+DAY_S = 24 * 3600
+
+
+@pytest.fixture(autouse=True)
+async def settle_deliveries(pool: asyncpg.Pool) -> AsyncIterator[None]:
+    """Remove this module's deliveries: a claimed or due one left in the shared session
+    database would be POSTed by another test's notifier passes."""
+    yield
+    await pool.execute(
+        "DELETE FROM webhook_deliveries WHERE batch_id IN (SELECT id FROM batches WHERE name = $1)",
+        NAME,
+    )
+
+
+async def new_workspace(pool: asyncpg.Pool, max_attempts: int = 1) -> str:
+    """A workspace whose webhooks get ``max_attempts`` attempts; return its name."""
+    keys = KeyStore(pool)
+    name = f"dlog-{new_id()[:8]}"
+    await keys.ensure_workspace(name)
+    assert await keys.set_webhook_max_attempts(name, max_attempts) == max_attempts
+    return name
+
+
+async def new_job(pool: asyncpg.Pool, workspace_name: str, url: str | None = HOOK) -> Job:
+    """A one-row batch of ``workspace_name``, canceled (terminal) at once."""
+    workspace = await KeyStore(pool).ensure_workspace(workspace_name)
+    jobs = JobStore(pool)
+    created = await jobs.create(
+        NewJob(new_id(), workspace, NAME, "gpt-4o-mini", 0, 1, url, None, None),
+        iter([("c-0", '[{"role":"user","content":"hi"}]')]),
+    )
+    return await jobs.cancel(workspace, created.id)
+
+
+async def attempt_rows(pool: asyncpg.Pool, batch_id: str) -> list[tuple[object, ...]]:
+    rows = await pool.fetch(
+        "SELECT attempt, status, response_status, error, duration_ms, redelivery"
+        " FROM webhook_attempts WHERE batch_id = $1 ORDER BY attempt",
+        batch_id,
+    )
+    return [tuple(r) for r in rows]
+
+
+async def delivery(pool: asyncpg.Pool, batch_id: str) -> tuple[str, int, int]:
+    row = await pool.fetchrow(
+        "SELECT status, attempts, claims FROM webhook_deliveries WHERE batch_id = $1", batch_id
+    )
+    assert row is not None
+    return row["status"], row["attempts"], row["claims"]
+
+
+async def make_due(pool: asyncpg.Pool, batch_id: str) -> None:
+    await pool.execute(
+        "UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1s'"
+        " WHERE batch_id = $1",
+        batch_id,
+    )
+
+
+async def expire(pool: asyncpg.Pool, batch_id: str) -> None:
+    await pool.execute(
+        "UPDATE webhook_deliveries SET claim_expires_at = now() - interval '1s'"
+        " WHERE batch_id = $1",
+        batch_id,
+    )
+
+
+def due_ids(listed: list[object]) -> set[str]:
+    return {d.batch_id for d in listed}  # type: ignore[attr-defined]
+
+
+async def test_each_attempt_is_logged_when_it_starts_and_ended_with_the_delivery(
+    pool: asyncpg.Pool,
+) -> None:
+    job = await new_job(pool, await new_workspace(pool))
+    store = DeliveryStore(pool, claim_s=30)
+    claim = await store.claim(job.id, HOOK, f"msg_{job.id}")
+    assert claim == Claim(job.id, 1)
+    attempt = await store.start_post(claim)
+    assert attempt is not None
+    assert (attempt.number, attempt.max_attempts, attempt.redelivery) == (1, 1, False)
+    assert DAY_S - 60 < attempt.retry_window_s <= DAY_S
+    assert await attempt_rows(pool, job.id) == [(1, "posting", None, None, None, False)]
+    assert await store.finish(claim, DeliveryStatus.FAILED, 500, None, duration_ms=12)
+    assert await attempt_rows(pool, job.id) == [(1, "failed", 500, None, 12, False)]
+    assert await delivery(pool, job.id) == ("failed", 1, 1)
+
+    page = await DeliveryLog(pool).attempts(job.id, 0, 100)
+    assert (page.status, page.next_attempt_at, page.has_more) == ("failed", None, False)
+    [logged] = [a.to_api() for a in page.attempts]
+    assert logged.pop("attempted_at").endswith("Z")
+    assert logged == {
+        "id": f"{job.id}.1",
+        "object": "webhook_delivery",
+        "attempt": 1,
+        "status": "failed",
+        "response_status": 500,
+        "error": None,
+        "duration_ms": 12,
+        "redelivery": False,
+    }
+
+
+async def test_an_attempt_whose_holder_went_silent_is_logged_unknown_and_its_late_record_lands(
+    pool: asyncpg.Pool,
+) -> None:
+    job = await new_job(pool, await new_workspace(pool))
+    store = DeliveryStore(pool, claim_s=30)
+    claim = await store.claim(job.id, HOOK, f"msg_{job.id}")
+    assert claim is not None and await store.start_post(claim)
+    await expire(pool, job.id)
+    assert job.id in await store.mark_unknown()
+    [(number, status, *_)] = await attempt_rows(pool, job.id)
+    assert (number, status) == (1, "unknown")
+    assert await store.finish(claim, DeliveryStatus.DELIVERED, 204, None, duration_ms=30)
+    assert await attempt_rows(pool, job.id) == [(1, "delivered", 204, None, 30, False)]
+
+
+async def test_a_retrying_delivery_is_claimed_once_when_due_and_counts_its_own_takeovers(
+    pool: asyncpg.Pool,
+) -> None:
+    job = await new_job(pool, await new_workspace(pool, max_attempts=5))
+    store = DeliveryStore(pool, claim_s=30)
+    claim = await store.claim(job.id, HOOK, f"msg_{job.id}")
+    assert claim is not None
+    for number in (1, 2, 3):
+        assert await store.start_post(claim) == Attempt(
+            number, 5, pytest.approx(DAY_S, abs=60), False
+        )
+        assert await store.finish(
+            claim, DeliveryStatus.RETRYING, 503, None, duration_ms=5, retry_in_s=3600
+        )
+        assert job.id not in due_ids(await store.deferred(64, 4)), "not due for an hour"
+        await make_due(pool, job.id)
+        assert job.id in due_ids(await store.deferred(64, 4))
+        stale, claim = claim, await store.claim_deferred(job.id)
+        assert claim == Claim(job.id, number + 1)
+        assert await store.claim_deferred(job.id) is None
+        assert not await store.start_post(stale), "an earlier claim may not POST again"
+    # Claim 4 is the first of its attempt: its notifier dying is a first takeover.
+    await expire(pool, job.id)
+    assert Claim(job.id, 5) in await store.reclaim_expired()
+    assert not await store.start_post(claim)
+    assert await delivery(pool, job.id) == ("sending", 3, 5)
+    assert [r[:3] for r in await attempt_rows(pool, job.id)] == [
+        (1, "failed", 503),
+        (2, "failed", 503),
+        (3, "failed", 503),
+    ]
+
+
+async def test_a_redelivery_re_arms_an_ended_delivery_and_is_refused_while_one_is_under_way(
+    pool: asyncpg.Pool,
+) -> None:
+    job = await new_job(pool, await new_workspace(pool, max_attempts=3))
+    store, log = DeliveryStore(pool, claim_s=30), DeliveryLog(pool)
+    claim = await store.claim(job.id, HOOK, f"msg_{job.id}")
+    assert claim is not None and await store.start_post(claim)
+    with pytest.raises(ConflictError, match="posting"):
+        await log.request_redelivery(job)
+    assert await store.finish(claim, DeliveryStatus.DELIVERED, 204, None, duration_ms=3)
+
+    scheduled = await log.request_redelivery(job)
+    assert scheduled.status == "retrying"
+    again = await log.request_redelivery(job)  # asked twice before it went: still one
+    assert again.status == "retrying" and again.next_attempt_at >= scheduled.next_attempt_at
+    page = await log.attempts(job.id, 0, 100)
+    assert (page.status, page.next_attempt_at) == ("retrying", again.next_attempt_at)
+    redelivered = await store.claim_deferred(job.id)
+    assert redelivered == Claim(job.id, 2)
+    with pytest.raises(ConflictError, match="sending"):
+        await log.request_redelivery(job)
+    attempt = await store.start_post(redelivered)
+    assert attempt is not None
+    assert (attempt.number, attempt.redelivery, attempt.retry_window_s) == (2, True, 0.0)
+    assert not await store.finish(claim, DeliveryStatus.FAILED, 500, None), "fenced"
+    assert await store.finish(redelivered, DeliveryStatus.FAILED, 500, None, duration_ms=4)
+    assert await attempt_rows(pool, job.id) == [
+        (1, "delivered", 204, None, 3, False),
+        (2, "failed", 500, None, 4, True),
+    ]
+    first = await log.attempts(job.id, 0, 1)
+    assert [a.attempt for a in first.attempts] == [1] and first.has_more
+    rest = await log.attempts(job.id, 1, 1)
+    assert [a.attempt for a in rest.attempts] == [2] and not rest.has_more
+
+
+async def test_a_redelivery_re_arms_an_unknown_attempt_and_fences_its_silent_holder(
+    pool: asyncpg.Pool,
+) -> None:
+    job = await new_job(pool, await new_workspace(pool))
+    store, log = DeliveryStore(pool, claim_s=30), DeliveryLog(pool)
+    silent = await store.claim(job.id, HOOK, f"msg_{job.id}")
+    assert silent is not None and await store.start_post(silent)
+    await expire(pool, job.id)
+    await store.mark_unknown()
+    await log.request_redelivery(job)
+    assert not await store.finish(silent, DeliveryStatus.DELIVERED, 204, None)
+    assert await delivery(pool, job.id) == ("retrying", 1, 1)
+    assert [r[:2] for r in await attempt_rows(pool, job.id)] == [(1, "unknown")]
+
+
+async def test_a_redelivery_before_any_delivery_is_one_deferred_post(pool: asyncpg.Pool) -> None:
+    job = await new_job(pool, await new_workspace(pool))
+    store, log = DeliveryStore(pool, claim_s=30), DeliveryLog(pool)
+    scheduled = await log.request_redelivery(job)
+    assert scheduled.status == "sending"
+    # The job.finished handled afterwards finds it claimed; the deferred pass POSTs it.
+    assert await store.claim(job.id, HOOK, f"msg_{job.id}") is None
+    assert job.id in due_ids(await store.deferred(64, 4))
+    claim = await store.claim_deferred(job.id)
+    assert claim == Claim(job.id, 1)
+    attempt = await store.start_post(claim)
+    assert attempt is not None and (attempt.number, attempt.redelivery) == (1, True)
+
+
+async def test_the_api_lists_attempts_and_schedules_a_redelivery(
+    pool: asyncpg.Pool, client_a: ApiClient, client_b: ApiClient
+) -> None:
+    workspace = await KeyStore(pool).ensure_workspace("workspace-a")
+    jobs = JobStore(pool)
+    created = await jobs.create(
+        NewJob(new_id(), workspace, NAME, "gpt-4o-mini", 0, 1, HOOK, None, None),
+        iter([("c-0", '[{"role":"user","content":"hi"}]')]),
+    )
+    path = f"/v1/batches/{created.id}/webhook_deliveries"
+    assert await client_a.request("GET", path) == (
+        200,
+        {
+            "object": "list",
+            "batch_id": created.id,
+            "status": None,
+            "next_attempt_at": None,
+            "data": [],
+            "has_more": False,
+        },
+    )
+    status, body = await client_a.request("POST", path)
+    assert (status, body["error"]["param"]) == (409, "id"), body  # queued: not terminal
+    await jobs.cancel(workspace, created.id)
+    status, body = await client_b.request("POST", path)
+    assert status == 404, body
+    for bad in ("1", f"{created.id}.x", f"{created.id}.", f"{new_id()}.1", f"{created.id}.-1"):
+        status, body = await client_a.request("GET", path, params={"after": bad})
+        assert (status, body["error"]["param"]) == (400, "after"), (bad, body)
+    status, body = await client_a.request("GET", path, params={"limit": "101"})
+    assert (status, body["error"]["param"]) == (400, "limit")
+
+    status, body = await client_a.request("POST", path)
+    assert status == 202, body
+    assert body.pop("next_attempt_at").endswith("Z")
+    assert body == {
+        "object": "webhook_delivery.scheduled",
+        "batch_id": created.id,
+        "status": "retrying",
+    }
+    status, body = await client_a.request("POST", path)
+    assert (status, body["error"]["param"]) == (409, "id")  # a deferred attempt is under way
+    status, listed = await client_a.request("GET", path)
+    assert (status, listed["status"], listed["data"]) == (200, "sending", [])
+
+    no_hook = await new_job(pool, "workspace-a", url=None)
+    status, body = await client_a.request("POST", f"/v1/batches/{no_hook.id}/webhook_deliveries")
+    assert (status, body["error"]["param"]) == (400, "webhook_url")
