@@ -291,7 +291,7 @@ async def test_deliveries_lists_every_attempt_and_redeliver_posts_the_summary_ag
     system: System, api_key: str, api: ApiClient, webhooks: WebhookReceiver
 ) -> None:
     job = await api.submit(
-        {"model": "gpt-4o-mini", "requests": slow_requests(3, 10, "d"), "webhook_url": webhooks.url}
+        {"model": "gpt-4o-mini", "requests": slow_requests(3, 10, "d"), "webhookUrl": webhooks.url}
     )
     await api.wait_status(job["id"], {"completed"}, timeout=60)
 
@@ -315,7 +315,10 @@ async def test_deliveries_lists_every_attempt_and_redeliver_posts_the_summary_ag
     assert match and match.group(1, 2, 6) == ("2", "delivered", "redelivery"), second
     assert len(webhooks.for_batch(job["id"])) == 2
 
-    running = await api.submit({"model": "gpt-4o-mini", "requests": slow_requests(100, 200, "q")})
+    slow = slow_requests(100, 200, "q")
+    running = await api.submit(
+        {"model": "gpt-4o-mini", "requests": slow, "webhookUrl": webhooks.url}
+    )
     refused = await relay(system, api_key, "redeliver", running["id"])
     assert refused.code == 1 and "409 conflict_error" in refused.err, refused
     await relay(system, api_key, "cancel", running["id"])

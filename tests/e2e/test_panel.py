@@ -436,15 +436,15 @@ async def test_a_running_job_shows_cost_rate_eta_partial_results_and_charts_and_
     page: Page, panel_key: str, api: ApiClient, shots: Path
 ) -> None:
     job = await api.submit(
-        {"model": "gpt-4o-mini", "name": "Live", "requests": slow_rows(400, 200), "budget_usd": 50},
+        {"model": "sim-priced", "name": "Live", "requests": slow_rows(400, 200), "budget_usd": 500},
         key=panel_key,
     )
     await sign_in(page, panel_key)
     await open_job(page, job["id"])
     await expect(badge(page)).to_have_text("running", timeout=RUN_TIMEOUT_MS)
-    await expect(page.locator("#count-cost")).to_have_text(re.compile(r"^\$\d+\.\d+$"))
-    await expect(page.locator("#cost-label")).to_have_text("cost of $50.00 budget")
-    await expect(page.locator("#job-details dt:text-is('Budget') + dd")).to_have_text("$50.00")
+    await expect(page.locator("#count-cost")).to_have_text(re.compile(r"^\$(?!0\.00$)\d+\.\d+$"))
+    await expect(page.locator("#cost-label")).to_have_text("cost of $500.00 budget")
+    await expect(page.locator("#job-details dt:text-is('Budget') + dd")).to_have_text("$500.00")
     await expect(page.locator("#count-rate")).to_have_text(re.compile(r"^\d+(\.\d)?$"))
     await expect(page.locator("#count-eta")).to_have_text(re.compile(r"^\d+:\d\d$"))
     await expect(page.locator("#results-note")).to_have_text(LIVE_NOTE)
@@ -552,10 +552,10 @@ async def test_a_finished_job_shows_details_the_delivery_log_and_charts_and_rede
 ) -> None:
     job = await api.submit(
         {
-            "model": "gpt-4o-mini",
+            "model": "sim-priced",
             "name": "Hooked",
             "requests": slow_rows(6, 20, "hook"),
-            "webhook_url": webhooks.url,
+            "webhookUrl": webhooks.url,
         },
         key=panel_key,
     )
@@ -594,9 +594,10 @@ async def test_a_finished_job_shows_details_the_delivery_log_and_charts_and_rede
     cells = page.locator("#results-body tr").first.locator("td")
     await expect(cells.nth(3)).to_have_text(re.compile(r"^\d+ / \d+$"))
     await expect(cells.nth(4)).to_have_text("1")
-    await expect(cells.nth(5)).to_have_text("sim")
+    await expect(cells.nth(5)).to_have_text("sim-priced")
     await expect(cells.nth(6)).to_have_text(re.compile(r"^[\d,]+ ms$"))
     await expect(cells.nth(7)).to_have_text("stop")
+    await expect(cells.nth(8)).to_have_text(re.compile(r"^\$0\.\d+$"))
     await expect(page.locator("#results-body tr")).to_have_count(6)
 
     await expect(page.locator("#chart-latency svg .bar")).to_have_count(13)
