@@ -19,7 +19,17 @@ from playwright.async_api import Browser, Locator, Page, async_playwright, expec
 
 from relay_batches.ids import new_id
 from relay_batches.services.relay_cli import admin
-from tests.helpers.panel import scan_now, watch_panel
+from tests.helpers.panel import (
+    badge,
+    bar_sum,
+    deliveries,
+    get_batch,
+    open_job,
+    scan_now,
+    slow_rows,
+    wait_batch,
+    watch_panel,
+)
 from tests.helpers.processes import System
 from tests.helpers.support import ApiClient, WebhookReceiver, wait_until
 
@@ -383,55 +393,6 @@ async def test_an_openai_file_uploads_with_the_model_from_its_rows(
 LIVE_NOTE = "Rows finished so far; the job is still running."
 
 
-def slow_rows(n: int, delay_ms: int, tag: str = "slow") -> list[dict[str, object]]:
-    """``n`` rows the simulator answers after ``delay_ms``."""
-    return [
-        {
-            "custom_id": f"{tag}-{i}",
-            "messages": [{"role": "user", "content": f"[sim:delay-ms={delay_ms}] {tag} {i}"}],
-        }
-        for i in range(n)
-    ]
-
-
-async def get_batch(api: ApiClient, batch_id: str, key: str) -> dict[str, Any]:
-    """``GET /v1/batches/{id}`` with ``key``; insist on 200."""
-    status, body = await api.request("GET", f"/v1/batches/{batch_id}", key=key)
-    assert status == 200, body
-    return dict(body)
-
-
-async def wait_batch(
-    api: ApiClient, batch_id: str, key: str, statuses: set[str], timeout: float = 90
-) -> dict[str, Any]:
-    """Poll the batch until its status is one of ``statuses``."""
-
-    async def reached() -> dict[str, Any] | None:
-        batch = await get_batch(api, batch_id, key)
-        return batch if batch["status"] in statuses else None
-
-    return dict(await wait_until(reached, timeout, f"{batch_id} to reach {statuses}", 0.2))
-
-
-async def open_job(page: Page, batch_id: str) -> None:
-    """Go to the job page of ``batch_id`` (signed in)."""
-    await page.goto(f"{page.url.split('#')[0]}#/jobs/{batch_id}")
-    await expect(page.locator("#job-details")).to_contain_text(batch_id)
-
-
-def badge(page: Page) -> Locator:
-    """The job page's status badge."""
-    return page.locator("#job-status [data-status]")
-
-
-async def bar_sum(page: Page, chart: str, attribute: str) -> int:
-    """The sum of ``attribute`` over the bars of chart ``#chart``."""
-    values = await page.locator(f"#{chart} .bar").evaluate_all(
-        f"(bars) => bars.map((b) => Number(b.getAttribute('{attribute}')))"
-    )
-    return sum(values)
-
-
 async def test_a_running_job_shows_cost_rate_eta_partial_results_and_charts_and_pauses(
     page: Page, panel_key: str, api: ApiClient, shots: Path
 ) -> None:
@@ -538,13 +499,6 @@ async def test_retry_failed_rows_makes_a_job_of_the_dead_letter_that_then_succee
     assert body["data"] == [{"custom_id": "flaky", "content": f"echo: {flaky}"}]
     await expect(page.get_by_role("button", name="Retry failed rows")).to_be_hidden()
     await page.screenshot(path=shots / "job-retry.png", full_page=True)
-
-
-async def deliveries(api: ApiClient, batch_id: str, key: str) -> dict[str, Any]:
-    """The batch's webhook delivery log."""
-    status, body = await api.request("GET", f"/v1/batches/{batch_id}/webhook_deliveries", key=key)
-    assert status == 200, body
-    return dict(body)
 
 
 async def test_a_finished_job_shows_details_the_delivery_log_and_charts_and_redelivers(
