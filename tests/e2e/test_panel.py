@@ -476,6 +476,12 @@ async def test_retry_failed_rows_makes_a_job_of_the_dead_letter_that_then_succee
     await open_job(page, job["id"])
     await expect(page.locator("#dead-body tr")).to_have_count(1)
     await expect(page.locator("#dead-body td").first).to_have_text("flaky")
+    await expect(page.locator("#chart-progress svg")).to_be_visible()
+    assert await bar_sum(page, "chart-progress", "data-completed") == 2
+    assert await bar_sum(page, "chart-progress", "data-failed") == 1  # stacked in red
+    await expect(page.locator("#chart-progress rect.fail[height]:not([height='0'])")).to_have_count(
+        1
+    )
     await page.get_by_label("Show row details").check()
     await expect(page.locator("#dead-heads th")).to_have_text(
         ["custom_id", "Error", "Attempts", "Tokens (in / out)", "Deployment", "Latency", "Cost"]
