@@ -10,11 +10,13 @@ import csv
 import io
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
 from relay_batches.ids import new_id
@@ -31,7 +33,7 @@ from tests.helpers.panel import (
     watch_panel,
 )
 from tests.helpers.processes import System
-from tests.helpers.support import ApiClient, WebhookReceiver, wait_until
+from tests.helpers.support import ApiClient, free_port, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -507,34 +509,68 @@ async def test_retry_failed_rows_makes_a_job_of_the_dead_letter_that_then_succee
     await page.screenshot(path=shots / "job-retry.png", full_page=True)
 
 
+@dataclass
+class FailingFirst:
+    """A webhook receiver that answers 500 to the first POST and 204 to the others."""
+
+    posts: list[dict[str, str]] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        """Where to send webhooks."""
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    async def hook(self, request: web.Request) -> web.Response:
+        """Record the POST; fail the first."""
+        await request.read()
+        self.posts.append(dict(request.headers))
+        return web.Response(status=500 if len(self.posts) == 1 else 204)
+
+
+@pytest.fixture
+async def failing_first() -> AsyncIterator[FailingFirst]:
+    """A FailingFirst receiver listening on a free port."""
+    receiver = FailingFirst(port=free_port())
+    app = web.Application()
+    app.router.add_post("/hook", receiver.hook)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", receiver.port).start()
+    yield receiver
+    await runner.cleanup()
+
+
 async def test_a_finished_job_shows_details_the_delivery_log_and_charts_and_redelivers(
-    page: Page, panel_key: str, api: ApiClient, webhooks: WebhookReceiver, shots: Path
+    page: Page, panel_key: str, api: ApiClient, failing_first: FailingFirst, shots: Path
 ) -> None:
     job = await api.submit(
         {
             "model": "sim-priced",
             "name": "Hooked",
             "requests": slow_rows(6, 20, "hook"),
-            "webhookUrl": webhooks.url,
+            "webhookUrl": failing_first.url,
         },
         key=panel_key,
     )
     await wait_batch(api, job["id"], panel_key, {"completed"})
 
-    async def delivered(count: int) -> dict[str, Any] | None:
+    async def settled(count: int, status: str) -> dict[str, Any] | None:
         log = await deliveries(api, job["id"], panel_key)
-        done = [a for a in log["data"] if a["status"] == "delivered"]
-        return log if len(done) == count and log["status"] == "delivered" else None
+        return log if len(log["data"]) == count and log["status"] == status else None
 
-    await wait_until(lambda: delivered(1), 30, "the first delivery")
+    first = await wait_until(lambda: settled(1, "failed"), 30, "the first attempt to fail")
+    assert first["data"][0]["response_status"] == 500
     await sign_in(page, panel_key)
     await open_job(page, job["id"])
     attempts = page.locator("#deliveries-body tr")
     await expect(attempts).to_have_count(1)
-    await expect(attempts.first.locator("td").nth(1)).to_have_text("delivered")
-    await expect(attempts.first.locator("td").nth(2)).to_have_text("204")
+    await expect(attempts.first.locator("td").nth(1)).to_have_text("failed")
+    await expect(attempts.first.locator("td").nth(2)).to_have_text("500")
+    error = first["data"][0]["error"] or "—"  # an answer's status is no error of its own
+    await expect(attempts.first.locator("td").nth(5)).to_have_text(error)
     await expect(attempts.first.locator("td").nth(6)).to_have_text("no")
-    await expect(page.locator("#delivery-state [data-status]")).to_have_text("delivered")
+    await expect(page.locator("#delivery-state [data-status]")).to_have_text("failed")
 
     await page.get_by_label("Show row details").check()
     heads = page.locator("#results-heads th")
@@ -569,14 +605,17 @@ async def test_a_finished_job_shows_details_the_delivery_log_and_charts_and_rede
 
     await page.get_by_role("button", name="Redeliver").click()
     await expect(page.locator("#delivery-note")).to_have_text("Redelivery scheduled (retrying).")
-    log = await wait_until(lambda: delivered(2), 30, "the redelivery")
-    assert [(a["attempt"], a["redelivery"]) for a in log["data"]] == [(1, False), (2, True)]
-    bodies = [i for i, b in enumerate(webhooks.bodies) if b.get("id") == job["id"]]
-    assert len(bodies) == 2
-    ids = {webhooks.headers[i].get("webhook-id") for i in bodies}
-    assert ids == {f"msg_{job['id']}"}
+    log = await wait_until(lambda: settled(2, "delivered"), 30, "the redelivery")
+    assert [(a["attempt"], a["status"], a["redelivery"]) for a in log["data"]] == [
+        (1, "failed", False),
+        (2, "delivered", True),
+    ]
+    assert [h["webhook-id"] for h in failing_first.posts] == [f"msg_{job['id']}"] * 2
     await expect(attempts).to_have_count(2)
+    await expect(attempts.nth(1).locator("td").nth(1)).to_have_text("delivered")
     await expect(attempts.nth(1).locator("td").nth(6)).to_have_text("yes")
+    await expect(page.locator("#delivery-state [data-status]")).to_have_text("delivered")
+    await expect(page.get_by_role("button", name="Redeliver")).to_be_enabled()
 
 
 async def test_the_panel_check_reports_object_text_and_empty_value_cells(
