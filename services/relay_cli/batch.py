@@ -69,6 +69,7 @@ def add_batch_parser(sub: Any) -> None:
     submit.add_argument("--name", help="job name (default: the file name)")
     submit.add_argument("--webhook", help="completion webhook URL")
     submit.add_argument("--cron", help="5-field cron expression (UTC): a recurring template")
+    submit.add_argument("--budget", help="USD; no more rows run once their cost reaches it")
     submit.add_argument("--wait", action="store_true", help="watch the jobs until they end")
     submit.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="poll seconds")
 
@@ -183,6 +184,7 @@ async def submit(client: RelayClient, args: argparse.Namespace, out: TextIO, err
         "name": args.name,
         "webhookUrl": args.webhook,
         "cron": args.cron,
+        "budget_usd": args.budget,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     created = await client.upload(args.files, fields)

@@ -66,9 +66,12 @@ async def test_submit_wait_prints_the_id_and_exits_zero_when_completed(
 ) -> None:
     prompts = tmp_path / "prompts.csv"
     prompts.write_text('prompt\nfirst\n"second, with a comma"\nthird\n')
-    run = await relay(system, api_key, "submit", str(prompts), "--model", "gpt-4o-mini", "--wait")
+    run = await relay(
+        system, api_key, "submit", str(prompts), "--model", "gpt-4o-mini", "--budget", "2", "--wait"
+    )
     assert run.code == 0, run
     (batch_id,) = created_ids(run)
+    assert (await api.get(batch_id))["budget_usd"] == 2
     assert f"{batch_id} completed: 3 rows, 3 ok, 0 failed" in run.err
     assert "100%  3/3" in run.err
     batch = await api.get(batch_id)

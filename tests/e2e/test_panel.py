@@ -154,7 +154,7 @@ async def test_sign_in_refuses_a_bad_key_and_sign_out_forgets_the_key(
 
 
 async def test_upload_two_files_watch_them_complete_open_a_job_and_download(
-    page: Page, panel_key: str, tmp_path: Path, shots: Path
+    page: Page, panel_key: str, tmp_path: Path, shots: Path, system: System, api: ApiClient
 ) -> None:
     reviews, chats = tmp_path / "reviews.csv", tmp_path / "chats.jsonl"
     reviews.write_text(REVIEWS_CSV)
@@ -162,7 +162,7 @@ async def test_upload_two_files_watch_them_complete_open_a_job_and_download(
     await sign_in(page, panel_key)
     await page.evaluate("window.relayNoReload = true")
 
-    await upload(page, [reviews, chats], **{"Priority": "4"})
+    await upload(page, [reviews, chats], **{"Priority": "4", "Budget in USD (optional)": "2.5"})
     await expect(page.get_by_role("status")).to_contain_text("Created 2 jobs")
     await expect(page.locator("#jobs-body tr")).to_have_count(2)
     for name, total in (("reviews.csv", 3), ("chats.jsonl", 30)):
@@ -173,6 +173,8 @@ async def test_upload_two_files_watch_them_complete_open_a_job_and_download(
         await expect(row.get_by_role("button", name=f"Cancel {name}")).to_have_count(0)
         await expect(row.locator("td").nth(3)).to_have_text("4")
     assert await page.evaluate("window.relayNoReload") is True  # live, without a reload
+    jobs = await workspace_jobs(system, panel_key, api)
+    assert [job["budget_usd"] for job in jobs] == [2.5, 2.5]
     await page.screenshot(path=shots / "job-list.png", full_page=True)
 
     await page.get_by_role("link", name="reviews.csv", exact=True).click()
