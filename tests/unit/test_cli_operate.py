@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,3 +202,23 @@ async def test_status_shows_cost_budget_rate_eta_and_the_retry_links() -> None:
     assert "cost      $0.0123" in lines
     assert f"retries   {NEW_ID} {'d' * 32}" in lines
     assert not any(line.startswith(("rate", "eta")) for line in lines)
+
+
+class Uploads:
+    def __init__(self) -> None:
+        self.fields: dict[str, str] = {}
+
+    async def upload(self, files: list[Any], fields: dict[str, str]) -> list[dict[str, Any]]:
+        self.fields = fields
+        return [{"id": NEW_ID, "status": "queued", "total": 1, "name": "a.csv"}]
+
+
+async def test_submit_budget_is_the_budget_usd_form_field(tmp_path: Path) -> None:
+    source = tmp_path / "a.csv"
+    source.write_text("hi\n")
+    client = Uploads()
+    args = parse("submit", str(source), "--budget", "2.5")
+    out = io.StringIO()
+    assert await COMMANDS["submit"](client, args, out, io.StringIO()) == 0  # type: ignore[arg-type]
+    assert client.fields == {"budget_usd": "2.5"}
+    assert out.getvalue() == f"{NEW_ID}  queued  1 rows  a.csv\n"
