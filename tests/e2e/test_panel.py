@@ -394,7 +394,7 @@ async def test_an_openai_file_uploads_with_the_model_from_its_rows(
 
 # --- operating a running batch (issue 14) -----------------------------------------------
 
-LIVE_NOTE = "Rows finished so far; the job is still running."
+LIVE_NOTE = "Rows finished so far; the job has not ended yet."
 
 
 async def test_a_running_job_shows_cost_rate_eta_partial_results_and_charts_and_pauses(

@@ -102,7 +102,7 @@ export async function loadResults(view, isCurrent) {
   );
   document.getElementById("results-table").hidden = rows.length === 0;
   const none = view.partial ? "No rows have finished yet." : "No results.";
-  setText("results-note", rows.length ? (view.partial ? "Rows finished so far; the job is still running." : "") : none);
+  setText("results-note", rows.length ? (view.partial ? "Rows finished so far; the job has not ended yet." : "") : none);
   setText("results-page", rows.length ? `Rows ${first + 1}–${first + rows.length}` : "");
   document.getElementById("results-prev").disabled = view.page === 0;
   document.getElementById("results-next").disabled = !more;
