@@ -67,6 +67,11 @@ function heads(id, names) {
   fill(document.getElementById(id), names.map(([name, kind]) => h("th", { scope: "col", class: kind }, name)));
 }
 
+function resultsNote(any, partial) {
+  if (!any) return partial ? "No rows have finished yet." : "No results.";
+  return partial ? "Rows finished so far; the job has not ended yet." : "";
+}
+
 /** Read one page of results; fill the table, the pager and the note. */
 export async function loadResults(view, isCurrent) {
   const first = view.page * RESULTS_PAGE;
@@ -101,8 +106,7 @@ export async function loadResults(view, isCurrent) {
     ),
   );
   document.getElementById("results-table").hidden = rows.length === 0;
-  const none = view.partial ? "No rows have finished yet." : "No results.";
-  setText("results-note", rows.length ? (view.partial ? "Rows finished so far; the job has not ended yet." : "") : none);
+  setText("results-note", resultsNote(rows.length > 0, view.partial));
   setText("results-page", rows.length ? `Rows ${first + 1}–${first + rows.length}` : "");
   document.getElementById("results-prev").disabled = view.page === 0;
   document.getElementById("results-next").disabled = !more;
