@@ -103,7 +103,7 @@ async def test_a_resumed_job_keeps_its_start_and_place_and_restarts_its_rate_win
 async def ended_with_failures(pool: asyncpg.Pool, space: str) -> Job:
     """A completed job of 5 rows: 1 and 3 dead-lettered, 4 failed (not dead-lettered)."""
     job = await job_of(pool, space, 5, timedelta(hours=2))
-    await claim_only(pool, job.id)
+    await JobStore(pool).pause(space, job.id)  # a paused job takes outcomes (no claim)
     outcomes = [
         RowOutcome(job.id, 0, "ok", None, attempts=1),
         RowOutcome(job.id, 1, None, "upstream_error: 503", attempts=4, dead_letter=True),
@@ -159,7 +159,7 @@ async def test_a_retry_refuses_a_live_job_and_one_without_such_rows(pool: asyncp
     with pytest.raises(ConflictError):
         await jobs.create_retry(space, live, "failed", new_id())
     clean = await job_of(pool, space, 2)
-    await claim_only(pool, clean.id)
+    await jobs.pause(space, clean.id)
     await OutcomeStore(pool).record([RowOutcome(clean.id, i, "ok", None, 1) for i in range(2)])
     ended = await jobs.get(space, clean.id)
     assert ended is not None and ended.status == "completed"
