@@ -10,8 +10,8 @@ from functools import cached_property
 import asyncpg
 from aiohttp import web
 
-from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.delivery_log import DeliveryLog
+from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job

@@ -437,9 +437,7 @@ async def _record_outcome(
         if retry_in_s is not None:
             outcome = DeliveryStatus.RETRYING
     error = None if result.error is None else result.error[:ERROR_CHARS]
-    await _record(
-        store, claim, outcome, result.status_code, error, posted.duration_ms, retry_in_s
-    )
+    await _record(store, claim, outcome, result.status_code, error, posted.duration_ms, retry_in_s)
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     log.info(
         "webhook_" + outcome,

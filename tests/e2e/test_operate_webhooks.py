@@ -103,7 +103,9 @@ async def test_a_500_is_logged_and_a_redelivery_reaches_the_receiver_once_more(
         assert int(again["webhook-timestamp"]) > sent_at
         assert again["webhook-signature"] != first_headers["webhook-signature"]
         secret = await secret_of(system, "workspace-a")
-        assert all(verify(secret, h, b) for h, b in zip(receiver.headers, receiver.bodies))
+        assert all(
+            verify(secret, h, b) for h, b in zip(receiver.headers, receiver.bodies, strict=True)
+        )
         assert orjson.loads(receiver.bodies[1]) == orjson.loads(receiver.bodies[0])
         assert orjson.loads(receiver.bodies[1])["id"] == batch_id
 
@@ -150,7 +152,9 @@ async def test_a_workspace_with_three_attempts_gets_its_failing_receiver_retried
         assert log["status"] == "delivered"
         assert receiver.ids == [f"msg_{batch_id}"] * 3
         secret = await secret_of(system, RETRY_WORKSPACE)
-        assert all(verify(secret, h, b) for h, b in zip(receiver.headers, receiver.bodies))
+        assert all(
+            verify(secret, h, b) for h, b in zip(receiver.headers, receiver.bodies, strict=True)
+        )
         # The log belongs to the batch's workspace: workspace A's key gets 404.
         status, _ = await api.request("GET", f"/v1/batches/{batch_id}/webhook_deliveries")
         assert status == 404

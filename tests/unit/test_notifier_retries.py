@@ -3,8 +3,11 @@ and a retried delivery's POSTs through the deferred pass (notifier fakes)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from relay_batches.bus.topology import Names
 from relay_batches.ledger.deliveries import Attempt
 from relay_batches.services.notifier.core import (
     ERROR_CHARS,
@@ -14,6 +17,7 @@ from relay_batches.services.notifier.core import (
     deliver_webhook,
 )
 from relay_batches.services.notifier.receivers import ReceiverGate
+from relay_batches.services.notifier.service import notifier_service
 from relay_batches.webhooks import verify
 from tests.helpers.fakes import BATCH, EVENT, SECRET, FakeDeliveryStore, FakePost
 
@@ -71,7 +75,9 @@ async def test_a_failing_receiver_is_posted_max_attempts_times_then_the_delivery
     assert all(d is not None and d >= 0 for d in store.durations)
     # Every attempt is the same message, signed anew.
     assert [h["webhook-id"] for h in post.headers] == [f"msg_{BATCH.id}"] * 3
-    assert all(verify(SECRET, h, body) for h, (_, body) in zip(post.headers, post.posts))
+    assert all(
+        verify(SECRET, h, body) for h, (_, body) in zip(post.headers, post.posts, strict=True)
+    )
 
 
 async def test_a_retried_delivery_that_succeeds_ends_delivered() -> None:
@@ -83,7 +89,11 @@ async def test_a_retried_delivery_that_succeeds_ends_delivered() -> None:
 
     assert await deliver_webhook(EVENT, store, post, policy=HIGH) == "retrying"
     assert await deliver_deferred(store, post, ReceiverGate(4, 0, 1), policy=HIGH) == 2
-    assert [f[1:3] for f in store.finished] == [("retrying", None), ("retrying", 502), ("delivered", 204)]
+    assert [f[1:3] for f in store.finished] == [
+        ("retrying", None),
+        ("retrying", 502),
+        ("delivered", 204),
+    ]
     assert [round(r[2]) for r in store.retries] == [30, 60]
 
 
@@ -114,3 +124,21 @@ async def test_a_long_error_is_cut_for_the_log() -> None:
     assert await deliver_webhook(EVENT, store, post) == "failed"
     [(_, _, _, error)] = store.finished
     assert error == "x" * ERROR_CHARS
+
+
+@pytest.mark.parametrize(("reconcile_s", "deferred_s"), [(2.0, 0.5), (0.2, 0.2)])
+def test_due_retries_are_looked_for_at_least_twice_a_second(
+    reconcile_s: float, deferred_s: float
+) -> None:
+    bus = SimpleNamespace(names=Names("t"))
+    service = notifier_service(
+        bus,  # type: ignore[arg-type]
+        FakeDeliveryStore(),
+        FakePost(),
+        None,  # type: ignore[arg-type]
+        recover_every_s=reconcile_s,
+        grace_s=1.0,
+        receiver_wait_s=1.0,
+    )
+    periods = {p.name: p.every_s for p in service._periodic}
+    assert periods == {"recover-deliveries": reconcile_s, "deliver-deferred": deferred_s}
