@@ -1,10 +1,11 @@
-"""``relay batch submit|status|list|cancel|results|watch``: the public API from a terminal.
+"""``relay batch submit|status|list|cancel|results|watch|retry|pause|resume|deliveries|
+redeliver``: the public API from a terminal.
 
 The server URL and key come from ``RELAY_URL`` / ``RELAY_API_KEY`` or ``--url`` /
 ``--api-key``. Output for scripts goes to stdout (job ids, results); progress and
-messages go to stderr. Exit codes: 0 success (for ``watch`` and ``submit --wait``: every
-job ``completed``), 1 an API or network error or a job that ended otherwise, 2 a usage
-error. An API error is printed as one line: ``relay: invalid API key (401 …)``.
+messages go to stderr. Exit codes: 0 success (for ``watch``, ``submit --wait`` and
+``retry --wait``: every job ``completed``), 1 an API or network error or a job that ended
+otherwise, 2 a usage error. An API error is printed as one line: ``relay: invalid API key (401 …)``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.services.relay_cli.client import ApiFailure, RelayClient
 from relay_batches.services.relay_cli.progress import (
     RateMeter,
+    clock,
+    cost_text,
     done_rows,
     percent_bar,
     progress_line,
@@ -31,6 +34,8 @@ from relay_batches.services.relay_cli.progress import (
 from relay_batches.settings import ClientSettings, ConfigError
 
 DEFAULT_INTERVAL_S = 1.0
+RETRY_ROWS = ("failed", "dead_letter")
+DELIVERIES_PAGE = 100
 
 
 class UsageError(Exception):
@@ -64,6 +69,7 @@ def add_batch_parser(sub: Any) -> None:
     submit.add_argument("--name", help="job name (default: the file name)")
     submit.add_argument("--webhook", help="completion webhook URL")
     submit.add_argument("--cron", help="5-field cron expression (UTC): a recurring template")
+    submit.add_argument("--budget", help="USD; no more rows run once their cost reaches it")
     submit.add_argument("--wait", action="store_true", help="watch the jobs until they end")
     submit.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="poll seconds")
 
@@ -86,6 +92,29 @@ def add_batch_parser(sub: Any) -> None:
     watch = commands.add_parser("watch", parents=[common], help="progress bar until the end")
     watch.add_argument("id")
     watch.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="poll seconds")
+    _add_operate_parsers(commands, common)
+
+
+def _add_operate_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    retry = commands.add_parser(
+        "retry", parents=[common], help="a new job of an ended job's failed rows"
+    )
+    retry.add_argument("id")
+    retry.add_argument(
+        "--rows",
+        choices=RETRY_ROWS,
+        default="failed",
+        help="failed: every row with an error (default); dead_letter: the dead-letter list",
+    )
+    retry.add_argument("--wait", action="store_true", help="watch the new job until it ends")
+    retry.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="poll seconds")
+    for name, text in (
+        ("pause", "stop releasing a queued or running job's rows"),
+        ("resume", "let a paused job run again"),
+        ("redeliver", "POST an ended job's completion webhook again"),
+        ("deliveries", "every attempt of an ended job's completion webhook"),
+    ):
+        commands.add_parser(name, parents=[common], help=text).add_argument("id")
 
 
 def run_batch(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
@@ -155,16 +184,22 @@ async def submit(client: RelayClient, args: argparse.Namespace, out: TextIO, err
         "name": args.name,
         "webhookUrl": args.webhook,
         "cron": args.cron,
+        "budget_usd": args.budget,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     created = await client.upload(args.files, fields)
     for batch in created:
-        print(f"{batch['id']}  {batch['status']}  {batch['total']} rows  {batch['name']}", file=out)
+        print(job_line(batch), file=out)
     out.flush()
     if not args.wait:
         return 0
     codes = [await watch_job(client, b["id"], args.interval, err) for b in created]
     return max(codes)
+
+
+def job_line(batch: dict[str, Any]) -> str:
+    """``<id>  <status>  <n> rows  <name>``: a created job, as ``submit`` and ``retry`` print it."""
+    return f"{batch['id']}  {batch['status']}  {batch['total']} rows  {batch['name']}"
 
 
 async def status(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -194,14 +229,22 @@ def _status_lines(batch: dict[str, Any]) -> list[tuple[str, str]]:
         ("created", batch["created_at"] or "-"),
         ("started", batch["started_at"] or "-"),
         ("finished", batch["completed_at"] or "-"),
+        ("cost", cost_text(batch)),
     ]
+    if batch.get("rows_per_s") is not None:
+        lines.append(("rate", f"{batch['rows_per_s']:.1f} rows/s"))
+    if batch.get("eta_s") is not None:
+        lines.append(("eta", clock(float(batch["eta_s"]))))
     optional = [
         ("expires", "expires_at"),
         ("cron", "cron"),
         ("next run", "next_run_at"),
         ("template", "template_id"),
+        ("retry of", "retry_of"),
     ]
     lines += [(label, str(batch[key])) for label, key in optional if batch.get(key)]
+    if batch.get("retries"):
+        lines.append(("retries", " ".join(batch["retries"])))
     if batch.get("metadata"):
         lines.append(("metadata", orjson.dumps(batch["metadata"]).decode()))
     if batch.get("error"):
@@ -299,6 +342,85 @@ async def watch_job(client: RelayClient, batch_id: str, interval: float, err: Te
     return 0 if batch["status"] == JobStatus.COMPLETED else 1
 
 
+async def retry(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """A new job of an ended job's failed (or dead-letter) rows; print its job line."""
+    created = await client.retry(args.id, args.rows)
+    print(job_line(created), file=out)
+    out.flush()
+    if not args.wait:
+        return 0
+    return await watch_job(client, created["id"], args.interval, err)
+
+
+async def pause(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Pause a queued or running job; print ``<id>  paused``."""
+    batch = await client.pause(args.id)
+    print(f"{batch['id']}  {batch['status']}", file=out)
+    return 0
+
+
+async def resume(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Resume a paused job; print ``<id>  queued``."""
+    batch = await client.resume(args.id)
+    print(f"{batch['id']}  {batch['status']}", file=out)
+    return 0
+
+
+async def redeliver(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Ask for the completion webhook again; print ``<id>  retrying  next attempt <time>``."""
+    scheduled = await client.redeliver(args.id)
+    print(
+        f"{scheduled['batch_id']}  {scheduled['status']}  next attempt"
+        f" {scheduled.get('next_attempt_at') or '-'}",
+        file=out,
+    )
+    return 0
+
+
+def delivery_line(attempt: dict[str, Any]) -> str:
+    """One attempt: ``<n>  <status>  <HTTP status>  <duration>  <attempted at>  <kind>
+    <error>``, ``-`` for what is unknown; kind is first, retry or redelivery."""
+    code = attempt.get("response_status")
+    duration = attempt.get("duration_ms")
+    if attempt.get("redelivery"):
+        kind = "redelivery"
+    else:
+        kind = "first" if attempt["attempt"] == 1 else "retry"
+    return (
+        f"{attempt['attempt']:>3}  {attempt['status']:<9}  {'-' if code is None else code!s:>3}"
+        f"  {'-' if duration is None else f'{duration} ms':>8}  {attempt['attempted_at']}"
+        f"  {kind:<10}  {attempt.get('error') or '-'}"
+    )
+
+
+async def deliveries(
+    client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO
+) -> int:
+    """Every attempt of the job's completion webhook, one line each, oldest first; the
+    delivery's state on stderr."""
+    after: str | None = None
+    while True:
+        page = await client.deliveries(args.id, DELIVERIES_PAGE, after)
+        for attempt in page["data"]:
+            print(delivery_line(attempt), file=out)
+        if not page["has_more"] or not page["data"]:
+            break
+        after = page["data"][-1]["id"]
+    print(delivery_state(page), file=err)
+    return 0
+
+
+def delivery_state(page: dict[str, Any]) -> str:
+    """``delivery delivered``, ``delivery retrying, next attempt <time>`` or
+    ``no webhook delivery``."""
+    if page.get("status") is None:
+        return f"{page['batch_id']}: no webhook delivery"
+    line = f"{page['batch_id']}: delivery {page['status']}"
+    if page.get("next_attempt_at"):
+        line += f", next attempt {page['next_attempt_at']}"
+    return line
+
+
 COMMANDS: dict[str, Command] = {
     "submit": submit,
     "status": status,
@@ -306,4 +428,9 @@ COMMANDS: dict[str, Command] = {
     "cancel": cancel,
     "results": results,
     "watch": watch,
+    "retry": retry,
+    "pause": pause,
+    "resume": resume,
+    "deliveries": deliveries,
+    "redeliver": redeliver,
 }

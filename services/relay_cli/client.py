@@ -133,6 +133,37 @@ class RelayClient:
         """``POST /v1/batches/{id}/cancel``."""
         return dict(await self._json("POST", f"/v1/batches/{batch_id}/cancel"))
 
+    async def pause(self, batch_id: str) -> dict[str, Any]:
+        """``POST /v1/batches/{id}/pause``."""
+        return dict(await self._json("POST", f"/v1/batches/{batch_id}/pause"))
+
+    async def resume(self, batch_id: str) -> dict[str, Any]:
+        """``POST /v1/batches/{id}/resume``."""
+        return dict(await self._json("POST", f"/v1/batches/{batch_id}/resume"))
+
+    async def retry(self, batch_id: str, rows: str) -> dict[str, Any]:
+        """``POST /v1/batches/{id}/retry`` with ``{"rows": rows}``: the new batch."""
+        body = orjson.dumps({"rows": rows})
+        headers = {"Content-Type": "application/json"}
+        return dict(
+            await self._json("POST", f"/v1/batches/{batch_id}/retry", data=body, headers=headers)
+        )
+
+    async def deliveries(
+        self, batch_id: str, limit: int = 100, after: str | None = None
+    ) -> dict[str, Any]:
+        """``GET /v1/batches/{id}/webhook_deliveries``: one page of attempts, oldest first."""
+        params = {"limit": str(limit)}
+        if after:
+            params["after"] = after
+        path = f"/v1/batches/{batch_id}/webhook_deliveries"
+        return dict(await self._json("GET", path, params=params))
+
+    async def redeliver(self, batch_id: str) -> dict[str, Any]:
+        """``POST /v1/batches/{id}/webhook_deliveries``: a redelivery scheduled."""
+        path = f"/v1/batches/{batch_id}/webhook_deliveries"
+        return dict(await self._json("POST", path))
+
     async def results(self, batch_id: str) -> AsyncIterator[bytes]:
         """The job's results as ndjson bytes, chunk by chunk (one JSON object a line)."""
         path = f"/v1/batches/{batch_id}/results"

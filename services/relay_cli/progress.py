@@ -1,4 +1,5 @@
-"""The progress line of ``relay batch watch``: bar, percent, rate and ETA (pure functions).
+"""The progress line of ``relay batch watch``: bar, percent, rate, ETA and cost (pure
+functions).
 
 Rate is rows with an outcome per second over a sliding window of recent observations,
 so it follows the job's current speed; ETA is the rows left at that rate.
@@ -6,6 +7,7 @@ so it follows the job's current speed; ETA is the rows left at that rate.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,17 +77,37 @@ def percent_bar(batch: dict[str, Any]) -> str:
     return f"{bar(fraction)} {int(fraction * 100):3d}%  {done}/{total}"
 
 
+def money(usd: float | None) -> str:
+    """``$0.00``, ``$12.34``, or three significant digits below a dollar: ``$0.000123``."""
+    if usd is None:
+        return "-"
+    if usd == 0:
+        return "$0.00"
+    digits = 2 if abs(usd) >= 1 else min(9, 2 - math.floor(math.log10(abs(usd))))
+    return f"${usd:.{digits}f}"
+
+
+def cost_text(batch: dict[str, Any]) -> str:
+    """``$0.0123`` or, with a budget, ``$0.0123 of $5.00 budget``."""
+    cost = money(float(batch.get("cost_usd") or 0))
+    budget = batch.get("budget_usd")
+    return f"{cost} of {money(float(budget))} budget" if budget else cost
+
+
 def progress_line(batch: dict[str, Any], rate: float | None) -> str:
-    """``[####......]  40%  400/1000  failed 2  12.5 rows/s  ETA 0:48  running``."""
+    """``[####......]  40%  400/1000  failed 2  12.5 rows/s  ETA 0:48  cost $0.0123  running``."""
     failed = f"  failed {batch['failed']}" if batch["failed"] else ""
     speed = "--- rows/s" if rate is None else f"{rate:.1f} rows/s"
     eta = clock(eta_seconds(int(batch["total"]) - done_rows(batch), rate))
-    return f"{percent_bar(batch)}{failed}  {speed}  ETA {eta}  {batch['status']}"
+    cost = f"cost {cost_text(batch)}"
+    return f"{percent_bar(batch)}{failed}  {speed}  ETA {eta}  {cost}  {batch['status']}"
 
 
 def summary_line(batch: dict[str, Any], elapsed_s: float) -> str:
-    """The final line: ``completed: 1000 rows, 998 ok, 2 failed, 0 dead letter in 0:42``."""
+    """The final line: ``completed: 1000 rows, 998 ok, 2 failed, 0 dead letter in 0:42,
+    cost $0.0123``."""
     return (
         f"{batch['id']} {batch['status']}: {batch['total']} rows, {batch['completed']} ok,"
-        f" {batch['failed']} failed, {batch['dead_letter']} dead letter in {clock(elapsed_s)}"
+        f" {batch['failed']} failed, {batch['dead_letter']} dead letter in {clock(elapsed_s)},"
+        f" cost {cost_text(batch)}"
     )

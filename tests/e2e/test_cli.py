@@ -11,8 +11,9 @@ from pathlib import Path
 
 import orjson
 
+from relay_batches.ids import new_id
 from tests.helpers.processes import System
-from tests.helpers.support import ApiClient
+from tests.helpers.support import ApiClient, WebhookReceiver, wait_until
 
 RELAY = str(Path(sys.executable).parent / "relay")
 ID_LINE = re.compile(r"^([0-9a-f]{32})  (queued|scheduled)  (\d+) rows  (.+)$")
@@ -65,9 +66,12 @@ async def test_submit_wait_prints_the_id_and_exits_zero_when_completed(
 ) -> None:
     prompts = tmp_path / "prompts.csv"
     prompts.write_text('prompt\nfirst\n"second, with a comma"\nthird\n')
-    run = await relay(system, api_key, "submit", str(prompts), "--model", "gpt-4o-mini", "--wait")
+    run = await relay(
+        system, api_key, "submit", str(prompts), "--model", "gpt-4o-mini", "--budget", "2", "--wait"
+    )
     assert run.code == 0, run
     (batch_id,) = created_ids(run)
+    assert (await api.get(batch_id))["budget_usd"] == 2
     assert f"{batch_id} completed: 3 rows, 3 ok, 0 failed" in run.err
     assert "100%  3/3" in run.err
     batch = await api.get(batch_id)
@@ -200,3 +204,124 @@ async def test_submit_takes_openai_and_anthropic_files_without_a_model(
     assert [(r["custom_id"], r["content"]) for r in anthropic_results["data"]] == [
         ("a_0", "echo: anthropic 0")
     ]
+
+
+# --- operating a running batch (issue 14) -----------------------------------------------
+
+DELIVERY_LINE = re.compile(
+    r"^\s*(\d+)  (\w+)\s+(\d{3}|-)\s+(\d+ ms|-)  (\S+Z)  (first|retry|redelivery)\s+(.+)$"
+)
+
+
+def slow_requests(n: int, delay_ms: int, tag: str) -> list[dict[str, object]]:
+    """``n`` rows the simulator answers after ``delay_ms``."""
+    return [
+        {
+            "custom_id": f"{tag}-{i}",
+            "messages": [{"role": "user", "content": f"[sim:delay-ms={delay_ms}] {tag} {i}"}],
+        }
+        for i in range(n)
+    ]
+
+
+async def test_retry_makes_a_job_of_the_failed_rows_and_refuses_a_running_job(
+    system: System, api_key: str, api: ApiClient
+) -> None:
+    flaky = f"[sim:fail-first=4] cli {new_id()}"  # dead-lettered, then answers
+    requests = [
+        {"custom_id": "ok", "messages": [{"role": "user", "content": "ok"}]},
+        {"custom_id": "flaky", "messages": [{"role": "user", "content": flaky}]},
+        {"custom_id": "bad", "messages": [{"role": "user", "content": "x [sim:status=400]"}]},
+    ]
+    job = await api.submit({"model": "gpt-4o-mini", "name": "cli-retry", "requests": requests})
+    ended = await api.wait_status(job["id"], {"completed"}, timeout=60)
+    assert (ended["failed"], ended["dead_letter"]) == (2, 1)
+
+    run = await relay(system, api_key, "retry", job["id"], "--rows", "dead_letter", "--wait")
+    assert run.code == 0, run
+    (dead_id,) = created_ids(run)
+    assert run.out == f"{dead_id}  queued  1 rows  cli-retry\n"
+    assert f"{dead_id} completed: 1 rows, 1 ok, 0 failed" in run.err
+    assert (await api.results(dead_id))["data"] == [
+        {"custom_id": "flaky", "content": f"echo: {flaky}"}
+    ]
+
+    run = await relay(system, api_key, "retry", job["id"])  # --rows failed: both errors
+    assert run.code == 0, run
+    (failed_id,) = created_ids(run)
+    retry = await api.get(failed_id)
+    assert (retry["retry_of"], retry["total"]) == (job["id"], 2)
+    assert (await api.get(job["id"]))["retries"] == [dead_id, failed_id]
+    status = await relay(system, api_key, "status", job["id"])
+    assert re.search(rf"^retries\s+{dead_id} {failed_id}$", status.out, re.M), status.out
+
+    slow = await api.submit({"model": "gpt-4o-mini", "requests": slow_requests(100, 200, "r")})
+    run = await relay(system, api_key, "retry", slow["id"])
+    assert run.code == 1 and "409 conflict_error" in run.err, run
+    assert run.err.count("\n") == 1, run
+    run = await relay(system, api_key, "retry", slow["id"], "--rows", "all")
+    assert run.code == 2 and "invalid choice: 'all'" in run.err, run
+    await relay(system, api_key, "cancel", slow["id"])
+
+
+async def test_pause_then_resume_and_watch_to_the_end_with_its_cost(
+    system: System, api_key: str, api: ApiClient
+) -> None:
+    # More rows than the e2e dispatch window (256): a paused job keeps the rest back.
+    job = await api.submit({"model": "gpt-4o-mini", "requests": slow_requests(600, 50, "p")})
+    paused = await relay(system, api_key, "pause", job["id"])
+    assert (paused.code, paused.out) == (0, f"{job['id']}  paused\n"), paused
+    assert (await api.get(job["id"]))["status"] == "paused"
+    again = await relay(system, api_key, "pause", job["id"])
+    assert again.code == 1 and "409 conflict_error" in again.err, again
+    status = await relay(system, api_key, "status", job["id"])
+    assert re.search(r"^status\s+paused$", status.out, re.M), status.out
+    assert re.search(r"^cost\s+\$\d+\.\d+$", status.out, re.M), status.out
+
+    resumed = await relay(system, api_key, "resume", job["id"])
+    assert (resumed.code, resumed.out) == (0, f"{job['id']}  queued\n"), resumed
+    watched = await relay(system, api_key, "watch", job["id"], "--interval", "0.3")
+    assert watched.code == 0, watched
+    assert re.search(r"ETA \S+  cost \$\d+\.\d+  \w+$", watched.err, re.M), watched.err
+    assert re.search(r"600 ok, 0 failed, 0 dead letter in \S+, cost \$\d+\.\d+$", watched.err, re.M)
+    ended = await api.get(job["id"])
+    assert (ended["status"], ended["completed"]) == ("completed", 600)
+    again = await relay(system, api_key, "resume", job["id"])
+    assert again.code == 1 and "409 conflict_error" in again.err, again
+
+
+async def test_deliveries_lists_every_attempt_and_redeliver_posts_the_summary_again(
+    system: System, api_key: str, api: ApiClient, webhooks: WebhookReceiver
+) -> None:
+    job = await api.submit(
+        {"model": "gpt-4o-mini", "requests": slow_requests(3, 10, "d"), "webhookUrl": webhooks.url}
+    )
+    await api.wait_status(job["id"], {"completed"}, timeout=60)
+
+    async def attempts(count: int) -> Run | None:
+        run = await relay(system, api_key, "deliveries", job["id"])
+        assert run.code == 0, run
+        lines = [DELIVERY_LINE.match(line) for line in run.out.splitlines()]
+        assert all(lines), run
+        settled = run.err == f"{job['id']}: delivery delivered\n"
+        return run if len(lines) == count and settled else None
+
+    first = await wait_until(lambda: attempts(1), 30, "the first delivery")
+    match = DELIVERY_LINE.match(first.out)
+    assert match and match.group(2, 3, 6, 7) == ("delivered", "204", "first", "-"), first
+
+    run = await relay(system, api_key, "redeliver", job["id"])
+    assert run.code == 0, run
+    assert re.fullmatch(rf"{job['id']}  retrying  next attempt \S+Z\n", run.out), run
+    second = await wait_until(lambda: attempts(2), 30, "the redelivery")
+    match = DELIVERY_LINE.match(second.out.splitlines()[1])
+    assert match and match.group(1, 2, 6) == ("2", "delivered", "redelivery"), second
+    assert len(webhooks.for_batch(job["id"])) == 2
+
+    slow = slow_requests(100, 200, "q")
+    running = await api.submit(
+        {"model": "gpt-4o-mini", "requests": slow, "webhookUrl": webhooks.url}
+    )
+    refused = await relay(system, api_key, "redeliver", running["id"])
+    assert refused.code == 1 and "409 conflict_error" in refused.err, refused
+    await relay(system, api_key, "cancel", running["id"])

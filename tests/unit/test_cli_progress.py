@@ -14,6 +14,7 @@ from relay_batches.services.relay_cli.progress import (
     bar,
     clock,
     eta_seconds,
+    money,
     progress_line,
     summary_line,
 )
@@ -62,17 +63,33 @@ def test_clock_and_bar() -> None:
 def test_progress_line() -> None:
     line = progress_line(batch(), 12.5)
     assert line.startswith("[############..................]  40%  400/1000  failed 2")
-    assert line.endswith("12.5 rows/s  ETA 0:48  running")
+    assert line.endswith("12.5 rows/s  ETA 0:48  cost $0.00  running")
     assert progress_line(batch(failed=0, completed=0), None).endswith(
-        "0/1000  --- rows/s  ETA --:--  running"
+        "0/1000  --- rows/s  ETA --:--  cost $0.00  running"
     )
+    priced = progress_line(batch(cost_usd=0.0123, budget_usd=5), 1.0)
+    assert priced.endswith("ETA 10:00  cost $0.0123 of $5.00 budget  running")
     assert " 100%  0/0 " in progress_line(batch(total=0, completed=0, failed=0), None)
 
 
 def test_summary_line() -> None:
     assert summary_line(batch(status="completed"), 42) == (
-        f"{'a' * 32} completed: 1000 rows, 398 ok, 2 failed, 1 dead letter in 0:42"
+        f"{'a' * 32} completed: 1000 rows, 398 ok, 2 failed, 1 dead letter in 0:42, cost $0.00"
     )
+    assert summary_line(batch(status="failed", cost_usd=2.5, budget_usd=2.5), 1).endswith(
+        "in 0:01, cost $2.50 of $2.50 budget"
+    )
+
+
+def test_money_shows_cents_or_three_significant_digits_below_a_dollar() -> None:
+    assert money(None) == "-"
+    assert money(0) == "$0.00"
+    assert money(12.345) == "$12.35"
+    assert money(1) == "$1.00"
+    assert money(0.5) == "$0.500"
+    assert money(0.0123) == "$0.0123"
+    assert money(0.000123) == "$0.000123"
+    assert money(0.0000000016) == "$0.000000002"  # nine digits at most (COST_DIGITS)
 
 
 def test_api_failure_is_one_line() -> None:

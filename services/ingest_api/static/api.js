@@ -46,14 +46,20 @@ function checkAuth(error) {
   return error;
 }
 
-/** One JSON request; throws ApiError (or a network/timeout error). */
-export async function request(method, path, { body, key, timeoutMs = TIMEOUT_MS } = {}) {
+/** One JSON request (json: a value sent as the JSON body); throws ApiError (or a
+ * network/timeout error). */
+export async function request(method, path, { body, json, key, timeoutMs = TIMEOUT_MS } = {}) {
+  const extra = { Accept: "application/json" };
+  if (json !== undefined) {
+    extra["Content-Type"] = "application/json";
+    body = JSON.stringify(json);
+  }
   let response;
   try {
     response = await fetch(path, {
       method,
       body,
-      headers: headers({ Accept: "application/json" }, key ?? getKey()),
+      headers: headers(extra, key ?? getKey()),
       signal: AbortSignal.timeout(timeoutMs),
     });
   } catch (err) {
@@ -71,26 +77,47 @@ function networkMessage(err) {
   return "cannot reach the server; check your connection and try again";
 }
 
+const batchPath = (id, tail = "") => `/v1/batches/${encodeURIComponent(id)}${tail}`;
+
 export const api = {
   models: (key) => request("GET", "/v1/models", { key }),
   list: (params) => request("GET", `/v1/batches?${new URLSearchParams(params)}`),
-  get: (id) => request("GET", `/v1/batches/${encodeURIComponent(id)}`),
-  cancel: (id) => request("POST", `/v1/batches/${encodeURIComponent(id)}/cancel`),
-  deadLetters: (id) => request("GET", `/v1/batches/${encodeURIComponent(id)}/dead_letter`),
+  get: (id) => request("GET", batchPath(id)),
+  cancel: (id) => request("POST", batchPath(id, "/cancel")),
+  pause: (id) => request("POST", batchPath(id, "/pause")),
+  resume: (id) => request("POST", batchPath(id, "/resume")),
+  retry: (id, rows = "failed") =>
+    request("POST", batchPath(id, "/retry"), { json: { rows } }),
+  deadLetters: (id, details = false) =>
+    request("GET", batchPath(id, details ? "/dead_letter?include=details" : "/dead_letter")),
+  stats: (id) => request("GET", batchPath(id, "/stats")),
+  deliveries: (id, limit = 100) =>
+    request("GET", batchPath(id, `/webhook_deliveries?limit=${limit}`)),
+  redeliver: (id) => request("POST", batchPath(id, "/webhook_deliveries")),
   upload: (form) =>
     request("POST", "/v1/batches/upload", { body: form, timeoutMs: UPLOAD_TIMEOUT_MS }),
 };
 
 /**
- * Stream a terminal job's results as ndjson and call onRow(row, index) for each; stop
- * early when onRow returns false. Memory stays bounded by one network chunk.
+ * Stream a job's results as ndjson and call onRow(row, index) for each; stop early when
+ * onRow returns false. Memory stays bounded by one network chunk. Options: partial (the
+ * rows finished so far, whatever the status) and details (tokens, attempts, deployment,
+ * latency, finish reason and cost on every row).
  */
-export async function streamResults(id, onRow, timeoutMs = UPLOAD_TIMEOUT_MS) {
+export async function streamResults(
+  id,
+  onRow,
+  { partial = false, details = false, timeoutMs = UPLOAD_TIMEOUT_MS } = {},
+) {
   const stop = new AbortController();
   const signal = AbortSignal.any([stop.signal, AbortSignal.timeout(timeoutMs)]);
+  const params = new URLSearchParams();
+  if (partial) params.set("partial", "true");
+  if (details) params.set("include", "details");
+  const query = params.size ? `?${params}` : "";
   let response;
   try {
-    response = await fetch(`/v1/batches/${encodeURIComponent(id)}/results`, {
+    response = await fetch(batchPath(id, `/results${query}`), {
       headers: headers({ Accept: "application/x-ndjson" }),
       signal,
     });

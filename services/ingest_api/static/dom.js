@@ -9,17 +9,49 @@ export function h(tag, attrs = {}, ...children) {
     else if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
     else el.setAttribute(name, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     el.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
   return el;
 }
 
-/** Replace every child of el. */
+/** Replace every child of el; children may be nested arrays of nodes and strings. */
 export function fill(el, ...children) {
   el.replaceChildren();
-  for (const child of children.flat()) if (child) el.append(child);
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false || child === "") continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+/** A muted dash: the value of a cell or detail that has none. */
+export function dash() {
+  return h("span", { class: "muted" }, "—");
+}
+
+/** "$12.34", or three significant digits below a dollar ("$0.000123"), or a dash. */
+export function money(usd) {
+  if (usd === null || usd === undefined) return "—";
+  if (usd === 0) return "$0.00";
+  const digits = Math.abs(usd) >= 1 ? 2 : Math.min(9, 2 - Math.floor(Math.log10(Math.abs(usd))));
+  return `$${usd.toFixed(digits)}`;
+}
+
+/** "1:05:09", "4:07" or "0:09" for seconds, or a dash. */
+export function clock(seconds) {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "—";
+  const whole = Math.round(seconds);
+  const hours = Math.floor(whole / 3600);
+  const minutes = Math.floor((whole % 3600) / 60);
+  const secs = String(whole % 60).padStart(2, "0");
+  return hours ? `${hours}:${String(minutes).padStart(2, "0")}:${secs}` : `${minutes}:${secs}`;
+}
+
+/** "1,250 ms" / "3.2 s" for milliseconds, or a dash. */
+export function millis(ms) {
+  if (ms === null || ms === undefined) return "—";
+  return ms < 10_000 ? `${ms.toLocaleString("en")} ms` : `${(ms / 1000).toFixed(1)} s`;
 }
 
 /** Set the text of the element with this id. */
@@ -52,6 +84,7 @@ export function statusBadge(status) {
 export const CANCELABLE = new Set(["queued", "running", "paused", "scheduled"]);
 export const PAUSABLE = new Set(["queued", "running"]);
 export const TERMINAL = new Set(["completed", "failed", "canceled", "expired"]);
+export const DELIVERY_SETTLED = new Set(["delivered", "refused", "failed"]);
 
 /** Keep keyboard focus across a re-render: remember the focused element's key. */
 export function focusKey() {

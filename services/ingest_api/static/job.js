@@ -1,48 +1,99 @@
-// The job page: counters and progress (live until the job ends), details, usage, results
-// (first rows, paged, read from the ndjson stream), dead letters, downloads, and for a cron
+// The job page: counters, progress, cost, rate and ETA (live until the job ends), details,
+// usage, the Pause / Resume / Retry failed rows / Cancel buttons, two charts from the
+// job's stats, results (the rows finished so far while it runs; optionally with every
+// row's details), dead letters, the webhook delivery log, downloads, and for a cron
 // template its next run and its runs.
 
-import { api, streamResults } from "./api.js";
+import { api } from "./api.js";
 import { confirmCancel } from "./cancel.js";
+import { latencyChart, latencySummary, progressChart } from "./charts.js";
+import { clearDeliveries, loadDeliveries, redeliver } from "./deliveries.js";
 import { downloadResults } from "./export.js";
 import {
   CANCELABLE,
+  PAUSABLE,
   TERMINAL,
+  clock,
   fill,
   h,
+  money,
   percent,
   progressText,
   setText,
   statusBadge,
   timeEl,
 } from "./dom.js";
+import { clearRows, loadDeadLetters, loadResults } from "./rows.js";
 
 const POLL_MS = 1000;
-const RESULTS_PAGE = 25;
-const DEAD_LETTERS_SHOWN = 100;
+const LIVE_EVERY_POLLS = 5; // partial results and stats of a live job: every 5 s
+const DELIVERY_POLL_MS = 2000;
+const DELIVERY_POLLS = 60; // follow a delivery for at most 2 minutes
+const DELIVERY_FIRST_POLLS = 5; // a job that just ended may not have its delivery yet
 const RUN_SCAN_PAGES = 5; // runs are found among the newest 500 jobs of the workspace
 const RUNS_EVERY_POLLS = 10;
 
-const state = { id: null, batch: null, generation: 0, page: 0, resultsFor: null, polls: 0 };
+const state = {
+  id: null,
+  batch: null,
+  generation: 0,
+  page: 0,
+  details: false,
+  resultsFor: null,
+  polls: 0,
+  deliveryPolls: 0,
+};
+
+function current(generation) {
+  return () => generation === state.generation;
+}
 
 function detail(term, value) {
   return [h("dt", {}, term), h("dd", {}, value)];
 }
 
-function renderBatch(batch) {
-  setText("job-title", batch.name);
-  fill(document.getElementById("job-status"), statusBadge(batch.status));
+function jobLink(id) {
+  return h("a", { href: `#/jobs/${id}` }, h("code", {}, id));
+}
+
+function rate(perSecond) {
+  if (perSecond === null || perSecond === undefined) return "—";
+  return perSecond < 10 ? perSecond.toFixed(1) : String(Math.round(perSecond));
+}
+
+function renderButtons(batch) {
   document.getElementById("job-cancel").hidden = !CANCELABLE.has(batch.status);
-  const bar = document.getElementById("job-progress");
-  bar.value = percent(batch);
-  setText("job-progress-label", progressText(batch));
+  document.getElementById("job-pause").hidden = !PAUSABLE.has(batch.status);
+  document.getElementById("job-resume").hidden = batch.status !== "paused";
+  document.getElementById("job-retry").hidden = !(TERMINAL.has(batch.status) && batch.failed > 0);
+}
+
+function renderCounters(batch) {
   setText("count-total", batch.total);
   setText("count-completed", batch.completed);
   setText("count-failed", batch.failed);
   setText("count-dead", batch.dead_letter);
+  setText("count-cost", money(batch.cost_usd ?? 0));
+  setText("cost-label", batch.budget_usd ? `cost of ${money(batch.budget_usd)} budget` : "cost");
+  const running = batch.status === "running";
+  document.getElementById("rate-item").hidden = !running;
+  document.getElementById("eta-item").hidden = !running;
+  setText("count-rate", rate(batch.rows_per_s));
+  setText("count-eta", clock(batch.eta_s));
+}
+
+function renderBatch(batch) {
+  setText("job-title", batch.name);
+  fill(document.getElementById("job-status"), statusBadge(batch.status));
+  renderButtons(batch);
+  const bar = document.getElementById("job-progress");
+  bar.value = percent(batch);
+  setText("job-progress-label", progressText(batch));
+  renderCounters(batch);
   const template = batch.template_id
     ? h("a", { href: `#/jobs/${batch.template_id}` }, batch.template_id)
     : null;
+  const retries = batch.retries ?? [];
   fill(
     document.getElementById("job-details"),
     detail("ID", h("code", {}, batch.id)),
@@ -52,10 +103,15 @@ function renderBatch(batch) {
     detail("Started", timeEl(batch.started_at)),
     detail("Finished", timeEl(batch.completed_at)),
     batch.expires_at ? detail("Expires", timeEl(batch.expires_at)) : [],
+    batch.budget_usd ? detail("Budget", money(batch.budget_usd)) : [],
     batch.error ? detail("Error", batch.error) : [],
     batch.cron ? detail("Cron", h("code", {}, batch.cron)) : [],
     batch.cron ? detail("Next run", timeEl(batch.next_run_at)) : [],
     template ? detail("Template", template) : [],
+    batch.retry_of ? detail("Retry of", jobLink(batch.retry_of)) : [],
+    retries.length
+      ? detail("Retries", h("ul", { class: "metadata" }, retries.map((id) => h("li", {}, jobLink(id)))))
+      : [],
     batch.metadata ? detail("Metadata", metadataList(batch.metadata)) : [],
   );
   renderUsage(batch.usage);
@@ -63,11 +119,13 @@ function renderBatch(batch) {
   document.getElementById("download-jsonl").disabled = !terminal;
   document.getElementById("download-csv").disabled = !terminal;
   document.getElementById("runs-section").hidden = !batch.cron;
+  document.getElementById("charts-section").hidden = Boolean(batch.cron);
+  document.getElementById("deliveries-section").hidden = !terminal;
 }
 
 function metadataList(metadata) {
   return h("ul", { class: "metadata" },
-    Object.entries(metadata).map(([k, v]) => h("li", {}, h("code", {}, k), " ", v)));
+    Object.entries(metadata).map(([k, v]) => h("li", {}, h("code", {}, k), " ", String(v))));
 }
 
 function renderUsage(usage) {
@@ -76,55 +134,29 @@ function renderUsage(usage) {
   section.hidden = entries.length === 0;
   fill(
     document.getElementById("job-usage"),
-    ...entries.map(([k, v]) => detail(k.replaceAll("_", " "), String(v))),
+    entries.map(([k, v]) => detail(k.replaceAll("_", " "), String(v))),
   );
 }
 
-function resultCell(row) {
-  if (row.error !== undefined && row.error !== null) {
-    return h("td", { class: "error-text" }, row.error);
-  }
-  return h("td", {}, row.content ?? "");
-}
-
-async function loadResults(generation) {
-  const first = state.page * RESULTS_PAGE;
-  const rows = [];
-  let more = false;
-  await streamResults(state.id, (row, index) => {
-    if (index < first) return true;
-    if (rows.length === RESULTS_PAGE) {
-      more = true;
-      return false;
+/** Draw both charts; a failure shows in the chart area and never stops the page. */
+async function loadStats(generation) {
+  let stats;
+  try {
+    stats = await api.stats(state.id);
+  } catch (err) {
+    if (current(generation)()) {
+      fill(document.getElementById("chart-progress"),
+        h("p", { class: "error-text" }, `Could not load the charts: ${err.message}`));
     }
-    rows.push([index, row]);
-    return true;
-  });
-  if (generation !== state.generation) return;
-  fill(
-    document.getElementById("results-body"),
-    rows.map(([i, row]) => h("tr", {}, h("td", { class: "num" }, String(i + 1)),
-      h("td", {}, row.custom_id), resultCell(row))),
-  );
-  document.getElementById("results-table").hidden = rows.length === 0;
-  setText("results-note", rows.length ? "" : "No results.");
-  setText("results-page", rows.length ? `Rows ${first + 1}–${first + rows.length}` : "");
-  document.getElementById("results-prev").disabled = state.page === 0;
-  document.getElementById("results-next").disabled = !more;
-}
-
-async function loadDeadLetters(generation) {
-  const { data } = await api.deadLetters(state.id);
-  if (generation !== state.generation) return;
-  const shown = data.slice(0, DEAD_LETTERS_SHOWN);
-  fill(
-    document.getElementById("dead-body"),
-    shown.map((r) => h("tr", {}, h("td", {}, r.custom_id), h("td", { class: "error-text" }, r.error),
-      h("td", { class: "num" }, String(r.attempts)))),
-  );
-  document.getElementById("dead-table").hidden = shown.length === 0;
-  const more = data.length > shown.length ? ` (showing the first ${shown.length} of ${data.length})` : "";
-  setText("dead-note", data.length ? more : "No dead letters.");
+    return;
+  }
+  if (!current(generation)()) return;
+  const progress = document.getElementById("chart-progress");
+  if (stats.progress.length) fill(progress, progressChart(stats));
+  else fill(progress, h("p", { class: "empty" }, "No rows have finished yet."));
+  const latency = document.getElementById("chart-latency");
+  if (stats.latency.count) fill(latency, latencyChart(stats.latency), latencySummary(stats.latency));
+  else fill(latency, h("p", { class: "empty" }, "No row latency recorded yet."));
 }
 
 async function loadRuns(generation) {
@@ -146,6 +178,39 @@ async function loadRuns(generation) {
   );
 }
 
+function rowsView(partial) {
+  return { id: state.id, page: state.page, details: state.details, partial };
+}
+
+/** Results and dead letters: the rows so far while live, every row once it ended. */
+async function loadRows(generation) {
+  const batch = state.batch;
+  if (!batch) return;
+  const terminal = TERMINAL.has(batch.status);
+  const loads = [loadResults(rowsView(!terminal), current(generation))];
+  if (terminal) loads.push(loadDeadLetters(rowsView(false), current(generation)));
+  await Promise.all(loads);
+}
+
+async function refreshLive(batch, generation) {
+  const terminal = TERMINAL.has(batch.status);
+  if (batch.cron && !terminal) {
+    setText("results-note", "Results appear when the job ends.");
+    return;
+  }
+  const stats = batch.cron ? [] : [loadStats(generation)];
+  if (terminal) {
+    if (state.resultsFor === batch.status) return;
+    state.resultsFor = batch.status;
+    state.deliveryPolls = 0;
+    await Promise.all([loadRows(generation), ...stats]);
+    followDeliveries(generation);
+  } else if (state.polls % LIVE_EVERY_POLLS === 0) {
+    setText("dead-note", "Dead letters are listed when the job ends.");
+    await Promise.all([loadRows(generation), ...stats]);
+  }
+}
+
 async function poll(generation) {
   try {
     const batch = await api.get(state.id);
@@ -153,13 +218,7 @@ async function poll(generation) {
     state.batch = batch;
     renderBatch(batch);
     setText("job-error", "");
-    if (TERMINAL.has(batch.status) && state.resultsFor !== batch.status) {
-      state.resultsFor = batch.status;
-      await Promise.all([loadResults(generation), loadDeadLetters(generation)]);
-    } else if (!TERMINAL.has(batch.status)) {
-      setText("results-note", "Results appear when the job ends.");
-      setText("dead-note", "");
-    }
+    await refreshLive(batch, generation);
     if (batch.cron && state.polls % RUNS_EVERY_POLLS === 0) await loadRuns(generation);
     state.polls += 1;
     if (TERMINAL.has(batch.status)) return; // final: nothing more will change
@@ -171,51 +230,91 @@ async function poll(generation) {
   setTimeout(() => generation === state.generation && poll(generation), POLL_MS);
 }
 
+/** Re-read the delivery log every 2 s until the delivery settles (bounded). */
+async function followDeliveries(generation) {
+  let settled = true;
+  try {
+    settled = await loadDeliveries(state.id, current(generation));
+  } catch (err) {
+    if (generation === state.generation) setText("delivery-note", err.message);
+  }
+  state.deliveryPolls += 1;
+  const early = state.deliveryPolls < DELIVERY_FIRST_POLLS;
+  const more = (!settled || early) && state.deliveryPolls < DELIVERY_POLLS;
+  if (more && generation === state.generation) {
+    setTimeout(() => generation === state.generation && followDeliveries(generation), DELIVERY_POLL_MS);
+  }
+}
+
 async function runAction(action) {
   try {
+    setText("job-error", "");
     await action();
   } catch (err) {
     setText("job-error", err.message);
   }
 }
 
+function showBatch(batch) {
+  if (batch.id !== state.id) return;
+  state.batch = batch;
+  renderBatch(batch);
+}
+
+function wireControls() {
+  const on = (id, action) =>
+    document.getElementById(id).addEventListener("click", () => runAction(action));
+  on("job-cancel", async () => {
+    if (state.batch && (await confirmCancel(state.batch))) startJob(state.id);
+  });
+  on("job-pause", async () => showBatch(await api.pause(state.id)));
+  on("job-resume", async () => showBatch(await api.resume(state.id)));
+  on("job-retry", async () => {
+    const created = await api.retry(state.id, "failed");
+    location.hash = `#/jobs/${created.id}`;
+  });
+  on("redeliver", async () => {
+    await redeliver(state.id);
+    state.deliveryPolls = 0;
+    followDeliveries(state.generation);
+  });
+  on("download-jsonl", () => downloadResults(state.id, "jsonl"));
+  on("download-csv", () => downloadResults(state.id, "csv"));
+}
+
 /** Wire the page's buttons once at start-up. */
 export function setupJob() {
-  document.getElementById("job-cancel").addEventListener("click", () =>
-    runAction(async () => {
-      if (state.batch && (await confirmCancel(state.batch))) startJob(state.id);
-    }),
-  );
-  document.getElementById("download-jsonl").addEventListener("click", () =>
-    runAction(() => downloadResults(state.id, "jsonl")),
-  );
-  document.getElementById("download-csv").addEventListener("click", () =>
-    runAction(() => downloadResults(state.id, "csv")),
-  );
+  wireControls();
   document.getElementById("results-prev").addEventListener("click", () => {
     state.page = Math.max(0, state.page - 1);
-    runAction(() => loadResults(state.generation));
+    runAction(() => loadRows(state.generation));
   });
   document.getElementById("results-next").addEventListener("click", () => {
     state.page += 1;
-    runAction(() => loadResults(state.generation));
+    runAction(() => loadRows(state.generation));
+  });
+  document.getElementById("results-details").addEventListener("change", (event) => {
+    state.details = event.target.checked;
+    runAction(() => loadRows(state.generation));
   });
 }
 
 /** Show job id and keep it live until it ends or stopJob(). */
 export function startJob(id) {
   state.generation += 1;
-  Object.assign(state, { id, batch: null, page: 0, resultsFor: null, polls: 0 });
+  Object.assign(state, { id, batch: null, page: 0, resultsFor: null, polls: 0, deliveryPolls: 0 });
   setText("job-title", "Job");
+  setText("results-note", "");
+  setText("dead-note", "");
   fill(document.getElementById("job-status"));
-  for (const el of ["results-body", "dead-body", "job-runs", "job-details"]) {
+  for (const el of ["job-runs", "job-details", "chart-progress", "chart-latency"]) {
     fill(document.getElementById(el));
   }
-  document.getElementById("results-table").hidden = true;
-  document.getElementById("dead-table").hidden = true;
-  document.getElementById("results-prev").disabled = true;
-  document.getElementById("results-next").disabled = true;
-  setText("results-page", "");
+  for (const el of ["job-pause", "job-resume", "job-retry", "job-cancel"]) {
+    document.getElementById(el).hidden = true;
+  }
+  clearRows();
+  clearDeliveries();
   poll(state.generation);
 }
 

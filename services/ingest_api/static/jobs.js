@@ -55,7 +55,7 @@ function jobRow(batch) {
     ),
     h("td", {}, timeEl(batch.created_at)),
     h("td", {}, timeEl(batch.completed_at)),
-    h("td", {}, cancel),
+    h("td", { class: "actions" }, cancel),
   );
 }
 

@@ -4,8 +4,15 @@
 import { ApiError, api } from "./api.js";
 import { fill, h, setText } from "./dom.js";
 
-const FIELDS = ["model", "priority", "name", "webhookUrl", "cron"];
-const FIELD_IDS = { model: "model", priority: "priority", name: "name", webhookUrl: "webhook", cron: "cron" };
+const FIELDS = ["model", "priority", "name", "webhookUrl", "cron", "budget_usd"];
+const FIELD_IDS = {
+  model: "model",
+  priority: "priority",
+  name: "name",
+  webhookUrl: "webhook",
+  cron: "cron",
+  budget_usd: "budget",
+};
 const FILE_PARAM = /^file\[(\d+)\]$/;
 const FROM_ROWS = "From each file's rows";
 
