@@ -13,7 +13,12 @@ import orjson
 
 from relay_batches.ids import new_id
 from tests.helpers.processes import System
-from tests.helpers.support import ApiClient, WebhookReceiver, wait_until
+from tests.helpers.support import (
+    ApiClient,
+    WebhookReceiver,
+    past_redelivery_cooldown,
+    wait_until,
+)
 
 RELAY = str(Path(sys.executable).parent / "relay")
 ID_LINE = re.compile(r"^([0-9a-f]{32})  (queued|scheduled)  (\d+) rows  (.+)$")
@@ -310,6 +315,7 @@ async def test_deliveries_lists_every_attempt_and_redeliver_posts_the_summary_ag
     match = DELIVERY_LINE.match(first.out)
     assert match and match.group(2, 3, 6, 7) == ("delivered", "204", "first", "-"), first
 
+    await past_redelivery_cooldown(system.iso.database_url, job["id"])
     run = await relay(system, api_key, "redeliver", job["id"])
     assert run.code == 0, run
     assert re.fullmatch(rf"{job['id']}  retrying  next attempt \S+Z\n", run.out), run

@@ -19,7 +19,7 @@ from relay_batches.services.relay_cli import admin
 from relay_batches.webhooks import verify
 from tests.helpers.processes import System
 from tests.helpers.receivers import Receiver, serving
-from tests.helpers.support import ApiClient, rows, wait_until
+from tests.helpers.support import ApiClient, past_redelivery_cooldown, rows, wait_until
 
 RELAY = str(Path(sys.executable).parent / "relay")
 RETRY_WORKSPACE = "webhook-retries-e2e"
@@ -57,19 +57,6 @@ async def secret_of(system: System, workspace: str) -> str:
         await conn.close()
 
 
-async def ended_long_ago(system: System, batch_id: str) -> None:
-    """Date the delivery's last end back past the redelivery cooldown (10 s)."""
-    conn = await asyncpg.connect(system.iso.database_url)
-    try:
-        await conn.execute(
-            "UPDATE webhook_deliveries SET finished_at = now() - interval '11s'"
-            " WHERE batch_id = $1",
-            batch_id,
-        )
-    finally:
-        await conn.close()
-
-
 def attempt_view(log: dict[str, Any]) -> list[tuple[int, str, int | None, bool]]:
     return [(a["attempt"], a["status"], a["response_status"], a["redelivery"]) for a in log["data"]]
 
@@ -102,7 +89,8 @@ async def test_a_500_is_logged_and_a_redelivery_reaches_the_receiver_once_more(
         status, refused = await api.request("POST", path)
         assert (status, refused["error"]["param"]) == (409, "id"), refused
         assert "a redelivery may be asked for 10 s after it" in refused["error"]["message"]
-        await ended_long_ago(system, batch_id)  # rather than wait out the 10 s
+        # Rather than wait out the 10 s:
+        await past_redelivery_cooldown(system.iso.database_url, batch_id)
         asked = time.monotonic()
         status, scheduled = await api.request("POST", path)
         assert status == 202, scheduled

@@ -33,7 +33,7 @@ from tests.helpers.panel import (
     watch_panel,
 )
 from tests.helpers.processes import System
-from tests.helpers.support import ApiClient, free_port, wait_until
+from tests.helpers.support import ApiClient, free_port, past_redelivery_cooldown, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -544,7 +544,12 @@ async def failing_first() -> AsyncIterator[FailingFirst]:
 
 
 async def test_a_finished_job_shows_details_the_delivery_log_and_charts_and_redelivers(
-    page: Page, panel_key: str, api: ApiClient, failing_first: FailingFirst, shots: Path
+    page: Page,
+    panel_key: str,
+    api: ApiClient,
+    failing_first: FailingFirst,
+    shots: Path,
+    system: System,
 ) -> None:
     job = await api.submit(
         {
@@ -605,6 +610,7 @@ async def test_a_finished_job_shows_details_the_delivery_log_and_charts_and_rede
     await expect(page.locator("#chart-latency .chart-summary")).to_contain_text("6 rows · p50")
     await page.screenshot(path=shots / "job-details-deliveries.png", full_page=True)
 
+    await past_redelivery_cooldown(system.iso.database_url, job["id"])
     await page.get_by_role("button", name="Redeliver").click()
     await expect(page.locator("#delivery-note")).to_have_text("Redelivery scheduled (retrying).")
     log = await wait_until(lambda: settled(2, "delivered"), 30, "the redelivery")

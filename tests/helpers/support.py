@@ -183,3 +183,17 @@ def rows(n: int, template: str = "row {i}") -> list[dict[str, Any]]:
         {"custom_id": f"r-{i}", "messages": [{"role": "user", "content": template.format(i=i)}]}
         for i in range(n)
     ]
+
+
+async def past_redelivery_cooldown(database_url: str, batch_id: str) -> None:
+    """Date a batch's last webhook attempt's end back past the redelivery cooldown (10 s),
+    so a test asks for a redelivery at once rather than waiting it out."""
+    conn = await asyncpg.connect(database_url, timeout=10)
+    try:
+        await conn.execute(
+            "UPDATE webhook_deliveries SET finished_at = now() - interval '11s'"
+            " WHERE batch_id = $1",
+            batch_id,
+        )
+    finally:
+        await conn.close()
