@@ -380,13 +380,15 @@ async def test_timeout_is_retried_then_dead_lettered(
         return web.Response(status=200)
 
     upstream.script("a", hang)
-    router = make_router(session, sleep, deployment(upstream, "a", timeout_s=0.2, max_retries=2))
+    # Long enough for each call to reach the upstream's handler, which counts it, even on
+    # a loaded machine (at 0.2 s a call was once cut off before its body was read).
+    router = make_router(session, sleep, deployment(upstream, "a", timeout_s=0.5, max_retries=2))
     try:
         result = await router.complete(ALIAS, MESSAGES, {})
     finally:
         never.set()  # let the hanging handlers end so the server closes promptly
     assert result == RowResult(
-        None, "upstream_error: a: timed out after 0.2s", 3, None, dead_letter=True
+        None, "upstream_error: a: timed out after 0.5s", 3, None, dead_letter=True
     )
     assert upstream.count("a") == 3
     assert sleep.delays == jitter(2)
