@@ -1,0 +1,123 @@
+"""Retention: purging ended jobs past their workspace's retention, and idempotency
+records past their 24 hours, in bounded transactions.
+
+A job is purged by :func:`~relay_batches.ledger.deletion.delete_job` (so a purge removes
+exactly what ``DELETE /v1/batches/{id}`` removes: outcomes, own rows unless another job
+runs them, the webhook delivery and its attempts, the idempotency record naming it, an
+OpenAI link with its output and error file records) inside a transaction that first
+claims the due jobs with ``FOR UPDATE SKIP LOCKED``: several reapers at once each take
+other jobs, and each job is purged by one of them. A transaction takes at most
+``jobs`` jobs and, counting each job's ``total``, at most ``rows`` rows (a single job
+larger than that is purged alone). Cron templates (``cron IS NOT NULL``) are never
+purged, and live jobs are never due: only the terminal statuses are scanned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import asyncpg
+
+from relay_batches.ledger.deletion import Deleted, delete_job
+from relay_batches.ledger.idempotency import TTL_HOURS
+from relay_batches.ledger.pool import translated
+from relay_batches.ledger.status_sql import status_in
+from relay_batches.model import TERMINAL
+
+# $1 the default retention, $2 at most this many. The shortest retention of any
+# workspace bounds the scan of the batches_ended index (an init plan, computed once);
+# each job is then held to its own workspace's. Jobs another reaper (or a DELETE) holds
+# are skipped inside the scan, so a second reaper takes the next ones; it never waits
+# on a job's row, so its order of locking cannot close a cycle with anyone's.
+_CLAIM_DUE = (
+    "SELECT b.id, b.workspace_id, b.total FROM batches b"
+    " JOIN workspaces w ON w.id = b.workspace_id"
+    f" WHERE b.cron IS NULL AND {status_in(TERMINAL)}"
+    " AND b.completed_at < now()"
+    "  - (SELECT LEAST($1::interval, min(retention)) FROM workspaces)"
+    " AND b.completed_at < now() - COALESCE(w.retention, $1::interval)"
+    " ORDER BY b.completed_at, b.id LIMIT $2 FOR UPDATE OF b SKIP LOCKED"
+)
+# $1 at most this many records past their TTL (expired: find() no longer answers them).
+_PURGE_KEYS = (
+    "WITH old AS (SELECT workspace_id, key FROM idempotency_keys"
+    f"  WHERE created_at < now() - interval '{TTL_HOURS} hours'"
+    "  ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED)"
+    " DELETE FROM idempotency_keys k USING old"
+    " WHERE k.workspace_id = old.workspace_id AND k.key = old.key"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Purged:
+    """What one purge transaction removed: jobs, and the rows those jobs had (``total``)."""
+
+    jobs: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    id: str
+    workspace_id: str
+    total: int
+
+
+def within_budget(claimed: list[_Claimed], rows: int) -> list[_Claimed]:
+    """The leading claimed jobs whose totals add up to at most ``rows`` (at least one)."""
+    taken: list[_Claimed] = []
+    used = 0
+    for job in claimed:
+        if taken and used + job.total > rows:
+            break
+        taken.append(job)
+        used += job.total
+    return taken
+
+
+class RetentionStore:
+    """Purges what retention no longer keeps, a bounded transaction at a time."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, retention: timedelta, *, jobs: int = 50, rows: int = 50_000
+    ) -> None:
+        self._pool = pool
+        self._retention = retention
+        self._jobs = jobs
+        self._rows = rows
+
+    @property
+    def jobs_per_transaction(self) -> int:
+        """At most this many jobs are purged by one :meth:`purge_jobs`."""
+        return self._jobs
+
+    async def purge_jobs(self) -> Purged:
+        """Purge, in one transaction, up to the budget of due ended jobs, oldest end
+        first; what it purged (a job is counted by the one call that deleted it)."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            records = await conn.fetch(_CLAIM_DUE, self._retention, self._jobs)
+            purged = [
+                job
+                for job in within_budget([_Claimed(*r) for r in records], self._rows)
+                if await delete_job(conn, job.workspace_id, job.id) is Deleted.DELETED
+            ]
+        return Purged(len(purged), sum(job.total for job in purged))
+
+    async def purge_idempotency_keys(self, limit: int = 5_000) -> int:
+        """Delete up to ``limit`` idempotency records older than their TTL; how many."""
+        async with translated():
+            status = await self._pool.execute(_PURGE_KEYS, limit)
+        return int(status.split()[-1])
+
+
+async def set_workspace_retention(
+    pool: asyncpg.Pool, name: str, retention: timedelta | None
+) -> bool:
+    """Keep workspace ``name``'s ended jobs for ``retention`` (None: the default,
+    ``RELAY_RETENTION``); False when there is no such workspace."""
+    async with translated():
+        found = await pool.fetchval(
+            "UPDATE workspaces SET retention = $2 WHERE name = $1 RETURNING true", name, retention
+        )
+    return bool(found)
