@@ -43,10 +43,6 @@ HTTP_LATENCY = Histogram(
     ["method", "route", "status"],
 )
 
-
-def render_metrics() -> tuple[bytes, str]:
-    """The current metrics in the Prometheus text format, with its content type."""
-    return generate_latest(), CONTENT_TYPE_LATEST
 RETENTION_JOBS_PURGED = Counter(
     "relay_retention_jobs_purged_total", "Ended jobs purged past their retention"
 )
@@ -56,3 +52,8 @@ RETENTION_ROWS_PURGED = Counter(
 IDEMPOTENCY_KEYS_PURGED = Counter(
     "relay_idempotency_keys_purged_total", "Idempotency-Key records purged past their 24 hours"
 )
+
+
+def render_metrics() -> tuple[bytes, str]:
+    """The current metrics in the Prometheus text format, with its content type."""
+    return generate_latest(), CONTENT_TYPE_LATEST

@@ -16,7 +16,6 @@ from urllib.parse import urlsplit
 from relay_batches.durations import SPELLING, parse_duration
 from relay_batches.netguard import IPNetwork, parse_networks
 
-
 RETENTION_MAX_DIGITS = 6  # 999999d at most: far beyond any retention, and no overflow
 
 

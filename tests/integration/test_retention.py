@@ -49,7 +49,8 @@ async def ended(pool: asyncpg.Pool, ws: str, days_ago: float, rows: int = 3) -> 
         [RowOutcome(batch_id, i, f"answer {i}", None, 1) for i in range(rows)]
     )
     await pool.execute(
-        "INSERT INTO webhook_deliveries (batch_id, url, status) VALUES ($1, 'http://h/', 'sending')",
+        "INSERT INTO webhook_deliveries (batch_id, url, status)"
+        " VALUES ($1, 'http://h/', 'sending')",
         batch_id,
     )
     await pool.execute(

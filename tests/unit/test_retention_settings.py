@@ -31,7 +31,9 @@ def test_durations_are_parsed(text: str, expected: timedelta) -> None:
     assert parse_duration(text, 6) == expected
 
 
-@pytest.mark.parametrize("text", ["", "d", "30", "3w", "-5s", "+5s", " 5s", "5 s", "1.5h", "5S", "٣d"])
+@pytest.mark.parametrize(
+    "text", ["", "d", "30", "3w", "-5s", "+5s", " 5s", "5 s", "1.5h", "5S", "٣d"]
+)
 def test_anything_else_is_not_a_duration(text: str) -> None:
     assert parse_duration(text, 6) is None
 
