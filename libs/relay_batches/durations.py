@@ -20,3 +20,12 @@ def parse_duration(text: str, max_digits: int) -> timedelta | None:
     if unit is None or not (digits.isascii() and digits.isdigit()) or len(digits) > max_digits:
         return None
     return timedelta(seconds=int(digits) * unit)
+
+
+def format_duration(value: timedelta) -> str:
+    """``value`` in the grammar, in the largest unit that holds it whole (``7d``, ``90m``)."""
+    seconds = int(value.total_seconds())
+    for unit, size in sorted(UNITS.items(), key=lambda item: -item[1]):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

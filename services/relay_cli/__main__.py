@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 
-from relay_batches.durations import SPELLING, parse_duration
+from relay_batches.durations import SPELLING, format_duration, parse_duration
 from relay_batches.model import iso
 from relay_batches.services.relay_cli import admin, dev
 from relay_batches.services.relay_cli.batch import add_batch_parser, run_batch
@@ -158,7 +158,7 @@ def _workspaces_retries(settings: Settings, args: argparse.Namespace) -> None:
 
 def _workspaces_retention(settings: Settings, args: argparse.Namespace) -> None:
     asyncio.run(admin.set_retention(settings.database_url, args.name, args.retention))
-    kept = "RELAY_RETENTION" if args.retention is None else str(args.retention)
+    kept = "RELAY_RETENTION" if args.retention is None else format_duration(args.retention)
     print(f"workspace {args.name}: ended jobs kept for {kept}, then purged")
 
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from relay_batches.durations import parse_duration
+from relay_batches.durations import format_duration, parse_duration
 from relay_batches.ledger.retention import Purged, _Claimed, within_budget
 from relay_batches.metrics import RETENTION_JOBS_PURGED, RETENTION_ROWS_PURGED
 from relay_batches.services.relay_cli.__main__ import _retention
@@ -36,6 +36,13 @@ def test_durations_are_parsed(text: str, expected: timedelta) -> None:
 )
 def test_anything_else_is_not_a_duration(text: str) -> None:
     assert parse_duration(text, 6) is None
+
+
+def test_durations_are_written_in_their_largest_whole_unit() -> None:
+    assert [
+        format_duration(parse_duration(t, 6) or timedelta(0)) for t in ("7d", "36h", "90m", "61s")
+    ] == ["7d", "36h", "90m", "61s"]
+    assert format_duration(timedelta(hours=48)) == "2d"
 
 
 def test_too_many_digits_is_not_a_duration() -> None:
