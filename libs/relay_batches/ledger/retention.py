@@ -37,7 +37,7 @@ _CLAIM_DUE = (
     " AND b.completed_at < now()"
     "  - (SELECT LEAST($1::interval, min(retention)) FROM workspaces)"
     " AND b.completed_at < now() - COALESCE(w.retention, $1::interval)"
-    " ORDER BY b.completed_at, b.id LIMIT $2 FOR UPDATE OF b SKIP LOCKED"
+    " ORDER BY b.completed_at LIMIT $2 FOR UPDATE OF b SKIP LOCKED"
 )
 # $1 at most this many records past their TTL (expired: find() no longer answers them).
 _PURGE_KEYS = (
