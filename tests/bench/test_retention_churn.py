@@ -35,9 +35,7 @@ JOBS = 10
 ROWS = 1000
 PROMPT = '[{"role":"user","content":"' + "p" * 1000 + '"}]'
 ANSWER = "a" * 1000
-SIZE = (
-    "SELECT pg_total_relation_size('batch_rows') + pg_total_relation_size('row_results')"
-)
+SIZE = "SELECT pg_total_relation_size('batch_rows') + pg_total_relation_size('row_results')"
 
 
 async def _round(pool: asyncpg.Pool, workspace: str) -> None:
