@@ -48,7 +48,7 @@ class Purger:
         jobs = rows = 0
         for _ in range(MAX_TRANSACTIONS):
             purged = await self._store.purge_jobs()
-            if purged.jobs == 0:
+            if purged.jobs == 0 and purged.trimmed == 0:
                 break
             jobs += purged.jobs
             rows += purged.rows

@@ -212,6 +212,21 @@ async def test_each_transaction_stays_within_its_budget(pool: asyncpg.Pool) -> N
     assert await RetentionStore(pool, RETENTION, jobs=1).purge_jobs() == Purged(0, 0)
 
 
+async def test_a_job_larger_than_the_budget_goes_a_slice_per_transaction(
+    pool: asyncpg.Pool,
+) -> None:
+    ws, _ = await workspace(pool)
+    large = await ended(pool, ws, days_ago=31, rows=10)
+    store = RetentionStore(pool, RETENTION, rows=4)  # two outcomes and two rows at a time
+
+    transactions = [await store.purge_jobs() for _ in range(6)]
+
+    trims = [Purged(0, 0, 4)] * 5
+    assert transactions == [*trims, Purged(1, 10)]
+    assert await counts(pool, large) == NOTHING
+    assert await store.purge_jobs() == Purged(0, 0)
+
+
 def relay(iso: Isolation, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(RELAY), *args],

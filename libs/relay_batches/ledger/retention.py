@@ -7,8 +7,9 @@ runs them, the webhook delivery and its attempts, the idempotency record naming 
 OpenAI link with its output and error file records) inside a transaction that first
 claims the due jobs with ``FOR UPDATE SKIP LOCKED``: several reapers at once each take
 other jobs, and each job is purged by one of them. A transaction takes at most
-``jobs`` jobs and, counting each job's ``total``, at most ``rows`` rows (a single job
-larger than that is purged alone). Cron templates (``cron IS NOT NULL``) are never
+``jobs`` jobs and, counting each job's ``total``, at most ``rows`` rows; a single job
+larger than that first loses its outcomes and own rows a slice at a time, one
+transaction each (a job that is past its retention anyway), and is then deleted. Cron templates (``cron IS NOT NULL``) are never
 purged, and live jobs are never due: only the terminal statuses are scanned.
 """
 
@@ -21,7 +22,7 @@ import asyncpg
 
 from relay_batches.ledger.deletion import Deleted, delete_job
 from relay_batches.ledger.idempotency import TTL_HOURS
-from relay_batches.ledger.pool import translated
+from relay_batches.ledger.pool import Connection, translated
 from relay_batches.ledger.status_sql import status_in
 from relay_batches.model import TERMINAL
 
@@ -39,6 +40,18 @@ _CLAIM_DUE = (
     " AND b.completed_at < now() - COALESCE(w.retention, $1::interval)"
     " ORDER BY b.completed_at LIMIT $2 FOR UPDATE OF b SKIP LOCKED"
 )
+# A job too large for one transaction loses its outcomes and its own rows (the rows
+# delete_job would delete: none another job still runs) a bounded slice at a time, in
+# row order (the primary keys), before delete_job takes what is left.
+_TRIM_OUTCOMES = (
+    "DELETE FROM row_results r USING (SELECT row_index FROM row_results WHERE batch_id = $1"
+    "  ORDER BY row_index LIMIT $2) t WHERE r.batch_id = $1 AND r.row_index = t.row_index"
+)
+_TRIM_OWN_ROWS = (
+    "DELETE FROM batch_rows r USING (SELECT row_index FROM batch_rows WHERE batch_id = $1"
+    "  AND NOT EXISTS (SELECT 1 FROM batches WHERE rows_batch_id = $1 AND id <> $1)"
+    "  ORDER BY row_index LIMIT $2) t WHERE r.batch_id = $1 AND r.row_index = t.row_index"
+)
 # $1 at most this many records past their TTL (expired: find() no longer answers them).
 _PURGE_KEYS = (
     "WITH old AS (SELECT workspace_id, key FROM idempotency_keys"
@@ -51,10 +64,12 @@ _PURGE_KEYS = (
 
 @dataclass(frozen=True, slots=True)
 class Purged:
-    """What one purge transaction removed: jobs, and the rows those jobs had (``total``)."""
+    """What one purge transaction removed: jobs, the rows those jobs had (``total``), and
+    the rows (outcomes and input) trimmed off a job too large to go in one."""
 
     jobs: int
     rows: int
+    trimmed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,18 +112,36 @@ class RetentionStore:
         first; what it purged (a job is counted by the one call that deleted it)."""
         async with translated(), self._pool.acquire() as conn, conn.transaction():
             records = await conn.fetch(_CLAIM_DUE, self._retention, self._jobs)
+            taken = within_budget([_Claimed(*r) for r in records], self._rows)
+            if len(taken) == 1 and taken[0].total > self._rows:
+                trimmed = await self._trim(conn, taken[0].id)
+                if trimmed:
+                    return Purged(0, 0, trimmed)
             purged = [
                 job
-                for job in within_budget([_Claimed(*r) for r in records], self._rows)
+                for job in taken
                 if await delete_job(conn, job.workspace_id, job.id) is Deleted.DELETED
             ]
         return Purged(len(purged), sum(job.total for job in purged))
+
+    async def _trim(self, conn: Connection, batch_id: str) -> int:
+        """Delete a slice of the job's outcomes and own rows (half the budget each); how
+        many, or 0 when the slices were not full (delete_job may take the rest now)."""
+        half = max(1, self._rows // 2)
+        outcomes = _count(await conn.execute(_TRIM_OUTCOMES, batch_id, half))
+        own_rows = _count(await conn.execute(_TRIM_OWN_ROWS, batch_id, half))
+        return outcomes + own_rows if half in (outcomes, own_rows) else 0
 
     async def purge_idempotency_keys(self, limit: int = 5_000) -> int:
         """Delete up to ``limit`` idempotency records older than their TTL; how many."""
         async with translated():
             status = await self._pool.execute(_PURGE_KEYS, limit)
-        return int(status.split()[-1])
+        return _count(status)
+
+
+def _count(status: str) -> int:
+    """The row count of a command status such as ``DELETE 12``."""
+    return int(status.split()[-1])
 
 
 async def set_workspace_retention(
