@@ -9,8 +9,9 @@ claims the due jobs with ``FOR UPDATE SKIP LOCKED``: several reapers at once eac
 other jobs, and each job is purged by one of them. A transaction takes at most
 ``jobs`` jobs and, counting each job's ``total``, at most ``rows`` rows; a single job
 larger than that first loses its outcomes and own rows a slice at a time, one
-transaction each (a job that is past its retention anyway), and is then deleted. Cron templates (``cron IS NOT NULL``) are never
-purged, and live jobs are never due: only the terminal statuses are scanned.
+transaction each (a job that is past its retention anyway), and is then deleted. Cron
+templates (``cron IS NOT NULL``) are never purged, and live jobs are never due: only
+the terminal statuses are scanned.
 """
 
 from __future__ import annotations
