@@ -103,11 +103,6 @@ class RetentionStore:
         self._jobs = jobs
         self._rows = rows
 
-    @property
-    def jobs_per_transaction(self) -> int:
-        """At most this many jobs are purged by one :meth:`purge_jobs`."""
-        return self._jobs
-
     async def purge_jobs(self) -> Purged:
         """Purge, in one transaction, up to the budget of due ended jobs, oldest end
         first; what it purged (a job is counted by the one call that deleted it)."""
