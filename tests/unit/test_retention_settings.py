@@ -76,7 +76,7 @@ def test_a_bad_retention_stops_start_up_with_one_line(raw: str) -> None:
 
 @pytest.mark.parametrize("raw", ["0", "-1", "nan", "inf", "x"])
 def test_a_bad_retention_interval_is_refused(raw: str) -> None:
-    with pytest.raises(ConfigError, match="^RELAY_RETENTION_INTERVAL_S must be a"):
+    with pytest.raises(ConfigError, match=r"^RELAY_RETENTION_INTERVAL_S must be a"):
         Settings.from_env({"RELAY_RETENTION_INTERVAL_S": raw})
 
 
