@@ -5,17 +5,19 @@ working, and its rows go with the last run that used them."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
 import asyncpg
 
+from relay_batches.ledger.deletion import Deleted, delete_job
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.schedule import ScheduleStore
 from relay_batches.messages import RowOutcome
 from relay_batches.services.scheduler.core import plan_ticks
-from tests.helpers.support import ApiClient, rows
+from tests.helpers.support import ApiClient, rows, wait_until
 
 LONG_AGO = datetime(2001, 1, 1, tzinfo=UTC)  # due before any other test's template
 
@@ -220,3 +222,45 @@ async def test_a_deleted_retry_leaves_its_originals_retries(
     kept = await client_a.get(second[1]["id"])
     assert (kept["retry_of"], kept["total"]) == (None, 1)
     assert (await counts(pool, second[1]["id"]))["batch_rows"] == 1
+
+
+async def _waiting_for_a_lock(observer: asyncpg.Pool, pid: int) -> bool:
+    event = await observer.fetchval(
+        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+    )
+    return bool(event == "Lock")
+
+
+async def test_the_last_two_runs_deleted_at_once_leave_no_rows_behind(
+    pool: asyncpg.Pool, client_a: ApiClient
+) -> None:
+    """Each deletion would see the other run still there and keep the rows for it; the
+    advisory lock on the rows id makes the second wait for the first, then free them."""
+    template = await client_a.submit(
+        {"model": "gpt-4o-mini", "cron": "* * * * *", "requests": rows(2)}
+    )
+    await pool.execute(
+        "UPDATE batches SET next_run_at = $2 WHERE id = $1", template["id"], LONG_AGO
+    )
+    runs = await spawn(pool, LONG_AGO) + await spawn(pool, LONG_AGO + timedelta(minutes=1))
+    for run_id in runs:
+        await finish_run(pool, run_id)
+    assert (await delete(client_a, template["id"]))[0] == 200
+    workspace_id = await pool.fetchval("SELECT workspace_id FROM batches WHERE id = $1", runs[0])
+    first, second = await pool.acquire(), await pool.acquire()
+    try:
+        second_pid = await second.fetchval("SELECT pg_backend_pid()")
+        async with first.transaction():
+            assert await delete_job(first, workspace_id, runs[0]) is Deleted.DELETED
+            deleting = asyncio.create_task(delete_job(second, workspace_id, runs[1]))
+            await wait_until(
+                lambda: _waiting_for_a_lock(pool, second_pid),
+                10,
+                "the second deletion to wait for the first",
+            )
+        assert await asyncio.wait_for(deleting, 10) is Deleted.DELETED
+    finally:
+        await pool.release(first)
+        await pool.release(second)
+    assert await counts(pool, template["id"]) == NOTHING
+    assert [await counts(pool, run_id) for run_id in runs] == [NOTHING, NOTHING]
