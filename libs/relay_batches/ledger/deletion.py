@@ -60,7 +60,8 @@ _DELETE_ORPHANED_ROWS = (
     " AND NOT EXISTS (SELECT 1 FROM files WHERE id = $1)"
     " AND NOT EXISTS (SELECT 1 FROM batches WHERE rows_batch_id = $1 AND id <> $2)"
 )
-# The deleted job leaves its original's list of retries, and its retries' retry_of.
+# The deleted job leaves its original's list of retries, and its retries' retry_of: rows
+# _LOCK_JOB locked already, in id order, so these plain updates wait for no one.
 _UNLIST_RETRY = (
     "UPDATE batches o SET retries = array_remove(o.retries, $1)"
     " FROM batches r WHERE r.id = $1 AND o.id = r.retry_of"
