@@ -12,6 +12,7 @@ from aiohttp import web
 
 from relay_batches.errors import ApiError, ConflictError, invalid
 from relay_batches.ids import is_valid_id, new_id
+from relay_batches.ledger.deletion import Deleted, JobDeletion, StillLive
 from relay_batches.ledger.idempotency import KeyTaken
 from relay_batches.ledger.job_retry import NothingToRetry, RetryRows
 from relay_batches.ledger.job_stats import JobStatsStore
@@ -50,6 +51,7 @@ def add_batch_routes(app: web.Application) -> None:
     app.router.add_post("/v1/batches", create_batch)
     app.router.add_get("/v1/batches", list_batches)
     app.router.add_get("/v1/batches/{id}", get_batch)
+    app.router.add_delete("/v1/batches/{id}", delete_batch)
     app.router.add_get("/v1/batches/{id}/results", get_results)
     app.router.add_get("/v1/batches/{id}/dead_letter", get_dead_letters)
     app.router.add_get("/v1/batches/{id}/stats", get_stats)
@@ -102,6 +104,24 @@ async def _find(request: web.Request) -> Job:
 async def get_batch(request: web.Request) -> web.Response:
     """``GET /v1/batches/{id}``."""
     return json_response(batch_object(await _find(request)))
+
+
+async def delete_batch(request: web.Request) -> web.Response:
+    """``DELETE /v1/batches/{id}``: an ended batch or a cron template, with its rows,
+    outcomes, deliveries and idempotency records; 409 while it is queued, running or
+    paused. Afterwards every endpoint answers 404 for it."""
+    found = await _find(request)
+    deletion = JobDeletion(request.app[DEPS].pool)
+    try:
+        done = await deletion.delete(request[WORKSPACE_ID], found.id, templates=True)
+    except StillLive as live:
+        raise ApiError(
+            409, f"batch is {live.status}: cancel it, or wait for it to end, first", "id"
+        ) from None
+    if done is Deleted.NOT_FOUND:  # deleted by a concurrent request
+        raise ApiError(404, f"no batch {found.id!r}", "id")
+    log.info("batch_deleted", extra={"batch_id": found.id})
+    return json_response({"id": found.id, "object": "batch.deleted", "deleted": True})
 
 
 async def list_batches(request: web.Request) -> web.Response:

@@ -1,5 +1,5 @@
 """``relay batch submit|status|list|cancel|results|watch|retry|pause|resume|deliveries|
-redeliver``: the public API from a terminal.
+redeliver|delete``: the public API from a terminal.
 
 The server URL and key come from ``RELAY_URL`` / ``RELAY_API_KEY`` or ``--url`` /
 ``--api-key``. Output for scripts goes to stdout (job ids, results); progress and
@@ -113,6 +113,7 @@ def _add_operate_parsers(commands: Any, common: argparse.ArgumentParser) -> None
         ("resume", "let a paused job run again"),
         ("redeliver", "POST an ended job's completion webhook again"),
         ("deliveries", "every attempt of an ended job's completion webhook"),
+        ("delete", "delete an ended job or a cron template and everything stored for it"),
     ):
         commands.add_parser(name, parents=[common], help=text).add_argument("id")
 
@@ -359,6 +360,13 @@ async def pause(client: RelayClient, args: argparse.Namespace, out: TextIO, err:
     return 0
 
 
+async def delete(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Delete an ended job or a cron template; print ``<id>  deleted``."""
+    deleted = await client.delete(args.id)
+    print(f"{deleted['id']}  deleted", file=out)
+    return 0
+
+
 async def resume(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Resume a paused job; print ``<id>  queued``."""
     batch = await client.resume(args.id)
@@ -433,4 +441,5 @@ COMMANDS: dict[str, Command] = {
     "resume": resume,
     "deliveries": deliveries,
     "redeliver": redeliver,
+    "delete": delete,
 }

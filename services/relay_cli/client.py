@@ -133,6 +133,10 @@ class RelayClient:
         """``POST /v1/batches/{id}/cancel``."""
         return dict(await self._json("POST", f"/v1/batches/{batch_id}/cancel"))
 
+    async def delete(self, batch_id: str) -> dict[str, Any]:
+        """``DELETE /v1/batches/{id}``: ``{id, object: "batch.deleted", deleted: true}``."""
+        return dict(await self._json("DELETE", f"/v1/batches/{batch_id}"))
+
     async def pause(self, batch_id: str) -> dict[str, Any]:
         """``POST /v1/batches/{id}/pause``."""
         return dict(await self._json("POST", f"/v1/batches/{batch_id}/pause"))

@@ -331,3 +331,40 @@ async def test_deliveries_lists_every_attempt_and_redeliver_posts_the_summary_ag
     refused = await relay(system, api_key, "redeliver", running["id"])
     assert refused.code == 1 and "409 conflict_error" in refused.err, refused
     await relay(system, api_key, "cancel", running["id"])
+
+
+async def test_delete_removes_an_ended_job_and_a_template_and_refuses_a_running_job(
+    system: System, api_key: str, api: ApiClient
+) -> None:
+    job = await api.submit({"model": "gpt-4o-mini", "requests": [{"messages": _user("bye")}]})
+    await api.wait_status(job["id"], {"completed"}, timeout=60)
+
+    run = await relay(system, api_key, "delete", job["id"])
+    assert (run.code, run.out) == (0, f"{job['id']}  deleted\n"), run
+    for path in ("", "/results", "/stats"):
+        status, body = await api.request("GET", f"/v1/batches/{job['id']}{path}")
+        assert (status, body["error"]["type"]) == (404, "not_found_error"), (path, body)
+    again = await relay(system, api_key, "delete", job["id"])
+    assert again.code == 1 and "404 not_found_error" in again.err, again
+
+    slow = await api.submit({"model": "gpt-4o-mini", "requests": slow_requests(50, 200, "d")})
+    await api.wait_status(slow["id"], {"running"}, timeout=30)
+    refused = await relay(system, api_key, "delete", slow["id"])
+    assert refused.code == 1 and "409 conflict_error" in refused.err, refused
+    assert "running" in refused.err and refused.err.count("\n") == 1, refused
+    await relay(system, api_key, "cancel", slow["id"])
+    canceled = await api.wait_status(slow["id"], {"canceled"}, timeout=30)
+    run = await relay(system, api_key, "delete", canceled["id"])
+    assert run.code == 0, run
+
+    template = await api.submit(
+        {"model": "gpt-4o-mini", "cron": "0 9 * * 1", "requests": [{"messages": _user("t")}]}
+    )
+    run = await relay(system, api_key, "delete", template["id"])
+    assert (run.code, run.out) == (0, f"{template['id']}  deleted\n"), run
+    status, _ = await api.request("GET", f"/v1/batches/{template['id']}")
+    assert status == 404
+
+
+def _user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]

@@ -651,3 +651,69 @@ async def test_the_panel_check_reports_object_text_and_empty_value_cells(
     await context.close()
     assert any(p.startswith("# text: ") and "Usage [object HTMLElement]" in p for p in problems)
     assert any(p.startswith("empty <dd> # in #job-usage: ") for p in problems), problems
+
+
+async def test_delete_an_ended_job_and_a_template_from_their_pages_after_a_confirm(
+    page: Page, panel_key: str, api: ApiClient, shots: Path
+) -> None:
+    done = await api.submit(
+        {
+            "model": "gpt-4o-mini",
+            "name": "Done",
+            "requests": [{"messages": [{"role": "user", "content": "x"}]}],
+        },
+        key=panel_key,
+    )
+    weekly = await api.submit(
+        {
+            "model": "gpt-4o-mini",
+            "name": "Weekly",
+            "cron": "0 6 * * 1",
+            "requests": [{"messages": [{"role": "user", "content": "y"}]}],
+        },
+        key=panel_key,
+    )
+    await wait_batch(api, done["id"], panel_key, {"completed"})
+    await sign_in(page, panel_key)
+    await open_job(page, done["id"])
+    await expect(badge(page)).to_have_text("completed")
+
+    await page.get_by_role("button", name="Delete job").click()
+    dialog = page.get_by_role("dialog")
+    await expect(dialog).to_contain_text('"Done" (completed) is deleted for good')
+    await page.screenshot(path=shots / "delete-dialog.png")
+    await dialog.get_by_role("button", name="Keep it").click()
+    await expect(dialog).to_be_hidden()
+    assert (await get_batch(api, done["id"], panel_key))["status"] == "completed"
+
+    await page.get_by_role("button", name="Delete job").click()
+    await dialog.get_by_role("button", name="Delete job").click()
+    await expect(page.get_by_role("heading", name="Jobs", level=1)).to_be_visible()
+    await expect(page.locator("#flash")).to_have_text("Deleted job Done")
+    await expect(job_row(page, "Weekly")).to_have_count(1)
+    await expect(job_row(page, "Done")).to_have_count(0)
+    status, _ = await api.request("GET", f"/v1/batches/{done['id']}", key=panel_key)
+    assert status == 404
+
+    await job_row(page, "Weekly").get_by_role("link", name="Weekly").click()
+    await expect(badge(page)).to_have_text("scheduled")
+    await page.get_by_role("button", name="Delete job").click()
+    await expect(dialog).to_contain_text("spawns no more runs")
+    await dialog.get_by_role("button", name="Delete job").click()
+    await expect(page.locator("#flash")).to_have_text("Deleted job Weekly")
+    await expect(page.locator("#jobs-empty")).to_be_visible()
+    status, _ = await api.request("GET", f"/v1/batches/{weekly['id']}", key=panel_key)
+    assert status == 404
+
+
+async def test_a_running_job_offers_no_delete(page: Page, panel_key: str, api: ApiClient) -> None:
+    job = await api.submit(
+        {"model": "gpt-4o-mini", "name": "Busy", "requests": slow_rows(300, 200)}, key=panel_key
+    )
+    await sign_in(page, panel_key)
+    await open_job(page, job["id"])
+    await expect(page.get_by_role("button", name="Cancel job")).to_be_visible()
+    await expect(page.get_by_role("button", name="Delete job")).to_be_hidden()
+    await api.request("POST", f"/v1/batches/{job['id']}/cancel", key=panel_key)
+    await expect(badge(page)).to_have_text("canceled")
+    await expect(page.get_by_role("button", name="Delete job")).to_be_visible()

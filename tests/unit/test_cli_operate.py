@@ -1,4 +1,4 @@
-"""``relay batch retry|pause|resume|deliveries|redeliver`` and the cost in ``status``:
+"""``relay batch retry|pause|resume|deliveries|redeliver|delete`` and the cost in ``status``:
 parsing and output, on a fake client (no servers)."""
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ class FakeClient:
     async def resume(self, batch_id: str) -> dict[str, Any]:
         self.calls.append(("resume", batch_id))
         return {"id": batch_id, "status": "queued"}
+
+    async def delete(self, batch_id: str) -> dict[str, Any]:
+        self.calls.append(("delete", batch_id))
+        return {"id": batch_id, "object": "batch.deleted", "deleted": True}
 
     async def redeliver(self, batch_id: str) -> dict[str, Any]:
         self.calls.append(("redeliver", batch_id))
@@ -106,6 +110,15 @@ async def test_pause_resume_and_redeliver_print_one_line_each() -> None:
         "",
     )
     assert [c[0] for c in client.calls] == ["pause", "resume", "redeliver"]
+
+
+async def test_delete_prints_the_deleted_id_and_takes_exactly_one_id() -> None:
+    client = FakeClient()
+    assert await run(client, "delete", BATCH_ID) == (0, f"{BATCH_ID}  deleted\n", "")
+    assert client.calls == [("delete", BATCH_ID)]
+    with pytest.raises(SystemExit) as exited:
+        parse("delete")
+    assert exited.value.code == 2  # a usage error
 
 
 def test_a_delivery_line_per_attempt_with_dashes_for_the_unknown() -> None:

@@ -8,12 +8,23 @@ another job still runs them (a cron template's runs, which name the template in
 response is the job (a replay would point at a job that is gone; an upload's list
 response naming several jobs is kept, so its replay never re-creates the others), an
 OpenAI batch's link and its output and error file records, then the job itself. Rows
-the job ran but does not own (an uploaded file's, a template's) are never touched. The
-runs of a deleted cron template keep their rows and lose only their ``template_id``.
+the job ran but does not own (an uploaded file's, a live template's) are never touched.
+The runs of a deleted cron template keep their rows and lose only their ``template_id``;
+those rows, still stored under the template's id, go with the last run that used them
+(the job that runs rows of a template which no longer exists and which no other job
+runs). Every deletion of a job running someone's rows takes a transaction-level
+advisory lock on that rows id, so two runs deleted at once cannot each leave the rows to
+the other.
+
+Retries (issue 14): a deleted retry leaves its original's ``retries``; a deleted
+original's retries keep their rows and lose only their ``retry_of``. The original and
+the retries are locked with the job, in id order, so nothing names a deleted job.
 
 Only an ended job may be deleted (:data:`~relay_batches.model.TERMINAL`): a live one
-still has workers writing its outcomes. Afterwards nothing names the job: every surface
-answers 404 for it.
+still has workers writing its outcomes. A scheduled cron template spawns new jobs but
+runs no rows itself, so the native surface may delete it too (``templates=True``): it
+is gone, and the scheduler, which finds due templates in the ledger, never sees it
+again. Afterwards nothing names the job: every surface answers 404 for it.
 """
 
 from __future__ import annotations
@@ -30,9 +41,34 @@ from relay_batches.model import TERMINAL, JobStatus
 # The job and the runs it spawned (a cron template's), locked together in id order
 # (ledger/lock_order.py): the aggregator locks jobs by id, so locking the template first
 # and its runs after could close a cycle with it.
+# Its original and its retries (issue 14) are locked with it: both are updated below.
 _LOCK_JOB = (
-    "SELECT id, status FROM batches"
-    " WHERE (id = $1 AND workspace_id = $2) OR template_id = $1 ORDER BY id FOR UPDATE"
+    "SELECT id, status, rows_batch_id FROM batches"
+    " WHERE (id = $1 AND workspace_id = $2) OR template_id = $1"
+    " OR id IN (SELECT unnest(array_append(retries, retry_of)) FROM batches"
+    "  WHERE id = $1 AND workspace_id = $2)"
+    " ORDER BY id FOR UPDATE"
+)
+# $1 the rows id the job runs: deletions of jobs sharing those rows, one at a time.
+_LOCK_ROWS = "SELECT pg_advisory_xact_lock(hashtext('relay.batch_rows'), hashtext($1))"
+# $1 the rows id the job ($2) runs, stored under a job that no longer exists (a deleted
+# template's): freed once no other job runs them. An uploaded file's rows ($1 is a
+# file's id) are the file's, freed with it.
+_DELETE_ORPHANED_ROWS = (
+    "DELETE FROM batch_rows WHERE batch_id = $1 AND $1 <> $2"
+    " AND NOT EXISTS (SELECT 1 FROM batches WHERE id = $1)"
+    " AND NOT EXISTS (SELECT 1 FROM files WHERE id = $1)"
+    " AND NOT EXISTS (SELECT 1 FROM batches WHERE rows_batch_id = $1 AND id <> $2)"
+)
+# The deleted job leaves its original's list of retries, and its retries' retry_of: rows
+# _LOCK_JOB locked already, in id order, so these plain updates wait for no one.
+_UNLIST_RETRY = (
+    "UPDATE batches o SET retries = array_remove(o.retries, $1)"
+    " FROM batches r WHERE r.id = $1 AND o.id = r.retry_of"
+)
+_DETACH_RETRIES = (
+    "UPDATE batches SET retry_of = NULL"
+    " WHERE id = ANY((SELECT retries FROM batches WHERE id = $1)::text[]) AND retry_of = $1"
 )
 _DELETE_OUTCOMES = "DELETE FROM row_results WHERE batch_id = $1"
 # Rows stored under the job's id, unless another job runs them (rows_batch_id).
@@ -77,7 +113,15 @@ _DETACH_RUNS = update_jobs_in_id_order("template_id = $1", "template_id = NULL")
 _DELETE_JOB = "DELETE FROM batches WHERE id = $1 AND workspace_id = $2"
 
 # In this order: everything naming the job goes before the job (foreign keys).
-_BY_ID = (_DELETE_OUTCOMES, _DELETE_OWN_ROWS, _DELETE_ATTEMPTS, _DELETE_DELIVERY, _DETACH_RUNS)
+_BY_ID = (
+    _DELETE_OUTCOMES,
+    _DELETE_OWN_ROWS,
+    _DELETE_ATTEMPTS,
+    _DELETE_DELIVERY,
+    _DETACH_RUNS,
+    _UNLIST_RETRY,
+    _DETACH_RETRIES,
+)
 _BY_ID_AND_WORKSPACE = (_DELETE_IDEMPOTENCY, _DELETE_JOB)
 
 
@@ -96,22 +140,30 @@ class StillLive(ConflictError):
         self.status = status
 
 
-async def delete_job(conn: Connection, workspace_id: str, batch_id: str) -> Deleted:
+async def delete_job(
+    conn: Connection, workspace_id: str, batch_id: str, *, templates: bool = False
+) -> Deleted:
     """Delete the ended job ``batch_id`` of ``workspace_id`` with its outcomes, its own
-    rows, its delivery and the idempotency records naming it, in one transaction.
+    rows, its delivery and the idempotency records naming it, in one transaction; with
+    ``templates`` a scheduled cron template too.
 
-    :class:`StillLive` (and nothing deleted) while the job is queued, scheduled or
-    running; :attr:`Deleted.NOT_FOUND` when the workspace has no such job.
+    :class:`StillLive` (and nothing deleted) while the job is queued, running or paused
+    (or scheduled, without ``templates``); :attr:`Deleted.NOT_FOUND` when the workspace
+    has no such job.
     """
+    deletable = TERMINAL | {JobStatus.SCHEDULED} if templates else TERMINAL
     async with conn.transaction():
         locked = await conn.fetch(_LOCK_JOB, batch_id, workspace_id)
-        status = next((r["status"] for r in locked if r["id"] == batch_id), None)
-        if status is None:
+        target = next((r for r in locked if r["id"] == batch_id), None)
+        if target is None:
             return Deleted.NOT_FOUND
-        if JobStatus(status) not in TERMINAL:
-            raise StillLive(batch_id, JobStatus(status))
+        if JobStatus(target["status"]) not in deletable:
+            raise StillLive(batch_id, JobStatus(target["status"]))
+        rows_id = target["rows_batch_id"]
+        await conn.execute(_LOCK_ROWS, rows_id)
         for statement in _BY_ID:
             await conn.execute(statement, batch_id)
+        await conn.execute(_DELETE_ORPHANED_ROWS, rows_id, batch_id)
         await _delete_openai_link(conn, workspace_id, batch_id)
         for statement in _BY_ID_AND_WORKSPACE:
             await conn.execute(statement, batch_id, workspace_id)
@@ -133,7 +185,7 @@ class JobDeletion:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def delete(self, workspace_id: str, batch_id: str) -> Deleted:
+    async def delete(self, workspace_id: str, batch_id: str, *, templates: bool = False) -> Deleted:
         """See :func:`delete_job`."""
         async with translated(), self._pool.acquire() as conn:
-            return await delete_job(conn, workspace_id, batch_id)
+            return await delete_job(conn, workspace_id, batch_id, templates=templates)

@@ -84,6 +84,7 @@ export const api = {
   list: (params) => request("GET", `/v1/batches?${new URLSearchParams(params)}`),
   get: (id) => request("GET", batchPath(id)),
   cancel: (id) => request("POST", batchPath(id, "/cancel")),
+  remove: (id) => request("DELETE", batchPath(id)),
   pause: (id) => request("POST", batchPath(id, "/pause")),
   resume: (id) => request("POST", batchPath(id, "/resume")),
   retry: (id, rows = "failed") =>

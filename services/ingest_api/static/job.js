@@ -1,11 +1,12 @@
 // The job page: counters, progress, cost, rate and ETA (live until the job ends), details,
-// usage, the Pause / Resume / Retry failed rows / Cancel buttons, two charts from the
+// usage, the Pause / Resume / Retry failed rows / Cancel / Delete buttons, two charts from the
 // job's stats, results (the rows finished so far while it runs; optionally with every
 // row's details), dead letters, the webhook delivery log, downloads, and for a cron
 // template its next run and its runs.
 
 import { api } from "./api.js";
 import { confirmCancel } from "./cancel.js";
+import { confirmDelete } from "./delete.js";
 import { latencyChart, latencySummary, progressChart } from "./charts.js";
 import { clearDeliveries, loadDeliveries, redeliver } from "./deliveries.js";
 import { downloadResults } from "./export.js";
@@ -66,6 +67,8 @@ function renderButtons(batch) {
   document.getElementById("job-pause").hidden = !PAUSABLE.has(batch.status);
   document.getElementById("job-resume").hidden = batch.status !== "paused";
   document.getElementById("job-retry").hidden = !(TERMINAL.has(batch.status) && batch.failed > 0);
+  // An ended job, or a cron template (scheduled or not): what DELETE /v1/batches/{id} takes.
+  document.getElementById("job-delete").hidden = !(TERMINAL.has(batch.status) || batch.cron);
 }
 
 function renderCounters(batch) {
@@ -267,6 +270,13 @@ function wireControls() {
   on("job-cancel", async () => {
     if (state.batch && (await confirmCancel(state.batch))) startJob(state.id);
   });
+  on("job-delete", async () => {
+    if (!state.batch || !(await confirmDelete(state.batch))) return;
+    const name = state.batch.name;
+    stopJob();
+    window.dispatchEvent(new CustomEvent("relay:deleted", { detail: { name } }));
+    location.hash = "#/jobs";
+  });
   on("job-pause", async () => showBatch(await api.pause(state.id)));
   on("job-resume", async () => showBatch(await api.resume(state.id)));
   on("job-retry", async () => {
@@ -310,7 +320,7 @@ export function startJob(id) {
   for (const el of ["job-runs", "job-details", "chart-progress", "chart-latency"]) {
     fill(document.getElementById(el));
   }
-  for (const el of ["job-pause", "job-resume", "job-retry", "job-cancel"]) {
+  for (const el of ["job-pause", "job-resume", "job-retry", "job-cancel", "job-delete"]) {
     document.getElementById(el).hidden = true;
   }
   clearRows();

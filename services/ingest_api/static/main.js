@@ -94,6 +94,7 @@ document.getElementById("sign-out").addEventListener("click", () => signOut());
 window.addEventListener("relay:unauthorized", () => {
   if (getKey()) signOut("Your API key was refused; sign in again.");
 });
+window.addEventListener("relay:deleted", (event) => flash(`Deleted job ${event.detail.name}`));
 window.addEventListener("hashchange", () => {
   if (location.hash !== "#/jobs") flash("");
   route();
