@@ -199,6 +199,28 @@ async def test_a_job_another_transaction_holds_is_skipped_not_waited_for(
     assert await counts(pool, held) == NOTHING
 
 
+async def test_a_job_whose_retry_another_transaction_holds_waits_for_a_later_one(
+    pool: asyncpg.Pool,
+) -> None:
+    ws, _ = await workspace(pool)
+    original, retry = await ended(pool, ws, 32), await ended(pool, ws, 31)
+    await pool.execute(
+        "UPDATE batches SET retries = ARRAY[$2::text] WHERE id = $1", original, retry
+    )
+    await pool.execute("UPDATE batches SET retry_of = $2 WHERE id = $1", retry, original)
+    store = RetentionStore(pool, RETENTION, jobs=1)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT 1 FROM batches WHERE id = $1 FOR UPDATE", retry)
+        # The oldest due job (the original) is taken alone; its retry is held elsewhere.
+        assert await asyncio.wait_for(store.purge_jobs(), 5) == Purged(0, 0)
+        assert await counts(pool, original) == EVERYTHING
+
+    both = RetentionStore(pool, RETENTION)
+    assert await both.purge_jobs() == Purged(2, 6)
+    assert await counts(pool, original) == NOTHING
+    assert await counts(pool, retry) == NOTHING
+
+
 async def test_each_transaction_stays_within_its_budget(pool: asyncpg.Pool) -> None:
     ws, _ = await workspace(pool)
     for _ in range(5):

@@ -30,16 +30,25 @@ from relay_batches.model import TERMINAL
 # $1 the default retention, $2 at most this many. The shortest retention of any
 # workspace bounds the scan of the batches_ended index (an init plan, computed once);
 # each job is then held to its own workspace's. Jobs another reaper (or a DELETE) holds
-# are skipped inside the scan, so a second reaper takes the next ones; it never waits
-# on a job's row, so its order of locking cannot close a cycle with anyone's.
+# are skipped inside the scan, so a second reaper takes the next ones. delete_job also
+# locks a job's original and retries (issue 14): those are taken here too, skipping
+# any held elsewhere, and a job whose relatives were not all taken waits for a later
+# transaction. So a reaper never waits on a job's row, and its order of locking cannot
+# close a cycle with anyone's.
 _CLAIM_DUE = (
-    "SELECT b.id, b.workspace_id, b.total FROM batches b"
-    " JOIN workspaces w ON w.id = b.workspace_id"
-    f" WHERE b.cron IS NULL AND {status_in(TERMINAL)}"
-    " AND b.completed_at < now()"
-    "  - (SELECT LEAST($1::interval, min(retention)) FROM workspaces)"
-    " AND b.completed_at < now() - COALESCE(w.retention, $1::interval)"
-    " ORDER BY b.completed_at LIMIT $2 FOR UPDATE OF b SKIP LOCKED"
+    "WITH due AS (SELECT b.id, b.workspace_id, b.total, b.rows_batch_id,"
+    "  array_remove(array_append(b.retries, b.retry_of), NULL) AS related"
+    "  FROM batches b JOIN workspaces w ON w.id = b.workspace_id"
+    f"  WHERE b.cron IS NULL AND {status_in(TERMINAL)}"
+    "  AND b.completed_at < now()"
+    "   - (SELECT LEAST($1::interval, min(retention)) FROM workspaces)"
+    "  AND b.completed_at < now() - COALESCE(w.retention, $1::interval)"
+    "  ORDER BY b.completed_at LIMIT $2 FOR UPDATE OF b SKIP LOCKED),"
+    " held AS MATERIALIZED (SELECT r.id FROM batches r"
+    "  WHERE r.id IN (SELECT unnest(related) FROM due) AND r.id NOT IN (SELECT id FROM due)"
+    "  FOR UPDATE SKIP LOCKED)"
+    " SELECT d.id, d.workspace_id, d.total, d.rows_batch_id FROM due d"
+    " WHERE d.related <@ ARRAY(SELECT id FROM due UNION ALL SELECT id FROM held)"
 )
 # A job too large for one transaction loses its outcomes and its own rows (the rows
 # delete_job would delete: none another job still runs) a bounded slice at a time, in
@@ -78,6 +87,7 @@ class _Claimed:
     id: str
     workspace_id: str
     total: int
+    rows_batch_id: str = ""
 
 
 def within_budget(claimed: list[_Claimed], rows: int) -> list[_Claimed]:
@@ -113,9 +123,11 @@ class RetentionStore:
                 trimmed = await self._trim(conn, taken[0].id)
                 if trimmed:
                     return Purged(0, 0, trimmed)
+            # delete_job takes an advisory lock on each job's rows id: in that order,
+            # so two reapers never wait on each other's.
             purged = [
                 job
-                for job in taken
+                for job in sorted(taken, key=lambda job: (job.rows_batch_id, job.id))
                 if await delete_job(conn, job.workspace_id, job.id) is Deleted.DELETED
             ]
         return Purged(len(purged), sum(job.total for job in purged))
