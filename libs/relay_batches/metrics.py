@@ -43,6 +43,16 @@ HTTP_LATENCY = Histogram(
     ["method", "route", "status"],
 )
 
+RETENTION_JOBS_PURGED = Counter(
+    "relay_retention_jobs_purged_total", "Ended jobs purged past their retention"
+)
+RETENTION_ROWS_PURGED = Counter(
+    "relay_retention_rows_purged_total", "Rows of the jobs purged past their retention"
+)
+IDEMPOTENCY_KEYS_PURGED = Counter(
+    "relay_idempotency_keys_purged_total", "Idempotency-Key records purged past their 24 hours"
+)
+
 
 def render_metrics() -> tuple[bytes, str]:
     """The current metrics in the Prometheus text format, with its content type."""

@@ -10,9 +10,13 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from urllib.parse import urlsplit
 
+from relay_batches.durations import SPELLING, parse_duration
 from relay_batches.netguard import IPNetwork, parse_networks
+
+RETENTION_MAX_DIGITS = 6  # 999999d at most: far beyond any retention, and no overflow
 
 
 class ConfigError(Exception):
@@ -131,6 +135,10 @@ class Settings:
     heartbeat_seconds: float = 2.0
     scheduler_max_sleep_s: float = 60.0
     expiry_interval_s: float = 1.0
+    # How long an ended job is kept before the scheduler's retention reaper purges it
+    # (a workspace may override it: workspaces.retention); and how often that reaper runs.
+    retention: timedelta = timedelta(days=30)
+    retention_interval_s: float = 60.0
     # The API's public address (scheme://host[:port][/prefix]) for URLs it hands out
     # (an Anthropic batch's results_url); empty: the request's own origin (dev only:
     # behind a TLS-terminating proxy that origin is http://).
@@ -209,6 +217,10 @@ class Settings:
                 env, "RELAY_SCHEDULER_MAX_SLEEP_S", d.scheduler_max_sleep_s
             ),
             expiry_interval_s=_finite_positive(env, "RELAY_EXPIRY_INTERVAL_S", d.expiry_interval_s),
+            retention=_duration(env, "RELAY_RETENTION", d.retention),
+            retention_interval_s=_finite_positive(
+                env, "RELAY_RETENTION_INTERVAL_S", d.retention_interval_s
+            ),
             public_base_url=_base_url(env, "RELAY_PUBLIC_BASE_URL"),
         )
 
@@ -219,10 +231,22 @@ class Settings:
             value = getattr(self, f.name)
             if f.name in {"database_url", "amqp_url"}:
                 value = _mask_url(str(value))
+            if isinstance(value, timedelta):
+                value = value.total_seconds()
             if f.name == "webhook_allow_networks":
                 value = [str(n) for n in value]
             out[f.name] = value
         return out
+
+
+def _duration(env: Mapping[str, str], name: str, default: timedelta) -> timedelta:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    value = parse_duration(raw, RETENTION_MAX_DIGITS)
+    if value is None or value <= timedelta(0):
+        raise ConfigError(f"{name} must be a duration above 0 ({SPELLING}), got {raw!r}")
+    return value
 
 
 def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:

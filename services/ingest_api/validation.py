@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import orjson
 from croniter import CroniterBadDateError, CroniterError, croniter
 
+from relay_batches.durations import SPELLING, parse_duration
 from relay_batches.errors import ApiError, invalid
 from relay_batches.services.ingest_api.chat_rows import (
     MAX_CUSTOM_ID_CHARS,
@@ -54,7 +55,6 @@ PRIORITY_MAX = 1000
 _ABSENT = object()
 _QUOTE_CHARS = 64
 # A completion window: "24h" (OpenAI's only value) or any <n>s|m|h|d from 1s to 7d.
-WINDOW_UNITS: Mapping[str, int] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MIN_COMPLETION_WINDOW = timedelta(seconds=1)
 MAX_COMPLETION_WINDOW = timedelta(days=7)
 _MAX_WINDOW_DIGITS = 6  # 604800s is the longest allowed spelling
@@ -464,18 +464,12 @@ def completion_window(value: object, param: str) -> timedelta:
     """
     if type(value) is not str:
         raise invalid(f'{param} must be a string such as "24h"', param)
-    digits, unit = value[:-1], WINDOW_UNITS.get(value[-1:])
-    if (
-        unit is None
-        or not (digits.isascii() and digits.isdigit())
-        or len(digits) > _MAX_WINDOW_DIGITS
-    ):
+    window = parse_duration(value, _MAX_WINDOW_DIGITS)
+    if window is None:
         raise invalid(
-            f"{param} {_quote(value)} is not a duration: write <n>s, <n>m, <n>h or <n>d"
-            ' (for example "24h")',
+            f'{param} {_quote(value)} is not a duration: write {SPELLING} (for example "24h")',
             param,
         )
-    window = timedelta(seconds=int(digits) * unit)
     if not MIN_COMPLETION_WINDOW <= window <= MAX_COMPLETION_WINDOW:
         raise invalid(f"{param} must be from 1s to 7d, got {_quote(value)}", param)
     return window

@@ -8,11 +8,13 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 
+from relay_batches.durations import SPELLING, format_duration, parse_duration
 from relay_batches.model import iso
 from relay_batches.services.relay_cli import admin, dev
 from relay_batches.services.relay_cli.batch import add_batch_parser, run_batch
-from relay_batches.settings import ConfigError, Settings
+from relay_batches.settings import RETENTION_MAX_DIGITS, ConfigError, Settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,9 +51,30 @@ def _parser() -> argparse.ArgumentParser:
         " for up to 24 h",
     )
 
+    keep = spaces_sub.add_parser(
+        "retention",
+        help="how long the workspace's ended jobs are kept before they are purged",
+    )
+    keep.add_argument("name")
+    keep.add_argument(
+        "retention",
+        type=_retention,
+        help="a duration such as 7d, 12h or 30m; 'default' for RELAY_RETENTION",
+    )
+
     sub.add_parser("dev", help="run every service and the simulator locally (make run)")
     add_batch_parser(sub)
     return parser
+
+
+def _retention(raw: str) -> timedelta | None:
+    """The ``retention`` argument: a duration above 0, or ``default`` (None)."""
+    if raw == "default":
+        return None
+    value = parse_duration(raw, RETENTION_MAX_DIGITS)
+    if value is None or value <= timedelta(0):
+        raise argparse.ArgumentTypeError(f"write {SPELLING} (for example 7d) or default")
+    return value
 
 
 def _attempts(raw: str) -> int:
@@ -133,6 +156,12 @@ def _workspaces_retries(settings: Settings, args: argparse.Namespace) -> None:
     print(f"workspace {args.name}: webhook max attempts {stored} ({rule})")
 
 
+def _workspaces_retention(settings: Settings, args: argparse.Namespace) -> None:
+    asyncio.run(admin.set_retention(settings.database_url, args.name, args.retention))
+    kept = "RELAY_RETENTION" if args.retention is None else format_duration(args.retention)
+    print(f"workspace {args.name}: ended jobs kept for {kept}, then purged")
+
+
 def _dev_command(settings: Settings, _: argparse.Namespace) -> None:
     asyncio.run(dev.run(settings, dev.DevOptions.from_env(os.environ), os.environ))
 
@@ -146,6 +175,7 @@ _COMMANDS: dict[tuple[str, str | None], Callable[[Settings, argparse.Namespace],
     ("workspaces", "list"): _workspaces_list,
     ("workspaces", "webhook-secret"): _workspaces_secret,
     ("workspaces", "webhook-retries"): _workspaces_retries,
+    ("workspaces", "retention"): _workspaces_retention,
     ("dev", None): _dev_command,
 }
 

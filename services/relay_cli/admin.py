@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
 import asyncpg
 
 from relay_batches.errors import ConflictError
 from relay_batches.ledger.keys import CreatedKey, KeyInfo, KeyStore, WorkspaceInfo
 from relay_batches.ledger.migrate import apply_migrations, ensure_database
+from relay_batches.ledger.retention import set_workspace_retention
 
 
 class AdminError(Exception):
@@ -87,6 +89,18 @@ async def set_webhook_retries(database_url: str, name: str, max_attempts: int) -
     if stored is None:
         raise AdminError(f"no workspace named {name!r}")
     return stored
+
+
+async def set_retention(database_url: str, name: str, retention: timedelta | None) -> None:
+    """Keep workspace ``name``'s ended jobs for ``retention`` (None: ``RELAY_RETENTION``)."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1, timeout=10)
+    assert pool is not None
+    try:
+        found = await set_workspace_retention(pool, name, retention)
+    finally:
+        await pool.close()
+    if not found:
+        raise AdminError(f"no workspace named {name!r}")
 
 
 async def rotate_webhook_secret(database_url: str, name: str) -> str:

@@ -1,5 +1,5 @@
-"""``relay-scheduler``: read settings, open the pool and bus, run the spawn loop and the
-expiry reaper."""
+"""``relay-scheduler``: read settings, open the pool and bus, run the spawn loop, the
+expiry reaper and the retention reaper."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import logging
 from relay_batches.announce import wake_dispatcher
 from relay_batches.ledger.expiry import ExpiryStore
 from relay_batches.ledger.outbox import mark_finished_published
+from relay_batches.ledger.retention import RetentionStore
 from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
 from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.scheduler.core import Reaper, Scheduler
+from relay_batches.services.scheduler.retention import Purger
 from relay_batches.services.scheduler.service import scheduler_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
@@ -42,6 +44,8 @@ async def build(
         grace_s=settings.shutdown_grace_s,
         reaper=reaper,
         expiry_interval_s=settings.expiry_interval_s,
+        purger=Purger(RetentionStore(pool, settings.retention)),
+        retention_interval_s=settings.retention_interval_s,
     )
 
 
@@ -50,7 +54,7 @@ def main() -> None:
     answer_help(
         "relay-scheduler",
         "Spawns one queued run per due cron tick of each template and ends jobs past"
-        " their completion window.",
+        " their completion window; purges ended jobs past their retention.",
     )
     run_service("scheduler", build)
 

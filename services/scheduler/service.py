@@ -7,7 +7,9 @@ cap late), and ends early when a ``template.created`` event arrives. A failed pa
 (database away) is retried after a short pause.
 
 Beside it runs the reaper (:class:`~.core.Reaper`): every ``expiry_interval_s`` it ends
-the jobs whose completion window has passed.
+the jobs whose completion window has passed; and the retention reaper
+(:class:`~.retention.Purger`): every ``retention_interval_s`` it purges the ended jobs
+past their retention.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from relay_batches.kit.consumer import Subscribe
 from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import TemplateCreated
 from relay_batches.services.scheduler.core import Clock, Reaper, Scheduler, utc_now
+from relay_batches.services.scheduler.retention import Purger
 
 log = logging.getLogger("relay.scheduler")
 
@@ -37,8 +40,11 @@ def scheduler_service(
     clock: Clock = utc_now,
     reaper: Reaper | None = None,
     expiry_interval_s: float = 1.0,
+    purger: Purger | None = None,
+    retention_interval_s: float = 60.0,
 ) -> BusService:
-    """The scheduler's declaration; with a ``reaper``, its expiry pass too."""
+    """The scheduler's declaration; with a ``reaper``, its expiry pass too; with a
+    ``purger``, its retention pass too."""
     spawn = Periodic(
         "spawn",
         max_sleep_s,
@@ -59,4 +65,6 @@ def scheduler_service(
     periodic = [spawn]
     if reaper is not None:
         periodic.append(every("expire", expiry_interval_s, reaper.expire_pass))
+    if purger is not None:
+        periodic.append(every("retention", retention_interval_s, purger.purge_pass))
     return BusService(bus, [created], periodic=periodic, ledger=ledger, grace_s=grace_s)
