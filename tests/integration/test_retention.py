@@ -112,23 +112,37 @@ async def test_an_old_ended_job_is_purged_from_every_table_and_the_rest_stay(
     await pool.execute("UPDATE batches SET status = 'running' WHERE id = $1", running)
     await pool.execute("UPDATE batches SET status = 'paused' WHERE id = $1", paused)
     template = await job(pool, ws, cron="0 * * * *")
-    canceled_template = await job(pool, ws, cron="0 * * * *")
-    live = (queued, running, paused, template, canceled_template)
+    live = (queued, running, paused, template)
+    # Canceled templates are ended jobs: one alone, and one whose queued run still runs
+    # its rows (stored under the template's id).
+    canceled, with_run = (
+        await job(pool, ws, cron="0 * * * *"),
+        await job(pool, ws, cron="0 * * * *"),
+    )
+    run = await JobStore(pool).create(
+        NewJob(new_id(), ws, "r", "gpt-4o-mini", 0, 3, None, None, None, rows_batch_id=with_run),
+        [],
+    )
     await pool.execute(
         "UPDATE batches SET created_at = now() - interval '60 days',"
-        " completed_at = CASE WHEN id = $2 THEN now() - interval '60 days' END,"
-        " status = CASE WHEN id = $2 THEN 'canceled' ELSE status END"
+        " completed_at = CASE WHEN id = ANY($2::text[]) THEN now() - interval '60 days' END,"
+        " status = CASE WHEN id = ANY($2::text[]) THEN 'canceled' ELSE status END"
         " WHERE id = ANY($1::text[])",
-        list(live),
-        canceled_template,
+        [*live, canceled, with_run],
+        [canceled, with_run],
     )
     assert await counts(pool, old) == EVERYTHING
 
     purged = await Purger(RetentionStore(pool, RETENTION)).purge_pass()
 
-    assert purged == Purged(1, 3)
+    assert purged == Purged(3, 9)
     assert await counts(pool, old) == NOTHING
     assert await JobStore(pool).get(ws, old) is None
+    assert await counts(pool, canceled) == {**NOTHING}
+    # The canceled template went; the rows its live run still runs stayed.
+    assert await JobStore(pool).get(ws, with_run) is None
+    assert (await counts(pool, with_run))["batch_rows"] == 3
+    assert await JobStore(pool).get(ws, run.id) is not None
     assert await counts(pool, recent) == EVERYTHING
     for kept in live:
         assert (await counts(pool, kept))["batch_rows"] == 3

@@ -9,9 +9,10 @@ claims the due jobs with ``FOR UPDATE SKIP LOCKED``: several reapers at once eac
 other jobs, and each job is purged by one of them. A transaction takes at most
 ``jobs`` jobs and, counting each job's ``total``, at most ``rows`` rows; a single job
 larger than that first loses its outcomes and own rows a slice at a time, one
-transaction each (a job that is past its retention anyway), and is then deleted. Cron
-templates (``cron IS NOT NULL``) are never purged, and live jobs are never due: only
-the terminal statuses are scanned.
+transaction each (a job that is past its retention anyway), and is then deleted. Live
+jobs are never due, nor is a scheduled cron template: only the terminal statuses are
+scanned. A canceled template is an ended job like any other: it goes, and the runs it
+spawned keep the rows they still run (delete_job frees them with the last one).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ _CLAIM_DUE = (
     "WITH due AS (SELECT b.id, b.workspace_id, b.total, b.rows_batch_id,"
     "  array_remove(array_append(b.retries, b.retry_of), NULL) AS related"
     "  FROM batches b JOIN workspaces w ON w.id = b.workspace_id"
-    f"  WHERE b.cron IS NULL AND {status_in(TERMINAL)}"
+    f"  WHERE {status_in(TERMINAL)}"
     "  AND b.completed_at < now()"
     "   - (SELECT LEAST($1::interval, min(retention)) FROM workspaces)"
     "  AND b.completed_at < now() - COALESCE(w.retention, $1::interval)"
