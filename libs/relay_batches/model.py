@@ -226,15 +226,15 @@ class Job:
         return None if rate is None else shown(rate, RATE_DIGITS)
 
     def eta_s(self, now: datetime | None = None) -> int | None:
-        """Seconds until every row has an outcome at the recent rate, while it runs."""
+        """Seconds until every row has an outcome at the recent rate as shown, while it runs."""
         rate = self.rows_per_s(now)
         if not rate:
             return None
         return math.ceil(max(0, self.total - self.done) / rate)
 
     def to_api(self, now: datetime | None = None) -> dict[str, Any]:
-        """The batch object of API.md."""
-        rows_per_s = self.rows_per_s(now)
+        """The batch object of API.md (rate and ETA as of ``now``, one instant for both)."""
+        now = now or datetime.now(UTC)
         return {
             "id": self.id,
             "object": "batch",
@@ -264,10 +264,8 @@ class Job:
             "budget_usd": self.budget_usd,
             "retry_of": self.retry_of,
             "retries": list(self.retries),
-            "rows_per_s": rows_per_s,
-            "eta_s": None
-            if not rows_per_s
-            else math.ceil(max(0, self.total - self.done) / rows_per_s),
+            "rows_per_s": self.rows_per_s(now),
+            "eta_s": self.eta_s(now),
         }
 
     def webhook_body(self) -> dict[str, Any]:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -197,3 +200,20 @@ async def past_redelivery_cooldown(database_url: str, batch_id: str) -> None:
         )
     finally:
         await conn.close()
+
+
+RELAY_CLI = Path(sys.executable).parent / "relay"
+
+
+async def relay_admin(iso: Isolation, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``relay`` CLI's admin commands against ``iso``'s database, in a thread (the
+    event loop keeps serving the test's servers meanwhile)."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [str(RELAY_CLI), *args],
+        env={"RELAY_DATABASE_URL": iso.database_url, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -8,11 +8,7 @@ asks for them."""
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -24,12 +20,11 @@ from relay_batches.ledger.delivery_log import DeliveryLog, Scheduled
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.model import DeliveryStatus, Job
-from tests.helpers.support import ApiClient, Isolation
+from tests.helpers.support import ApiClient, Isolation, relay_admin
 
 NAME = "delivery-log"  # every job of this module, so its deliveries are found and removed
 HOOK = "http://127.0.0.1:9/hook"  # never connected to: nothing here POSTs
 DAY_S = 24 * 3600
-RELAY = Path(sys.executable).parent / "relay"
 
 
 @pytest.fixture(autouse=True)
@@ -451,24 +446,13 @@ async def test_the_api_lists_attempts_and_schedules_a_redelivery(
     assert (status, body["error"]["param"]) == (400, "webhook_url")
 
 
-def relay(iso: Isolation, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(RELAY), *args],
-        env={"RELAY_DATABASE_URL": iso.database_url, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 async def test_webhook_retries_are_set_per_workspace_from_1_to_20(
     iso: Isolation, pool: asyncpg.Pool
 ) -> None:
     name = f"retries-{new_id()[:6]}"
     await KeyStore(pool).ensure_workspace(name)
     command = ("workspaces", "webhook-retries", name, "--max-attempts")
-    done = await asyncio.to_thread(relay, iso, *command, "20")
+    done = await relay_admin(iso, *command, "20")
     assert (done.returncode, done.stdout) == (
         0,
         f"workspace {name}: webhook max attempts 20"
@@ -477,13 +461,11 @@ async def test_webhook_retries_are_set_per_workspace_from_1_to_20(
     stored = "SELECT webhook_max_attempts FROM workspaces WHERE name = $1"
     assert await pool.fetchval(stored, name) == 20
     for bad in ("0", "21", "x", "-1", "1" * 400):
-        refused = await asyncio.to_thread(relay, iso, *command, bad)
+        refused = await relay_admin(iso, *command, bad)
         assert refused.returncode == 2, bad
         assert "--max-attempts: must be an integer from 1 to 20" in refused.stderr, bad
     assert await pool.fetchval(stored, name) == 20
-    back = await asyncio.to_thread(relay, iso, *command, "1")
+    back = await relay_admin(iso, *command, "1")
     assert back.stdout == f"workspace {name}: webhook max attempts 1 (once, no retry)\n"
-    missing = await asyncio.to_thread(
-        relay, iso, "workspaces", "webhook-retries", "nope", "--max-attempts", "3"
-    )
+    missing = await relay_admin(iso, "workspaces", "webhook-retries", "nope", "--max-attempts", "3")
     assert missing.returncode == 1 and "no workspace named 'nope'" in missing.stderr

@@ -6,10 +6,7 @@ each transaction stays within its budget."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import asyncpg
 
@@ -22,13 +19,12 @@ from relay_batches.ledger.pool import create_pool
 from relay_batches.ledger.retention import Purged, RetentionStore, set_workspace_retention
 from relay_batches.messages import RowOutcome
 from relay_batches.services.scheduler.retention import Purger
-from tests.helpers.support import Isolation
+from tests.helpers.support import Isolation, relay_admin
 
 ROW = '[{"content":"x","role":"user"}]'
 # Far longer than any other test's jobs have been ended: only this file's (dated back
 # past it) are due.
 RETENTION = timedelta(days=30)
-RELAY = Path(sys.executable).with_name("relay")
 
 
 async def workspace(pool: asyncpg.Pool) -> tuple[str, str]:
@@ -263,33 +259,22 @@ async def test_a_job_larger_than_the_budget_goes_a_slice_per_transaction(
     assert await store.purge_jobs() == Purged(0, 0)
 
 
-def relay(iso: Isolation, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(RELAY), *args],
-        env={"RELAY_DATABASE_URL": iso.database_url, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 async def test_relay_workspaces_retention_sets_and_clears_the_override(
     iso: Isolation, pool: asyncpg.Pool
 ) -> None:
     _, name = await workspace(pool)
     stored = "SELECT retention FROM workspaces WHERE name = $1"
 
-    done = await asyncio.to_thread(relay, iso, "workspaces", "retention", name, "7d")
+    done = await relay_admin(iso, "workspaces", "retention", name, "7d")
     assert (done.returncode, done.stdout) == (
         0,
         f"workspace {name}: ended jobs kept for 7d, then purged\n",
     )
     assert await pool.fetchval(stored, name) == timedelta(days=7)
-    refused = await asyncio.to_thread(relay, iso, "workspaces", "retention", name, "a week")
+    refused = await relay_admin(iso, "workspaces", "retention", name, "a week")
     assert refused.returncode == 2 and "write <n>s, <n>m, <n>h or <n>d" in refused.stderr
-    back = await asyncio.to_thread(relay, iso, "workspaces", "retention", name, "default")
+    back = await relay_admin(iso, "workspaces", "retention", name, "default")
     assert back.stdout == f"workspace {name}: ended jobs kept for RELAY_RETENTION, then purged\n"
     assert await pool.fetchval(stored, name) is None
-    missing = await asyncio.to_thread(relay, iso, "workspaces", "retention", "nope", "1d")
+    missing = await relay_admin(iso, "workspaces", "retention", "nope", "1d")
     assert missing.returncode == 1 and "no workspace named 'nope'" in missing.stderr

@@ -6,10 +6,7 @@ import asyncio
 import base64
 import hashlib
 import hmac
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import orjson
@@ -26,24 +23,11 @@ from relay_batches.netguard import parse_networks
 from relay_batches.services.notifier.core import deliver_webhook
 from relay_batches.services.notifier.http import guarded_poster
 from relay_batches.services.relay_cli import admin
-from tests.helpers.support import ApiClient, Isolation, WebhookReceiver, rows
-
-RELAY = Path(sys.executable).parent / "relay"
-
-
-def _relay(iso: Isolation, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(RELAY), *args],
-        env={"RELAY_DATABASE_URL": iso.database_url, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.helpers.support import ApiClient, Isolation, WebhookReceiver, relay_admin, rows
 
 
 async def test_key_lifecycle_create_use_list_revoke(iso: Isolation, client_a: ApiClient) -> None:
-    created = await asyncio.to_thread(_relay, iso, "keys", "create", "--workspace", "lifecycle")
+    created = await relay_admin(iso, "keys", "create", "--workspace", "lifecycle")
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip().splitlines()[-1]
     assert key.startswith("rk_") and len(key) == 35
@@ -51,18 +35,18 @@ async def test_key_lifecycle_create_use_list_revoke(iso: Isolation, client_a: Ap
     status, _ = await client_a.request("GET", "/v1/batches", key=key)
     assert status == 200
 
-    listed = await asyncio.to_thread(_relay, iso, "keys", "list", "--workspace", "lifecycle")
+    listed = await relay_admin(iso, "keys", "list", "--workspace", "lifecycle")
     assert listed.returncode == 0
     [line] = listed.stdout.strip().splitlines()
     key_id = line.split()[0]
     assert key[:8] in line and key not in line and "active" in line
 
-    revoked = await asyncio.to_thread(_relay, iso, "keys", "revoke", key_id)
+    revoked = await relay_admin(iso, "keys", "revoke", key_id)
     assert revoked.returncode == 0, revoked.stderr
     status, body = await client_a.request("GET", "/v1/batches", key=key)
     assert (status, body["error"]["type"]) == (401, "authentication_error")
 
-    again = await asyncio.to_thread(_relay, iso, "keys", "revoke", key_id)
+    again = await relay_admin(iso, "keys", "revoke", key_id)
     assert again.returncode != 0
     assert "no active key" in again.stderr
 
@@ -87,16 +71,16 @@ async def test_keys_are_compared_in_constant_time(
 
 
 async def test_workspace_commands(iso: Isolation) -> None:
-    made = await asyncio.to_thread(_relay, iso, "workspaces", "create", "acme")
+    made = await relay_admin(iso, "workspaces", "create", "acme")
     assert made.returncode == 0
-    listed = await asyncio.to_thread(_relay, iso, "workspaces", "list")
+    listed = await relay_admin(iso, "workspaces", "list")
     assert " acme " in listed.stdout
-    first = await asyncio.to_thread(_relay, iso, "workspaces", "webhook-secret", "acme")
-    second = await asyncio.to_thread(_relay, iso, "workspaces", "webhook-secret", "acme")
+    first = await relay_admin(iso, "workspaces", "webhook-secret", "acme")
+    second = await relay_admin(iso, "workspaces", "webhook-secret", "acme")
     secrets = [first.stdout.strip().splitlines()[-1], second.stdout.strip().splitlines()[-1]]
     assert all(s.startswith("whsec_") for s in secrets)
     assert secrets[0] != secrets[1]
-    missing = await asyncio.to_thread(_relay, iso, "workspaces", "webhook-secret", "nope")
+    missing = await relay_admin(iso, "workspaces", "webhook-secret", "nope")
     assert missing.returncode != 0 and "no workspace" in missing.stderr
 
 

@@ -7,30 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from relay_batches.model import RATE_WINDOW_S, Job, JobStatus, recent_rate, shown
+from relay_batches.model import RATE_WINDOW_S, JobStatus, recent_rate, shown
+from tests.helpers.fakes import BATCH
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
-JOB = Job(
-    id="9f2c1b7e4a8d4e51b0c6d3f2a1e5c7b9",
-    workspace_id="w",
-    name="n",
-    model="m",
-    priority=0,
-    status=JobStatus.RUNNING,
-    total=1000,
-    completed=300,
-    failed=100,
-    dead_letter=0,
-    webhook_url=None,
-    cron=None,
-    next_run_at=None,
-    template_id=None,
-    rows_batch_id="9f2c1b7e4a8d4e51b0c6d3f2a1e5c7b9",
-    params="{}",
-    error=None,
-    created_at=NOW - timedelta(minutes=5),
-    started_at=NOW - timedelta(minutes=4),
-    completed_at=None,
+JOB = replace(
+    BATCH, status=JobStatus.RUNNING, total=1000, completed=300, failed=100, completed_at=None
 )
 
 
