@@ -29,6 +29,9 @@ UPSTREAM_COOLDOWN_ACTIVE = Gauge(
     "relay_upstream_cooldown_active", "1 while a deployment is cooling down", ["deployment"]
 )
 MESSAGES_PUBLISHED = Counter("relay_messages_published_total", "Confirmed publishes", ["kind"])
+MESSAGE_BYTES_PUBLISHED = Counter(
+    "relay_message_bytes_published_total", "Body bytes of confirmed publishes", ["kind"]
+)
 MESSAGES_CONSUMED = Counter("relay_messages_consumed_total", "Consumed messages", ["kind"])
 MESSAGES_DEAD_LETTERED = Counter(
     "relay_messages_dead_lettered_total", "Messages moved to a dead-letter queue", ["queue"]

@@ -143,12 +143,20 @@ class Settings:
     # (an Anthropic batch's results_url); empty: the request's own origin (dev only:
     # behind a TLS-terminating proxy that origin is http://).
     public_base_url: str = ""
+    # Ledger pool per process: None keeps each service's own maximum (ingest-api 10,
+    # dispatcher, aggregator and notifier 4, scheduler 2); see docs/capacity.md.
+    db_pool_max_size: int | None = None
+    db_pool_min_size: int = 1
+    # asyncpg's prepared-statement cache per connection; 0 behind PgBouncer < 1.21 in
+    # transaction mode, which cannot keep a prepared statement across transactions.
+    db_statement_cache_size: int = 100
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read every ``RELAY_*`` variable; raise :class:`ConfigError` on a bad value."""
         env = os.environ if env is None else env
         d = cls()
+        pool_max, pool_min, statement_cache = _db_pool(env, d)
         return cls(
             database_url=_str(env, "RELAY_DATABASE_URL", d.database_url),
             amqp_url=_str(env, "RELAY_AMQP_URL", d.amqp_url),
@@ -222,6 +230,9 @@ class Settings:
                 env, "RELAY_RETENTION_INTERVAL_S", d.retention_interval_s
             ),
             public_base_url=_base_url(env, "RELAY_PUBLIC_BASE_URL"),
+            db_pool_max_size=pool_max,
+            db_pool_min_size=pool_min,
+            db_statement_cache_size=statement_cache,
         )
 
     def describe(self) -> dict[str, object]:
@@ -237,6 +248,37 @@ class Settings:
                 value = [str(n) for n in value]
             out[f.name] = value
         return out
+
+
+def _db_pool(env: Mapping[str, str], d: Settings) -> tuple[int | None, int, int]:
+    """``(max_size, min_size, statement_cache_size)`` of the ledger pool, checked."""
+    raw_max = env.get("RELAY_DB_POOL_MAX_SIZE", "")
+    max_size = None if raw_max == "" else _int(env, "RELAY_DB_POOL_MAX_SIZE", 0)
+    if max_size is not None and max_size < 1:
+        raise ConfigError(f"RELAY_DB_POOL_MAX_SIZE must be 1 or more, got {raw_max!r}")
+    min_size = _int(env, "RELAY_DB_POOL_MIN_SIZE", d.db_pool_min_size)
+    if min_size < 0:
+        raise ConfigError(f"RELAY_DB_POOL_MIN_SIZE must be 0 or more, got {min_size}")
+    if max_size is not None and min_size > max_size:
+        raise ConfigError(
+            f"RELAY_DB_POOL_MIN_SIZE ({min_size}) exceeds RELAY_DB_POOL_MAX_SIZE ({max_size})"
+        )
+    cache = _int(env, "RELAY_DB_STATEMENT_CACHE_SIZE", d.db_statement_cache_size)
+    if cache < 0:
+        raise ConfigError(f"RELAY_DB_STATEMENT_CACHE_SIZE must be 0 or more, got {cache}")
+    return max_size, min_size, cache
+
+
+def pool_bounds(settings: Settings, service_max: int) -> tuple[int, int]:
+    """``(min_size, max_size)`` of a service's ledger pool: ``RELAY_DB_POOL_MAX_SIZE`` or
+    the service's own ``service_max``; raise :class:`ConfigError` if the minimum exceeds it."""
+    max_size = settings.db_pool_max_size or service_max
+    if settings.db_pool_min_size > max_size:
+        raise ConfigError(
+            f"RELAY_DB_POOL_MIN_SIZE ({settings.db_pool_min_size}) exceeds this service's pool"
+            f" maximum ({max_size}); set RELAY_DB_POOL_MAX_SIZE too"
+        )
+    return settings.db_pool_min_size, max_size
 
 
 def _duration(env: Mapping[str, str], name: str, default: timedelta) -> timedelta:

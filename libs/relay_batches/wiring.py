@@ -10,14 +10,21 @@ from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import Names
 from relay_batches.ids import new_id
 from relay_batches.ledger.pool import create_pool
-from relay_batches.settings import Settings
+from relay_batches.settings import Settings, pool_bounds
 
 
 async def open_pool(
     settings: Settings, resources: contextlib.AsyncExitStack, max_size: int
 ) -> asyncpg.Pool:
-    """A ledger pool, closed when ``resources`` unwinds."""
-    pool = await create_pool(settings.database_url, max_size=max_size)
+    """A ledger pool of at most ``max_size`` connections (``RELAY_DB_POOL_MAX_SIZE``
+    overrides it), closed when ``resources`` unwinds."""
+    min_size, max_size = pool_bounds(settings, max_size)
+    pool = await create_pool(
+        settings.database_url,
+        min_size=min_size,
+        max_size=max_size,
+        statement_cache_size=settings.db_statement_cache_size,
+    )
     resources.push_async_callback(pool.close)
     return pool
 

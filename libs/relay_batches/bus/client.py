@@ -23,7 +23,7 @@ from aio_pika.abc import (
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 
 from relay_batches.bus.topology import Names, declare_all, declare_events, declare_queue
-from relay_batches.metrics import MESSAGES_PUBLISHED
+from relay_batches.metrics import MESSAGE_BYTES_PUBLISHED, MESSAGES_PUBLISHED
 
 log = logging.getLogger("relay.bus")
 
@@ -121,6 +121,7 @@ class Bus:
             message, routing_key=queue, mandatory=True, timeout=PUBLISH_TIMEOUT_S
         )
         MESSAGES_PUBLISHED.labels(kind).inc()
+        MESSAGE_BYTES_PUBLISHED.labels(kind).inc(len(body))
 
     async def publish_event(self, routing_key: str, body: bytes) -> None:
         """Publish a job event on the topic exchange and wait for the confirm.
@@ -136,6 +137,7 @@ class Bus:
             message, routing_key=routing_key, mandatory=False, timeout=PUBLISH_TIMEOUT_S
         )
         MESSAGES_PUBLISHED.labels(routing_key).inc()
+        MESSAGE_BYTES_PUBLISHED.labels(routing_key).inc(len(body))
 
     async def ready_count(self, queue: str) -> int:
         """Messages ready (not yet delivered) in one of the durable queues."""

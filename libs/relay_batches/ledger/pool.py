@@ -38,14 +38,22 @@ _TRANSIENT = (
 )
 
 
-async def create_pool(database_url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    """Open a pool with bounded connect and command timeouts."""
+async def create_pool(
+    database_url: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 10,
+    statement_cache_size: int = 100,
+) -> asyncpg.Pool:
+    """Open a pool with bounded connect and command timeouts (``statement_cache_size=0``
+    behind a transaction-mode PgBouncer older than 1.21)."""
     pool = await asyncpg.create_pool(
         database_url,
         min_size=min_size,
         max_size=max_size,
         timeout=CONNECT_TIMEOUT_S,
         command_timeout=COMMAND_TIMEOUT_S,
+        statement_cache_size=statement_cache_size,
     )
     assert pool is not None
     return pool
