@@ -107,6 +107,9 @@ class Settings:
     results_flush_rows: int = 64
     results_message_bytes: int = 256 * 1024
     results_dead_max_length: int = 10_000
+    # The type of the durable queues that may be quorum queues (results, notify; see
+    # Names.quorum_capable): "classic" or "quorum". dispatch and rows stay classic.
+    queue_type: str = "classic"
     aggregator_chunk: int = 64
     aggregator_prefetch: int = 256
     aggregator_chunk_bytes: int = 16 * 1024 * 1024
@@ -189,6 +192,7 @@ class Settings:
             results_dead_max_length=max(
                 1, _int(env, "RELAY_RESULTS_DEAD_MAX_LENGTH", d.results_dead_max_length)
             ),
+            queue_type=_choice(env, "RELAY_QUEUE_TYPE", d.queue_type, ("classic", "quorum")),
             aggregator_chunk=max(1, _int(env, "RELAY_AGGREGATOR_CHUNK", d.aggregator_chunk)),
             aggregator_prefetch=max(
                 1, _int(env, "RELAY_AGGREGATOR_PREFETCH", d.aggregator_prefetch)

@@ -1,8 +1,9 @@
 """Structural checks of KEDA resources, which the Kubernetes schemas do not cover.
 
-The field lists follow KEDA's v2 ``keda.sh/v1alpha1`` CRDs and the RabbitMQ scaler's
-documented trigger metadata. Each check returns a list of problems (empty when fine), so
-tests can assert on a good manifest and on deliberately broken copies of it.
+The field lists follow KEDA's v2 ``keda.sh/v1alpha1`` CRDs and the documented trigger
+metadata of the PostgreSQL and RabbitMQ scalers (https://keda.sh/docs/2.15/scalers/).
+Each check returns a list of problems (empty when fine), so tests can assert on a good
+manifest and on deliberately broken copies of it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ RABBITMQ_METADATA = {
     "unsafeSsl",
 }
 RABBITMQ_PROTOCOLS = {"amqp", "http", "auto"}
+POSTGRESQL_METADATA = {
+    "query",
+    "targetQueryValue",
+    "activationTargetQueryValue",
+    "connectionFromEnv",
+    "host",
+    "port",
+    "userName",
+    "passwordFromEnv",
+    "dbName",
+    "sslmode",
+}
+# The TriggerAuthentication parameter that carries each scaler's connection.
+AUTH_PARAMETERS = {"postgresql": "connection", "rabbitmq": "host"}
 RABBITMQ_MODES = {"QueueLength", "MessageRate"}
 TRIGGER_AUTH_SPEC = {
     "secretTargetRef",
@@ -73,7 +88,8 @@ def _int_in(value: object, low: int) -> bool:
 def scaled_object_problems(
     scaled: Resource, deployments: set[str], auths: set[str], k8s_version: str
 ) -> list[str]:
-    """What is wrong with a ScaledObject scaling a Deployment on a RabbitMQ queue."""
+    """What is wrong with a ScaledObject scaling a Deployment on a PostgreSQL query or a
+    RabbitMQ queue."""
     problems: list[str] = []
     if scaled.get("apiVersion") != KEDA_API or scaled.get("kind") != "ScaledObject":
         problems.append(f"not a {KEDA_API} ScaledObject")
@@ -93,7 +109,33 @@ def scaled_object_problems(
     if not isinstance(triggers, list) or not triggers:
         return [*problems, "no triggers"]
     for trigger in triggers:
-        problems += rabbitmq_trigger_problems(trigger, auths)
+        problems += trigger_problems(trigger, auths)
+    return problems
+
+
+def trigger_problems(trigger: Resource, auths: set[str]) -> list[str]:
+    """What is wrong with one trigger (PostgreSQL or RabbitMQ)."""
+    if trigger.get("type") == "postgresql":
+        return postgresql_trigger_problems(trigger, auths)
+    return rabbitmq_trigger_problems(trigger, auths)
+
+
+def postgresql_trigger_problems(trigger: Resource, auths: set[str]) -> list[str]:
+    """What is wrong with one PostgreSQL trigger."""
+    problems = [f"unknown trigger field {k!r}" for k in sorted(set(trigger) - TRIGGER_KEYS)]
+    meta = trigger.get("metadata") or {}
+    problems += [
+        f"unknown postgresql metadata {k!r}" for k in sorted(set(meta) - POSTGRESQL_METADATA)
+    ]
+    if not all(isinstance(v, str) for v in meta.values()):
+        problems.append("trigger metadata values must be strings")
+    if not str(meta.get("query", "")).strip().upper().startswith("SELECT"):
+        problems.append("no query (a SELECT returning one number)")
+    if not _positive_number(meta.get("targetQueryValue")):
+        problems.append("targetQueryValue must be a positive number")
+    auth = (trigger.get("authenticationRef") or {}).get("name")
+    if "connectionFromEnv" not in meta and "host" not in meta and auth not in auths:
+        problems.append(f"no connection: authenticationRef {auth!r} is not a rendered auth")
     return problems
 
 
@@ -140,8 +182,9 @@ def rabbitmq_trigger_problems(trigger: Resource, auths: set[str]) -> list[str]:
     return problems
 
 
-def trigger_auth_problems(auth: Resource) -> list[str]:
-    """What is wrong with a TriggerAuthentication that reads the broker URL from a Secret."""
+def trigger_auth_problems(auth: Resource, scaler: str) -> list[str]:
+    """What is wrong with a TriggerAuthentication that reads ``scaler``'s connection (the
+    ledger or broker URL) from a Secret."""
     problems: list[str] = []
     if auth.get("apiVersion") != KEDA_API or auth.get("kind") != "TriggerAuthentication":
         problems.append(f"not a {KEDA_API} TriggerAuthentication")
@@ -151,6 +194,7 @@ def trigger_auth_problems(auth: Resource) -> list[str]:
     for ref in refs:
         if set(ref) != {"parameter", "name", "key"} or not all(ref.values()):
             problems.append(f"secretTargetRef {ref!r} needs parameter, name and key")
-    if not any(ref.get("parameter") == "host" for ref in refs):
-        problems.append("no secretTargetRef for the rabbitmq 'host' parameter")
+    parameter = AUTH_PARAMETERS[scaler]
+    if not any(ref.get("parameter") == parameter for ref in refs):
+        problems.append(f"no secretTargetRef for the {scaler} {parameter!r} parameter")
     return problems

@@ -27,6 +27,8 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 OVERLAYS = ("dev", "prod")
 HPA_COMPONENT = K8S / "components" / "row-worker-hpa"
+# The row-worker ScaledObject: tests/integration/test_scaling_backlog.py runs its query.
+KEDA_MANIFEST = K8S / "base" / "row-worker-keda.yaml"
 SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
 # Services that load the routes file at start-up (and so need it and the provider keys).
 ROUTED_SERVICES = ("ingest-api", "dispatcher", "row-worker")
@@ -176,3 +178,12 @@ def quantity(value: str | int | float) -> float:
 def load_yaml(path: Path) -> Any:
     """Parse one YAML document."""
     return yaml.safe_load(path.read_text())
+
+
+def backlog_query() -> str:
+    """The query of the base ScaledObject's one trigger, as KEDA reads it."""
+    scaled = next(
+        d for d in yaml.safe_load_all(KEDA_MANIFEST.read_text()) if d["kind"] == "ScaledObject"
+    )
+    (trigger,) = scaled["spec"]["triggers"]
+    return str(trigger["metadata"]["query"])

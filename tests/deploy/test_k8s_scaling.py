@@ -1,5 +1,6 @@
-"""Scaling and disruption: ingest-api on CPU, row-workers on the real rows queue (KEDA, or
-the HPA component on an external metric), and a PodDisruptionBudget per service."""
+"""Scaling and disruption: ingest-api on CPU, row-workers on the real backlog (KEDA on the
+ledger's unfinished rows, or the HPA component on the rows queue's ready and unacknowledged
+messages), and a PodDisruptionBudget per service."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import copy
 import pytest
 
 from relay_batches.bus.topology import Names
+from relay_batches.services.row_worker.service import rows_prefetch
 from tests.deploy.keda_checks import scaled_object_problems, trigger_auth_problems
 from tests.deploy.manifests import (
     MIN_K8S,
     OVERLAYS,
     SERVICES,
     Rendered,
+    backlog_query,
     containers,
     env_sources,
     pod_labels,
@@ -78,26 +81,35 @@ def test_every_service_has_a_disruption_budget_selecting_only_its_pods(overlay: 
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_keda_scales_row_workers_on_the_real_rows_queue(overlay: str) -> None:
+def test_keda_scales_row_workers_on_the_ledgers_unfinished_rows(overlay: str) -> None:
     rendered = render(overlay)
     scaled = rendered.get("ScaledObject", "row-worker")
     assert _keda_problems(rendered, scaled) == []
     assert scaled["spec"]["scaleTargetRef"]["name"] == "row-worker"
     (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["metadata"]["queueName"] == _rows_queue(rendered) == "relay.rows"
+    assert trigger["type"] == "postgresql"
+    assert trigger["metadata"]["query"] == backlog_query()
+    # One replica per RELAY_BATCH_CONCURRENCY unfinished rows: the rows it works at once.
+    settings = rendered.settings()
+    assert trigger["metadata"]["targetQueryValue"] == str(settings.batch_concurrency)
+    assert settings.batch_concurrency == {"dev": 4, "prod": 8}[overlay]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_keda_reads_the_broker_url_from_the_services_secret(overlay: str) -> None:
+def test_keda_reads_the_ledger_url_from_the_services_secret(overlay: str) -> None:
     rendered = render(overlay)
     scaled = rendered.get("ScaledObject", "row-worker")
     auth_name = scaled["spec"]["triggers"][0]["authenticationRef"]["name"]
     auth = rendered.get("TriggerAuthentication", auth_name)
-    assert trigger_auth_problems(auth) == []
+    assert trigger_auth_problems(auth, "postgresql") == []
     (ref,) = auth["spec"]["secretTargetRef"]
     (worker,) = containers(rendered.get("Deployment", "row-worker"))
-    amqp = dict(env_sources(worker))["RELAY_AMQP_URL"]["valueFrom"]["secretKeyRef"]
-    assert (ref["parameter"], ref["name"], ref["key"]) == ("host", amqp["name"], amqp["key"])
+    ledger = dict(env_sources(worker))["RELAY_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+    assert (ref["parameter"], ref["name"], ref["key"]) == (
+        "connection",
+        ledger["name"],
+        ledger["key"],
+    )
 
 
 def test_the_keda_checks_catch_a_wrong_queue_target_and_field() -> None:
@@ -112,21 +124,33 @@ def test_the_keda_checks_catch_a_wrong_queue_target_and_field() -> None:
         broken = copy.deepcopy(good)
         broken["spec"][field] = value
         assert any(expected in p for p in _keda_problems(rendered, broken)), expected
+    metadata_cases = {
+        "qurey": ("qurey", "SELECT 1"),
+        "no query": ("query", "DELETE FROM batches"),
+        "targetQueryValue": ("targetQueryValue", "0"),
+        "must be strings": ("targetQueryValue", 8),
+    }
+    for expected, (field, value) in metadata_cases.items():
+        broken = copy.deepcopy(good)
+        broken["spec"]["triggers"][0]["metadata"][field] = value
+        assert any(expected in p for p in _keda_problems(rendered, broken)), expected
     broken = copy.deepcopy(good)
-    broken["spec"]["triggers"][0]["metadata"]["queueNmae"] = "relay.rows"
-    assert any("queueNmae" in p for p in _keda_problems(rendered, broken))
-    broken = copy.deepcopy(good)
-    broken["spec"]["triggers"][0]["metadata"]["mode"] = "Depth"
-    assert _keda_problems(rendered, broken)
+    broken["spec"]["triggers"][0]["authenticationRef"]["name"] = "relay-rabbitmq"
+    assert any("no connection" in p for p in _keda_problems(rendered, broken))
     broken = copy.deepcopy(good)
     broken["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
         "stabilisation"
     ] = 1
     assert any("behavior" in p for p in _keda_problems(rendered, broken))
+    auth = copy.deepcopy(rendered.get("TriggerAuthentication", "relay-postgres"))
+    auth["spec"]["secretTargetRef"][0]["parameter"] = "host"
+    assert trigger_auth_problems(auth, "postgresql") == [
+        "no secretTargetRef for the postgresql 'connection' parameter"
+    ]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_the_hpa_component_replaces_keda_with_an_external_metric_on_the_rows_queue(
+def test_the_hpa_component_replaces_keda_with_the_rows_queues_whole_depth(
     overlay: str,
 ) -> None:
     rendered = render(overlay, hpa_component=True)
@@ -136,6 +160,15 @@ def test_the_hpa_component_replaces_keda_with_an_external_metric_on_the_rows_que
     assert hpa["spec"]["scaleTargetRef"]["name"] == "row-worker"
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "External"
+    # Ready and unacknowledged: the ready ones alone miss every slice a worker holds.
+    assert metric["external"]["metric"]["name"] == "rabbitmq_queue_messages"
     selector = metric["external"]["metric"]["selector"]["matchLabels"]
     assert selector == {"queue": _rows_queue(rendered)}
+    # One replica per slices it holds at once (its prefetch).
+    settings = rendered.settings()
+    target = metric["external"]["target"]
+    assert target == {
+        "type": "AverageValue",
+        "averageValue": str(rows_prefetch(settings.batch_concurrency, settings.slice_rows)),
+    }
     assert rendered.get("HorizontalPodAutoscaler", "ingest-api")

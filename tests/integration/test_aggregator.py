@@ -341,10 +341,13 @@ async def test_chunks_are_cut_by_bytes_of_message_bodies(pool: asyncpg.Pool, bus
     assert content == "h" * 300 * 1024
 
 
-async def test_the_dead_letter_queue_keeps_only_its_newest_messages(iso: Isolation) -> None:
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+async def test_the_dead_letter_queue_keeps_only_its_newest_messages(
+    iso: Isolation, queue_type: str
+) -> None:
     """Nothing consumes ``<ns>.results.dead``: past RELAY_RESULTS_DEAD_MAX_LENGTH messages
-    the oldest are dropped, so it cannot fill the broker."""
-    names = Names(f"{iso.namespace}dl", dead_max_length=3)
+    the oldest are dropped, so it cannot fill the broker (a quorum queue does the same)."""
+    names = Names(f"{iso.namespace}dl{queue_type}", dead_max_length=3, queue_type=queue_type)
     connection = await aio_pika.connect(AMQP_URL, timeout=10)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)

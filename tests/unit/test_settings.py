@@ -252,3 +252,16 @@ def test_the_webhook_retry_base_defaults_to_thirty_seconds_and_must_be_finite() 
     with pytest.raises(ConfigError) as err:
         Settings.from_env({"RELAY_WEBHOOK_RETRY_BASE_S": "inf"})
     assert str(err.value) == "RELAY_WEBHOOK_RETRY_BASE_S must be a finite number above 0, got 'inf'"
+
+
+@pytest.mark.parametrize("raw", ["classic", "quorum"])
+def test_the_queue_type_is_read(raw: str) -> None:
+    assert Settings().queue_type == "classic"
+    assert Settings.from_env({"RELAY_QUEUE_TYPE": raw}).queue_type == raw
+
+
+@pytest.mark.parametrize("raw", ["Quorum", "stream", "qourum"])
+def test_a_bad_queue_type_names_the_variable(raw: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"RELAY_QUEUE_TYPE": raw})
+    assert str(err.value) == f"RELAY_QUEUE_TYPE must be one of classic, quorum, got {raw!r}"

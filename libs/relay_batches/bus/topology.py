@@ -5,6 +5,10 @@ its job's priority clamped onto ``0..MAX_PRIORITY`` (the ledger keeps the exact 
 On ``rows`` the level is not the job's priority, which only orders jobs within their
 workspace: the dispatcher sends every workspace's rows at level 0 and raises a job's
 first rows only to overtake lower jobs of its own workspace (``dispatcher/sharing.py``).
+
+Queue types: ``dispatch`` and ``rows`` are always classic queues (their ten priority
+levels exist only there); the other durable queues take ``RELAY_QUEUE_TYPE`` (classic or
+quorum), see :meth:`Names.quorum_capable` and the README's "Queue types".
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ from dataclasses import dataclass
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+from aiormq.exceptions import ChannelPreconditionFailed
 from pamqp.common import FieldTable
+
+from relay_batches.settings import ConfigError
 
 MAX_PRIORITY = 9
 DEAD_MAX_LENGTH = 10_000  # the default of RELAY_RESULTS_DEAD_MAX_LENGTH
+QUEUE_TYPES = ("classic", "quorum")  # RELAY_QUEUE_TYPE's values, the first the default
 
 EVENT_PROGRESS = "job.progress"
 EVENT_FINISHED = "job.finished"
@@ -33,11 +41,13 @@ def broker_priority(job_priority: int) -> int:
 
 @dataclass(frozen=True)
 class Names:
-    """Every bus name of one namespace, and the dead-letter queue's length bound (a
-    queue argument: every process of a namespace must declare the same)."""
+    """Every bus name of one namespace, the dead-letter queue's length bound and the type
+    of the queues that may be quorum queues (queue arguments: every process of a
+    namespace must declare the same)."""
 
     namespace: str
     dead_max_length: int = DEAD_MAX_LENGTH
+    queue_type: str = QUEUE_TYPES[0]
 
     @property
     def dispatch(self) -> str:
@@ -75,6 +85,16 @@ class Names:
         """Name of a per-process exclusive queue."""
         return f"{self.namespace}.{service}.{instance}"
 
+    def quorum_capable(self, queue: str) -> bool:
+        """Whether ``queue`` may be a quorum queue: ``notify``, ``results`` and every queue
+        under it (its dead-letter queue, its shards). Not ``dispatch`` and ``rows``: their
+        priorities need classic queues, and the private queues are exclusive."""
+        return queue in (self.notify, self.results) or queue.startswith(f"{self.results}.")
+
+    def type_of(self, queue: str) -> str:
+        """The ``x-queue-type`` a durable queue is declared with."""
+        return self.queue_type if self.quorum_capable(queue) else "classic"
+
     def durable_queues(self) -> tuple[str, ...]:
         """Every durable queue of the namespace (tests delete them on teardown)."""
         return (self.dispatch, self.rows, self.results, self.results_dead, self.notify)
@@ -91,7 +111,27 @@ async def declare_queue(channel: AbstractChannel, names: Names, queue: str) -> A
         # it), since RabbitMQ refuses a redeclare with other arguments.
         arguments["x-max-length"] = names.dead_max_length
         arguments["x-overflow"] = "drop-head"
-    return await channel.declare_queue(queue, durable=True, arguments=arguments or None)
+    arguments["x-queue-type"] = names.type_of(queue)
+    try:
+        return await channel.declare_queue(queue, durable=True, arguments=arguments)
+    except ChannelPreconditionFailed as exc:
+        raise ConfigError(_mismatch(names, queue, exc)) from None
+
+
+def _mismatch(names: Names, queue: str, exc: ChannelPreconditionFailed) -> str:
+    """One line for a queue the broker holds with other arguments than this process's."""
+    reply = " ".join(str(exc).split())
+    if "'x-queue-type'" in reply:
+        ours = f"type {names.type_of(queue)} (RELAY_QUEUE_TYPE={names.queue_type})"
+    elif "'x-max-length'" in reply:
+        ours = f"x-max-length {names.dead_max_length} (RELAY_RESULTS_DEAD_MAX_LENGTH)"
+    else:
+        ours = "arguments"
+    return (
+        f"queue {queue} exists on the broker with other arguments than this service's "
+        f"{ours}: {reply}; set the value the queue was made with, or delete the queue once "
+        "it is empty"
+    )
 
 
 async def declare_events(channel: AbstractChannel, names: Names) -> AbstractExchange:
