@@ -165,10 +165,13 @@ class FileReader:
         self.rows = 0  # rows read so far
 
     def next_chunk(
-        self, max_rows: int = CHUNK_ROWS, max_bytes: int = CHUNK_BYTES
+        self, max_rows: int | None = None, max_bytes: int | None = None
     ) -> list[RowInput]:
-        """The next validated rows, at most ``max_rows`` and about ``max_bytes`` of text
-        (at least one row); empty at the end. :class:`LineError` on a bad line."""
+        """The next validated rows, at most ``max_rows`` (default :data:`CHUNK_ROWS`) and
+        about ``max_bytes`` of text (:data:`CHUNK_BYTES`; at least one row); empty at the
+        end. :class:`LineError` on a bad line."""
+        max_rows = CHUNK_ROWS if max_rows is None else max_rows
+        max_bytes = CHUNK_BYTES if max_bytes is None else max_bytes
         requests: list[object] = []
         size = 0
         for raw in self._source:
