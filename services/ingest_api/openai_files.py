@@ -61,7 +61,7 @@ from relay_batches.services.ingest_api.upload import clean_filename
 from relay_batches.services.ingest_api.validation import KnownModels
 
 FILE_PREFIX = "file-"
-MAX_FILE_BYTES = 200 * 1024 * 1024
+MAX_FILE_BYTES = 256 * 1024 * 1024  # OpenAI takes 200 MB; 1,000,000 lines of ~250 bytes fit
 FORM_SLACK = 64 * 1024  # multipart framing and the purpose field around the file
 STEP_BYTES = 4 * 1024 * 1024  # bytes spooled per write, and stored and parsed per step
 READ_CHUNK = 256 * 1024

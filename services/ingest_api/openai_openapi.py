@@ -29,7 +29,7 @@ _ERRORS = {
     404: "No such object in the caller's workspace (another workspace's id included).",
     408: "The body stalled or arrived too slowly.",
     409: "The batch already ended otherwise (cancel), or the Idempotency-Key was reused.",
-    413: "The body exceeds the endpoint's limit (a file: 200 MiB).",
+    413: "The body exceeds the endpoint's limit (a file: 256 MiB).",
     415: "The Content-Type or Content-Encoding is not one this endpoint takes.",
     503: "The ledger is briefly unavailable, or every large-body slot is busy; retry later.",
 }
@@ -106,7 +106,7 @@ def _paths() -> dict[str, Any]:
         "/openai/v1/files": {
             "post": _operation(
                 "openaiCreateFile",
-                "Upload a batch input file (.jsonl, purpose batch, up to 200 MiB)",
+                "Upload a batch input file (.jsonl, purpose batch, up to 256 MiB)",
                 _json(OpenAIFile, "The stored file."),
                 (400, 408, 413, 415),
                 requestBody={

@@ -5,22 +5,29 @@ text part: ``priority`` as decimal digits, ``budget_usd`` a decimal number, ``pa
 and ``metadata`` JSON-encoded, a blank field absent.
 The handler is three steps, with the ``Idempotency-Key`` replay checked before the last two:
 
-1. :func:`read_upload_form` streams the multipart parts, bounded by the body limit;
-2. :func:`plan_jobs` validates the fields and every file (the same rules as
-   ``POST /v1/batches``, in :mod:`.submit`) before anything is written, so one bad line
-   creates no job;
-3. :func:`.submit.submit_many` inserts all the jobs in one transaction, then wakes
-   dispatchers.
+1. :func:`read_upload_form` streams the multipart parts, bounded by the body limit, each
+   file spooled to an anonymous temporary file (in ``ApiDeps.spool_dir``; gone when the
+   request ends), so no file is held in memory and a slow client holds no connection;
+2. :func:`form_options` validates the job-level fields (the rules of
+   ``POST /v1/batches``, in :mod:`.submit`);
+3. :func:`store_upload` reads every file a chunk of validated rows at a time (in the
+   parser executor, :class:`.upload_formats.FileReader`) and COPYs each chunk before it
+   reads the next, all the jobs in one transaction: one bad line rolls it back, so it
+   creates no job, and memory stays bounded by a chunk whatever the files' sizes. Then
+   dispatchers are woken.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Container
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Container, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
+from typing import BinaryIO
 
 import orjson
 from aiohttp import BodyPartReader, web
@@ -28,7 +35,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.multipart import BadContentDispositionHeader, BadContentDispositionParam
 
 from relay_batches.errors import ApiError, invalid
+from relay_batches.ids import new_id
 from relay_batches.ledger.idempotency import KeyTaken
+from relay_batches.ledger.jobs import JobWriter
+from relay_batches.model import Job
 from relay_batches.services.ingest_api.body import BodyTicket, body_errors, check_body, too_large
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.idempotency import (
@@ -38,19 +48,17 @@ from relay_batches.services.ingest_api.idempotency import (
 )
 from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.submit import (
-    PlannedJob,
+    announce_created,
     job_fields,
     plan_job,
     row_models,
-    submit_many,
 )
-from relay_batches.services.ingest_api.upload_formats import LineError, parse_upload_file
+from relay_batches.services.ingest_api.upload_formats import FileReader, LineError
 from relay_batches.services.ingest_api.validation import (
     JOB_FIELDS,
     MAX_NAME_CHARS,
     BatchOptions,
     RowInput,
-    SubmitLimits,
     parse_budget_field,
     parse_priority_field,
 )
@@ -62,15 +70,19 @@ MAX_PARTS = MAX_FILES + 50
 MAX_FIELD_BYTES = 8 * 1024  # a text field; a JSON field is bounded by the body limit only
 MULTIPART = "multipart/form-data"
 READ_CHUNK = 64 * 1024
+SPOOL_STEP = 4 * 1024 * 1024  # bytes of a file part spooled (and hashed) per write
 _BAD_DISPOSITION = (BadContentDispositionHeader, BadContentDispositionParam)
 
 
 @dataclass(frozen=True)
 class UploadedFile:
-    """One ``file`` part: its base name and its bytes."""
+    """One ``file`` part: its base name, its bytes spooled to ``spool`` (``size`` of
+    them) and their SHA-256 (hex)."""
 
     filename: str
-    data: bytes | bytearray
+    spool: BinaryIO
+    size: int
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -91,26 +103,35 @@ async def upload_batches(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
     async with deps.body_gate.admit(workspace_id) as ticket:  # a large body holds its slot
-        form = await read_upload_form(request, deps.max_body_bytes, ticket)
-        claim = claim_for(request, workspace_id, canonical_form(form))
-        if (replayed := await stored_response(deps.idempotency, claim)) is not None:
-            return replayed
-        now = datetime.now(UTC)
-        loop = asyncio.get_running_loop()
-        parser = deps.parser_for(ticket.large)
-        planned = await loop.run_in_executor(parser, plan_jobs, form, deps, workspace_id, now)
-        del form  # the validated rows are all that is kept while they are stored
-        try:
-            batches = await submit_many(deps, planned, claim)
-        except KeyTaken:
-            return await raced_response(deps.idempotency, claim)
-    return json_response({"object": "list", "data": [b.to_api() for b in batches]}, status=201)
+        with ExitStack() as spools:
+            form = await read_upload_form(request, deps.max_body_bytes, ticket, spools, deps)
+            claim = claim_for(request, workspace_id, canonical_form(form))
+            if (replayed := await stored_response(deps.idempotency, claim)) is not None:
+                return replayed
+            payload, options = form_options(form, deps)
+            now = datetime.now(UTC)
+            try:
+                async with deps.jobs.streaming() as writer:
+                    batches = await store_upload(
+                        writer, form, payload, options, deps, workspace_id, now, ticket.large
+                    )
+                    if claim is not None:
+                        await writer.record(claim, _listing(batches))
+            except KeyTaken:
+                return await raced_response(deps.idempotency, claim)
+    for job in batches:
+        await announce_created(deps, job)
+    return json_response(_listing(batches), status=201)
+
+
+def _listing(batches: list[Job]) -> dict[str, object]:
+    return {"object": "list", "data": [b.to_api() for b in batches]}
 
 
 def canonical_form(form: UploadForm) -> bytes:
     """What an upload asked for, independent of its multipart boundary (for idempotency);
     a blank field is absent, as :func:`form_payload` reads it."""
-    files = [[f.filename, hashlib.sha256(f.data).hexdigest()] for f in form.files]
+    files = [[f.filename, f.sha256] for f in form.files]
     fields = sorted((name, text) for name, text in form.fields.items() if text.strip())
     return orjson.dumps({"fields": fields, "files": files})
 
@@ -118,14 +139,17 @@ def canonical_form(form: UploadForm) -> bytes:
 # --- 1. read --------------------------------------------------------------------------
 
 
-async def read_upload_form(request: web.Request, max_bytes: int, ticket: BodyTicket) -> UploadForm:
-    """Stream the multipart body: 415 for another type, 413 past ``max_bytes``, 408
-    when it stalls, 503 when it is large and every large-body slot is taken."""
+async def read_upload_form(
+    request: web.Request, max_bytes: int, ticket: BodyTicket, spools: ExitStack, deps: ApiDeps
+) -> UploadForm:
+    """Stream the multipart body, each file into a temporary file closed by ``spools``:
+    415 for another type, 413 past ``max_bytes``, 408 when it stalls, 503 when it is
+    large and every large-body slot is taken."""
     check_body(request, MULTIPART, max_bytes)
     ticket.grow(request.content_length or 0)
     try:
         with body_errors():
-            return await _read_parts(request, max_bytes, ticket)
+            return await _read_parts(request, max_bytes, ticket, _Spooler(spools, deps.spool_dir))
     except web.HTTPRequestEntityTooLarge:
         raise too_large(max_bytes) from None
     except (ValueError, RuntimeError, TypeError, HttpProcessingError, *_BAD_DISPOSITION) as exc:
@@ -135,7 +159,22 @@ async def read_upload_form(request: web.Request, max_bytes: int, ticket: BodyTic
         raise invalid(f"malformed multipart body: {_printable(message)}") from None
 
 
-async def _read_parts(request: web.Request, max_bytes: int, ticket: BodyTicket) -> UploadForm:
+class _Spooler:
+    """Makes the temporary files the parts are spooled to, each closed (so deleted) with
+    ``spools``."""
+
+    def __init__(self, spools: ExitStack, spool_dir: str | None) -> None:
+        self._spools = spools
+        self._dir = spool_dir
+
+    def new(self) -> BinaryIO:
+        """A new empty temporary file."""
+        return self._spools.enter_context(tempfile.TemporaryFile(dir=self._dir))
+
+
+async def _read_parts(
+    request: web.Request, max_bytes: int, ticket: BodyTicket, spooler: _Spooler
+) -> UploadForm:
     files: list[UploadedFile] = []
     fields: dict[str, str] = {}
     budget = max_bytes
@@ -147,10 +186,15 @@ async def _read_parts(request: web.Request, max_bytes: int, ticket: BodyTicket) 
         if not isinstance(part, BodyPartReader):
             raise invalid("nested multipart bodies are not supported")
         if part.name == FILE_FIELD and part.filename:
-            data = await _read_limited(part, budget, too_large(max_bytes), ticket)
-            files.append(UploadedFile(clean_filename(part.filename), data))
-            if len(files) > MAX_FILES:
+            if len(files) == MAX_FILES:
                 raise invalid(f"at most {MAX_FILES} files per upload", FILE_FIELD)
+            filename = clean_filename(part.filename)
+            upload = await _spool(
+                part, filename, spooler.new(), budget, too_large(max_bytes), ticket
+            )
+            files.append(upload)
+            budget -= upload.size
+            continue
         elif part.name in JSON_FIELDS:
             data = await _read_limited(part, budget, too_large(max_bytes), ticket)
             _add_field(fields, part.name, data)
@@ -195,6 +239,37 @@ async def _read_limited(
     return buffer
 
 
+async def _spool(
+    part: BodyPartReader,
+    filename: str,
+    spool: BinaryIO,
+    limit: int,
+    error: ApiError,
+    ticket: BodyTicket,
+) -> UploadedFile:
+    """Copy a file part into ``spool``, hashing it; written (and hashed) a step at a time
+    off the event loop."""
+    loop = asyncio.get_running_loop()
+    digest = hashlib.sha256()
+    size = 0
+    pending = bytearray()
+    while chunk := await _chunk(part, ticket):
+        size += len(chunk)
+        if size > limit:
+            raise error
+        pending += chunk
+        if len(pending) >= SPOOL_STEP:
+            await loop.run_in_executor(None, _write, spool, digest, bytes(pending))
+            pending = bytearray()
+    await loop.run_in_executor(None, _write, spool, digest, bytes(pending))
+    return UploadedFile(filename, spool, size, digest.hexdigest())
+
+
+def _write(spool: BinaryIO, digest: hashlib._Hash, data: bytes) -> None:
+    digest.update(data)
+    spool.write(data)
+
+
 async def _drain(part: BodyPartReader, limit: int, error: ApiError, ticket: BodyTicket) -> int:
     size = 0
     while chunk := await _chunk(part, ticket):
@@ -233,42 +308,85 @@ def clean_filename(filename: str) -> str:
     return _printable(base, len(base))
 
 
-# --- 2. validate ----------------------------------------------------------------------
+# --- 2. validate, 3. store -----------------------------------------------------------
 
 
-def plan_jobs(
-    form: UploadForm, deps: ApiDeps, workspace_id: str, now: datetime
-) -> list[PlannedJob]:
-    """Validate the fields and every file; one :class:`PlannedJob` per file, in order.
-
-    Without a ``model`` field each job's model is its file's first row's own ``model``
-    (an OpenAI or Anthropic line always names one).
-    """
+def form_options(form: UploadForm, deps: ApiDeps) -> tuple[dict[str, object], BatchOptions | None]:
+    """The form's fields as a ``POST /v1/batches`` body, and its job-level fields validated
+    (None without a ``model`` field: each job's model is then its file's first row's own
+    ``model``, which an OpenAI or Anthropic line always names)."""
     payload = form_payload(form.fields)
     options = job_fields(payload, deps) if "model" in payload else None
     if not form.files:
         raise invalid("at least one file (.csv or .jsonl) is required", FILE_FIELD)
+    return payload, options
+
+
+async def store_upload(
+    writer: JobWriter,
+    form: UploadForm,
+    payload: dict[str, object],
+    options: BatchOptions | None,
+    deps: ApiDeps,
+    workspace_id: str,
+    now: datetime,
+    large: bool,
+) -> list[Job]:
+    """Store one job per file, in order, on ``writer`` (the caller's transaction)."""
     known = row_models(deps)
-    planned = []
+    stored = []
     for index, upload in enumerate(form.files):
-        rows = _file_rows(index, upload, deps.limits, known)
-        job = options if options is not None else _row_model_options(payload, rows, deps)
+        batch_id = new_id()
+        total, first = await _store_rows(writer, batch_id, index, upload, deps, known, large)
+        job = options if options is not None else _row_model_options(payload, first, deps)
         name = job_name(job.name, upload.filename, len(form.files))
-        planned.append(plan_job(job, rows, workspace_id, now, name))
-    return planned
+        planned = plan_job(job, [], workspace_id, now, name)
+        stored.append(await writer.insert(replace(planned.new, id=batch_id, total=total)))
+    return stored
 
 
-def _row_model_options(
-    payload: dict[str, object], rows: list[RowInput], deps: ApiDeps
-) -> BatchOptions:
+async def _store_rows(
+    writer: JobWriter,
+    batch_id: str,
+    index: int,
+    upload: UploadedFile,
+    deps: ApiDeps,
+    known: Container[str],
+    large: bool,
+) -> tuple[int, RowInput]:
+    """COPY the file's rows under ``batch_id`` a chunk at a time, each validated in the
+    parser executor; how many, and the first. A 400 naming the file and line for the
+    first bad line or repeated custom id."""
+    loop = asyncio.get_running_loop()
+    parser = deps.parser_for(large)
+    await loop.run_in_executor(None, upload.spool.seek, 0)
+    with _file_errors(index, upload):
+        reader = await loop.run_in_executor(
+            parser, FileReader, upload.filename, upload.spool, deps.limits, known
+        )
+        first: RowInput | None = None
+        while rows := await loop.run_in_executor(parser, reader.next_chunk):
+            first = rows[0] if first is None else first
+            await writer.add_rows(
+                batch_id, reader.rows - len(rows), [(r.custom_id, r.request_json) for r in rows]
+            )
+        if first is None:
+            raise LineError(None, "the file holds no rows")
+        repeat = await writer.first_duplicate(batch_id)
+        if repeat is not None:
+            raise reader.duplicate(*repeat)
+    return reader.rows, first
+
+
+def _row_model_options(payload: dict[str, object], first: RowInput, deps: ApiDeps) -> BatchOptions:
     """The job-level fields with the file's first row's model as the job's."""
-    if rows[0].model is None:
+    if first.model is None:
         raise invalid(
             "model is required: give the model field, or a model in every row of the file"
             " (OpenAI and Anthropic lines always carry one)",
             "model",
         )
-    return job_fields({**payload, "model": rows[0].model}, deps)
+    return job_fields({**payload, "model": first.model}, deps)
 
 
 def form_payload(fields: dict[str, str]) -> dict[str, object]:
@@ -301,11 +419,11 @@ def _json_field(name: str, text: str) -> object:
         raise invalid(f"{name} must be JSON text", name) from None
 
 
-def _file_rows(
-    index: int, upload: UploadedFile, limits: SubmitLimits, known: Container[str]
-) -> list[RowInput]:
+@contextmanager
+def _file_errors(index: int, upload: UploadedFile) -> Iterator[None]:
+    """A :class:`LineError` of the ``index``-th file as a 400 naming it and the line."""
     try:
-        return parse_upload_file(upload.filename, upload.data, limits, known)
+        yield
     except LineError as exc:
         where = (
             f"{upload.filename!r}" if exc.line is None else f"{upload.filename!r} line {exc.line}"

@@ -24,9 +24,11 @@ A row may name its own ``model`` (an OpenAI or Anthropic line always does).
 Both are UTF-8 (a leading byte-order mark is ignored). Line numbers are 1-based physical
 lines of the file; a CSV record spanning several lines is reported at its first line.
 
-A file is never decoded whole: a ``str`` holding one emoji takes 4 bytes per character,
-so a 100 MiB file would become a 400 MiB string. Its bytes are checked to be UTF-8 a
-window at a time, then read line by line, each line decoded on its own.
+A file is never decoded whole, nor held whole: a ``str`` holding one emoji takes 4 bytes
+per character, so a 100 MiB file would become a 400 MiB string. Its bytes are checked
+to be UTF-8 a window at a time, then read line by line, each line decoded on its own,
+and validated a chunk of rows at a time (:class:`FileReader`): the upload stores each
+chunk before it reads the next.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from __future__ import annotations
 import codecs
 import csv
 import io
-from collections.abc import Callable, Container, Iterator
+from array import array
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import orjson
 
@@ -50,6 +54,7 @@ from relay_batches.services.ingest_api.validation import (
     RowRejected,
     SubmitLimits,
     check_unique_ids,
+    duplicate_error,
     request_rows,
 )
 
@@ -65,6 +70,8 @@ _DIALECT_ROWS: dict[str, DialectRow] = {OPENAI: openai_line_row, ANTHROPIC: anth
 CSV_HEADER = "prompt"
 BOM = codecs.BOM_UTF8
 CHECK_WINDOW = 1024 * 1024  # bytes decoded at a time to check a file is UTF-8
+CHUNK_ROWS = 5000  # rows validated (and stored by the upload) at a time
+CHUNK_BYTES = 1024 * 1024  # about this much text of them, at most
 
 
 class LineError(Exception):
@@ -82,6 +89,7 @@ class RawRow:
 
     line: int
     request: object
+    size: int  # bytes of text it was read from
 
 
 def file_format(filename: str) -> str | None:
@@ -105,68 +113,124 @@ def parse_upload_file(
     limits: SubmitLimits,
     known_models: Container[str] = NO_MODELS,
 ) -> list[RowInput]:
-    """Validated rows of one uploaded file; :class:`LineError` on the first bad line.
-
-    The file is read line by line and each request validated as it is read, so only the
-    validated rows are kept (never every decoded request at once). ``known_models``
-    are the aliases a row's own ``model`` may name.
-    """
-    kind = file_format(filename)
-    if kind is None:
-        raise LineError(None, f"file name must end in {' or '.join(FORMATS)}")
-    _check_utf8(data)
-    lines: list[int] = []  # the line each request starts on, by row index
-    formats: list[str] = []  # the file's format, once its first line is read
-    source = _csv_rows(data, limits) if kind == ".csv" else _jsonl_rows(data, limits, formats)
+    """Validated rows of one uploaded file held in memory; :class:`LineError` on the
+    first bad line (a repeated custom id included). ``known_models`` are the aliases a
+    row's own ``model`` may name. The upload endpoint streams a spooled file through
+    :class:`FileReader` instead."""
+    rows: list[RowInput] = []
+    with io.BufferedReader(_ByteReader(data)) as source:
+        reader = FileReader(filename, source, limits, known_models)
+        while chunk := reader.next_chunk():
+            rows += chunk
     try:
-        requests = _requests(source, lines)
-        first = next(requests, None)
-        if first is None:
-            raise LineError(None, "the file holds no rows")
-        dialect_row = _DIALECT_ROWS.get(formats[0]) if formats else None
-        if dialect_row is None:
-            rows = request_rows(_chain(first, requests), limits.max_content_bytes, known_models)
-        else:
-            rows = [
-                dialect_row(i, request, limits, known_models)
-                for i, request in enumerate(_chain(first, requests))
-            ]
-            check_unique_ids(rows)
+        check_unique_ids(rows)
     except RowRejected as exc:
-        raise _line_error(exc.error, lines) from None
+        raise reader.line_error(exc.error) from None
+    if not rows:
+        raise LineError(None, "the file holds no rows")
     return rows
 
 
-def _chain(first: object, rest: Iterator[object]) -> Iterator[object]:
-    yield first
-    yield from rest
+class FileReader:
+    """One uploaded file read a chunk of validated rows at a time, so only a chunk is
+    ever held: its lines (or records) decoded and validated as they are read.
 
+    Blocking and CPU-bound: callers run it in a worker thread, one call at a time.
+    ``source`` is at the file's start; it is checked to be UTF-8 first (read through
+    once, then rewound), so it must be seekable. Custom ids are not checked to be unique
+    across chunks: the caller does that (the upload, on the stored rows) and words the
+    repeat with :meth:`line_error`.
+    """
 
-def _requests(source: Iterator[RawRow], lines: list[int]) -> Iterator[object]:
-    for raw in source:
-        lines.append(raw.line)
-        yield raw.request
+    def __init__(
+        self,
+        filename: str,
+        source: BinaryIO,
+        limits: SubmitLimits,
+        known_models: Container[str] = NO_MODELS,
+    ) -> None:
+        kind = file_format(filename)
+        if kind is None:
+            raise LineError(None, f"file name must end in {' or '.join(FORMATS)}")
+        _check_utf8(source)
+        self._limits = limits
+        self._known = known_models
+        self.lines = array("q")  # the line each row starts on, by row index
+        self._formats: list[str] = []  # the file's format, once its first line is read
+        self._source = (
+            _csv_rows(source, limits)
+            if kind == ".csv"
+            else _jsonl_rows(source, limits, self._formats)
+        )
+        self.rows = 0  # rows read so far
 
-
-def _check_utf8(data: bytes | bytearray) -> None:
-    """:class:`LineError` naming the line of the first byte that is not UTF-8."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    view = memoryview(data)
-    for start in range(0, len(view), CHECK_WINDOW):
+    def next_chunk(
+        self, max_rows: int | None = None, max_bytes: int | None = None
+    ) -> list[RowInput]:
+        """The next validated rows, at most ``max_rows`` (default :data:`CHUNK_ROWS`) and
+        about ``max_bytes`` of text (:data:`CHUNK_BYTES`; at least one row); empty at the
+        end. :class:`LineError` on a bad line."""
+        max_rows = CHUNK_ROWS if max_rows is None else max_rows
+        max_bytes = CHUNK_BYTES if max_bytes is None else max_bytes
+        requests: list[object] = []
+        size = 0
+        for raw in self._source:
+            self.lines.append(raw.line)
+            requests.append(raw.request)
+            size += raw.size
+            if len(requests) >= max_rows or size >= max_bytes:
+                break
+        if not requests:
+            return []
+        start, self.rows = self.rows, self.rows + len(requests)
         try:
-            decoder.decode(view[start : start + CHECK_WINDOW])
+            return self._validated(requests, start)
+        except RowRejected as exc:
+            raise self.line_error(exc.error) from None
+
+    def _validated(self, requests: list[object], start: int) -> list[RowInput]:
+        dialect_row = _DIALECT_ROWS.get(self._formats[0]) if self._formats else None
+        if dialect_row is None:
+            return request_rows(
+                requests, self._limits.max_content_bytes, self._known, start, unique=False
+            )
+        return [
+            dialect_row(i, request, self._limits, self._known)
+            for i, request in enumerate(requests, start)
+        ]
+
+    def line_error(self, error: RowError) -> LineError:
+        """``error`` of a row read so far, in line terms."""
+        return _line_error(error, self.lines)
+
+    def duplicate(self, custom_id: str, index: int, earlier: int) -> LineError:
+        """The error of row ``index``, whose custom id repeats row ``earlier``'s."""
+        return self.line_error(duplicate_error(index, custom_id, earlier))
+
+
+def _check_utf8(source: BinaryIO) -> None:
+    """:class:`LineError` naming the line of the first byte that is not UTF-8; ``source``
+    is read through a window at a time, then rewound to where it was."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    begin = source.tell()
+    lines = 1
+    while window := source.read(CHECK_WINDOW):
+        try:
+            decoder.decode(window)
         except UnicodeDecodeError as exc:
-            at = max(start + exc.start - len(decoder.getstate()[0]), 0)
-            raise LineError(data[:at].count(b"\n") + 1, "not valid UTF-8 text") from None
+            at = max(exc.start - len(decoder.getstate()[0]), 0)
+            raise LineError(lines + window.count(b"\n", 0, at), "not valid UTF-8 text") from None
+        lines += window.count(b"\n")
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        raise LineError(data.count(b"\n") + 1, "not valid UTF-8 text") from None
+        raise LineError(lines, "not valid UTF-8 text") from None
+    source.seek(begin)
 
 
 class _ByteReader(io.RawIOBase):
-    """A read-only file over ``data`` without copying it (``io.BytesIO`` copies a
-    bytearray)."""
+    """A read-only, seekable file over ``data`` without copying it (``io.BytesIO``
+    copies a bytearray)."""
 
     def __init__(self, data: bytes | bytearray) -> None:
         self._view = memoryview(data)
@@ -176,9 +240,19 @@ class _ByteReader(io.RawIOBase):
         """Always: this file is for reading."""
         return True
 
+    def seekable(self) -> bool:
+        """Always: the bytes are all here."""
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to ``offset`` from the start, the current position or the end."""
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(base + offset, 0)
+        return self._pos
+
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         """Copy the next bytes into ``buffer``; how many (0 at the end)."""
-        size = min(len(buffer), len(self._view) - self._pos)
+        size = max(min(len(buffer), len(self._view) - self._pos), 0)
         buffer[:size] = self._view[self._pos : self._pos + size]
         self._pos += size
         return size
@@ -188,14 +262,21 @@ def _too_many(limits: SubmitLimits) -> LineError:
     return LineError(None, f"a file may hold at most {limits.max_rows:,} rows (one job each)")
 
 
-def _csv_rows(data: bytes | bytearray, limits: SubmitLimits) -> Iterator[RawRow]:
+def _csv_rows(source: BinaryIO, limits: SubmitLimits) -> Iterator[RawRow]:
     """One ``user`` message per CSV record."""
     # The field limit counts characters; content is limited in bytes later, and a
     # character is at least one byte, so this never refuses a prompt that would pass.
     csv.field_size_limit(max(limits.max_content_bytes, 1))
     text = io.TextIOWrapper(
-        io.BufferedReader(_ByteReader(data)), encoding="utf-8-sig", newline=""
+        source, encoding="utf-8-sig", newline=""
     )  # decoded a buffer at a time; lines split as io.StringIO(newline="") splits them
+    try:
+        yield from _csv_records(text, limits)
+    finally:
+        text.detach()  # the caller closes the file
+
+
+def _csv_records(text: io.TextIOWrapper, limits: SubmitLimits) -> Iterator[RawRow]:
     reader = csv.reader(text, strict=True)
     count = 0
     while True:
@@ -219,7 +300,7 @@ def _csv_rows(data: bytes | bytearray, limits: SubmitLimits) -> Iterator[RawRow]
         count += 1
         if count > limits.max_rows:
             raise _too_many(limits)
-        yield RawRow(line, {"messages": [{"role": "user", "content": record[0]}]})
+        yield RawRow(line, {"messages": [{"role": "user", "content": record[0]}]}, len(record[0]))
 
 
 def _is_header(record: list[str], line: int) -> bool:
@@ -234,15 +315,13 @@ def _csv_reason(message: str, limits: SubmitLimits) -> str:
     return f"not valid CSV ({message})"
 
 
-def _jsonl_rows(
-    data: bytes | bytearray, limits: SubmitLimits, formats: list[str]
-) -> Iterator[RawRow]:
+def _jsonl_rows(source: BinaryIO, limits: SubmitLimits, formats: list[str]) -> Iterator[RawRow]:
     """One request object per line, each in the format of the first (appended to
     ``formats`` when read)."""
     # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
     # which may stand unescaped inside a JSON string.
     count = 0
-    for number, raw in _lines(data):
+    for number, raw in _lines(source):
         line = raw.decode("utf-8")  # checked by _check_utf8
         if not line.strip():
             continue
@@ -265,22 +344,22 @@ def _jsonl_rows(
         count += 1
         if count > limits.max_rows:
             raise _too_many(limits)
-        yield RawRow(number, request)
+        yield RawRow(number, request, len(raw))
 
 
-def _lines(data: bytes | bytearray) -> Iterator[tuple[int, bytes | bytearray]]:
-    """``enumerate(data.split(b"\\n"), start=1)`` without building the list, after a
-    leading byte-order mark."""
-    start, number = (len(BOM) if data.startswith(BOM) else 0), 1
-    while start <= len(data):
-        end = data.find(b"\n", start)
-        if end < 0:
-            end = len(data)
-        yield number, data[start:end]
-        start, number = end + 1, number + 1
+def _lines(source: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """``enumerate(data.split(b"\\n"), start=1)`` of the file's bytes without reading
+    them all, after a leading byte-order mark."""
+    number = 0
+    for number, line in enumerate(source, start=1):  # a binary file splits on b"\n" only
+        if number == 1 and line.startswith(BOM):
+            line = line[len(BOM) :]
+        yield number, line[:-1] if line.endswith(b"\n") else line
+    if number == 0 or line.endswith(b"\n"):
+        yield number + 1, b""
 
 
-def _line_error(error: RowError, lines: list[int]) -> LineError:
+def _line_error(error: RowError, lines: Sequence[int]) -> LineError:
     """``error`` of the row read from ``lines[error.index]``, in line terms."""
     reason = f"{error.field} {error.message}" if error.field else error.message
     if error.earlier is not None:

@@ -227,4 +227,4 @@ def test_the_ingest_api_spools_uploads_on_a_writable_volume(overlay: str) -> Non
     volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == spool]
     assert not mount.get("readOnly", False)
-    assert quantity(volumes[mount["name"]]["emptyDir"]["sizeLimit"]) >= 2 * 200 * 1024 * 1024
+    assert quantity(volumes[mount["name"]]["emptyDir"]["sizeLimit"]) >= 2 * 256 * 1024 * 1024

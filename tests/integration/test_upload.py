@@ -16,6 +16,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from relay_batches.ids import new_id
+from relay_batches.services.ingest_api import upload_formats
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import TEST_MAX_BODY
 from tests.helpers.support import ApiClient, Isolation
@@ -523,3 +524,63 @@ async def test_a_mixed_or_broken_dialect_file_names_the_line(
     status, body = await upload(fresh, form([("ok.jsonl", JSONL), ("mixed.jsonl", content)]))
     assert (status, body["error"]["param"], body["error"]["message"]) == (400, "file[1]", message)
     assert await job_count(fresh) == 0
+
+
+# --- files stored a chunk at a time -------------------------------------------------------
+
+
+def numbered(tag: str, count: int) -> bytes:
+    """A .jsonl of ``count`` rows ``<tag>-0`` … with the content ``c<i>``."""
+    return b"".join(
+        orjson.dumps({"custom_id": f"{tag}-{i}", "messages": user(f"c{i}")}) + b"\n"
+        for i in range(count)
+    )
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows validated and COPY'd three at a time, so a small file spans several chunks."""
+    monkeypatch.setattr(upload_formats, "CHUNK_ROWS", 3)
+
+
+@pytest.mark.usefixtures("small_chunks")
+async def test_a_file_of_many_chunks_lands_exactly(fresh: ApiClient, pool: asyncpg.Pool) -> None:
+    tag = new_id()[:8]
+    status, body = await upload(fresh, form([("a.jsonl", numbered(tag, 10)), ("b.csv", CSV)]))
+    assert status == 201, body
+    many, other = body["data"]
+    assert (many["total"], other["total"]) == (10, 2)
+    assert await stored_rows(pool, many["id"]) == [(f"{tag}-{i}", user(f"c{i}")) for i in range(10)]
+    assert [cid for cid, _ in await stored_rows(pool, other["id"])] == ["row-1", "row-2"]
+
+
+@pytest.mark.usefixtures("small_chunks")
+async def test_a_repeat_in_a_later_chunk_stores_nothing(
+    fresh: ApiClient, pool: asyncpg.Pool
+) -> None:
+    tag = new_id()[:8]
+    data = numbered(tag, 8) + orjson.dumps({"custom_id": f"{tag}-2", "messages": user("x")})
+    status, body = await upload(fresh, form([("ok.csv", CSV), ("dup.jsonl", data)]))
+    assert status == 400, body
+    assert body["error"]["param"] == "file[1]"
+    assert body["error"]["message"] == f"'dup.jsonl' line 9: custom_id '{tag}-2' duplicates line 3"
+    assert await job_count(fresh) == 0
+    kept = await pool.fetchval(
+        "SELECT count(*) FROM batch_rows WHERE custom_id LIKE $1", f"{tag}-%"
+    )
+    assert kept == 0
+
+
+@pytest.mark.usefixtures("small_chunks")
+async def test_a_bad_line_after_stored_chunks_stores_nothing(
+    fresh: ApiClient, pool: asyncpg.Pool
+) -> None:
+    tag = new_id()[:8]
+    status, body = await upload(fresh, form([("late.jsonl", numbered(tag, 7) + b"{oops\n")]))
+    assert status == 400, body
+    assert body["error"]["message"].startswith("'late.jsonl' line 8: not valid JSON")
+    assert await job_count(fresh) == 0
+    kept = await pool.fetchval(
+        "SELECT count(*) FROM batch_rows WHERE custom_id LIKE $1", f"{tag}-%"
+    )
+    assert kept == 0

@@ -19,8 +19,8 @@ def test_defaults_with_an_empty_environment() -> None:
     assert settings.api_port == 8080
     assert settings.batch_concurrency == 4
     assert settings.webhook_timeout_s == 10.0
-    assert settings.max_rows == 100_000
-    assert settings.max_body_bytes == 100 * 1024 * 1024
+    assert settings.max_rows == 1_000_000
+    assert settings.max_body_bytes == 256 * 1024 * 1024
     assert settings.log_level == "INFO"
 
 

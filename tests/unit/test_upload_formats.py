@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import io
 
 import orjson
 import pytest
@@ -11,6 +12,7 @@ from relay_batches.errors import ApiError
 from relay_batches.services.ingest_api import upload_formats
 from relay_batches.services.ingest_api.upload import clean_filename, form_payload, job_name
 from relay_batches.services.ingest_api.upload_formats import (
+    FileReader,
     LineError,
     file_format,
     parse_upload_file,
@@ -400,3 +402,66 @@ def test_a_lone_surrogate_in_a_jsonl_line_is_not_json(line: bytes) -> None:
     error = line_error("f.jsonl", line + b"\n")
     assert error.line == 1
     assert error.reason.startswith("not valid JSON (")
+
+
+# --- reading a chunk at a time ----------------------------------------------------------
+
+
+def reader_of(filename: str, data: bytes, limits: SubmitLimits = LIMITS) -> FileReader:
+    return FileReader(filename, io.BufferedReader(io.BytesIO(data)), limits)
+
+
+def test_chunks_continue_indexes_default_ids_and_lines() -> None:
+    data = b'{"messages": [{"role": "user", "content": "a"}]}\n\n' + b"".join(
+        b'{"messages": [{"role": "user", "content": "%d"}]}\n' % i for i in range(4)
+    )
+    reader = reader_of("c.jsonl", data)
+    chunks = []
+    while chunk := reader.next_chunk(max_rows=2):
+        chunks.append(contents(chunk))
+    assert chunks == [
+        [("row-1", "a"), ("row-2", "0")],
+        [("row-3", "1"), ("row-4", "2")],
+        [("row-5", "3")],
+    ]
+    assert (reader.rows, list(reader.lines)) == (5, [1, 3, 4, 5, 6])
+
+
+def test_a_chunk_is_cut_by_bytes_but_holds_at_least_one_row() -> None:
+    data = b"one\ntwo\nthree\n"
+    reader = reader_of("d.csv", data)
+    assert [len(reader.next_chunk(max_bytes=1)) for _ in range(4)] == [1, 1, 1, 0]
+
+
+def test_a_bad_line_in_a_later_chunk_names_its_line() -> None:
+    data = b"one\ntwo\n\nthree\n" + b'"unclosed\n'
+    reader = reader_of("e.csv", data)
+    assert len(reader.next_chunk(max_rows=2)) == 2
+    with pytest.raises(LineError) as caught:
+        reader.next_chunk(max_rows=2)
+    assert caught.value.line == 5
+
+
+def test_a_repeat_found_after_the_chunks_is_worded_in_lines() -> None:
+    data = b'{"custom_id": "x", "messages": [{"role": "user", "content": "a"}]}\n' * 2
+    reader = reader_of("f.jsonl", data)
+    while reader.next_chunk(max_rows=1):
+        pass
+    error = reader.duplicate("x", 1, 0)
+    assert (error.line, error.reason) == (2, "custom_id 'x' duplicates line 1")
+
+
+def test_a_byte_that_is_not_utf8_is_found_before_any_chunk() -> None:
+    data = b"one\ntwo\n" * 1000 + b"\xff\n"
+    with pytest.raises(LineError) as caught:
+        reader_of("g.csv", data, SubmitLimits(max_rows=10_000, max_content_bytes=64))
+    assert (caught.value.line, caught.value.reason) == (2001, "not valid UTF-8 text")
+
+
+def test_the_utf8_check_spans_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(upload_formats, "CHECK_WINDOW", 3)
+    good = "é\nü\n€\n".encode()  # characters cut across the 3-byte windows
+    assert reader_of("h.csv", good).next_chunk() != []
+    with pytest.raises(LineError) as caught:
+        reader_of("h.csv", good + b"ok\n\xe2\x82\n")
+    assert caught.value.line == 5

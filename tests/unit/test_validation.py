@@ -267,9 +267,9 @@ def test_too_many_requests() -> None:
     )
 
 
-def test_default_row_limit_is_100_000() -> None:
-    assert LIMITS.max_rows == 100_000
-    assert_invalid(rows(*[{"messages": HI}] * 100_001), "requests", "at most 100,000")
+def test_default_row_limit_is_1_000_000() -> None:
+    assert LIMITS.max_rows == 1_000_000
+    assert_invalid(rows(*[{"messages": HI}] * 1_000_001), "requests", "at most 1,000,000")
 
 
 @pytest.mark.parametrize("row", ["text", 1, None, [], [{"messages": HI}], True])

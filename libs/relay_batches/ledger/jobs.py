@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -19,6 +21,7 @@ from relay_batches.model import PAUSABLE, Job, JobStatus, allowed_from
 
 RESULT_PAGE_ROWS = 5000
 RESULT_PAGE_BYTES = 4 * 1024 * 1024
+MAX_STREAMING = 2  # streamed uploads storing at once (each holds a pooled connection)
 T = TypeVar("T")
 
 # A page is cut at $4 rows or $5 bytes of text, whichever comes first; its first row
@@ -212,12 +215,69 @@ class DeadLetterRow:
         return cls(row_index, custom_id, error, attempts, RowDetails(*details))
 
 
+class JobWriter:
+    """Jobs being stored a chunk of rows at a time, inside one transaction
+    (:meth:`JobStore.streaming`): rows first, each job's batch once its rows are all
+    in."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    async def add_rows(self, batch_id: str, start: int, rows: Sequence[tuple[str, str]]) -> None:
+        """COPY ``(custom_id, request_json)`` rows as rows ``start``, ``start + 1``, … of
+        ``batch_id``."""
+        async with translated():
+            await self._conn.copy_records_to_table(
+                "batch_rows",
+                records=((batch_id, start + n, cid, req) for n, (cid, req) in enumerate(rows)),
+                columns=("batch_id", "row_index", "custom_id", "request"),
+            )
+
+    async def first_duplicate(self, batch_id: str) -> tuple[str, int, int] | None:
+        """The first row of ``batch_id`` whose custom id repeats an earlier row's:
+        ``(custom_id, its index, the earlier row's index)``; None if every id is unique."""
+        async with translated():
+            record = await self._conn.fetchrow(
+                "SELECT custom_id, (array_agg(row_index ORDER BY row_index))[2] AS repeat,"
+                " min(row_index) AS first FROM batch_rows WHERE batch_id = $1"
+                " GROUP BY custom_id HAVING count(*) > 1 ORDER BY repeat LIMIT 1",
+                batch_id,
+            )
+        return None if record is None else (record[0], record[1], record[2])
+
+    async def insert(self, new: NewJob) -> Job:
+        """INSERT the batch over the rows stored under its id (``new.total`` of them)."""
+        async with translated():
+            return await _insert_batch(self._conn, new)
+
+    async def record(self, claim: IdempotencyClaim, body: object) -> None:
+        """Record the 201 ``body`` for ``claim`` (:class:`KeyTaken` if the key was used
+        first: nothing is then stored)."""
+        async with translated():
+            await record_response(self._conn, claim, 201, orjson.dumps(body).decode())
+
+
 class JobStore:
     """The ``batches``/``batch_rows``/``row_results`` queries of the public API."""
 
-    def __init__(self, pool: asyncpg.Pool, page_bytes: int = RESULT_PAGE_BYTES) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        page_bytes: int = RESULT_PAGE_BYTES,
+        max_streaming: int = MAX_STREAMING,
+    ) -> None:
         self._pool = pool
         self._page_bytes = page_bytes
+        self._streaming = asyncio.Semaphore(max_streaming)
+
+    @asynccontextmanager
+    async def streaming(self) -> AsyncIterator[JobWriter]:
+        """One transaction for storing jobs a chunk of rows at a time: all of them, or
+        nothing on error. At most ``max_streaming`` hold a connection at once (the others
+        wait their turn); the caller feeds it from local storage, never from a client."""
+        async with self._streaming, translated(), self._pool.acquire() as conn:
+            async with conn.transaction():
+                yield JobWriter(conn)
 
     async def create(
         self,
@@ -455,6 +515,21 @@ EXPIRES_AT = (
 
 async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, str]]) -> Job:
     """INSERT the batch and COPY its rows on ``conn`` (the caller owns the transaction)."""
+    job = await _insert_batch(conn, new)
+    if new.rows_batch_id is not None:
+        return job
+    await conn.copy_records_to_table(
+        "batch_rows",
+        records=(
+            (new.id, index, custom_id, request) for index, (custom_id, request) in enumerate(rows)
+        ),
+        columns=("batch_id", "row_index", "custom_id", "request"),
+    )
+    return job
+
+
+async def _insert_batch(conn: Connection, new: NewJob) -> Job:
+    """INSERT the batch row alone on ``conn``."""
     status = JobStatus.SCHEDULED if new.cron else JobStatus.QUEUED
     record = await conn.fetchrow(
         "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
@@ -480,14 +555,5 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
         new.completion_window,
         new.budget_usd,
         new.retry_of,
-    )
-    if new.rows_batch_id is not None:
-        return Job.from_record(record)
-    await conn.copy_records_to_table(
-        "batch_rows",
-        records=(
-            (new.id, index, custom_id, request) for index, (custom_id, request) in enumerate(rows)
-        ),
-        columns=("batch_id", "row_index", "custom_id", "request"),
     )
     return Job.from_record(record)

@@ -1,0 +1,229 @@
+"""A million-row job end to end: upload, run, results, with every service's memory.
+
+``RELAY_BENCH_MILLION_ROWS`` rows (default 1,000,000), each a full chat request of about
+200 bytes:
+
+1. an OpenAI batch input file of that many lines uploaded to ``POST /openai/v1/files``
+   and a batch created from it (then canceled): ``million_openai_ingest_rows_per_s``
+   and ingest-api's peak RSS;
+2. the same rows as a native ``.jsonl`` on ``POST /v1/batches/upload``: one job,
+   ``million_upload_rows_per_s``, ingest-api's peak RSS (``VmHWM``) and its worst
+   ``/healthz`` answer meanwhile;
+3. that job run to completion against the upstream simulator at zero latency:
+   ``million_run_rows_per_s`` (from the upload's ``201``), every service's peak RSS, the
+   machine's busy share and the CPU milliseconds per row of the Relay services and the
+   simulator;
+4. its results streamed back as ndjson: ``million_results_rows_per_s``, ingest-api's
+   peak RSS, and every row has exactly one outcome.
+
+The bounds of issue 15 are asserted: ingest-api ≤ 300 MiB while it ingests, every
+service ≤ 250 MiB while the job runs. Not part of ``make test`` (``make bench``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from tests.bench.harness import (
+    MIB,
+    Bench,
+    RssSampler,
+    bench_system,
+    busy_share,
+    machine_ticks,
+    process_cpu_s,
+)
+from tests.bench.test_ingest_bounds import measured
+from tests.bench.test_openai_ingest import upload as upload_openai_file
+
+ROWS = int(os.environ.get("RELAY_BENCH_MILLION_ROWS", "1000000"))
+WORKERS = int(os.environ.get("RELAY_BENCH_MILLION_WORKERS", "2"))
+INGEST_BOUND_MIB = 300
+RUN_BOUND_MIB = 250
+PAD = "p" * 120  # a realistic prompt: each line about 200 bytes
+LONG = aiohttp.ClientTimeout(total=3600)
+
+
+def native_file(rows: int) -> bytes:
+    """A native ``.jsonl`` of ``rows`` requests ``{custom_id, messages, max_tokens}``."""
+    return b"".join(
+        orjson.dumps(
+            {
+                "custom_id": f"r-{i}",
+                "messages": [{"role": "user", "content": f"row {i} {PAD}"}],
+                "max_tokens": 16,
+            }
+        )
+        + b"\n"
+        for i in range(rows)
+    )
+
+
+def openai_file(rows: int) -> bytes:
+    """An OpenAI batch input file of ``rows`` full ``/v1/chat/completions`` lines."""
+    return b"".join(
+        orjson.dumps(
+            {
+                "custom_id": f"r-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "gpt-4o-mini",
+                    "messages": [{"role": "user", "content": f"row {i} {PAD}"}],
+                    "max_tokens": 16,
+                },
+            }
+        )
+        + b"\n"
+        for i in range(rows)
+    )
+
+
+async def upload_native(bench: Bench, data: bytes) -> dict[str, Any]:
+    """``POST /v1/batches/upload`` of one file; insists on 201 with one job."""
+    form = aiohttp.FormData()
+    form.add_field("model", "gpt-4o-mini")
+    form.add_field(
+        "file", io.BytesIO(data), filename="million.jsonl", content_type="application/x-ndjson"
+    )
+    async with bench.http.post(
+        f"{bench.api.base_url}/v1/batches/upload",
+        data=form,
+        headers={"Authorization": f"Bearer {bench.api.key}"},
+        timeout=LONG,
+    ) as response:
+        body: dict[str, Any] = await response.json()
+        assert response.status == 201, body
+    (created,) = body["data"]
+    return created
+
+
+async def openai_ingest(bench: Bench, report: dict[str, Any]) -> None:
+    """Step 1: the OpenAI file and its batch (canceled once created)."""
+    data = openai_file(ROWS)
+    report["million_openai_file_mib"] = round(len(data) / MIB, 1)
+    api_pid = bench.system.processes["ingest-api"].pid
+    started = time.perf_counter()
+
+    async def ingest() -> dict[str, Any]:
+        stored = await upload_openai_file(bench, data)
+        status, batch = await bench.api.request(
+            "POST",
+            "/openai/v1/batches",
+            json={
+                "input_file_id": stored["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            },
+        )
+        assert status == 200, batch
+        return batch
+
+    with RssSampler({"ingest-api": api_pid}) as sampler:
+        peak, worst, batch = await measured(bench, ingest())
+    elapsed = time.perf_counter() - started
+    assert batch["request_counts"]["total"] == ROWS, batch
+    status, _ = await bench.api.request("POST", f"/openai/v1/batches/{batch['id']}/cancel")
+    assert status == 200
+    report["million_openai_ingest_rows_per_s"] = round(ROWS / elapsed)
+    report["million_openai_ingest_peak_rss_mib"] = round(max(peak, sampler.peaks["ingest-api"]), 1)
+    report["million_openai_ingest_worst_healthz_s"] = round(worst, 3)
+
+
+async def count_outcomes(bench: Bench, batch_id: str) -> tuple[int, int]:
+    """Stream the job's results as ndjson; (rows with one outcome each, bytes). Insists
+    that every row ``r-0`` … appears exactly once."""
+    seen = bytearray(ROWS)
+    size = 0
+    tail = b""
+    async with bench.http.get(
+        f"{bench.api.base_url}/v1/batches/{batch_id}/results",
+        headers={"Authorization": f"Bearer {bench.api.key}", "Accept": "application/x-ndjson"},
+        timeout=LONG,
+    ) as response:
+        assert response.status == 200
+        async for chunk in response.content.iter_chunked(MIB):
+            size += len(chunk)
+            *lines, tail = (tail + chunk).split(b"\n")
+            for line in lines:
+                _mark(seen, line)
+    _mark(seen, tail)
+    assert seen.count(1) == ROWS, f"{seen.count(0)} rows without an outcome"
+    return ROWS, size
+
+
+def _mark(seen: bytearray, line: bytes) -> None:
+    if not line.strip():
+        return
+    row = orjson.loads(line)
+    if "custom_id" not in row:
+        return  # the head line
+    assert "content" in row, row
+    index = int(row["custom_id"].removeprefix("r-"))
+    assert seen[index] == 0, f"{row['custom_id']} has two outcomes"
+    seen[index] = 1
+
+
+async def test_million_row_job(
+    output_dir: Path, http: aiohttp.ClientSession, report: dict[str, Any]
+) -> None:
+    report["million_rows"] = ROWS
+    async with bench_system(
+        output_dir, "million", http, workers=WORKERS, concurrency=32, latency_ms=0
+    ) as bench:
+        pids = bench.pids()
+        api_pid = pids["ingest-api"]
+        await openai_ingest(bench, report)
+
+        data = native_file(ROWS)
+        report["million_upload_file_mib"] = round(len(data) / MIB, 1)
+        with RssSampler({"ingest-api": api_pid}) as upload_sampler:
+            started = time.perf_counter()
+            peak, worst, created = await measured(bench, upload_native(bench, data))
+            uploaded = time.perf_counter()
+        del data
+        assert created["total"] == ROWS, created
+        upload_peak = max(peak, upload_sampler.peaks["ingest-api"])
+
+        every = {**pids, "upstream-sim": bench.system.processes["upstream-sim"].pid}
+        cpu_before = {name: process_cpu_s(pid) for name, pid in every.items()}
+        ticks_before = machine_ticks()
+        with RssSampler(pids) as run_sampler:
+            await bench.wait_completed(created["id"], ROWS)
+            finished = time.perf_counter()
+        ticks_after = machine_ticks()
+        cpu = {name: process_cpu_s(pid) - cpu_before[name] for name, pid in every.items()}
+
+        with RssSampler({"ingest-api": api_pid}) as results_sampler:
+            results_started = time.perf_counter()
+            rows, size = await count_outcomes(bench, created["id"])
+            results_s = time.perf_counter() - results_started
+
+    run_peaks = {k: round(v, 1) for k, v in run_sampler.peaks.items()}
+    report["million_upload_rows_per_s"] = round(ROWS / (uploaded - started))
+    report["million_upload_peak_rss_mib"] = round(upload_peak, 1)
+    report["million_upload_worst_healthz_s"] = round(worst, 3)
+    report["million_run_rows_per_s"] = round(ROWS / (finished - uploaded))
+    report["million_run_peak_rss_mib"] = run_peaks
+    report["million_run_max_service_rss_mib"] = max(run_peaks.values())
+    report["million_busy_share"] = round(busy_share(ticks_before, ticks_after), 3)
+    report["million_cpu_ms_per_row"] = {k: round(1000 * v / ROWS, 4) for k, v in cpu.items()}
+    report["million_cpu_ms_per_row_total"] = round(1000 * sum(cpu.values()) / ROWS, 4)
+    report["million_results_rows_per_s"] = round(rows / results_s)
+    report["million_results_mib"] = round(size / MIB, 1)
+    report["million_results_ingest_rss_mib"] = round(results_sampler.peaks["ingest-api"], 1)
+    print(
+        f"\nmillion rows ({ROWS}): upload {report['million_upload_rows_per_s']} rows/s at"
+        f" {report['million_upload_peak_rss_mib']} MiB, run {report['million_run_rows_per_s']}"
+        f" rows/s, peaks {run_peaks}, results {report['million_results_rows_per_s']} rows/s"
+    )
+    assert report["million_openai_ingest_peak_rss_mib"] <= INGEST_BOUND_MIB, report
+    assert upload_peak <= INGEST_BOUND_MIB, upload_peak
+    assert max(run_peaks.values()) <= RUN_BOUND_MIB, run_peaks
