@@ -123,6 +123,8 @@ class Settings:
     cooldown_window_s: float = 10.0
     cooldown_s: float = 30.0
     max_body_bytes: int = 256 * 1024 * 1024
+    # A JSON body is decoded whole in memory; an upload is spooled to disk.
+    max_json_body_bytes: int = 100 * 1024 * 1024
     max_rows: int = 1_000_000
     max_content_bytes: int = 1024 * 1024
     results_page_bytes: int = 4 * 1024 * 1024
@@ -212,6 +214,7 @@ class Settings:
             cooldown_window_s=_positive(env, "RELAY_COOLDOWN_WINDOW_S", d.cooldown_window_s),
             cooldown_s=_positive(env, "RELAY_COOLDOWN_S", d.cooldown_s),
             max_body_bytes=_int(env, "RELAY_MAX_BODY_BYTES", d.max_body_bytes),
+            max_json_body_bytes=_int(env, "RELAY_MAX_JSON_BODY_BYTES", d.max_json_body_bytes),
             max_rows=_int(env, "RELAY_MAX_ROWS", d.max_rows),
             max_content_bytes=_int(env, "RELAY_MAX_CONTENT_BYTES", d.max_content_bytes),
             results_page_bytes=max(1, _int(env, "RELAY_RESULTS_PAGE_BYTES", d.results_page_bytes)),

@@ -62,6 +62,7 @@ async def build(
         model_known=lambda alias: aliases.resolve(alias) is not None,
         limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),
         max_body_bytes=settings.max_body_bytes,
+        max_json_body_bytes=min(settings.max_json_body_bytes, settings.max_body_bytes),
         files=FileStore(pool),
         pool=pool,
         model_names=aliases.names,

@@ -70,7 +70,7 @@ async def create_batch(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
     async with deps.body_gate.admit(workspace_id) as ticket:  # a large body holds its slot
-        raw = await read_body(request, JSON, deps.max_body_bytes, ticket)
+        raw = await read_body(request, JSON, deps.max_json_body_bytes, ticket)
         claim = claim_for(request, workspace_id, raw)
         if (replayed := await _replayed(request, deps, claim)) is not None:
             return replayed

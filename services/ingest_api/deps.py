@@ -38,7 +38,8 @@ class ApiDeps:
     announcer: Announcer
     model_known: Callable[[str], bool]
     limits: SubmitLimits
-    max_body_bytes: int
+    max_body_bytes: int  # uploads (spooled to disk)
+    max_json_body_bytes: int  # JSON bodies (decoded in memory): at most max_body_bytes
     files: FileStore  # the OpenAI surface's files and batch links
     pool: asyncpg.Pool  # the ledger, for the stores a surface builds on it
     model_names: Callable[[], list[str]] = list  # the router's public aliases

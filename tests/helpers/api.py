@@ -22,7 +22,8 @@ from relay_batches.services.ingest_api.publishing import publisher_for
 from relay_batches.services.ingest_api.validation import SubmitLimits
 
 TEST_LIMITS = SubmitLimits(max_rows=50, max_content_bytes=1024)
-TEST_MAX_BODY = 256 * 1024
+TEST_MAX_BODY = 256 * 1024  # uploads
+TEST_MAX_JSON_BODY = 192 * 1024  # JSON bodies, decoded in memory
 TEST_READ_TIMEOUT_S = 3.0  # a stalled body is answered 408 after this long
 TEST_LARGE_BODY = 64 * 1024  # bodies over this hold one of TEST_LARGE_SLOTS slots
 TEST_LARGE_SLOTS = 2
@@ -63,6 +64,7 @@ async def start_api(
         model_known=lambda alias: aliases.resolve(alias) is not None,
         limits=TEST_LIMITS,
         max_body_bytes=TEST_MAX_BODY,
+        max_json_body_bytes=TEST_MAX_JSON_BODY,
         files=FileStore(pool),
         pool=pool,
         model_names=aliases.names,

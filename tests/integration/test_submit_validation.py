@@ -21,7 +21,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from relay_batches.ids import new_id
-from tests.helpers.api import TEST_LIMITS, TEST_MAX_BODY
+from tests.helpers.api import TEST_LIMITS, TEST_MAX_BODY, TEST_MAX_JSON_BODY
 from tests.helpers.support import ApiClient
 
 MODEL = "gpt-4o-mini"
@@ -222,31 +222,47 @@ async def chunks(raw: bytes, size: int = 16 * 1024) -> AsyncIterator[bytes]:
         yield raw[start : start + size]
 
 
-def assert_too_large(status: int, data: Any) -> None:
+def assert_too_large(status: int, data: Any, limit: int = TEST_MAX_JSON_BODY) -> None:
     assert_error(
         status,
         data,
         expected_status=413,
         error_type="request_too_large",
         param=None,
-        fragment=str(TEST_MAX_BODY),
+        fragment=str(limit),
     )
 
 
 async def test_body_at_the_size_limit_is_accepted(client_a: ApiClient) -> None:
-    status, data = await post_raw(client_a, oversized_body(TEST_MAX_BODY), "application/json")
+    status, data = await post_raw(client_a, oversized_body(TEST_MAX_JSON_BODY), "application/json")
     assert status == 201, data
 
 
-@pytest.mark.parametrize("size", [TEST_MAX_BODY + 1, 2 * TEST_MAX_BODY])
+@pytest.mark.parametrize("size", [TEST_MAX_JSON_BODY + 1, 2 * TEST_MAX_JSON_BODY])
 async def test_body_over_the_size_limit_is_413(client_a: ApiClient, size: int) -> None:
     status, data = await post_raw(client_a, oversized_body(size), "application/json")
     assert_too_large(status, data)
 
 
-@pytest.mark.parametrize("size", [TEST_MAX_BODY + 1, 2 * TEST_MAX_BODY])
+@pytest.mark.parametrize("size", [TEST_MAX_JSON_BODY + 1, 2 * TEST_MAX_JSON_BODY])
 async def test_chunked_body_over_the_size_limit_is_413(client_a: ApiClient, size: int) -> None:
     status, data = await post_raw(client_a, chunks(oversized_body(size)), "application/json")
+    assert_too_large(status, data)
+
+
+async def test_an_upload_may_be_larger_than_a_json_body(client_a: ApiClient) -> None:
+    """Uploads are spooled to disk, so their limit (RELAY_MAX_BODY_BYTES) is above the
+    one of a JSON body, which is decoded in memory (RELAY_MAX_JSON_BODY_BYTES)."""
+    size = (TEST_MAX_JSON_BODY + TEST_MAX_BODY) // 2
+    line = b"x" * 999 + b"\n"  # one prompt per line
+    content = line * (size // len(line))
+    form = aiohttp.FormData()
+    form.add_field("model", "gpt-4o-mini")
+    form.add_field("file", b"prompt\n" + content, filename="big.csv", content_type="text/csv")
+    status, data = await client_a.request("POST", "/v1/batches/upload", data=form)
+    assert status == 400, data  # past the rows limit, read whole: not a 413
+    assert "50" in data["error"]["message"], data
+    status, data = await post_raw(client_a, oversized_body(size), "application/json")
     assert_too_large(status, data)
 
 
