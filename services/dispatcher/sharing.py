@@ -1,5 +1,11 @@
-"""How one dispatcher shares its slots and its broker window, as pure functions.
+"""How one dispatcher sizes and shares its slots and its broker window, as pure functions.
 
+- **The window grows with the fleet**: a workspace's window is twice the row-worker
+  slots alive (as their heartbeats report them), at least ``RELAY_DISPATCH_WINDOW`` and
+  at most ``RELAY_DISPATCH_WINDOW_MAX`` rows, so one job can keep every slot busy with
+  a slot's worth queued behind it; the byte window grows by the same factor, from
+  ``RELAY_DISPATCH_WINDOW_BYTES`` up to ``RELAY_DISPATCH_WINDOW_MAX_BYTES`` (what the
+  broker may hold of one workspace's rows per dispatcher).
 - **Across workspaces** the window is shared: each workspace's releasing jobs split one
   ``RELAY_DISPATCH_WINDOW`` of rows and one ``RELAY_DISPATCH_WINDOW_BYTES`` of message
   text between them, so a workspace running many jobs has no more rows nor bytes queued
@@ -17,12 +23,35 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relay_batches.ledger.dispatch import RunningJob
 
 if TYPE_CHECKING:
     from relay_batches.services.dispatcher.core import OwnedJob
+
+
+FLEET_FACTOR = 2  # rows in the broker per live row-worker slot
+
+
+@dataclass(frozen=True)
+class Windows:
+    """A workspace's window: its bounds (``base`` rows and ``base_bytes``, growing with
+    the fleet up to ``max_rows`` and ``max_bytes``)."""
+
+    base: int
+    base_bytes: int
+    max_rows: int
+    max_bytes: int
+
+    def for_fleet(self, slots: int) -> tuple[int, int]:
+        """``(rows, bytes)`` of the window with ``slots`` row-worker slots alive: rows
+        ``clamp(FLEET_FACTOR * slots, base, max_rows)``, bytes ``base_bytes`` grown by
+        the same factor, at most ``max_bytes`` (never below either base)."""
+        rows = max(self.base, min(FLEET_FACTOR * slots, self.max_rows))
+        grown = self.base_bytes * rows // self.base
+        return rows, max(self.base_bytes, min(grown, self.max_bytes))
 
 
 def releasing(workspace_jobs: list[OwnedJob]) -> list[OwnedJob]:
