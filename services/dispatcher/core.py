@@ -2,7 +2,7 @@
 
 For every job it owns, the dispatcher keeps ``dispatched_upto - done <= window`` and the
 message text of its rows in flight within ``window_bytes`` (both its part of its
-workspace's windows, which grow with the row-worker slots alive; one row larger than
+workspace's windows, which grow with the row-workers' concurrency; one row larger than
 that goes out alone, when nothing else of the job is in flight): it records the new
 ``dispatched_upto`` in the ledger and only then publishes those slices of consecutive
 rows (confirmed), so a row is never out while the ledger holds it unreleased, and a
@@ -396,7 +396,7 @@ class Dispatcher:
 
     def windows(self) -> tuple[int, int]:
         """``(rows, bytes)`` of one workspace's window now, grown with the live fleet."""
-        return self._config.windows.for_fleet(self.inflight.slots())
+        return self._config.windows.for_fleet(self.inflight.concurrency())
 
     def _window(self, owned: OwnedJob) -> int:
         """The job's part of its workspace's window (one window per workspace)."""

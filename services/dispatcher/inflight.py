@@ -36,7 +36,7 @@ SEND_LOG_SPANS = 64
 class _Worker:
     expires_at: float
     held: dict[str, frozenset[int]]
-    slots: int = 0
+    concurrency: int = 0
 
 
 class InFlight:
@@ -53,7 +53,9 @@ class InFlight:
         """Take a worker's heartbeat (it replaces the worker's previous one)."""
         now = self._clock()
         self._workers[report.worker] = _Worker(
-            now + report.ttl_s, {h.batch_id: frozenset(h.rows) for h in report.held}, report.slots
+            now + report.ttl_s,
+            {h.batch_id: frozenset(h.rows) for h in report.held},
+            report.concurrency,
         )
         for owner, level, sent_at in report.marks:
             if owner == self._owner:
@@ -70,10 +72,10 @@ class InFlight:
                 rows |= worker.held.get(batch_id, frozenset())
         return frozenset(rows)
 
-    def slots(self) -> int:
+    def concurrency(self) -> int:
         """Rows the live row-workers run at once, together (what windows are sized by)."""
         now = self._clock()
-        return sum(w.slots for w in self._workers.values() if w.expires_at >= now)
+        return sum(w.concurrency for w in self._workers.values() if w.expires_at >= now)
 
     def delivered_after(self, level: int, sent_at: float) -> bool:
         """Whether a slice we published after ``sent_at`` (our clock) on broker level

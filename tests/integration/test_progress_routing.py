@@ -142,18 +142,18 @@ async def test_a_big_fleet_grows_the_window_of_one_job_beyond_the_base(
         config(f"dispatcher-{new_id()[:8]}", window=64, window_max=4096, window_max_bytes=1 << 30),
     )
     async with serving(iso, dispatcher):
-        # 1,000 row-worker slots report through the broker, as row-workers do.
+        # Row-workers running 1,000 rows at once report through the broker, as row-workers do.
         fleet = HoldingReport(f"fleet-{new_id()[:6]}", 60.0, (), (), 1000)
         await bus.publish_event(EVENT_HOLDING, fleet.encode())
 
         async def fleet_seen() -> bool:
-            return dispatcher.inflight.slots() == 1000
+            return dispatcher.inflight.concurrency() == 1000
 
         await wait_until(fleet_seen, 10, "the fleet's heartbeat")
         batch_id = await queued_job(pool, 5000)
         await dispatcher.claim()
         upto = await pool.fetchval("SELECT dispatched_upto FROM batches WHERE id = $1", batch_id)
-        # A window of 2 x 1,000 slots, not 64: filled in releases of a few slices while
+        # A window of 2 x 1,000 rows, not 64: filled in releases of a few slices while
         # at least a quarter of it is free (the rest goes as outcomes come back).
         assert 2000 * 3 // 4 <= upto <= 2000
         assert dispatcher.rows(batch_id) == list(range(upto))

@@ -1,5 +1,5 @@
 """Unit tests of the window that grows with the row-worker fleet: the arithmetic, the
-slots the heartbeats report (old ones included), and a dispatcher releasing a grown
+concurrency the heartbeats report (old ones included), and a dispatcher releasing a grown
 window of one job (in-memory store, fake clock)."""
 
 from __future__ import annotations
@@ -28,20 +28,20 @@ class Clock:
 
 
 @pytest.mark.parametrize(
-    ("slots", "rows", "size"),
+    ("concurrency", "rows", "size"),
     [
         (0, 1024, 16 * MIB),  # no heartbeat yet: the base window
         (100, 1024, 16 * MIB),  # a small fleet is kept busy by the base window
         (512, 1024, 16 * MIB),
-        (1000, 2000, 16 * MIB * 2000 // 1024),  # 1,000 slots: twice as many rows
+        (1000, 2000, 16 * MIB * 2000 // 1024),  # 1,000 rows at once: twice as many rows
         (16384, 32768, 256 * MIB),  # the bytes reach their bound first
         (10**6, 65536, 256 * MIB),  # both bounded
     ],
 )
-def test_the_window_is_twice_the_live_slots_within_its_bounds(
-    slots: int, rows: int, size: int
+def test_the_window_is_twice_the_live_concurrency_within_its_bounds(
+    concurrency: int, rows: int, size: int
 ) -> None:
-    assert WINDOWS.for_fleet(slots) == (rows, size)
+    assert WINDOWS.for_fleet(concurrency) == (rows, size)
 
 
 def test_a_window_without_room_to_grow_stays_at_its_base() -> None:
@@ -50,24 +50,24 @@ def test_a_window_without_room_to_grow_stays_at_its_base() -> None:
     assert config.windows.for_fleet(1000) == (64, 4096), "no maximum set: no growth"
 
 
-async def test_live_slots_are_summed_over_workers_whose_heartbeat_is_valid() -> None:
+async def test_live_concurrency_is_summed_over_workers_whose_heartbeat_is_valid() -> None:
     mono = Clock()
     inflight = InFlight(OWNER, mono)
     await inflight.on_report(HoldingReport("w1", 6.0, (), (), 32))
     await inflight.on_report(HoldingReport("w2", 6.0, (HeldRows("j", (1,)),), (), 8))
     await inflight.on_report(HoldingReport("w1", 6.0, (), (), 32))  # replaces w1's
-    assert inflight.slots() == 40
+    assert inflight.concurrency() == 40
     mono.now += 7.0  # both heartbeats expired: killed, or cut off
-    assert inflight.slots() == 0
+    assert inflight.concurrency() == 0
 
 
-def test_a_heartbeat_carries_the_worker_slots_and_an_old_one_decodes_with_none() -> None:
+def test_a_heartbeat_carries_the_worker_concurrency_and_an_old_one_decodes_with_none() -> None:
     report = Holdings("w1", 2.0, 16).report()
-    assert report.slots == 16
+    assert report.concurrency == 16
     assert HoldingReport.decode(report.encode()) == report
-    old = report.encode().replace(b',"slots":16', b"")
-    assert b"slots" not in old
-    assert HoldingReport.decode(old).slots == 0
+    old = report.encode().replace(b',"concurrency":16', b"")
+    assert b"concurrency" not in old
+    assert HoldingReport.decode(old).concurrency == 0
 
 
 async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window() -> None:
@@ -88,4 +88,4 @@ async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window(
     await inflight.on_report(HoldingReport("w1", 6.0, (), (), 50))
     store.queued.append(job(total=500))
     await dispatcher.claim()
-    assert recorder.flat() == list(range(100)), "2 x 50 slots, not the base 20"
+    assert recorder.flat() == list(range(100)), "2 x 50 rows at once, not the base 20"
