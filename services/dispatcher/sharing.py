@@ -10,7 +10,8 @@
 - **Across workspaces** the window is shared: each workspace's releasing jobs split one
   window of rows and one of message bytes between them, so a workspace running many
   jobs has no more rows nor bytes queued in the broker than one running a single job
-  (the slots themselves go round the workspaces in the ledger's claim, :mod:`relay_batches.ledger.dispatch`).
+  (the slots themselves go round the workspaces in the ledger's claim,
+  :mod:`relay_batches.ledger.dispatch`).
 - **Within a workspace** priority decides: only the workspace's highest-priority jobs
   that still have rows to release are topped up; lower ones wait, keeping their lease,
   until those have released every row.
