@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from relay_batches.bus.topology import EVENT_PROGRESS, event_kind, progress_key
 from relay_batches.messages import HeldRows, HoldingReport
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.inflight import InFlight
@@ -89,3 +90,11 @@ async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window(
     store.queued.append(job(total=500))
     await dispatcher.claim()
     assert recorder.flat() == list(range(100)), "2 x 50 rows at once, not the base 20"
+
+
+def test_progress_keys_are_one_topic_word_per_owner_and_count_as_one_kind() -> None:
+    assert progress_key("dispatcher-0a1b2c") == "job.progress.dispatcher-0a1b2c"
+    assert progress_key("a.b*c#") == "job.progress.a_b_c_"
+    assert progress_key("") == "job.progress._"
+    assert event_kind(progress_key("dispatcher-0a1b2c")) == EVENT_PROGRESS
+    assert event_kind(EVENT_PROGRESS) == EVENT_PROGRESS

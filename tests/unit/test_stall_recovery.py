@@ -371,3 +371,24 @@ async def test_rows_an_owner_released_but_never_published_before_it_died_are_res
     store.stalled["job1"] = 20
     assert await dispatcher.recover_stalled() == 1
     assert recorder.flat() == list(range(20, 40))
+
+
+async def test_a_dispatcher_just_started_gives_the_aggregator_half_a_stall_timeout(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    """No running job has a recorded outcome yet (``recording_silence`` is None): that is
+    no evidence against the aggregator until we have been up half a stall timeout."""
+    mono = Clock()
+
+    async def results_state() -> tuple[int, int]:
+        return 40, 1
+
+    dispatcher = probed(store, recorder, results_state, mono)
+    await stalled_job(store, recorder, dispatcher)
+    mono.now += 4.0
+    assert await dispatcher.recover_stalled() == 1, "up 4 s of a 10 s stall timeout"
+    recorder.tasks.clear()
+    mono.now += 2.0
+    store.stalled["job1"] = 10
+    assert await dispatcher.recover_stalled() == 0, "up 6 s, and still nothing recorded"
+    assert recorder.tasks == []

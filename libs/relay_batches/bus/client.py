@@ -22,7 +22,13 @@ from aio_pika.abc import (
 )
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 
-from relay_batches.bus.topology import Names, declare_all, declare_events, declare_queue
+from relay_batches.bus.topology import (
+    Names,
+    declare_all,
+    declare_events,
+    declare_queue,
+    event_kind,
+)
 from relay_batches.metrics import MESSAGES_PUBLISHED
 
 log = logging.getLogger("relay.bus")
@@ -135,7 +141,7 @@ class Bus:
         await self._events.publish(
             message, routing_key=routing_key, mandatory=False, timeout=PUBLISH_TIMEOUT_S
         )
-        MESSAGES_PUBLISHED.labels(routing_key).inc()
+        MESSAGES_PUBLISHED.labels(event_kind(routing_key)).inc()
 
     async def ready_count(self, queue: str) -> int:
         """Messages ready (not yet delivered) in one of the durable queues."""

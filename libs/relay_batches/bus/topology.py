@@ -27,6 +27,12 @@ EVENT_HOLDING = "worker.holding"
 _ROUTING_WORD = re.compile(r"[^A-Za-z0-9_-]")
 
 
+def event_kind(routing_key: str) -> str:
+    """The kind of an event for metrics: its routing key without a routed word
+    (``job.progress.<owner>`` counts as ``job.progress``, so labels stay few)."""
+    return ".".join(routing_key.split(".")[:2])
+
+
 def progress_key(owner: str) -> str:
     """The routing key of ``job.progress`` for the jobs of dispatcher ``owner``:
     ``job.progress.<owner>``, the owner as one topic word (a character that would split
