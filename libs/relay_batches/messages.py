@@ -354,13 +354,16 @@ class HoldingReport:
     publishing dispatcher and broker level the worker took since its previous report:
     each dispatcher's evidence, on its own clock, of how far the broker's queue has
     been delivered of what it published. A mark of a worker that predates owners
-    (two fields) has owner ``""``.
+    (two fields) has owner ``""``. ``concurrency`` is how many rows the worker runs at
+    once (its ``RELAY_BATCH_CONCURRENCY``; 0 from a worker that predates it): dispatchers
+    size their windows by the live fleet's concurrency.
     """
 
     worker: str
     ttl_s: float
     held: tuple[HeldRows, ...]
     marks: tuple[tuple[str, int, float], ...] = ()
+    concurrency: int = 0
 
     KIND = "holding"
 
@@ -373,6 +376,7 @@ class HoldingReport:
                 "ttl_s": self.ttl_s,
                 "held": [[h.batch_id, list(h.rows)] for h in self.held],
                 "marks": [list(m) for m in self.marks],
+                "concurrency": self.concurrency,
             },
         )
 
@@ -386,6 +390,7 @@ class HoldingReport:
                 ttl_s=float(d["ttl_s"]),
                 held=tuple(HeldRows(str(b), tuple(int(i) for i in rows)) for b, rows in d["held"]),
                 marks=tuple(_mark(m) for m in d.get("marks", [])),
+                concurrency=max(0, int(d.get("concurrency", 0))),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc

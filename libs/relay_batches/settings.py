@@ -99,6 +99,8 @@ class Settings:
     slice_rows: int = 16
     dispatch_window: int = 1024
     dispatch_window_bytes: int = 16 * 1024 * 1024
+    dispatch_window_max: int = 65536
+    dispatch_window_max_bytes: int = 256 * 1024 * 1024
     max_running_jobs: int = 64
     max_running_jobs_per_workspace: int = 0
     lease_seconds: float = 30.0
@@ -178,6 +180,12 @@ class Settings:
             dispatch_window=max(1, _int(env, "RELAY_DISPATCH_WINDOW", d.dispatch_window)),
             dispatch_window_bytes=max(
                 1, _int(env, "RELAY_DISPATCH_WINDOW_BYTES", d.dispatch_window_bytes)
+            ),
+            dispatch_window_max=max(
+                1, _int(env, "RELAY_DISPATCH_WINDOW_MAX", d.dispatch_window_max)
+            ),
+            dispatch_window_max_bytes=max(
+                1, _int(env, "RELAY_DISPATCH_WINDOW_MAX_BYTES", d.dispatch_window_max_bytes)
             ),
             max_running_jobs=max(1, _int(env, "RELAY_MAX_RUNNING_JOBS", d.max_running_jobs)),
             max_running_jobs_per_workspace=max(

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from relay_batches.announce import announce_finished
-from relay_batches.bus.topology import EVENT_CANCELED, EVENT_PROGRESS
+from relay_batches.bus.topology import EVENT_CANCELED, progress_key
 from relay_batches.errors import PermanentError, UnstorableError
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
@@ -53,7 +53,9 @@ class Store(Protocol):
 
 
 class Aggregator:
-    """Records outcomes, then publishes ``job.progress`` and, once, ``job.finished``.
+    """Records outcomes, then publishes ``job.progress.<owner>`` to the dispatcher whose
+    lease the job was under (nothing for a job without one: no dispatcher releases its
+    rows) and, once, ``job.finished``.
 
     Outcomes that still arrive for a canceled (or expired) job mean some row-worker
     missed the cancel (it started later, or was reconnecting): the cancel is broadcast
@@ -174,7 +176,7 @@ class Aggregator:
         """Give the rows that jobs stopped by their budget never released their
         ``budget_exceeded`` outcome, one bounded step (one short transaction) at a time,
         for at most ``max_s``; each step's counters are announced as a chunk's are
-        (``job.progress``, and ``job.finished`` for a job it ended). Returns the rows
+        (``job.progress.<owner>``, and ``job.finished`` for a job it ended). Returns the rows
         withheld; what is left waits for the next pass."""
         started, withheld = self._clock(), 0
         while True:
@@ -202,7 +204,9 @@ class Aggregator:
         return len(jobs)
 
     async def _announce(self, progress: list[JobProgress]) -> None:
-        await asyncio.gather(*(self._publish(EVENT_PROGRESS, _event(j).encode()) for j in progress))
+        await asyncio.gather(
+            *(self._publish(progress_key(j.owner), _event(j).encode()) for j in progress if j.owner)
+        )
         finished = [job for job in progress if job.terminal]
         for job in finished:
             JOB_TRANSITIONS.labels(job.status).inc()

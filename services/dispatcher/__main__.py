@@ -52,6 +52,8 @@ async def build(
         max_running_per_workspace=settings.max_running_jobs_per_workspace,
         max_level=MAX_PRIORITY,
         window_bytes=settings.dispatch_window_bytes,
+        window_max=settings.dispatch_window_max,
+        window_max_bytes=settings.dispatch_window_max_bytes,
     )
     dispatcher = Dispatcher(
         DispatchStore(pool),

@@ -2,14 +2,15 @@
 
 For every job it owns, the dispatcher keeps ``dispatched_upto - done <= window`` and the
 message text of its rows in flight within ``window_bytes`` (both its part of its
-workspace's windows; one row larger than that goes out alone, when nothing else of the
-job is in flight): it records the new ``dispatched_upto`` in the ledger and only then
-publishes those slices of consecutive rows (confirmed), so a row is never out while the
-ledger holds it unreleased, and a release the ledger refuses (the job was paused,
-canceled, taken over or stopped by its budget) publishes nothing. A restart resumes
-where it left off; rows recorded as released that never went out (a crash or a failed
-publish in between) are re-sent by stall recovery. A job its budget stopped releases no
-more rows; it is kept (and re-sent from, if rows it released are lost) until it ends.
+workspace's windows, which grow with the row-workers' concurrency; one row larger than
+that goes out alone, when nothing else of the job is in flight): it records the new
+``dispatched_upto`` in the ledger and only then publishes those slices of consecutive
+rows (confirmed), so a row is never out while the ledger holds it unreleased, and a
+release the ledger refuses (the job was paused, canceled, taken over or stopped by its
+budget) publishes nothing. A restart resumes where it left off; rows recorded as
+released that never went out (a crash or a failed publish in between) are re-sent by
+stall recovery. A job its budget stopped releases no more rows; it is kept (and re-sent
+from, if rows it released are lost) until it ends.
 
 Fair and prompt (see :mod:`relay_batches.services.dispatcher.sharing`): workspaces take
 turns for slots, each workspace's releasing jobs share one window, and within a
@@ -34,6 +35,7 @@ from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog
 from relay_batches.services.dispatcher.sharing import (
+    Windows,
     boost_for,
     byte_share,
     outranking_floors,
@@ -133,6 +135,9 @@ class Store(Protocol):
     ) -> list[StalledJob]:
         """Our jobs without progress for ``stall_s`` (their stall clock restarts)."""
 
+    async def recording_silence(self) -> float | None:
+        """Seconds since the aggregator last recorded an outcome of a running job."""
+
     async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
         """Indexes in ``start..end`` without an outcome."""
 
@@ -166,6 +171,18 @@ class DispatchConfig:
     max_running_per_workspace: int = 0
     max_level: int = 9
     window_bytes: int = 16 * 1024 * 1024
+    window_max: int = 0  # 0: ``window`` (the window does not grow with the fleet)
+    window_max_bytes: int = 0  # 0: ``window_bytes``
+
+    @property
+    def windows(self) -> Windows:
+        """A workspace's window bounds."""
+        return Windows(
+            self.window,
+            self.window_bytes,
+            max(self.window, self.window_max),
+            max(self.window_bytes, self.window_max_bytes),
+        )
 
 
 @dataclass
@@ -219,10 +236,16 @@ class Dispatcher:
         self._clock = clock
         self._results_state = results_state
         self._deferred = False
-        self._progress_seen_at = clock()
+        self._started_at = clock()
         self._claiming = asyncio.Lock()
         self._stopped = False
         self.jobs: dict[str, OwnedJob] = {}
+
+    @property
+    def owner(self) -> str:
+        """Our owner id: the jobs' ``lease_owner``, and the word our progress events are
+        routed by."""
+        return self._config.owner
 
     def stop_claiming(self) -> None:
         """From now on claim nothing new (the service is stopping; its leases go back)."""
@@ -334,7 +357,6 @@ class Dispatcher:
     async def on_progress(self, event: JobEvent) -> None:
         """A job's counters moved: forget it if it is no longer running (it ended, or was
         paused: its rows already out still finish), else top up its window."""
-        self._progress_seen_at = self._clock()  # the aggregator is recording (any job)
         owned = self.jobs.get(event.batch_id)
         if owned is None:
             return
@@ -372,11 +394,13 @@ class Dispatcher:
         owned.held = owned not in releasing(self._workspace_jobs(owned))
         return not owned.held
 
+    def windows(self) -> tuple[int, int]:
+        """``(rows, bytes)`` of one workspace's window now, grown with the live fleet."""
+        return self._config.windows.for_fleet(self.inflight.concurrency())
+
     def _window(self, owned: OwnedJob) -> int:
         """The job's part of its workspace's window (one window per workspace)."""
-        return window_share(
-            self._config.window, self._config.slice_rows, self._workspace_jobs(owned)
-        )
+        return window_share(self.windows()[0], self._config.slice_rows, self._workspace_jobs(owned))
 
     def _broker_level(self, owned: OwnedJob, rows: int) -> int:
         """The broker priority of ``rows`` rows about to go out for ``owned``: its boost
@@ -428,8 +452,9 @@ class Dispatcher:
         or still waiting their turn are left alone, so they cost one upstream call.
 
         While the aggregator is behind (nobody consumes the results queue, or outcomes
-        wait there while no job's progress was recorded for half a stall timeout: the
-        ledger is away or the aggregator stuck) nothing is judged: a row whose outcome a
+        wait there while the ledger shows no outcome of any running job recorded for
+        half a stall timeout: the ledger is away or the aggregator stuck) nothing is
+        judged: a row whose outcome a
         worker confirmed on ``results`` is no longer held, and has no outcome in the
         ledger until the aggregator stores it. A busy aggregator that keeps recording,
         with a few messages always ready, is not behind. Once it caught up, every job's
@@ -463,8 +488,9 @@ class Dispatcher:
         if self._results_state is None:
             return False
         ready, consumers = await self._results_state()
-        silent_s = self._clock() - self._progress_seen_at
-        behind = consumers == 0 or (ready > 0 and silent_s > self._config.stall_s / 2)
+        behind = consumers == 0 or (
+            ready > 0 and await self._recording_silence() > self._config.stall_s / 2
+        )
         if behind != self._deferred:
             self._deferred = behind
             log.log(
@@ -473,6 +499,14 @@ class Dispatcher:
                 extra={"results_ready": ready, "results_consumers": consumers},
             )
         return behind
+
+    async def _recording_silence(self) -> float:
+        """Seconds since the aggregator last recorded an outcome of any running job (the
+        ledger's reading: our own jobs may all be stalled while it records others'), at
+        most our own uptime (no evidence yet is no evidence against it)."""
+        silence = await self._store.recording_silence()
+        uptime = self._clock() - self._started_at
+        return uptime if silence is None else min(silence, uptime)
 
     async def _resend_lost(self, owned: OwnedJob, first: int, queue_empty: bool) -> int:
         """Publish again the rows of ``owned`` from ``first`` that are lost; return how many."""
@@ -556,7 +590,7 @@ class Dispatcher:
             job.id, job.rows_batch_id, owned.settled_below, start, end
         )
         owned.settled_below = start if window.first_unfinished is None else window.first_unfinished
-        budget = byte_share(self._config.window_bytes, self._workspace_jobs(owned))
+        budget = byte_share(self.windows()[1], self._workspace_jobs(owned))
         return byte_window_end(window.in_flight, window.next_rows, start, end, budget)
 
     async def _release_rows(self, owned: OwnedJob, end: int) -> bool:

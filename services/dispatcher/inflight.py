@@ -1,5 +1,6 @@
-"""Rows in flight, as the row-workers report them: which rows a live worker holds, and
-how far the broker has delivered the slices this dispatcher published.
+"""Rows in flight, as the row-workers report them: which rows a live worker holds, how
+many rows the live fleet runs at once, and how far the broker has delivered the slices
+this dispatcher published.
 
 Every row-worker publishes a heartbeat (``worker.holding``) listing the rows it holds
 and, per publishing dispatcher and broker level, the ``sent_at`` stamp of the
@@ -35,6 +36,7 @@ SEND_LOG_SPANS = 64
 class _Worker:
     expires_at: float
     held: dict[str, frozenset[int]]
+    concurrency: int = 0
 
 
 class InFlight:
@@ -51,7 +53,9 @@ class InFlight:
         """Take a worker's heartbeat (it replaces the worker's previous one)."""
         now = self._clock()
         self._workers[report.worker] = _Worker(
-            now + report.ttl_s, {h.batch_id: frozenset(h.rows) for h in report.held}
+            now + report.ttl_s,
+            {h.batch_id: frozenset(h.rows) for h in report.held},
+            report.concurrency,
         )
         for owner, level, sent_at in report.marks:
             if owner == self._owner:
@@ -67,6 +71,11 @@ class InFlight:
             if worker.expires_at >= now:
                 rows |= worker.held.get(batch_id, frozenset())
         return frozenset(rows)
+
+    def concurrency(self) -> int:
+        """Rows the live row-workers run at once, together (what windows are sized by)."""
+        now = self._clock()
+        return sum(w.concurrency for w in self._workers.values() if w.expires_at >= now)
 
     def delivered_after(self, level: int, sent_at: float) -> bool:
         """Whether a slice we published after ``sent_at`` (our clock) on broker level

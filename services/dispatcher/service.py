@@ -1,4 +1,5 @@
-"""The dispatcher: wake-ups, progress and cancel events (a cancel, or an expiry: status
+"""The dispatcher: wake-ups, progress events of its own jobs (``job.progress.<owner>``,
+and broadcast ``job.progress``: a pause), cancel events (a cancel, or an expiry: status
 ``expired``), and a reconcile timer.
 
 Messages are wake-ups; the ledger is the truth. A missed wake-up or progress event only
@@ -11,7 +12,12 @@ so another dispatcher takes the jobs over at once.
 
 from __future__ import annotations
 
-from relay_batches.bus.topology import EVENT_CANCELED, EVENT_HOLDING, EVENT_PROGRESS
+from relay_batches.bus.topology import (
+    EVENT_CANCELED,
+    EVENT_HOLDING,
+    EVENT_PROGRESS,
+    progress_key,
+)
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
 from relay_batches.kit.consumer import Consume, Subscribe
 from relay_batches.kit.periodic import every
@@ -34,8 +40,15 @@ def dispatcher_service(
     async def on_canceled(event: JobEvent) -> None:
         await dispatcher.drop(event.batch_id)
 
+    # Progress of our own jobs only (``job.progress.<owner>``: CPU per row stays flat
+    # however many dispatchers run), and the broadcast ``job.progress`` that a pause
+    # (ingest-api knows no owner) and an older aggregator publish.
     events = Subscribe(
-        {EVENT_PROGRESS: dispatcher.on_progress, EVENT_CANCELED: on_canceled},
+        {
+            progress_key(dispatcher.owner): dispatcher.on_progress,
+            EVENT_PROGRESS: dispatcher.on_progress,
+            EVENT_CANCELED: on_canceled,
+        },
         JobEvent.decode,
     )
     heartbeats = Subscribe(

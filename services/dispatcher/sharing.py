@@ -1,10 +1,17 @@
-"""How one dispatcher shares its slots and its broker window, as pure functions.
+"""How one dispatcher sizes its broker window and shares it and its slots, as pure functions.
 
+- **The window grows with the fleet**: a workspace's window is twice the rows the live
+  row-workers run at once (their concurrency, as their heartbeats report it), at least
+  ``RELAY_DISPATCH_WINDOW`` and at most ``RELAY_DISPATCH_WINDOW_MAX`` rows, so one job
+  keeps every worker busy with as many rows again queued behind them; the byte window
+  grows by the same factor, from ``RELAY_DISPATCH_WINDOW_BYTES`` up to
+  ``RELAY_DISPATCH_WINDOW_MAX_BYTES`` (what the broker may hold of one workspace's rows
+  per dispatcher).
 - **Across workspaces** the window is shared: each workspace's releasing jobs split one
-  ``RELAY_DISPATCH_WINDOW`` of rows and one ``RELAY_DISPATCH_WINDOW_BYTES`` of message
-  text between them, so a workspace running many jobs has no more rows nor bytes queued
-  in the broker than one running a single job (the slots themselves go round
-  the workspaces in the ledger's claim, :mod:`relay_batches.ledger.dispatch`).
+  window of rows and one of message bytes between them, so a workspace running many
+  jobs has no more rows nor bytes queued in the broker than one running a single job
+  (the slots themselves go round the workspaces in the ledger's claim,
+  :mod:`relay_batches.ledger.dispatch`).
 - **Within a workspace** priority decides: only the workspace's highest-priority jobs
   that still have rows to release are topped up; lower ones wait, keeping their lease,
   until those have released every row.
@@ -17,12 +24,36 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relay_batches.ledger.dispatch import RunningJob
 
 if TYPE_CHECKING:
     from relay_batches.services.dispatcher.core import OwnedJob
+
+
+FLEET_FACTOR = 2  # rows in the broker per row the live row-workers run at once
+
+
+@dataclass(frozen=True)
+class Windows:
+    """A workspace's window: its bounds (``base`` rows and ``base_bytes``, growing with
+    the fleet up to ``max_rows`` and ``max_bytes``)."""
+
+    base: int
+    base_bytes: int
+    max_rows: int
+    max_bytes: int
+
+    def for_fleet(self, concurrency: int) -> tuple[int, int]:
+        """``(rows, bytes)`` of the window while the live row-workers run
+        ``concurrency`` rows at once: rows ``clamp(FLEET_FACTOR * concurrency, base,
+        max_rows)``, bytes ``base_bytes`` grown by the same factor, at most ``max_bytes``
+        (never below either base)."""
+        rows = max(self.base, min(FLEET_FACTOR * concurrency, self.max_rows))
+        grown = self.base_bytes * rows // self.base
+        return rows, max(self.base_bytes, min(grown, self.max_bytes))
 
 
 def releasing(workspace_jobs: list[OwnedJob]) -> list[OwnedJob]:

@@ -53,7 +53,7 @@ async def build(
         flush_s=settings.results_flush_ms / 1000,
         max_bytes=settings.results_message_bytes,
     )
-    holdings = Holdings(worker, settings.heartbeat_seconds)
+    holdings = Holdings(worker, settings.heartbeat_seconds, settings.batch_concurrency)
     runner = RowRunner(
         router, outcomes.add, settings.batch_concurrency, holdings, prices=aliases.prices()
     )

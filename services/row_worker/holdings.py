@@ -3,7 +3,8 @@ and how far it has seen each dispatcher's slices delivered (its delivery marks).
 
 A slice is held from the moment the worker starts on it until every one of its rows has
 a confirmed outcome (or was dropped). The worker reports its holdings as a heartbeat
-(``worker.holding``); dispatchers re-send a stalled job's rows only when no live worker
+(``worker.holding``), with how many rows it runs at once (its concurrency, by which
+dispatchers size their windows); dispatchers re-send a stalled job's rows only when no live worker
 holds them, so a row that is merely slow is never paid for twice. Memory is bounded by
 the prefetch: a worker holds at most that many slices.
 """
@@ -20,8 +21,9 @@ HEARTBEAT_TTL_FACTOR = 3
 class Holdings:
     """The slices in progress on this worker and the delivery marks since the last report."""
 
-    def __init__(self, worker: str, heartbeat_s: float) -> None:
+    def __init__(self, worker: str, heartbeat_s: float, concurrency: int = 0) -> None:
         self._worker = worker
+        self._concurrency = concurrency
         self._ttl_s = heartbeat_s * HEARTBEAT_TTL_FACTOR
         self._tokens = itertools.count()
         self._held: dict[int, tuple[str, tuple[int, ...]]] = {}
@@ -53,4 +55,5 @@ class Holdings:
             self._ttl_s,
             tuple(HeldRows(b, tuple(sorted(r))) for b, r in sorted(by_job.items())),
             tuple((owner, level, at) for (owner, level), at in sorted(marks.items())),
+            self._concurrency,
         )

@@ -238,6 +238,7 @@ class FakeDispatchStore:
     outcomes: dict[str, set[int]] = field(default_factory=dict)
     stalled: dict[str, int | None] = field(default_factory=dict)
     row_bytes: dict[int, int] = field(default_factory=dict)  # a size other than the text's
+    silence: float | None = None  # seconds since the aggregator last recorded (None: never)
 
     def _take(
         self, pool: list[RunningJob], limit: int, source: list[RunningJob] | None = None
@@ -319,6 +320,9 @@ class FakeDispatchStore:
         found = [StalledJob(i, self.stalled[i]) for i in job_ids if i in self.stalled]
         self.stalled.clear()
         return found
+
+    async def recording_silence(self) -> float | None:
+        return self.silence
 
     async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
         done = self.outcomes.get(job_id, set())

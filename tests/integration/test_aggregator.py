@@ -12,7 +12,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 from relay_batches.bus.client import Bus
-from relay_batches.bus.topology import EVENT_FINISHED, EVENT_PROGRESS, Names, declare_all
+from relay_batches.bus.topology import (
+    EVENT_FINISHED,
+    EVENT_PROGRESS,
+    Names,
+    declare_all,
+    progress_key,
+)
 from relay_batches.ids import new_id
 from relay_batches.kit.base import BusService
 from relay_batches.ledger.dispatch import DispatchStore
@@ -131,6 +137,7 @@ async def test_redelivered_outcome_is_counted_once(
         watch = await channel.declare_queue("", exclusive=True)
         await watch.bind(events, EVENT_FINISHED)
         await watch.bind(events, EVENT_PROGRESS)
+        await watch.bind(events, progress_key("test-owner"))
 
         duplicate = OutcomesMessage((outcome(batch_id, 0, "first"),)).encode()
         await bus.publish(bus.names.results, duplicate, kind="results")
@@ -167,6 +174,13 @@ async def test_redelivered_outcome_is_counted_once(
                 received.append((message.routing_key or "", event))
         finished_events = [e for key, e in received if key == EVENT_FINISHED]
         assert [(e.status, e.completed, e.failed) for e in finished_events] == [("completed", 1, 1)]
+        # Progress goes to the dispatcher whose lease the job was under, its end included.
+        progress = [(key, e.status) for key, e in received if key != EVENT_FINISHED]
+        assert progress and set(progress) <= {
+            ("job.progress.test-owner", "running"),
+            ("job.progress.test-owner", "completed"),
+        }
+        assert progress[-1] == ("job.progress.test-owner", "completed")
         assert orjson.loads(duplicate)["kind"] == "results"
 
 

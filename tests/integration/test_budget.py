@@ -11,7 +11,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from relay_batches.bus.topology import EVENT_FINISHED, EVENT_PROGRESS
+from relay_batches.bus.topology import EVENT_FINISHED, progress_key
 from relay_batches.ids import new_id
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.jobs import JobStore, NewJob
@@ -223,7 +223,7 @@ async def test_a_settle_with_nothing_in_flight_fails_the_job_and_announces_it(
     ours = [
         (kind, e.status, e.completed, e.failed) for kind, e in published if e.batch_id == batch_id
     ]
-    assert ours == [(EVENT_PROGRESS, "failed", 2, 4), (EVENT_FINISHED, "failed", 2, 4)]
+    assert ours == [(progress_key(OWNER), "failed", 2, 4), (EVENT_FINISHED, "failed", 2, 4)]
     ended = await job(pool, batch_id)
     assert ended.status == "failed" and ended.completed_at is not None
     assert ended.error is not None and ended.error.startswith("budget_exceeded")

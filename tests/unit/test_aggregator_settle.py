@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from relay_batches.bus.topology import EVENT_FINISHED, EVENT_PROGRESS
+from relay_batches.bus.topology import EVENT_FINISHED, progress_key
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import JobEvent, RowOutcome
 from relay_batches.model import JobStatus
@@ -58,10 +58,18 @@ class SettlingStore:
         return [self.steps.pop(0)]
 
 
+OWNER = "dispatcher-1"
+TO_OWNER = progress_key(OWNER)
+
+
 def step(
-    batch_id: str, failed: int, new: int, status: JobStatus = JobStatus.RUNNING
+    batch_id: str,
+    failed: int,
+    new: int,
+    status: JobStatus = JobStatus.RUNNING,
+    owner: str | None = OWNER,
 ) -> JobProgress:
-    return JobProgress(batch_id, status, 100, 1, failed, 0, new)
+    return JobProgress(batch_id, status, 100, 1, failed, 0, new, owner)
 
 
 async def test_a_pass_settles_for_about_a_second_and_announces_every_step() -> None:
@@ -75,18 +83,34 @@ async def test_a_pass_settles_for_about_a_second_and_announces_every_step() -> N
     aggregator = Aggregator(store, publish, clock=clock)
     assert await aggregator.settle_budget_stops() == 40  # 4 steps: 1.2 s >= SETTLE_PASS_S
     assert SETTLE_PASS_S == 1.0 and len(store.steps) == 2, "the rest waits for the next pass"
-    assert [(k, e.failed) for k, e in events] == [(EVENT_PROGRESS, f) for f in (10, 20, 30, 40)]
+    assert [(k, e.failed) for k, e in events] == [(TO_OWNER, f) for f in (10, 20, 30, 40)]
 
     events.clear()
     store.steps.append(step("big", 99, 39, JobStatus.FAILED))
     assert await aggregator.settle_budget_stops() == 59
     assert [(k, e.status, e.failed) for k, e in events] == [
-        (EVENT_PROGRESS, "running", 50),
-        (EVENT_PROGRESS, "running", 60),
-        (EVENT_PROGRESS, "failed", 99),
+        (TO_OWNER, "running", 50),
+        (TO_OWNER, "running", 60),
+        (TO_OWNER, "failed", 99),
         (EVENT_FINISHED, "failed", 99),
     ]
     assert store.marked == ["big"]
+
+
+async def test_progress_goes_to_the_owner_only_and_nowhere_for_a_job_without_one() -> None:
+    clock, events = Clock(), []
+
+    async def publish(kind: str, body: bytes) -> None:
+        events.append((kind, JobEvent.decode(body).batch_id))
+
+    steps = [step("owned", 10, 10), step("paused", 10, 10, owner=None)]
+    steps.append(step("odd", 10, 10, owner="pod.7*#"))
+    aggregator = Aggregator(SettlingStore(clock, steps), publish, clock=clock)
+    assert await aggregator.settle_budget_stops() == 30
+    assert events == [
+        ("job.progress.dispatcher-1", "owned"),
+        ("job.progress.pod_7__", "odd"),  # one topic word, no wildcard
+    ]
 
 
 async def test_the_outbox_pass_announces_first_so_a_failing_settle_blocks_nothing() -> None:

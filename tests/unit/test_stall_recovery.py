@@ -270,7 +270,8 @@ async def test_nothing_is_judged_while_the_aggregator_is_behind(
     mono = Clock()
     dispatcher = probed(store, recorder, results_state, mono)
     await stalled_job(store, recorder, dispatcher)
-    mono.now += 6.0  # no progress recorded for more than half a stall timeout
+    mono.now += 6.0  # no outcome recorded for more than half a stall timeout
+    store.silence = 6.0
     # Nobody consumes results; outcomes wait on it while nothing is recorded.
     for behind in ((0, 0), (12, 1)):
         state.append(behind)
@@ -297,7 +298,7 @@ async def test_a_busy_aggregator_with_messages_ready_does_not_hold_recovery_back
     dispatcher = probed(store, recorder, results_state, mono)
     await stalled_job(store, recorder, dispatcher)
     mono.now += 30.0
-    await dispatcher.on_progress(JobEvent("other-job", JobStatus.RUNNING, 100, 5, 0))  # recorded
+    store.silence = 1.0  # the ledger shows an outcome of another job recorded a second ago
     assert await dispatcher.recover_stalled() == 1
     assert recorder.flat() == [10, 11, *range(14, 20)], "job1's lost rows are re-sent"
 
@@ -370,3 +371,24 @@ async def test_rows_an_owner_released_but_never_published_before_it_died_are_res
     store.stalled["job1"] = 20
     assert await dispatcher.recover_stalled() == 1
     assert recorder.flat() == list(range(20, 40))
+
+
+async def test_a_dispatcher_just_started_gives_the_aggregator_half_a_stall_timeout(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    """No running job has a recorded outcome yet (``recording_silence`` is None): that is
+    no evidence against the aggregator until we have been up half a stall timeout."""
+    mono = Clock()
+
+    async def results_state() -> tuple[int, int]:
+        return 40, 1
+
+    dispatcher = probed(store, recorder, results_state, mono)
+    await stalled_job(store, recorder, dispatcher)
+    mono.now += 4.0
+    assert await dispatcher.recover_stalled() == 1, "up 4 s of a 10 s stall timeout"
+    recorder.tasks.clear()
+    mono.now += 2.0
+    store.stalled["job1"] = 10
+    assert await dispatcher.recover_stalled() == 0, "up 6 s, and still nothing recorded"
+    assert recorder.tasks == []

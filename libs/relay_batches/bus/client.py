@@ -22,7 +22,13 @@ from aio_pika.abc import (
 )
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 
-from relay_batches.bus.topology import Names, declare_all, declare_events, declare_queue
+from relay_batches.bus.topology import (
+    Names,
+    declare_all,
+    declare_events,
+    declare_queue,
+    event_kind,
+)
 from relay_batches.metrics import MESSAGE_BYTES_PUBLISHED, MESSAGES_PUBLISHED
 
 log = logging.getLogger("relay.bus")
@@ -136,8 +142,9 @@ class Bus:
         await self._events.publish(
             message, routing_key=routing_key, mandatory=False, timeout=PUBLISH_TIMEOUT_S
         )
-        MESSAGES_PUBLISHED.labels(routing_key).inc()
-        MESSAGE_BYTES_PUBLISHED.labels(routing_key).inc(len(body))
+        kind = event_kind(routing_key)
+        MESSAGES_PUBLISHED.labels(kind).inc()
+        MESSAGE_BYTES_PUBLISHED.labels(kind).inc(len(body))
 
     async def ready_count(self, queue: str) -> int:
         """Messages ready (not yet delivered) in one of the durable queues."""

@@ -13,6 +13,7 @@ quorum), see :meth:`Names.quorum_capable` and the README's "Queue types".
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import aio_pika
@@ -31,6 +32,21 @@ EVENT_FINISHED = "job.finished"
 EVENT_CANCELED = "job.canceled"
 EVENT_TEMPLATE_CREATED = "template.created"
 EVENT_HOLDING = "worker.holding"
+_ROUTING_WORD = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def event_kind(routing_key: str) -> str:
+    """The kind of an event for metrics: its routing key without a routed word
+    (``job.progress.<owner>`` counts as ``job.progress``, so labels stay few)."""
+    return ".".join(routing_key.split(".")[:2])
+
+
+def progress_key(owner: str) -> str:
+    """The routing key of ``job.progress`` for the jobs of dispatcher ``owner``:
+    ``job.progress.<owner>``, the owner as one topic word (a character that would split
+    the word or act as a wildcard becomes ``_``; two owners that then share a word only
+    see each other's events, which they ignore)."""
+    return f"{EVENT_PROGRESS}.{_ROUTING_WORD.sub('_', owner) or '_'}"
 
 
 def broker_priority(job_priority: int) -> int:

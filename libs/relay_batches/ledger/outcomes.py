@@ -22,6 +22,9 @@ _LOCK_RUNNING = (
     " AND (expires_at IS NULL OR expires_at > now()) ORDER BY id FOR UPDATE"
 )
 
+# Each job's counters come back with the dispatcher that held its lease before this
+# update (``moved`` reads the row locked above), so its progress event goes to that
+# dispatcher, its end included (an end clears the lease).
 # A chunk may hold one row's outcome twice (a redelivery next to its original, or a
 # retried publish): the first in the chunk's order is the one stored, whatever order the
 # join below reads them in (DISTINCT ON over the input's ordinality).
@@ -61,7 +64,7 @@ counts AS (
     FROM ins GROUP BY batch_id
 ),
 moved AS (
-    SELECT c.*, b.completed + c.ok + b.failed + c.bad AS done,
+    SELECT c.*, b.lease_owner AS owner, b.completed + c.ok + b.failed + c.bad AS done,
            b.completed + c.ok + b.failed + c.bad >= b.total AS ends,
            COALESCE(b.rate_window_at, b.started_at, now()) AS window_at,
            now() - COALESCE(b.rate_window_at, b.started_at, now())
@@ -76,6 +79,7 @@ UPDATE batches b SET
     completion_tokens = b.completion_tokens + c.ct,
     cost_usd = b.cost_usd + c.cost,
     last_progress_at = now(),
+    recorded_at = now(),
     rate_rows_per_s = CASE WHEN c.window_closes
         THEN (c.done - b.rate_window_done)
              / GREATEST(extract(epoch FROM now() - c.window_at), 0.001)
@@ -97,7 +101,7 @@ UPDATE batches b SET
     completed_at = CASE WHEN c.ends THEN now() ELSE b.completed_at END,
     lease_owner = CASE WHEN c.ends THEN NULL ELSE b.lease_owner END
 FROM moved c WHERE b.id = c.batch_id
-RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad
+RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad, c.owner
 """
 
 # The budget settle, one step: one job its budget stopped, that has rows never released
@@ -126,7 +130,7 @@ WITH ins AS (
 ),
 counted AS (SELECT count(*) AS bad FROM ins),
 moved AS (
-    SELECT c.bad, b.completed + b.failed + c.bad >= b.total AS ends,
+    SELECT c.bad, b.lease_owner AS owner, b.completed + b.failed + c.bad >= b.total AS ends,
            b.error IS NOT NULL OR c.bad > 0 AS withheld
     FROM counted c, batches b WHERE b.id = $1
 )
@@ -143,7 +147,7 @@ UPDATE batches b SET
     completed_at = CASE WHEN m.ends THEN now() ELSE b.completed_at END,
     lease_owner = CASE WHEN m.ends THEN NULL ELSE b.lease_owner END
 FROM moved m WHERE b.id = $1
-RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad
+RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad, m.owner
 """
 BUDGET_ROW_ERROR = "budget_exceeded: the batch reached its budget before this row was released"
 SETTLE_STEP_ROWS = 10_000
@@ -160,6 +164,7 @@ class JobProgress:
     failed: int
     new_completed: int = 0
     new_failed: int = 0
+    owner: str | None = None  # the dispatcher whose lease the job was under, if any
 
     @property
     def terminal(self) -> bool:
@@ -275,8 +280,9 @@ class OutcomeStore:
 
 
 def _progress(record: asyncpg.Record) -> JobProgress:
-    """A :class:`JobProgress` from ``(id, status, total, completed, failed[, ok, bad])``."""
-    return JobProgress(record[0], JobStatus(record[1]), *record[2:7])
+    """A :class:`JobProgress` from ``(id, status, total, completed, failed[, ok, bad,
+    owner])``."""
+    return JobProgress(record[0], JobStatus(record[1]), *record[2:8])
 
 
 def _refuse_out_of_range(outcomes: Sequence[RowOutcome], totals: dict[str, int]) -> None:

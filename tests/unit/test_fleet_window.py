@@ -1,0 +1,100 @@
+"""Unit tests of the window that grows with the row-worker fleet: the arithmetic, the
+concurrency the heartbeats report (old ones included), and a dispatcher releasing a grown
+window of one job (in-memory store, fake clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay_batches.bus.topology import EVENT_PROGRESS, event_kind, progress_key
+from relay_batches.messages import HeldRows, HoldingReport
+from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from relay_batches.services.dispatcher.inflight import InFlight
+from relay_batches.services.dispatcher.sharing import Windows
+from relay_batches.services.row_worker.holdings import Holdings
+from tests.helpers.fakes import LEASE_S, OWNER, FakeDispatchStore, Recorder, job
+
+MIB = 1024 * 1024
+WINDOWS = Windows(base=1024, base_bytes=16 * MIB, max_rows=65536, max_bytes=256 * MIB)
+
+
+class Clock:
+    """A settable clock."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "rows", "size"),
+    [
+        (0, 1024, 16 * MIB),  # no heartbeat yet: the base window
+        (100, 1024, 16 * MIB),  # a small fleet is kept busy by the base window
+        (512, 1024, 16 * MIB),
+        (1000, 2000, 16 * MIB * 2000 // 1024),  # 1,000 rows at once: twice as many rows
+        (16384, 32768, 256 * MIB),  # the bytes reach their bound first
+        (10**6, 65536, 256 * MIB),  # both bounded
+    ],
+)
+def test_the_window_is_twice_the_live_concurrency_within_its_bounds(
+    concurrency: int, rows: int, size: int
+) -> None:
+    assert WINDOWS.for_fleet(concurrency) == (rows, size)
+
+
+def test_a_window_without_room_to_grow_stays_at_its_base() -> None:
+    assert Windows(64, 4096, 64, 4096).for_fleet(1000) == (64, 4096)
+    config = DispatchConfig(OWNER, 64, 4, 8, LEASE_S, window_bytes=4096)
+    assert config.windows.for_fleet(1000) == (64, 4096), "no maximum set: no growth"
+
+
+async def test_live_concurrency_is_summed_over_workers_whose_heartbeat_is_valid() -> None:
+    mono = Clock()
+    inflight = InFlight(OWNER, mono)
+    await inflight.on_report(HoldingReport("w1", 6.0, (), (), 32))
+    await inflight.on_report(HoldingReport("w2", 6.0, (HeldRows("j", (1,)),), (), 8))
+    await inflight.on_report(HoldingReport("w1", 6.0, (), (), 32))  # replaces w1's
+    assert inflight.concurrency() == 40
+    mono.now += 7.0  # both heartbeats expired: killed, or cut off
+    assert inflight.concurrency() == 0
+
+
+def test_a_heartbeat_carries_the_worker_concurrency_and_an_old_one_decodes_with_none() -> None:
+    report = Holdings("w1", 2.0, 16).report()
+    assert report.concurrency == 16
+    assert HoldingReport.decode(report.encode()) == report
+    old = report.encode().replace(b',"concurrency":16', b"")
+    assert b"concurrency" not in old
+    assert HoldingReport.decode(old).concurrency == 0
+
+
+async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window() -> None:
+    store, recorder, mono = FakeDispatchStore(), Recorder(), Clock()
+    config = DispatchConfig(
+        OWNER, 20, 4, 8, LEASE_S, window_bytes=1_000_000, window_max=1000, window_max_bytes=10**8
+    )
+    inflight = InFlight(OWNER, mono)
+    dispatcher = Dispatcher(
+        store,
+        recorder.publish,
+        recorder.announce,
+        {"gpt-4o-mini"}.__contains__,
+        config,
+        inflight=inflight,
+        clock=mono,
+    )
+    await inflight.on_report(HoldingReport("w1", 6.0, (), (), 50))
+    store.queued.append(job(total=500))
+    await dispatcher.claim()
+    assert recorder.flat() == list(range(100)), "2 x 50 rows at once, not the base 20"
+
+
+def test_progress_keys_are_one_topic_word_per_owner_and_count_as_one_kind() -> None:
+    assert progress_key("dispatcher-0a1b2c") == "job.progress.dispatcher-0a1b2c"
+    assert progress_key("a.b*c#") == "job.progress.a_b_c_"
+    assert progress_key("") == "job.progress._"
+    assert event_kind(progress_key("dispatcher-0a1b2c")) == EVENT_PROGRESS
+    assert event_kind(EVENT_PROGRESS) == EVENT_PROGRESS
