@@ -22,11 +22,16 @@ async def open_pool(
     return pool
 
 
+def bus_names(settings: Settings) -> Names:
+    """The bus names of ``settings``' namespace, with its queue-shaping settings."""
+    return Names(settings.namespace, settings.results_dead_max_length, settings.results_shards)
+
+
 async def open_bus(settings: Settings, resources: contextlib.AsyncExitStack, service: str) -> Bus:
     """A connected bus (topology declared) named ``<service>-<random>``, closed on unwind."""
     bus = Bus(
         settings.amqp_url,
-        Names(settings.namespace, settings.results_dead_max_length),
+        bus_names(settings),
         f"{service}-{new_id()[:8]}",
     )
     await bus.connect()

@@ -8,7 +8,7 @@ import os
 
 from relay_batches.announce import announce_finished
 from relay_batches.bus.client import Bus
-from relay_batches.bus.topology import MAX_PRIORITY, Names
+from relay_batches.bus.topology import MAX_PRIORITY
 from relay_batches.ids import new_id
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.outbox import mark_finished_published
@@ -20,7 +20,7 @@ from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.service import dispatcher_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
-from relay_batches.wiring import open_pool
+from relay_batches.wiring import bus_names, open_pool
 
 
 async def build(
@@ -30,7 +30,7 @@ async def build(
     aliases = load_aliases(settings.routes_file, os.environ)
     owner = f"dispatcher-{new_id()[:12]}"
     pool = await open_pool(settings, resources, max_size=4)
-    bus = Bus(settings.amqp_url, Names(settings.namespace, settings.results_dead_max_length), owner)
+    bus = Bus(settings.amqp_url, bus_names(settings), owner)
     await bus.connect()
     resources.push_async_callback(bus.close)
 
@@ -60,7 +60,7 @@ async def build(
         lambda alias: aliases.resolve(alias) is not None,
         config,
         rows_waiting=lambda: bus.ready_count(bus.names.rows),
-        results_state=lambda: bus.queue_state(bus.names.results),
+        results_state=lambda: results_state(bus),
     )
     log.info("configured", extra={"owner": owner, "aliases": aliases.names()})
     return dispatcher_service(
@@ -70,6 +70,13 @@ async def build(
         reconcile_s=settings.reconcile_seconds,
         grace_s=settings.shutdown_grace_s,
     )
+
+
+async def results_state(bus: Bus) -> tuple[int, int]:
+    """``(ready, consumers)`` over every results queue: the messages ready on all of them,
+    and the fewest consumers any one has (a shard nobody consumes records nothing)."""
+    states = [await bus.queue_state(q) for q in (bus.names.results, *bus.names.results_shards)]
+    return sum(ready for ready, _ in states), min(consumers for _, consumers in states)
 
 
 def main() -> None:

@@ -154,6 +154,17 @@ class Bus:
         declared = await declare_queue(channel, self.names, queue)
         await self._start(declared, callback)
 
+    async def consume_queues(
+        self, queues: Iterable[str], callback: MessageCallback, prefetch: int
+    ) -> None:
+        """Consume several durable queues on one channel, ``prefetch`` unacked for each
+        consumer: their deliveries share the channel's delivery tags, so one
+        ``multiple`` ack can settle deliveries of several of them."""
+        channel = await self._new_consumer_channel(prefetch)
+        for queue in queues:
+            declared = await declare_queue(channel, self.names, queue)
+            await self._start(declared, callback)
+
     async def consume_events(
         self, routing_keys: Iterable[str], callback: MessageCallback, prefetch: int = 64
     ) -> None:
