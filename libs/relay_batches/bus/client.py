@@ -193,6 +193,8 @@ class Bus:
     async def stop_consuming(self) -> None:
         """Cancel every consumer: no new deliveries; unacked ones stay ours to settle."""
         consumers, self._consumers = self._consumers, []
+        if self._connection is None or self._connection.is_closed:
+            return  # closed: the broker has cancelled them already (and no wait for a restore)
         for queue, tag in consumers:
             try:
                 await queue.cancel(tag, timeout=5)
