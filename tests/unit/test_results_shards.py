@@ -114,7 +114,7 @@ async def test_a_lone_outcome_at_a_low_rate_goes_out_without_waiting_for_the_flu
 
 def test_the_chunk_grows_under_a_backlog_and_shrinks_back_when_quiet() -> None:
     pace = ChunkPace(base=64, most=256, linger_s=0.02)
-    assert (pace.size, pace.linger) == (64, 0.001)
+    assert (pace.size, pace.linger) == (64, 0.02)
     pace.observe(taken=64, waiting=500, elapsed_s=0.005)
     pace.observe(taken=128, waiting=300, elapsed_s=0.005)
     assert pace.size == 256
@@ -137,16 +137,16 @@ def test_a_full_chunk_whose_transaction_was_slow_grows_even_with_an_empty_inbox(
 
 def test_the_linger_grows_while_messages_keep_arriving_and_shrinks_when_a_chunk_is_alone() -> None:
     pace = ChunkPace(base=64, most=256, linger_s=0.02)
-    for _ in range(10):
-        pace.observe(taken=5, waiting=0, elapsed_s=0.002)
-    assert pace.linger == 0.02  # never past linger_s
     pace.observe(taken=1, waiting=0, elapsed_s=0.002)
     assert pace.linger == 0.01
     for _ in range(10):
         pace.observe(taken=1, waiting=0, elapsed_s=0.002)
-    assert pace.linger == 0.001
+    assert pace.linger == 0.001  # never under 1 ms
     pace.observe(taken=1, waiting=3, elapsed_s=0.002)  # a backlog: arrivals again
     assert pace.linger == 0.002
+    for _ in range(10):
+        pace.observe(taken=5, waiting=0, elapsed_s=0.002)
+    assert pace.linger == 0.02  # never past linger_s
 
 
 def test_a_pace_whose_most_is_below_its_base_keeps_the_base() -> None:

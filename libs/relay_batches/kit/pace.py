@@ -10,7 +10,7 @@ caller's byte bound, which it never changes):
   the load is high (messages were still waiting after it, or its transaction took at
   least the longest linger); halves back (down to ``base``) when a chunk was at most
   half full;
-- linger: starts at ``min_linger_s``; doubles (up to ``linger_s``) when more than one
+- linger: starts at ``linger_s`` (as a fixed linger would); doubles (up to ``linger_s``) when more than one
   message arrived for a chunk or messages were still waiting; halves (down to
   ``min_linger_s``) when a chunk was a lone message: lingering gained nothing.
 """
@@ -37,7 +37,7 @@ class ChunkPace:
         self.most = max(self.most, self.base)
         self.min_linger_s = min(self.min_linger_s, self.linger_s)
         self.size = self.base
-        self.linger = self.min_linger_s
+        self.linger = self.linger_s
 
     def observe(self, taken: int, waiting: int, elapsed_s: float) -> None:
         """Adapt to a chunk of ``taken`` messages that left ``waiting`` behind in the
