@@ -10,9 +10,10 @@ caller's byte bound, which it never changes):
   the load is high (messages were still waiting after it, or its transaction took at
   least the longest linger); halves back (down to ``base``) when a chunk was at most
   half full;
-- linger: starts at ``linger_s`` (as a fixed linger would); doubles (up to ``linger_s``) when more than one
-  message arrived for a chunk or messages were still waiting; halves (down to
-  ``min_linger_s``) when a chunk was a lone message: lingering gained nothing.
+- linger: starts at ``linger_s`` (as a fixed linger would); halves (down to
+  ``min_linger_s``) when a chunk was a lone message: lingering gained nothing; doubles
+  (up to ``linger_s``) when more than one message arrived for a chunk or messages were
+  still waiting.
 """
 
 from __future__ import annotations
