@@ -36,6 +36,16 @@ MESSAGES_CONSUMED = Counter("relay_messages_consumed_total", "Consumed messages"
 MESSAGES_DEAD_LETTERED = Counter(
     "relay_messages_dead_lettered_total", "Messages moved to a dead-letter queue", ["queue"]
 )
+AGGREGATOR_TRANSACTION_ROWS = Histogram(
+    "relay_aggregator_transaction_rows",
+    "Outcomes in one recording transaction of the aggregator",
+    buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536),
+)
+AGGREGATOR_TRANSACTION_SECONDS = Histogram(
+    "relay_aggregator_transaction_seconds",
+    "Time of one recording transaction of the aggregator",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 JOB_TRANSITIONS = Counter("relay_job_transitions_total", "Job status transitions", ["status"])
 WEBHOOK_DELIVERIES = Counter(
     "relay_webhook_deliveries_total", "Completion webhook deliveries", ["outcome"]

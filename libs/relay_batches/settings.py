@@ -112,7 +112,10 @@ class Settings:
     # The type of the durable queues that may be quorum queues (results, notify; see
     # Names.quorum_capable): "classic" or "quorum". dispatch and rows stay classic.
     queue_type: str = "classic"
+    results_shards: int = 4
+    aggregator_shards: tuple[int, ...] = ()  # the shards this aggregator consumes; (): all
     aggregator_chunk: int = 64
+    aggregator_chunk_max: int = 256
     aggregator_prefetch: int = 256
     aggregator_chunk_bytes: int = 16 * 1024 * 1024
     aggregator_linger_ms: float = 20.0
@@ -203,7 +206,12 @@ class Settings:
                 1, _int(env, "RELAY_RESULTS_DEAD_MAX_LENGTH", d.results_dead_max_length)
             ),
             queue_type=_choice(env, "RELAY_QUEUE_TYPE", d.queue_type, ("classic", "quorum")),
+            results_shards=_clamp(_int(env, "RELAY_RESULTS_SHARDS", d.results_shards), 1, 64),
+            aggregator_shards=_shards(env, "RELAY_AGGREGATOR_SHARDS", "RELAY_RESULTS_SHARDS"),
             aggregator_chunk=max(1, _int(env, "RELAY_AGGREGATOR_CHUNK", d.aggregator_chunk)),
+            aggregator_chunk_max=max(
+                1, _int(env, "RELAY_AGGREGATOR_CHUNK_MAX", d.aggregator_chunk_max)
+            ),
             aggregator_prefetch=max(
                 1, _int(env, "RELAY_AGGREGATOR_PREFETCH", d.aggregator_prefetch)
             ),
@@ -311,6 +319,22 @@ def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
         return parse_networks(env.get(name, ""))
     except ValueError as exc:
         raise ConfigError(f"{name} must be comma-separated CIDRs: {exc}") from None
+
+
+def _shards(env: Mapping[str, str], name: str, count_name: str) -> tuple[int, ...]:
+    """A comma-separated list of results shards, each ``0..RELAY_RESULTS_SHARDS-1``
+    (sorted, without repeats); empty when unset: every shard."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return ()
+    count = _clamp(_int(env, count_name, Settings.results_shards), 1, 64)
+    parts = [part.strip() for part in raw.split(",")]
+    if not all(p.isascii() and p.isdigit() and int(p) < count for p in parts):
+        raise ConfigError(
+            f"{name} must be comma-separated shard numbers 0..{count - 1}"
+            f" ({count_name} is {count}), got {raw!r}"
+        )
+    return tuple(sorted({int(p) for p in parts}))
 
 
 def _base_url(env: Mapping[str, str], name: str) -> str:

@@ -31,7 +31,12 @@ async def open_pool(
 
 def bus_names(settings: Settings) -> Names:
     """The bus names and queue arguments of a namespace, from the settings."""
-    return Names(settings.namespace, settings.results_dead_max_length, settings.queue_type)
+    return Names(
+        settings.namespace,
+        settings.results_dead_max_length,
+        queue_type=settings.queue_type,
+        shards=settings.results_shards,
+    )
 
 
 async def open_bus(settings: Settings, resources: contextlib.AsyncExitStack, service: str) -> Bus:

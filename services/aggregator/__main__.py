@@ -32,6 +32,8 @@ async def build(
         grace_s=settings.shutdown_grace_s,
         linger_s=settings.aggregator_linger_ms / 1000,
         chunk_bytes=settings.aggregator_chunk_bytes,
+        chunk_max=settings.aggregator_chunk_max,
+        shards=settings.aggregator_shards,
     )
 
 

@@ -19,7 +19,12 @@ from relay_batches.bus.topology import EVENT_CANCELED, progress_key
 from relay_batches.errors import PermanentError, UnstorableError
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
-from relay_batches.metrics import JOB_TRANSITIONS, ROWS_RECORDED
+from relay_batches.metrics import (
+    AGGREGATOR_TRANSACTION_ROWS,
+    AGGREGATOR_TRANSACTION_SECONDS,
+    JOB_TRANSITIONS,
+    ROWS_RECORDED,
+)
 from relay_batches.model import JobStatus
 
 log = logging.getLogger("relay.aggregator")
@@ -73,7 +78,9 @@ class Aggregator:
 
     async def record(self, outcomes: Sequence[RowOutcome]) -> list[JobProgress]:
         """Record one chunk and announce its effect; return the jobs' new counters."""
+        started = time.perf_counter()
         progress = await self._store.record(outcomes)
+        _observe_transaction(outcomes, time.perf_counter() - started)
         for job in progress:
             ROWS_RECORDED.labels("content").inc(job.new_completed)
             ROWS_RECORDED.labels("error").inc(job.new_failed)
@@ -219,6 +226,21 @@ class Aggregator:
     async def _announce_finished(self, jobs: list[JobProgress]) -> None:
         await announce_finished(
             self._publish, self._store.mark_finished_published, [_event(j) for j in jobs]
+        )
+
+
+def _observe_transaction(outcomes: Sequence[RowOutcome], elapsed_s: float) -> None:
+    """Count one recording transaction (rows, time) and log it at debug level."""
+    AGGREGATOR_TRANSACTION_ROWS.observe(len(outcomes))
+    AGGREGATOR_TRANSACTION_SECONDS.observe(elapsed_s)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "outcomes_recorded",
+            extra={
+                "rows": len(outcomes),
+                "jobs": sorted({o.batch_id for o in outcomes}),
+                "elapsed_ms": round(elapsed_s * 1000, 2),
+            },
         )
 
 

@@ -1,20 +1,24 @@
-"""The aggregator: the ``results`` queue in chunks, and the outbox scan.
+"""The aggregator: the results shard queues in chunks, and the outbox scan.
 
-A chunk is what arrives within ``linger_s`` of its first message, up to ``chunk``
-messages and ``chunk_bytes`` of message bodies (one bigger message is a chunk alone);
-it is acked (one multiple-ack) only after its transaction committed and its events
-were confirmed. If recording fails (database away), the chunk is requeued after a
-pause. Messages holding an outcome the ledger can never store (a row index out of its
-job's range, a value the database refuses even as an error outcome) go to
-``<ns>.results.dead`` once the rest of the chunk is recorded. Every ``outbox_every_s``,
-terminal jobs nobody announced are announced, and the rows of jobs whose budget stopped
-them that were never released get their ``budget_exceeded`` outcome (bounded steps, for
-about a second per pass).
+It consumes its shards (``shards``; by default every one) and the unsharded ``results``
+queue, all on one channel, so one chunk may hold messages of several shards. Each shard
+queue has a single active consumer: one aggregator records a shard's jobs at a time,
+the others wait and take over when it goes. A chunk is what arrives within a linger
+of its first message (at most ``linger_s``), up to a size that grows from ``chunk`` to
+``chunk_max`` messages under load and ``chunk_bytes`` of message bodies (one bigger
+message is a chunk alone; see :mod:`relay_batches.kit.pace`); it is acked (one
+multiple-ack) only after its transaction committed and its events were confirmed. If
+recording fails (database away), the chunk is requeued after a pause. Messages holding
+an outcome the ledger can never store (a row index out of its job's range, a value the
+database refuses even as an error outcome) go to ``<ns>.results.dead`` once the rest of
+the chunk is recorded. Every ``outbox_every_s``, terminal jobs nobody announced are
+announced, and the rows of jobs whose budget stopped them that were never released get
+their ``budget_exceeded`` outcome (bounded steps, for about a second per pass).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
@@ -50,9 +54,12 @@ def aggregator_service(
     grace_s: float,
     linger_s: float = 0.005,
     chunk_bytes: int = 16 * 1024 * 1024,
+    chunk_max: int = 0,
+    shards: Sequence[int] = (),
 ) -> BusService:
-    """The aggregator's declaration."""
+    """The aggregator's declaration; ``shards`` empty: every results shard."""
     dead = bus.names.results_dead
+    taken = shards or range(bus.names.shards)
 
     async def dead_letter(body: bytes, reason: str) -> None:
         await bus.publish(dead, body, kind="dead_letter", headers={"x-relay-error": reason})
@@ -67,6 +74,8 @@ def aggregator_service(
         linger_s=linger_s,
         dead_letter=DeadLetter(dead, dead_letter),
         chunk_bytes=chunk_bytes,
+        chunk_max=chunk_max,
+        also_queues=tuple(bus.names.results_shard(k) for k in taken),
     )
     outbox = every("outbox-scan", outbox_every_s, lambda: aggregator.outbox_pass(outbox_every_s))
     return BusService(bus, [results], periodic=[outbox], ledger=ledger, grace_s=grace_s)

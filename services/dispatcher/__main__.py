@@ -62,7 +62,7 @@ async def build(
         lambda alias: aliases.resolve(alias) is not None,
         config,
         rows_waiting=lambda: bus.ready_count(bus.names.rows),
-        results_state=lambda: bus.queue_state(bus.names.results),
+        results_state=lambda: results_state(bus),
     )
     log.info("configured", extra={"owner": owner, "aliases": aliases.names()})
     return dispatcher_service(
@@ -72,6 +72,13 @@ async def build(
         reconcile_s=settings.reconcile_seconds,
         grace_s=settings.shutdown_grace_s,
     )
+
+
+async def results_state(bus: Bus) -> tuple[int, int]:
+    """``(ready, consumers)`` over every results queue: the messages ready on all of them,
+    and the fewest consumers any one has (a shard nobody consumes records nothing)."""
+    states = [await bus.queue_state(q) for q in (bus.names.results, *bus.names.results_shards)]
+    return sum(ready for ready, _ in states), min(consumers for _, consumers in states)
 
 
 def main() -> None:

@@ -48,10 +48,11 @@ async def build(
         ),
     )
     outcomes = OutcomePublisher(
-        lambda body: bus.publish(bus.names.results, body, kind="results"),
+        lambda shard, body: bus.publish(bus.names.results_shard(shard), body, kind="results"),
         max_rows=settings.results_flush_rows,
         flush_s=settings.results_flush_ms / 1000,
         max_bytes=settings.results_message_bytes,
+        shards=bus.names.shards,
     )
     holdings = Holdings(worker, settings.heartbeat_seconds, settings.batch_concurrency)
     runner = RowRunner(

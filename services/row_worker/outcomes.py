@@ -1,85 +1,144 @@
 """Collects row outcomes and publishes them several to an outcomes message, confirmed.
 
 ``add`` returns only once the message holding the outcome is confirmed by the broker, so
-a slice is acked only after every one of its rows has a durable outcome. A message goes
-out when it holds ``max_rows`` outcomes, or ``flush_s`` after its first outcome, and
-never grows past ``max_bytes`` encoded (``RELAY_RESULTS_MESSAGE_BYTES``): an outcome that
-would cross it first sends what is pending, and an outcome larger than ``max_bytes`` on
-its own travels alone. What bounds such a one is the provider's reply, read up to
+a slice is acked only after every one of its rows has a durable outcome. Outcomes are
+gathered per results shard (:func:`~relay_batches.bus.topology.results_shard` of their
+job), so a message only holds jobs of one shard and goes to that shard's queue. A message
+goes out when it holds ``max_rows`` outcomes, or when its linger is over, and never grows
+past ``max_bytes`` encoded (``RELAY_RESULTS_MESSAGE_BYTES``): an outcome that would cross
+it first sends what is pending, and an outcome larger than ``max_bytes`` on its own
+travels alone. What bounds such a one is the provider's reply, read up to
 ``router.MAX_REPLY_BYTES`` (8 MiB). The aggregator's memory bound rests on this cap: it
 holds at most its prefetch of these messages.
+
+The linger adapts to the shard's rate of outcomes (:func:`flush_linger`): while another
+outcome is expected within ``flush_s``, a message waits up to ``flush_s`` after its first
+outcome (at a high rate it fills to ``max_rows``); at a lower rate it goes out at once
+(with the outcomes finished in the same event-loop turn), so latency stays low.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 import orjson
 
+from relay_batches.bus.topology import results_shard
 from relay_batches.messages import OutcomesMessage, RowOutcome
 
 log = logging.getLogger("relay.row_worker.outcomes")
 
-Publish = Callable[[bytes], Awaitable[None]]
+Publish = Callable[[int, bytes], Awaitable[None]]  # (results shard, message body)
 
 PUBLISH_ATTEMPTS = 20
 MAX_MESSAGE_BYTES = 256 * 1024  # the default of RELAY_RESULTS_MESSAGE_BYTES
 ENVELOPE_BYTES = 64  # a message's bytes around its outcomes: kind, keys, brackets
 PUBLISH_RETRY_S = 0.5
+RATE_TAU_S = 1.0  # the rate meter's memory: older arrivals weigh e-fold less per second
+
+
+class RateMeter:
+    """Events per second, an exponentially decaying count over ``tau_s``: at a steady
+    rate ``r`` it reads ``r`` after a few ``tau_s``; when events stop it decays to 0."""
+
+    def __init__(self, tau_s: float = RATE_TAU_S) -> None:
+        self._tau = tau_s
+        self._level = 0.0
+        self._at = 0.0
+
+    def tick(self, now: float) -> None:
+        """Count one event at ``now`` (a monotonic clock, in seconds)."""
+        self._level = self._decayed(now) + 1.0
+        self._at = now
+
+    def rate(self, now: float) -> float:
+        """The events per second at ``now``."""
+        return self._decayed(now) / self._tau
+
+    def _decayed(self, now: float) -> float:
+        return self._level * math.exp(-max(0.0, now - self._at) / self._tau)
+
+
+def flush_linger(rate: float, flush_s: float) -> float:
+    """How long a new message waits for more outcomes: ``flush_s`` while at least one
+    more outcome is expected within it (``rate * flush_s >= 1``), else nothing."""
+    return flush_s if rate * flush_s >= 1.0 else 0.0
+
+
+class _Pending:
+    """One shard's outcomes waiting to go out, and that shard's rate of outcomes."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[RowOutcome, asyncio.Future[None]]] = []
+        self.bytes = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.meter = RateMeter()
 
 
 class OutcomePublisher:
-    """Gathers outcomes into messages by count, bytes or time; each ``add`` awaits its confirm."""
+    """Gathers outcomes into messages per results shard, by count, bytes or time; each
+    ``add`` awaits its confirm."""
 
     def __init__(
-        self, publish: Publish, max_rows: int, flush_s: float, max_bytes: int = MAX_MESSAGE_BYTES
+        self,
+        publish: Publish,
+        max_rows: int,
+        flush_s: float,
+        max_bytes: int = MAX_MESSAGE_BYTES,
+        shards: int = 1,
     ) -> None:
         self._publish = publish
         self._max_rows = max_rows
         self._max_bytes = max_bytes
         self._flush_s = flush_s
-        self._pending: list[tuple[RowOutcome, asyncio.Future[None]]] = []
-        self._pending_bytes = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._shards = shards
+        self._pending = [_Pending() for _ in range(shards)]
         self._flushes: set[asyncio.Task[None]] = set()
 
     async def add(self, outcome: RowOutcome) -> None:
         """Queue ``outcome`` for publishing and wait until the broker confirmed it."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        shard = results_shard(outcome.batch_id, self._shards)
+        pending = self._pending[shard]
+        pending.meter.tick(loop.time())
         size = len(orjson.dumps(outcome.as_list())) + 1  # and its comma
-        if self._pending and ENVELOPE_BYTES + self._pending_bytes + size > self._max_bytes:
-            self._flush_now()  # it would cross the cap: what is pending goes first
-        self._pending.append((outcome, future))
-        self._pending_bytes += size
+        if pending.items and ENVELOPE_BYTES + pending.bytes + size > self._max_bytes:
+            self._flush_now(shard)  # it would cross the cap: what is pending goes first
+        pending.items.append((outcome, future))
+        pending.bytes += size
         if (
-            len(self._pending) >= self._max_rows
-            or ENVELOPE_BYTES + self._pending_bytes >= self._max_bytes
+            len(pending.items) >= self._max_rows
+            or ENVELOPE_BYTES + pending.bytes >= self._max_bytes
         ):
-            self._flush_now()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._flush_s, self._flush_now)
+            self._flush_now(shard)
+        elif pending.timer is None:
+            linger = flush_linger(pending.meter.rate(loop.time()), self._flush_s)
+            pending.timer = loop.call_later(linger, self._flush_now, shard)
         await asyncio.shield(future)
 
-    def _flush_now(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self._pending:
+    def _flush_now(self, shard: int) -> None:
+        pending = self._pending[shard]
+        if pending.timer is not None:
+            pending.timer.cancel()
+            pending.timer = None
+        if not pending.items:
             return
-        items, self._pending = self._pending, []
-        self._pending_bytes = 0
-        task = asyncio.create_task(self._send(items), name="outcome-flush")
+        items, pending.items = pending.items, []
+        pending.bytes = 0
+        task = asyncio.create_task(self._send(shard, items), name="outcome-flush")
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
-    async def _send(self, items: list[tuple[RowOutcome, asyncio.Future[None]]]) -> None:
+    async def _send(self, shard: int, items: list[tuple[RowOutcome, asyncio.Future[None]]]) -> None:
         body = OutcomesMessage(tuple(o for o, _ in items)).encode()
         error: BaseException | None = None
         for attempt in range(PUBLISH_ATTEMPTS):
             try:
-                await self._publish(body)
+                await self._publish(shard, body)
                 error = None
                 break
             except asyncio.CancelledError as exc:
@@ -101,6 +160,7 @@ class OutcomePublisher:
 
     async def drain(self) -> None:
         """Publish whatever is pending and wait for every flush in progress."""
-        self._flush_now()
+        for shard in range(self._shards):
+            self._flush_now(shard)
         if self._flushes:
             await asyncio.gather(*self._flushes, return_exceptions=True)

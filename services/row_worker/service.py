@@ -1,5 +1,5 @@
 """The row-worker: ``rows`` tasks, each acked once every row's outcome is confirmed on
-``results``; ``job.canceled`` events (a cancel, or an expiry: status ``expired``) abort
+its job's results shard; ``job.canceled`` events (a cancel, or an expiry: status ``expired``) abort
 that job's calls in flight and drop its rows still to come."""
 
 from __future__ import annotations

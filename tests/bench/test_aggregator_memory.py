@@ -1,6 +1,6 @@
 """Benchmark of the aggregator's memory under a backlog of large outcomes.
 
-A backlog of outcome messages is queued on ``results`` before a real aggregator process
+A backlog of outcome messages is queued on the results shards before a real aggregator process
 starts (at its default prefetch of 256); its peak RSS (``VmHWM``) is read once every row
 is recorded. The same outcomes are packed as the row-worker packs them, once with the
 old 4 MiB message cap and once with the new default ``RELAY_RESULTS_MESSAGE_BYTES``
@@ -53,10 +53,11 @@ async def _peak_with_cap(http: aiohttp.ClientSession, log_dir: Path, cap: int) -
     try:
         batch_id = await _running_job(pool)
         publisher = OutcomePublisher(
-            lambda body: bus.publish(bus.names.results, body, kind="results"),
+            lambda shard, body: bus.publish(bus.names.results_shard(shard), body, kind="results"),
             max_rows=64,
             flush_s=3600,
             max_bytes=cap,
+            shards=bus.names.shards,
         )
         content = "r" * CONTENT_BYTES
         adding = [

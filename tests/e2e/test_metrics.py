@@ -84,7 +84,7 @@ async def _queue_depths(namespace: str) -> int:
     async with connection:
         channel = await connection.channel()
         total = 0
-        for queue in (names.rows, names.results, names.notify):
+        for queue in (names.rows, names.results, *names.results_shards, names.notify):
             declared = await channel.declare_queue(queue, passive=True)
             total += declared.declaration_result.message_count or 0
         return total

@@ -349,10 +349,12 @@ class FakePublish:
     gate: asyncio.Event | None = None
     failures: int = 0
     bodies: list[bytes] = field(default_factory=list)
+    shards: list[int] = field(default_factory=list)
     entered: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def __call__(self, body: bytes) -> None:
+    async def __call__(self, shard: int, body: bytes) -> None:
         self.bodies.append(body)
+        self.shards.append(shard)
         self.entered.set()
         if self.gate is not None:
             await self.gate.wait()

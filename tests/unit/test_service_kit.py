@@ -57,6 +57,12 @@ class FakeBus:
         self.callbacks[queue] = callback
         self.prefetch[queue] = prefetch
 
+    async def consume_queues(
+        self, queues: Sequence[str], callback: MessageCallback, prefetch: int
+    ) -> None:
+        for queue in queues:
+            await self.consume(queue, callback, prefetch)
+
     async def consume_events(
         self, routing_keys: Sequence[str], callback: MessageCallback, prefetch: int = 64
     ) -> None:
@@ -267,6 +273,21 @@ async def test_a_good_chunk_is_handled_as_one_list_and_acked_with_one_multiple_a
         first = await deliver_all(running.bus, [b"a", b"b", b"c"])
         assert handler.got == [["a", "b", "c"]]
         assert [d.settled for d in first] == [[], [], [("ack", True)]]
+
+
+async def test_chunks_over_several_queues_share_the_prefetch_and_one_multiple_ack() -> None:
+    handler = Recorder()
+    consume = ConsumeChunks(
+        "r", "results", text, handler, prefetch=8, chunk=3, linger_s=1.0, also_queues=("s0", "s1")
+    )
+    async with started([consume]) as running:
+        assert running.bus.prefetch == {"r": 3, "s0": 3, "s1": 3}
+        deliveries = [FakeDelivery(b"a"), FakeDelivery(b"b"), FakeDelivery(b"c")]
+        for queue, delivery in zip(("s1", "r", "s0"), deliveries, strict=True):
+            await running.bus.deliver(queue, delivery)
+        await asyncio.wait_for(deliveries[-1].done.wait(), WAIT_S)
+        assert handler.got == [["a", "b", "c"]]
+        assert [d.settled for d in deliveries] == [[], [], [("ack", True)]]
 
 
 async def test_a_chunk_with_a_poison_message_rejects_it_and_acks_the_others_one_by_one() -> None:

@@ -163,6 +163,17 @@ class Bus:
         declared = await declare_queue(channel, self.names, queue)
         await self._start(declared, callback)
 
+    async def consume_queues(
+        self, queues: Iterable[str], callback: MessageCallback, prefetch: int
+    ) -> None:
+        """Consume several durable queues on one channel, ``prefetch`` unacked for each
+        consumer: their deliveries share the channel's delivery tags, so one
+        ``multiple`` ack can settle deliveries of several of them."""
+        channel = await self._new_consumer_channel(prefetch)
+        for queue in queues:
+            declared = await declare_queue(channel, self.names, queue)
+            await self._start(declared, callback)
+
     async def consume_events(
         self, routing_keys: Iterable[str], callback: MessageCallback, prefetch: int = 64
     ) -> None:
@@ -191,6 +202,8 @@ class Bus:
     async def stop_consuming(self) -> None:
         """Cancel every consumer: no new deliveries; unacked ones stay ours to settle."""
         consumers, self._consumers = self._consumers, []
+        if self._connection is None or self._connection.is_closed:
+            return  # closed: the broker has cancelled them already (and no wait for a restore)
         for queue, tag in consumers:
             try:
                 await queue.cancel(tag, timeout=5)

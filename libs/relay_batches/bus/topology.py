@@ -14,6 +14,7 @@ quorum), see :meth:`Names.quorum_capable` and the README's "Queue types".
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 import aio_pika
@@ -26,6 +27,7 @@ from relay_batches.settings import ConfigError
 MAX_PRIORITY = 9
 DEAD_MAX_LENGTH = 10_000  # the default of RELAY_RESULTS_DEAD_MAX_LENGTH
 QUEUE_TYPES = ("classic", "quorum")  # RELAY_QUEUE_TYPE's values, the first the default
+RESULTS_SHARDS = 4  # the default of RELAY_RESULTS_SHARDS
 
 EVENT_PROGRESS = "job.progress"
 EVENT_FINISHED = "job.finished"
@@ -55,15 +57,22 @@ def broker_priority(job_priority: int) -> int:
     return max(0, min(MAX_PRIORITY, job_priority))
 
 
+def results_shard(batch_id: str, shards: int) -> int:
+    """The results shard of a job: CRC-32 of its id modulo ``shards``, the same in every
+    process and Python run (unlike ``hash()``, which is salted per process)."""
+    return zlib.crc32(batch_id.encode()) % shards
+
+
 @dataclass(frozen=True)
 class Names:
-    """Every bus name of one namespace, the dead-letter queue's length bound and the type
-    of the queues that may be quorum queues (queue arguments: every process of a
-    namespace must declare the same)."""
+    """Every bus name of one namespace, with the queue arguments every process of a
+    namespace must declare the same: the dead-letter queue's length bound, the type of the
+    queues that may be quorum queues, and the number of results shards."""
 
     namespace: str
     dead_max_length: int = DEAD_MAX_LENGTH
     queue_type: str = QUEUE_TYPES[0]
+    shards: int = RESULTS_SHARDS
 
     @property
     def dispatch(self) -> str:
@@ -77,8 +86,24 @@ class Names:
 
     @property
     def results(self) -> str:
-        """Queue of outcome messages (several outcomes each)."""
+        """The unsharded queue of outcome messages, from before the shards: aggregators
+        still drain it (messages left by an upgrade, or moved back from the dead-letter
+        queue), as competing consumers; row-workers no longer publish to it."""
         return f"{self.namespace}.results"
+
+    def results_shard(self, shard: int) -> str:
+        """Results shard queue ``shard`` (``0..shards-1``): the outcome messages of the jobs
+        :func:`results_shard` maps there, taken by one aggregator at a time."""
+        return f"{self.results}.{shard}"
+
+    def results_for(self, batch_id: str) -> str:
+        """The results shard queue the outcomes of ``batch_id`` go to."""
+        return self.results_shard(results_shard(batch_id, self.shards))
+
+    @property
+    def results_shards(self) -> tuple[str, ...]:
+        """Every results shard queue, in shard order."""
+        return tuple(self.results_shard(k) for k in range(self.shards))
 
     @property
     def results_dead(self) -> str:
@@ -113,7 +138,14 @@ class Names:
 
     def durable_queues(self) -> tuple[str, ...]:
         """Every durable queue of the namespace (tests delete them on teardown)."""
-        return (self.dispatch, self.rows, self.results, self.results_dead, self.notify)
+        return (
+            self.dispatch,
+            self.rows,
+            self.results,
+            *self.results_shards,
+            self.results_dead,
+            self.notify,
+        )
 
 
 async def declare_queue(channel: AbstractChannel, names: Names, queue: str) -> AbstractQueue:
@@ -127,6 +159,7 @@ async def declare_queue(channel: AbstractChannel, names: Names, queue: str) -> A
         # it), since RabbitMQ refuses a redeclare with other arguments.
         arguments["x-max-length"] = names.dead_max_length
         arguments["x-overflow"] = "drop-head"
+    arguments.update(_shard_arguments(names, queue))
     arguments["x-queue-type"] = names.type_of(queue)
     try:
         return await channel.declare_queue(queue, durable=True, arguments=arguments)
@@ -148,6 +181,14 @@ def _mismatch(names: Names, queue: str, exc: ChannelPreconditionFailed) -> str:
         f"{ours}: {reply}; set the value the queue was made with, or delete the queue once "
         "it is empty"
     )
+
+
+def _shard_arguments(names: Names, queue: str) -> FieldTable:
+    """A results shard has one active consumer at a time (the others wait as standbys and
+    take over when it goes), so one job's outcomes are recorded by one aggregator."""
+    if queue in names.results_shards:
+        return {"x-single-active-consumer": True}
+    return {}
 
 
 async def declare_events(channel: AbstractChannel, names: Names) -> AbstractExchange:

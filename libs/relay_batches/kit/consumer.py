@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from relay_batches.bus.client import SETTLE_ERRORS, MessageCallback
 from relay_batches.errors import HandBack, UnstorableError
+from relay_batches.kit.pace import ChunkPace
 from relay_batches.kit.tasks import Tasks
 from relay_batches.messages import MessageError
 from relay_batches.metrics import MESSAGES_CONSUMED, MESSAGES_DEAD_LETTERED
@@ -52,6 +54,11 @@ class ConsumingBus(Protocol):
 
     async def consume(self, queue: str, callback: MessageCallback, prefetch: int) -> None:
         """Consume a durable queue with ``prefetch`` unacked."""
+
+    async def consume_queues(
+        self, queues: Sequence[str], callback: MessageCallback, prefetch: int
+    ) -> None:
+        """Consume several durable queues on one channel, ``prefetch`` unacked each."""
 
     async def consume_events(
         self,
@@ -194,9 +201,13 @@ class DeadLetter:
 
 @dataclass(frozen=True)
 class ConsumeChunks(Generic[T]):
-    """A durable queue taken in chunks: what arrives within ``linger_s`` of a chunk's
-    first message, up to ``chunk`` messages and ``chunk_bytes`` of bodies (a single
-    larger message is a chunk alone), is decoded and handled as one list."""
+    """A durable queue (and ``also_queues``, on the same channel) taken in chunks: what
+    arrives within a linger of a chunk's first message, up to a size in messages and
+    ``chunk_bytes`` of bodies (a single larger message is a chunk alone), is decoded and
+    handled as one list. The size starts at ``chunk`` and grows up to ``chunk_max`` under
+    load, the linger stays between 1 ms and ``linger_s`` (:class:`ChunkPace`). With
+    several queues, ``prefetch`` is shared out: each consumer holds ``prefetch / n``
+    (rounded up), so what is held stays about ``prefetch`` messages in all."""
 
     queue: str
     kind: str
@@ -208,18 +219,28 @@ class ConsumeChunks(Generic[T]):
     retry_pause_s: float = 1.0
     dead_letter: DeadLetter | None = None
     chunk_bytes: int = 16 * 1024 * 1024
+    chunk_max: int = 0  # 0: ``chunk``, a fixed size
+    also_queues: tuple[str, ...] = ()
 
     async def start(self, bus: ConsumingBus, tasks: Tasks, halt: asyncio.Event) -> None:
-        """Consume the queue into an inbox and take chunks from it until ``halt``."""
+        """Consume the queues into an inbox and take chunks from it until ``halt``."""
         inbox = ChunkInbox()
-        await bus.consume(self.queue, inbox.put, self.prefetch)
-        tasks.spawn(self._take(inbox, halt), name=f"{self.kind}-chunks", loop=True)
+        if self.also_queues:
+            queues = (self.queue, *self.also_queues)
+            each = math.ceil(self.prefetch / len(queues))
+            await bus.consume_queues(queues, inbox.put, each)
+        else:
+            await bus.consume(self.queue, inbox.put, self.prefetch)
+        pace = ChunkPace(self.chunk, self.chunk_max or self.chunk, self.linger_s)
+        tasks.spawn(self._take(inbox, pace, halt), name=f"{self.kind}-chunks", loop=True)
 
-    async def _take(self, inbox: ChunkInbox, halt: asyncio.Event) -> None:
+    async def _take(self, inbox: ChunkInbox, pace: ChunkPace, halt: asyncio.Event) -> None:
         while not halt.is_set():
-            chunk = await inbox.next_chunk(halt, self.chunk, self.chunk_bytes, self.linger_s)
+            chunk = await inbox.next_chunk(halt, pace.size, self.chunk_bytes, pace.linger)
             if chunk:
+                started = time.perf_counter()
                 await self.settle(chunk)
+                pace.observe(len(chunk), inbox.waiting(), time.perf_counter() - started)
 
     async def settle(self, chunk: Sequence[AbstractIncomingMessage]) -> None:
         """Decode, handle and settle one chunk by the policy of the module doc."""
@@ -300,6 +321,10 @@ class ChunkInbox:
     async def put(self, message: AbstractIncomingMessage) -> None:
         """Take a delivery in (the consumer callback)."""
         self._queue.put_nowait(message)
+
+    def waiting(self) -> int:
+        """Deliveries in the inbox, not yet taken into a chunk."""
+        return self._queue.qsize() + (self._held is not None)
 
     async def next_chunk(
         self, halt: asyncio.Event, size: int, max_bytes: int, linger_s: float

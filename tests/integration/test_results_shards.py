@@ -1,0 +1,185 @@
+"""Results shards through the real broker and ledger: one job's outcomes land on one
+shard; each shard has one active aggregator; closing it hands its shard to a standby
+with nothing lost and nothing counted twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import aio_pika
+import asyncpg
+import pytest
+
+from relay_batches.bus.client import Bus
+from relay_batches.bus.topology import Names, results_shard
+from relay_batches.ledger.outcomes import JobProgress, OutcomeStore
+from relay_batches.messages import RowOutcome
+from relay_batches.services.aggregator.core import Aggregator
+from relay_batches.services.aggregator.service import aggregator_service
+from relay_batches.services.dispatcher.__main__ import results_state
+from relay_batches.services.row_worker.outcomes import OutcomePublisher
+from tests.helpers.support import AMQP_URL, Isolation, wait_until
+from tests.integration.test_aggregator import counters, outcome, running_batch
+
+ROWS = 12
+
+
+@dataclass
+class RecordingStore(OutcomeStore):
+    """The real store, noting which jobs each recording held; ``gate`` can hold it."""
+
+    pool: asyncpg.Pool
+    jobs: list[set[str]] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.pool)
+
+    async def record(self, outcomes: Sequence[RowOutcome]) -> list[JobProgress]:
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        progress = await super().record(outcomes)
+        self.jobs.append({o.batch_id for o in outcomes})
+        return progress
+
+    def recorded(self) -> set[str]:
+        return set().union(*self.jobs)
+
+
+@dataclass
+class Running:
+    """One aggregator on its own connection."""
+
+    bus: Bus
+    store: RecordingStore
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+
+async def db_ready() -> bool:
+    return True
+
+
+async def start_aggregator(names: Names, pool: asyncpg.Pool, label: str) -> Running:
+    bus = Bus(AMQP_URL, names, label)
+    await bus.connect()
+    store = RecordingStore(pool)
+    service = aggregator_service(
+        bus,
+        Aggregator(store, bus.publish_event),
+        db_ready,
+        prefetch=16,
+        chunk=4,
+        outbox_every_s=60,
+        grace_s=1,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    await wait_until(service.ready, 10, f"aggregator {label} to consume")
+    return Running(bus, store, stop, task)
+
+
+async def halt(running: Running) -> None:
+    running.stop.set()
+    await asyncio.wait_for(running.task, 15)
+    await running.bus.close()
+
+
+@pytest.fixture
+async def names(iso: Isolation) -> AsyncIterator[Names]:
+    """A namespace of its own (its shard queues start empty), deleted afterwards."""
+    created = Names(f"{iso.namespace}sh")
+    yield created
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        for queue in created.durable_queues():
+            await channel.queue_delete(queue)
+        await channel.exchange_delete(created.events)
+
+
+async def ready_per_shard(bus: Bus) -> list[int]:
+    return [(await bus.queue_state(q))[0] for q in bus.names.results_shards]
+
+
+async def publish_rows(bus: Bus, batch_ids: Sequence[str], rows: range) -> None:
+    """Publish outcomes of ``rows`` of every job as the row-worker does, interleaved."""
+    publisher = OutcomePublisher(
+        lambda shard, body: bus.publish(bus.names.results_shard(shard), body, kind="results"),
+        max_rows=3,
+        flush_s=0.01,
+        shards=bus.names.shards,
+    )
+    await asyncio.gather(*(publisher.add(outcome(b, i)) for i in rows for b in batch_ids))
+    await publisher.drain()
+
+
+async def test_a_jobs_outcomes_all_land_on_its_one_shard(pool: asyncpg.Pool, names: Names) -> None:
+    bus = Bus(AMQP_URL, names, "shard-publisher")
+    await bus.connect()
+    try:
+        batch_id = await running_batch(pool, ROWS)
+        await publish_rows(bus, [batch_id], range(ROWS))
+        ready = await ready_per_shard(bus)
+        shard = results_shard(batch_id, names.shards)
+        assert ready[shard] == ROWS // 3  # messages of 3 outcomes each
+        assert sum(ready) == ready[shard]
+        assert await results_state(bus) == (ROWS // 3, 0)  # and nobody consumes it
+    finally:
+        await bus.close()
+
+
+async def test_each_shard_has_one_active_aggregator_and_a_closed_one_hands_over(
+    pool: asyncpg.Pool, names: Names
+) -> None:
+    first = await start_aggregator(names, pool, "aggregator-a")
+    second = await start_aggregator(names, pool, "aggregator-b")
+    publisher = Bus(AMQP_URL, names, "shard-publisher")
+    await publisher.connect()
+    try:
+        jobs = [await running_batch(pool, ROWS) for _ in range(6)]
+        assert len({results_shard(j, names.shards) for j in jobs}) > 1
+        # Both count as consumers of every shard, the waiting one too.
+        assert await results_state(publisher) == (0, 2)
+        await publish_rows(publisher, jobs, range(ROWS // 2))
+
+        async def half_recorded() -> bool:
+            return [(await counters(pool, j))[1] for j in jobs] == [ROWS // 2] * len(jobs)
+
+        await wait_until(half_recorded, 15, "the first half of every job to be recorded")
+        # The first to subscribe is each shard's active consumer: it recorded everything.
+        assert first.store.recorded() == set(jobs)
+        assert second.store.jobs == []
+
+        # The active one takes a chunk, then its connection goes before it commits.
+        first.store.gate = asyncio.Event()
+        first.store.entered.clear()
+        await publish_rows(publisher, jobs, range(ROWS // 2, ROWS))
+        await asyncio.wait_for(first.store.entered.wait(), 10)
+        await first.bus.close()
+
+        async def all_completed() -> bool:
+            return [(await counters(pool, j))[0] for j in jobs] == ["completed"] * len(jobs)
+
+        await wait_until(all_completed, 20, "the standby to record the rest")
+        assert second.store.recorded() == set(jobs)
+        recorded_before = len(first.store.jobs)
+        first.store.gate.set()  # its late commit is a redelivery's: it changes nothing
+
+        async def late_commit_done() -> bool:
+            return len(first.store.jobs) > recorded_before
+
+        await wait_until(late_commit_done, 10, "the closed aggregator's late commit")
+        await halt(first)
+        for job in jobs:
+            assert await counters(pool, job) == ("completed", ROWS, 0, ROWS)
+    finally:
+        await publisher.close()
+        await halt(second)
+        if not first.task.done():
+            first.store.gate = None
+            await halt(first)
