@@ -10,7 +10,12 @@ import asyncpg
 
 from relay_batches.errors import ConflictError
 from relay_batches.ledger.keys import CreatedKey, KeyInfo, KeyStore, WorkspaceInfo
-from relay_batches.ledger.migrate import apply_migrations, ensure_database
+from relay_batches.ledger.migrate import (
+    LockRetry,
+    MigrationLockError,
+    apply_migrations,
+    ensure_database,
+)
 from relay_batches.ledger.retention import set_workspace_retention
 
 
@@ -18,12 +23,18 @@ class AdminError(Exception):
     """An admin command cannot do what was asked (unknown workspace, key…)."""
 
 
-async def migrate(database_url: str) -> list[str]:
-    """Create the database if missing and apply pending migrations; return their names."""
+async def migrate(database_url: str, retry: LockRetry | None = None) -> list[str]:
+    """Create the database if missing and apply pending migrations; return their names.
+
+    A migration that cannot take its table locks (``retry``, see
+    :class:`~relay_batches.ledger.migrate.LockRetry`) is an :class:`AdminError`.
+    """
     await ensure_database(database_url)
     conn = await asyncpg.connect(database_url, timeout=10)
     try:
-        return await apply_migrations(conn)
+        return await apply_migrations(conn, retry)
+    except MigrationLockError as exc:
+        raise AdminError(str(exc)) from None
     finally:
         await conn.close()
 

@@ -14,9 +14,13 @@ divided by the rows:
 - WAL bytes per row (``pg_current_wal_lsn`` and ``pg_stat_wal``): server-wide, so any
   other database busy meanwhile inflates it; ``cost_other_db_xacts`` says how busy the
   rest of the server was (0 for a clean figure);
-- CPU seconds per row of each service process (and the simulator's), of the bench
-  database's Postgres backends and of RabbitMQ (``/proc``), the machine's busy share,
-  rows/s and each service's peak RSS.
+- CPU seconds per row of each service process (and the simulator's), the machine's busy
+  share, rows/s and each service's peak RSS (``/proc``); and of the whole servers:
+  ``postgres(server)`` is the postmaster's process tree (every backend, short-lived ones
+  included, and the background processes: walwriter, checkpointer, autovacuum, …),
+  ``rabbitmq(server)`` the ``beam.smp`` VM's with its children (see :func:`tree_cpu_s`).
+  Both are server-wide: work for other databases or vhosts meanwhile inflates them
+  (``cost_other_db_xacts`` tells for Postgres).
 
 The background (reconcile loops, heartbeats) is measured on the idle system first and
 subtracted from the transaction and WAL figures (the raw figures are reported as well).
@@ -114,25 +118,51 @@ async def _statements(admin: asyncpg.Connection, database: str) -> float | None:
     )
 
 
-def _backend_cpu(pids: list[int]) -> dict[int, float]:
-    found: dict[int, float] = {}
-    for pid in pids:
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name: [0] state, [1] ppid, [11..14]
+    utime, stime, cutime, cstime."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and every process under it, exited ones included.
+
+    Each live process counts its own user + system time plus its reaped children's
+    (cutime + cstime): a backend or autovacuum worker that ends between two samples was
+    counted live at the first and lands in the postmaster's cutime/cstime at the second,
+    so the difference of two samples is all the tree's CPU in between.
+    """
+    parents: dict[int, int] = {}
+    times: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            found[pid] = process_cpu_s(pid)
+            fields = _stat_fields(int(entry.name))
         except (FileNotFoundError, ProcessLookupError):
             continue
-    return found
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = sum(int(f) for f in fields[11:15])
+    members, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        members.update(children)
+        frontier.extend(children)
+    return sum(times.get(pid, 0) for pid in members) / os.sysconf("SC_CLK_TCK")
 
 
-async def _backend_pids(admin: asyncpg.Connection, database: str) -> list[int]:
-    return [
-        int(r["pid"])
-        for r in await admin.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1", database)
-    ]
+async def _postmaster_pid(admin: asyncpg.Connection) -> int | None:
+    """The Postgres server's postmaster, the parent of our backend, if it runs here."""
+    backend = int(await admin.fetchval("SELECT pg_backend_pid()"))
+    try:
+        return int(_stat_fields(backend)[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 def _rabbitmq_pid() -> int | None:
-    """The RabbitMQ node's Erlang VM, if it runs on this machine."""
+    """The RabbitMQ node's Erlang VM (``beam.smp``), if it runs on this machine."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -185,11 +215,11 @@ async def test_what_one_row_costs(
 
             sizes0 = await _table_bytes(bench.database_url)
             pids = {**bench.pids(), "upstream-sim": bench.system.processes["upstream-sim"].pid}
-            beam = _rabbitmq_pid()
-            pg0 = _backend_cpu(await _backend_pids(admin, database))
+            beam, postmaster = _rabbitmq_pid(), await _postmaster_pid(admin)
+            pg0 = tree_cpu_s(postmaster) if postmaster else 0.0
             bus0, stmts0 = await _published(http, bench), await _statements(admin, database)
             cpu0 = {name: process_cpu_s(pid) for name, pid in pids.items()}
-            beam0 = process_cpu_s(beam) if beam else 0.0
+            beam0 = tree_cpu_s(beam) if beam else 0.0
             before, ticks0 = await _pg_counters(admin, database), machine_ticks()
             started = time.perf_counter()
             created = await bench.post(body)
@@ -198,8 +228,8 @@ async def test_what_one_row_costs(
             seconds = time.perf_counter() - started
             ticks1 = machine_ticks()
             cpu1 = {name: process_cpu_s(pid) for name, pid in pids.items()}
-            beam1 = process_cpu_s(beam) if beam else 0.0
-            pg1 = _backend_cpu(await _backend_pids(admin, database))
+            beam1 = tree_cpu_s(beam) if beam else 0.0
+            pg1 = tree_cpu_s(postmaster) if postmaster else 0.0
             peaks = {name: round(rss_mib(pid, "VmHWM"), 1) for name, pid in pids.items()}
             await asyncio.sleep(STATS_SETTLE_S)
             after, bus1 = await _pg_counters(admin, database), await _published(http, bench)
@@ -250,9 +280,10 @@ async def test_what_one_row_costs(
         name: round(size / n, 1) for name, size in grown.items() if size > 64 * 1024
     }
     cpu = {name: (cpu1[name] - cpu0[name]) / n * 1e6 for name in cpu0}
-    cpu["postgres(backends)"] = sum(t - pg0.get(pid, 0.0) for pid, t in pg1.items()) / n * 1e6
+    if postmaster:
+        cpu["postgres(server)"] = (pg1 - pg0) / n * 1e6
     if beam:
-        cpu["rabbitmq"] = (beam1 - beam0) / n * 1e6
+        cpu["rabbitmq(server)"] = (beam1 - beam0) / n * 1e6
     report["cost_cpu_us_per_row"] = {name: round(us, 1) for name, us in sorted(cpu.items())}
     report["cost_peak_rss_mib"] = peaks
     print("\nrow cost:", orjson.dumps({k: v for k, v in report.items() if k.startswith("cost_")}))

@@ -57,8 +57,15 @@ POSTGRESQL_METADATA = {
     "dbName",
     "sslmode",
 }
-# The TriggerAuthentication parameter that carries each scaler's connection.
-AUTH_PARAMETERS = {"postgresql": "connection", "rabbitmq": "host"}
+# The TriggerAuthentication parameters that carry each scaler's connection. Not the
+# postgresql scaler's `connection`: with it alone KEDA keys its shared pool by empty
+# fields, so every such trigger of a cluster shares one (see row-worker-keda.yaml).
+AUTH_PARAMETERS = {
+    "postgresql": ("host", "port", "userName", "password", "dbName", "sslmode"),
+    "rabbitmq": ("host",),
+}
+# Parameters a TriggerAuthentication must not carry.
+AUTH_REFUSED = {"postgresql": ("connection",), "rabbitmq": ()}
 RABBITMQ_MODES = {"QueueLength", "MessageRate"}
 TRIGGER_AUTH_SPEC = {
     "secretTargetRef",
@@ -194,7 +201,11 @@ def trigger_auth_problems(auth: Resource, scaler: str) -> list[str]:
     for ref in refs:
         if set(ref) != {"parameter", "name", "key"} or not all(ref.values()):
             problems.append(f"secretTargetRef {ref!r} needs parameter, name and key")
-    parameter = AUTH_PARAMETERS[scaler]
-    if not any(ref.get("parameter") == parameter for ref in refs):
-        problems.append(f"no secretTargetRef for the {scaler} {parameter!r} parameter")
+    given = {ref.get("parameter") for ref in refs}
+    for parameter in AUTH_PARAMETERS[scaler]:
+        if parameter not in given:
+            problems.append(f"no secretTargetRef for the {scaler} {parameter!r} parameter")
+    for parameter in AUTH_REFUSED[scaler]:
+        if parameter in given:
+            problems.append(f"the {scaler} {parameter!r} parameter shares one KEDA pool")
     return problems

@@ -14,6 +14,7 @@ from tests.deploy.keda_checks import scaled_object_problems, trigger_auth_proble
 from tests.deploy.manifests import (
     MIN_K8S,
     OVERLAYS,
+    ROOT,
     SERVICES,
     Rendered,
     backlog_query,
@@ -25,6 +26,16 @@ from tests.deploy.manifests import (
 )
 
 AUTOSCALED = ("ingest-api", "row-worker")
+# The postgresql scaler's parameters and the relay-connections keys that carry them: the
+# fields of RELAY_DATABASE_URL's database (or of a read-only role on batches).
+LEDGER_FIELDS = {
+    "host": "ledger-host",
+    "port": "ledger-port",
+    "userName": "ledger-user",
+    "password": "ledger-password",
+    "dbName": "ledger-dbname",
+    "sslmode": "ledger-sslmode",
+}
 
 
 def _rows_queue(rendered: Rendered) -> str:
@@ -96,20 +107,17 @@ def test_keda_scales_row_workers_on_the_ledgers_unfinished_rows(overlay: str) ->
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_keda_reads_the_ledger_url_from_the_services_secret(overlay: str) -> None:
+def test_keda_reads_the_ledgers_connection_fields_from_the_services_secret(overlay: str) -> None:
     rendered = render(overlay)
     scaled = rendered.get("ScaledObject", "row-worker")
     auth_name = scaled["spec"]["triggers"][0]["authenticationRef"]["name"]
     auth = rendered.get("TriggerAuthentication", auth_name)
     assert trigger_auth_problems(auth, "postgresql") == []
-    (ref,) = auth["spec"]["secretTargetRef"]
     (worker,) = containers(rendered.get("Deployment", "row-worker"))
     ledger = dict(env_sources(worker))["RELAY_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
-    assert (ref["parameter"], ref["name"], ref["key"]) == (
-        "connection",
-        ledger["name"],
-        ledger["key"],
-    )
+    assert {(r["parameter"], r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]} == {
+        (parameter, ledger["name"], key) for parameter, key in LEDGER_FIELDS.items()
+    }
 
 
 def test_the_keda_checks_catch_a_wrong_queue_target_and_field() -> None:
@@ -143,9 +151,10 @@ def test_the_keda_checks_catch_a_wrong_queue_target_and_field() -> None:
     ] = 1
     assert any("behavior" in p for p in _keda_problems(rendered, broken))
     auth = copy.deepcopy(rendered.get("TriggerAuthentication", "relay-postgres"))
-    auth["spec"]["secretTargetRef"][0]["parameter"] = "host"
+    auth["spec"]["secretTargetRef"][0]["parameter"] = "connection"
     assert trigger_auth_problems(auth, "postgresql") == [
-        "no secretTargetRef for the postgresql 'connection' parameter"
+        "no secretTargetRef for the postgresql 'host' parameter",
+        "the postgresql 'connection' parameter shares one KEDA pool",
     ]
 
 
@@ -172,3 +181,11 @@ def test_the_hpa_component_replaces_keda_with_the_rows_queues_whole_depth(
         "averageValue": str(rows_prefetch(settings.batch_concurrency, settings.slice_rows)),
     }
     assert rendered.get("HorizontalPodAutoscaler", "ingest-api")
+
+
+def test_the_readme_creates_every_secret_key_keda_reads() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    created = readme.split("create secret generic relay-connections", 1)[1].split("\n\n", 1)[0]
+    auth = render("prod").get("TriggerAuthentication", "relay-postgres")
+    for ref in auth["spec"]["secretTargetRef"]:
+        assert f"--from-literal={ref['key']}=" in created, ref["key"]
