@@ -8,15 +8,17 @@ from relay_batches.wiring import bus_names
 
 
 def test_only_the_queues_without_priorities_may_be_quorum_queues() -> None:
-    names = Names("ns", queue_type="quorum")
+    names = Names("ns", queue_type="quorum", shards=2)
     capable = [q for q in names.durable_queues() if names.quorum_capable(q)]
-    assert capable == ["ns.results", "ns.results.dead", "ns.notify"]
+    assert capable == ["ns.results", "ns.results.0", "ns.results.1", "ns.results.dead", "ns.notify"]
     # Any queue under results (its shards) is capable; the priority queues never are.
     assert names.quorum_capable("ns.results.3")
     assert not names.quorum_capable("ns.resultsx")
     assert [names.type_of(q) for q in names.durable_queues()] == [
         "classic",
         "classic",
+        "quorum",
+        "quorum",
         "quorum",
         "quorum",
         "quorum",
