@@ -79,10 +79,14 @@ class Bus:
         connection.close_callbacks.add(self._on_connection_lost)
         connection.reconnect_callbacks.add(self._on_reconnected)
         self._connection = connection
-        await check_shard_count(connection, self.names)
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        await declare_all(channel, self.names)
-        self._events = await declare_events(channel, self.names)
+        try:
+            await check_shard_count(connection, self.names)
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            await declare_all(channel, self.names)
+            self._events = await declare_events(channel, self.names)
+        except BaseException:
+            await self.close()  # a refused start leaves no connection (nor its callbacks)
+            raise
         self._publish_channel = channel
 
     def _on_connection_lost(self, _: object, exc: BaseException | None) -> None:
