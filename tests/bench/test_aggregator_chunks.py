@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
