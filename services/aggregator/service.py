@@ -8,7 +8,10 @@ of its first message (at most ``linger_s``), up to a size that grows from ``chun
 ``chunk_max`` messages under load and ``chunk_bytes`` of message bodies (one bigger
 message is a chunk alone; see :mod:`relay_batches.kit.pace`); it is acked (one
 multiple-ack) only after its transaction committed and its events were confirmed. If
-recording fails (database away), the chunk is requeued after a pause. Messages holding
+recording fails (database away), the chunk is requeued after a pause; after a few chunks
+failed in a row the aggregator steps aside (cancels its consumers, requeues what it
+holds, and subscribes again once the ledger check passes, after at most
+``step_aside_s``), so a standby takes its shards meanwhile. Messages holding
 an outcome the ledger can never store (a row index out of its job's range, a value the
 database refuses even as an error outcome) go to ``<ns>.results.dead`` once the rest of
 the chunk is recorded. Every ``outbox_every_s``, terminal jobs nobody announced are
@@ -22,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
-from relay_batches.kit.consumer import ConsumeChunks, DeadLetter
+from relay_batches.kit.consumer import STEP_ASIDE_S, ConsumeChunks, DeadLetter
 from relay_batches.kit.periodic import every
 from relay_batches.messages import OutcomesMessage
 from relay_batches.services.aggregator.core import Aggregator
@@ -56,6 +59,7 @@ def aggregator_service(
     chunk_bytes: int = 16 * 1024 * 1024,
     chunk_max: int = 0,
     shards: Sequence[int] = (),
+    step_aside_s: float = STEP_ASIDE_S,
 ) -> BusService:
     """The aggregator's declaration; ``shards`` empty: every results shard."""
     dead = bus.names.results_dead
@@ -76,6 +80,8 @@ def aggregator_service(
         chunk_bytes=chunk_bytes,
         chunk_max=chunk_max,
         also_queues=tuple(bus.names.results_shard(k) for k in taken),
+        step_aside_s=step_aside_s,
+        recovered=ledger,
     )
     outbox = every("outbox-scan", outbox_every_s, lambda: aggregator.outbox_pass(outbox_every_s))
     return BusService(bus, [results], periodic=[outbox], ledger=ledger, grace_s=grace_s)

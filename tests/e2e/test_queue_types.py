@@ -96,3 +96,19 @@ def test_a_service_with_the_other_queue_type_stops_with_one_line(quorum: System)
     assert line.endswith(
         "set the value the queue was made with, or delete the queue once it is empty"
     )
+
+
+def test_a_service_with_fewer_results_shards_stops_with_one_line(quorum: System) -> None:
+    env = {**quorum.base_env, "RELAY_RESULTS_SHARDS": "2", "RELAY_HEALTH_PORT": "0"}
+    done = subprocess.run(
+        [str(BIN / "relay-aggregator")], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    results = Names(quorum.iso.namespace).results
+    [line] = done.stderr.strip().splitlines()
+    assert line == (
+        f"relay-aggregator: configuration error: RELAY_RESULTS_SHARDS=2 but queue {results}.2 "
+        "exists on the broker: some process of this namespace runs with a larger "
+        "RELAY_RESULTS_SHARDS; give every process the same value (delete the extra shard "
+        "queues once they are empty when lowering it)"
+    ), line

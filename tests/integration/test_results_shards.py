@@ -14,12 +14,14 @@ import pytest
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import Names, results_shard
+from relay_batches.errors import TransientError
 from relay_batches.ledger.outcomes import JobProgress, OutcomeStore
 from relay_batches.messages import RowOutcome
 from relay_batches.services.aggregator.core import Aggregator
 from relay_batches.services.aggregator.service import aggregator_service
 from relay_batches.services.dispatcher.__main__ import results_state
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
+from relay_batches.settings import ConfigError
 from tests.helpers.support import AMQP_URL, Isolation, wait_until
 from tests.integration.test_aggregator import counters, outcome, running_batch
 
@@ -50,6 +52,14 @@ class RecordingStore(OutcomeStore):
         return set().union(*self.jobs)
 
 
+class FailingStore(RecordingStore):
+    """A ledger that is never there (the aggregator still has its broker)."""
+
+    async def record(self, outcomes: Sequence[RowOutcome]) -> list[JobProgress]:
+        self.entered.set()
+        raise TransientError("connection to the ledger lost")
+
+
 @dataclass
 class Running:
     """One aggregator on its own connection."""
@@ -64,10 +74,12 @@ async def db_ready() -> bool:
     return True
 
 
-async def start_aggregator(names: Names, pool: asyncpg.Pool, label: str) -> Running:
+async def start_aggregator(
+    names: Names, pool: asyncpg.Pool, label: str, store: RecordingStore | None = None
+) -> Running:
     bus = Bus(AMQP_URL, names, label)
     await bus.connect()
-    store = RecordingStore(pool)
+    store = store or RecordingStore(pool)
     service = aggregator_service(
         bus,
         Aggregator(store, bus.publish_event),
@@ -183,3 +195,60 @@ async def test_each_shard_has_one_active_aggregator_and_a_closed_one_hands_over(
         if not first.task.done():
             first.store.gate = None
             await halt(first)
+
+
+async def test_an_aggregator_that_keeps_failing_steps_aside_for_the_standby(
+    pool: asyncpg.Pool, names: Names
+) -> None:
+    failing = await start_aggregator(names, pool, "aggregator-failing", FailingStore(pool))
+    standby = await start_aggregator(names, pool, "aggregator-standby")
+    publisher = Bus(AMQP_URL, names, "shard-publisher")
+    await publisher.connect()
+    try:
+        jobs = [await running_batch(pool, ROWS) for _ in range(3)]
+        await publish_rows(publisher, jobs, range(ROWS))
+
+        async def all_completed() -> bool:
+            return [(await counters(pool, j))[0] for j in jobs] == ["completed"] * len(jobs)
+
+        # Three failed chunks (a second's pause each), then it cancels and requeues.
+        await wait_until(all_completed, 20, "the standby to take over every shard")
+        assert failing.store.entered.is_set() and failing.store.jobs == []
+        assert standby.store.recorded() == set(jobs)
+        for job in jobs:
+            assert await counters(pool, job) == ("completed", ROWS, 0, ROWS)
+        # Once the ledger check passes it subscribes again, behind the standby.
+
+        async def both_consume() -> bool:
+            return await results_state(publisher) == (0, 2)
+
+        await wait_until(both_consume, 10, "the failing aggregator to subscribe again")
+    finally:
+        await publisher.close()
+        await halt(standby)
+        await halt(failing)
+
+
+async def test_a_bus_with_fewer_shards_than_the_broker_holds_refuses_to_start(
+    names: Names,
+) -> None:
+    wider = Bus(AMQP_URL, Names(names.namespace, shards=8), "wider")
+    await wider.connect()
+    narrower = Bus(AMQP_URL, names, "narrower")
+    try:
+        with pytest.raises(ConfigError) as refused:
+            await narrower.connect()
+        assert str(refused.value) == (
+            f"RELAY_RESULTS_SHARDS=4 but queue {names.results}.4 exists on the broker: some "
+            "process of this namespace runs with a larger RELAY_RESULTS_SHARDS; give every "
+            "process the same value (delete the extra shard queues once they are empty when "
+            "lowering it)"
+        )
+    finally:
+        await narrower.close()
+        await wider.close()
+        connection = await aio_pika.connect(AMQP_URL, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            for shard in range(4, 8):
+                await channel.queue_delete(names.results_shard(shard))

@@ -153,3 +153,15 @@ def test_a_pace_whose_most_is_below_its_base_keeps_the_base() -> None:
     pace = ChunkPace(base=64, most=0, linger_s=0.0)
     pace.observe(taken=64, waiting=10, elapsed_s=1.0)
     assert (pace.size, pace.linger) == (64, 0.0)
+
+
+def test_a_reset_pace_starts_over_at_the_base_size_and_the_longest_linger() -> None:
+    pace = ChunkPace(base=8, most=64, linger_s=0.02)
+    pace.observe(taken=8, waiting=100, elapsed_s=0.001)
+    assert pace.size == 16
+    pace.reset()
+    assert pace.size == 8
+    pace.observe(taken=1, waiting=0, elapsed_s=0.001)
+    assert pace.linger == 0.01
+    pace.reset()
+    assert (pace.size, pace.linger) == (8, 0.02)

@@ -16,7 +16,14 @@ from relay_batches.bus.client import MessageCallback
 from relay_batches.bus.topology import Names
 from relay_batches.errors import HandBack, TransientError, UnstorableError
 from relay_batches.kit.base import BusService, Readiness
-from relay_batches.kit.consumer import Consume, ConsumeChunks, DeadLetter, Intake, Subscribe
+from relay_batches.kit.consumer import (
+    ChunkInbox,
+    Consume,
+    ConsumeChunks,
+    DeadLetter,
+    Intake,
+    Subscribe,
+)
 from relay_batches.kit.periodic import Periodic
 from relay_batches.ledger.schema import SchemaGate, expected_migrations, migration_version
 from relay_batches.messages import MessageError
@@ -43,6 +50,26 @@ class FakeDelivery:
         self.done.set()
 
 
+class FakeSubscription:
+    """Notes cancels and resumes; ``racing`` are delivered while a cancel is under way
+    (as the broker may, before its cancel-ok)."""
+
+    def __init__(self, callback: MessageCallback) -> None:
+        self.callback = callback
+        self.events: list[str] = []
+        self.racing: list[FakeDelivery] = []
+        self.resumed = asyncio.Event()
+
+    async def cancel(self) -> None:
+        self.events.append("cancel")
+        for delivery in self.racing:
+            await self.callback(delivery)  # type: ignore[arg-type]
+
+    async def resume(self) -> None:
+        self.events.append("resume")
+        self.resumed.set()
+
+
 class FakeBus:
     """Records consumers; :meth:`deliver` hands a delivery to one of them."""
 
@@ -51,6 +78,7 @@ class FakeBus:
         self.connected = True
         self.callbacks: dict[str, MessageCallback] = {}
         self.prefetch: dict[str, int] = {}
+        self.subscriptions: list[FakeSubscription] = []
         self.stopped = False
 
     async def consume(self, queue: str, callback: MessageCallback, prefetch: int) -> None:
@@ -59,9 +87,11 @@ class FakeBus:
 
     async def consume_queues(
         self, queues: Sequence[str], callback: MessageCallback, prefetch: int
-    ) -> None:
+    ) -> FakeSubscription:
         for queue in queues:
             await self.consume(queue, callback, prefetch)
+        self.subscriptions.append(FakeSubscription(callback))
+        return self.subscriptions[-1]
 
     async def consume_events(
         self, routing_keys: Sequence[str], callback: MessageCallback, prefetch: int = 64
@@ -288,6 +318,87 @@ async def test_chunks_over_several_queues_share_the_prefetch_and_one_multiple_ac
         await asyncio.wait_for(deliveries[-1].done.wait(), WAIT_S)
         assert handler.got == [["a", "b", "c"]]
         assert [d.settled for d in deliveries] == [[], [], [("ack", True)]]
+
+
+async def test_each_queue_may_hold_a_whole_base_chunk_however_the_prefetch_is_shared() -> None:
+    consume = ConsumeChunks(
+        "r",
+        "results",
+        text,
+        Recorder(),
+        prefetch=256,
+        chunk=64,
+        linger_s=1.0,
+        also_queues=("s0", "s1", "s2", "s3"),
+    )
+    async with started([consume]) as running:
+        # 256 / 5 = 52 would leave one busy shard unable to fill a chunk of 64.
+        assert running.bus.prefetch == dict.fromkeys(("r", "s0", "s1", "s2", "s3"), 64)
+
+
+async def test_a_chunk_closes_without_lingering_once_the_inbox_holds_all_it_may() -> None:
+    inbox = ChunkInbox(capacity=2)
+    for body in (b"a", b"b"):
+        await inbox.put(FakeDelivery(body))  # type: ignore[arg-type]
+    # Size 4 and a minute's linger: but with 2 unsettled, the channel delivers no more.
+    taken = await asyncio.wait_for(inbox.next_chunk(asyncio.Event(), 4, 1 << 20, 60.0), WAIT_S)
+    assert [m.body for m in taken] == [b"a", b"b"]
+
+
+async def test_a_failed_chunk_sets_the_size_back_to_the_base() -> None:
+    sizes: list[int] = []
+
+    async def handler(values: list[str]) -> None:
+        sizes.append(len(values))
+        if len(values) > 2:
+            raise TransientError("statement timeout")  # too big a chunk
+
+    consume = ConsumeChunks(
+        "r",
+        "results",
+        text,
+        handler,
+        prefetch=64,
+        chunk=2,
+        chunk_max=8,
+        linger_s=0.05,
+        retry_pause_s=0,
+    )
+    async with started([consume]) as running:
+        await deliver_all(running.bus, [b"a", b"b", b"c", b"d", b"e", b"f"])
+        await deliver_all(running.bus, [b"g", b"h", b"i"])
+        # 2 (full, more waiting: grows), 4 fails (back to 2, not larger), then 2 and 1.
+        assert sizes == [2, 4, 2, 1]
+
+
+async def test_a_consumer_whose_chunks_keep_failing_steps_aside_and_comes_back() -> None:
+    handler = Recorder(failures=3)
+    consume = ConsumeChunks(
+        "r",
+        "results",
+        text,
+        handler,
+        prefetch=8,
+        chunk=1,
+        linger_s=0.01,
+        retry_pause_s=0,
+        step_aside_s=0.05,
+    )
+    async with started([consume]) as running:
+        [subscription] = running.bus.subscriptions
+        racing = FakeDelivery(b"late")
+        subscription.racing.append(racing)
+        failed = [FakeDelivery(body) for body in (b"a", b"b", b"c")]
+        for delivery in failed:
+            await running.bus.deliver("r", delivery)
+        await asyncio.wait_for(subscription.resumed.wait(), WAIT_S)
+        assert subscription.events == ["cancel", "resume"]
+        assert [d.settled for d in failed] == [[("nack", True)]] * 3
+        # Delivered while the cancel was under way: requeued unhandled, for the standby.
+        assert racing.settled == [("nack", True)]
+        assert handler.got == [["a"], ["b"], ["c"]]
+        after = await deliver_all(running.bus, [b"d"])
+        assert after[0].settled == [("ack", True)]
 
 
 async def test_a_chunk_with_a_poison_message_rejects_it_and_acks_the_others_one_by_one() -> None:

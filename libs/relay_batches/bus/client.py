@@ -9,6 +9,7 @@ Settling deliveries (the ack policy) is :mod:`relay_batches.kit.consumer`'s job.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
@@ -24,6 +25,7 @@ from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 
 from relay_batches.bus.topology import (
     Names,
+    check_shard_count,
     declare_all,
     declare_events,
     declare_queue,
@@ -35,6 +37,7 @@ log = logging.getLogger("relay.bus")
 
 PUBLISH_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10.0
+CANCEL_TIMEOUT_S = 5.0  # for cancelling consumers, all of them at once
 RECONNECT_INTERVAL_S = 2.0
 
 MessageCallback = Callable[[AbstractIncomingMessage], Awaitable[None]]
@@ -76,9 +79,14 @@ class Bus:
         connection.close_callbacks.add(self._on_connection_lost)
         connection.reconnect_callbacks.add(self._on_reconnected)
         self._connection = connection
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        await declare_all(channel, self.names)
-        self._events = await declare_events(channel, self.names)
+        try:
+            await check_shard_count(connection, self.names)
+            channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            await declare_all(channel, self.names)
+            self._events = await declare_events(channel, self.names)
+        except BaseException:
+            await self.close()  # a refused start leaves no connection (nor its callbacks)
+            raise
         self._publish_channel = channel
 
     def _on_connection_lost(self, _: object, exc: BaseException | None) -> None:
@@ -165,14 +173,16 @@ class Bus:
 
     async def consume_queues(
         self, queues: Iterable[str], callback: MessageCallback, prefetch: int
-    ) -> None:
+    ) -> Subscription:
         """Consume several durable queues on one channel, ``prefetch`` unacked for each
         consumer: their deliveries share the channel's delivery tags, so one
-        ``multiple`` ack can settle deliveries of several of them."""
+        ``multiple`` ack can settle deliveries of several of them. The returned
+        :class:`Subscription` can cancel these consumers and subscribe them again."""
         channel = await self._new_consumer_channel(prefetch)
-        for queue in queues:
-            declared = await declare_queue(channel, self.names, queue)
-            await self._start(declared, callback)
+        declared = [await declare_queue(channel, self.names, queue) for queue in queues]
+        subscription = Subscription(self, declared, callback)
+        await subscription.resume()
+        return subscription
 
     async def consume_events(
         self, routing_keys: Iterable[str], callback: MessageCallback, prefetch: int = 64
@@ -194,26 +204,70 @@ class Bus:
         self._consumer_channels.append(channel)
         return channel
 
-    async def _start(self, queue: AbstractQueue, callback: MessageCallback) -> None:
-        self._queues.append(queue)
-        tag = await queue.consume(callback, no_ack=False)
-        self._consumers.append((queue, tag))
+    async def _start(
+        self, queue: AbstractQueue, callback: MessageCallback
+    ) -> tuple[AbstractQueue, str]:
+        if all(queue is not held for held in self._queues):
+            self._queues.append(queue)
+        consumer = (queue, await queue.consume(callback, no_ack=False))
+        self._consumers.append(consumer)
+        return consumer
 
     async def stop_consuming(self) -> None:
         """Cancel every consumer: no new deliveries; unacked ones stay ours to settle."""
         consumers, self._consumers = self._consumers, []
         if self._connection is None or self._connection.is_closed:
             return  # closed: the broker has cancelled them already (and no wait for a restore)
-        for queue, tag in consumers:
-            try:
-                await queue.cancel(tag, timeout=5)
-            except (*SETTLE_ERRORS, TimeoutError) as exc:
-                log.warning("consumer_cancel_failed", extra={"error": repr(exc)})
+        await cancel_all(consumers)
+
+    def _forget(self, consumers: Iterable[tuple[AbstractQueue, str]]) -> None:
+        gone = set(consumers)
+        self._consumers = [c for c in self._consumers if c not in gone]
 
     def _require_channel(self) -> AbstractChannel:
         if self._publish_channel is None:
             raise RuntimeError("bus is not connected")
         return self._publish_channel
+
+
+class Subscription:
+    """Consumers of several queues on one channel (:meth:`Bus.consume_queues`), which can
+    be cancelled and subscribed again (to a single-active-consumer queue, a consumer
+    that subscribes again waits behind the others)."""
+
+    def __init__(self, bus: Bus, queues: list[AbstractQueue], callback: MessageCallback) -> None:
+        self._bus = bus
+        self._queues = queues
+        self._callback = callback
+        self._consumers: list[tuple[AbstractQueue, str]] = []
+
+    async def resume(self) -> None:
+        """Subscribe every queue (again)."""
+        for queue in self._queues:
+            self._consumers.append(await self._bus._start(queue, self._callback))
+
+    async def cancel(self) -> None:
+        """Cancel these consumers: no new deliveries; those delivered stay unacked
+        (the caller settles them) and a reconnect no longer restores the consumers."""
+        consumers, self._consumers = self._consumers, []
+        self._bus._forget(consumers)
+        await cancel_all(consumers)
+
+
+async def cancel_all(consumers: Iterable[tuple[AbstractQueue, str]]) -> None:
+    """Cancel consumers concurrently, all within :data:`CANCEL_TIMEOUT_S` (one by one,
+    during a reconnect, several would outlast the shutdown grace)."""
+    cancels = [asyncio.ensure_future(queue.cancel(tag)) for queue, tag in consumers]
+    if not cancels:
+        return
+    done, late = await asyncio.wait(cancels, timeout=CANCEL_TIMEOUT_S)
+    for task in late:
+        task.cancel()
+    errors = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+    for exc in errors:
+        log.warning("consumer_cancel_failed", extra={"error": repr(exc)})
+    if late:
+        log.warning("consumer_cancel_failed", extra={"error": f"{len(late)} timed out"})
 
 
 def aio_pika_id() -> str:

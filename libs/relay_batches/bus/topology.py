@@ -18,8 +18,8 @@ import zlib
 from dataclasses import dataclass
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
-from aiormq.exceptions import ChannelPreconditionFailed
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, AbstractQueue
+from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 from pamqp.common import FieldTable
 
 from relay_batches.settings import ConfigError
@@ -189,6 +189,28 @@ def _shard_arguments(names: Names, queue: str) -> FieldTable:
     if queue in names.results_shards:
         return {"x-single-active-consumer": True}
     return {}
+
+
+async def check_shard_count(connection: AbstractConnection, names: Names) -> None:
+    """Refuse to start when some process of the namespace runs with more results shards:
+    the shard count is no queue argument, so a mismatch shows only as a shard queue past
+    this process's last, ``<ns>.results.<K>``. A passive declare of it on a throwaway
+    channel must fail with 404 (which closes that channel): the good case."""
+    extra = names.results_shard(names.shards)
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        await channel.declare_queue(extra, passive=True)
+    except ChannelNotFoundEntity:
+        return
+    finally:
+        if not channel.is_closed:
+            await channel.close()
+    raise ConfigError(
+        f"RELAY_RESULTS_SHARDS={names.shards} but queue {extra} exists on the broker: some "
+        "process of this namespace runs with a larger RELAY_RESULTS_SHARDS; give every "
+        "process the same value (delete the extra shard queues once they are empty when "
+        "lowering it)"
+    )
 
 
 async def declare_events(channel: AbstractChannel, names: Names) -> AbstractExchange:

@@ -11,6 +11,11 @@ This is the only module that acks, rejects or requeues a delivery. The policy:
   never be stored (:class:`~relay_batches.errors.UnstorableError`, raised once the rest
   of the chunk is recorded): each is published to the dead-letter queue, with a confirm,
   before it is acked, so a poison message is neither lost nor requeued forever;
+- requeue, after a pause, when a chunk's handler raised; after :data:`FAIL_LIMIT` chunks
+  failed in a row, step aside: cancel the consumers, requeue what the inbox holds, wait
+  (up to :data:`STEP_ASIDE_S`, or until the ``recovered`` check passes), subscribe
+  again. On a single-active-consumer queue a standby takes over meanwhile, so a replica
+  that lost its database does not hold its queues forever;
 - never settle on cancellation (the shutdown deadline): the broker redelivers;
 - a settle on a channel closed since delivery (a reconnect) fails harmlessly, since
   the broker redelivers that message; it is logged and swallowed.
@@ -25,6 +30,7 @@ exactly that chunk (every earlier delivery of the channel was settled before).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -47,6 +53,19 @@ T = TypeVar("T")
 
 RETRY_PAUSE_S = 0.5
 EVENTS_PREFETCH = 64
+FAIL_LIMIT = 3  # chunks failed in a row before a chunked consumer steps aside
+STEP_ASIDE_S = 10.0  # how long it stays away at most
+RECHECK_S = 1.0  # how often it asks ``recovered`` meanwhile
+
+
+class Subscription(Protocol):
+    """Consumers that can be cancelled and subscribed again."""
+
+    async def cancel(self) -> None:
+        """Cancel the consumers (their unacked deliveries stay unacked)."""
+
+    async def resume(self) -> None:
+        """Subscribe again."""
 
 
 class ConsumingBus(Protocol):
@@ -57,7 +76,7 @@ class ConsumingBus(Protocol):
 
     async def consume_queues(
         self, queues: Sequence[str], callback: MessageCallback, prefetch: int
-    ) -> None:
+    ) -> Subscription:
         """Consume several durable queues on one channel, ``prefetch`` unacked each."""
 
     async def consume_events(
@@ -207,7 +226,11 @@ class ConsumeChunks(Generic[T]):
     handled as one list. The size starts at ``chunk`` and grows up to ``chunk_max`` under
     load, the linger stays between 1 ms and ``linger_s`` (:class:`ChunkPace`). With
     several queues, ``prefetch`` is shared out: each consumer holds ``prefetch / n``
-    (rounded up), so what is held stays about ``prefetch`` messages in all."""
+    (rounded up) but never fewer than ``chunk``, so one busy queue can still fill a
+    chunk; what is held is at most ``n × max(prefetch / n, chunk)`` messages. A chunk
+    never lingers once the inbox holds all the channel may deliver (every consumer at
+    its prefetch). After :data:`FAIL_LIMIT` failed chunks in a row the consumers step
+    aside (module doc) for up to ``step_aside_s``, or until ``recovered`` passes."""
 
     queue: str
     kind: str
@@ -221,29 +244,84 @@ class ConsumeChunks(Generic[T]):
     chunk_bytes: int = 16 * 1024 * 1024
     chunk_max: int = 0  # 0: ``chunk``, a fixed size
     also_queues: tuple[str, ...] = ()
+    fail_limit: int = FAIL_LIMIT
+    step_aside_s: float = STEP_ASIDE_S
+    recovered: Callable[[], Awaitable[bool]] | None = None
+
+    def prefetch_each(self) -> int:
+        """Each consumer's prefetch: a share of ``prefetch``, at least ``chunk``."""
+        return max(math.ceil(self.prefetch / (1 + len(self.also_queues))), self.chunk)
 
     async def start(self, bus: ConsumingBus, tasks: Tasks, halt: asyncio.Event) -> None:
         """Consume the queues into an inbox and take chunks from it until ``halt``."""
-        inbox = ChunkInbox()
-        if self.also_queues:
-            queues = (self.queue, *self.also_queues)
-            each = math.ceil(self.prefetch / len(queues))
-            await bus.consume_queues(queues, inbox.put, each)
-        else:
-            await bus.consume(self.queue, inbox.put, self.prefetch)
+        queues = (self.queue, *self.also_queues)
+        each = self.prefetch_each()
+        inbox = ChunkInbox(capacity=each * len(queues))
+        subscription = await bus.consume_queues(queues, inbox.put, each)
         pace = ChunkPace(self.chunk, self.chunk_max or self.chunk, self.linger_s)
-        tasks.spawn(self._take(inbox, pace, halt), name=f"{self.kind}-chunks", loop=True)
+        loop = self._take(inbox, pace, subscription, halt)
+        tasks.spawn(loop, name=f"{self.kind}-chunks", loop=True)
 
-    async def _take(self, inbox: ChunkInbox, pace: ChunkPace, halt: asyncio.Event) -> None:
+    async def _take(
+        self, inbox: ChunkInbox, pace: ChunkPace, subscription: Subscription, halt: asyncio.Event
+    ) -> None:
+        failures = 0
         while not halt.is_set():
             chunk = await inbox.next_chunk(halt, pace.size, self.chunk_bytes, pace.linger)
-            if chunk:
-                started = time.perf_counter()
-                await self.settle(chunk)
+            if not chunk:
+                continue
+            started = time.perf_counter()
+            if await self.settle(chunk):
+                failures = 0
                 pace.observe(len(chunk), inbox.waiting(), time.perf_counter() - started)
+                continue
+            # The requeued chunk comes back as a full backlog: no reason to grow; and a
+            # chunk that failed because of its size must not be retried larger.
+            pace.reset()
+            failures += 1
+            if failures >= self.fail_limit:
+                await self._step_aside(inbox, subscription, halt, failures)
+                failures = 0
 
-    async def settle(self, chunk: Sequence[AbstractIncomingMessage]) -> None:
-        """Decode, handle and settle one chunk by the policy of the module doc."""
+    async def _step_aside(
+        self, inbox: ChunkInbox, subscription: Subscription, halt: asyncio.Event, failures: int
+    ) -> None:
+        """Cancel the consumers and requeue what is held, so another consumer of the
+        queues takes them; subscribe again after a while (unless halted)."""
+        log.warning(
+            "consumers_stepping_aside",
+            extra={"kind": self.kind, "failures": failures, "pause_s": self.step_aside_s},
+        )
+        await subscription.cancel()
+        await _requeue_all(inbox)
+        await self._wait_recovered(halt)
+        if halt.is_set():
+            return  # the drain follows: the channel's close requeues the rest
+        await _requeue_all(inbox)  # anything delivered just before the cancel took effect
+        await subscription.resume()
+        log.info("consumers_resumed", extra={"kind": self.kind})
+
+    async def _wait_recovered(self, halt: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.step_aside_s
+        while (remaining := until - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(halt.wait(), min(RECHECK_S, remaining))
+            if halt.is_set():
+                return
+            if self.recovered is not None and await self._passes(self.recovered):
+                return
+
+    async def _passes(self, check: Callable[[], Awaitable[bool]]) -> bool:
+        try:
+            return await check()
+        except Exception as exc:
+            log.warning("recovery_check_failed", extra={"kind": self.kind, "error": repr(exc)})
+            return False
+
+    async def settle(self, chunk: Sequence[AbstractIncomingMessage]) -> bool:
+        """Decode, handle and settle one chunk by the policy of the module doc; whether
+        it was recorded (False: it failed and was requeued)."""
         MESSAGES_CONSUMED.labels(self.kind).inc(len(chunk))
         values: list[T] = []
         decoded: list[int] = []  # each value's position in the chunk
@@ -268,12 +346,13 @@ class ConsumeChunks(Generic[T]):
             await asyncio.sleep(self.retry_pause_s)
             for message in chunk:
                 await reject(message, requeue=True)
-            return
+            return False
         await _settle_chunk(chunk, bad)
         log.debug(
             "chunk_done",
             extra={"kind": self.kind, "messages": len(chunk), "elapsed_ms": _elapsed_ms(started)},
         )
+        return True
 
     async def _handle(
         self, chunk: Sequence[AbstractIncomingMessage], values: list[T], decoded: list[int]
@@ -298,6 +377,11 @@ class ConsumeChunks(Generic[T]):
         )
 
 
+async def _requeue_all(inbox: ChunkInbox) -> None:
+    for message in inbox.take_all():
+        await reject(message, requeue=True)
+
+
 async def _settle_chunk(chunk: Sequence[AbstractIncomingMessage], bad: set[int]) -> None:
     """One ``multiple`` ack when every message was good; else each message on its own."""
     if not bad:
@@ -312,11 +396,15 @@ async def _settle_chunk(chunk: Sequence[AbstractIncomingMessage], bad: set[int])
 
 class ChunkInbox:
     """Deliveries waiting to be taken in chunks, in delivery order. A delivery that would
-    have taken a chunk over its byte budget waits at the front for the next chunk."""
+    have taken a chunk over its byte budget waits at the front for the next chunk.
+    ``capacity``: how many unsettled deliveries the channel may hold at most (the sum of
+    its consumers' prefetch); once the inbox and the chunk being taken hold that many,
+    nothing more can arrive and the chunk closes without lingering."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
         self._queue: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._held: AbstractIncomingMessage | None = None
+        self._capacity = capacity
 
     async def put(self, message: AbstractIncomingMessage) -> None:
         """Take a delivery in (the consumer callback)."""
@@ -326,11 +414,20 @@ class ChunkInbox:
         """Deliveries in the inbox, not yet taken into a chunk."""
         return self._queue.qsize() + (self._held is not None)
 
+    def take_all(self) -> list[AbstractIncomingMessage]:
+        """Empty the inbox: every delivery waiting, in delivery order."""
+        taken = [self._held] if self._held is not None else []
+        self._held = None
+        while not self._queue.empty():
+            taken.append(self._queue.get_nowait())
+        return taken
+
     async def next_chunk(
         self, halt: asyncio.Event, size: int, max_bytes: int, linger_s: float
     ) -> list[AbstractIncomingMessage]:
         """Wait for a first message (or ``halt``: then ``[]``), then take what arrives
-        within ``linger_s`` of it, up to ``size`` messages and ``max_bytes`` of bodies."""
+        within ``linger_s`` of it, up to ``size`` messages and ``max_bytes`` of bodies
+        (no waiting once nothing more can arrive: the inbox is at its capacity)."""
         first = self._held or await self._first(halt)
         self._held = None
         if first is None:
@@ -339,7 +436,8 @@ class ChunkInbox:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + linger_s
         while len(chunk) < size:
-            message = await self._next(deadline - loop.time())
+            full = self._capacity is not None and len(chunk) + self.waiting() >= self._capacity
+            message = await self._next(0.0 if full else deadline - loop.time())
             if message is None:
                 break
             if total + len(message.body) > max_bytes:

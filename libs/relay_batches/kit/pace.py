@@ -13,7 +13,10 @@ caller's byte bound, which it never changes):
 - linger: starts at ``linger_s`` (as a fixed linger would); halves (down to
   ``min_linger_s``) when a chunk was a lone message: lingering gained nothing; doubles
   (up to ``linger_s``) when more than one message arrived for a chunk or messages were
-  still waiting.
+  still waiting;
+- :meth:`ChunkPace.reset` after a chunk that failed: back to ``base`` and ``linger_s``
+  (the requeued backlog says nothing of the load, and a chunk that failed because of its
+  size must not be retried larger).
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ class ChunkPace:
     def __post_init__(self) -> None:
         self.most = max(self.most, self.base)
         self.min_linger_s = min(self.min_linger_s, self.linger_s)
+        self.size = self.base
+        self.linger = self.linger_s
+
+    def reset(self) -> None:
+        """Back to the starting size and linger (after a failed chunk)."""
         self.size = self.base
         self.linger = self.linger_s
 
