@@ -17,6 +17,7 @@ from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.dispatcher.service import dispatcher_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
@@ -74,11 +75,12 @@ async def build(
     )
 
 
-async def results_state(bus: Bus) -> tuple[int, int]:
-    """``(ready, consumers)`` over every results queue: the messages ready on all of them,
-    and the fewest consumers any one has (a shard nobody consumes records nothing)."""
-    states = [await bus.queue_state(q) for q in (bus.names.results, *bus.names.results_shards)]
-    return sum(ready for ready, _ in states), min(consumers for _, consumers in states)
+async def results_state(bus: Bus) -> ResultsQueues:
+    """``(ready, consumers)`` of the unsharded results queue and of each results shard
+    (passive declares, on a channel apart from the publisher's)."""
+    names = bus.names
+    unsharded, *shards = await bus.queue_states((names.results, *names.results_shards))
+    return ResultsQueues(unsharded, tuple(shards))
 
 
 def main() -> None:

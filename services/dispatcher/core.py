@@ -34,6 +34,7 @@ from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog
+from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.dispatcher.sharing import (
     Windows,
     boost_for,
@@ -48,8 +49,8 @@ log = logging.getLogger("relay.dispatcher")
 # A slice and its broker priority level (0..max_level, higher first).
 PublishSlice = Callable[[SliceMessage, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
-# ``(ready messages, consumers)`` of the results queue.
-QueueState = Callable[[], Awaitable[tuple[int, int]]]
+# ``(ready messages, consumers)`` of each results queue.
+QueueState = Callable[[], Awaitable[ResultsQueues]]
 FETCH_SLICES = 16
 MAX_SLICE_BYTES = 4 * 1024 * 1024
 TOP_UP_FRACTION = 4
@@ -135,8 +136,8 @@ class Store(Protocol):
     ) -> list[StalledJob]:
         """Our jobs without progress for ``stall_s`` (their stall clock restarts)."""
 
-    async def recording_silence(self) -> float | None:
-        """Seconds since the aggregator last recorded an outcome of a running job."""
+    async def recording_silences(self) -> dict[str, float]:
+        """Per running job with an outcome recorded, the seconds since its latest."""
 
     async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
         """Indexes in ``start..end`` without an outcome."""
@@ -327,14 +328,23 @@ class Dispatcher:
         )
 
     async def _adopt_all(self, claimed: list[RunningJob]) -> None:
-        for job in sorted(claimed, key=lambda j: -j.priority):
-            if job.id not in self.jobs:
-                await self._adopt(job)
+        """Take every claimed job in, then top them up: each workspace's part of our
+        window is sized by every workspace we release for, so none is released under
+        a part that a job claimed with it would have shrunk."""
+        adopted = [
+            owned
+            for job in sorted(claimed, key=lambda j: -j.priority)
+            if job.id not in self.jobs and (owned := await self._adopt(job)) is not None
+        ]
+        for owned in adopted:
+            if owned.job.id in self.jobs:
+                await self.top_up(owned)
+                await self.resume_held(owned.job.workspace_id)
 
-    async def _adopt(self, job: RunningJob) -> None:
+    async def _adopt(self, job: RunningJob) -> OwnedJob | None:
         if not self._model_known(job.model):
             await self._fail(job, f"model alias {job.model!r} is not in the routes file")
-            return
+            return None
         JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
         log.info(
             "job_claimed",
@@ -343,8 +353,7 @@ class Dispatcher:
         owned = OwnedJob(job, job.dispatched_upto, job.done, asyncio.Lock(), SendLog(self._clock()))
         owned.level, owned.boost = boost_for(owned, self._workspace_jobs(owned))
         self.jobs[job.id] = owned
-        await self.top_up(owned)
-        await self.resume_held(job.workspace_id)
+        return owned
 
     async def _fail(self, job: RunningJob, error: str) -> None:
         if await self._store.fail(job.id, error):
@@ -395,8 +404,20 @@ class Dispatcher:
         return not owned.held
 
     def windows(self) -> tuple[int, int]:
-        """``(rows, bytes)`` of one workspace's window now, grown with the live fleet."""
-        return self._config.windows.for_fleet(self.inflight.concurrency())
+        """``(rows, bytes)`` of one workspace's window now: our share of the live fleet's
+        concurrency (split with the other live dispatchers), split between the
+        workspaces we release for."""
+        inflight = self.inflight
+        return self._config.windows.for_fleet(
+            inflight.concurrency(), inflight.dispatchers(), len(self._busy_workspaces())
+        )
+
+    def _busy_workspaces(self) -> set[str]:
+        """The workspaces we release rows for or still have rows of in the broker (the
+        latter keep their part until those rows have outcomes)."""
+        return {
+            o.job.workspace_id for o in self.jobs.values() if not o.exhausted or o.in_flight > 0
+        }
 
     def _window(self, owned: OwnedJob) -> int:
         """The job's part of its workspace's window (one window per workspace)."""
@@ -451,13 +472,14 @@ class Dispatcher:
         broker level or below was already delivered. Rows that are merely slow (held)
         or still waiting their turn are left alone, so they cost one upstream call.
 
-        While the aggregator is behind (nobody consumes the results queue, or outcomes
-        wait there while the ledger shows no outcome of any running job recorded for
-        half a stall timeout: the ledger is away or the aggregator stuck) nothing is
-        judged: a row whose outcome a
-        worker confirmed on ``results`` is no longer held, and has no outcome in the
-        ledger until the aggregator stores it. A busy aggregator that keeps recording,
-        with a few messages always ready, is not behind. Once it caught up, every job's
+        While the aggregator is behind on any results queue (nobody consumes it, or
+        outcomes wait there while the ledger shows no outcome recorded for half a stall
+        timeout of the running jobs that queue carries: its aggregator lost the ledger
+        or is stuck, see :mod:`~relay_batches.services.dispatcher.recording`) nothing is
+        judged, for any job: a row whose outcome a worker confirmed on its results
+        shard is no longer held, and has no outcome in the ledger until the aggregator
+        stores it. A busy aggregator that keeps recording, with a few messages always
+        ready, is not behind. Once it caught up, every job's
         stall clock restarts: the outcomes it took last may still be on their way into
         the ledger, and a stall timeout later they are.
         """
@@ -484,29 +506,28 @@ class Dispatcher:
         return len(stalled)
 
     async def _aggregator_behind(self) -> bool:
-        """Whether outcomes may wait unrecorded on ``results`` (logged when that changes)."""
+        """Whether outcomes may wait unrecorded on a results queue (logged when that
+        changes); the ledger is read only when outcomes wait on a consumed queue."""
         if self._results_state is None:
             return False
-        ready, consumers = await self._results_state()
-        behind = consumers == 0 or (
-            ready > 0 and await self._recording_silence() > self._config.stall_s / 2
-        )
-        if behind != self._deferred:
-            self._deferred = behind
+        queues = await self._results_state()
+        behind = queues.unconsumed()
+        if not behind and queues.waiting():
+            silences = await self._store.recording_silences()
+            uptime = self._clock() - self._started_at
+            behind = queues.silent(silences, uptime, self._config.stall_s / 2)
+        if bool(behind) != self._deferred:
+            self._deferred = bool(behind)
             log.log(
                 logging.WARNING if behind else logging.INFO,
                 "stall_recovery_deferred" if behind else "stall_recovery_resumed",
-                extra={"results_ready": ready, "results_consumers": consumers},
+                extra={
+                    "results_ready": queues.ready,
+                    "unconsumed": queues.unconsumed(),
+                    "behind": behind,  # shard indexes, -1 the unsharded queue
+                },
             )
-        return behind
-
-    async def _recording_silence(self) -> float:
-        """Seconds since the aggregator last recorded an outcome of any running job (the
-        ledger's reading: our own jobs may all be stalled while it records others'), at
-        most our own uptime (no evidence yet is no evidence against it)."""
-        silence = await self._store.recording_silence()
-        uptime = self._clock() - self._started_at
-        return uptime if silence is None else min(silence, uptime)
+        return bool(behind)
 
     async def _resend_lost(self, owned: OwnedJob, first: int, queue_empty: bool) -> int:
         """Publish again the rows of ``owned`` from ``first`` that are lost; return how many."""
@@ -558,40 +579,50 @@ class Dispatcher:
         """Publish slices until the job's window is full or its rows are all out.
 
         Rows go out in steps of at least a quarter window (or one slice, or the rest of
-        the job), so a stream of small progress events costs few ledger reads.
+        the job), so a stream of small progress events costs few ledger reads. The bytes
+        in flight are read from the ledger once per top-up (the rows released since
+        then are added here: outcomes recorded meanwhile only make that reading high),
+        so each further step reads only the sizes of the rows it may release.
         """
         if not self._may_release(owned):
             return
         window = self._window(owned)
         step = max(self._config.slice_rows, window // TOP_UP_FRACTION)
         async with owned.lock:
+            flying: int | None = None  # bytes in flight, once read
             while not owned.exhausted and owned.job.id in self.jobs:
                 room = owned.done + window - owned.dispatched_upto
                 if room < min(step, owned.job.total - owned.dispatched_upto):
                     return
-                end = await self._window_end(owned, room)
+                flying, end = await self._window_end(owned, room, flying)
                 if end <= owned.dispatched_upto:
                     return  # the job's byte window is full
                 if not await self._release_rows(owned, end):
                     self.forget(owned.job.id)
                     return
 
-    async def _window_end(self, owned: OwnedJob, room: int) -> int:
+    async def _window_end(self, owned: OwnedJob, room: int, flying: int | None) -> tuple[int, int]:
         """Where the next release stops: ``room`` rows at most (a few whole slices), and
         no further than the job's part of its workspace's byte window allows (sizes from
-        the ledger)."""
+        the ledger). ``flying`` is the job's bytes in flight when known (else read here);
+        returns them with the rows up to the stop added (what goes out next)."""
         job, size = owned.job, self._config.slice_rows
         start = owned.dispatched_upto
         count = min(room, size * FETCH_SLICES)
         if start + count < job.total:
             count -= count % size
         end = min(job.total, start + count)
-        window = await self._store.byte_window(
-            job.id, job.rows_batch_id, owned.settled_below, start, end
-        )
-        owned.settled_below = start if window.first_unfinished is None else window.first_unfinished
+        # Once the bytes in flight are known, read only the sizes of the rows to come.
+        settled = owned.settled_below if flying is None else start
+        window = await self._store.byte_window(job.id, job.rows_batch_id, settled, start, end)
+        if flying is None:
+            flying = window.in_flight
+            owned.settled_below = (
+                start if window.first_unfinished is None else window.first_unfinished
+            )
         budget = byte_share(self.windows()[1], self._workspace_jobs(owned))
-        return byte_window_end(window.in_flight, window.next_rows, start, end, budget)
+        stop = byte_window_end(flying, window.next_rows, start, end, budget)
+        return flying + sum(n for i, n in window.next_rows if i < stop), stop
 
     async def _release_rows(self, owned: OwnedJob, end: int) -> bool:
         """Release rows from ``dispatched_upto`` to ``end`` (a few slices): record the

@@ -1,6 +1,6 @@
 """Rows in flight, as the row-workers report them: which rows a live worker holds, how
-many rows the live fleet runs at once, and how far the broker has delivered the slices
-this dispatcher published.
+many rows the live fleet runs at once, how many dispatchers feed it, and how far the
+broker has delivered the slices this dispatcher published.
 
 Every row-worker publishes a heartbeat (``worker.holding``) listing the rows it holds
 and, per publishing dispatcher and broker level, the ``sent_at`` stamp of the
@@ -17,7 +17,8 @@ comparison is between two readings of its own clock, however far other hosts' cl
 are off (the rows of one job are only ever published by its current owner; after a
 takeover the new owner's :class:`SendLog` starts at its adoption). A row of such a slice
 that nobody holds and that has no outcome is lost. Memory is bounded: one entry per live
-worker (its holdings are bounded by its prefetch) and one mark per broker level.
+worker (its holdings are bounded by its prefetch), one mark per broker level and one
+entry per live dispatcher.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class InFlight:
         self._clock = clock
         self._workers: dict[str, _Worker] = {}
         self._marks: dict[int, float] = {}
+        # Every dispatcher whose slices a live worker took lately, until when it counts.
+        self._dispatchers: dict[str, float] = {}
 
     async def on_report(self, report: HoldingReport) -> None:
         """Take a worker's heartbeat (it replaces the worker's previous one)."""
@@ -60,8 +63,12 @@ class InFlight:
         for owner, level, sent_at in report.marks:
             if owner == self._owner:
                 self._marks[level] = max(self._marks.get(level, sent_at), sent_at)
+            if owner:  # a worker from before owners names none
+                self._dispatchers[owner] = now + report.ttl_s
         for worker in [w for w, seen in self._workers.items() if seen.expires_at < now]:
             del self._workers[worker]
+        for owner in [o for o, until in self._dispatchers.items() if until < now]:
+            del self._dispatchers[owner]
 
     def held(self, batch_id: str) -> frozenset[int]:
         """Rows of ``batch_id`` held by a worker whose heartbeat is still valid."""
@@ -76,6 +83,13 @@ class InFlight:
         """Rows the live row-workers run at once, together (what windows are sized by)."""
         now = self._clock()
         return sum(w.concurrency for w in self._workers.values() if w.expires_at >= now)
+
+    def dispatchers(self) -> int:
+        """Live dispatchers sharing the fleet: the distinct owners named in the marks of
+        heartbeats still valid, this one always among them (so at least 1)."""
+        now = self._clock()
+        live = {o for o, until in self._dispatchers.items() if until >= now}
+        return len(live | {self._owner})
 
     def delivered_after(self, level: int, sent_at: float) -> bool:
         """Whether a slice we published after ``sent_at`` (our clock) on broker level

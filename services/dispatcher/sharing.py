@@ -1,12 +1,15 @@
 """How one dispatcher sizes its broker window and shares it and its slots, as pure functions.
 
-- **The window grows with the fleet**: a workspace's window is twice the rows the live
-  row-workers run at once (their concurrency, as their heartbeats report it), at least
-  ``RELAY_DISPATCH_WINDOW`` and at most ``RELAY_DISPATCH_WINDOW_MAX`` rows, so one job
-  keeps every worker busy with as many rows again queued behind them; the byte window
-  grows by the same factor, from ``RELAY_DISPATCH_WINDOW_BYTES`` up to
-  ``RELAY_DISPATCH_WINDOW_MAX_BYTES`` (what the broker may hold of one workspace's rows
-  per dispatcher).
+- **The window grows with the fleet, one budget per dispatcher**: the dispatcher's
+  grown total is twice the rows the live row-workers run at once (their concurrency, as
+  their heartbeats report it) divided by the live dispatchers (the distinct owners the
+  heartbeats' delivery marks name, this one included), at least ``RELAY_DISPATCH_WINDOW``
+  and at most ``RELAY_DISPATCH_WINDOW_MAX`` rows; the workspaces it releases for split
+  that total, each getting at least ``RELAY_DISPATCH_WINDOW``. The byte window grows by
+  the same factor from ``RELAY_DISPATCH_WINDOW_BYTES``, its total at most
+  ``RELAY_DISPATCH_WINDOW_MAX_BYTES``, each workspace at least the base. So with ``D``
+  dispatchers and ``W`` workspaces each the broker holds at most
+  ``D * max(W * base, max)`` rows (and bytes likewise).
 - **Across workspaces** the window is shared: each workspace's releasing jobs split one
   window of rows and one of message bytes between them, so a workspace running many
   jobs has no more rows nor bytes queued in the broker than one running a single job
@@ -38,22 +41,28 @@ FLEET_FACTOR = 2  # rows in the broker per row the live row-workers run at once
 
 @dataclass(frozen=True)
 class Windows:
-    """A workspace's window: its bounds (``base`` rows and ``base_bytes``, growing with
-    the fleet up to ``max_rows`` and ``max_bytes``)."""
+    """A dispatcher's window bounds: ``base`` rows and ``base_bytes`` per workspace, the
+    total growing with the fleet up to ``max_rows`` and ``max_bytes``."""
 
     base: int
     base_bytes: int
     max_rows: int
     max_bytes: int
 
-    def for_fleet(self, concurrency: int) -> tuple[int, int]:
-        """``(rows, bytes)`` of the window while the live row-workers run
-        ``concurrency`` rows at once: rows ``clamp(FLEET_FACTOR * concurrency, base,
-        max_rows)``, bytes ``base_bytes`` grown by the same factor, at most ``max_bytes``
-        (never below either base)."""
-        rows = max(self.base, min(FLEET_FACTOR * concurrency, self.max_rows))
-        grown = self.base_bytes * rows // self.base
-        return rows, max(self.base_bytes, min(grown, self.max_bytes))
+    def for_fleet(
+        self, concurrency: int, dispatchers: int = 1, workspaces: int = 1
+    ) -> tuple[int, int]:
+        """``(rows, bytes)`` of one workspace's window while the live row-workers run
+        ``concurrency`` rows at once, ``dispatchers`` dispatchers share them and this one
+        releases for ``workspaces`` workspaces: the total rows ``clamp(FLEET_FACTOR *
+        concurrency // dispatchers, base, max_rows)`` and the total bytes ``base_bytes``
+        grown by the same factor up to ``max_bytes``, each split evenly between the
+        workspaces, never below either base."""
+        grown = FLEET_FACTOR * concurrency // max(1, dispatchers)
+        rows = max(self.base, min(grown, self.max_rows))
+        size = max(self.base_bytes, min(self.base_bytes * rows // self.base, self.max_bytes))
+        sharing = max(1, workspaces)
+        return max(self.base, rows // sharing), max(self.base_bytes, size // sharing)
 
 
 def releasing(workspace_jobs: list[OwnedJob]) -> list[OwnedJob]:

@@ -238,7 +238,9 @@ class FakeDispatchStore:
     outcomes: dict[str, set[int]] = field(default_factory=dict)
     stalled: dict[str, int | None] = field(default_factory=dict)
     row_bytes: dict[int, int] = field(default_factory=dict)  # a size other than the text's
-    silence: float | None = None  # seconds since the aggregator last recorded (None: never)
+    byte_reads: list[tuple[int, int, int]] = field(default_factory=list)  # flying, coming
+    # Per running job with an outcome recorded, seconds since the aggregator recorded one.
+    silences: dict[str, float] = field(default_factory=dict)
 
     def _take(
         self, pool: list[RunningJob], limit: int, source: list[RunningJob] | None = None
@@ -308,6 +310,7 @@ class FakeDispatchStore:
     async def byte_window(
         self, job_id: str, rows_batch_id: str, settled_below: int, upto: int, end: int
     ) -> ByteWindow:
+        self.byte_reads.append((upto - min(settled_below, upto), upto, end))
         done = self.outcomes.get(job_id, set())
         flying = [i for i in range(min(settled_below, upto), upto) if i not in done]
         coming = [(i, self.size(i)) for i in range(upto, end) if i not in done]
@@ -321,8 +324,8 @@ class FakeDispatchStore:
         self.stalled.clear()
         return found
 
-    async def recording_silence(self) -> float | None:
-        return self.silence
+    async def recording_silences(self) -> dict[str, float]:
+        return dict(self.silences)
 
     async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
         done = self.outcomes.get(job_id, set())

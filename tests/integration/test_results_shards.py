@@ -20,6 +20,7 @@ from relay_batches.messages import RowOutcome
 from relay_batches.services.aggregator.core import Aggregator
 from relay_batches.services.aggregator.service import aggregator_service
 from relay_batches.services.dispatcher.__main__ import results_state
+from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
 from relay_batches.settings import ConfigError
 from tests.helpers.support import AMQP_URL, Isolation, wait_until
@@ -140,7 +141,8 @@ async def test_a_jobs_outcomes_all_land_on_its_one_shard(pool: asyncpg.Pool, nam
         shard = results_shard(batch_id, names.shards)
         assert ready[shard] == ROWS // 3  # messages of 3 outcomes each
         assert sum(ready) == ready[shard]
-        assert await results_state(bus) == (ROWS // 3, 0)  # and nobody consumes it
+        waiting = tuple((ROWS // 3 if k == shard else 0, 0) for k in range(names.shards))
+        assert await results_state(bus) == ResultsQueues((0, 0), waiting)  # nobody consumes
     finally:
         await bus.close()
 
@@ -156,7 +158,8 @@ async def test_each_shard_has_one_active_aggregator_and_a_closed_one_hands_over(
         jobs = [await running_batch(pool, ROWS) for _ in range(6)]
         assert len({results_shard(j, names.shards) for j in jobs}) > 1
         # Both count as consumers of every shard, the waiting one too.
-        assert await results_state(publisher) == (0, 2)
+        idle = ResultsQueues((0, 2), ((0, 2),) * names.shards)
+        assert await results_state(publisher) == idle
         await publish_rows(publisher, jobs, range(ROWS // 2))
 
         async def half_recorded() -> bool:
@@ -220,7 +223,8 @@ async def test_an_aggregator_that_keeps_failing_steps_aside_for_the_standby(
         # Once the ledger check passes it subscribes again, behind the standby.
 
         async def both_consume() -> bool:
-            return await results_state(publisher) == (0, 2)
+            idle = ResultsQueues((0, 2), ((0, 2),) * publisher.names.shards)
+            return await results_state(publisher) == idle
 
         await wait_until(both_consume, 10, "the failing aggregator to subscribe again")
     finally:

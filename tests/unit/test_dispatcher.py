@@ -457,12 +457,10 @@ def test_slices_are_cut_by_rows_and_by_bytes() -> None:
 async def test_jobs_of_one_workspace_share_its_window_and_another_workspace_has_its_own(
     store: FakeDispatchStore, recorder: Recorder
 ) -> None:
-    store.queued += [
-        job("a1", total=100, workspace="a"),
-        job("a2", total=100, workspace="a"),
-        job("b1", total=100, workspace="b"),
-    ]
+    store.queued += [job("a1", total=100, workspace="a"), job("b1", total=100, workspace="b")]
     dispatcher = make_dispatcher(store, recorder, window=16, slice_rows=4)
+    await dispatcher.claim()
+    store.queued.append(job("a2", total=100, workspace="a"))
     await dispatcher.claim()
     published = {i: len(recorder.flat(i)) for i in ("a1", "a2", "b1")}
     assert published == {"a1": 16, "a2": 8, "b1": 16}  # a1 alone at first, then halves
@@ -473,6 +471,22 @@ async def test_jobs_of_one_workspace_share_its_window_and_another_workspace_has_
     await dispatcher.on_progress(progress("a1", completed=12))
     assert recorder.flat("a1") == [16, 17, 18, 19]
     assert dispatcher.jobs["a1"].in_flight == 8
+
+
+async def test_jobs_claimed_together_are_released_under_the_parts_they_share(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    """Every job of one claim is taken in before any is topped up: the first is not
+    released under a window the others would then have shrunk."""
+    store.queued += [
+        job("a1", total=100, workspace="a"),
+        job("a2", total=100, workspace="a"),
+        job("b1", total=100, workspace="b"),
+    ]
+    dispatcher = make_dispatcher(store, recorder, window=16, slice_rows=4)
+    await dispatcher.claim()
+    published = {i: len(recorder.flat(i)) for i in ("a1", "a2", "b1")}
+    assert published == {"a1": 8, "a2": 8, "b1": 16}
 
 
 async def test_a_higher_priority_job_is_claimed_with_the_slots_full_and_the_lower_waits(
@@ -617,13 +631,11 @@ async def test_big_rows_are_released_within_the_byte_window(
 async def test_jobs_of_one_workspace_share_its_byte_window_and_another_has_its_own(
     store: FakeDispatchStore, recorder: Recorder
 ) -> None:
-    store.queued += [
-        job("a1", total=12, workspace="a"),
-        job("a2", total=12, workspace="a"),
-        job("b1", total=12, workspace="b"),
-    ]
+    store.queued += [job("a1", total=12, workspace="a"), job("b1", total=12, workspace="b")]
     store.row_bytes.update(dict.fromkeys(range(12), 3 * KB))
     dispatcher = bytes_dispatcher(store, recorder, window_bytes=12 * KB)
+    await dispatcher.claim()
+    store.queued.append(job("a2", total=12, workspace="a"))
     await dispatcher.claim()
     # a1 alone at first (12 KB: four rows), then a1 and a2 split A's 12 KB; B has its own.
     published = {i: len(recorder.flat(i)) for i in ("a1", "a2", "b1")}

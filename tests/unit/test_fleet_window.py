@@ -51,6 +51,49 @@ def test_a_window_without_room_to_grow_stays_at_its_base() -> None:
     assert config.windows.for_fleet(1000) == (64, 4096), "no maximum set: no growth"
 
 
+@pytest.mark.parametrize(
+    ("concurrency", "dispatchers", "workspaces", "rows", "size"),
+    [
+        # 2 x 16,384 rows at once over two dispatchers: 16,384 rows each, 256 MiB of bytes.
+        (16384, 2, 1, 16384, 256 * MIB),
+        # That total split by four workspaces: a quarter each.
+        (16384, 2, 4, 4096, 64 * MIB),
+        # Never below the base per workspace, however many share the total.
+        (16384, 2, 64, 1024, 16 * MIB),
+        # A huge fleet: the total is the maximum, whatever the workspaces (not 3 x 64 Ki).
+        (10**6, 1, 3, 65536 // 3, 256 * MIB // 3),
+        # Many dispatchers: each one's total falls back to the base.
+        (1000, 8, 1, 1024, 16 * MIB),
+    ],
+)
+def test_the_grown_total_is_per_dispatcher_and_split_between_its_workspaces(
+    concurrency: int, dispatchers: int, workspaces: int, rows: int, size: int
+) -> None:
+    assert WINDOWS.for_fleet(concurrency, dispatchers, workspaces) == (rows, size)
+
+
+@pytest.mark.parametrize("workspaces", [1, 2, 3, 7, 64, 65, 1000])
+@pytest.mark.parametrize("dispatchers", [1, 2, 5])
+def test_a_dispatcher_never_holds_more_than_its_bound(dispatchers: int, workspaces: int) -> None:
+    """Over all its workspaces: at most max(W x base, max) rows and bytes."""
+    rows, size = WINDOWS.for_fleet(10**7, dispatchers, workspaces)
+    assert workspaces * rows <= max(workspaces * WINDOWS.base, WINDOWS.max_rows)
+    assert workspaces * size <= max(workspaces * WINDOWS.base_bytes, WINDOWS.max_bytes)
+
+
+async def test_live_dispatchers_are_the_owners_the_valid_heartbeats_name() -> None:
+    mono = Clock()
+    inflight = InFlight(OWNER, mono)
+    assert inflight.dispatchers() == 1, "ourselves, before any heartbeat"
+    await inflight.on_report(HoldingReport("w1", 6.0, (), (("d2", 0, 1.0), (OWNER, 0, 1.0)), 8))
+    await inflight.on_report(HoldingReport("w2", 6.0, (), (("d3", 0, 1.0), ("", 0, 1.0)), 8))
+    assert inflight.dispatchers() == 3, "us, d2 and d3 (an owner-less mark names nobody)"
+    mono.now += 4.0
+    await inflight.on_report(HoldingReport("w1", 6.0, (), (), 8))  # d2's slices no longer taken
+    mono.now += 3.0  # the heartbeats that named d2 and d3 expired
+    assert inflight.dispatchers() == 1
+
+
 async def test_live_concurrency_is_summed_over_workers_whose_heartbeat_is_valid() -> None:
     mono = Clock()
     inflight = InFlight(OWNER, mono)
@@ -90,6 +133,32 @@ async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window(
     store.queued.append(job(total=500))
     await dispatcher.claim()
     assert recorder.flat() == list(range(100)), "2 x 50 rows at once, not the base 20"
+
+
+async def test_a_top_up_reads_the_bytes_in_flight_once() -> None:
+    """A grown window fills in many releases of a few slices: only the first reads the
+    rows in flight from the ledger, the others only the sizes of the rows to come."""
+    store, recorder, mono = FakeDispatchStore(), Recorder(), Clock()
+    config = DispatchConfig(
+        OWNER, 20, 4, 8, LEASE_S, window_bytes=1_000_000, window_max=1000, window_max_bytes=10**8
+    )
+    inflight = InFlight(OWNER, mono)
+    dispatcher = Dispatcher(
+        store,
+        recorder.publish,
+        recorder.announce,
+        {"gpt-4o-mini"}.__contains__,
+        config,
+        inflight=inflight,
+        clock=mono,
+    )
+    await inflight.on_report(HoldingReport("w1", 6.0, (), (), 500))
+    store.queued.append(job(total=5000, dispatched_upto=100, completed=100))
+    await dispatcher.claim()
+    # 1,000 rows of window, filled in releases of 64 rows while a quarter of it is free.
+    assert recorder.flat() == list(range(100, 868))
+    assert [flying for flying, _, _ in store.byte_reads] == [100] + [0] * 11
+    assert [(upto, end) for _, upto, end in store.byte_reads[:2]] == [(100, 164), (164, 228)]
 
 
 def test_progress_keys_are_one_topic_word_per_owner_and_count_as_one_kind() -> None:

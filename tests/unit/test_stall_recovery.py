@@ -7,10 +7,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from relay_batches.bus.topology import results_shard
 from relay_batches.messages import DecodedSlice, HeldRows, HoldingReport, JobEvent, SliceMessage
 from relay_batches.model import JobStatus
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.inflight import SEND_LOG_SPANS, InFlight, SendLog
+from relay_batches.services.dispatcher.recording import UNSHARDED, ResultsQueues
 from relay_batches.services.row_worker.holdings import Holdings
 from tests.helpers.fakes import LEASE_S, OWNER, FakeDispatchStore, Recorder, job
 
@@ -239,10 +241,16 @@ def test_a_mark_of_a_worker_from_before_owners_names_no_dispatcher() -> None:
     assert HoldingReport.decode(old).marks == (("", 0, 5.0),)
 
 
+def one_shard(ready: int, consumers: int) -> ResultsQueues:
+    """Results queues of one shard (every job's) with ``ready`` messages, the unsharded
+    queue empty, both with ``consumers`` consumers."""
+    return ResultsQueues((0, consumers), ((ready, consumers),))
+
+
 def probed(
     store: FakeDispatchStore,
     recorder: Recorder,
-    results_state: Callable[[], Awaitable[tuple[int, int]]],
+    results_state: Callable[[], Awaitable[ResultsQueues]],
     mono: Clock,
 ) -> Dispatcher:
     """A dispatcher (stall timeout 10 s, empty rows queue) that probes ``results``."""
@@ -262,23 +270,23 @@ def probed(
 async def test_nothing_is_judged_while_the_aggregator_is_behind(
     store: FakeDispatchStore, recorder: Recorder
 ) -> None:
-    state = [(0, 0)]
+    state = [one_shard(0, 0)]
 
-    async def results_state() -> tuple[int, int]:
+    async def results_state() -> ResultsQueues:
         return state[-1]
 
     mono = Clock()
     dispatcher = probed(store, recorder, results_state, mono)
     await stalled_job(store, recorder, dispatcher)
     mono.now += 6.0  # no outcome recorded for more than half a stall timeout
-    store.silence = 6.0
+    store.silences = {"job1": 6.0}
     # Nobody consumes results; outcomes wait on it while nothing is recorded.
-    for behind in ((0, 0), (12, 1)):
+    for behind in (one_shard(0, 0), one_shard(12, 1)):
         state.append(behind)
         assert await dispatcher.recover_stalled() == 0
         assert not [c for c in store.calls if c[0] == "claim_stalled"], "stall clock kept"
         assert recorder.tasks == []
-    state.append((0, 1))  # caught up: its last outcomes get a stall timeout to land
+    state.append(one_shard(0, 1))  # caught up: its last outcomes get a stall timeout to land
     assert await dispatcher.recover_stalled() == 0
     assert ("claim_stalled", OWNER, ["job1"], 0.0) in store.calls, "stall clocks restart"
     assert recorder.tasks == []
@@ -292,15 +300,71 @@ async def test_a_busy_aggregator_with_messages_ready_does_not_hold_recovery_back
 ) -> None:
     mono = Clock()
 
-    async def results_state() -> tuple[int, int]:
-        return 40, 1  # always some outcomes ready: the aggregator is busy, not stuck
+    async def results_state() -> ResultsQueues:
+        return one_shard(40, 1)  # always some outcomes ready: the aggregator is busy, not stuck
 
     dispatcher = probed(store, recorder, results_state, mono)
     await stalled_job(store, recorder, dispatcher)
     mono.now += 30.0
-    store.silence = 1.0  # the ledger shows an outcome of another job recorded a second ago
+    store.silences = {"job9": 1.0}  # an outcome of another job recorded a second ago
     assert await dispatcher.recover_stalled() == 1
     assert recorder.flat() == [10, 11, *range(14, 20)], "job1's lost rows are re-sent"
+
+
+async def test_one_silent_shard_defers_recovery_while_another_shard_records(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    """job1's outcomes go to shard 1, whose aggregator lost the ledger: its messages wait
+    there while shard 0's aggregator records job ``other`` a second ago. The newest
+    recording over every job would look fine; shard 1's own is 30 s old, so nothing is
+    re-run until it catches up (the whole pass waits, every job's)."""
+    assert (results_shard("job1", 2), results_shard("other", 2)) == (1, 0)
+    state = [ResultsQueues((0, 2), ((3, 1), (25, 1)))]
+
+    async def results_state() -> ResultsQueues:
+        return state[-1]
+
+    mono = Clock()
+    dispatcher = probed(store, recorder, results_state, mono)
+    await stalled_job(store, recorder, dispatcher)
+    mono.now += 60.0
+    store.silences = {"other": 1.0, "job1": 30.0}
+    assert await dispatcher.recover_stalled() == 0
+    assert not [c for c in store.calls if c[0] == "claim_stalled"], "stall clock kept"
+    assert recorder.tasks == []
+    state.append(ResultsQueues((0, 2), ((3, 1), (0, 1))))  # shard 1 drained
+    assert await dispatcher.recover_stalled() == 0
+    assert ("claim_stalled", OWNER, ["job1"], 0.0) in store.calls, "stall clocks restart"
+    store.stalled["job1"] = 10
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == [10, 11, *range(14, 20)]
+
+
+@pytest.mark.parametrize(
+    ("queues", "silences", "behind"),
+    [
+        # Shard 1 waits with only an old recording of its jobs: behind, whatever shard 0 does.
+        (ResultsQueues((0, 1), ((4, 1), (4, 1))), {"other": 1.0, "job1": 30.0}, [1]),
+        # Ready messages on a shard whose running jobs have nothing recorded: silent since
+        # the dispatcher started (uptime 100 s).
+        (ResultsQueues((0, 1), ((4, 1), (4, 1))), {"other": 1.0}, [1]),
+        # The unsharded queue carries any job's outcomes: the newest over all of them.
+        (ResultsQueues((7, 1), ((0, 1), (0, 1))), {"other": 1.0, "job1": 30.0}, []),
+        (ResultsQueues((7, 1), ((0, 1), (0, 1))), {"job1": 30.0}, [UNSHARDED]),
+        # No message waits: nothing is silent, however old the recordings.
+        (ResultsQueues((0, 1), ((0, 1), (0, 1))), {"job1": 300.0}, []),
+    ],
+)
+def test_silence_is_judged_per_results_queue(
+    queues: ResultsQueues, silences: dict[str, float], behind: list[int]
+) -> None:
+    assert queues.silent(silences, uptime=100.0, limit=5.0) == behind
+    assert queues.silent(silences, uptime=4.0, limit=5.0) == [], "capped by our uptime"
+
+
+def test_a_queue_nobody_consumes_is_behind_without_a_ledger_read() -> None:
+    assert ResultsQueues((0, 1), ((0, 1), (0, 0))).unconsumed() == [1]
+    assert ResultsQueues((0, 0), ((0, 1),)).unconsumed() == [UNSHARDED]
 
 
 # --- rows recorded as released that never went out ------------------------------------
@@ -376,12 +440,12 @@ async def test_rows_an_owner_released_but_never_published_before_it_died_are_res
 async def test_a_dispatcher_just_started_gives_the_aggregator_half_a_stall_timeout(
     store: FakeDispatchStore, recorder: Recorder
 ) -> None:
-    """No running job has a recorded outcome yet (``recording_silence`` is None): that is
+    """No running job has a recorded outcome yet (``recording_silences`` is empty): that is
     no evidence against the aggregator until we have been up half a stall timeout."""
     mono = Clock()
 
-    async def results_state() -> tuple[int, int]:
-        return 40, 1
+    async def results_state() -> ResultsQueues:
+        return one_shard(40, 1)
 
     dispatcher = probed(store, recorder, results_state, mono)
     await stalled_job(store, recorder, dispatcher)

@@ -10,6 +10,7 @@ Settling deliveries (the ack policy) is :mod:`relay_batches.kit.consumer`'s job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
@@ -19,9 +20,10 @@ from aio_pika.abc import (
     AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
+    AbstractRobustChannel,
     AbstractRobustConnection,
 )
-from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
+from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, ChannelNotFoundEntity
 
 from relay_batches.bus.topology import (
     Names,
@@ -53,6 +55,7 @@ class Bus:
         self._service = service
         self._connection: AbstractRobustConnection | None = None
         self._publish_channel: AbstractChannel | None = None
+        self._inspect_channel: AbstractRobustChannel | None = None  # passive declares only
         self._events: AbstractExchange | None = None
         # Strong references so robust reconnects restore them.
         self._consumer_channels: list[AbstractChannel] = []
@@ -164,6 +167,36 @@ class Bus:
         declared = await declare_queue(self._require_channel(), self.names, queue)
         result = declared.declaration_result
         return int(result.message_count or 0), int(result.consumer_count or 0)
+
+    async def queue_states(self, queues: Iterable[str]) -> list[tuple[int, int]]:
+        """``(ready messages, consumers)`` of each of ``queues``, by passive declares on a
+        channel of their own: they check nothing of a queue's arguments (one declared
+        with others cannot close the publisher channel), and a queue the broker does
+        not have, which closes that channel, reads ``(0, 0)`` (nobody consumes it)."""
+        states: list[tuple[int, int]] = []
+        for queue in queues:
+            channel = await self._inspector()
+            try:
+                declared = await channel.declare_queue(queue, passive=True, robust=False)
+            except ChannelNotFoundEntity:
+                # The broker closed the channel: not to be reopened, a fresh one next.
+                self._inspect_channel = None
+                with contextlib.suppress(*SETTLE_ERRORS):
+                    await channel.close()
+                states.append((0, 0))
+                continue
+            result = declared.declaration_result
+            states.append((int(result.message_count or 0), int(result.consumer_count or 0)))
+        return states
+
+    async def _inspector(self) -> AbstractRobustChannel:
+        channel = self._inspect_channel
+        if channel is None or channel.is_closed:
+            if self._connection is None:
+                raise RuntimeError("bus is not connected")
+            channel = await self._connection.channel(publisher_confirms=False)
+            self._inspect_channel = channel
+        return channel
 
     async def consume(self, queue: str, callback: MessageCallback, prefetch: int) -> None:
         """Consume a durable queue on a channel of its own with ``prefetch`` unacked."""

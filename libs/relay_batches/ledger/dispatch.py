@@ -213,13 +213,13 @@ class DispatchStore:
             )
         return [StalledJob(r[0], r[1]) for r in records]
 
-    async def recording_silence(self) -> float | None:
-        """Seconds (on the ledger's clock) since the aggregator last recorded an outcome
-        of any running job; None when it recorded none of them yet. One read over the
+    async def recording_silences(self) -> dict[str, float]:
+        """Per running job with an outcome recorded, the seconds (on the ledger's clock)
+        since the aggregator last recorded one of its outcomes. One read over the
         running jobs (partial index ``batches_running``)."""
         async with translated():
-            value = await self._pool.fetchval(_RECORDING_SILENCE)
-        return None if value is None else float(value)
+            records = await self._pool.fetch(_RECORDING_SILENCES)
+        return {r[0]: float(r[1]) for r in records}
 
     async def unfinished_rows(self, job_id: str, start: int, end: int) -> list[int]:
         """Indexes ``start <= index < end`` of a job's rows that have no outcome yet."""
@@ -418,9 +418,9 @@ _CLAIM_STALLED = update_jobs_in_id_order(
 
 # Only the aggregator's recording sets recorded_at (last_progress_at is the stall clock,
 # which claims restart).
-_RECORDING_SILENCE = (
-    "SELECT extract(epoch FROM now() - max(recorded_at)) FROM batches"
-    f" WHERE {status_in([JobStatus.RUNNING])}"
+_RECORDING_SILENCES = (
+    "SELECT id, extract(epoch FROM now() - recorded_at) FROM batches"
+    f" WHERE {status_in([JobStatus.RUNNING])} AND recorded_at IS NOT NULL"
 )
 
 # $1 job id, $2 start, $3 end: the indexes of the range without an outcome.
