@@ -65,7 +65,7 @@ async def start_api(
         limits=TEST_LIMITS,
         max_body_bytes=TEST_MAX_BODY,
         max_json_body_bytes=TEST_MAX_JSON_BODY,
-        files=FileStore(pool),
+        files=FileStore(pool, jobs.long_stores),
         pool=pool,
         model_names=aliases.names,
         public_base_url=public_base_url,
