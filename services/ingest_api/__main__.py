@@ -79,9 +79,7 @@ async def build(
         idempotency=IdempotencyStore(pool),
         announcer=publisher_for(bus, jobs),
         model_known=lambda alias: aliases.resolve(alias) is not None,
-        limits=SubmitLimits(
-            settings.max_rows, settings.max_content_bytes, settings.max_row_bytes
-        ),
+        limits=SubmitLimits(settings.max_rows, settings.max_content_bytes, settings.max_row_bytes),
         max_body_bytes=settings.max_body_bytes,
         max_json_body_bytes=settings.max_json_body_bytes,
         files=FileStore(pool, long_stores),

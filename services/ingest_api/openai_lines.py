@@ -4,7 +4,8 @@ lines) into request rows as it streams in, with bounded memory.
 :class:`LineReader` takes the file's bytes in chunks of any size and hands back the rows
 of every complete line (a line's row: :func:`line_row`); a partial last line waits for
 the next chunk, and a line longer than the limits' ``max_row_bytes``
-(``RELAY_MAX_ROW_BYTES``) is reported and skipped without being held. A bad line does not stop the reading: its error (OpenAI's
+(``RELAY_MAX_ROW_BYTES``) is reported and skipped without being held. A bad line does
+not stop the reading: its error (OpenAI's
 ``{code, message, param, line}``) is collected, up to :data:`MAX_LINE_ERRORS`, and once
 the file has an error no more rows are kept (it will never run). Line numbers are the
 file's 1-based physical lines; blank lines are skipped.

@@ -56,6 +56,7 @@ async def first_repeats(conn: Connection, batch_id: str, limit: int) -> list[asy
         return []
     return list(await conn.fetch(FIRST_REPEATS, batch_id, limit))
 
+
 # A page is cut at $4 rows or $5 bytes of text, whichever comes first; its first row
 # goes out even when it alone is larger. The cut is computed over sizes only
 # (octet_length reads a stored value's length without detoasting it), then only the
@@ -310,7 +311,8 @@ class JobStore:
         """One transaction for storing jobs a chunk of rows at a time: all of them, or
         nothing on error. It takes one of the long-store slots (``long_stores``, shared
         with the process's :class:`FileStore`) before a connection, so at most that many
-        hold one at once (the others wait their turn); the caller feeds it from local storage, never from a client."""
+        hold one at once (the others wait their turn); the caller feeds it from local
+        storage, never from a client."""
         async with self._streaming, translated(), self._pool.acquire() as conn:
             async with conn.transaction():
                 yield JobWriter(conn)
