@@ -316,7 +316,7 @@ def test_the_spool_dir_must_be_a_writable_directory(tmp_path: Path) -> None:
     assert str(err.value) == f"RELAY_UPLOAD_SPOOL_DIR {str(missing)!r} is not an existing directory"
     a_file = tmp_path / "file"
     a_file.write_text("")
-    with pytest.raises(ConfigError, match="is not an existing directory$"):
+    with pytest.raises(ConfigError, match=r"is not an existing directory$"):
         check_spool_dir(str(a_file))
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
@@ -324,7 +324,9 @@ def test_the_spool_dir_must_be_a_writable_directory(tmp_path: Path) -> None:
         pytest.skip("running as root: every directory is writable")
     with pytest.raises(ConfigError) as err:
         check_spool_dir(str(locked))
-    assert str(err.value) == f"RELAY_UPLOAD_SPOOL_DIR {str(locked)!r} is not writable by this process"
+    assert str(err.value) == (
+        f"RELAY_UPLOAD_SPOOL_DIR {str(locked)!r} is not writable by this process"
+    )
 
 
 def test_the_ingest_api_refuses_a_pool_long_stores_could_take_whole(tmp_path: Path) -> None:
@@ -337,5 +339,5 @@ def test_the_ingest_api_refuses_a_pool_long_stores_could_take_whole(tmp_path: Pa
         " 2 for uploads storing at once + 2 for every other request"
     )
     missing = str(tmp_path / "gone")
-    with pytest.raises(ConfigError, match="^RELAY_UPLOAD_SPOOL_DIR"):
+    with pytest.raises(ConfigError, match=r"^RELAY_UPLOAD_SPOOL_DIR "):
         check_ingest_settings(Settings.from_env({"RELAY_UPLOAD_SPOOL_DIR": missing}))
