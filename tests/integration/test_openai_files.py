@@ -620,3 +620,41 @@ async def test_deleting_a_job_frees_its_own_idempotency_key(
     status, again = await client.request("POST", "/v1/batches", json=body, headers=headers)
 
     assert status == 201 and again["id"] != first["id"]
+
+
+class WatchedSlots(asyncio.Semaphore):
+    """Long-store slots that tell when someone waits for one."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.waiting = asyncio.Event()
+
+    async def acquire(self) -> bool:
+        if self.locked():
+            self.waiting.set()
+        return await super().acquire()
+
+
+async def test_file_stores_wait_for_the_slots_native_uploads_share(
+    iso: Isolation, pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, http: aiohttp.ClientSession
+) -> None:
+    """Native uploads and OpenAI files take the same long-store slots, so together they
+    never hold more than two connections; other requests are served meanwhile."""
+    slots = WatchedSlots(2)
+    server = await start_api(pool, bus, aliases, JobStore(pool, long_stores=slots))
+    try:
+        client = await client_of(iso, server, http)
+        for _ in range(2):  # as two native uploads storing
+            await slots.acquire()
+        slots.waiting.clear()
+        data = line("a", [{"role": "user", "content": "hi"}])
+        stored = asyncio.ensure_future(upload(client, "wait.jsonl", data))
+        await asyncio.wait_for(slots.waiting.wait(), 10)
+        assert not stored.done()
+        status, page = await client.request("GET", "/v1/batches")  # a key lookup and a query
+        assert (status, page["data"]) == (200, [])
+        slots.release()
+        assert (await asyncio.wait_for(stored, 10))["bytes"] == len(data)
+        slots.release()
+    finally:
+        await server.close()
