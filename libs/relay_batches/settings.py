@@ -57,6 +57,36 @@ def _finite_positive(env: Mapping[str, str], name: str, default: float) -> float
     return value
 
 
+def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _int(env, name, default)
+    if value < 1:
+        raise ConfigError(f"{name} must be 1 or more, got {env.get(name)!r}")
+    return value
+
+
+def _body_limits(env: Mapping[str, str], d: Settings) -> tuple[int, int]:
+    """``(max_body_bytes, max_json_body_bytes)``: a JSON body may not be larger than any
+    body."""
+    max_body = _at_least_one(env, "RELAY_MAX_BODY_BYTES", d.max_body_bytes)
+    max_json = _at_least_one(env, "RELAY_MAX_JSON_BODY_BYTES", d.max_json_body_bytes)
+    if max_json > max_body:
+        raise ConfigError(
+            f"RELAY_MAX_JSON_BODY_BYTES ({max_json}) exceeds RELAY_MAX_BODY_BYTES ({max_body})"
+        )
+    return max_body, max_json
+
+
+def check_spool_dir(path: str | None) -> None:
+    """:class:`ConfigError` unless ``path`` (``RELAY_UPLOAD_SPOOL_DIR``; None: the system
+    temporary directory) is an existing directory this process may write in."""
+    if path is None:
+        return
+    if not os.path.isdir(path):
+        raise ConfigError(f"RELAY_UPLOAD_SPOOL_DIR {path!r} is not an existing directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"RELAY_UPLOAD_SPOOL_DIR {path!r} is not writable by this process")
+
+
 def _str(env: Mapping[str, str], name: str, default: str) -> str:
     raw = env.get(name)
     return default if raw is None or raw == "" else raw
@@ -132,6 +162,7 @@ class Settings:
     max_json_body_bytes: int = 100 * 1024 * 1024
     max_rows: int = 1_000_000
     max_content_bytes: int = 1024 * 1024
+    max_row_bytes: int = 8 * 1024 * 1024  # one row's text: a line of an uploaded file
     results_page_bytes: int = 4 * 1024 * 1024
     body_read_timeout_s: float = 30.0
     body_min_rate: float = 64 * 1024  # bytes/s a body must average after the read timeout
@@ -167,6 +198,7 @@ class Settings:
         env = os.environ if env is None else env
         d = cls()
         pool_max, pool_min, statement_cache = _db_pool(env, d)
+        body_limits = _body_limits(env, d)
         return cls(
             database_url=_str(env, "RELAY_DATABASE_URL", d.database_url),
             amqp_url=_str(env, "RELAY_AMQP_URL", d.amqp_url),
@@ -229,9 +261,10 @@ class Settings:
             cooldown_failures=max(1, _int(env, "RELAY_COOLDOWN_FAILURES", d.cooldown_failures)),
             cooldown_window_s=_positive(env, "RELAY_COOLDOWN_WINDOW_S", d.cooldown_window_s),
             cooldown_s=_positive(env, "RELAY_COOLDOWN_S", d.cooldown_s),
-            max_body_bytes=_int(env, "RELAY_MAX_BODY_BYTES", d.max_body_bytes),
-            max_json_body_bytes=_int(env, "RELAY_MAX_JSON_BODY_BYTES", d.max_json_body_bytes),
-            max_rows=_int(env, "RELAY_MAX_ROWS", d.max_rows),
+            max_body_bytes=body_limits[0],
+            max_json_body_bytes=body_limits[1],
+            max_rows=_at_least_one(env, "RELAY_MAX_ROWS", d.max_rows),
+            max_row_bytes=_at_least_one(env, "RELAY_MAX_ROW_BYTES", d.max_row_bytes),
             max_content_bytes=_int(env, "RELAY_MAX_CONTENT_BYTES", d.max_content_bytes),
             results_page_bytes=max(1, _int(env, "RELAY_RESULTS_PAGE_BYTES", d.results_page_bytes)),
             body_read_timeout_s=_positive(env, "RELAY_BODY_READ_TIMEOUT_S", d.body_read_timeout_s),

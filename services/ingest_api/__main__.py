@@ -12,7 +12,7 @@ from aiohttp import web
 from relay_batches.kit.base import Readiness
 from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.idempotency import IdempotencyStore
-from relay_batches.ledger.jobs import JobStore
+from relay_batches.ledger.jobs import MAX_LONG_STORES, JobStore, long_store_slots
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.schema import ledger_readiness, schema_gate
 from relay_batches.router.aliases import load_aliases
@@ -23,9 +23,26 @@ from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.ingest_api.protocol import ApiRunner
 from relay_batches.services.ingest_api.publishing import publisher_for
 from relay_batches.services.ingest_api.validation import SubmitLimits
-from relay_batches.settings import Settings
+from relay_batches.settings import ConfigError, Settings, check_spool_dir, pool_bounds
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
+
+POOL_MAX = 10  # the API's own pool maximum (RELAY_DB_POOL_MAX_SIZE overrides it)
+SHORT_QUERY_CONNECTIONS = 2  # kept for key lookups and short queries beside long stores
+
+
+def check_ingest_settings(settings: Settings) -> None:
+    """:class:`ConfigError` (one line) for settings the API cannot serve with: a spool
+    directory it cannot write in, or a pool the long stores could take whole."""
+    check_spool_dir(settings.upload_spool_dir)
+    _, max_size = pool_bounds(settings, POOL_MAX)
+    needed = MAX_LONG_STORES + SHORT_QUERY_CONNECTIONS
+    if max_size < needed:
+        raise ConfigError(
+            f"RELAY_DB_POOL_MAX_SIZE ({max_size}) is below {needed}, what the ingest-api"
+            f" needs: {MAX_LONG_STORES} for uploads storing at once"
+            f" + {SHORT_QUERY_CONNECTIONS} for every other request"
+        )
 
 
 class IngestService:
@@ -51,19 +68,21 @@ async def build(
     settings: Settings, log: logging.Logger, resources: contextlib.AsyncExitStack
 ) -> Service:
     """Build the API from settings and start listening."""
+    check_ingest_settings(settings)
     aliases = load_aliases(settings.routes_file, os.environ)
-    pool = await open_pool(settings, resources, max_size=10)
+    pool = await open_pool(settings, resources, max_size=POOL_MAX)
     bus = await open_bus(settings, resources, "ingest-api")
-    jobs = JobStore(pool, page_bytes=settings.results_page_bytes)
+    long_stores = long_store_slots()
+    jobs = JobStore(pool, page_bytes=settings.results_page_bytes, long_stores=long_stores)
     deps = ApiDeps(
         jobs=jobs,
         idempotency=IdempotencyStore(pool),
         announcer=publisher_for(bus, jobs),
         model_known=lambda alias: aliases.resolve(alias) is not None,
-        limits=SubmitLimits(settings.max_rows, settings.max_content_bytes),
+        limits=SubmitLimits(settings.max_rows, settings.max_content_bytes, settings.max_row_bytes),
         max_body_bytes=settings.max_body_bytes,
-        max_json_body_bytes=min(settings.max_json_body_bytes, settings.max_body_bytes),
-        files=FileStore(pool),
+        max_json_body_bytes=settings.max_json_body_bytes,
+        files=FileStore(pool, long_stores),
         pool=pool,
         model_names=aliases.names,
         public_base_url=settings.public_base_url,

@@ -1,13 +1,16 @@
 """``/openai/v1/files``: upload, list, retrieve, read and delete files, as OpenAI does.
 
-An upload (multipart, ``purpose=batch``, up to :data:`MAX_FILE_BYTES`) is first
+An upload (multipart, ``purpose=batch``, up to :data:`MAX_FILE_BYTES` or
+``RELAY_MAX_BODY_BYTES`` if lower: :func:`file_limit`) is first
 received whole, its file part spooled to an anonymous temporary file (in
 ``ApiDeps.spool_dir``, else the system's temporary directory; gone when the request
 ends, however it ends), so a slow or stalled client holds no ledger connection. Then
-it is stored in one short transaction: its bytes as stored parts (so ``content``
-returns the file as uploaded) and each line parsed into a request row under the file's
-id (:mod:`.openai_lines`), :data:`STEP_BYTES` at a time, parsed off the event loop; at
-most ``FileStore``'s ``max_storing`` uploads store at once. Memory stays bounded by a
+it is stored in one transaction (at 1,000,000 lines it lasts seconds to tens of
+seconds; what it blocks and what not: :mod:`relay_batches.ledger.files`): its bytes as
+stored parts (so ``content`` returns the file as uploaded) and each line parsed into a
+request row under the file's id (:mod:`.openai_lines`), :data:`STEP_BYTES` at a time,
+parsed off the event loop; at most ``MAX_LONG_STORES`` long stores (these and native
+uploads together) hold a connection at once. Memory stays bounded by a
 step, whatever the file's size. The body policy is the native upload's (:mod:`.body`:
 large-body slots, so at most that many large uploads spool at once, stall and rate
 timeouts, 413, 415).
@@ -114,55 +117,70 @@ async def create_file(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
     async with deps.body_gate.admit(workspace_id) as ticket:
-        _check_upload(request)
+        limit = file_limit(deps)
+        _check_upload(request, limit)
         ticket.grow(request.content_length or 0)
         with tempfile.TemporaryFile(dir=deps.spool_dir) as spool:
-            form = await _receive_form(request, spool, ticket)
+            form = await _receive_form(request, spool, _Receiving(ticket, limit))
             stored = await _store_spooled(spool, form, deps, workspace_id, ticket.large)
     return json_response(file_object(stored).model_dump())
 
 
-def _check_upload(request: web.Request) -> None:
+def file_limit(deps: ApiDeps) -> int:
+    """The largest file an upload may send: :data:`MAX_FILE_BYTES`, or
+    ``RELAY_MAX_BODY_BYTES`` when that is lower."""
+    return min(MAX_FILE_BYTES, deps.max_body_bytes)
+
+
+@dataclass(frozen=True)
+class _Receiving:
+    """A form being received: its body's ticket and the file limit."""
+
+    ticket: BodyTicket
+    limit: int
+
+
+def _check_upload(request: web.Request, limit: int) -> None:
     """The body checks of :func:`.body.check_body`; a 413 names the file limit."""
     try:
-        check_body(request, MULTIPART, MAX_FILE_BYTES + FORM_SLACK)
+        check_body(request, MULTIPART, limit + FORM_SLACK)
     except ApiError as exc:
         if exc.status == 413:
-            raise too_large(MAX_FILE_BYTES) from None
+            raise too_large(limit) from None
         raise
 
 
-async def _read(step: Awaitable[T], ticket: BodyTicket) -> T:
+async def _read(step: Awaitable[T], receiving: _Receiving) -> T:
     """One read of the multipart body; what a broken body raises is a 400."""
     try:
         with body_errors():
-            return await ticket.within(step)
+            return await receiving.ticket.within(step)
     except web.HTTPRequestEntityTooLarge:
-        raise too_large(MAX_FILE_BYTES) from None
+        raise too_large(receiving.limit) from None
     except (ValueError, RuntimeError, TypeError, HttpProcessingError, *_BAD_DISPOSITION) as exc:
         message = exc.message if isinstance(exc, HttpProcessingError) else str(exc)
         raise invalid(f"malformed multipart body: {_printable(message)}") from None
 
 
-async def _receive_form(request: web.Request, spool: BinaryIO, ticket: BodyTicket) -> _Form:
+async def _receive_form(request: web.Request, spool: BinaryIO, receiving: _Receiving) -> _Form:
     """Read the whole form, the file part into ``spool``; no ledger connection is held
     while the client sends."""
-    reader = await _read(request.multipart(), ticket)
+    reader = await _read(request.multipart(), receiving)
     purpose: str | None = None
     form: _Form | None = None
     for _ in range(MAX_PARTS):
-        part = await _read(reader.next(), ticket)
+        part = await _read(reader.next(), receiving)
         if part is None:
             break
         if not isinstance(part, BodyPartReader):
             raise invalid("nested multipart bodies are not supported")
         if part.name == "purpose":
-            purpose = _purpose(await _read_field(part, ticket))
+            purpose = _purpose(await _read_field(part, receiving))
         elif part.name == "file" and form is None:
             filename = clean_filename(part.filename or "")[:MAX_FILENAME_CHARS]
             if not filename:
                 raise invalid("file must be sent as a file part with a filename", "file")
-            form = _Form(filename, await _spool_file(part, spool, ticket))
+            form = _Form(filename, await _spool_file(part, spool, receiving))
         elif part.name == "file":
             raise invalid("send one file per upload", "file")
         elif (part.name or "").startswith("expires_after"):
@@ -187,15 +205,15 @@ def _purpose(text: str) -> str:
     return INPUT_PURPOSE
 
 
-async def _chunk(part: BodyPartReader, ticket: BodyTicket) -> bytes:
-    chunk = await _read(part.read_chunk(READ_CHUNK), ticket)
-    ticket.count(len(chunk))
+async def _chunk(part: BodyPartReader, receiving: _Receiving) -> bytes:
+    chunk = await _read(part.read_chunk(READ_CHUNK), receiving)
+    receiving.ticket.count(len(chunk))
     return chunk
 
 
-async def _read_field(part: BodyPartReader, ticket: BodyTicket) -> str:
+async def _read_field(part: BodyPartReader, receiving: _Receiving) -> str:
     data = bytearray()
-    while chunk := await _chunk(part, ticket):
+    while chunk := await _chunk(part, receiving):
         data += chunk
         if len(data) > MAX_FIELD_BYTES:
             raise invalid(f"{part.name} is too long", part.name)
@@ -205,16 +223,16 @@ async def _read_field(part: BodyPartReader, ticket: BodyTicket) -> str:
         raise invalid(f"{part.name} must be UTF-8 text", part.name) from None
 
 
-async def _spool_file(part: BodyPartReader, spool: BinaryIO, ticket: BodyTicket) -> int:
+async def _spool_file(part: BodyPartReader, spool: BinaryIO, receiving: _Receiving) -> int:
     """Copy the file part into ``spool`` (written a step at a time off the event loop);
-    its size, a 413 past :data:`MAX_FILE_BYTES`."""
+    its size, a 413 past the file limit (:func:`file_limit`)."""
     loop = asyncio.get_running_loop()
     size = 0
     pending = bytearray()
-    while chunk := await _chunk(part, ticket):
+    while chunk := await _chunk(part, receiving):
         size += len(chunk)
-        if size > MAX_FILE_BYTES:
-            raise too_large(MAX_FILE_BYTES)
+        if size > receiving.limit:
+            raise too_large(receiving.limit)
         pending += chunk
         if len(pending) >= STEP_BYTES:
             await loop.run_in_executor(None, spool.write, bytes(pending))

@@ -3,8 +3,9 @@ lines) into request rows as it streams in, with bounded memory.
 
 :class:`LineReader` takes the file's bytes in chunks of any size and hands back the rows
 of every complete line (a line's row: :func:`line_row`); a partial last line waits for
-the next chunk, and a line longer than :data:`MAX_LINE_BYTES` is reported and skipped
-without being held. A bad line does not stop the reading: its error (OpenAI's
+the next chunk, and a line longer than the limits' ``max_row_bytes``
+(``RELAY_MAX_ROW_BYTES``) is reported and skipped without being held. A bad line does
+not stop the reading: its error (OpenAI's
 ``{code, message, param, line}``) is collected, up to :data:`MAX_LINE_ERRORS`, and once
 the file has an error no more rows are kept (it will never run). Line numbers are the
 file's 1-based physical lines; blank lines are skipped.
@@ -29,7 +30,6 @@ from relay_batches.services.ingest_api.validation import (
     SubmitLimits,
 )
 
-MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_LINE_ERRORS = 100
 BOM = codecs.BOM_UTF8
 
@@ -93,8 +93,9 @@ class LineReader:
         data = self._start(chunk)
         rows: list[tuple[int, str, str]] = []
         pos = 0
+        max_line = self.limits.max_row_bytes
         while (cut := data.find(b"\n", pos)) >= 0:  # one line at a time, never all of them
-            if cut - pos > MAX_LINE_BYTES:
+            if cut - pos > max_line:
                 self._report_too_long()
                 self._line += 1
             else:
@@ -102,7 +103,7 @@ class LineReader:
                 self._take(data[pos:cut], rows)
             pos = cut + 1
         rest = data[pos:]
-        if len(rest) > MAX_LINE_BYTES:
+        if len(rest) > max_line:
             self._too_long()
             rest = b""
         if final:
@@ -141,7 +142,7 @@ class LineReader:
         self._error(
             LineError(
                 "invalid_request",
-                f"the line is longer than {MAX_LINE_BYTES} bytes",
+                f"the line is longer than {self.limits.max_row_bytes} bytes",
                 None,
                 self._line + 1,
             )

@@ -49,6 +49,7 @@ class JsonScanner:
         self._text = ""
         self._pos = 0
         self._json = json.JSONDecoder(parse_constant=_reject_constant)
+        self.last_span = (0, 0)  # where the value parsed last was in the decoded text
 
     @property
     def _eof(self) -> bool:
@@ -99,8 +100,18 @@ class JsonScanner:
             # A number ending at the window's edge may go on in the next window.
             if end == len(self._text) and self._more(2 * self._pending()):
                 continue
+            self.last_span = (self._pos, end)
             self._pos = end
             return value
+
+    def last_bytes(self, limit: int) -> int:
+        """The UTF-8 size of the value :meth:`value` parsed last, counted exactly only
+        when it may exceed ``limit`` (a character is 1 to 4 bytes)."""
+        start, end = self.last_span
+        chars = end - start
+        if chars > limit or 4 * chars <= limit:
+            return chars
+        return len(self._text[start:end].encode("utf-8", "surrogatepass"))
 
     def _pending(self) -> int:
         return len(self._text) - self._pos

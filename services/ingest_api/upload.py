@@ -13,8 +13,9 @@ The handler is three steps, with the ``Idempotency-Key`` replay checked before t
 3. :func:`store_upload` reads every file a chunk of validated rows at a time (in the
    parser executor, :class:`.upload_formats.FileReader`) and COPYs each chunk before it
    reads the next, all the jobs in one transaction: one bad line rolls it back, so it
-   creates no job, and memory stays bounded by a chunk whatever the files' sizes. Then
-   dispatchers are woken.
+   creates no job, and memory stays bounded by a chunk (and one row by
+   ``RELAY_MAX_ROW_BYTES``) whatever the files' sizes. The jobs' ``batches`` rows go in
+   last, after every file's rows are stored and checked. Then dispatchers are woken.
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ from relay_batches.services.ingest_api.validation import (
     RowInput,
     parse_budget_field,
     parse_priority_field,
+    validate_batch_options,
 )
 
 FILE_FIELD = "file"
+ROW_MODEL = "row model"  # stands for the rows' own model while the other fields are checked
 JSON_FIELDS = frozenset({"params", "metadata"})  # form fields holding a JSON-encoded value
 MAX_FILES = 100
 MAX_PARTS = MAX_FILES + 50
@@ -314,9 +317,14 @@ def clean_filename(filename: str) -> str:
 def form_options(form: UploadForm, deps: ApiDeps) -> tuple[dict[str, object], BatchOptions | None]:
     """The form's fields as a ``POST /v1/batches`` body, and its job-level fields validated
     (None without a ``model`` field: each job's model is then its file's first row's own
-    ``model``, which an OpenAI or Anthropic line always names)."""
+    ``model``, which an OpenAI or Anthropic line always names). Every field but the
+    model is checked here either way, so a bad one is a 400 before any row is stored."""
     payload = form_payload(form.fields)
-    options = job_fields(payload, deps) if "model" in payload else None
+    if "model" in payload:
+        options: BatchOptions | None = job_fields(payload, deps)
+    else:
+        options = None
+        validate_batch_options({**payload, "model": ROW_MODEL}, {ROW_MODEL})
     if not form.files:
         raise invalid("at least one file (.csv or .jsonl) is required", FILE_FIELD)
     return payload, options
@@ -332,17 +340,19 @@ async def store_upload(
     now: datetime,
     large: bool,
 ) -> list[Job]:
-    """Store one job per file, in order, on ``writer`` (the caller's transaction)."""
+    """Store one job per file, in order, on ``writer`` (the caller's transaction): every
+    file's rows first, checked, then all the jobs' ``batches`` rows at the end, so no
+    lock on ``batches`` is held while the files stream (see :class:`JobWriter`)."""
     known = row_models(deps)
-    stored = []
+    planned = []
     for index, upload in enumerate(form.files):
         batch_id = new_id()
         total, first = await _store_rows(writer, batch_id, index, upload, deps, known, large)
         job = options if options is not None else _row_model_options(payload, first, deps)
         name = job_name(job.name, upload.filename, len(form.files))
-        planned = plan_job(job, [], workspace_id, now, name)
-        stored.append(await writer.insert(replace(planned.new, id=batch_id, total=total)))
-    return stored
+        new = plan_job(job, [], workspace_id, now, name).new
+        planned.append(replace(new, id=batch_id, total=total))
+    return [await writer.insert(new) for new in planned]
 
 
 async def _store_rows(

@@ -273,14 +273,49 @@ def _csv_rows(source: BinaryIO, limits: SubmitLimits) -> Iterator[RawRow]:
     try:
         yield from _csv_records(text, limits)
     finally:
-        text.detach()  # the caller closes the file
+        # The caller closes the file. A reader left early is finalised after that
+        # (detaching then would raise, unraisably); a closed wrapper's file is left be.
+        if not source.closed:
+            text.detach()
+
+
+class _RecordLines:
+    """The lines of a CSV file for :func:`csv.reader`, each read no further than
+    ``max_bytes`` characters: :class:`LineError` once the lines of one record (since
+    :meth:`next_record`) hold over ``max_bytes`` bytes of UTF-8."""
+
+    def __init__(self, text: io.TextIOWrapper, max_bytes: int) -> None:
+        self._text = text
+        self._max = max_bytes
+        self._size = 0
+        self._start = 1  # the line the current record starts on
+        self._line = 0
+
+    def next_record(self) -> None:
+        """A new record starts with the next line."""
+        self._size, self._start = 0, self._line + 1
+
+    def __iter__(self) -> _RecordLines:
+        return self
+
+    def __next__(self) -> str:
+        line = self._text.readline(self._max + 1)
+        if not line:
+            raise StopIteration
+        self._line += 1
+        self._size += len(line) if len(line) > self._max else len(line.encode("utf-8"))
+        if self._size > self._max:
+            raise _row_too_large(self._start, self._max)
+        return line
 
 
 def _csv_records(text: io.TextIOWrapper, limits: SubmitLimits) -> Iterator[RawRow]:
-    reader = csv.reader(text, strict=True)
+    lines = _RecordLines(text, limits.max_row_bytes)
+    reader = csv.reader(lines, strict=True)
     count = 0
     while True:
         line = reader.line_num + 1
+        lines.next_record()
         try:
             record = next(reader)
         except StopIteration:
@@ -321,7 +356,7 @@ def _jsonl_rows(source: BinaryIO, limits: SubmitLimits, formats: list[str]) -> I
     # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
     # which may stand unescaped inside a JSON string.
     count = 0
-    for number, raw in _lines(source):
+    for number, raw in _lines(source, limits.max_row_bytes):
         line = raw.decode("utf-8")  # checked by _check_utf8
         if not line.strip():
             continue
@@ -347,16 +382,26 @@ def _jsonl_rows(source: BinaryIO, limits: SubmitLimits, formats: list[str]) -> I
         yield RawRow(number, request, len(raw))
 
 
-def _lines(source: BinaryIO) -> Iterator[tuple[int, bytes]]:
+def _lines(source: BinaryIO, max_bytes: int) -> Iterator[tuple[int, bytes]]:
     """``enumerate(data.split(b"\\n"), start=1)`` of the file's bytes without reading
-    them all, after a leading byte-order mark."""
+    them all, after a leading byte-order mark; :class:`LineError` for a line over
+    ``max_bytes`` (its newline not counted), read no further than that."""
     number = 0
-    for number, line in enumerate(source, start=1):  # a binary file splits on b"\n" only
+    last = b""
+    while line := source.readline(max_bytes + len(BOM) + 1):  # splits on b"\n" only
+        number, last = number + 1, line
         if number == 1 and line.startswith(BOM):
             line = line[len(BOM) :]
-        yield number, line[:-1] if line.endswith(b"\n") else line
-    if number == 0 or line.endswith(b"\n"):
+        body = line[:-1] if line.endswith(b"\n") else line
+        if len(body) > max_bytes:
+            raise _row_too_large(number, max_bytes)
+        yield number, body
+    if number == 0 or last.endswith(b"\n"):
         yield number + 1, b""
+
+
+def _row_too_large(line: int, max_bytes: int) -> LineError:
+    return LineError(line, f"the row is larger than {max_bytes} bytes")
 
 
 def _line_error(error: RowError, lines: Sequence[int]) -> LineError:

@@ -100,6 +100,7 @@ class SubmitLimits:
 
     max_rows: int = 1_000_000
     max_content_bytes: int = 1024 * 1024  # per message content, UTF-8 bytes
+    max_row_bytes: int = 8 * 1024 * 1024  # per row: a line of a file, a request's JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +251,7 @@ def _scan_submit(
             fields[key] = scanner.value()
             rows, row_error = None, None
         else:
-            rows, row_error = _scan_rows(scanner.elements(), limits, known_models)
+            rows, row_error = _scan_rows(scanner, limits, known_models)
     if not scanner.at_end():
         raise NotJson()
     options = validate_batch_options(fields, known_models)
@@ -264,16 +265,16 @@ def _scan_submit(
 
 
 def _scan_rows(
-    elements: Iterator[object], limits: SubmitLimits, known_models: Container[str]
+    scanner: JsonScanner, limits: SubmitLimits, known_models: Container[str]
 ) -> tuple[list[RowInput] | None, ApiError | None]:
     """The rows of a streamed ``requests`` array, or the error of its first bad row
     (the rest of the array is then parsed and dropped, to find the body's end)."""
     error: ApiError | None = None
     rows: list[RowInput] | None = None
+    elements = scanner.elements()
     try:
-        rows = request_rows(
-            at_most(elements, limits.max_rows), limits.max_content_bytes, known_models
-        )
+        sized = sized_elements(scanner, elements, limits.max_row_bytes)
+        rows = request_rows(at_most(sized, limits.max_rows), limits.max_content_bytes, known_models)
     except RowRejected as exc:
         error = row_api_error(exc.error)
     except ApiError as exc:
@@ -655,6 +656,17 @@ def check_unique_ids(rows: Sequence[RowInput]) -> None:
 def duplicate_error(index: int, custom_id: str, earlier: int) -> RowError:
     """The error of row ``index``, whose custom id repeats row ``earlier``'s."""
     return RowError(index, "custom_id", f"{_quote(custom_id)} duplicates", earlier)
+
+
+def sized_elements(
+    scanner: JsonScanner, elements: Iterator[object], max_bytes: int
+) -> Iterator[object]:
+    """``elements`` (of ``scanner``'s array), with :class:`RowRejected` for the first
+    whose JSON text is over ``max_bytes``."""
+    for i, element in enumerate(elements):
+        if scanner.last_bytes(max_bytes) > max_bytes:
+            raise RowRejected(RowError(i, "", f"is larger than {max_bytes} bytes"))
+        yield element
 
 
 def at_most(requests: Iterable[object], max_rows: int) -> Iterator[object]:

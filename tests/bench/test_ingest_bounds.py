@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.bench.harness import MIB, Bench, bench_system
 
 POLL_S = 0.05
 TARGET_MIB = 100
+JSON_ROWS = int(os.environ.get("RELAY_BENCH_JSON_ROWS", "1000000"))
 
 
 def vm_hwm_mib(pid: int) -> float:
@@ -162,4 +164,43 @@ async def test_100_mib_submits_bounded_memory_and_a_responsive_loop(
     print(
         f"\nbody shapes peak RSS {peaks} MiB; worst /healthz {worst} s; three at once: "
         f"{peak3:.0f} MiB, worst /healthz {worst3:.3f} s, {sum(refused)} 503s"
+    )
+
+
+def million_row_body(rows: int) -> bytes:
+    """~100 MiB at 1,000,000 rows: rows of one 35-character message (~100 bytes each: 97 MiB),
+    the shape where per-row overhead, not content, dominates the decode."""
+    requests = [
+        {"custom_id": f"r-{i}", "messages": [{"role": "user", "content": f"q{i:07} " + "x" * 26}]}
+        for i in range(rows)
+    ]
+    return orjson.dumps({"model": "gpt-4o-mini", "requests": requests})
+
+
+async def test_a_million_row_json_body_peak_rss(
+    output_dir: Path, http: aiohttp.ClientSession, report: dict[str, Any]
+) -> None:
+    """One ~100 MiB JSON body of RELAY_BENCH_JSON_ROWS rows (1,000,000 by default), then
+    two at once from two workspaces (RELAY_MAX_LARGE_BODIES=2): the figures the ingest
+    pod's memory limit (deploy/k8s/base/ingest-api.yaml) is sized by."""
+    body = million_row_body(JSON_ROWS)
+    assert len(body) <= 100 * MIB, len(body)
+    async with bench_system(output_dir, "ingest1m", http, RELAY_DISPATCH_WINDOW="1") as bench:
+        pid = bench.system.processes["ingest-api"].pid
+        baseline = vm_hwm_mib(pid)
+        one, worst_one, _ = await measured(bench, post_until_created(bench, body))
+        keys = [(await admin.create_key(bench.database_url, f"bench-1m-{i}")).key for i in range(2)]
+        two, worst_two, _ = await measured(
+            bench, asyncio.gather(*(post_until_created(bench, body, key) for key in keys))
+        )
+    report["ingest_json_body_rows"] = JSON_ROWS
+    report["ingest_json_body_mib"] = round(len(body) / MIB, 1)
+    report["ingest_baseline_rss_mib"] = round(baseline, 1)
+    report["ingest_peak_rss_mib_1m_rows"] = round(one, 1)
+    report["ingest_peak_rss_mib_2x1m_rows"] = round(two, 1)
+    report["ingest_worst_healthz_s_1m_rows"] = round(max(worst_one, worst_two), 3)
+    print(
+        f"\n{JSON_ROWS} rows, {len(body) / MIB:.1f} MiB: baseline {baseline:.0f} MiB, one"
+        f" {one:.0f} MiB, two at once {two:.0f} MiB; worst /healthz"
+        f" {max(worst_one, worst_two):.3f} s"
     )

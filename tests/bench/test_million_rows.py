@@ -16,8 +16,9 @@
 4. its results streamed back as ndjson: ``million_results_rows_per_s``, ingest-api's
    peak RSS, and every row has exactly one outcome.
 
-The bounds of issue 15 are asserted: ingest-api ≤ 300 MiB while it ingests, every
-service ≤ 250 MiB while the job runs. Not part of ``make test`` (``make bench``).
+The bounds of issue 15 are asserted: ingest-api ≤ 300 MiB while it ingests and its
+``/healthz`` answered within 1 s meanwhile, every service ≤ 250 MiB while the job runs.
+Not part of ``make test`` (``make bench``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from tests.bench.test_openai_ingest import upload as upload_openai_file
 ROWS = int(os.environ.get("RELAY_BENCH_MILLION_ROWS", "1000000"))
 WORKERS = int(os.environ.get("RELAY_BENCH_MILLION_WORKERS", "2"))
 INGEST_BOUND_MIB = 300
+HEALTHZ_BOUND_S = 1.0  # a liveness probe times out at 2 s
 RUN_BOUND_MIB = 250
 PAD = "p" * 120  # a realistic prompt: each line about 200 bytes
 LONG = aiohttp.ClientTimeout(total=3600)
@@ -227,3 +229,5 @@ async def test_million_row_job(
     assert report["million_openai_ingest_peak_rss_mib"] <= INGEST_BOUND_MIB, report
     assert upload_peak <= INGEST_BOUND_MIB, upload_peak
     assert max(run_peaks.values()) <= RUN_BOUND_MIB, run_peaks
+    worst_healthz = max(worst, report["million_openai_ingest_worst_healthz_s"])
+    assert worst_healthz <= HEALTHZ_BOUND_S, worst_healthz

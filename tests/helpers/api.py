@@ -21,8 +21,8 @@ from relay_batches.services.ingest_api.protocol import ApiRunner
 from relay_batches.services.ingest_api.publishing import publisher_for
 from relay_batches.services.ingest_api.validation import SubmitLimits
 
-TEST_LIMITS = SubmitLimits(max_rows=50, max_content_bytes=1024)
-TEST_MAX_BODY = 256 * 1024  # uploads
+TEST_LIMITS = SubmitLimits(max_rows=50, max_content_bytes=1024, max_row_bytes=160 * 1024)
+TEST_MAX_BODY = 1024 * 1024  # uploads, and OpenAI files
 TEST_MAX_JSON_BODY = 192 * 1024  # JSON bodies, decoded in memory
 TEST_READ_TIMEOUT_S = 3.0  # a stalled body is answered 408 after this long
 TEST_LARGE_BODY = 64 * 1024  # bodies over this hold one of TEST_LARGE_SLOTS slots
@@ -65,7 +65,7 @@ async def start_api(
         limits=TEST_LIMITS,
         max_body_bytes=TEST_MAX_BODY,
         max_json_body_bytes=TEST_MAX_JSON_BODY,
-        files=FileStore(pool),
+        files=FileStore(pool, jobs.long_stores),
         pool=pool,
         model_names=aliases.names,
         public_base_url=public_base_url,

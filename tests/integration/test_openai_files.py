@@ -30,7 +30,7 @@ from relay_batches.router.aliases import AliasTable
 from relay_batches.services.ingest_api import openai_files, openai_output
 from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.relay_cli import admin
-from tests.helpers.api import TEST_LIMITS, start_api
+from tests.helpers.api import TEST_LIMITS, TEST_MAX_BODY, start_api
 from tests.helpers.support import ApiClient, Isolation
 
 MODEL = "gpt-4o-mini"
@@ -102,7 +102,7 @@ async def test_a_file_of_several_parts_round_trips_byte_for_byte(
     pool: asyncpg.Pool,
 ) -> None:
     client = await client_of(iso, api_server, http)
-    turns = [{"role": "user", "content": "x" * 1000} for _ in range(120)]
+    turns = [{"role": "user", "content": "x" * 1000} for _ in range(10)]
     data = b"\xef\xbb\xbf" + b"".join(line(f"r{i}", turns) for i in range(TEST_LIMITS.max_rows))
     data = data.replace(b"\n", b"\r\n", 1) + b"\n\n"  # a CRLF line and trailing blank lines
     assert len(data) > PART_BYTES
@@ -158,6 +158,51 @@ async def test_a_file_over_the_row_limit_gives_a_failed_batch_and_keeps_no_rows(
     hex_id = stored["id"].removeprefix("file-")
     assert await pool.fetchval("SELECT count(*) FROM batch_rows WHERE batch_id = $1", hex_id) == 0
     assert await content(client, http, stored["id"]) == data  # the file itself is kept
+
+
+async def test_a_line_over_the_row_limit_is_its_error_and_no_row_is_kept(
+    iso: Isolation,
+    api_server: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+) -> None:
+    client = await client_of(iso, api_server, http)
+    many = [{"role": "user", "content": "x" * 1000} for _ in range(200)]  # about 200 KiB
+    data = line("a", [{"role": "user", "content": "hi"}]) + line("b", many)
+
+    stored = await upload(client, "long.jsonl", data)
+    batch = await create_batch(client, stored["id"])
+
+    assert batch["status"] == "failed"
+    assert batch["errors"]["data"] == [
+        {
+            "code": "invalid_request",
+            "message": f"the line is longer than {TEST_LIMITS.max_row_bytes} bytes",
+            "param": None,
+            "line": 2,
+        }
+    ]
+    hex_id = stored["id"].removeprefix("file-")
+    assert await pool.fetchval("SELECT count(*) FROM batch_rows WHERE batch_id = $1", hex_id) == 0
+
+
+async def test_a_file_over_the_body_limit_is_a_413_naming_it(
+    iso: Isolation, api_server: TestServer, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    client = await client_of(iso, api_server, http)
+    one = [{"role": "user", "content": "x" * 900}]
+    data = b"".join(line(f"r{i}", one) for i in range(1200))  # over 1 MiB, RELAY_MAX_BODY_BYTES
+    assert len(data) > TEST_MAX_BODY
+    before = await pool.fetchval("SELECT count(*) FROM files")
+
+    form = aiohttp.FormData()
+    form.add_field("purpose", "batch")
+    form.add_field("file", io.BytesIO(data), filename="big.jsonl", content_type="application/jsonl")
+    status, body = await client.request("POST", "/openai/v1/files", data=form)
+
+    assert status == 413
+    assert body["error"]["message"] == f"request body exceeds {TEST_MAX_BODY} bytes"
+    assert await pool.fetchval("SELECT count(*) FROM files") == before
 
 
 async def test_output_files_render_across_bounded_pages_with_exact_sizes(
@@ -575,3 +620,41 @@ async def test_deleting_a_job_frees_its_own_idempotency_key(
     status, again = await client.request("POST", "/v1/batches", json=body, headers=headers)
 
     assert status == 201 and again["id"] != first["id"]
+
+
+class WatchedSlots(asyncio.Semaphore):
+    """Long-store slots that tell when someone waits for one."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.waiting = asyncio.Event()
+
+    async def acquire(self) -> bool:
+        if self.locked():
+            self.waiting.set()
+        return await super().acquire()
+
+
+async def test_file_stores_wait_for_the_slots_native_uploads_share(
+    iso: Isolation, pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, http: aiohttp.ClientSession
+) -> None:
+    """Native uploads and OpenAI files take the same long-store slots, so together they
+    never hold more than two connections; other requests are served meanwhile."""
+    slots = WatchedSlots(2)
+    server = await start_api(pool, bus, aliases, JobStore(pool, long_stores=slots))
+    try:
+        client = await client_of(iso, server, http)
+        for _ in range(2):  # as two native uploads storing
+            await slots.acquire()
+        slots.waiting.clear()
+        data = line("a", [{"role": "user", "content": "hi"}])
+        stored = asyncio.ensure_future(upload(client, "wait.jsonl", data))
+        await asyncio.wait_for(slots.waiting.wait(), 10)
+        assert not stored.done()
+        status, page = await client.request("GET", "/v1/batches")  # a key lookup and a query
+        assert (status, page["data"]) == (200, [])
+        slots.release()
+        assert (await asyncio.wait_for(stored, 10))["bytes"] == len(data)
+        slots.release()
+    finally:
+        await server.close()

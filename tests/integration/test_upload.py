@@ -6,6 +6,8 @@ No dispatcher runs here, so created jobs stay ``queued`` (or ``scheduled``).
 
 from __future__ import annotations
 
+import asyncio
+import io
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,9 +18,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from relay_batches.ids import new_id
+from relay_batches.ledger.jobs import JobWriter
 from relay_batches.services.ingest_api import upload_formats
 from relay_batches.services.relay_cli import admin
-from tests.helpers.api import TEST_MAX_BODY
+from tests.helpers.api import TEST_LIMITS, TEST_MAX_BODY
 from tests.helpers.support import ApiClient, Isolation
 
 MODEL = "gpt-4o-mini"
@@ -202,7 +205,7 @@ def multipart_bytes(size: int) -> tuple[bytes, str]:
 async def test_body_over_the_limit_is_413_declared_or_chunked(fresh: ApiClient) -> None:
     raw, content_type = multipart_bytes(TEST_MAX_BODY + 10)
     headers = {"Content-Type": content_type}
-    status, body = await upload(fresh, raw, headers=headers)
+    status, body = await upload(fresh, io.BytesIO(raw), headers=headers)
     assert (status, body["error"]["type"]) == (413, "request_too_large")
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -584,3 +587,65 @@ async def test_a_bad_line_after_stored_chunks_stores_nothing(
         "SELECT count(*) FROM batch_rows WHERE custom_id LIKE $1", f"{tag}-%"
     )
     assert kept == 0
+
+
+# --- bounds and order of the store --------------------------------------------------------
+
+
+async def test_a_row_over_the_row_limit_names_its_file_and_line(
+    fresh: ApiClient, pool: asyncpg.Pool
+) -> None:
+    tag = new_id()[:8]
+    long_row = {"custom_id": f"{tag}-long", "messages": user("x" * 1000) * 200}  # ~200 KiB
+    data = numbered(tag, 2) + orjson.dumps(long_row) + b"\n" + numbered(tag + "z", 1)
+    status, body = await upload(fresh, form([("ok.csv", CSV), ("long.jsonl", data)]))
+    assert (status, body["error"]["param"]) == (400, "file[1]"), body
+    assert body["error"]["message"] == (
+        f"'long.jsonl' line 3: the row is larger than {TEST_LIMITS.max_row_bytes} bytes"
+    )
+    assert await job_count(fresh) == 0
+    kept = await pool.fetchval("SELECT count(*) FROM batch_rows WHERE custom_id LIKE $1", f"{tag}%")
+    assert kept == 0
+
+
+async def test_a_bad_field_without_a_model_field_is_refused_before_the_rows(
+    fresh: ApiClient,
+) -> None:
+    data = no_model_form([("o.jsonl", openai_line("o-1", "x") + b"\n{oops\n")])
+    data.add_field("cron", "every day")
+    status, body = await upload(fresh, data)
+    assert (status, body["error"]["param"]) == (400, "cron"), body  # not the bad line
+    assert await job_count(fresh) == 0
+
+
+async def test_no_lock_on_batches_is_held_while_the_files_stream(
+    fresh: ApiClient, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration's ALTER TABLE batches would queue behind a lock held from the first
+    file's job on; the jobs' rows go in after the last file, so it does not."""
+    streaming, resume = asyncio.Event(), asyncio.Event()
+    seen: list[str] = []
+    add_rows = JobWriter.add_rows
+
+    async def add_rows_pausing_on_the_second_file(
+        writer: JobWriter, batch_id: str, start: int, rows: Any
+    ) -> None:
+        if batch_id not in seen:
+            seen.append(batch_id)
+        if len(seen) == 2 and not streaming.is_set():
+            streaming.set()
+            await resume.wait()
+        await add_rows(writer, batch_id, start, rows)
+
+    monkeypatch.setattr(JobWriter, "add_rows", add_rows_pausing_on_the_second_file)
+    sent = asyncio.ensure_future(upload(fresh, form([("a.csv", CSV), ("b.jsonl", JSONL)])))
+    try:
+        await asyncio.wait_for(streaming.wait(), 10)
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL lock_timeout = '2s'")
+            await conn.execute("LOCK TABLE batches IN ACCESS EXCLUSIVE MODE")  # as ALTER TABLE
+    finally:
+        resume.set()
+        status, body = await sent
+    assert status == 201, body
+    assert [job["total"] for job in body["data"]] == [2, 2]

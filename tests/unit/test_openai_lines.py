@@ -3,12 +3,12 @@ and every error on the line a user sees in their editor."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
 import pytest
 
-from relay_batches.services.ingest_api import openai_lines
 from relay_batches.services.ingest_api.openai_lines import LineError, LineReader
 from relay_batches.services.ingest_api.validation import SubmitLimits
 
@@ -23,9 +23,11 @@ def line(custom_id: str, text: str = "hi", model: str = "gpt-4o-mini", **extra: 
     return orjson.dumps({**item, **extra}) + b"\n"
 
 
-def read(data: bytes, cut: int | None = None) -> tuple[LineReader, list[tuple[int, str, str]]]:
+def read(
+    data: bytes, cut: int | None = None, limits: SubmitLimits = LIMITS
+) -> tuple[LineReader, list[tuple[int, str, str]]]:
     """Feed ``data`` whole, or in chunks of ``cut`` bytes; the reader and its rows."""
-    reader = LineReader(LIMITS, MODELS)
+    reader = LineReader(limits, MODELS)
     rows: list[tuple[int, str, str]] = []
     step = cut or len(data) or 1
     for start in range(0, len(data), step):
@@ -86,13 +88,10 @@ def test_an_empty_file_is_an_error() -> None:
     assert rows == [] and [e.code for e in reader.errors] == ["empty_file"]
 
 
-def test_a_line_past_the_limit_is_skipped_without_being_held(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(openai_lines, "MAX_LINE_BYTES", 200)
+def test_a_line_past_the_row_limit_is_skipped_without_being_held() -> None:
     data = line("a") + b"x" * 300 + b"\n" + line("b")
 
-    reader, rows = read(data, cut=40)
+    reader, rows = read(data, cut=40, limits=replace(LIMITS, max_row_bytes=200))
 
     assert [(e.code, e.line) for e in reader.errors] == [("invalid_request", 2)]
     assert "longer than 200 bytes" in reader.errors[0].message
@@ -109,13 +108,10 @@ def test_a_duplicate_is_reported_on_the_line_of_its_repeat() -> None:
 
 
 @pytest.mark.parametrize("cut", [None, 40, 250])
-def test_a_long_line_is_caught_whole_in_one_chunk_and_as_the_last_line(
-    monkeypatch: pytest.MonkeyPatch, cut: int | None
-) -> None:
-    monkeypatch.setattr(openai_lines, "MAX_LINE_BYTES", 200)
+def test_a_long_line_is_caught_whole_in_one_chunk_and_as_the_last_line(cut: int | None) -> None:
     data = line("a") + b"y" * 300 + b"\n" + line("b") + b"z" * 300  # the last has no newline
 
-    reader, rows = read(data, cut)
+    reader, rows = read(data, cut, replace(LIMITS, max_row_bytes=200))
 
     assert [(e.code, e.line) for e in reader.errors] == [
         ("invalid_request", 2),

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from relay_batches.settings import ConfigError, Settings
+from relay_batches.services.ingest_api.__main__ import check_ingest_settings
+from relay_batches.settings import ConfigError, Settings, check_spool_dir
 
 
 def test_defaults_with_an_empty_environment() -> None:
@@ -269,3 +272,72 @@ def test_a_bad_queue_type_names_the_variable(raw: str) -> None:
     with pytest.raises(ConfigError) as err:
         Settings.from_env({"RELAY_QUEUE_TYPE": raw})
     assert str(err.value) == f"RELAY_QUEUE_TYPE must be one of classic, quorum, got {raw!r}"
+
+
+def test_body_and_row_limits_are_read() -> None:
+    env = {
+        "RELAY_MAX_BODY_BYTES": "2000",
+        "RELAY_MAX_JSON_BODY_BYTES": "2000",
+        "RELAY_MAX_ROWS": "1",
+        "RELAY_MAX_ROW_BYTES": "300",
+    }
+    settings = Settings.from_env(env)
+    assert (settings.max_body_bytes, settings.max_json_body_bytes) == (2000, 2000)
+    assert (settings.max_rows, settings.max_row_bytes) == (1, 300)
+    assert Settings().max_row_bytes == 8 * 1024 * 1024
+
+
+def test_a_json_body_limit_above_the_body_limit_is_refused() -> None:
+    env = {"RELAY_MAX_BODY_BYTES": "1000", "RELAY_MAX_JSON_BODY_BYTES": "1001"}
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env(env)
+    assert str(err.value) == (
+        "RELAY_MAX_JSON_BODY_BYTES (1001) exceeds RELAY_MAX_BODY_BYTES (1000)"
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["RELAY_MAX_BODY_BYTES", "RELAY_MAX_JSON_BODY_BYTES", "RELAY_MAX_ROWS", "RELAY_MAX_ROW_BYTES"],
+)
+@pytest.mark.parametrize("raw", ["0", "-5"])
+def test_a_body_or_row_limit_below_one_is_refused(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({name: raw})
+    assert str(err.value) == f"{name} must be 1 or more, got {raw!r}"
+
+
+def test_the_spool_dir_must_be_a_writable_directory(tmp_path: Path) -> None:
+    check_spool_dir(None)  # the system temporary directory
+    check_spool_dir(str(tmp_path))
+    missing = tmp_path / "missing"
+    with pytest.raises(ConfigError) as err:
+        check_spool_dir(str(missing))
+    assert str(err.value) == f"RELAY_UPLOAD_SPOOL_DIR {str(missing)!r} is not an existing directory"
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    with pytest.raises(ConfigError, match=r"is not an existing directory$"):
+        check_spool_dir(str(a_file))
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):  # root writes anywhere
+        pytest.skip("running as root: every directory is writable")
+    with pytest.raises(ConfigError) as err:
+        check_spool_dir(str(locked))
+    assert str(err.value) == (
+        f"RELAY_UPLOAD_SPOOL_DIR {str(locked)!r} is not writable by this process"
+    )
+
+
+def test_the_ingest_api_refuses_a_pool_long_stores_could_take_whole(tmp_path: Path) -> None:
+    check_ingest_settings(Settings.from_env({"RELAY_DB_POOL_MAX_SIZE": "4"}))
+    check_ingest_settings(Settings.from_env({}))  # its own 10
+    with pytest.raises(ConfigError) as err:
+        check_ingest_settings(Settings.from_env({"RELAY_DB_POOL_MAX_SIZE": "3"}))
+    assert str(err.value) == (
+        "RELAY_DB_POOL_MAX_SIZE (3) is below 4, what the ingest-api needs:"
+        " 2 for uploads storing at once + 2 for every other request"
+    )
+    missing = str(tmp_path / "gone")
+    with pytest.raises(ConfigError, match=r"^RELAY_UPLOAD_SPOOL_DIR "):
+        check_ingest_settings(Settings.from_env({"RELAY_UPLOAD_SPOOL_DIR": missing}))

@@ -465,3 +465,64 @@ def test_the_utf8_check_spans_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(LineError) as caught:
         reader_of("h.csv", good + b"ok\n\xe2\x82\n")
     assert caught.value.line == 5
+
+
+# --- one row's bytes ----------------------------------------------------------------------
+
+ROW_CAP = SubmitLimits(max_rows=5, max_content_bytes=110, max_row_bytes=120)
+
+
+class CountingReader(io.BytesIO):
+    """A file that records the largest single read asked of it."""
+
+    largest = 0
+
+    def readline(self, size: int | None = -1) -> bytes:
+        line = super().readline(size)
+        self.largest = max(self.largest, len(line))
+        return line
+
+
+def test_a_jsonl_line_over_the_row_limit_names_its_line_read_no_further() -> None:
+    message = b'{"role": "user", "content": "xxxxxxxxxx"}'
+    long_row = b'{"messages": [' + b", ".join([message] * 1000) + b"]}"
+    data = row("ok") + b"\n" + long_row + b"\n" + row("after")
+    source = CountingReader(data)
+    reader = FileReader("big.jsonl", source, ROW_CAP)
+    with pytest.raises(LineError) as caught:
+        while reader.next_chunk():
+            pass
+    assert (caught.value.line, caught.value.reason) == (2, "the row is larger than 120 bytes")
+    assert source.largest <= 120 + 4  # bounded readline: the long line was never read whole
+
+
+def test_a_jsonl_line_at_the_row_limit_passes_with_a_bom_and_as_the_last_line() -> None:
+    line = b'{"messages": [{"role": "user", "content": "' + b"y" * 70 + b'"}]}'
+    line += b" " * (120 - len(line))
+    assert len(line) == 120
+    rows = parse_upload_file("at.jsonl", codecs.BOM_UTF8 + line + b"\n" + line, ROW_CAP)
+    assert len(rows) == 2
+
+
+def test_a_csv_record_over_the_row_limit_names_its_first_line() -> None:
+    many_fields = b",".join([b"abcdefghij"] * 50)  # fields within the field limit
+    assert line_error("big.csv", b"one\n" + many_fields + b"\n", ROW_CAP).line == 2
+    quoted = b"one\n" + b'"ab\ncd",' * 30 + b"x\n"  # one record of small fields, many lines
+    error = line_error("quoted.csv", quoted, ROW_CAP)
+    assert (error.line, error.reason) == (2, "the row is larger than 120 bytes")
+    assert len(parse_upload_file("ok.csv", b"z" * 60 + b"\n" + b"w" * 60, ROW_CAP)) == 2
+
+
+def test_a_csv_row_is_counted_in_utf8_bytes() -> None:
+    prompt = "é" * 50  # 50 characters, 100 bytes
+    assert len(parse_upload_file("e.csv", prompt.encode(), ROW_CAP)) == 1
+    error = line_error("e.csv", ("é" * 61).encode(), ROW_CAP)  # 122 bytes
+    assert error.reason == "the row is larger than 120 bytes"
+
+
+def test_a_csv_file_left_early_closes_without_an_unraisable_error() -> None:
+    spool = io.BufferedReader(io.BytesIO(b"one\ntwo\nthree\n"))
+    reader = FileReader("x.csv", spool, LIMITS)
+    assert len(reader.next_chunk(max_rows=1)) == 1
+    spool.close()  # the upload's spool closes with the request; the reader goes after
+    del reader

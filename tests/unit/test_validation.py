@@ -867,3 +867,18 @@ def test_a_bad_budget_form_field_is_a_400_naming_it(text: str) -> None:
         parse_budget_field(text)
     assert (info.value.status, info.value.param) == (400, "budget_usd")
     assert info.value.message.startswith("budget_usd must be"), info.value.message
+
+
+@pytest.mark.parametrize("window", [7, 1024 * 1024])
+def test_a_json_body_row_over_the_row_limit_is_refused_naming_it(window: int) -> None:
+    limits = SubmitLimits(max_row_bytes=100)
+    small = {"messages": [{"role": "user", "content": "hi"}]}
+    large = {"messages": [{"role": "user", "content": "é" * 55}]}  # 98 characters, 153 bytes
+    raw = orjson.dumps({"model": "gpt-4o-mini", "requests": [small, large, small]})
+    with pytest.raises(ApiError) as caught:
+        scan_submit(raw, limits, MODELS, window=window)
+    assert (caught.value.status, caught.value.param) == (400, "requests[1]")
+    assert caught.value.message == "requests[1] is larger than 100 bytes"
+    fits = {"messages": [{"role": "user", "content": "e" * 57}]}  # 100 bytes
+    raw = orjson.dumps({"model": "gpt-4o-mini", "requests": [small, fits]})
+    assert len(scan_submit(raw, limits, MODELS, window=window).rows) == 2

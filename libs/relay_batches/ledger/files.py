@@ -1,8 +1,13 @@
 """Files and the batches created from them (the OpenAI-compatible surface's ledger).
 
-An input file is stored in one short transaction once it has been received whole
+An input file is stored in one transaction once it has been received whole
 (:meth:`FileStore.upload`; the API spools it to a temporary file first, so no
-connection waits on a client): its bytes COPY'd as ``file_parts`` chunks of
+connection waits on a client). At 1,000,000 lines that transaction lasts seconds to tens
+of seconds. It holds one pooled connection and a long-store slot, and writes only its
+own new rows, so it blocks no other request's reads or writes; but its ROW EXCLUSIVE
+locks on ``file_parts`` and ``batch_rows`` (and on ``files`` from its last statement)
+make an ``ALTER TABLE`` of those (a migration) wait for it, and it holds back vacuum's
+cleanup horizon meanwhile. Its bytes COPY'd as ``file_parts`` chunks of
 :data:`PART_BYTES` and its parsed requests COPY'd as ``batch_rows`` under the file's
 own id, so a job created from it runs those rows (``rows_batch_id``) and nothing is
 copied again. Output and error files have no parts:
@@ -22,7 +27,7 @@ import asyncpg
 import orjson
 
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
-from relay_batches.ledger.jobs import EXPIRES_AT, NewJob
+from relay_batches.ledger.jobs import EXPIRES_AT, NewJob, first_repeats, long_store_slots
 from relay_batches.ledger.jobs import _insert_job as insert_job
 from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import Job, JobStatus
@@ -30,7 +35,6 @@ from relay_batches.model import Job, JobStatus
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
 PART_BYTES = 256 * 1024  # bytes of a stored part: one is read per query of ``content``
-MAX_STORING = 2  # uploads storing at once (each holds a pooled connection meanwhile)
 
 _FILE_COLUMNS = "id, workspace_id, filename, purpose, bytes, rows, model, line_errors, created_at"
 _LINK_COLUMNS = (
@@ -133,13 +137,7 @@ class FileUpload:
         """Up to ``limit`` custom ids stored more than once, each with the row index of
         its second occurrence, in row order."""
         async with translated():
-            records = await self._conn.fetch(
-                "SELECT custom_id, (array_agg(row_index ORDER BY row_index))[2] AS repeat"
-                " FROM batch_rows WHERE batch_id = $1 GROUP BY custom_id"
-                " HAVING count(*) > 1 ORDER BY repeat LIMIT $2",
-                self.file_id,
-                limit,
-            )
+            records = await first_repeats(self._conn, self.file_id, limit)
         return [(r[0], r[1]) for r in records]
 
     async def drop_rows(self) -> None:
@@ -177,17 +175,18 @@ class FileUpload:
 class FileStore:
     """The ``files``, ``file_parts`` and ``openai_batches`` queries of the OpenAI surface."""
 
-    def __init__(self, pool: asyncpg.Pool, max_storing: int = MAX_STORING) -> None:
+    def __init__(self, pool: asyncpg.Pool, long_stores: asyncio.Semaphore | None = None) -> None:
         self._pool = pool
-        self._storing = asyncio.Semaphore(max_storing)
+        self._storing = long_store_slots() if long_stores is None else long_stores
         self._measuring: dict[str, asyncio.Future[StoredFile | None]] = {}
 
     @asynccontextmanager
     async def upload(self, file_id: str) -> AsyncIterator[FileUpload]:
-        """One transaction for storing a whole file: all of it, or nothing on error. At
-        most ``max_storing`` uploads hold a connection at once (the others wait their
-        turn), so uploads never take the pool from other requests; the caller feeds it
-        from local storage, never from a client."""
+        """One transaction for storing a whole file: all of it, or nothing on error. It
+        takes one of the long-store slots (``long_stores``, shared with the process's
+        :class:`.jobs.JobStore` uploads) before a connection, so long stores never take
+        the pool from other requests; the caller feeds it from local storage, never from
+        a client."""
         async with self._storing, translated(), self._pool.acquire() as conn:
             async with conn.transaction():
                 yield FileUpload(conn, file_id)

@@ -21,8 +21,41 @@ from relay_batches.model import PAUSABLE, Job, JobStatus, allowed_from
 
 RESULT_PAGE_ROWS = 5000
 RESULT_PAGE_BYTES = 4 * 1024 * 1024
-MAX_STREAMING = 2  # streamed uploads storing at once (each holds a pooled connection)
+# Long stores (a native upload's files, an OpenAI input file) holding a pooled connection
+# at once, across JobStore and FileStore: they share one semaphore (long_store_slots()),
+# so the rest of the pool always serves short queries (the ingest-api checks its pool
+# holds at least this many + 2 at start-up).
+MAX_LONG_STORES = 2
 T = TypeVar("T")
+
+# Whether a batch's rows repeat a custom id: a hash aggregate that stops at the first
+# repeated id it finds (no sort of the batch's rows), so a clean upload of 1,000,000 rows
+# pays one scan. Only when there is one is the first repeat (in row order) looked for.
+HAS_REPEAT = (
+    "SELECT custom_id FROM batch_rows WHERE batch_id = $1"
+    " GROUP BY custom_id HAVING count(*) > 1 LIMIT 1"
+)
+# The repeated ids in row order of their second use: (custom_id, that row, the first's).
+FIRST_REPEATS = (
+    "SELECT custom_id, (array_agg(row_index ORDER BY row_index))[2] AS repeat,"
+    " min(row_index) AS first FROM batch_rows WHERE batch_id = $1"
+    " GROUP BY custom_id HAVING count(*) > 1 ORDER BY repeat LIMIT $2"
+)
+
+
+def long_store_slots(slots: int = MAX_LONG_STORES) -> asyncio.Semaphore:
+    """The slots long stores take a connection under: one for the process, shared by its
+    :class:`JobStore` and :class:`FileStore`."""
+    return asyncio.Semaphore(slots)
+
+
+async def first_repeats(conn: Connection, batch_id: str, limit: int) -> list[asyncpg.Record]:
+    """Up to ``limit`` custom ids used more than once under ``batch_id``, in row order of
+    their second use: ``(custom_id, repeat, first)`` records (none: every id is unique)."""
+    if await conn.fetchval(HAS_REPEAT, batch_id) is None:
+        return []
+    return list(await conn.fetch(FIRST_REPEATS, batch_id, limit))
+
 
 # A page is cut at $4 rows or $5 bytes of text, whichever comes first; its first row
 # goes out even when it alone is larger. The cut is computed over sizes only
@@ -217,8 +250,11 @@ class DeadLetterRow:
 
 class JobWriter:
     """Jobs being stored a chunk of rows at a time, inside one transaction
-    (:meth:`JobStore.streaming`): rows first, each job's batch once its rows are all
-    in."""
+    (:meth:`JobStore.streaming`): every job's rows first, then all the jobs' batches at
+    the end, so the transaction takes no lock on ``batches`` (which a migration's
+    ``ALTER TABLE batches`` would queue behind, and everything else behind it) while its
+    files stream. ``batch_rows`` has no foreign key to ``batches``, so the rows may come
+    first."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -237,13 +273,8 @@ class JobWriter:
         """The first row of ``batch_id`` whose custom id repeats an earlier row's:
         ``(custom_id, its index, the earlier row's index)``; None if every id is unique."""
         async with translated():
-            record = await self._conn.fetchrow(
-                "SELECT custom_id, (array_agg(row_index ORDER BY row_index))[2] AS repeat,"
-                " min(row_index) AS first FROM batch_rows WHERE batch_id = $1"
-                " GROUP BY custom_id HAVING count(*) > 1 ORDER BY repeat LIMIT 1",
-                batch_id,
-            )
-        return None if record is None else (record[0], record[1], record[2])
+            records = await first_repeats(self._conn, batch_id, 1)
+        return None if not records else (records[0][0], records[0][1], records[0][2])
 
     async def insert(self, new: NewJob) -> Job:
         """INSERT the batch over the rows stored under its id (``new.total`` of them)."""
@@ -264,17 +295,24 @@ class JobStore:
         self,
         pool: asyncpg.Pool,
         page_bytes: int = RESULT_PAGE_BYTES,
-        max_streaming: int = MAX_STREAMING,
+        long_stores: asyncio.Semaphore | None = None,
     ) -> None:
         self._pool = pool
         self._page_bytes = page_bytes
-        self._streaming = asyncio.Semaphore(max_streaming)
+        self._streaming = long_store_slots() if long_stores is None else long_stores
+
+    @property
+    def long_stores(self) -> asyncio.Semaphore:
+        """The long-store slots its uploads take (to share with a :class:`FileStore`)."""
+        return self._streaming
 
     @asynccontextmanager
     async def streaming(self) -> AsyncIterator[JobWriter]:
         """One transaction for storing jobs a chunk of rows at a time: all of them, or
-        nothing on error. At most ``max_streaming`` hold a connection at once (the others
-        wait their turn); the caller feeds it from local storage, never from a client."""
+        nothing on error. It takes one of the long-store slots (``long_stores``, shared
+        with the process's :class:`FileStore`) before a connection, so at most that many
+        hold one at once (the others wait their turn); the caller feeds it from local
+        storage, never from a client."""
         async with self._streaming, translated(), self._pool.acquire() as conn:
             async with conn.transaction():
                 yield JobWriter(conn)
