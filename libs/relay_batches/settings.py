@@ -66,9 +66,12 @@ def _at_least_one(env: Mapping[str, str], name: str, default: int) -> int:
 
 def _body_limits(env: Mapping[str, str], d: Settings) -> tuple[int, int]:
     """``(max_body_bytes, max_json_body_bytes)``: a JSON body may not be larger than any
-    body."""
+    body. Unset, the JSON limit is its default or the body limit, whichever is smaller
+    (lowering only ``RELAY_MAX_BODY_BYTES`` lowers both); set above it, it is refused."""
     max_body = _at_least_one(env, "RELAY_MAX_BODY_BYTES", d.max_body_bytes)
     max_json = _at_least_one(env, "RELAY_MAX_JSON_BODY_BYTES", d.max_json_body_bytes)
+    if not env.get("RELAY_MAX_JSON_BODY_BYTES"):
+        max_json = min(max_json, max_body)
     if max_json > max_body:
         raise ConfigError(
             f"RELAY_MAX_JSON_BODY_BYTES ({max_json}) exceeds RELAY_MAX_BODY_BYTES ({max_body})"

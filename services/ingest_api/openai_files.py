@@ -385,10 +385,23 @@ async def _stream_content(request: web.Request) -> web.StreamResponse:
     response.content_length = stored.bytes
     await response.prepare(request)
     request[STREAMING] = True  # from here on a failure can only abort the connection
+    sent = 0
     async for chunk in chunks:
+        sent += len(chunk)
+        if sent > stored.bytes:
+            break
         await response.write(chunk)
+    if sent != stored.bytes:
+        # Deleted while it streamed (the file, or its batch): the rows ran out, or came
+        # out other than measured. Abort the transfer rather than end it short of its
+        # Content-Length, on which the client would wait for bytes that never come.
+        raise ContentChanged(f"{stored.id}: {sent} bytes of {stored.bytes}")
     await response.write_eof()
     return response
+
+
+class ContentChanged(RuntimeError):
+    """A file's content stopped matching the length its download declared."""
 
 
 async def delete_file(request: web.Request) -> web.Response:

@@ -658,3 +658,36 @@ async def test_file_stores_wait_for_the_slots_native_uploads_share(
         slots.release()
     finally:
         await server.close()
+
+
+async def test_an_output_file_whose_batch_is_deleted_mid_download_aborts_the_transfer(
+    iso: Isolation,
+    small_pages: TestServer,
+    http: aiohttp.ClientSession,
+    pool: asyncpg.Pool,
+) -> None:
+    """Its rows go with the batch, so the rest of the file never comes: the download is
+    cut off (an incomplete transfer the client sees at once), not ended short of the
+    Content-Length it declared, on which the client would wait until its timeout."""
+    client = await client_of(iso, small_pages, http)
+    rows = 50  # TEST_LIMITS' most
+    data = b"".join(line(f"r{i}", [{"role": "user", "content": f"q{i}"}]) for i in range(rows))
+    stored = await upload(client, "cut.jsonl", data)
+    batch = await create_batch(client, stored["id"])
+    job_id = batch["id"].removeprefix("batch_")
+    await DispatchStore(pool).claim_queued(f"openai-{job_id}", 100, 30)
+    answer = "z" * 200_000
+    await OutcomeStore(pool).record([RowOutcome(job_id, i, answer, None, 1) for i in range(rows)])
+    status, done = await client.request("GET", f"/openai/v1/batches/{batch['id']}")
+    assert status == 200 and done["status"] == "completed", done
+    headers = {"Authorization": f"Bearer {client.key}"}
+    url = f"{client.base_url}/openai/v1/files/{done['output_file_id']}/content"
+    async with asyncio.timeout(20), http.get(url, headers=headers) as response:
+        assert response.status == 200
+        assert response.content_length is not None and response.content_length > rows * 200_000
+        first = await response.content.read(64 * 1024)
+        assert first
+        status, _ = await client.request("DELETE", f"/v1/batches/{job_id}")
+        assert status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()

@@ -331,3 +331,8 @@ def test_the_ingest_api_refuses_a_pool_long_stores_could_take_whole(tmp_path: Pa
     missing = str(tmp_path / "gone")
     with pytest.raises(ConfigError, match=r"^RELAY_UPLOAD_SPOOL_DIR "):
         check_ingest_settings(Settings.from_env({"RELAY_UPLOAD_SPOOL_DIR": missing}))
+
+
+def test_lowering_only_the_body_limit_lowers_the_json_limit_with_it() -> None:
+    settings = Settings.from_env({"RELAY_MAX_BODY_BYTES": str(64 * 1024 * 1024)})
+    assert (settings.max_body_bytes, settings.max_json_body_bytes) == (64 << 20, 64 << 20)

@@ -13,6 +13,7 @@ quorum), see :meth:`Names.quorum_capable` and the README's "Queue types".
 
 from __future__ import annotations
 
+import contextlib
 import re
 import zlib
 from dataclasses import dataclass
@@ -203,7 +204,9 @@ async def check_shard_count(connection: AbstractConnection, names: Names) -> Non
     except ChannelNotFoundEntity:
         return
     finally:
-        if not channel.is_closed:
+        # Closed by us even once the broker closed it: a robust channel reopens itself
+        # after a broker-side close unless its owner closed it.
+        with contextlib.suppress(Exception):
             await channel.close()
     raise ConfigError(
         f"RELAY_RESULTS_SHARDS={names.shards} but queue {extra} exists on the broker: some "
