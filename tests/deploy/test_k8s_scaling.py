@@ -189,3 +189,7 @@ def test_the_readme_creates_every_secret_key_keda_reads() -> None:
     auth = render("prod").get("TriggerAuthentication", "relay-postgres")
     for ref in auth["spec"]["secretTargetRef"]:
         assert f"--from-literal={ref['key']}=" in created, ref["key"]
+    # KEDA's operator resolves a short host in its own namespace, and keys the pool it
+    # shares across the cluster by user, host and database: the example host is a FQDN.
+    host = created.split("--from-literal=ledger-host=", 1)[1].split()[0]
+    assert host.endswith(".svc.cluster.local"), host
