@@ -28,6 +28,7 @@ from relay_batches.services.ingest_api.validation import (
     at_most,
     check_unique_ids,
     row_api_error,
+    sized_elements,
 )
 
 BODY_FIELDS = ("requests",)
@@ -85,7 +86,8 @@ def _scan_body(
         if scanner.peek() != "[":
             scanner.value()
             raise invalid("requests: must be a non-empty array", "requests")
-        rows = _translated(scanner.elements(), limits, known_models)
+        elements = sized_elements(scanner, scanner.elements(), limits.max_row_bytes)
+        rows = _translated(elements, limits, known_models)
     if not scanner.at_end():
         raise NotJson()
     if rows is None:
@@ -100,17 +102,18 @@ def _translated(
 ) -> list[RowInput]:
     """Each request of the array as a row; the first bad one is a 400 naming its field."""
     rows: list[RowInput] = []
-    for i, request in enumerate(at_most(elements, limits.max_rows)):
-        try:
-            rows.append(anthropic_request_row(i, request, limits, known_models))
-        except RowRejected as exc:
-            raise _request_error(exc) from None
-        except TypeError:  # a value JSON can hold but the row encoder cannot: a huge integer
-            raise invalid(
-                f"requests[{i}].params: holds a value that cannot be stored"
-                " (an integer beyond 64 bits, or text that is not valid Unicode)",
-                f"requests[{i}].params",
-            ) from None
+    try:
+        for i, request in enumerate(at_most(elements, limits.max_rows)):
+            try:
+                rows.append(anthropic_request_row(i, request, limits, known_models))
+            except TypeError:  # a value JSON can hold but the row encoder cannot
+                raise invalid(
+                    f"requests[{i}].params: holds a value that cannot be stored"
+                    " (an integer beyond 64 bits, or text that is not valid Unicode)",
+                    f"requests[{i}].params",
+                ) from None
+    except RowRejected as exc:  # a bad request, or one over RELAY_MAX_ROW_BYTES
+        raise _request_error(exc) from None
     return rows
 
 
