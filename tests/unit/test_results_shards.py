@@ -149,6 +149,17 @@ def test_the_linger_grows_while_messages_keep_arriving_and_shrinks_when_a_chunk_
     assert pace.linger == 0.02  # never past linger_s
 
 
+def test_the_chunk_grows_no_larger_than_the_consumers_that_filled_it_may_hold() -> None:
+    pace = ChunkPace(base=64, most=1024, linger_s=0.02)
+    pace.observe(taken=64, waiting=500, elapsed_s=0.005, ceiling=64)  # one busy shard
+    assert pace.size == 64
+    pace.observe(taken=64, waiting=500, elapsed_s=0.005, ceiling=192)  # three busy shards
+    pace.observe(taken=128, waiting=500, elapsed_s=0.005, ceiling=192)
+    assert pace.size == 192
+    pace.observe(taken=192, waiting=500, elapsed_s=0.005, ceiling=32)
+    assert pace.size == 64  # never under the base
+
+
 def test_a_pace_whose_most_is_below_its_base_keeps_the_base() -> None:
     pace = ChunkPace(base=64, most=0, linger_s=0.0)
     pace.observe(taken=64, waiting=10, elapsed_s=1.0)

@@ -38,6 +38,7 @@ class FakeDelivery:
 
     body: bytes
     routing_key: str = "q"
+    consumer_tag: str | None = None  # the consumer it came through (set by FakeBus.deliver)
     settled: list[tuple[str, bool]] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -107,6 +108,7 @@ class FakeBus:
         self.stopped = True
 
     async def deliver(self, queue: str, delivery: FakeDelivery) -> None:
+        delivery.consumer_tag = delivery.consumer_tag or f"ctag.{queue}"
         await self.callbacks[queue](delivery)  # type: ignore[arg-type]
 
 
@@ -337,12 +339,68 @@ async def test_each_queue_may_hold_a_whole_base_chunk_however_the_prefetch_is_sh
 
 
 async def test_a_chunk_closes_without_lingering_once_the_inbox_holds_all_it_may() -> None:
-    inbox = ChunkInbox(capacity=2)
-    for body in (b"a", b"b"):
-        await inbox.put(FakeDelivery(body))  # type: ignore[arg-type]
+    inbox = ChunkInbox(prefetch=1, consumers=2)
+    for body, tag in ((b"a", "s0"), (b"b", "s1")):
+        await inbox.put(FakeDelivery(body, consumer_tag=tag))  # type: ignore[arg-type]
     # Size 4 and a minute's linger: but with 2 unsettled, the channel delivers no more.
     taken = await asyncio.wait_for(inbox.next_chunk(asyncio.Event(), 4, 1 << 20, 60.0), WAIT_S)
     assert [m.body for m in taken] == [b"a", b"b"]
+
+
+async def put_from(inbox: ChunkInbox, tag: str, bodies: Sequence[bytes]) -> None:
+    for body in bodies:
+        await inbox.put(FakeDelivery(body, consumer_tag=tag))  # type: ignore[arg-type]
+
+
+async def test_a_chunk_from_one_busy_consumer_closes_at_its_prefetch_without_lingering() -> None:
+    # One job's outcomes all on one shard: its consumer stops at 64 unacked while the
+    # other four are idle. A chunk of 128 with a minute's linger takes the 64 at once.
+    inbox = ChunkInbox(prefetch=64, consumers=5)
+    await put_from(inbox, "s2", [b"%d" % n for n in range(64)])
+    taken = await asyncio.wait_for(inbox.next_chunk(asyncio.Event(), 128, 1 << 20, 60.0), WAIT_S)
+    assert [m.body for m in taken] == [b"%d" % n for n in range(64)]
+    assert inbox.waiting() == 0
+
+
+async def test_a_chunk_lingers_while_a_busy_consumer_is_below_its_prefetch() -> None:
+    inbox = ChunkInbox(prefetch=2, consumers=3)
+    await put_from(inbox, "s0", [b"a", b"b"])  # at its prefetch
+    await put_from(inbox, "s1", [b"c"])  # may deliver one more
+    chunk = asyncio.ensure_future(inbox.next_chunk(asyncio.Event(), 8, 1 << 20, 60.0))
+
+    async def all_taken() -> bool:
+        return inbox.waiting() == 0
+
+    await wait_until(all_taken, WAIT_S, "the three deliveries taken into the chunk")
+    assert not chunk.done()  # lingering for s1's next delivery
+    await put_from(inbox, "s1", [b"d"])
+    # Now both busy consumers are at their prefetch: the chunk closes, the idle s2 aside.
+    taken = await asyncio.wait_for(chunk, WAIT_S)
+    assert [m.body for m in taken] == [b"a", b"b", b"c", b"d"]
+
+
+async def test_one_busy_shard_is_taken_chunk_after_chunk_without_lingering() -> None:
+    handler = Recorder()
+    consume = ConsumeChunks(
+        "r",
+        "results",
+        text,
+        handler,
+        prefetch=2,
+        chunk=2,
+        chunk_max=8,
+        linger_s=60.0,
+        retry_pause_s=0,
+        also_queues=("s0", "s1"),
+    )
+    async with started([consume]) as running:
+        deliveries = [FakeDelivery(body) for body in (b"a", b"b", b"c", b"d")]
+        for delivery in deliveries:
+            await running.bus.deliver("s0", delivery)
+        await asyncio.wait_for(deliveries[-1].done.wait(), WAIT_S)
+        # Full chunks with more waiting, yet the size stays at what s0 may hold (2),
+        # and no chunk waits out the minute's linger.
+        assert handler.got == [["a", "b"], ["c", "d"]]
 
 
 async def test_a_failed_chunk_sets_the_size_back_to_the_base() -> None:

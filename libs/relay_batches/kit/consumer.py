@@ -34,6 +34,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -228,9 +229,11 @@ class ConsumeChunks(Generic[T]):
     several queues, ``prefetch`` is shared out: each consumer holds ``prefetch / n``
     (rounded up) but never fewer than ``chunk``, so one busy queue can still fill a
     chunk; what is held is at most ``n × max(prefetch / n, chunk)`` messages. A chunk
-    never lingers once the inbox holds all the channel may deliver (every consumer at
-    its prefetch). After :data:`FAIL_LIMIT` failed chunks in a row the consumers step
-    aside (module doc) for up to ``step_aside_s``, or until ``recovered`` passes."""
+    stops lingering once every consumer with deliveries unsettled is at its prefetch
+    (:class:`ChunkInbox`), and the size never grows past what the consumers that
+    delivered the last chunk may hold together. After :data:`FAIL_LIMIT` failed chunks
+    in a row the consumers step aside (module doc) for up to ``step_aside_s``, or until
+    ``recovered`` passes."""
 
     queue: str
     kind: str
@@ -256,7 +259,7 @@ class ConsumeChunks(Generic[T]):
         """Consume the queues into an inbox and take chunks from it until ``halt``."""
         queues = (self.queue, *self.also_queues)
         each = self.prefetch_each()
-        inbox = ChunkInbox(capacity=each * len(queues))
+        inbox = ChunkInbox(prefetch=each, consumers=len(queues))
         subscription = await bus.consume_queues(queues, inbox.put, each)
         pace = ChunkPace(self.chunk, self.chunk_max or self.chunk, self.linger_s)
         loop = self._take(inbox, pace, subscription, halt)
@@ -273,7 +276,8 @@ class ConsumeChunks(Generic[T]):
             started = time.perf_counter()
             if await self.settle(chunk):
                 failures = 0
-                pace.observe(len(chunk), inbox.waiting(), time.perf_counter() - started)
+                elapsed = time.perf_counter() - started
+                pace.observe(len(chunk), inbox.waiting(), elapsed, self._ceiling(chunk))
                 continue
             # The requeued chunk comes back as a full backlog: no reason to grow; and a
             # chunk that failed because of its size must not be retried larger.
@@ -282,6 +286,10 @@ class ConsumeChunks(Generic[T]):
             if failures >= self.fail_limit:
                 await self._step_aside(inbox, subscription, halt, failures)
                 failures = 0
+
+    def _ceiling(self, chunk: Sequence[AbstractIncomingMessage]) -> int:
+        """What the consumers that delivered ``chunk`` may hold together."""
+        return self.prefetch_each() * len({message.consumer_tag for message in chunk})
 
     async def _step_aside(
         self, inbox: ChunkInbox, subscription: Subscription, halt: asyncio.Event, failures: int
@@ -397,18 +405,32 @@ async def _settle_chunk(chunk: Sequence[AbstractIncomingMessage], bad: set[int])
 class ChunkInbox:
     """Deliveries waiting to be taken in chunks, in delivery order. A delivery that would
     have taken a chunk over its byte budget waits at the front for the next chunk.
-    ``capacity``: how many unsettled deliveries the channel may hold at most (the sum of
-    its consumers' prefetch); once the inbox and the chunk being taken hold that many,
-    nothing more can arrive and the chunk closes without lingering."""
 
-    def __init__(self, capacity: int | None = None) -> None:
+    ``prefetch``: how many unsettled deliveries each of the channel's ``consumers`` may
+    hold (the channel delivers no more for a consumer at its prefetch until we settle).
+    The chunk being taken and the inbox are all that is unsettled (a chunk is settled
+    before the next is taken), so a chunk stops lingering, and closes with what it has,
+    once every consumer with a delivery in the chunk or the inbox holds its prefetch:
+    those busy consumers can deliver nothing more before the ack. A consumer that has
+    delivered nothing is taken as quiet (its queue is idle): it is not waited for, and
+    what it delivers later starts the next chunk. So with one busy shard, a chunk
+    closes at that shard's prefetch at once; while some busy consumer is below its
+    prefetch, the chunk lingers as before. Every consumer at its prefetch (the inbox
+    and the chunk holding ``prefetch × consumers``) is the special case of the same
+    rule. A delivery without a consumer tag is counted against the whole channel's
+    ``prefetch × consumers``. Without ``prefetch``, a chunk always lingers."""
+
+    def __init__(self, prefetch: int | None = None, consumers: int = 1) -> None:
         self._queue: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._held: AbstractIncomingMessage | None = None
-        self._capacity = capacity
+        self._prefetch = prefetch
+        self._capacity = None if prefetch is None else prefetch * consumers
+        self._waiting_by: Counter[str | None] = Counter()  # queue and held, per consumer
 
     async def put(self, message: AbstractIncomingMessage) -> None:
         """Take a delivery in (the consumer callback)."""
         self._queue.put_nowait(message)
+        self._waiting_by[message.consumer_tag] += 1
 
     def waiting(self) -> int:
         """Deliveries in the inbox, not yet taken into a chunk."""
@@ -420,6 +442,7 @@ class ChunkInbox:
         self._held = None
         while not self._queue.empty():
             taken.append(self._queue.get_nowait())
+        self._waiting_by.clear()
         return taken
 
     async def next_chunk(
@@ -427,25 +450,48 @@ class ChunkInbox:
     ) -> list[AbstractIncomingMessage]:
         """Wait for a first message (or ``halt``: then ``[]``), then take what arrives
         within ``linger_s`` of it, up to ``size`` messages and ``max_bytes`` of bodies
-        (no waiting once nothing more can arrive: the inbox is at its capacity)."""
+        (no waiting once nothing more can arrive from the busy consumers: class doc)."""
         first = self._held or await self._first(halt)
         self._held = None
         if first is None:
             return []
         chunk, total = [first], len(first.body)
+        by_consumer: Counter[str | None] = Counter()
+        self._into(by_consumer, first)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + linger_s
         while len(chunk) < size:
-            full = self._capacity is not None and len(chunk) + self.waiting() >= self._capacity
-            message = await self._next(0.0 if full else deadline - loop.time())
+            blocked = self._queue.empty() and self._nothing_more(by_consumer)
+            message = await self._next(0.0 if blocked else deadline - loop.time())
             if message is None:
                 break
             if total + len(message.body) > max_bytes:
                 self._held = message
                 break
             chunk.append(message)
+            self._into(by_consumer, message)
             total += len(message.body)
         return chunk
+
+    def _into(self, by_consumer: Counter[str | None], message: AbstractIncomingMessage) -> None:
+        """Count ``message`` as in the chunk, no longer in the inbox."""
+        tag = message.consumer_tag
+        by_consumer[tag] += 1
+        self._waiting_by[tag] -= 1
+        if self._waiting_by[tag] <= 0:
+            del self._waiting_by[tag]
+
+    def _nothing_more(self, by_consumer: Counter[str | None]) -> bool:
+        """Whether every consumer with a delivery unsettled holds its prefetch."""
+        if self._prefetch is None or self._capacity is None:
+            return False
+        if sum(by_consumer.values()) + self.waiting() >= self._capacity:
+            return True
+        for tag in by_consumer.keys() | self._waiting_by.keys():
+            limit = self._capacity if tag is None else self._prefetch
+            if by_consumer[tag] + self._waiting_by[tag] < limit:
+                return False
+        return True
 
     async def _first(self, halt: asyncio.Event) -> AbstractIncomingMessage | None:
         getter = asyncio.ensure_future(self._queue.get())

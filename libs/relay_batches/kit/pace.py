@@ -9,7 +9,9 @@ caller's byte bound, which it never changes):
 - size: starts at ``base`` messages; doubles (up to ``most``) when a chunk was full and
   the load is high (messages were still waiting after it, or its transaction took at
   least the longest linger); halves back (down to ``base``) when a chunk was at most
-  half full;
+  half full; never above the caller's ``ceiling`` for it (what the consumers that
+  delivered the chunk may hold together: a larger chunk could not fill), nor below
+  ``base``;
 - linger: starts at ``linger_s`` (as a fixed linger would); halves (down to
   ``min_linger_s``) when a chunk was a lone message: lingering gained nothing; doubles
   (up to ``linger_s``) when more than one message arrived for a chunk or messages were
@@ -48,13 +50,18 @@ class ChunkPace:
         self.size = self.base
         self.linger = self.linger_s
 
-    def observe(self, taken: int, waiting: int, elapsed_s: float) -> None:
+    def observe(
+        self, taken: int, waiting: int, elapsed_s: float, ceiling: int | None = None
+    ) -> None:
         """Adapt to a chunk of ``taken`` messages that left ``waiting`` behind in the
-        inbox and whose handling took ``elapsed_s``."""
+        inbox and whose handling took ``elapsed_s``; the size stays within ``ceiling``
+        (when given, and never below ``base``)."""
         if taken >= self.size and (waiting > 0 or elapsed_s >= self.linger_s):
             self.size = min(self.most, self.size * 2)
         elif taken * 2 <= self.size:
             self.size = max(self.base, self.size // 2)
+        if ceiling is not None:
+            self.size = max(self.base, min(self.size, ceiling))
         if taken > 1 or waiting > 0:
             self.linger = min(self.linger_s, self.linger * 2)
         else:
