@@ -34,7 +34,7 @@ from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog
-from relay_batches.services.dispatcher.recording import ResultsQueues
+from relay_batches.services.dispatcher.recording import ResultsQueues, held_back
 from relay_batches.services.dispatcher.sharing import (
     Windows,
     boost_for,
@@ -236,7 +236,9 @@ class Dispatcher:
         self.inflight = inflight if inflight is not None else InFlight(config.owner)
         self._clock = clock
         self._results_state = results_state
-        self._deferred = False
+        # The results queues behind at the last pass (of ``_behind_count`` shards).
+        self._behind: frozenset[int] = frozenset()
+        self._behind_count = 0
         self._started_at = clock()
         self._claiming = asyncio.Lock()
         self._stopped = False
@@ -472,27 +474,32 @@ class Dispatcher:
         broker level or below was already delivered. Rows that are merely slow (held)
         or still waiting their turn are left alone, so they cost one upstream call.
 
-        While the aggregator is behind on any results queue (nobody consumes it, or
+        While the aggregator is behind on a results queue (nobody consumes it, or
         outcomes wait there while the ledger shows no outcome recorded for half a stall
         timeout of the running jobs that queue carries: its aggregator lost the ledger
-        or is stuck, see :mod:`~relay_batches.services.dispatcher.recording`) nothing is
-        judged, for any job: a row whose outcome a worker confirmed on its results
+        or is stuck, see :mod:`~relay_batches.services.dispatcher.recording`) the jobs
+        whose outcomes it may carry are not judged (a shard's own jobs; every job for
+        the unsharded queue): a row whose outcome a worker confirmed on its results
         shard is no longer held, and has no outcome in the ledger until the aggregator
-        stores it. A busy aggregator that keeps recording, with a few messages always
-        ready, is not behind. Once it caught up, every job's
-        stall clock restarts: the outcomes it took last may still be on their way into
-        the ledger, and a stall timeout later they are.
+        stores it. The jobs of the other shards are judged as usual, so one stuck shard
+        holds back only its own. A busy aggregator that keeps recording, with a few
+        messages always ready, is not behind. Once a queue caught up, the stall clocks
+        of the jobs it held back restart (and only theirs): the outcomes it took last
+        may still be on their way into the ledger, and a stall timeout later they are.
         """
         cfg = self._config
         if not self.jobs:
             return 0
-        was_deferred = self._deferred
-        if await self._aggregator_behind():
+        was_held = held_back(self.jobs, self._behind, self._behind_count)
+        await self._probe_results()
+        held = held_back(self.jobs, self._behind, self._behind_count)
+        resumed = sorted(was_held - held)
+        if resumed:
+            await self._store.claim_stalled(cfg.owner, resumed, 0.0)
+        judged = [job_id for job_id in self.jobs if job_id not in was_held | held]
+        if not judged:
             return 0
-        if was_deferred:
-            await self._store.claim_stalled(cfg.owner, list(self.jobs), 0.0)
-            return 0
-        stalled = await self._store.claim_stalled(cfg.owner, list(self.jobs), cfg.stall_s)
+        stalled = await self._store.claim_stalled(cfg.owner, judged, cfg.stall_s)
         found = [
             (self.jobs[job.id], job.first_unfinished)
             for job in stalled
@@ -505,29 +512,37 @@ class Dispatcher:
                 await self.top_up(owned)
         return len(stalled)
 
-    async def _aggregator_behind(self) -> bool:
-        """Whether outcomes may wait unrecorded on a results queue (logged when that
-        changes); the ledger is read only when outcomes wait on a consumed queue."""
+    async def _probe_results(self) -> None:
+        """Read which results queues are behind, those where outcomes may wait
+        unrecorded (logged for the queues that fell behind or caught up); the ledger is
+        read only when outcomes wait on a consumed queue."""
         if self._results_state is None:
-            return False
+            return
         queues = await self._results_state()
-        behind = queues.unconsumed()
-        if not behind and queues.waiting():
+        unconsumed = queues.unconsumed()
+        behind = set(unconsumed)
+        if any(queue not in behind for queue in queues.waiting()):
             silences = await self._store.recording_silences()
             uptime = self._clock() - self._started_at
-            behind = queues.silent(silences, uptime, self._config.stall_s / 2)
-        if bool(behind) != self._deferred:
-            self._deferred = bool(behind)
-            log.log(
-                logging.WARNING if behind else logging.INFO,
-                "stall_recovery_deferred" if behind else "stall_recovery_resumed",
-                extra={
-                    "results_ready": queues.ready,
-                    "unconsumed": queues.unconsumed(),
-                    "behind": behind,  # shard indexes, -1 the unsharded queue
-                },
-            )
-        return bool(behind)
+            behind.update(queues.silent(silences, uptime, self._config.stall_s / 2))
+        fell, caught_up = behind - self._behind, self._behind - behind
+        self._behind, self._behind_count = frozenset(behind), len(queues.shards)
+        for action, shards, level in (
+            ("stall_recovery_deferred", fell, logging.WARNING),
+            ("stall_recovery_resumed", caught_up, logging.INFO),
+        ):
+            if shards:
+                log.log(
+                    level,
+                    action,
+                    extra={
+                        "shards": sorted(shards),  # shard indexes, -1 the unsharded queue
+                        "behind": sorted(behind),
+                        "held_back": len(held_back(self.jobs, behind, len(queues.shards))),
+                        "results_ready": queues.ready,
+                        "unconsumed": unconsumed,
+                    },
+                )
 
     async def _resend_lost(self, owned: OwnedJob, first: int, queue_empty: bool) -> int:
         """Publish again the rows of ``owned`` from ``first`` that are lost; return how many."""

@@ -10,11 +10,14 @@ outcome recorded of the running jobs it carries is older than the limit (a shard
 outcomes waiting whose running jobs have none recorded yet counts as silent since the
 dispatcher started). The unsharded queue has competing consumers and carries any job's
 outcomes: its silence is the newest over every running job.
+
+What a queue behind holds back is only the jobs whose outcomes it may carry: a shard's
+own jobs, or every job for the unsharded queue (:func:`held_back`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from relay_batches.bus.topology import results_shard
@@ -60,3 +63,14 @@ class ResultsQueues:
             for queue in (UNSHARDED, results_shard(batch_id, count) if count else UNSHARDED):
                 newest[queue] = min(seconds, newest.get(queue, seconds))
         return [queue for queue in self.waiting() if min(newest.get(queue, uptime), uptime) > limit]
+
+
+def held_back(job_ids: Iterable[str], behind: Collection[int], count: int) -> set[str]:
+    """The jobs of ``job_ids`` whose outcomes may wait on a queue in ``behind`` (queue
+    indexes of ``count`` shards): every one while the unsharded queue is behind, else
+    those mapped to a shard that is."""
+    if UNSHARDED in behind:
+        return set(job_ids)
+    if not behind or count <= 0:
+        return set()
+    return {job_id for job_id in job_ids if results_shard(job_id, count) in behind}

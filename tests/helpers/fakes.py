@@ -320,9 +320,8 @@ class FakeDispatchStore:
         self, owner: str, job_ids: list[str], stall_s: float
     ) -> list[StalledJob]:
         self.calls.append(("claim_stalled", owner, sorted(job_ids), stall_s))
-        found = [StalledJob(i, self.stalled[i]) for i in job_ids if i in self.stalled]
-        self.stalled.clear()
-        return found
+        # Only the jobs asked about have their stall clock restarted.
+        return [StalledJob(i, self.stalled.pop(i)) for i in job_ids if i in self.stalled]
 
     async def recording_silences(self) -> dict[str, float]:
         return dict(self.silences)

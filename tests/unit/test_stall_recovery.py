@@ -311,14 +311,36 @@ async def test_a_busy_aggregator_with_messages_ready_does_not_hold_recovery_back
     assert recorder.flat() == [10, 11, *range(14, 20)], "job1's lost rows are re-sent"
 
 
-async def test_one_silent_shard_defers_recovery_while_another_shard_records(
-    store: FakeDispatchStore, recorder: Recorder
+async def two_stalled_jobs(
+    store: FakeDispatchStore, recorder: Recorder, dispatcher: Dispatcher
+) -> None:
+    """job1 (results shard 1 of 2) and ``other`` (shard 0), each with rows 0..19 out and
+    0..9, 12, 13 recorded, both without progress for a stall timeout."""
+    assert (results_shard("job1", 2), results_shard("other", 2)) == (1, 0)
+    store.queued += [job("job1"), job("other")]
+    await dispatcher.claim()
+    for batch_id in ("job1", "other"):
+        assert recorder.flat(batch_id) == list(range(20))
+        store.outcomes[batch_id] = set(range(10)) | {12, 13}
+        store.stalled[batch_id] = 10
+    recorder.tasks.clear()
+
+
+LOST = [10, 11, *range(14, 20)]
+
+
+def stall_claims(store: FakeDispatchStore) -> list[tuple[list[str], float]]:
+    """The jobs and stall timeout of each ``claim_stalled`` so far."""
+    return [(call[2], call[3]) for call in store.calls if call[0] == "claim_stalled"]
+
+
+async def test_a_silent_shard_holds_back_only_its_own_jobs(
+    store: FakeDispatchStore, recorder: Recorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     """job1's outcomes go to shard 1, whose aggregator lost the ledger: its messages wait
     there while shard 0's aggregator records job ``other`` a second ago. The newest
-    recording over every job would look fine; shard 1's own is 30 s old, so nothing is
-    re-run until it catches up (the whole pass waits, every job's)."""
-    assert (results_shard("job1", 2), results_shard("other", 2)) == (1, 0)
+    recording over every job would look fine; shard 1's own is 30 s old, so job1 is not
+    judged until shard 1 catches up, while ``other``'s lost rows are re-sent at once."""
     state = [ResultsQueues((0, 2), ((3, 1), (25, 1)))]
 
     async def results_state() -> ResultsQueues:
@@ -326,18 +348,102 @@ async def test_one_silent_shard_defers_recovery_while_another_shard_records(
 
     mono = Clock()
     dispatcher = probed(store, recorder, results_state, mono)
-    await stalled_job(store, recorder, dispatcher)
+    await two_stalled_jobs(store, recorder, dispatcher)
     mono.now += 60.0
     store.silences = {"other": 1.0, "job1": 30.0}
-    assert await dispatcher.recover_stalled() == 0
-    assert not [c for c in store.calls if c[0] == "claim_stalled"], "stall clock kept"
-    assert recorder.tasks == []
-    state.append(ResultsQueues((0, 2), ((3, 1), (0, 1))))  # shard 1 drained
-    assert await dispatcher.recover_stalled() == 0
-    assert ("claim_stalled", OWNER, ["job1"], 0.0) in store.calls, "stall clocks restart"
-    store.stalled["job1"] = 10
+    caplog.set_level("INFO", "relay.dispatcher")
     assert await dispatcher.recover_stalled() == 1
-    assert recorder.flat() == [10, 11, *range(14, 20)]
+    assert stall_claims(store) == [(["other"], 10.0)], "job1's stall clock kept"
+    assert (recorder.flat("other"), recorder.flat("job1")) == (LOST, [])
+    deferred = [r for r in caplog.records if r.getMessage() == "stall_recovery_deferred"]
+    assert [(r.__dict__["shards"], r.__dict__["held_back"]) for r in deferred] == [([1], 1)]
+
+    store.stalled["other"] = 10  # still behind: job1 waits, other is judged again
+    assert await dispatcher.recover_stalled() == 1
+    assert stall_claims(store)[1:] == [(["other"], 10.0)]
+    assert recorder.flat("job1") == []
+
+    state.append(ResultsQueues((0, 2), ((3, 1), (0, 1))))  # shard 1 drained
+    recorder.tasks.clear()
+    assert await dispatcher.recover_stalled() == 0
+    assert stall_claims(store)[2:] == [(["job1"], 0.0), (["other"], 10.0)], (
+        "only the caught-up shard's jobs have their stall clocks restarted"
+    )
+    assert recorder.tasks == []
+    resumed = [r for r in caplog.records if r.getMessage() == "stall_recovery_resumed"]
+    assert [r.__dict__["shards"] for r in resumed] == [[1]]
+    store.stalled["job1"] = 10  # a stall timeout later: still without an outcome, lost
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat("job1") == LOST
+
+
+async def test_a_shard_nobody_consumes_holds_back_only_its_own_jobs(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    """Shard 0 (``other``'s) has no consumer, without a ledger read: job1 on shard 1 is
+    recovered; ``other`` is not, and its stall clock is kept."""
+
+    async def results_state() -> ResultsQueues:
+        return ResultsQueues((0, 1), ((0, 0), (0, 1)))
+
+    mono = Clock()
+    dispatcher = probed(store, recorder, results_state, mono)
+    await two_stalled_jobs(store, recorder, dispatcher)
+    mono.now += 60.0
+    assert await dispatcher.recover_stalled() == 1
+    assert stall_claims(store) == [(["job1"], 10.0)]
+    assert (recorder.flat("job1"), recorder.flat("other")) == (LOST, [])
+
+
+async def test_the_unsharded_queue_behind_holds_back_every_job(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    """``<ns>.results`` may carry any job's outcomes: while it is behind no job is judged,
+    and once it caught up every job's stall clock restarts."""
+    state = [ResultsQueues((7, 1), ((0, 1), (0, 1)))]
+
+    async def results_state() -> ResultsQueues:
+        return state[-1]
+
+    mono = Clock()
+    dispatcher = probed(store, recorder, results_state, mono)
+    await two_stalled_jobs(store, recorder, dispatcher)
+    mono.now += 60.0
+    store.silences = {"job1": 30.0, "other": 30.0}
+    assert await dispatcher.recover_stalled() == 0
+    state.append(ResultsQueues((0, 0), ((0, 1), (0, 1))))  # now nobody consumes it
+    assert await dispatcher.recover_stalled() == 0
+    assert stall_claims(store) == [], "no stall clock restarted while it is behind"
+    assert recorder.tasks == []
+    state.append(ResultsQueues((0, 1), ((0, 1), (0, 1))))
+    assert await dispatcher.recover_stalled() == 0
+    assert stall_claims(store) == [(["job1", "other"], 0.0)]
+    for batch_id in ("job1", "other"):
+        store.stalled[batch_id] = 10
+    assert await dispatcher.recover_stalled() == 2
+    assert (recorder.flat("job1"), recorder.flat("other")) == (LOST, LOST)
+
+
+async def test_a_shard_behind_with_none_of_our_jobs_holds_nothing_back(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    """Shard 1 drains late outcomes of jobs no longer running (none recorded: silent
+    since we started): ours all map to shard 0 of 2 and are recovered as usual."""
+
+    async def results_state() -> ResultsQueues:
+        return ResultsQueues((0, 1), ((0, 1), (40, 1)))
+
+    mono = Clock()
+    dispatcher = probed(store, recorder, results_state, mono)
+    store.queued.append(job("other"))
+    await dispatcher.claim()
+    store.outcomes["other"] = set(range(10)) | {12, 13}
+    store.stalled["other"] = 10
+    recorder.tasks.clear()
+    mono.now += 60.0
+    store.silences = {"other": 1.0}
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat("other") == LOST
 
 
 @pytest.mark.parametrize(
