@@ -4,13 +4,13 @@ wake-up, whichever surface it came from.
 A surface translates its request into job-level fields and request rows; here the fields
 are validated (:func:`job_fields`, the rules of ``POST /v1/batches`` for every surface),
 the job is built (:func:`plan_job`), stored with its ``Idempotency-Key`` claim in one
-transaction (:func:`submit_one`, :func:`submit_many`) and a dispatcher is woken.
+transaction (:func:`submit_one`) and a dispatcher is woken.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -116,15 +116,6 @@ async def submit_one(deps: ApiDeps, planned: PlannedJob, claim: IdempotencyClaim
     job = await deps.jobs.create(planned.new, _row_pairs(planned), claim)
     await _created(deps, [job])
     return job
-
-
-async def submit_many(
-    deps: ApiDeps, jobs: Sequence[PlannedJob], claim: IdempotencyClaim | None
-) -> list[Job]:
-    """Store several jobs in one transaction (all or none), then wake their dispatchers."""
-    created = await deps.jobs.create_many([(p.new, _row_pairs(p)) for p in jobs], claim)
-    await _created(deps, created)
-    return created
 
 
 async def announce_created(deps: ApiDeps, job: Job) -> None:

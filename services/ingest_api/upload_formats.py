@@ -1,7 +1,8 @@
 """Reading an uploaded ``.csv`` or ``.jsonl`` file into validated request rows.
 
-Pure functions, no aiohttp: the upload endpoint calls :func:`parse_upload_file` on each
-file and turns a :class:`LineError` into a 400 naming the file and the line.
+Pure functions, no aiohttp: the upload endpoint reads each spooled file a chunk at a
+time through :class:`FileReader` (tests and benches call :func:`parse_upload_file` on
+bytes) and turns a :class:`LineError` into a 400 naming the file and the line.
 
 ``.csv``: one prompt per record, each becoming one ``user`` message; quoted fields may
 hold commas, quotes (doubled) and newlines (the ``csv`` module, strict). A record must

@@ -94,7 +94,6 @@ class OutcomePublisher:
         self._max_rows = max_rows
         self._max_bytes = max_bytes
         self._flush_s = flush_s
-        self._shards = shards
         self._pending = [_Pending() for _ in range(shards)]
         self._flushes: set[asyncio.Task[None]] = set()
 
@@ -102,7 +101,7 @@ class OutcomePublisher:
         """Queue ``outcome`` for publishing and wait until the broker confirmed it."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        shard = results_shard(outcome.batch_id, self._shards)
+        shard = results_shard(outcome.batch_id, len(self._pending))
         pending = self._pending[shard]
         pending.meter.tick(loop.time())
         size = len(orjson.dumps(outcome.as_list())) + 1  # and its comma
@@ -160,7 +159,7 @@ class OutcomePublisher:
 
     async def drain(self) -> None:
         """Publish whatever is pending and wait for every flush in progress."""
-        for shard in range(self._shards):
+        for shard in range(len(self._pending)):
             self._flush_now(shard)
         if self._flushes:
             await asyncio.gather(*self._flushes, return_exceptions=True)

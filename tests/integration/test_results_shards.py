@@ -116,7 +116,7 @@ async def names(iso: Isolation) -> AsyncIterator[Names]:
 
 
 async def ready_per_shard(bus: Bus) -> list[int]:
-    return [(await bus.queue_state(q))[0] for q in bus.names.results_shards]
+    return [ready for ready, _ in await bus.queue_states(bus.names.results_shards)]
 
 
 async def publish_rows(bus: Bus, batch_ids: Sequence[str], rows: range) -> None:

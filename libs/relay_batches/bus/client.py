@@ -162,12 +162,6 @@ class Bus:
         declared = await declare_queue(self._require_channel(), self.names, queue)
         return int(declared.declaration_result.message_count or 0)
 
-    async def queue_state(self, queue: str) -> tuple[int, int]:
-        """``(ready messages, consumers)`` of one of the durable queues."""
-        declared = await declare_queue(self._require_channel(), self.names, queue)
-        result = declared.declaration_result
-        return int(result.message_count or 0), int(result.consumer_count or 0)
-
     async def queue_states(self, queues: Iterable[str]) -> list[tuple[int, int]]:
         """``(ready messages, consumers)`` of each of ``queues``, by passive declares on a
         channel of their own: they check nothing of a queue's arguments (one declared
@@ -275,9 +269,12 @@ class Subscription:
         self._consumers: list[tuple[AbstractQueue, str]] = []
 
     async def resume(self) -> None:
-        """Subscribe every queue (again)."""
+        """Subscribe every queue that has no consumer of ours (again): after a resume
+        that failed part-way, calling it again adds only the missing ones."""
+        held = {id(queue) for queue, _ in self._consumers}
         for queue in self._queues:
-            self._consumers.append(await self._bus._start(queue, self._callback))
+            if id(queue) not in held:
+                self._consumers.append(await self._bus._start(queue, self._callback))
 
     async def cancel(self) -> None:
         """Cancel these consumers: no new deliveries; those delivered stay unacked

@@ -97,10 +97,6 @@ class Names:
         :func:`results_shard` maps there, taken by one aggregator at a time."""
         return f"{self.results}.{shard}"
 
-    def results_for(self, batch_id: str) -> str:
-        """The results shard queue the outcomes of ``batch_id`` go to."""
-        return self.results_shard(results_shard(batch_id, self.shards))
-
     @property
     def results_shards(self) -> tuple[str, ...]:
         """Every results shard queue, in shard order."""

@@ -262,11 +262,16 @@ class ConsumeChunks(Generic[T]):
         inbox = ChunkInbox(prefetch=each, consumers=len(queues))
         subscription = await bus.consume_queues(queues, inbox.put, each)
         pace = ChunkPace(self.chunk, self.chunk_max or self.chunk, self.linger_s)
-        loop = self._take(inbox, pace, subscription, halt)
+        loop = self._take(inbox, pace, subscription, halt, each)
         tasks.spawn(loop, name=f"{self.kind}-chunks", loop=True)
 
     async def _take(
-        self, inbox: ChunkInbox, pace: ChunkPace, subscription: Subscription, halt: asyncio.Event
+        self,
+        inbox: ChunkInbox,
+        pace: ChunkPace,
+        subscription: Subscription,
+        halt: asyncio.Event,
+        each: int,
     ) -> None:
         failures = 0
         while not halt.is_set():
@@ -277,7 +282,9 @@ class ConsumeChunks(Generic[T]):
             if await self.settle(chunk):
                 failures = 0
                 elapsed = time.perf_counter() - started
-                pace.observe(len(chunk), inbox.waiting(), elapsed, self._ceiling(chunk))
+                # What the consumers that delivered it may hold together.
+                ceiling = each * len({message.consumer_tag for message in chunk})
+                pace.observe(len(chunk), inbox.waiting(), elapsed, ceiling)
                 continue
             # The requeued chunk comes back as a full backlog: no reason to grow; and a
             # chunk that failed because of its size must not be retried larger.
@@ -286,10 +293,6 @@ class ConsumeChunks(Generic[T]):
             if failures >= self.fail_limit:
                 await self._step_aside(inbox, subscription, halt, failures)
                 failures = 0
-
-    def _ceiling(self, chunk: Sequence[AbstractIncomingMessage]) -> int:
-        """What the consumers that delivered ``chunk`` may hold together."""
-        return self.prefetch_each() * len({message.consumer_tag for message in chunk})
 
     async def _step_aside(
         self, inbox: ChunkInbox, subscription: Subscription, halt: asyncio.Event, failures: int
@@ -306,7 +309,21 @@ class ConsumeChunks(Generic[T]):
         if halt.is_set():
             return  # the drain follows: the channel's close requeues the rest
         await _requeue_all(inbox)  # anything delivered just before the cancel took effect
-        await subscription.resume()
+        while True:
+            try:
+                await subscription.resume()
+                break
+            except SETTLE_ERRORS as exc:  # the broker is away: again shortly, not a crash
+                log.warning(
+                    "consumers_resume_failed", extra={"kind": self.kind, "error": repr(exc)}
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(halt.wait(), RECHECK_S)
+            if halt.is_set():
+                break
+        if halt.is_set():
+            await subscription.cancel()  # resumed as the drain began: hand the queues back
+            return
         log.info("consumers_resumed", extra={"kind": self.kind})
 
     async def _wait_recovered(self, halt: asyncio.Event) -> None:

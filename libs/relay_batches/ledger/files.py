@@ -27,7 +27,13 @@ import asyncpg
 import orjson
 
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
-from relay_batches.ledger.jobs import EXPIRES_AT, NewJob, first_repeats, long_store_slots
+from relay_batches.ledger.jobs import (
+    EXPIRES_AT,
+    NewJob,
+    first_repeats,
+    long_store_slot,
+    long_store_slots,
+)
 from relay_batches.ledger.jobs import _insert_job as insert_job
 from relay_batches.ledger.pool import Connection, translated
 from relay_batches.model import Job, JobStatus
@@ -187,7 +193,7 @@ class FileStore:
         :class:`.jobs.JobStore` uploads) before a connection, so long stores never take
         the pool from other requests; the caller feeds it from local storage, never from
         a client."""
-        async with self._storing, translated(), self._pool.acquire() as conn:
+        async with long_store_slot(self._storing), translated(), self._pool.acquire() as conn:
             async with conn.transaction():
                 yield FileUpload(conn, file_id)
 

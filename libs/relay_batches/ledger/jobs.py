@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import asyncpg
 import orjson
 
-from relay_batches.errors import ConflictError
+from relay_batches.errors import ConflictError, TransientError
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
 from relay_batches.ledger.job_retry import RetryRows, insert_retry
 from relay_batches.ledger.outbox import mark_finished_published
@@ -26,11 +26,12 @@ RESULT_PAGE_BYTES = 4 * 1024 * 1024
 # so the rest of the pool always serves short queries (the ingest-api checks its pool
 # holds at least this many + 2 at start-up).
 MAX_LONG_STORES = 2
+LONG_STORE_WAIT_S = 60.0  # a store waits this long for a slot, then is answered 503
 T = TypeVar("T")
 
-# Whether a batch's rows repeat a custom id: a hash aggregate that stops at the first
-# repeated id it finds (no sort of the batch's rows), so a clean upload of 1,000,000 rows
-# pays one scan. Only when there is one is the first repeat (in row order) looked for.
+# Whether a batch's rows repeat a custom id: one scan into a hash aggregate (no sort of
+# the batch's rows; it reads them all before HAVING can answer). Only when there is a
+# repeat is the first one (in row order) looked for, with a second scan.
 HAS_REPEAT = (
     "SELECT custom_id FROM batch_rows WHERE batch_id = $1"
     " GROUP BY custom_id HAVING count(*) > 1 LIMIT 1"
@@ -47,6 +48,22 @@ def long_store_slots(slots: int = MAX_LONG_STORES) -> asyncio.Semaphore:
     """The slots long stores take a connection under: one for the process, shared by its
     :class:`JobStore` and :class:`FileStore`."""
     return asyncio.Semaphore(slots)
+
+
+@asynccontextmanager
+async def long_store_slot(
+    slots: asyncio.Semaphore, wait_s: float = LONG_STORE_WAIT_S
+) -> AsyncIterator[None]:
+    """One of ``slots``, waited for at most ``wait_s``: then :class:`TransientError`
+    (a 503 with ``Retry-After``), not a wait as long as the stores ahead of it."""
+    try:
+        await asyncio.wait_for(slots.acquire(), wait_s)
+    except TimeoutError:
+        raise TransientError(f"every long-store slot stayed taken for {wait_s:g} s") from None
+    try:
+        yield
+    finally:
+        slots.release()
 
 
 async def first_repeats(conn: Connection, batch_id: str, limit: int) -> list[asyncpg.Record]:
@@ -313,7 +330,7 @@ class JobStore:
         with the process's :class:`FileStore`) before a connection, so at most that many
         hold one at once (the others wait their turn); the caller feeds it from local
         storage, never from a client."""
-        async with self._streaming, translated(), self._pool.acquire() as conn:
+        async with long_store_slot(self._streaming), translated(), self._pool.acquire() as conn:
             async with conn.transaction():
                 yield JobWriter(conn)
 
@@ -333,22 +350,6 @@ class JobStore:
             if claim is not None:
                 await record_response(conn, claim, 201, orjson.dumps(job.to_api()).decode())
         return job
-
-    async def create_many(
-        self,
-        batches: Sequence[tuple[NewJob, Iterable[tuple[str, str]]]],
-        claim: IdempotencyClaim | None = None,
-    ) -> list[Job]:
-        """Insert several batches with their rows in one transaction: all or none.
-
-        With ``claim``, the 201 list response is recorded as :meth:`create` does.
-        """
-        async with translated(), self._pool.acquire() as conn, conn.transaction():
-            created = [await _insert_job(conn, new, rows) for new, rows in batches]
-            if claim is not None:
-                body = {"object": "list", "data": [b.to_api() for b in created]}
-                await record_response(conn, claim, 201, orjson.dumps(body).decode())
-        return created
 
     async def get(self, workspace_id: str, batch_id: str) -> Job | None:
         """The batch ``batch_id`` if it belongs to ``workspace_id``."""
