@@ -65,7 +65,9 @@ async def test_keys_are_compared_in_constant_time(
 
     monkeypatch.setattr(keys_module.hmac, "compare_digest", spy)
     assert await store.workspace_for_key(created.key) is not None
-    assert await store.workspace_for_key(created.key[:-1] + "A") is None
+    # A last character that differs from the real one: "A" alone would match 1 key in 64.
+    wrong = created.key[:-1] + ("B" if created.key.endswith("A") else "A")
+    assert await store.workspace_for_key(wrong) is None
     assert compared
     assert all(len(a) == len(b) == 32 for a, b in compared)
 
