@@ -35,6 +35,13 @@ can exercise retries, rate limits and timeouts without a real model (on both end
 
 On top of that every call waits ``SimConfig.latency_ms`` and a ``SimConfig.error_rate``
 fraction of the untriggered calls answers 503.
+
+Rate limits, as providers enforce them (:class:`RateWindows`): with ``SimConfig.rpm`` a
+calendar second admits at most ``rpm // 60`` calls (at least 1), and with
+``SimConfig.tpm`` at most ``tpm // 60`` tokens, a call counting its prompt tokens plus its
+``max_tokens`` (``max_completion_tokens``; without either, its reply's tokens); a call over
+either answers 429 at once with ``Retry-After: 1`` and the provider's error shape, and is
+not counted in the window. ``GET /stats`` counts those answers as ``throttled``.
 """
 
 from __future__ import annotations
@@ -90,12 +97,16 @@ class SimConfig:
     latency_ms: float = 0
     error_rate: float = 0.0
     seed: int | None = None
+    rpm: int = 0  # requests per minute, enforced per second (0: unlimited)
+    tpm: int = 0  # tokens per minute, enforced per second (0: unlimited)
 
     def __post_init__(self) -> None:
         if not self.latency_ms >= 0:
             raise ValueError(f"latency_ms must be >= 0, got {self.latency_ms!r}")
         if not 0.0 <= self.error_rate <= 1.0:
             raise ValueError(f"error_rate must be within 0..1, got {self.error_rate!r}")
+        if self.rpm < 0 or self.tpm < 0:
+            raise ValueError(f"rpm and tpm must be >= 0, got {self.rpm!r} and {self.tpm!r}")
 
 
 # --- pure parsing ----------------------------------------------------------------------
@@ -184,6 +195,7 @@ class ChatRequest:
     contents: tuple[str, ...]
     last_user: str
     tool: str | None = None
+    max_tokens: int | None = None
 
     @property
     def calls_tool(self) -> bool:
@@ -247,7 +259,15 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         contents=contents,
         last_user=last_user,
         tool=_chat_tool(data.get("tools"), data.get("tool_choice")),
+        max_tokens=_max_tokens(data.get("max_completion_tokens", data.get("max_tokens"))),
     )
+
+
+def _max_tokens(value: Any) -> int | None:
+    """A request's completion-token cap, when it gives a positive integer one."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
 
 
 def _chat_call_ids(calls: Any, index: int) -> list[Any]:
@@ -310,6 +330,7 @@ def parse_messages_request(body: bytes, headers: Mapping[str, str]) -> ChatReque
         contents=(system, *contents) if system else contents,
         last_user=last_user,
         tool=_messages_tool(data.get("tools"), data.get("tool_choice")),
+        max_tokens=max_tokens,
     )
 
 
@@ -452,6 +473,41 @@ def _messages_tool(tools: Any, choice: Any) -> str | None:
 # --- state and decisions ---------------------------------------------------------------
 
 
+THROTTLE_RETRY_AFTER_S = 1  # a throttled call may come back with the next second
+
+
+class RateWindows:
+    """Per-calendar-second windows of calls and tokens, as a provider quantizes its
+    per-minute limits: a second admits ``rpm // 60`` calls (at least 1) and
+    ``tpm // 60`` tokens (at least 1); 0 means that limit is off."""
+
+    def __init__(self, rpm: int, tpm: int, clock: Callable[[], float] = time.time) -> None:
+        self._calls_per_s = max(1, rpm // 60) if rpm else 0
+        self._tokens_per_s = max(1, tpm // 60) if tpm else 0
+        self._clock = clock
+        self._second = -1
+        self._calls = 0
+        self._tokens = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether any limit is on."""
+        return bool(self._calls_per_s or self._tokens_per_s)
+
+    def admit(self, tokens: int) -> bool:
+        """Count a call of ``tokens`` in this second's window if it fits; False if over."""
+        second = int(self._clock())
+        if second != self._second:
+            self._second, self._calls, self._tokens = second, 0, 0
+        if self._calls_per_s and self._calls + 1 > self._calls_per_s:
+            return False
+        if self._tokens_per_s and self._tokens + tokens > self._tokens_per_s:
+            return False
+        self._calls += 1
+        self._tokens += tokens
+        return True
+
+
 class SimState:
     """Call counters, fail-first counters and the error-rate dice of one simulator."""
 
@@ -464,15 +520,21 @@ class SimState:
         self.calls = 0
         self.ok = 0
         self.errors = 0
+        self.throttled = 0  # of errors: 429s of the rate limits (RateWindows)
         self.in_flight = 0
 
     def stats(self) -> dict[str, int]:
         """The counters served by ``GET /stats``."""
-        return {"calls": self.calls, "ok": self.ok, "errors": self.errors}
+        return {
+            "calls": self.calls,
+            "ok": self.ok,
+            "errors": self.errors,
+            "throttled": self.throttled,
+        }
 
     def reset(self) -> None:
         """Zero every counter, forget fail-first contents and re-seed the dice."""
-        self.calls = self.ok = self.errors = 0
+        self.calls = self.ok = self.errors = self.throttled = 0
         self._failures.clear()
         self._rng = random.Random(self._seed)
 
@@ -572,6 +634,14 @@ def _tool_call(chat: ChatRequest) -> tuple[str, str, dict[str, str]]:
 
 def _prompt_tokens(chat: ChatRequest) -> int:
     return sum(estimate_tokens(content) for content in chat.contents)
+
+
+def call_tokens(chat: ChatRequest, reply_bytes: int | None = None) -> int:
+    """What a call counts against a tokens-per-minute limit: its prompt tokens plus its
+    ``max_tokens``, or without one the tokens of the reply it gets."""
+    if chat.max_tokens is not None:
+        return _prompt_tokens(chat) + chat.max_tokens
+    return _prompt_tokens(chat) + estimate_tokens(_reply_text(chat, reply_bytes))
 
 
 def completion_payload(chat: ChatRequest, reply_bytes: int | None = None) -> dict[str, object]:
@@ -679,10 +749,13 @@ STATE_KEY: web.AppKey[SimState] = web.AppKey("upstream_sim_state", SimState)
 class _Routes:
     """The request handlers of one simulator app."""
 
-    def __init__(self, config: SimConfig, state: SimState, sleep: Sleep) -> None:
+    def __init__(
+        self, config: SimConfig, state: SimState, sleep: Sleep, windows: RateWindows
+    ) -> None:
         self._config = config
         self._state = state
         self._sleep = sleep
+        self._windows = windows
 
     async def chat_completions(self, request: web.Request) -> web.Response:
         """``POST /v1/chat/completions``: count the call, then answer it."""
@@ -713,6 +786,11 @@ class _Routes:
             return dialect.error(exc.status, str(exc), kind, None)
         triggers = chat.triggers()
         outcome = decide_outcome(triggers, chat.last_user, self._state, self._config.error_rate)
+        if outcome is SUCCESS and self._windows.active:
+            if not self._windows.admit(call_tokens(chat, triggers.reply_bytes)):
+                self._state.throttled += 1
+                message = "rate limit reached (simulated requests or tokens per minute)"
+                return dialect.error(429, message, "rate_limit_error", THROTTLE_RETRY_AFTER_S)
         await self._pause(self._config.latency_ms + (triggers.delay_ms or 0))
         if triggers.hang:
             await self._sleep(HANG_SECONDS)
@@ -743,16 +821,19 @@ class _Routes:
         return json_response({"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]})
 
 
-def build_app(config: SimConfig, *, sleep: Sleep = asyncio.sleep) -> web.Application:
+def build_app(
+    config: SimConfig, *, sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.time
+) -> web.Application:
     """The simulator app; its :class:`SimState` is ``app[STATE_KEY]``.
 
-    ``sleep`` is what every latency, delay and hang waits with (tests pass a recorder).
+    ``sleep`` is what every latency, delay and hang waits with (tests pass a recorder);
+    ``clock`` the wall clock of the rate windows.
     Serve it with ``handler_cancellation=True`` so a hung call ends when its client leaves.
     """
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     state = SimState(config.seed)
     app[STATE_KEY] = state
-    routes = _Routes(config, state, sleep)
+    routes = _Routes(config, state, sleep, RateWindows(config.rpm, config.tpm, clock))
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
     app.router.add_post("/v1/messages", routes.messages)
     app.router.add_get("/v1/models", routes.models)

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -18,12 +19,15 @@ from relay_batches.services.upstream_sim.app import (
     HANG_SECONDS,
     NO_TRIGGERS,
     STATE_KEY,
+    RateWindows,
     SimConfig,
     SimState,
     Sleep,
     Triggers,
     build_app,
+    call_tokens,
     estimate_tokens,
+    parse_chat_request,
     parse_triggers,
 )
 from relay_batches.settings import ConfigError
@@ -48,8 +52,13 @@ async def make_client() -> AsyncIterator[MakeClient]:
     """Start simulator apps on free ports; close every client (and server) afterwards."""
     clients: list[Client] = []
 
-    async def make(config: SimConfig | None = None, *, sleep: Sleep = asyncio.sleep) -> Client:
-        app = build_app(config or SimConfig(), sleep=sleep)
+    async def make(
+        config: SimConfig | None = None,
+        *,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.time,
+    ) -> Client:
+        app = build_app(config or SimConfig(), sleep=sleep, clock=clock)
         client: Client = TestClient(TestServer(app))
         await client.start_server()
         clients.append(client)
@@ -128,6 +137,8 @@ def test_sim_config_rejects_bad_values() -> None:
         SimConfig(error_rate=1.5)
     with pytest.raises(ValueError, match="latency_ms"):
         SimConfig(latency_ms=-1)
+    with pytest.raises(ValueError, match="rpm and tpm"):
+        SimConfig(rpm=-1)
 
 
 def test_options_from_env() -> None:
@@ -137,9 +148,11 @@ def test_options_from_env() -> None:
             "RELAY_SIM_ERROR_RATE": "0.25",
             "RELAY_SIM_PORT": "9001",
             "RELAY_SIM_HOST": "0.0.0.0",
+            "RELAY_SIM_RPM": "600",
+            "RELAY_SIM_TPM": "90000",
         }
     )
-    assert options.config == SimConfig(latency_ms=12.5, error_rate=0.25)
+    assert options.config == SimConfig(latency_ms=12.5, error_rate=0.25, rpm=600, tpm=90000)
     assert (options.host, options.port) == ("0.0.0.0", 9001)
     defaults = options_from_env({})
     assert defaults.config == SimConfig()
@@ -152,6 +165,8 @@ def test_options_from_env() -> None:
         ("RELAY_SIM_ERROR_RATE", "2"),
         ("RELAY_SIM_ERROR_RATE", "lots"),
         ("RELAY_SIM_LATENCY_MS", "-5"),
+        ("RELAY_SIM_RPM", "-1"),
+        ("RELAY_SIM_TPM", "many"),
         ("RELAY_SIM_PORT", "http"),
         ("RELAY_SIM_PORT", "70000"),
     ],
@@ -280,7 +295,7 @@ async def test_invalid_body_is_400(client: Client, payload: bytes, message: str)
             "error": {"message": message, "type": "invalid_request_error"}
         }
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 1, "ok": 0, "errors": 1}
+        assert await response.json() == {"calls": 1, "ok": 0, "errors": 1, "throttled": 0}
 
 
 # --- triggers ----------------------------------------------------------------------------
@@ -385,7 +400,7 @@ async def test_hang_is_cancelled_when_the_client_gives_up(make_client: MakeClien
     await asyncio.wait_for(state.wait_idle(), timeout=5)
     assert state.in_flight == 0
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 1, "ok": 0, "errors": 0}
+        assert await response.json() == {"calls": 1, "ok": 0, "errors": 0, "throttled": 0}
 
 
 # --- error rate --------------------------------------------------------------------------
@@ -417,16 +432,16 @@ async def test_error_rate_is_seeded_and_reset_reseeds(make_client: MakeClient) -
 
 async def test_stats_count_calls_and_reset_zeroes_everything(client: Client) -> None:
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 0, "ok": 0, "errors": 0}
+        assert await response.json() == {"calls": 0, "ok": 0, "errors": 0, "throttled": 0}
     assert await post_statuses(client, chat("[sim:fail-first=1]"), 2) == [503, 200]
     assert await post_statuses(client, chat("ok"), 1) == [200]
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 3, "ok": 2, "errors": 1}
+        assert await response.json() == {"calls": 3, "ok": 2, "errors": 1, "throttled": 0}
     async with client.post("/reset") as response:
         assert response.status == 200
         assert await response.json() == {"ok": True}
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 0, "ok": 0, "errors": 0}
+        assert await response.json() == {"calls": 0, "ok": 0, "errors": 0, "throttled": 0}
     assert client.app[STATE_KEY].tracked_contents == 0
     assert await post_statuses(client, chat("[sim:fail-first=1]"), 2) == [503, 200]
 
@@ -778,4 +793,78 @@ async def test_messages_fail_first_and_retry_after_and_the_shared_stats(client: 
     async with client.post(CHAT, json=chat("hi")) as response:
         assert response.status == 200
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 3, "ok": 2, "errors": 1}
+        assert await response.json() == {"calls": 3, "ok": 2, "errors": 1, "throttled": 0}
+
+
+# --- rate limits -------------------------------------------------------------------------
+
+
+class Clock:
+    """A wall clock the test moves."""
+
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rate_windows_admit_rpm_over_60_calls_per_second_then_the_next_second() -> None:
+    clock = Clock(100.2)
+    windows = RateWindows(rpm=600, tpm=0, clock=clock)
+    assert [windows.admit(1) for _ in range(11)] == [True] * 10 + [False]
+    clock.now = 100.99
+    assert not windows.admit(1)
+    clock.now = 101.0
+    assert windows.admit(1)
+
+
+def test_rate_windows_count_tokens_and_a_refused_call_costs_nothing() -> None:
+    clock = Clock(5.0)
+    windows = RateWindows(rpm=0, tpm=6000, clock=clock)  # 100 tokens a second
+    assert windows.admit(60)
+    assert not windows.admit(41)  # refused: not counted
+    assert windows.admit(40)
+    assert not windows.admit(1)
+    assert RateWindows(rpm=30, tpm=0, clock=clock).admit(1)  # below 60 rpm: 1 a second
+    assert not RateWindows(0, 0).active
+
+
+def test_call_tokens_are_the_prompt_plus_max_tokens_or_the_reply() -> None:
+    capped = parse_chat_request(orjson.dumps({**chat("abcdefgh"), "max_tokens": 50}))
+    assert call_tokens(capped) == 2 + 50
+    newer = parse_chat_request(orjson.dumps({**chat("abcdefgh"), "max_completion_tokens": 7}))
+    assert call_tokens(newer) == 2 + 7
+    uncapped = parse_chat_request(orjson.dumps(chat("abcdefgh")))
+    assert call_tokens(uncapped) == 2 + estimate_tokens("echo: abcdefgh")
+
+
+async def test_over_the_rpm_a_call_answers_429_with_retry_after_at_once(
+    make_client: MakeClient,
+) -> None:
+    clock, sleep = Clock(50.5), SleepRecorder()
+    client = await make_client(SimConfig(latency_ms=200, rpm=120), sleep=sleep, clock=clock)
+    assert await post_statuses(client, chat("a"), 3) == [200, 200, 429]
+    assert sleep.calls == [0.2, 0.2]  # the 429 answered without the latency
+    async with client.post(CHAT, json=chat("b")) as response:
+        assert (response.status, response.headers["Retry-After"]) == (429, "1")
+        assert (await response.json())["error"]["type"] == "rate_limit_error"
+    async with client.post(MESSAGES, json=messages_body(), headers=ANTHROPIC_HEADERS) as response:
+        assert response.status == 429
+        assert (await response.json())["error"]["type"] == "rate_limit_error"
+    clock.now = 51.0
+    assert await post_statuses(client, chat("c"), 1) == [200]
+    async with client.get("/stats") as response:
+        assert await response.json() == {"calls": 6, "ok": 3, "errors": 3, "throttled": 3}
+
+
+async def test_over_the_tpm_a_call_answers_429(make_client: MakeClient) -> None:
+    client = await make_client(SimConfig(tpm=60 * 60), sleep=SleepRecorder(), clock=Clock())
+    body = {**chat("abcd"), "max_tokens": 29}  # 1 + 29 tokens: two fit in a second's 60
+    assert await post_statuses(client, body, 3) == [200, 200, 429]
+
+
+async def test_a_status_trigger_answers_before_the_rate_limit(make_client: MakeClient) -> None:
+    client = await make_client(SimConfig(rpm=60), sleep=SleepRecorder(), clock=Clock())
+    assert await post_statuses(client, chat("[sim:status=500]"), 2) == [500, 500]
+    assert await post_statuses(client, chat("ok"), 2) == [200, 429]
