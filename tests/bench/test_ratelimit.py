@@ -19,10 +19,13 @@ submits the job and waits until it ends; the figures (median, min, max):
   completed).
 
 ``ratelimit_*`` binds on requests (600 rpm). ``ratelimit_tpm_*`` binds on tokens: every
-row is :data:`TOKENS_PER_ROW` tokens as the simulator counts them (a 9-character message,
-``ceil(9 / 4) = 3`` prompt tokens, plus the job's ``params.max_tokens``), the simulator
+row is :data:`TOKENS_PER_ROW` tokens as the simulator counts them (its message's
+``ceil(len / 4)`` prompt tokens plus the job's ``params.max_tokens``), the simulator
 allows :data:`TPM` tokens per minute and far more requests than that, and the routes
-carry only ``tpm``: the limit is ``TPM / 60 / TOKENS_PER_ROW`` = 10 rows/s.
+carry only ``tpm``: the limit is ``TPM / 60 / TOKENS_PER_ROW`` = 10 rows/s. Each reply is
+padded (``[sim:reply-bytes=N]``) to exactly ``max_tokens`` completion tokens, so the
+reply's usage equals the estimate made before the call: the limiter's correction by
+usage neither refunds nor charges anything, and the figure measures the pacing alone.
 ``ratelimit_load_1m`` is the machine's load average when the benchmark started: other
 programs on the two cores make the machine figures noisier (the limit figures less so).
 """
@@ -55,9 +58,11 @@ ROWS = 450  # 45 s at 10 rows/s
 WORKERS = 3
 CONCURRENCY = 16
 RPM = 600
-TPM = 60_000
-MAX_TOKENS = 97
-TOKENS_PER_ROW = 3 + MAX_TOKENS  # "row 00042": 9 characters, ceil(9 / 4) prompt tokens
+TPM = 60_000  # 1,000 tokens a second: 10 rows of TOKENS_PER_ROW
+MAX_TOKENS = 92
+RPM_PROMPT = "row {i:05d}"
+TPM_PROMPT = "row {i:05d} [sim:reply-bytes=" + str(4 * MAX_TOKENS) + "]"  # 92 tokens back
+TOKENS_PER_ROW = -(-len(TPM_PROMPT.format(i=0)) // 4) + MAX_TOKENS  # 8 + 92 = 100
 FINISHED = {"completed", "failed", "canceled", "expired"}
 
 
@@ -151,10 +156,11 @@ async def _measure(
     *,
     sim_env: Mapping[str, str],
     limits: Mapping[str, int],
+    prompt: str = RPM_PROMPT,
     params: Mapping[str, Any] | None = None,
 ) -> list[Run]:
     requests = [
-        {"custom_id": f"r-{i}", "messages": [{"role": "user", "content": f"row {i:05d}"}]}
+        {"custom_id": f"r-{i}", "messages": [{"role": "user", "content": prompt.format(i=i)}]}
         for i in range(ROWS)
     ]
     job: dict[str, Any] = {"model": "gpt-4o-mini", "requests": requests}
@@ -219,6 +225,7 @@ async def test_tokens_per_minute_hold_without_a_429_storm(
         "ratelimit-tpm",
         sim_env={"RELAY_SIM_TPM": str(TPM), "RELAY_SIM_RPM": str(RPM * 100)},
         limits={"tpm": TPM},
+        prompt=TPM_PROMPT,
         params={"max_tokens": MAX_TOKENS},
     )
     report["ratelimit_tpm_bench_seconds"] = round(time.perf_counter() - started, 1)
