@@ -1,8 +1,10 @@
 """``relay dev`` (``make run``): the upstream simulator and every service on this machine.
 
 The settings only ``relay dev`` has are read here, from the environment ``__main__`` passes
-in: ``RELAY_DEV_ROW_WORKERS``, ``RELAY_DEV_API_KEY`` and the simulator's ``RELAY_SIM_HOST``
-/ ``RELAY_SIM_PORT`` (the local routes file follows the simulator). The API and simulator ports
+in: ``RELAY_DEV_ROW_WORKERS``, ``RELAY_DEV_API_KEY``, the simulator's ``RELAY_SIM_HOST``
+/ ``RELAY_SIM_PORT`` (the local routes file follows the simulator) and ``RELAY_DEV_RPM`` /
+``RELAY_DEV_TPM`` (a rate limit the simulator enforces and every deployment of the local
+routes carries, so the shared limiter has one to hold). The API and simulator ports
 must be free; every service gets a health port of its own (free ones, or
 consecutive ones from ``RELAY_HEALTH_PORT``), so two ``make run`` on one machine, or a
 machine with some ports taken, still start.
@@ -11,9 +13,11 @@ machine with some ports taken, still start.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 import tempfile
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,10 @@ LOCAL_ROUTES = Settings().routes_file
 LOCAL_SIM_URL = "http://127.0.0.1:8090/v1"
 DEFAULT_SIM_PORT = 8090
 MAX_ROW_WORKERS = 32
+MAX_RPM = 1_000_000_000  # the simulator's own bounds (RELAY_SIM_RPM, RELAY_SIM_TPM)
+MAX_TPM = 1_000_000_000_000
+_TABLE = re.compile(r"^\s*\[([^\]]*)\]\s*(?:#.*)?$")
+_LIMIT_KEY = re.compile(r"^\s*(rpm|tpm)\s*=")
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,14 @@ class DevOptions:
     sim_port: int = DEFAULT_SIM_PORT
     api_key: str | None = None
     routes_file: str | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """The rate-limit keys to put on every local deployment (``rpm``, ``tpm``)."""
+        given = {"rpm": self.rpm, "tpm": self.tpm}
+        return {key: value for key, value in given.items() if value is not None}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DevOptions:
@@ -51,6 +67,8 @@ class DevOptions:
             sim_port=port_setting(env, "RELAY_SIM_PORT", DEFAULT_SIM_PORT),
             api_key=env.get("RELAY_DEV_API_KEY") or None,
             routes_file=env.get("RELAY_ROUTES_FILE") or None,
+            rpm=_limit(env, "RELAY_DEV_RPM", MAX_RPM),
+            tpm=_limit(env, "RELAY_DEV_TPM", MAX_TPM),
         )
 
 
@@ -63,6 +81,16 @@ def _row_workers(env: Mapping[str, str]) -> int:
         raise ConfigError(
             f"RELAY_DEV_ROW_WORKERS must be a whole number from 1 to {MAX_ROW_WORKERS}, got {raw!r}"
         )
+    return int(raw)
+
+
+def _limit(env: Mapping[str, str], variable: str, most: int) -> int | None:
+    raw = env.get(variable, "").strip()
+    if not raw:
+        return None
+    short = raw.isascii() and raw.isdigit() and len(raw) <= len(str(most))
+    if not short or not 1 <= int(raw) <= most:
+        raise ConfigError(f"{variable} must be a whole number from 1 to {most:_}, got {raw!r}")
     return int(raw)
 
 
@@ -111,9 +139,37 @@ def health_ports(settings: Settings, names: list[str], taken: set[int]) -> list[
     return [HealthPort(host, port, fixed=True) for port in range(first, first + len(names))]
 
 
+def with_limits(text: str, limits: Mapping[str, int]) -> str:
+    """Routes text with ``limits`` (``{"rpm": 600}``) as keys of every ``[deployments.*]``
+    table, right under its header, in place of any the table had."""
+    if not limits:
+        return text
+    lines: list[str] = []
+    in_deployment = False
+    for line in text.splitlines(keepends=True):
+        table = _TABLE.match(line)
+        if table:
+            in_deployment = table[1].strip().startswith("deployments.")
+            lines.append(line if line.endswith("\n") else line + "\n")
+            if in_deployment:
+                lines += [f"{key} = {value}\n" for key, value in limits.items()]
+            continue
+        limit_key = _LIMIT_KEY.match(line)
+        if not (in_deployment and limit_key and limit_key[1] in limits):
+            lines.append(line)
+    return "".join(lines)
+
+
+def deployment_names(routes_file: str) -> list[str]:
+    """The deployments a routes file defines (it is valid TOML: relay dev wrote it)."""
+    with open(routes_file, "rb") as handle:
+        return sorted(tomllib.load(handle).get("deployments", {}))
+
+
 def routes_file_for(options: DevOptions, sim_url: str, directory: Path) -> str:
-    """The routes file: the user's, else the local one pointed at ``sim_url`` (a copy in
-    ``directory`` when the simulator is not where the local file expects it)."""
+    """The routes file: the user's (as it is), else the local one pointed at ``sim_url``
+    with ``options.limits`` on every deployment (a copy in ``directory`` when the
+    simulator is not where the local file expects it, or when there are limits)."""
     if options.routes_file is not None:
         return options.routes_file
     local = Path(LOCAL_ROUTES)
@@ -122,17 +178,37 @@ def routes_file_for(options: DevOptions, sim_url: str, directory: Path) -> str:
             f"{LOCAL_ROUTES} not found: run relay dev from the repository root "
             "or set RELAY_ROUTES_FILE"
         )
-    if sim_url == LOCAL_SIM_URL:
+    if sim_url == LOCAL_SIM_URL and not options.limits:
         return LOCAL_ROUTES
     text = local.read_text()
-    if LOCAL_SIM_URL not in text:
+    if sim_url != LOCAL_SIM_URL and LOCAL_SIM_URL not in text:
         raise ConfigError(
             f"{LOCAL_ROUTES} does not name {LOCAL_SIM_URL}, so it cannot follow the "
             f"simulator to {sim_url}: set RELAY_ROUTES_FILE"
         )
     copy = directory / "routes.toml"
-    copy.write_text(text.replace(LOCAL_SIM_URL, sim_url))
+    copy.write_text(with_limits(text.replace(LOCAL_SIM_URL, sim_url), options.limits))
     return str(copy)
+
+
+def sim_limits(options: DevOptions) -> dict[str, str]:
+    """The simulator's environment for ``options.limits`` (``RELAY_SIM_RPM``, ``…_TPM``)."""
+    return {f"RELAY_SIM_{key.upper()}": str(value) for key, value in options.limits.items()}
+
+
+def limit_lines(options: DevOptions, routes_file: str) -> list[str]:
+    """What ``relay dev`` says about ``RELAY_DEV_RPM`` / ``RELAY_DEV_TPM`` (nothing unset)."""
+    if not options.limits:
+        return []
+    given = ", ".join(f"{value} {key}" for key, value in options.limits.items())
+    first = f"rate limit {given}: the simulator enforces it (429 above it, GET /stats)"
+    if options.routes_file is not None:
+        return [f"{first}; RELAY_ROUTES_FILE is used as it is (put rpm/tpm in it)"]
+    names = ", ".join(deployment_names(routes_file))
+    return [
+        f"{first}, and deployments {names} of the routes carry it",
+        "watch relay_ratelimit_* on each row-worker's /metrics (its health port)",
+    ]
 
 
 def dev_children(
@@ -161,7 +237,8 @@ def dev_children(
 
     api_url = f"http://{url_host(settings.api_host)}:{api_port}"
     where = {"ingest-api": f"API {api_url}"}
-    children = [Child("upstream-sim", cmd("upstream-sim"), dict(env), where=f"simulator {sim_url}")]
+    sim_env = {**env, **sim_limits(options)}
+    children = [Child("upstream-sim", cmd("upstream-sim"), sim_env, where=f"simulator {sim_url}")]
     children += [
         Child(name, cmd(name), dict(env), health=port, where=where.get(name, ""))
         for name, port in zip(names, ports, strict=True)
@@ -183,6 +260,8 @@ async def run(settings: Settings, options: DevOptions, environ: Mapping[str, str
         api = f"http://{url_host(settings.api_host)}:{env['RELAY_API_PORT']}"
         say(f"API on {api}  (Ctrl-C stops everything)")
         say(f"{options.row_workers} row-worker(s) (RELAY_DEV_ROW_WORKERS)")
+        for line in limit_lines(options, env["RELAY_ROUTES_FILE"]):
+            say(line)
         allowed = env["RELAY_WEBHOOK_ALLOW_NETWORKS"]
         say(f"webhooks may go to {allowed} in dev (RELAY_WEBHOOK_ALLOW_NETWORKS)")
         say(f"dev API key: {created.key}")

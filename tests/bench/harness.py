@@ -7,7 +7,7 @@ import io
 import os
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,15 +150,20 @@ async def bench_system(
     workers: int = 1,
     concurrency: int = 32,
     latency_ms: int = 0,
+    sim_env: Mapping[str, str] | None = None,
+    limits: Mapping[str, int] | None = None,
     **env: str,
 ) -> AsyncIterator[Bench]:
-    """A whole system on a fresh database, torn down afterwards."""
+    """A whole system on a fresh database, torn down afterwards; ``sim_env`` adds to the
+    simulator's environment (``RELAY_SIM_RPM``…), ``limits`` are the routes' rate-limit
+    keys of the ``gpt-4o-mini`` deployment (see :func:`build_system`)."""
     iso = await create_isolation(f"bench{tag}")
     system = build_system(
         iso,
         out / f"bench-{tag}",
         workers=workers,
-        sim_env={"RELAY_SIM_LATENCY_MS": str(latency_ms)},
+        sim_env={"RELAY_SIM_LATENCY_MS": str(latency_ms), **(sim_env or {})},
+        limits=limits,
         RELAY_BATCH_CONCURRENCY=str(concurrency),
         **env,
     )

@@ -8,6 +8,7 @@ started is left running.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,3 +288,50 @@ async def test_stopping_relay_dev_lets_rows_in_flight_finish(
         await conn.close()
     assert len(recorded) >= 4  # the rows in flight finished and were recorded
     assert [r for r in recorded if r["error"] is not None or r["dead_letter"]] == []
+
+
+def _routes_deployments(pid: int) -> dict[str, dict[str, object]]:
+    """The ``[deployments]`` of the routes file process ``pid`` was started with."""
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+    environ = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+    deployments: dict[str, dict[str, object]] = tomllib.loads(
+        Path(environ["RELAY_ROUTES_FILE"]).read_text()
+    )["deployments"]
+    return deployments
+
+
+async def test_relay_dev_rpm_makes_the_simulator_enforce_it_and_the_routes_carry_it(
+    isolation: Isolation, http: aiohttp.ClientSession, output_dir: Path
+) -> None:
+    log = output_dir / "dev" / "rpm.log"
+    async with relay_dev(isolation, log, http, RELAY_DEV_RPM="60") as run:
+        assert (
+            "[relay dev] rate limit 60 rpm: the simulator enforces it (429 above it, GET /stats), "
+            "and deployments local-sim, local-sim-claude of the routes carry it"
+        ) in run.output()
+        started = run.started()
+        worker_pid, _ = started["row-worker"]
+        deployments = _routes_deployments(worker_pid)
+        assert {name: d.get("rpm") for name, d in deployments.items()} == {
+            "local-sim": 60,
+            "local-sim-claude": 60,
+        }
+        assert deployments["local-sim"]["base_url"] == f"http://127.0.0.1:{run.sim_port}/v1"
+        sim = f"http://127.0.0.1:{run.sim_port}"
+        async with http.post(f"{sim}/reset") as response:
+            assert response.status == 200
+        body = {"model": "sim-echo", "messages": [{"role": "user", "content": "burst"}]}
+
+        async def call() -> tuple[int, str | None]:
+            async with http.post(f"{sim}/v1/chat/completions", json=body) as response:
+                return response.status, response.headers.get("Retry-After")
+
+        # 60 rpm is one call per calendar second: a burst of 6 at once gets 1 answer, or
+        # 2 when it straddles a second's end; the rest are 429 with Retry-After: 1.
+        answers = await asyncio.gather(*(call() for _ in range(6)))
+        ok = sum(1 for status, _ in answers if status == 200)
+        assert 1 <= ok <= 2, answers
+        assert sorted(a for a in answers if a[0] != 200) == [(429, "1")] * (6 - ok)
+        async with http.get(f"{sim}/stats") as response:
+            stats = await response.json()
+        assert stats == {"calls": 6, "ok": ok, "errors": 6 - ok, "throttled": 6 - ok}

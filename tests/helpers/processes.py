@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,11 +159,18 @@ def build_system(
     workers: int = 1,
     sim_env: dict[str, str] | None = None,
     max_retries: int = 3,
+    limits: Mapping[str, int] | None = None,
     **overrides: str,
 ) -> System:
-    """Describe a system for ``iso``: routes file, environment, every process."""
+    """Describe a system for ``iso``: routes file, environment, every process.
+
+    ``limits`` are rate-limit keys (``rpm``, ``tpm``) of the ``sim`` deployment that
+    ``gpt-4o-mini`` goes to, e.g. ``{"rpm": 600}``; the simulator's own limits are its
+    environment (``sim_env={"RELAY_SIM_RPM": "600"}``).
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     sim_port, api_port = free_port(), free_port()
+    limit_lines = "".join(f"{key} = {value}\n" for key, value in (limits or {}).items())
     routes = log_dir / "routes.toml"
     routes.write_text(
         '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\n\n'
@@ -172,7 +179,8 @@ def build_system(
         "[deployments.sim]\n"
         'provider = "openai"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
-        f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n\n'
+        f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
+        f"{limit_lines}\n"
         "[deployments.sim-claude]\n"
         'provider = "anthropic"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from relay_batches.services.relay_cli.dev import (
     dev_children,
     health_names,
     health_ports,
+    limit_lines,
     listen_port,
     routes_file_for,
+    with_limits,
 )
 from relay_batches.services.relay_cli.ports import HealthPort, is_free
 from relay_batches.settings import ConfigError, Settings
@@ -130,3 +133,85 @@ def test_every_child_gets_the_ports_and_routes_it_needs(tmp_path: Path) -> None:
     api_port = children[1].env["RELAY_API_PORT"]
     assert children[1].where == f"API http://127.0.0.1:{api_port}"
     assert children[4].argv[0].endswith("/relay-row-worker")
+
+
+def test_dev_rate_limits_are_read_from_relay_dev_rpm_and_tpm() -> None:
+    assert DevOptions.from_env({}).limits == {}
+    options = DevOptions.from_env({"RELAY_DEV_RPM": "600", "RELAY_DEV_TPM": " 60000 "})
+    assert (options.rpm, options.tpm, options.limits) == (600, 60000, {"rpm": 600, "tpm": 60000})
+    assert DevOptions.from_env({"RELAY_DEV_RPM": ""}).rpm is None
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "most"),
+    [
+        ("RELAY_DEV_RPM", "0", "1_000_000_000"),
+        ("RELAY_DEV_RPM", "ten", "1_000_000_000"),
+        ("RELAY_DEV_RPM", "-5", "1_000_000_000"),
+        ("RELAY_DEV_RPM", "1e3", "1_000_000_000"),
+        ("RELAY_DEV_RPM", "1000000001", "1_000_000_000"),
+        ("RELAY_DEV_TPM", "6.5", "1_000_000_000_000"),
+    ],
+)
+def test_a_bad_dev_rate_limit_is_one_line_naming_the_variable(
+    variable: str, raw: str, most: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        DevOptions.from_env({variable: raw})
+    assert str(caught.value) == f"{variable} must be a whole number from 1 to {most}, got {raw!r}"
+
+
+def test_limits_go_on_every_deployment_table_and_replace_its_own() -> None:
+    text = (
+        "# rpm = 5 in a comment stays\n"
+        '[aliases.a]\ndeployments = ["one"]\nrpm = 7\n\n'
+        '[deployments.one]\nmodel = "m"\nrpm = 5\n\n'
+        '[deployments.two] # the second\nmodel = "n"\ntpm = 9\n'
+    )
+    rendered = with_limits(text, {"rpm": 600})
+    parsed = tomllib.loads(rendered)
+    assert parsed["deployments"] == {
+        "one": {"model": "m", "rpm": 600},
+        "two": {"model": "n", "tpm": 9, "rpm": 600},
+    }
+    assert parsed["aliases"]["a"]["rpm"] == 7  # not a deployment: untouched
+    assert rendered.startswith("# rpm = 5 in a comment stays\n")
+    assert with_limits(text, {}) == text
+
+
+def test_the_local_routes_carry_the_dev_limits_on_every_deployment(tmp_path: Path) -> None:
+    options = DevOptions(rpm=600, tpm=60000)
+    routes = routes_file_for(options, "http://127.0.0.1:8090/v1", tmp_path)
+    assert routes == str(tmp_path / "routes.toml")  # a copy, even at the local port
+    with open(routes, "rb") as handle:
+        deployments = tomllib.load(handle)["deployments"]
+    assert {name: (d["rpm"], d["tpm"]) for name, d in deployments.items()} == {
+        "local-sim": (600, 60000),
+        "local-sim-claude": (600, 60000),
+    }
+    (deployment,) = load_aliases(routes, {}).resolve("gpt-4o-mini") or ()
+    assert deployment.base_url == "http://127.0.0.1:8090/v1"
+    moved = routes_file_for(DevOptions(sim_port=9123, rpm=60), "http://127.0.0.1:9123/v1", tmp_path)
+    (deployment,) = load_aliases(moved, {}).resolve("gpt-4o-mini") or ()
+    assert deployment.base_url == "http://127.0.0.1:9123/v1"
+    assert "rpm = 60\n" in Path(moved).read_text()
+
+
+def test_only_the_simulator_gets_the_dev_limits_and_relay_dev_says_so(tmp_path: Path) -> None:
+    options = DevOptions(sim_port=0, rpm=600)
+    children = dev_children(Settings(api_port=0), options, {}, tmp_path)
+    assert children[0].env["RELAY_SIM_RPM"] == "600"
+    assert "RELAY_SIM_TPM" not in children[0].env
+    assert not any("RELAY_SIM_RPM" in c.env for c in children[1:])
+    routes = children[1].env["RELAY_ROUTES_FILE"]
+    assert limit_lines(options, routes) == [
+        "rate limit 600 rpm: the simulator enforces it (429 above it, GET /stats), and "
+        "deployments local-sim, local-sim-claude of the routes carry it",
+        "watch relay_ratelimit_* on each row-worker's /metrics (its health port)",
+    ]
+    assert limit_lines(DevOptions(), routes) == []
+    mine = DevOptions(routes_file="mine.toml", tpm=6000)
+    assert limit_lines(mine, "mine.toml") == [
+        "rate limit 6000 tpm: the simulator enforces it (429 above it, GET /stats); "
+        "RELAY_ROUTES_FILE is used as it is (put rpm/tpm in it)"
+    ]
