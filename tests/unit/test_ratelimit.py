@@ -113,6 +113,18 @@ def test_pacer_spreads_tokens_evenly() -> None:
     assert max_in_window(issued, "tokens") == 1000
 
 
+def test_pacer_issues_tokens_in_whole_calls() -> None:
+    pacer = Pacer(RateLimit(tpm=36_000))  # 600 a second, 60 a tick
+    issued = []
+    for k in range(101):
+        grant = pacer.issue(0.05 + 0.1 * k, tokens_per_call=100)
+        if grant is not None:
+            issued.append((0.05 + 0.1 * k, grant))
+    assert {g.tokens for _, g in issued} == {100}
+    assert sum(g.tokens for _, g in issued) == 6000  # 10 s at 600 a second
+    assert max_in_window(issued, "tokens") == 600
+
+
 def test_pacer_banks_nothing_while_idle() -> None:
     pacer = Pacer(RateLimit(rpm=600))
     pacer.issue(0.05)

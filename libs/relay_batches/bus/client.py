@@ -24,6 +24,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, ChannelNotFoundEntity
+from aiormq.exceptions import ChannelLockedResource
 
 from relay_batches.bus.topology import (
     Names,
@@ -63,6 +64,9 @@ class Bus:
         self._consumers: list[tuple[AbstractQueue, str]] = []
         # Set when the connection drops, cleared once aio-pika restored every channel.
         self._restoring = False
+        self._lost_callbacks: list[Callable[[], None]] = []
+        # The exclusive queue this connection holds (leader election), with its channel.
+        self._exclusive: tuple[AbstractChannel, AbstractQueue] | None = None
 
     async def connect(self) -> None:
         """Connect (robustly), open the publisher channel and declare the topology.
@@ -92,7 +96,14 @@ class Bus:
             raise
         self._publish_channel = channel
 
+    def on_connection_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (synchronously) each time the connection drops."""
+        self._lost_callbacks.append(callback)
+
     def _on_connection_lost(self, _: object, exc: BaseException | None) -> None:
+        self._exclusive = None  # the broker deletes an exclusive queue with its connection
+        for callback in self._lost_callbacks:
+            callback()
         if self._connection is not None and not self._restoring:
             self._restoring = True
             log.warning("broker_connection_lost", extra={"error": repr(exc)})
@@ -124,13 +135,18 @@ class Bus:
         kind: str,
         priority: int = 0,
         headers: Mapping[str, str] | None = None,
+        persistent: bool = True,
     ) -> None:
-        """Publish a persistent message to a durable queue and wait for the confirm."""
+        """Publish a message (persistent unless told otherwise: a grant is worth nothing
+        after a broker restart) to a durable queue and wait for the confirm."""
         channel = self._require_channel()
+        mode = (
+            aio_pika.DeliveryMode.PERSISTENT if persistent else aio_pika.DeliveryMode.NOT_PERSISTENT
+        )
         message = aio_pika.Message(
             body,
             headers=dict(headers) if headers else None,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            delivery_mode=mode,
             priority=priority,
             content_type="application/json",
         )
@@ -156,6 +172,41 @@ class Bus:
         kind = event_kind(routing_key)
         MESSAGES_PUBLISHED.labels(kind).inc()
         MESSAGE_BYTES_PUBLISHED.labels(kind).inc(len(body))
+
+    async def declare(self, queue: str) -> None:
+        """Declare one of the namespace's queues (with its arguments) on the publisher
+        channel: what a publisher does before publishing to a queue made on demand."""
+        await declare_queue(self._require_channel(), self.names, queue)
+
+    async def claim_exclusive(self, queue: str) -> bool:
+        """Try to hold ``queue`` as an exclusive queue of this connection (leader
+        election): True while held (now or from an earlier claim), False when another
+        connection holds it. Declared on a channel of its own, not robust (a reconnect
+        does not re-claim it: the caller tries again); the broker deletes it when this
+        connection closes, however it dies."""
+        if self._exclusive is not None and not self._exclusive[0].is_closed:
+            return True
+        if self._connection is None:
+            raise RuntimeError("bus is not connected")
+        channel = await self._connection.channel(publisher_confirms=False)
+        try:
+            declared = await channel.declare_queue(queue, exclusive=True, robust=False)
+        except ChannelLockedResource:
+            # RESOURCE_LOCKED closed the channel; closed by us too, or it reopens itself.
+            with contextlib.suppress(*SETTLE_ERRORS):
+                await channel.close()
+            return False
+        self._exclusive = (channel, declared)
+        return True
+
+    async def release_exclusive(self) -> None:
+        """Delete the exclusive queue this connection holds (another may claim it)."""
+        held, self._exclusive = self._exclusive, None
+        if held is not None:
+            channel, queue = held
+            with contextlib.suppress(*SETTLE_ERRORS):
+                await queue.delete(if_unused=False, if_empty=False)
+                await channel.close()
 
     async def ready_count(self, queue: str) -> int:
         """Messages ready (not yet delivered) in one of the durable queues."""

@@ -58,6 +58,13 @@ class Budget:
             self.tokens -= tokens
         return True
 
+    def give_back(self, tokens: int) -> None:
+        """Undo a :meth:`take` of ``tokens`` whose call never went (it was cancelled)."""
+        if self._by_requests:
+            self.requests += 1
+        if self._by_tokens:
+            self.tokens += tokens
+
     def settle(self, estimated: int, used: int) -> None:
         """The call counted ``used`` tokens where ``estimated`` were debited."""
         if self._by_tokens:

@@ -67,8 +67,10 @@ class _Dimension:
         gained = fraction * self.per_second * min(elapsed, self.max_gap_s)
         self.credit = min(self.credit + gained, self.quantum + self.per_second * self.max_gap_s)
 
-    def take(self, issued_in_window: int) -> int:
-        amount = max(0, min(math.floor(self.credit), self.quantum - issued_in_window))
+    def take(self, issued_in_window: int, unit: int = 1) -> int:
+        unit = max(1, min(unit, self.quantum))
+        room = min(self.credit, self.quantum - issued_in_window)
+        amount = max(0, math.floor(room / unit) * unit)
         self.credit -= amount
         return amount
 
@@ -101,8 +103,12 @@ class Pacer:
         self._last = now if self._last is None else max(self._last, now)
         self.fraction = min(1.0, self.fraction + INCREASE_PER_S * elapsed)
 
-    def issue(self, now: float) -> Grant | None:
-        """The whole requests and tokens accrued since the last call, or None."""
+    def issue(self, now: float, tokens_per_call: int = 1) -> Grant | None:
+        """The whole requests and tokens accrued since the last call, or None; tokens
+        in whole multiples of ``tokens_per_call`` (a typical call's estimate, at most
+        the quantum), so a grant pays for whole calls: a grant of a fraction of a call
+        lets some worker start one on credit, and a few workers doing so at once put a
+        second over the provider's quantum."""
         self._advance(now)
         slot = math.floor(now / self._tick_s)  # accrue by whole ticks: jitter changes nothing
         ticks = 0 if self._last_slot is None else max(0, slot - self._last_slot)
@@ -116,15 +122,15 @@ class Pacer:
         if second != self._second:
             self._second, self._issued = second, (0, 0)
         requests = self._take(self._requests, self._issued[0])
-        tokens = self._take(self._tokens, self._issued[1])
+        tokens = self._take(self._tokens, self._issued[1], tokens_per_call)
         if requests <= 0 and tokens <= 0:
             return None
         self._issued = (self._issued[0] + requests, self._issued[1] + tokens)
         return Grant(requests, tokens, now + self._lifetime_s)
 
     @staticmethod
-    def _take(dimension: _Dimension | None, issued_in_window: int) -> int:
-        return 0 if dimension is None else dimension.take(issued_in_window)
+    def _take(dimension: _Dimension | None, issued_in_window: int, unit: int = 1) -> int:
+        return 0 if dimension is None else dimension.take(issued_in_window, unit)
 
     def throttled(self, now: float, retry_after: float | None) -> None:
         """A call got a 429 (or a Retry-After): decrease at most once per second; a

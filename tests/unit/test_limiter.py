@@ -1,0 +1,138 @@
+"""Unit tests of the worker-side SharedLimiter on a fake bus with its real interface:
+first come first served, a cancelled waiter leaves nothing behind, no bus for a
+deployment without a limit, and the grants consumer only while calls wait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from relay_batches.bus.client import MessageCallback
+from relay_batches.bus.topology import Names
+from relay_batches.messages import GrantMessage
+from relay_batches.ratelimit.limiter import SharedLimiter
+from relay_batches.ratelimit.limits import RateLimit
+
+
+class Delivery:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.acked = False
+
+    async def ack(self, multiple: bool = False) -> None:
+        self.acked = True
+
+
+class FakeSubscription:
+    def __init__(self, bus: FakeBus) -> None:
+        self._bus = bus
+
+    async def cancel(self) -> None:
+        self._bus.active = False
+
+    async def resume(self) -> None:
+        self._bus.active = True
+
+
+class FakeBus:
+    def __init__(self) -> None:
+        self.names = Names("unit")
+        self.callback: MessageCallback | None = None
+        self.active = False
+        self.subscribes = 0
+        self.events: list[tuple[str, bytes]] = []
+
+    async def consume_queues(
+        self, queues: Sequence[str], callback: MessageCallback, prefetch: int
+    ) -> FakeSubscription:
+        assert list(queues) == [self.names.ratelimit_grants("d")]
+        self.callback, self.active = callback, True
+        self.subscribes += 1
+        return FakeSubscription(self)
+
+    async def publish_event(self, routing_key: str, body: bytes) -> None:
+        self.events.append((routing_key, body))
+
+    async def grant(self, requests: int, expires_at: float = 1e12) -> Delivery:
+        assert self.callback is not None and self.active
+        delivery = Delivery(GrantMessage("d", requests, 0, expires_at).encode())
+        await self.callback(delivery)  # type: ignore[arg-type]
+        return delivery
+
+
+async def until(check: object) -> None:
+    for _ in range(1000):
+        if check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+async def test_waiters_are_served_in_order_and_a_cancelled_one_leaves_nothing() -> None:
+    bus = FakeBus()
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
+    first = asyncio.create_task(limiter.acquire("d", 0))
+    second = asyncio.create_task(limiter.acquire("d", 0))
+    third = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: limiter.waiting("d") == 3 and bus.active)
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert limiter.waiting("d") == 2
+    delivery = await bus.grant(1)
+    assert delivery.acked
+    await first
+    assert not third.done()
+    await bus.grant(1)
+    await third
+    assert limiter.waiting("d") == 0
+
+
+async def test_an_expired_grant_is_acked_and_dropped() -> None:
+    bus = FakeBus()
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    delivery = await bus.grant(5, expires_at=1.0)
+    assert delivery.acked
+    await asyncio.sleep(0)
+    assert not call.done()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
+async def test_unlimited_deployment_costs_nothing_and_idle_consumer_goes() -> None:
+    bus = FakeBus()
+    clock = [0.0]
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, monotonic=lambda: clock[0])
+    await limiter.acquire("free", 100)
+    await limiter.throttled("free", 1.0)
+    assert (bus.subscribes, bus.events) == (0, [])
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    await bus.grant(1)
+    await call
+    await limiter.release_idle()
+    assert bus.active  # not idle for a second yet
+    clock[0] = 1.0
+    await limiter.release_idle()
+    assert not bus.active
+    again = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    assert bus.subscribes == 1  # resumed, not a second consumer
+    await bus.grant(1)
+    await again
+
+
+async def test_throttled_events_are_at_most_one_per_100_ms() -> None:
+    bus = FakeBus()
+    clock = [10.0]
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, monotonic=lambda: clock[0])
+    await limiter.throttled("d", 1.0)
+    await limiter.throttled("d", 1.0)
+    clock[0] = 10.125
+    await limiter.throttled("d", None)
+    assert [key for key, _ in bus.events] == ["ratelimit.throttled"] * 2
