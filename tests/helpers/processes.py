@@ -159,9 +159,11 @@ def build_system(
     workers: int = 1,
     sim_env: dict[str, str] | None = None,
     max_retries: int = 3,
+    sim_deployment: str = "",
     **overrides: str,
 ) -> System:
-    """Describe a system for ``iso``: routes file, environment, every process."""
+    """Describe a system for ``iso``: routes file, environment, every process;
+    ``sim_deployment`` adds TOML lines to the ``sim`` deployment (``rpm = 600``)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     sim_port, api_port = free_port(), free_port()
     routes = log_dir / "routes.toml"
@@ -172,7 +174,8 @@ def build_system(
         "[deployments.sim]\n"
         'provider = "openai"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
-        f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n\n'
+        f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
+        f"{sim_deployment}\n\n"
         "[deployments.sim-claude]\n"
         'provider = "anthropic"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'

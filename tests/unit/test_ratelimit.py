@@ -125,6 +125,25 @@ def test_pacer_issues_tokens_in_whole_calls() -> None:
     assert max_in_window(issued, "tokens") == 600
 
 
+def test_grants_expire_within_their_calendar_second() -> None:
+    pacer = Pacer(RateLimit(rpm=600))
+    pacer.issue(7.05)
+    early = pacer.issue(7.15)
+    late = pacer.issue(7.85)
+    assert early is not None and early.expires_at == pytest.approx(7.65)
+    assert late is not None and late.expires_at == pytest.approx(7.98)
+    assert pacer.issue(7.99) is None  # it would be born expired: held for the next second
+
+
+def test_a_new_leader_skips_the_rest_of_the_second() -> None:
+    pacer = Pacer(RateLimit(rpm=600))
+    pacer.issue(3.05)
+    pacer.skip_second(3.4)
+    assert [pacer.issue(3.05 + 0.1 * k) for k in range(4, 10)] == [None] * 6
+    grant = pacer.issue(4.05)
+    assert grant is not None and grant.requests == 3  # credit capped: two ticks plus one
+
+
 def test_pacer_banks_nothing_while_idle() -> None:
     pacer = Pacer(RateLimit(rpm=600))
     pacer.issue(0.05)

@@ -105,6 +105,9 @@ class Keeper:
                 return
             self.leader = True
             self._declared_at = -math.inf
+            now = self._clock()
+            for pacer in self.pacers.values():
+                pacer.skip_second(now)
             RATELIMIT_LEADER.set(1)
             log.info("ratelimit_leader", extra={"deployments": sorted(self.pacers)})
 

@@ -12,7 +12,11 @@ keep the issue even within the minute:
   quantum providers enforce (per calendar second, as the simulator does), however the
   ticks jitter; credit held back by it is late, not lost (the keeper ticks in the middle
   of each tenth of a second, so a grant and its call land in the second it was issued);
-- a grant expires :data:`GRANT_LIFETIME_S` after issue: a worker cannot hoard it.
+- a grant expires :data:`GRANT_LIFETIME_S` after issue, and at the latest just before
+  its calendar second ends: a worker cannot hoard it, and grants left in the queue
+  while nobody consumed it cannot come out on top of the next second's;
+- a new leader issues nothing for the rest of the second it won in
+  (:meth:`Pacer.skip_second`): its predecessor may have issued all of it.
 
 AIMD (shared by every worker through ``ratelimit.throttled`` events):
 :meth:`Pacer.throttled` multiplies the fraction by :data:`DECREASE` at most once per
@@ -36,6 +40,7 @@ INCREASE_PER_S = 0.05
 DECREASE_EVERY_S = 1.0
 MAX_PAUSE_S = 60.0
 MAX_GAP_TICKS = 2
+SECOND_EDGE_S = 0.02  # a grant expires this long before its calendar second ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +57,9 @@ class _Dimension:
     """Credit of one dimension (requests or tokens) at ``per_minute``.
 
     Each call accrues at most :data:`MAX_GAP_TICKS` ticks' worth (a late tick still
-    gets its due, an idle stretch banks nothing more); what is left after a grant is
-    under one unit, unless the calendar-second quantum held some back: that credit is
-    only late, not banked, and is kept (up to one quantum) so the minute comes out whole.
+    gets its due, an idle stretch banks nothing more), and credit never exceeds that
+    plus one unit (a request, or one call's tokens): held back by the calendar-second quantum, it comes
+    out a little late, never as a burst.
     """
 
     def __init__(self, per_minute: int, tick_s: float) -> None:
@@ -63,9 +68,10 @@ class _Dimension:
         self.max_gap_s = tick_s * MAX_GAP_TICKS
         self.credit = 0.0
 
-    def accrue(self, fraction: float, elapsed: float) -> None:
+    def accrue(self, fraction: float, elapsed: float, unit: int = 1) -> None:
         gained = fraction * self.per_second * min(elapsed, self.max_gap_s)
-        self.credit = min(self.credit + gained, self.quantum + self.per_second * self.max_gap_s)
+        most = self.per_second * self.max_gap_s + max(1, min(unit, self.quantum))
+        self.credit = min(self.credit + gained, most)
 
     def take(self, issued_in_window: int, unit: int = 1) -> int:
         unit = max(1, min(unit, self.quantum))
@@ -115,10 +121,13 @@ class Pacer:
         self._last_slot = slot if self._last_slot is None else max(self._last_slot, slot)
         if now < self._paused_until:
             return None
-        for dimension in (self._requests, self._tokens):
-            if dimension is not None:
-                dimension.accrue(self.fraction, ticks * self._tick_s)
+        if self._requests is not None:
+            self._requests.accrue(self.fraction, ticks * self._tick_s)
+        if self._tokens is not None:
+            self._tokens.accrue(self.fraction, ticks * self._tick_s, tokens_per_call)
         second = math.floor(now)
+        if now + SECOND_EDGE_S >= second + 1.0:
+            return None  # too late in the second: a grant would be born expired
         if second != self._second:
             self._second, self._issued = second, (0, 0)
         requests = self._take(self._requests, self._issued[0])
@@ -126,7 +135,22 @@ class Pacer:
         if requests <= 0 and tokens <= 0:
             return None
         self._issued = (self._issued[0] + requests, self._issued[1] + tokens)
-        return Grant(requests, tokens, now + self._lifetime_s)
+        return Grant(requests, tokens, self._expiry(now))
+
+    def _expiry(self, now: float) -> float:
+        """When a grant issued at ``now`` expires: after its lifetime, but never past
+        its calendar second (less :data:`SECOND_EDGE_S`), so what is spent in a second
+        was issued in it, whoever held it and however late they subscribed."""
+        return max(now, min(now + self._lifetime_s, math.floor(now) + 1.0 - SECOND_EDGE_S))
+
+    def skip_second(self, now: float) -> None:
+        """Issue nothing more in ``now``'s calendar second (a new leader: its
+        predecessor may have issued the whole quantum of it already)."""
+        self._second = math.floor(now)
+        self._issued = (
+            0 if self._requests is None else self._requests.quantum,
+            0 if self._tokens is None else self._tokens.quantum,
+        )
 
     @staticmethod
     def _take(dimension: _Dimension | None, issued_in_window: int, unit: int = 1) -> int:
