@@ -58,8 +58,8 @@ class _Dimension:
 
     Each call accrues at most :data:`MAX_GAP_TICKS` ticks' worth (a late tick still
     gets its due, an idle stretch banks nothing more), and credit never exceeds that
-    plus one unit (a request, or one call's tokens): held back by the calendar-second quantum, it comes
-    out a little late, never as a burst.
+    plus one unit (a request, or one call's tokens): held back by the calendar-second
+    quantum, it comes out a little late, never as a burst.
     """
 
     def __init__(self, per_minute: int, tick_s: float) -> None:
