@@ -7,6 +7,7 @@ completes, and the limit still holds (no second issuer)."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -79,14 +80,27 @@ async def test_a_job_holds_the_shared_limit(
 ) -> None:
     before = await sim_stats(http, limited)
     started = time.monotonic()
+    timeline: list[tuple[float, int]] = []
+
+    async def watch() -> None:
+        while True:
+            calls = (await sim_stats(http, limited))["calls"] - before["calls"]
+            timeline.append((time.monotonic() - started, calls))
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.ensure_future(watch())
     created = await api.submit({"model": "gpt-4o-mini", "requests": rows(120, "limited {i}")})
     batch = await api.wait_status(created["id"], {"completed"}, timeout=90)
     elapsed = time.monotonic() - started
+    watcher.cancel()
     after = await sim_stats(http, limited)
+    first = next(t for t, c in timeline if c > 0)
+    last = next(t for t, c in timeline if c >= after["calls"] - before["calls"])
     calls = after["calls"] - before["calls"]
     throttled = after["throttled"] - before["throttled"]
     print(
-        f"\ne2e: 120 rows in {elapsed:.2f} s = {120 / elapsed:.2f} rows/s; "
+        f"\ne2e: 120 rows in {elapsed:.2f} s = {120 / elapsed:.2f} rows/s; calls from "
+        f"{first:.2f} s to {last:.2f} s = {calls / (last - first):.2f} calls/s; "
         f"calls {calls}, throttled {throttled}"
     )
     assert (batch["completed"], batch["failed"]) == (120, 0)
@@ -97,6 +111,7 @@ async def test_a_job_holds_the_shared_limit(
     assert seen["relay_ratelimit_leader"] == 1.0
     assert seen["relay_ratelimit_used_requests_total"] == calls
     assert seen["relay_ratelimit_granted_requests_total"] >= calls
+    assert calls / (last - first) >= 9.0  # the calls' own rate, near the limit
     assert seen["relay_ratelimit_wait_seconds_count"] == calls
     assert seen["relay_ratelimit_wait_seconds_sum"] > 0
 

@@ -20,9 +20,14 @@ class Delivery:
     def __init__(self, body: bytes) -> None:
         self.body = body
         self.acked = False
+        self.requeued = False
+        self.redelivered = False
 
     async def ack(self, multiple: bool = False) -> None:
         self.acked = True
+
+    async def nack(self, requeue: bool = True) -> None:
+        self.requeued = requeue
 
 
 class FakeSubscription:
@@ -55,9 +60,12 @@ class FakeBus:
     async def publish_event(self, routing_key: str, body: bytes) -> None:
         self.events.append((routing_key, body))
 
-    async def grant(self, requests: int, expires_at: float = 1e12) -> Delivery:
+    async def grant(
+        self, requests: int, expires_at: float = 1e12, redelivered: bool = False
+    ) -> Delivery:
         assert self.callback is not None and self.active
         delivery = Delivery(GrantMessage("d", requests, 0, expires_at).encode())
+        delivery.redelivered = redelivered
         await self.callback(delivery)  # type: ignore[arg-type]
         return delivery
 
@@ -117,8 +125,14 @@ async def test_unlimited_deployment_costs_nothing_and_idle_consumer_goes() -> No
     await call
     await limiter.release_idle()
     assert bus.active  # not idle for a second yet
+    spare = await bus.grant(1)  # nobody waits: handed back once for another worker
+    assert (spare.acked, spare.requeued) == (False, True)
+    kept = await bus.grant(1, redelivered=True)
+    assert kept.acked
     clock[0] = 1.0
-    await limiter.release_idle()
+    await limiter.release_idle()  # a grant arriving without waiters is no activity
+    assert not bus.active
+    await limiter.acquire("d", 0)  # the kept grant, at once
     assert not bus.active
     again = asyncio.create_task(limiter.acquire("d", 0))
     await until(lambda: bus.active)

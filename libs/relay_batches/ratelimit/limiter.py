@@ -4,7 +4,8 @@
 waiting for it (first come, first served) and an on-demand consumer of the deployment's
 grants queue: subscribed while calls wait and the budget is short, cancelled once no
 call waited for :data:`IDLE_S` (:meth:`SharedLimiter.release_idle`, a periodic pass), so
-an idle worker holds no grant a busy one needs. A grant is added to the budget, then
+an idle worker holds no grant a busy one needs; a grant delivered meanwhile is handed
+back to the queue once, for another worker. A grant is added to the budget, then
 acked: its effect lives in memory only, so a worker that dies loses at most what it
 held. A grant that arrives expired is acked and dropped.
 
@@ -30,7 +31,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from relay_batches.bus.client import MessageCallback
 from relay_batches.bus.topology import EVENT_THROTTLED, Names
-from relay_batches.kit.consumer import Subscription, ack
+from relay_batches.kit.consumer import Subscription, ack, reject
 from relay_batches.messages import GrantMessage, MessageError, ThrottledEvent
 from relay_batches.metrics import RATELIMIT_USED_REQUESTS, RATELIMIT_USED_TOKENS, RATELIMIT_WAIT
 from relay_batches.ratelimit.budget import Budget
@@ -216,6 +217,12 @@ class SharedLimiter:
 
     def _on_grant(self, lane: _Lane) -> MessageCallback:
         async def on_message(message: AbstractIncomingMessage) -> None:
+            if not lane.waiters and not message.redelivered:
+                # Nobody here needs it (the consumer lingers a second after the last
+                # waiter): back to the queue for a worker whose calls wait; a grant that
+                # comes back a second time is kept.
+                await reject(message, requeue=True)
+                return
             try:
                 grant = GrantMessage.decode(message.body)
             except MessageError as exc:
@@ -230,7 +237,10 @@ class SharedLimiter:
         return on_message
 
     def _serve(self, lane: _Lane) -> None:
-        """Hand the budget to the waiters in order, as far as it goes."""
+        """Hand the budget to the waiters in order, as far as it goes (the last one
+        served starts the lane's idle time)."""
+        if not lane.waiters:
+            return
         now = self._clock()
         while lane.waiters:
             head = lane.waiters[0]
