@@ -94,8 +94,8 @@ async def test_a_job_holds_the_shared_limit(
     elapsed = time.monotonic() - started
     watcher.cancel()
     after = await sim_stats(http, limited)
-    first = next(t for t, c in timeline if c > 0)
-    last = next(t for t, c in timeline if c >= after["calls"] - before["calls"])
+    first = next((t for t, c in timeline if c > 0), 0.0)
+    last = next((t for t, c in timeline if c >= after["calls"] - before["calls"]), elapsed)
     calls = after["calls"] - before["calls"]
     throttled = after["throttled"] - before["throttled"]
     print(
@@ -114,6 +114,36 @@ async def test_a_job_holds_the_shared_limit(
     assert calls / (last - first) >= 9.0  # the calls' own rate, near the limit
     assert seen["relay_ratelimit_wait_seconds_count"] == calls
     assert seen["relay_ratelimit_wait_seconds_sum"] > 0
+
+
+async def test_a_canceled_job_leaves_no_row_waiting(
+    api: ApiClient, limited: System, http: aiohttp.ClientSession
+) -> None:
+    before = await sim_stats(http, limited)
+    created = await api.submit({"model": "gpt-4o-mini", "requests": rows(300, "cancel {i}")})
+
+    async def flowing() -> bool:
+        return (await sim_stats(http, limited))["calls"] >= before["calls"] + 10
+
+    await wait_until(flowing, 30, "rows flowing")
+    status, _ = await api.request("POST", f"/v1/batches/{created['id']}/cancel")
+    assert status == 200
+    batch = await api.wait_status(created["id"], {"canceled"}, timeout=30)
+
+    async def none_in_flight() -> bool:
+        for worker in WORKERS:
+            port = limited.processes[worker].health_port()
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                text = await response.text()
+            if "\nrelay_rows_in_flight 0.0\n" not in text:
+                return False
+        return True
+
+    # 48 rows were waiting for budget in the three workers: the cancel takes them all out.
+    await wait_until(none_in_flight, 5, "no row in flight or waiting")
+    calls = (await sim_stats(http, limited))["calls"] - before["calls"]
+    assert batch["completed"] < 300
+    assert calls < 300
 
 
 async def test_the_leader_killed_mid_job_is_replaced(
