@@ -50,8 +50,14 @@ class FakeBus:
         self.events: list[tuple[str, bytes]] = []
 
     async def consume_queues(
-        self, queues: Sequence[str], callback: MessageCallback, prefetch: int
+        self,
+        queues: Sequence[str],
+        callback: MessageCallback,
+        prefetch: int,
+        *,
+        intake: bool = True,
     ) -> FakeSubscription:
+        assert not intake  # grants are no intake: a draining worker's rows still need them
         assert list(queues) == [self.names.ratelimit_grants("d")]
         self.callback, self.active = callback, True
         self.subscribes += 1

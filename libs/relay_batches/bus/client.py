@@ -250,15 +250,22 @@ class Bus:
         await self._start(declared, callback)
 
     async def consume_queues(
-        self, queues: Iterable[str], callback: MessageCallback, prefetch: int
+        self,
+        queues: Iterable[str],
+        callback: MessageCallback,
+        prefetch: int,
+        *,
+        intake: bool = True,
     ) -> Subscription:
         """Consume several durable queues on one channel, ``prefetch`` unacked for each
         consumer: their deliveries share the channel's delivery tags, so one
         ``multiple`` ack can settle deliveries of several of them. The returned
-        :class:`Subscription` can cancel these consumers and subscribe them again."""
+        :class:`Subscription` can cancel these consumers and subscribe them again.
+        ``intake=False``: not work taken in, so :meth:`stop_consuming` leaves these
+        consumers running (rate-limit grants, which rows in flight still need)."""
         channel = await self._new_consumer_channel(prefetch)
         declared = [await declare_queue(channel, self.names, queue) for queue in queues]
-        subscription = Subscription(self, declared, callback)
+        subscription = Subscription(self, declared, callback, intake=intake)
         await subscription.resume()
         return subscription
 
@@ -283,12 +290,13 @@ class Bus:
         return channel
 
     async def _start(
-        self, queue: AbstractQueue, callback: MessageCallback
+        self, queue: AbstractQueue, callback: MessageCallback, intake: bool = True
     ) -> tuple[AbstractQueue, str]:
         if all(queue is not held for held in self._queues):
             self._queues.append(queue)
         consumer = (queue, await queue.consume(callback, no_ack=False))
-        self._consumers.append(consumer)
+        if intake:
+            self._consumers.append(consumer)
         return consumer
 
     async def stop_consuming(self) -> None:
@@ -313,10 +321,18 @@ class Subscription:
     be cancelled and subscribed again (to a single-active-consumer queue, a consumer
     that subscribes again waits behind the others)."""
 
-    def __init__(self, bus: Bus, queues: list[AbstractQueue], callback: MessageCallback) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        queues: list[AbstractQueue],
+        callback: MessageCallback,
+        *,
+        intake: bool = True,
+    ) -> None:
         self._bus = bus
         self._queues = queues
         self._callback = callback
+        self._intake = intake
         self._consumers: list[tuple[AbstractQueue, str]] = []
 
     async def resume(self) -> None:
@@ -325,7 +341,7 @@ class Subscription:
         held = {id(queue) for queue, _ in self._consumers}
         for queue in self._queues:
             if id(queue) not in held:
-                self._consumers.append(await self._bus._start(queue, self._callback))
+                self._consumers.append(await self._bus._start(queue, self._callback, self._intake))
 
     async def cancel(self) -> None:
         """Cancel these consumers: no new deliveries; those delivered stay unacked

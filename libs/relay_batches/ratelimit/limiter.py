@@ -85,9 +85,15 @@ class LimiterBus(Protocol):
     names: Names
 
     async def consume_queues(
-        self, queues: Sequence[str], callback: MessageCallback, prefetch: int
+        self,
+        queues: Sequence[str],
+        callback: MessageCallback,
+        prefetch: int,
+        *,
+        intake: bool = True,
     ) -> Subscription:
-        """Consume queues on a channel of their own; the subscription can cancel."""
+        """Consume queues on a channel of their own; the subscription can cancel
+        (``intake=False``: not stopped with the service's intake)."""
 
     async def publish_event(self, routing_key: str, body: bytes) -> None:
         """Publish an event with a confirm."""
@@ -203,8 +209,9 @@ class SharedLimiter:
                 return
             try:
                 if lane.subscription is None:
+                    # Not intake: a draining worker's rows in flight still need grants.
                     lane.subscription = await self._bus.consume_queues(
-                        [lane.queue], self._on_grant(lane), GRANTS_PREFETCH
+                        [lane.queue], self._on_grant(lane), GRANTS_PREFETCH, intake=False
                     )
                 else:
                     await lane.subscription.resume()
