@@ -409,12 +409,14 @@ def _mark(value: Any) -> tuple[str, int, float]:
 class GrantMessage:
     """`<ns>.ratelimit.grants.<deployment>`: budget the rate-limit leader issued for one
     deployment, for whichever worker takes it: ``requests`` calls and ``tokens`` tokens,
-    usable until ``expires_at`` (Unix seconds)."""
+    usable until ``expires_at`` (Unix seconds, on the leader's clock, which stamped it
+    ``issued_at``: a worker whose clock differs reads it on its own by that offset)."""
 
     deployment: str
     requests: int
     tokens: int
     expires_at: float
+    issued_at: float = 0.0  # 0: not given (read on the worker's clock as it is)
 
     KIND = "grant"
 
@@ -427,6 +429,7 @@ class GrantMessage:
                 "requests": self.requests,
                 "tokens": self.tokens,
                 "expires_at": self.expires_at,
+                "issued_at": self.issued_at,
             },
         )
 
@@ -440,6 +443,7 @@ class GrantMessage:
                 requests=max(0, int(d["requests"])),
                 tokens=max(0, int(d["tokens"])),
                 expires_at=float(d["expires_at"]),
+                issued_at=float(d.get("issued_at") or 0.0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc

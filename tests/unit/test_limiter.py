@@ -156,3 +156,44 @@ async def test_throttled_events_are_at_most_one_per_100_ms() -> None:
     clock[0] = 10.125
     await limiter.throttled("d", None)
     assert [key for key, _ in bus.events] == ["ratelimit.throttled"] * 2
+
+
+async def test_a_worker_clock_ahead_of_the_leaders_still_uses_fresh_grants() -> None:
+    bus = FakeBus()
+    clock = [1000.0]  # the leader's clock reads 997.0: this worker is 3 s ahead
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, clock=lambda: clock[0])
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    assert bus.callback is not None
+    fresh = Delivery(GrantMessage("d", 1, 0, 997.5, issued_at=997.0).encode())
+    fresh.redelivered = False
+    await bus.callback(fresh)  # type: ignore[arg-type]
+    await call
+    stale = Delivery(GrantMessage("d", 1, 0, 997.5, issued_at=997.0).encode())
+    stale.redelivered = True
+    clock[0] = 1000.6  # 0.6 s later on both clocks: that grant has expired
+    late = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: limiter.waiting("d") == 1)
+    await bus.callback(stale)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert not late.done()
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+
+
+async def test_a_grant_that_waited_in_the_queue_is_not_taken_for_clock_skew() -> None:
+    bus = FakeBus()
+    clock = [1000.0]
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, clock=lambda: clock[0])
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    assert bus.callback is not None
+    old = Delivery(GrantMessage("d", 1, 0, 999.9, issued_at=999.8).encode())  # 0.2 s queued
+    old.redelivered = False
+    await bus.callback(old)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert old.acked and not call.done()  # expired on the shared clock: dropped
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call

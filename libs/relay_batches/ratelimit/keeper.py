@@ -155,7 +155,7 @@ class Keeper:
         ]
         issued = [(name, grant) for name, grant in grants if grant is not None]
         results = await asyncio.gather(
-            *(self._publish(name, grant) for name, grant in issued), return_exceptions=True
+            *(self._publish(name, grant, now) for name, grant in issued), return_exceptions=True
         )
         for (name, _), result in zip(issued, results, strict=True):
             if isinstance(result, BaseException):
@@ -166,8 +166,8 @@ class Keeper:
         for name, pacer in self.pacers.items():
             RATELIMIT_RATE_FRACTION.labels(name).set(pacer.fraction)
 
-    async def _publish(self, name: str, grant: Grant) -> None:
-        message = GrantMessage(name, grant.requests, grant.tokens, grant.expires_at)
+    async def _publish(self, name: str, grant: Grant, now: float) -> None:
+        message = GrantMessage(name, grant.requests, grant.tokens, grant.expires_at, now)
         await self._bus.publish(
             self._bus.names.ratelimit_grants(name), message.encode(), kind="grant", persistent=False
         )

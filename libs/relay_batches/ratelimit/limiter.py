@@ -44,6 +44,8 @@ GRANTS_PREFETCH = 2
 IDLE_S = 1.0  # without waiters this long, a deployment's grants consumer is cancelled
 RESUBSCRIBE_S = 1.0  # a waiter retries a failed subscribe this often
 THROTTLE_EVENT_EVERY_S = 0.1  # at most one throttled event per deployment per worker
+CLOCK_SAMPLES = 32  # grants whose delivery delay estimates the leader's clock offset
+CLOCK_SKEW_S = 0.25  # a smaller offset is read as delivery delay (queued grants), not skew
 
 
 class Limiter(Protocol):
@@ -138,6 +140,23 @@ class SharedLimiter:
             name: _Lane(name, bus.names.ratelimit_grants(name), Budget(limit))
             for name, limit in limits.items()
         }
+        # How far this worker's clock runs ahead of the leader's: the least delay
+        # (now - issued_at) of the recent grants (delivery takes milliseconds), so
+        # expiries stamped by a leader with another clock are read right here. Under
+        # CLOCK_SKEW_S it is taken as 0: grants that waited in the queue (up to a
+        # second old, the newest a tick old) must still expire on time.
+        self._delays: deque[float] = deque(maxlen=CLOCK_SAMPLES)
+        self._offset = 0.0
+
+    def _now(self) -> float:
+        """This worker's clock, on the leader's time."""
+        return self._clock() - self._offset
+
+    def _observe_clock(self, issued_at: float) -> None:
+        if issued_at > 0:
+            self._delays.append(self._clock() - issued_at)
+            least = min(self._delays)
+            self._offset = least if abs(least) > CLOCK_SKEW_S else 0.0
 
     def limited(self, deployment: str) -> bool:
         """Whether ``deployment`` has a limit."""
@@ -168,7 +187,7 @@ class SharedLimiter:
         lane.typical_tokens = (
             tokens if not lane.typical_tokens else lane.typical_tokens * 0.9 + tokens * 0.1
         )
-        if not lane.waiters and lane.budget.take(tokens, self._clock()):
+        if not lane.waiters and lane.budget.take(tokens, self._now()):
             self._taken(lane, 0.0)
             return
         started = self._monotonic()
@@ -235,9 +254,9 @@ class SharedLimiter:
             except MessageError as exc:
                 log.error("message_rejected", extra={"kind": "grant", "error": str(exc)})
             else:
-                lane.budget.add(
-                    Grant(grant.requests, grant.tokens, grant.expires_at), self._clock()
-                )
+                self._observe_clock(grant.issued_at)
+                budget = Grant(grant.requests, grant.tokens, grant.expires_at)
+                lane.budget.add(budget, self._now())
                 self._serve(lane)
             await ack(message)
 
@@ -248,7 +267,7 @@ class SharedLimiter:
         served starts the lane's idle time)."""
         if not lane.waiters:
             return
-        now = self._clock()
+        now = self._now()
         while lane.waiters:
             head = lane.waiters[0]
             if head.future.done():
