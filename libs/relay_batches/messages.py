@@ -403,3 +403,75 @@ def _mark(value: Any) -> tuple[str, int, float]:
         return "", int(value[0]), float(value[1])
     owner, level, sent_at = value
     return str(owner), int(level), float(sent_at)
+
+
+@dataclass(frozen=True)
+class GrantMessage:
+    """`<ns>.ratelimit.grants.<deployment>`: budget the rate-limit leader issued for one
+    deployment, for whichever worker takes it: ``requests`` calls and ``tokens`` tokens,
+    usable until ``expires_at`` (Unix seconds, on the leader's clock, which stamped it
+    ``issued_at``: a worker whose clock differs reads it on its own by that offset)."""
+
+    deployment: str
+    requests: int
+    tokens: int
+    expires_at: float
+    issued_at: float = 0.0  # 0: not given (read on the worker's clock as it is)
+
+    KIND = "grant"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus."""
+        return _dump(
+            self.KIND,
+            {
+                "deployment": self.deployment,
+                "requests": self.requests,
+                "tokens": self.tokens,
+                "expires_at": self.expires_at,
+                "issued_at": self.issued_at,
+            },
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> GrantMessage:
+        """Parse a bus body; raise :class:`MessageError` if it is not one."""
+        d = _load(body, cls.KIND)
+        try:
+            return cls(
+                deployment=str(d["deployment"]),
+                requests=max(0, int(d["requests"])),
+                tokens=max(0, int(d["tokens"])),
+                expires_at=float(d["expires_at"]),
+                issued_at=float(d.get("issued_at") or 0.0),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class ThrottledEvent:
+    """`<ns>.events` (topic) ``ratelimit.throttled``: a call to ``deployment`` got a 429
+    (or a retryable status with ``Retry-After``, in seconds; None without one)."""
+
+    deployment: str
+    retry_after: float | None = None
+
+    KIND = "throttled"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus."""
+        return _dump(self.KIND, {"deployment": self.deployment, "retry_after": self.retry_after})
+
+    @classmethod
+    def decode(cls, body: bytes) -> ThrottledEvent:
+        """Parse a bus body; raise :class:`MessageError` if it is not one."""
+        d = _load(body, cls.KIND)
+        try:
+            retry_after = d.get("retry_after")
+            return cls(
+                deployment=str(d["deployment"]),
+                retry_after=None if retry_after is None else max(0.0, float(retry_after)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc

@@ -28,6 +28,43 @@ UPSTREAM_COOLDOWNS = Counter(
 UPSTREAM_COOLDOWN_ACTIVE = Gauge(
     "relay_upstream_cooldown_active", "1 while a deployment is cooling down", ["deployment"]
 )
+UPSTREAM_THROTTLED = Counter(
+    "relay_upstream_throttled_total",
+    "Upstream answers 429, or a retryable status with Retry-After",
+    ["deployment"],
+)
+RATELIMIT_GRANTED_REQUESTS = Counter(
+    "relay_ratelimit_granted_requests_total",
+    "Requests the rate-limit leader issued in grants",
+    ["deployment"],
+)
+RATELIMIT_GRANTED_TOKENS = Counter(
+    "relay_ratelimit_granted_tokens_total",
+    "Tokens the rate-limit leader issued in grants",
+    ["deployment"],
+)
+RATELIMIT_USED_REQUESTS = Counter(
+    "relay_ratelimit_used_requests_total",
+    "Requests this worker took from its rate-limit budget",
+    ["deployment"],
+)
+RATELIMIT_USED_TOKENS = Counter(
+    "relay_ratelimit_used_tokens_total",
+    "Tokens the calls of this worker counted against a rate limit (per the reply's usage)",
+    ["deployment"],
+)
+RATELIMIT_WAIT = Histogram(
+    "relay_ratelimit_wait_seconds",
+    "Time a call waited for rate-limit budget",
+    ["deployment"],
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+RATELIMIT_RATE_FRACTION = Gauge(
+    "relay_ratelimit_rate_fraction",
+    "The AIMD fraction of the configured limit grants are issued at",
+    ["deployment"],
+)
+RATELIMIT_LEADER = Gauge("relay_ratelimit_leader", "1 while this worker issues the grants")
 MESSAGES_PUBLISHED = Counter("relay_messages_published_total", "Confirmed publishes", ["kind"])
 MESSAGE_BYTES_PUBLISHED = Counter(
     "relay_message_bytes_published_total", "Body bytes of confirmed publishes", ["kind"]

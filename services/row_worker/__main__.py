@@ -8,8 +8,12 @@ import os
 
 import aiohttp
 
+from relay_batches.bus.client import Bus
 from relay_batches.ids import new_id
-from relay_batches.router.aliases import load_aliases
+from relay_batches.ratelimit.keeper import Keeper
+from relay_batches.ratelimit.limiter import SharedLimiter
+from relay_batches.ratelimit.parts import rate_limit_parts
+from relay_batches.router.aliases import AliasTable, load_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
@@ -37,6 +41,7 @@ async def build(
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     session = aiohttp.ClientSession(connector=connector)
     resources.push_async_callback(session.close)
+    keeper, limiter = shared_limits(aliases, bus)
     router = ModelRouter(
         aliases,
         session,
@@ -46,6 +51,7 @@ async def build(
                 settings.cooldown_failures, settings.cooldown_window_s, settings.cooldown_s
             )
         ),
+        limiter=limiter,
     )
     outcomes = OutcomePublisher(
         lambda shard, body: bus.publish(bus.names.results_shard(shard), body, kind="results"),
@@ -59,7 +65,14 @@ async def build(
         router, outcomes.add, settings.batch_concurrency, holdings, prices=aliases.prices()
     )
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
-    log.info("configured", extra={"aliases": aliases.names(), "prefetch": prefetch})
+    log.info(
+        "configured",
+        extra={
+            "aliases": aliases.names(),
+            "prefetch": prefetch,
+            "rate_limited": sorted(aliases.limits()),
+        },
+    )
     return row_worker_service(
         bus,
         runner,
@@ -67,7 +80,21 @@ async def build(
         prefetch=prefetch,
         grace_s=settings.shutdown_grace_s,
         heartbeat=holding_heartbeat(holdings, bus.publish_event, settings.heartbeat_seconds),
+        keeper=keeper,
+        ratelimit=rate_limit_parts(keeper, limiter),
     )
+
+
+def shared_limits(aliases: AliasTable, bus: Bus) -> tuple[Keeper | None, SharedLimiter | None]:
+    """The keeper and limiter of the routes' rate-limited deployments (none: neither, and
+    nothing of them runs); the keeper steps down the moment the bus connection drops."""
+    limits = aliases.limits()
+    if not limits:
+        return None, None
+    limiter = SharedLimiter(bus, limits)
+    keeper = Keeper(bus, limits, tokens_per_call=limiter.typical_tokens)
+    bus.on_connection_lost(keeper.step_down)
+    return keeper, limiter
 
 
 def main() -> None:

@@ -12,6 +12,8 @@ from relay_batches.kit.base import BusService, ServiceBus
 from relay_batches.kit.consumer import Consume, Subscribe
 from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import JobEvent, SliceMessage
+from relay_batches.ratelimit.keeper import Keeper
+from relay_batches.ratelimit.parts import RateLimitParts, rate_limit_parts
 from relay_batches.services.row_worker.core import RowRunner
 from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
@@ -31,9 +33,24 @@ def row_worker_service(
     prefetch: int,
     grace_s: float,
     heartbeat: Periodic | None = None,
+    keeper: Keeper | None = None,
+    ratelimit: RateLimitParts | None = None,
 ) -> BusService:
     """The row-worker's declaration (no ledger: it only talks to the bus and the models);
-    ``heartbeat`` reports the rows it holds (see :mod:`.holdings`)."""
+    ``heartbeat`` reports the rows it holds (see :mod:`.holdings`); ``ratelimit`` the
+    shared rate limits' election, ticks and throttled events (:func:`rate_limit_parts`;
+    none without a limited deployment), whose ``keeper`` resigns as the worker stops."""
+    parts = ratelimit or rate_limit_parts(None, None)
+
+    def stopping() -> None:
+        runner.stop_starting()
+        if keeper is not None:
+            keeper.resign()
+
+    async def close() -> None:
+        await outcomes.drain()
+        if keeper is not None:
+            await keeper.close()
 
     async def on_canceled(event: JobEvent) -> None:
         runner.cancel_job(event.batch_id)
@@ -44,11 +61,11 @@ def row_worker_service(
     )
     return BusService(
         bus,
-        [canceled, rows],
-        periodic=[] if heartbeat is None else [heartbeat],
+        [canceled, *parts.intakes, rows],
+        periodic=[*([] if heartbeat is None else [heartbeat]), *parts.periodic],
         grace_s=grace_s,
-        stopping=runner.stop_starting,
-        close=outcomes.drain,
+        stopping=stopping,
+        close=close,
     )
 
 

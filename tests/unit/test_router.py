@@ -19,6 +19,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from relay_batches.metrics import UPSTREAM_THROTTLED
+from relay_batches.ratelimit.limiter import NoLimiter
 from relay_batches.router.aliases import AliasTable, Deployment, parse_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.policy import BackoffPolicy
@@ -487,3 +489,120 @@ async def test_a_row_no_deployment_can_take_fails_with_the_refusal(
         dead_letter=False,
     )
     assert upstream.calls == []
+
+
+# --- rate-limit hooks, with a fake limiter: acquire before every try (retries too) and
+# before any connection, settle by the reply's usage, a 429 reported with its
+# Retry-After, and a call waiting for budget that is cancelled.
+
+LIMITED_MESSAGES = [{"role": "user", "content": "twelve chars"}]  # 3 tokens
+
+
+class FakeLimiter:
+    """Records every hook; ``gate`` (when set) holds acquire until it is set."""
+
+    def __init__(self, limited: set[str], upstream: Upstream) -> None:
+        self._limited = limited
+        self._upstream = upstream
+        self.events: list[tuple[object, ...]] = []
+        self.gate: asyncio.Event | None = None
+        self.waiting = 0
+        self.entered = asyncio.Event()
+
+    def limited(self, deployment: str) -> bool:
+        return deployment in self._limited
+
+    async def acquire(self, deployment: str, tokens: int) -> None:
+        self.events.append(("acquire", deployment, tokens, len(self._upstream.calls)))
+        if self.gate is not None:
+            self.waiting += 1
+            self.entered.set()
+            try:
+                await self.gate.wait()
+            finally:
+                self.waiting -= 1
+
+    def settle(self, deployment: str, estimated: int, used: int) -> None:
+        self.events.append(("settle", deployment, estimated, used))
+
+    async def throttled(self, deployment: str, retry_after: float | None) -> None:
+        self.events.append(("throttled", deployment, retry_after))
+
+
+def make_limited(
+    session: aiohttp.ClientSession, sleep: SleepRecorder, limiter: object, *deps: object
+) -> ModelRouter:
+    return ModelRouter(
+        AliasTable({ALIAS: tuple(deps)}),  # type: ignore[arg-type]
+        session,
+        BackoffPolicy(),
+        sleep=sleep,
+        rng=random.Random(SEED),
+        limiter=limiter,  # type: ignore[arg-type]
+    )
+
+
+async def test_acquire_before_each_try_settle_by_usage_and_throttled_with_retry_after(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(429, "slow", {"Retry-After": "2"}), status(503), reply("ok", 4, 9))
+    limiter = FakeLimiter({"a"}, upstream)
+    router = make_limited(session, sleep, limiter, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, LIMITED_MESSAGES, {"max_tokens": 20})
+    assert result == RowResult(Completion("ok", 4, 9), None, 3, "a")
+    assert limiter.events == [
+        ("acquire", "a", 23, 0),  # estimate 3 + max_tokens, before the first call
+        ("settle", "a", 23, 0),  # the 429 counted nothing
+        ("throttled", "a", 2.0),
+        ("acquire", "a", 23, 1),
+        ("acquire", "a", 23, 2),  # the 503 counted as estimated: no settle
+        ("settle", "a", 23, 24),  # the provider counts prompt 4 + the cap 20
+    ]
+
+
+async def test_without_a_cap_usage_counts_the_completion(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", reply("ok", 4, 9))
+    limiter = FakeLimiter({"a"}, upstream)
+    router = make_limited(session, sleep, limiter, deployment(upstream, "a"))
+    await router.complete(ALIAS, LIMITED_MESSAGES, {})
+    assert limiter.events == [("acquire", "a", 3, 0), ("settle", "a", 3, 13)]
+
+
+async def test_a_deployment_without_limit_calls_no_hook(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", status(429, "slow", {"Retry-After": "1"}), reply())
+    before = UPSTREAM_THROTTLED.labels("a")._value.get()
+    limiter = FakeLimiter({"other"}, upstream)
+    router = make_limited(session, sleep, limiter, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, LIMITED_MESSAGES, {})
+    assert result.completion is not None
+    assert limiter.events == []
+    assert UPSTREAM_THROTTLED.labels("a")._value.get() == before + 1
+
+
+async def test_no_call_while_waiting_and_a_cancel_leaves_no_waiter(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", reply())
+    limiter = FakeLimiter({"a"}, upstream)
+    limiter.gate = asyncio.Event()
+    router = make_limited(session, sleep, limiter, deployment(upstream, "a"))
+    row = asyncio.create_task(router.complete(ALIAS, LIMITED_MESSAGES, {}))
+    await asyncio.wait_for(limiter.entered.wait(), 5.0)
+    assert upstream.calls == []
+    row.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await row
+    assert limiter.waiting == 0
+    assert upstream.calls == []
+
+
+async def test_no_limiter_limits_nothing() -> None:
+    limiter = NoLimiter()
+    assert not limiter.limited("a")
+    await limiter.acquire("a", 10)
+    limiter.settle("a", 1, 2)
+    await limiter.throttled("a", 1.0)

@@ -481,3 +481,13 @@ def test_outcomes_are_made_storable() -> None:
     assert (done.content, done.prompt_tokens, done.completion_tokens) == ("a\ufffdb", 2**31 - 1, 0)
     failed = to_outcome("b" * 32, 4, RowResult(None, "upstream_error: d: HTTP 500: \x00", 2, None))
     assert failed.error == "upstream_error: d: HTTP 500: \ufffd"
+
+
+def test_routes_without_limits_run_no_rate_limit_machinery() -> None:
+    from relay_batches.ratelimit.parts import RateLimitParts, rate_limit_parts
+    from relay_batches.router.aliases import AliasTable, Deployment
+    from relay_batches.services.row_worker.__main__ import shared_limits
+
+    table = AliasTable({"m": (Deployment("d", "openai", "http://127.0.0.1:9/v1", "x"),)})
+    assert shared_limits(table, None) == (None, None)  # type: ignore[arg-type]
+    assert rate_limit_parts(None, None) == RateLimitParts((), ())

@@ -24,6 +24,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, ChannelNotFoundEntity
+from aiormq.exceptions import ChannelLockedResource
 
 from relay_batches.bus.topology import (
     Names,
@@ -63,6 +64,9 @@ class Bus:
         self._consumers: list[tuple[AbstractQueue, str]] = []
         # Set when the connection drops, cleared once aio-pika restored every channel.
         self._restoring = False
+        self._lost_callbacks: list[Callable[[], None]] = []
+        # The exclusive queue this connection holds (leader election), with its channel.
+        self._exclusive: tuple[AbstractChannel, AbstractQueue] | None = None
 
     async def connect(self) -> None:
         """Connect (robustly), open the publisher channel and declare the topology.
@@ -92,7 +96,14 @@ class Bus:
             raise
         self._publish_channel = channel
 
+    def on_connection_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (synchronously) each time the connection drops."""
+        self._lost_callbacks.append(callback)
+
     def _on_connection_lost(self, _: object, exc: BaseException | None) -> None:
+        self._exclusive = None  # the broker deletes an exclusive queue with its connection
+        for callback in self._lost_callbacks:
+            callback()
         if self._connection is not None and not self._restoring:
             self._restoring = True
             log.warning("broker_connection_lost", extra={"error": repr(exc)})
@@ -124,13 +135,18 @@ class Bus:
         kind: str,
         priority: int = 0,
         headers: Mapping[str, str] | None = None,
+        persistent: bool = True,
     ) -> None:
-        """Publish a persistent message to a durable queue and wait for the confirm."""
+        """Publish a message (persistent unless told otherwise: a grant is worth nothing
+        after a broker restart) to a durable queue and wait for the confirm."""
         channel = self._require_channel()
+        mode = (
+            aio_pika.DeliveryMode.PERSISTENT if persistent else aio_pika.DeliveryMode.NOT_PERSISTENT
+        )
         message = aio_pika.Message(
             body,
             headers=dict(headers) if headers else None,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            delivery_mode=mode,
             priority=priority,
             content_type="application/json",
         )
@@ -156,6 +172,41 @@ class Bus:
         kind = event_kind(routing_key)
         MESSAGES_PUBLISHED.labels(kind).inc()
         MESSAGE_BYTES_PUBLISHED.labels(kind).inc(len(body))
+
+    async def declare(self, queue: str) -> None:
+        """Declare one of the namespace's queues (with its arguments) on the publisher
+        channel: what a publisher does before publishing to a queue made on demand."""
+        await declare_queue(self._require_channel(), self.names, queue)
+
+    async def claim_exclusive(self, queue: str) -> bool:
+        """Try to hold ``queue`` as an exclusive queue of this connection (leader
+        election): True while held (now or from an earlier claim), False when another
+        connection holds it. Declared on a channel of its own, not robust (a reconnect
+        does not re-claim it: the caller tries again); the broker deletes it when this
+        connection closes, however it dies."""
+        if self._exclusive is not None and not self._exclusive[0].is_closed:
+            return True
+        if self._connection is None:
+            raise RuntimeError("bus is not connected")
+        channel = await self._connection.channel(publisher_confirms=False)
+        try:
+            declared = await channel.declare_queue(queue, exclusive=True, robust=False)
+        except ChannelLockedResource:
+            # RESOURCE_LOCKED closed the channel; closed by us too, or it reopens itself.
+            with contextlib.suppress(*SETTLE_ERRORS):
+                await channel.close()
+            return False
+        self._exclusive = (channel, declared)
+        return True
+
+    async def release_exclusive(self) -> None:
+        """Delete the exclusive queue this connection holds (another may claim it)."""
+        held, self._exclusive = self._exclusive, None
+        if held is not None:
+            channel, queue = held
+            with contextlib.suppress(*SETTLE_ERRORS):
+                await queue.delete(if_unused=False, if_empty=False)
+                await channel.close()
 
     async def ready_count(self, queue: str) -> int:
         """Messages ready (not yet delivered) in one of the durable queues."""
@@ -199,15 +250,22 @@ class Bus:
         await self._start(declared, callback)
 
     async def consume_queues(
-        self, queues: Iterable[str], callback: MessageCallback, prefetch: int
+        self,
+        queues: Iterable[str],
+        callback: MessageCallback,
+        prefetch: int,
+        *,
+        intake: bool = True,
     ) -> Subscription:
         """Consume several durable queues on one channel, ``prefetch`` unacked for each
         consumer: their deliveries share the channel's delivery tags, so one
         ``multiple`` ack can settle deliveries of several of them. The returned
-        :class:`Subscription` can cancel these consumers and subscribe them again."""
+        :class:`Subscription` can cancel these consumers and subscribe them again.
+        ``intake=False``: not work taken in, so :meth:`stop_consuming` leaves these
+        consumers running (rate-limit grants, which rows in flight still need)."""
         channel = await self._new_consumer_channel(prefetch)
         declared = [await declare_queue(channel, self.names, queue) for queue in queues]
-        subscription = Subscription(self, declared, callback)
+        subscription = Subscription(self, declared, callback, intake=intake)
         await subscription.resume()
         return subscription
 
@@ -232,12 +290,13 @@ class Bus:
         return channel
 
     async def _start(
-        self, queue: AbstractQueue, callback: MessageCallback
+        self, queue: AbstractQueue, callback: MessageCallback, intake: bool = True
     ) -> tuple[AbstractQueue, str]:
         if all(queue is not held for held in self._queues):
             self._queues.append(queue)
         consumer = (queue, await queue.consume(callback, no_ack=False))
-        self._consumers.append(consumer)
+        if intake:
+            self._consumers.append(consumer)
         return consumer
 
     async def stop_consuming(self) -> None:
@@ -262,10 +321,18 @@ class Subscription:
     be cancelled and subscribed again (to a single-active-consumer queue, a consumer
     that subscribes again waits behind the others)."""
 
-    def __init__(self, bus: Bus, queues: list[AbstractQueue], callback: MessageCallback) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        queues: list[AbstractQueue],
+        callback: MessageCallback,
+        *,
+        intake: bool = True,
+    ) -> None:
         self._bus = bus
         self._queues = queues
         self._callback = callback
+        self._intake = intake
         self._consumers: list[tuple[AbstractQueue, str]] = []
 
     async def resume(self) -> None:
@@ -274,7 +341,7 @@ class Subscription:
         held = {id(queue) for queue, _ in self._consumers}
         for queue in self._queues:
             if id(queue) not in held:
-                self._consumers.append(await self._bus._start(queue, self._callback))
+                self._consumers.append(await self._bus._start(queue, self._callback, self._intake))
 
     async def cancel(self) -> None:
         """Cancel these consumers: no new deliveries; those delivered stay unacked

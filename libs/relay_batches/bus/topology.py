@@ -35,6 +35,10 @@ EVENT_FINISHED = "job.finished"
 EVENT_CANCELED = "job.canceled"
 EVENT_TEMPLATE_CREATED = "template.created"
 EVENT_HOLDING = "worker.holding"
+EVENT_THROTTLED = "ratelimit.throttled"
+TICKS_PER_SECOND = 10  # the rate-limit keeper's ticks: a grants queue holds one second
+GRANT_TTL_MS = 1000
+GRANTS_EXPIRE_MS = 3_600_000  # a grants queue unused for an hour is deleted
 _ROUTING_WORD = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -119,6 +123,19 @@ class Names:
         """Queue bound to ``job.finished`` for the notifier."""
         return f"{self.namespace}.notify"
 
+    @property
+    def ratelimit_leader(self) -> str:
+        """The exclusive queue whose holder is the rate-limit leader (issues grants)."""
+        return f"{self.namespace}.ratelimit.leader"
+
+    def ratelimit_grants(self, deployment: str) -> str:
+        """Queue of one rate-limited deployment's grants (non-persistent, short-lived)."""
+        return f"{self.namespace}.ratelimit.grants.{deployment}"
+
+    def is_grants(self, queue: str) -> bool:
+        """Whether ``queue`` is a grants queue."""
+        return queue.startswith(f"{self.namespace}.ratelimit.grants.")
+
     def private(self, service: str, instance: str) -> str:
         """Name of a per-process exclusive queue."""
         return f"{self.namespace}.{service}.{instance}"
@@ -157,6 +174,14 @@ async def declare_queue(channel: AbstractChannel, names: Names, queue: str) -> A
         arguments["x-max-length"] = names.dead_max_length
         arguments["x-overflow"] = "drop-head"
     arguments.update(_shard_arguments(names, queue))
+    if names.is_grants(queue):
+        # A grant is worth nothing a second later: the broker drops it then (or the
+        # oldest when a second of ticks is waiting), and the queue goes after an hour
+        # unused (a deployment taken out of the routes).
+        arguments["x-message-ttl"] = GRANT_TTL_MS
+        arguments["x-max-length"] = TICKS_PER_SECOND
+        arguments["x-overflow"] = "drop-head"
+        arguments["x-expires"] = GRANTS_EXPIRE_MS
     arguments["x-queue-type"] = names.type_of(queue)
     try:
         return await channel.declare_queue(queue, durable=True, arguments=arguments)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from relay_batches.ratelimit.limits import RateLimit
 from relay_batches.settings import ConfigError
 
 PROVIDERS = frozenset({"openai", "anthropic"})
@@ -43,6 +44,7 @@ class Deployment:
     headers: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
     price: Price | None = None  # None: unpriced (its rows have no cost)
+    limit: RateLimit | None = None  # None: no shared rate limit (rpm, tpm)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,15 @@ class AliasTable:
     def names(self) -> list[str]:
         """The public aliases, sorted."""
         return sorted(self.aliases)
+
+    def limits(self) -> dict[str, RateLimit]:
+        """The rate-limited deployments' limits by deployment name."""
+        return {
+            d.name: d.limit
+            for deployments in self.aliases.values()
+            for d in deployments
+            if d.limit is not None
+        }
 
     def prices(self) -> dict[str, Price]:
         """The priced deployments' prices by deployment name (what a row-worker looks a
@@ -131,7 +142,25 @@ def _deployment(name: str, spec: Any, env: Mapping[str, str], where: str) -> Dep
         headers=_str_table(name, spec, "headers", where),
         params=dict(spec.get("params", {})),
         price=_price(name, spec.get("price"), where),
+        limit=_limit(name, spec, where),
     )
+
+
+def _limit(name: str, spec: dict[str, Any], where: str) -> RateLimit | None:
+    """``rpm`` and ``tpm``: positive integers, each optional; None when neither is set."""
+    values: dict[str, int | None] = {}
+    for key in ("rpm", "tpm"):
+        value = spec.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ConfigError(
+                where + f"deployment {name!r}: {key} must be a positive integer, not {value!r}"
+            )
+        values[key] = value
+    if values["rpm"] is None and values["tpm"] is None:
+        return None
+    return RateLimit(rpm=values["rpm"], tpm=values["tpm"])
 
 
 def _price(name: str, value: Any, where: str) -> Price | None:

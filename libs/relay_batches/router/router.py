@@ -7,6 +7,11 @@ down (see :mod:`relay_batches.router.cooldown`) is skipped while another is avai
 failing everywhere gets ``upstream_error: …``; it is dead-lettered when its last
 failure was transient (worth replaying), and only failed when it was permanent.
 
+A rate-limited deployment's call (retries too) first waits for budget
+(:mod:`relay_batches.ratelimit.limiter`), before any connection is taken; a 200 settles
+the token estimate by the reply's usage, and a 429 (or a Retry-After) is reported so
+every worker's pacer slows down. Without a limit none of that runs.
+
 A deployment's request is built once per row; a provider that cannot take what the row
 asks for (:class:`~relay_batches.router.types.UnsupportedRequest`) is a permanent
 failure of that deployment without a call, so the row falls through to the next one.
@@ -24,7 +29,14 @@ from typing import Any
 
 import aiohttp
 
-from relay_batches.metrics import UPSTREAM_FALLBACKS, UPSTREAM_LATENCY, UPSTREAM_RETRIES
+from relay_batches.metrics import (
+    UPSTREAM_FALLBACKS,
+    UPSTREAM_LATENCY,
+    UPSTREAM_RETRIES,
+    UPSTREAM_THROTTLED,
+)
+from relay_batches.ratelimit.estimate import counted_tokens, estimate_tokens
+from relay_batches.ratelimit.limiter import Limiter, NoLimiter
 from relay_batches.router import anthropic, openai
 from relay_batches.router.aliases import AliasTable, Deployment
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
@@ -46,6 +58,12 @@ class _Attempt:
     error: str | None = None
     retryable: bool = False
     retry_after: float | None = None
+    status: int | None = None
+
+    @property
+    def throttled(self) -> bool:
+        """A 429, or a retryable status that said when to come back."""
+        return self.status == 429 or (self.retryable and self.retry_after is not None)
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,7 @@ class ModelRouter:
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
         cooldowns: Cooldowns | None = None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.aliases = aliases
         self._session = session
@@ -91,6 +110,7 @@ class ModelRouter:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._cooldowns = cooldowns or Cooldowns(CooldownPolicy())
+        self._limiter: Limiter = limiter or NoLimiter()
         self._prepared: dict[str, tuple[aiohttp.ClientTimeout, Any]] = {}
 
     async def complete(
@@ -149,9 +169,16 @@ class ModelRouter:
         except UnsupportedRequest as exc:
             return _DeploymentResult(ProviderReply(error=str(exc)), 0, False)
         calls = 0
+        limited = self._limiter.limited(deployment.name)
+        merged = {**deployment.params, **params} if limited else params
+        estimate = estimate_tokens(messages, merged) if limited else 0
         while True:
+            if limited:
+                await self._limiter.acquire(deployment.name, estimate)
             attempt = await self._call(deployment, provider, request)
             calls += 1
+            if limited or attempt.throttled:
+                await self._account(deployment.name, attempt, merged, estimate, limited)
             if attempt.reply is not None:
                 if attempt.reply.completion is not None:
                     self._cooldowns.record_success(deployment.name)
@@ -164,6 +191,28 @@ class ModelRouter:
                 return _DeploymentResult(ProviderReply(error=attempt.error), calls, True)
             UPSTREAM_RETRIES.labels(deployment.name).inc()
             await self._sleep(self._policy.delay(calls - 1, self._rng, attempt.retry_after))
+
+    async def _account(
+        self,
+        name: str,
+        attempt: _Attempt,
+        params: Mapping[str, Any],
+        estimate: int,
+        limited: bool,
+    ) -> None:
+        """A limited call's tokens by the reply's usage (a throttled call counted none);
+        a throttled call counted and, when limited, reported."""
+        completion = None if attempt.reply is None else attempt.reply.completion
+        if attempt.throttled:
+            UPSTREAM_THROTTLED.labels(name).inc()
+        if not limited:
+            return
+        if completion is not None:
+            used = counted_tokens(params, completion.prompt_tokens, completion.completion_tokens)
+            self._limiter.settle(name, estimate, used)
+        elif attempt.throttled:
+            self._limiter.settle(name, estimate, 0)
+            await self._limiter.throttled(name, attempt.retry_after)
 
     async def _call(
         self,
@@ -196,4 +245,5 @@ class ModelRouter:
             error=f"HTTP {status}: {snippet}",
             retryable=is_retryable_status(status),
             retry_after=parse_retry_after(retry_after),
+            status=status,
         )

@@ -1,0 +1,1 @@
+"""Shared per-deployment rate limits: the leader's grants, each worker's budget, AIMD."""

@@ -1,0 +1,322 @@
+"""The worker side of shared rate limits: what the model router calls around each call.
+
+:class:`SharedLimiter` keeps, per rate-limited deployment, a :class:`Budget`, the calls
+waiting for it (first come, first served) and an on-demand consumer of the deployment's
+grants queue: subscribed while calls wait and the budget is short, cancelled once no
+call waited for :data:`IDLE_S` (:meth:`SharedLimiter.release_idle`, a periodic pass), so
+an idle worker holds no grant a busy one needs; a grant delivered meanwhile is handed
+back to the queue once, for another worker. A grant is added to the budget, then
+acked: its effect lives in memory only, so a worker that dies loses at most what it
+held. A grant that arrives expired is acked and dropped.
+
+A waiting call holds no upstream connection (the router acquires before it takes one)
+and can be cancelled: it leaves no waiter behind, and budget handed to it just as it was
+cancelled goes back. A deployment without a limit costs nothing: no wait, no bus
+traffic. :class:`NoLimiter` (the router's default) limits nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from relay_batches.bus.client import MessageCallback
+from relay_batches.bus.topology import EVENT_THROTTLED, Names
+from relay_batches.kit.consumer import Subscription, ack, reject
+from relay_batches.messages import GrantMessage, MessageError, ThrottledEvent
+from relay_batches.metrics import RATELIMIT_USED_REQUESTS, RATELIMIT_USED_TOKENS, RATELIMIT_WAIT
+from relay_batches.ratelimit.budget import Budget
+from relay_batches.ratelimit.limits import RateLimit
+from relay_batches.ratelimit.pacing import Grant
+
+log = logging.getLogger("relay.ratelimit")
+
+GRANTS_PREFETCH = 2
+IDLE_S = 1.0  # without waiters this long, a deployment's grants consumer is cancelled
+RESUBSCRIBE_S = 1.0  # a waiter retries a failed subscribe this often
+THROTTLE_EVENT_EVERY_S = 0.1  # at most one throttled event per deployment per worker
+CLOCK_SAMPLES = 32  # grants whose delivery delay estimates the leader's clock offset
+CLOCK_SKEW_S = 0.25  # a smaller offset is read as delivery delay (queued grants), not skew
+
+
+class Limiter(Protocol):
+    """What the model router needs of a rate limiter."""
+
+    def limited(self, deployment: str) -> bool:
+        """Whether calls to ``deployment`` go through :meth:`acquire`."""
+
+    async def acquire(self, deployment: str, tokens: int) -> None:
+        """Wait until a call of ``tokens`` estimated tokens may go."""
+
+    def settle(self, deployment: str, estimated: int, used: int) -> None:
+        """A call debited ``estimated`` tokens and counted ``used``."""
+
+    async def throttled(self, deployment: str, retry_after: float | None) -> None:
+        """A call got a 429 (or a Retry-After)."""
+
+
+class NoLimiter:
+    """Limits nothing (a deployment without ``rpm``/``tpm``, or no limiter wired)."""
+
+    def limited(self, deployment: str) -> bool:
+        """Never."""
+        return False
+
+    async def acquire(self, deployment: str, tokens: int) -> None:
+        """Returns at once."""
+
+    def settle(self, deployment: str, estimated: int, used: int) -> None:
+        """Nothing to settle."""
+
+    async def throttled(self, deployment: str, retry_after: float | None) -> None:
+        """Nothing to tell."""
+
+
+class LimiterBus(Protocol):
+    """What the limiter needs of :class:`relay_batches.bus.client.Bus`."""
+
+    names: Names
+
+    async def consume_queues(
+        self,
+        queues: Sequence[str],
+        callback: MessageCallback,
+        prefetch: int,
+        *,
+        intake: bool = True,
+    ) -> Subscription:
+        """Consume queues on a channel of their own; the subscription can cancel
+        (``intake=False``: not stopped with the service's intake)."""
+
+    async def publish_event(self, routing_key: str, body: bytes) -> None:
+        """Publish an event with a confirm."""
+
+
+@dataclass(eq=False)
+class _Waiter:
+    tokens: int
+    future: asyncio.Future[None]
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One limited deployment's budget, waiters and grants consumer."""
+
+    name: str
+    queue: str
+    budget: Budget
+    waiters: deque[_Waiter] = field(default_factory=deque)
+    subscription: Subscription | None = None
+    subscribed: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    idle_since: float = -math.inf
+    throttle_sent_at: float = -math.inf
+    typical_tokens: float = 0.0  # moving average of the calls' estimates (0: none yet)
+
+
+class SharedLimiter:
+    """Per limited deployment: a budget filled by the leader's grants (module doc)."""
+
+    def __init__(
+        self,
+        bus: LimiterBus,
+        limits: Mapping[str, RateLimit],
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._bus = bus
+        self._clock = clock
+        self._monotonic = monotonic
+        self._lanes = {
+            name: _Lane(name, bus.names.ratelimit_grants(name), Budget(limit))
+            for name, limit in limits.items()
+        }
+        # How far this worker's clock runs ahead of the leader's: the least delay
+        # (now - issued_at) of the recent grants (delivery takes milliseconds), so
+        # expiries stamped by a leader with another clock are read right here. Under
+        # CLOCK_SKEW_S it is taken as 0: grants that waited in the queue (up to a
+        # second old, the newest a tick old) must still expire on time.
+        self._delays: deque[float] = deque(maxlen=CLOCK_SAMPLES)
+        self._offset = 0.0
+
+    def _now(self) -> float:
+        """This worker's clock, on the leader's time."""
+        return self._clock() - self._offset
+
+    def _observe_clock(self, issued_at: float) -> None:
+        if issued_at > 0:
+            self._delays.append(self._clock() - issued_at)
+            least = min(self._delays)
+            self._offset = least if abs(least) > CLOCK_SKEW_S else 0.0
+
+    def limited(self, deployment: str) -> bool:
+        """Whether ``deployment`` has a limit."""
+        return deployment in self._lanes
+
+    def waiting(self, deployment: str) -> int:
+        """Calls waiting for ``deployment``'s budget now."""
+        lane = self._lanes.get(deployment)
+        return 0 if lane is None else len(lane.waiters)
+
+    def typical_tokens(self, deployment: str) -> int:
+        """A typical call's token estimate here (moving average; 1 before any call): the
+        unit the leader issues tokens in."""
+        lane = self._lanes.get(deployment)
+        return 1 if lane is None or lane.typical_tokens < 1 else round(lane.typical_tokens)
+
+    def subscribed(self, deployment: str) -> bool:
+        """Whether this worker consumes ``deployment``'s grants now."""
+        lane = self._lanes.get(deployment)
+        return lane is not None and lane.subscribed
+
+    async def acquire(self, deployment: str, tokens: int) -> None:
+        """Wait (first come, first served) until the budget lets a call of ``tokens``
+        go; at once when nobody waits and the budget allows it."""
+        lane = self._lanes.get(deployment)
+        if lane is None:
+            return
+        lane.typical_tokens = (
+            tokens if not lane.typical_tokens else lane.typical_tokens * 0.9 + tokens * 0.1
+        )
+        if not lane.waiters and lane.budget.take(tokens, self._now()):
+            self._taken(lane, 0.0)
+            return
+        started = self._monotonic()
+        waiter = _Waiter(tokens, asyncio.get_running_loop().create_future())
+        lane.waiters.append(waiter)
+        try:
+            while not waiter.future.done():
+                await self._subscribe(lane)
+                await asyncio.wait({waiter.future}, timeout=RESUBSCRIBE_S)
+        except asyncio.CancelledError:
+            self._abandon(lane, waiter)
+            raise
+        self._taken(lane, self._monotonic() - started)
+
+    def _taken(self, lane: _Lane, waited_s: float) -> None:
+        RATELIMIT_USED_REQUESTS.labels(lane.name).inc()
+        RATELIMIT_WAIT.labels(lane.name).observe(waited_s)
+
+    def _abandon(self, lane: _Lane, waiter: _Waiter) -> None:
+        """A cancelled waiter: gone from the queue, or its budget given back."""
+        if waiter.future.done() and not waiter.future.cancelled():
+            lane.budget.give_back(waiter.tokens)
+            self._serve(lane)
+        else:
+            waiter.future.cancel()
+            with contextlib.suppress(ValueError):
+                lane.waiters.remove(waiter)
+        if not lane.waiters:
+            lane.idle_since = self._monotonic()
+
+    async def _subscribe(self, lane: _Lane) -> None:
+        """Consume the lane's grants (again) unless already; a failure is logged (the
+        waiter tries again after :data:`RESUBSCRIBE_S`)."""
+        if lane.subscribed:
+            return
+        async with lane.lock:
+            if lane.subscribed or not lane.waiters:
+                return
+            try:
+                if lane.subscription is None:
+                    # Not intake: a draining worker's rows in flight still need grants.
+                    lane.subscription = await self._bus.consume_queues(
+                        [lane.queue], self._on_grant(lane), GRANTS_PREFETCH, intake=False
+                    )
+                else:
+                    await lane.subscription.resume()
+            except Exception as exc:
+                log.warning(
+                    "grants_subscribe_failed", extra={"deployment": lane.name, "error": repr(exc)}
+                )
+                return
+            lane.subscribed = True
+
+    def _on_grant(self, lane: _Lane) -> MessageCallback:
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            if not lane.waiters and not message.redelivered:
+                # Nobody here needs it (the consumer lingers a second after the last
+                # waiter): back to the queue for a worker whose calls wait; a grant that
+                # comes back a second time is kept.
+                await reject(message, requeue=True)
+                return
+            try:
+                grant = GrantMessage.decode(message.body)
+            except MessageError as exc:
+                log.error("message_rejected", extra={"kind": "grant", "error": str(exc)})
+            else:
+                self._observe_clock(grant.issued_at)
+                budget = Grant(grant.requests, grant.tokens, grant.expires_at)
+                lane.budget.add(budget, self._now())
+                self._serve(lane)
+            await ack(message)
+
+        return on_message
+
+    def _serve(self, lane: _Lane) -> None:
+        """Hand the budget to the waiters in order, as far as it goes (the last one
+        served starts the lane's idle time)."""
+        if not lane.waiters:
+            return
+        now = self._now()
+        while lane.waiters:
+            head = lane.waiters[0]
+            if head.future.done():
+                lane.waiters.popleft()
+                continue
+            if not lane.budget.take(head.tokens, now):
+                return
+            lane.waiters.popleft()
+            head.future.set_result(None)
+        lane.idle_since = self._monotonic()
+
+    def settle(self, deployment: str, estimated: int, used: int) -> None:
+        """Correct the budget by what a finished call counted (tokens, by its usage)."""
+        lane = self._lanes.get(deployment)
+        if lane is None:
+            return
+        lane.budget.settle(estimated, used)
+        RATELIMIT_USED_TOKENS.labels(deployment).inc(used)
+
+    async def throttled(self, deployment: str, retry_after: float | None) -> None:
+        """Tell every worker (their pacers) that ``deployment`` throttled a call: at most
+        one event per deployment per :data:`THROTTLE_EVENT_EVERY_S`; a failed publish is
+        logged, never the row's failure."""
+        lane = self._lanes.get(deployment)
+        if lane is None:
+            return
+        now = self._monotonic()
+        if now - lane.throttle_sent_at < THROTTLE_EVENT_EVERY_S:
+            return
+        lane.throttle_sent_at = now
+        body = ThrottledEvent(deployment, retry_after).encode()
+        try:
+            await self._bus.publish_event(EVENT_THROTTLED, body)
+        except Exception as exc:
+            log.warning(
+                "throttled_publish_failed", extra={"deployment": deployment, "error": repr(exc)}
+            )
+
+    async def release_idle(self) -> None:
+        """Cancel the grants consumers of deployments nobody waited for in :data:`IDLE_S`
+        (a periodic pass): the grants go to the workers that need them."""
+        now = self._monotonic()
+        for lane in self._lanes.values():
+            if lane.subscribed and not lane.waiters and now - lane.idle_since >= IDLE_S:
+                await self._unsubscribe(lane)
+
+    async def _unsubscribe(self, lane: _Lane) -> None:
+        async with lane.lock:
+            if not lane.subscribed or lane.waiters or lane.subscription is None:
+                return
+            lane.subscribed = False
+            await lane.subscription.cancel()

@@ -1,0 +1,199 @@
+"""Unit tests of the worker-side SharedLimiter on a fake bus with its real interface:
+first come first served, a cancelled waiter leaves nothing behind, no bus for a
+deployment without a limit, and the grants consumer only while calls wait."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from relay_batches.bus.client import MessageCallback
+from relay_batches.bus.topology import Names
+from relay_batches.messages import GrantMessage
+from relay_batches.ratelimit.limiter import SharedLimiter
+from relay_batches.ratelimit.limits import RateLimit
+
+
+class Delivery:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.acked = False
+        self.requeued = False
+        self.redelivered = False
+
+    async def ack(self, multiple: bool = False) -> None:
+        self.acked = True
+
+    async def nack(self, requeue: bool = True) -> None:
+        self.requeued = requeue
+
+
+class FakeSubscription:
+    def __init__(self, bus: FakeBus) -> None:
+        self._bus = bus
+
+    async def cancel(self) -> None:
+        self._bus.active = False
+
+    async def resume(self) -> None:
+        self._bus.active = True
+
+
+class FakeBus:
+    def __init__(self) -> None:
+        self.names = Names("unit")
+        self.callback: MessageCallback | None = None
+        self.active = False
+        self.subscribes = 0
+        self.events: list[tuple[str, bytes]] = []
+
+    async def consume_queues(
+        self,
+        queues: Sequence[str],
+        callback: MessageCallback,
+        prefetch: int,
+        *,
+        intake: bool = True,
+    ) -> FakeSubscription:
+        assert not intake  # grants are no intake: a draining worker's rows still need them
+        assert list(queues) == [self.names.ratelimit_grants("d")]
+        self.callback, self.active = callback, True
+        self.subscribes += 1
+        return FakeSubscription(self)
+
+    async def publish_event(self, routing_key: str, body: bytes) -> None:
+        self.events.append((routing_key, body))
+
+    async def grant(
+        self, requests: int, expires_at: float = 1e12, redelivered: bool = False
+    ) -> Delivery:
+        assert self.callback is not None and self.active
+        delivery = Delivery(GrantMessage("d", requests, 0, expires_at).encode())
+        delivery.redelivered = redelivered
+        await self.callback(delivery)  # type: ignore[arg-type]
+        return delivery
+
+
+async def until(check: object) -> None:
+    for _ in range(1000):
+        if check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+async def test_waiters_are_served_in_order_and_a_cancelled_one_leaves_nothing() -> None:
+    bus = FakeBus()
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
+    first = asyncio.create_task(limiter.acquire("d", 0))
+    second = asyncio.create_task(limiter.acquire("d", 0))
+    third = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: limiter.waiting("d") == 3 and bus.active)
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert limiter.waiting("d") == 2
+    delivery = await bus.grant(1)
+    assert delivery.acked
+    await first
+    assert not third.done()
+    await bus.grant(1)
+    await third
+    assert limiter.waiting("d") == 0
+
+
+async def test_an_expired_grant_is_acked_and_dropped() -> None:
+    bus = FakeBus()
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    delivery = await bus.grant(5, expires_at=1.0)
+    assert delivery.acked
+    await asyncio.sleep(0)
+    assert not call.done()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
+async def test_unlimited_deployment_costs_nothing_and_idle_consumer_goes() -> None:
+    bus = FakeBus()
+    clock = [0.0]
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, monotonic=lambda: clock[0])
+    await limiter.acquire("free", 100)
+    await limiter.throttled("free", 1.0)
+    assert (bus.subscribes, bus.events) == (0, [])
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    await bus.grant(1)
+    await call
+    await limiter.release_idle()
+    assert bus.active  # not idle for a second yet
+    spare = await bus.grant(1)  # nobody waits: handed back once for another worker
+    assert (spare.acked, spare.requeued) == (False, True)
+    kept = await bus.grant(1, redelivered=True)
+    assert kept.acked
+    clock[0] = 1.0
+    await limiter.release_idle()  # a grant arriving without waiters is no activity
+    assert not bus.active
+    await limiter.acquire("d", 0)  # the kept grant, at once
+    assert not bus.active
+    again = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    assert bus.subscribes == 1  # resumed, not a second consumer
+    await bus.grant(1)
+    await again
+
+
+async def test_throttled_events_are_at_most_one_per_100_ms() -> None:
+    bus = FakeBus()
+    clock = [10.0]
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, monotonic=lambda: clock[0])
+    await limiter.throttled("d", 1.0)
+    await limiter.throttled("d", 1.0)
+    clock[0] = 10.125
+    await limiter.throttled("d", None)
+    assert [key for key, _ in bus.events] == ["ratelimit.throttled"] * 2
+
+
+async def test_a_worker_clock_ahead_of_the_leaders_still_uses_fresh_grants() -> None:
+    bus = FakeBus()
+    clock = [1000.0]  # the leader's clock reads 997.0: this worker is 3 s ahead
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, clock=lambda: clock[0])
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    assert bus.callback is not None
+    fresh = Delivery(GrantMessage("d", 1, 0, 997.5, issued_at=997.0).encode())
+    fresh.redelivered = False
+    await bus.callback(fresh)  # type: ignore[arg-type]
+    await call
+    stale = Delivery(GrantMessage("d", 1, 0, 997.5, issued_at=997.0).encode())
+    stale.redelivered = True
+    clock[0] = 1000.6  # 0.6 s later on both clocks: that grant has expired
+    late = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: limiter.waiting("d") == 1)
+    await bus.callback(stale)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert not late.done()
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+
+
+async def test_a_grant_that_waited_in_the_queue_is_not_taken_for_clock_skew() -> None:
+    bus = FakeBus()
+    clock = [1000.0]
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, clock=lambda: clock[0])
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    assert bus.callback is not None
+    old = Delivery(GrantMessage("d", 1, 0, 999.9, issued_at=999.8).encode())  # 0.2 s queued
+    old.redelivered = False
+    await bus.callback(old)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert old.acked and not call.done()  # expired on the shared clock: dropped
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call

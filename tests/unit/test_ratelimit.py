@@ -1,0 +1,234 @@
+"""Unit tests of the rate-limit arithmetic: routes keys, estimates, the Pacer, the Budget."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from relay_batches.ratelimit.budget import Budget
+from relay_batches.ratelimit.estimate import counted_tokens, estimate_tokens
+from relay_batches.ratelimit.limits import RateLimit
+from relay_batches.ratelimit.pacing import F_MIN, Grant, Pacer
+from relay_batches.router.aliases import load_aliases
+from relay_batches.settings import ConfigError
+
+ROUTES = """
+[aliases.m]
+deployments = ["d"]
+
+[deployments.d]
+provider = "openai"
+base_url = "http://127.0.0.1:9/v1"
+model = "x"
+{extra}
+"""
+
+
+def routes(tmp_path: Path, extra: str) -> str:
+    path = tmp_path / "routes.toml"
+    path.write_text(ROUTES.format(extra=extra), encoding="utf-8")
+    return str(path)
+
+
+def test_routes_rpm_and_tpm_make_the_deployment_limited(tmp_path: Path) -> None:
+    table = load_aliases(routes(tmp_path, "rpm = 600\ntpm = 90000"), {})
+    assert table.aliases["m"][0].limit == RateLimit(rpm=600, tpm=90000)
+    assert table.limits() == {"d": RateLimit(rpm=600, tpm=90000)}
+    only_tpm = load_aliases(routes(tmp_path, "tpm = 1000"), {})
+    assert only_tpm.aliases["m"][0].limit == RateLimit(rpm=None, tpm=1000)
+
+
+def test_routes_without_limits_have_none(tmp_path: Path) -> None:
+    table = load_aliases(routes(tmp_path, ""), {})
+    assert table.aliases["m"][0].limit is None
+    assert table.limits() == {}
+
+
+@pytest.mark.parametrize("value", ["0", '"x"', "1.5", "-3", "true"])
+@pytest.mark.parametrize("key", ["rpm", "tpm"])
+def test_routes_bad_limit_is_one_line(tmp_path: Path, key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_aliases(routes(tmp_path, f"{key} = {value}"), {})
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"deployment 'd': {key} must be a positive integer" in message
+
+
+def test_estimate_counts_text_parts_and_the_cap() -> None:
+    messages = [
+        {"role": "system", "content": "abcde"},  # 5 chars: 2 tokens
+        {"role": "user", "content": [{"type": "text", "text": "abcd"}, {"type": "image_url"}]},
+        {"role": "assistant", "content": None},
+    ]
+    assert estimate_tokens(messages, {}) == 3
+    assert estimate_tokens(messages, {"max_tokens": 100}) == 103
+    assert estimate_tokens(messages, {"max_completion_tokens": 50, "max_tokens": 100}) == 53
+    assert estimate_tokens(messages, {"max_tokens": True}) == 3
+
+
+def test_counted_tokens_take_the_cap_when_given() -> None:
+    assert counted_tokens({"max_tokens": 100}, 7, 12) == 107
+    assert counted_tokens({}, 7, 12) == 19
+
+
+def run_pacer(pacer: Pacer, seconds: float, rng: random.Random) -> list[tuple[float, Grant]]:
+    """Ticks every 100 ms in the middle of each tenth of a second, as the keeper's, each
+    up to 45 ms early or late, and now and then one missed (a stalled loop)."""
+    issued = []
+    for k in range(round(seconds * 10) + 1):
+        if rng.random() < 0.02:
+            continue
+        now = 1000.05 + 0.1 * k + rng.uniform(-0.045, 0.045)
+        grant = pacer.issue(now)
+        if grant is not None:
+            issued.append((now, grant))
+    return issued
+
+
+def max_in_window(issued: list[tuple[float, Grant]], key: str) -> int:
+    """The most issued in one calendar second (what providers count)."""
+    seconds: dict[int, int] = {}
+    for at, grant in issued:
+        seconds[int(at)] = seconds.get(int(at), 0) + getattr(grant, key)
+    return max(seconds.values())
+
+
+def test_pacer_spreads_600_rpm_evenly_over_a_minute() -> None:
+    for seed in range(5):
+        issued = run_pacer(Pacer(RateLimit(rpm=600)), 60.0, random.Random(seed))
+        total = sum(g.requests for _, g in issued)
+        assert 599 <= total <= 601
+        assert max_in_window(issued, "requests") == 10
+        # a missed tick's due comes with the next ones (two ticks' worth a call at most)
+        assert max(g.requests for _, g in issued) <= 3
+        assert all(g.tokens == 0 for _, g in issued)
+
+
+def test_pacer_spreads_tokens_evenly() -> None:
+    issued = run_pacer(Pacer(RateLimit(tpm=60_000)), 60.0, random.Random(7))
+    total = sum(g.tokens for _, g in issued)
+    assert 59_900 <= total <= 60_100
+    assert max_in_window(issued, "tokens") == 1000
+
+
+def test_pacer_issues_tokens_in_whole_calls() -> None:
+    pacer = Pacer(RateLimit(tpm=36_000))  # 600 a second, 60 a tick
+    issued = []
+    for k in range(101):
+        grant = pacer.issue(0.05 + 0.1 * k, tokens_per_call=100)
+        if grant is not None:
+            issued.append((0.05 + 0.1 * k, grant))
+    assert {g.tokens for _, g in issued} == {100}
+    assert sum(g.tokens for _, g in issued) == 6000  # 10 s at 600 a second
+    assert max_in_window(issued, "tokens") == 600
+
+
+def test_grants_expire_within_their_calendar_second() -> None:
+    pacer = Pacer(RateLimit(rpm=600))
+    pacer.issue(7.05)
+    early = pacer.issue(7.15)
+    late = pacer.issue(7.85)
+    assert early is not None and early.expires_at == pytest.approx(7.65)
+    assert late is not None and late.expires_at == pytest.approx(7.98)
+    assert pacer.issue(7.99) is None  # it would be born expired: held for the next second
+
+
+def test_a_new_leader_skips_the_rest_of_the_second() -> None:
+    pacer = Pacer(RateLimit(rpm=600))
+    pacer.issue(3.05)
+    pacer.skip_second(3.4)
+    assert [pacer.issue(3.05 + 0.1 * k) for k in range(4, 10)] == [None] * 6
+    grant = pacer.issue(4.05)
+    assert grant is not None and grant.requests == 3  # credit capped: two ticks plus one
+
+
+def test_pacer_banks_nothing_while_idle() -> None:
+    pacer = Pacer(RateLimit(rpm=600))
+    pacer.issue(0.05)
+    grant = pacer.issue(30.05)
+    assert grant is not None and grant.requests == 2  # two ticks' worth at most
+    assert grant.expires_at == pytest.approx(30.55)
+
+
+def test_pacer_decreases_once_per_second_and_recovers() -> None:
+    pacer = Pacer(RateLimit(rpm=600))
+    pacer.issue(0.0)
+    pacer.throttled(10.0, 1.0)
+    assert pacer.fraction == pytest.approx(0.8)
+    pacer.throttled(10.5, 1.0)  # the same congestion event: only the increase
+    assert pacer.fraction == pytest.approx(0.825)
+    pacer.throttled(11.0, None)
+    assert pacer.fraction == pytest.approx(0.85 * 0.8)
+    for t in (12.0, 13.0, 14.0, 15.0):
+        pacer.issue(t)
+    assert pacer.fraction == pytest.approx(0.68 + 0.2)
+    pacer.issue(30.0)
+    assert pacer.fraction == 1.0
+
+
+def test_pacer_rate_follows_the_fraction() -> None:
+    pacer = Pacer(RateLimit(rpm=600))
+    pacer.issue(0.05)
+    pacer.throttled(0.05, None)  # 0.8, recovering 0.05/s
+    total = 0
+    for k in range(1, 41):
+        grant = pacer.issue(0.05 + 0.1 * k)
+        total += 0 if grant is None else grant.requests
+    # mean fraction over 4 s is 0.9: 36 requests
+    assert 35 <= total <= 37
+
+
+def test_pacer_under_throttles_every_second_settles_above_the_floor() -> None:
+    pacer = Pacer(RateLimit(rpm=600))
+    for second in range(100):
+        pacer.throttled(float(second), None)
+    # (f + 0.05) x 0.8 = f: a 429 every second holds a fifth of the limit
+    assert pacer.fraction == pytest.approx(0.2, abs=1e-6)
+    assert pacer.fraction >= F_MIN
+
+
+def test_retry_after_pauses_issuing_until_then() -> None:
+    pacer = Pacer(RateLimit(rpm=600))
+    pacer.issue(0.05)
+    pacer.throttled(1.0, 5.0)
+    assert [pacer.issue(1.05 + 0.1 * k) for k in range(0, 50)] == [None] * 50
+    after = pacer.issue(6.05)  # the pause banked nothing: one tick's accrual
+    assert after is not None and after.requests == 1
+    pacer.throttled(20.0, 3600.0)
+    assert pacer.issue(79.95) is None
+    assert pacer.issue(80.05) is not None  # capped at 60 s
+
+
+def test_budget_takes_requests_and_expires_positive_balances() -> None:
+    budget = Budget(RateLimit(rpm=600))
+    assert not budget.take(0, 0.0)
+    assert budget.add(Grant(2, 0, 1.0), 0.0)
+    assert budget.take(0, 0.1) and budget.take(0, 0.2)
+    assert not budget.take(0, 0.3)
+    budget.add(Grant(3, 0, 2.0), 1.5)
+    assert not budget.take(0, 2.0)  # expired with the newest grant
+    assert not budget.add(Grant(1, 0, 2.5), 2.5)  # arrived expired
+
+
+def test_budget_tokens_may_go_into_debt_which_never_expires() -> None:
+    budget = Budget(RateLimit(tpm=6000))
+    budget.add(Grant(0, 10, 1.0), 0.0)
+    assert budget.take(150, 0.0)
+    assert budget.tokens == -140
+    assert not budget.take(1, 0.1)
+    budget.add(Grant(0, 100, 5.0), 4.0)
+    assert budget.tokens == -40  # the debt outlived its grant's expiry
+    budget.settle(150, 100)  # the call counted 100
+    assert budget.tokens == 10
+    assert budget.take(1, 4.5)
+
+
+def test_budget_with_both_limits_needs_both() -> None:
+    budget = Budget(RateLimit(rpm=60, tpm=6000))
+    budget.add(Grant(0, 50, 1.0), 0.0)
+    assert not budget.take(10, 0.0)
+    budget.add(Grant(1, 0, 1.0), 0.0)
+    assert budget.take(10, 0.0)
+    assert (budget.requests, budget.tokens) == (0, 40)
