@@ -17,6 +17,7 @@ from relay_batches.router.types import Completion, RowResult
 from relay_batches.services.row_worker import outcomes as outcomes_module
 from relay_batches.services.row_worker.core import CanceledJobs, RowRunner, to_outcome
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
+from relay_batches.services.row_worker.service import outcome_batch_rows, rows_prefetch
 
 WAIT_S = 5.0  # generous upper bound for anything a test waits on; never a fixed sleep
 
@@ -481,3 +482,19 @@ def test_outcomes_are_made_storable() -> None:
     assert (done.content, done.prompt_tokens, done.completion_tokens) == ("a\ufffdb", 2**31 - 1, 0)
     failed = to_outcome("b" * 32, 4, RowResult(None, "upstream_error: d: HTTP 500: \x00", 2, None))
     assert failed.error == "upstream_error: d: HTTP 500: \ufffd"
+
+
+def test_a_results_message_waits_for_no_more_outcomes_than_the_worker_holds_beyond_its_slots() -> (
+    None
+):
+    # 16 slots, slices of 16: prefetch 3 slices (48 rows), so at most 32 outcomes can
+    # gather while every slot is busy; waiting for 64 would idle the slots for a linger.
+    assert rows_prefetch(16, 16) == 3
+    assert outcome_batch_rows(64, 16, 16) == 32
+    # Slices of 32: two slices (64 rows) beyond 16 slots leave 48.
+    assert outcome_batch_rows(64, 16, 32) == 48
+    # Large slices: the configured count is the cap.
+    assert outcome_batch_rows(64, 16, 64) == 64
+    # One slot, slices of one row: three rows held, two may wait.
+    assert outcome_batch_rows(64, 1, 1) == 2
+    assert outcome_batch_rows(1, 32, 16) == 1
