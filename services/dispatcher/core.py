@@ -344,7 +344,10 @@ class Dispatcher:
         for owned in adopted:
             if owned.job.id in self.jobs:
                 await self.top_up(owned)
-                await self.resume_held(owned.job.workspace_id)
+        # Then once per workspace (not per job: a claim of many jobs of one workspace
+        # walked all of them for each), the jobs there that no releasing job outranks.
+        for workspace_id in dict.fromkeys(o.job.workspace_id for o in adopted):
+            await self.resume_held(workspace_id)
 
     async def _adopt(self, job: RunningJob) -> OwnedJob | None:
         if not self._model_known(job.model):
@@ -423,10 +426,6 @@ class Dispatcher:
         return {
             o.job.workspace_id for o in self.jobs.values() if not o.exhausted or o.in_flight > 0
         }
-
-    def _window(self, owned: OwnedJob) -> int:
-        """The job's part of its workspace's window (one window per workspace)."""
-        return window_share(self.windows()[0], self._config.slice_rows, self._workspace_jobs(owned))
 
     def _broker_level(self, owned: OwnedJob, rows: int) -> int:
         """The broker priority of ``rows`` rows about to go out for ``owned``: its boost
@@ -605,24 +604,28 @@ class Dispatcher:
         """
         if not self._may_release(owned):
             return
-        window = self._window(owned)
+        # The job's parts of its workspace's windows, once per top-up (not per step).
+        rows_window, bytes_window = self.windows()
+        workspace_jobs = self._workspace_jobs(owned)
+        window = window_share(rows_window, self._config.slice_rows, workspace_jobs)
+        budget = byte_share(bytes_window, workspace_jobs)
         step = max(self._config.slice_rows, window // TOP_UP_FRACTION)
         async with owned.lock:
             while not owned.exhausted and owned.job.id in self.jobs:
                 room = owned.done + window - owned.dispatched_upto
                 if room < min(step, owned.job.total - owned.dispatched_upto):
                     return
-                end = await self._window_end(owned, room)
+                end = await self._window_end(owned, room, budget)
                 if end <= owned.dispatched_upto:
                     return  # the job's byte window is full
                 if not await self._release_rows(owned, end):
                     self.forget(owned.job.id)
                     return
 
-    async def _window_end(self, owned: OwnedJob, room: int) -> int:
+    async def _window_end(self, owned: OwnedJob, room: int, budget: int) -> int:
         """Where the next release stops: ``room`` rows at most (a few whole slices), and
-        no further than the job's part of its workspace's byte window allows (sizes from
-        the ledger). The bytes in flight are ``owned.flying`` (an upper bound) while it
+        no further than ``budget``, the job's part of its workspace's byte window (sizes
+        from the ledger). The bytes in flight are ``owned.flying`` (an upper bound) while it
         lets the release through whole; when unknown, or when it would stop the release
         short, they are read from the ledger (the anti-join over the rows in flight).
         ``owned.flying`` then counts the rows up to the stop (what goes out next)."""
@@ -632,7 +635,6 @@ class Dispatcher:
         if start + count < job.total:
             count -= count % size
         end = min(job.total, start + count)
-        budget = byte_share(self.windows()[1], self._workspace_jobs(owned))
         if owned.flying is not None:
             window = await self._store.byte_window(job.id, job.rows_batch_id, start, start, end)
             stop = byte_window_end(owned.flying, window.next_rows, start, end, budget)
