@@ -6,8 +6,8 @@ A message that does not decode (bad JSON, wrong version, missing field) raises
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
