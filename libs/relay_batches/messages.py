@@ -6,6 +6,7 @@ A message that does not decode (bad JSON, wrong version, missing field) raises
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,10 @@ def _load(body: bytes, kind: str) -> dict[str, Any]:
 
 def _dump(kind: str, payload: dict[str, Any]) -> bytes:
     return orjson.dumps({"v": SCHEMA_VERSION, "kind": kind, **payload})
+
+
+# A results body up to its outcomes list (see :meth:`OutcomesMessage.encode_parts`).
+_RESULTS_HEAD = _dump("results", {"outcomes": []})[: -len(b"[]}")]
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,13 @@ class OutcomesMessage:
     def encode(self) -> bytes:
         """Serialise for the bus."""
         return _dump(self.KIND, {"outcomes": [o.as_list() for o in self.outcomes]})
+
+    @classmethod
+    def encode_parts(cls, parts: Sequence[bytes]) -> bytes:
+        """The bus body of outcomes already encoded one by one (``orjson.dumps`` of each
+        one's :meth:`RowOutcome.as_list`): the same bytes as :meth:`encode`, without
+        encoding any outcome twice (a worker measures each one's size as it comes)."""
+        return b"".join((_RESULTS_HEAD, b"[", b",".join(parts), b"]}"))
 
     @classmethod
     def decode(cls, body: bytes) -> OutcomesMessage:

@@ -199,6 +199,9 @@ class OwnedJob:
     level: int = 0
     boost: int = 0
     settled_below: int = 0  # every row below has an outcome (where in-flight bytes start)
+    # At least the bytes of its rows in flight (a ledger reading plus the rows released
+    # since); None until read.
+    flying: int | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -341,7 +344,10 @@ class Dispatcher:
         for owned in adopted:
             if owned.job.id in self.jobs:
                 await self.top_up(owned)
-                await self.resume_held(owned.job.workspace_id)
+        # Then once per workspace (not per job: a claim of many jobs of one workspace
+        # walked all of them for each), the jobs there that no releasing job outranks.
+        for workspace_id in dict.fromkeys(o.job.workspace_id for o in adopted):
+            await self.resume_held(workspace_id)
 
     async def _adopt(self, job: RunningJob) -> OwnedJob | None:
         if not self._model_known(job.model):
@@ -420,10 +426,6 @@ class Dispatcher:
         return {
             o.job.workspace_id for o in self.jobs.values() if not o.exhausted or o.in_flight > 0
         }
-
-    def _window(self, owned: OwnedJob) -> int:
-        """The job's part of its workspace's window (one window per workspace)."""
-        return window_share(self.windows()[0], self._config.slice_rows, self._workspace_jobs(owned))
 
     def _broker_level(self, owned: OwnedJob, rows: int) -> int:
         """The broker priority of ``rows`` rows about to go out for ``owned``: its boost
@@ -595,49 +597,60 @@ class Dispatcher:
 
         Rows go out in steps of at least a quarter window (or one slice, or the rest of
         the job), so a stream of small progress events costs few ledger reads. The bytes
-        in flight are read from the ledger once per top-up (the rows released since
-        then are added here: outcomes recorded meanwhile only make that reading high),
-        so each further step reads only the sizes of the rows it may release.
+        in flight are kept as an upper bound (``OwnedJob.flying``: the last reading from
+        the ledger plus every row released since; outcomes recorded meanwhile only make
+        it high), so a step reads only the sizes of the rows it may release; the ledger
+        is read again only when that bound would hold a release back.
         """
         if not self._may_release(owned):
             return
-        window = self._window(owned)
+        # The job's parts of its workspace's windows, once per top-up (not per step).
+        rows_window, bytes_window = self.windows()
+        workspace_jobs = self._workspace_jobs(owned)
+        window = window_share(rows_window, self._config.slice_rows, workspace_jobs)
+        budget = byte_share(bytes_window, workspace_jobs)
         step = max(self._config.slice_rows, window // TOP_UP_FRACTION)
         async with owned.lock:
-            flying: int | None = None  # bytes in flight, once read
             while not owned.exhausted and owned.job.id in self.jobs:
                 room = owned.done + window - owned.dispatched_upto
                 if room < min(step, owned.job.total - owned.dispatched_upto):
                     return
-                flying, end = await self._window_end(owned, room, flying)
+                end = await self._window_end(owned, room, budget)
                 if end <= owned.dispatched_upto:
                     return  # the job's byte window is full
                 if not await self._release_rows(owned, end):
                     self.forget(owned.job.id)
                     return
 
-    async def _window_end(self, owned: OwnedJob, room: int, flying: int | None) -> tuple[int, int]:
+    async def _window_end(self, owned: OwnedJob, room: int, budget: int) -> int:
         """Where the next release stops: ``room`` rows at most (a few whole slices), and
-        no further than the job's part of its workspace's byte window allows (sizes from
-        the ledger). ``flying`` is the job's bytes in flight when known (else read here);
-        returns them with the rows up to the stop added (what goes out next)."""
+        no further than ``budget``, the job's part of its workspace's byte window (sizes
+        from the ledger). The bytes in flight are ``owned.flying`` (an upper bound) while it
+        lets the release through whole; when unknown, or when it would stop the release
+        short, they are read from the ledger (the anti-join over the rows in flight).
+        ``owned.flying`` then counts the rows up to the stop (what goes out next)."""
         job, size = owned.job, self._config.slice_rows
         start = owned.dispatched_upto
         count = min(room, size * FETCH_SLICES)
         if start + count < job.total:
             count -= count % size
         end = min(job.total, start + count)
-        # Once the bytes in flight are known, read only the sizes of the rows to come.
-        settled = owned.settled_below if flying is None else start
-        window = await self._store.byte_window(job.id, job.rows_batch_id, settled, start, end)
-        if flying is None:
-            flying = window.in_flight
+        if owned.flying is not None:
+            window = await self._store.byte_window(job.id, job.rows_batch_id, start, start, end)
+            stop = byte_window_end(owned.flying, window.next_rows, start, end, budget)
+            if stop < end:
+                owned.flying = None  # the bound holds rows back: read what is really out
+        if owned.flying is None:
+            window = await self._store.byte_window(
+                job.id, job.rows_batch_id, owned.settled_below, start, end
+            )
+            owned.flying = window.in_flight
             owned.settled_below = (
                 start if window.first_unfinished is None else window.first_unfinished
             )
-        budget = byte_share(self.windows()[1], self._workspace_jobs(owned))
-        stop = byte_window_end(flying, window.next_rows, start, end, budget)
-        return flying + sum(n for i, n in window.next_rows if i < stop), stop
+            stop = byte_window_end(owned.flying, window.next_rows, start, end, budget)
+        owned.flying += sum(n for i, n in window.next_rows if i < stop)
+        return stop
 
     async def _release_rows(self, owned: OwnedJob, end: int) -> bool:
         """Release rows from ``dispatched_upto`` to ``end`` (a few slices): record the

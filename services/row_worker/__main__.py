@@ -23,6 +23,7 @@ from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
 from relay_batches.services.row_worker.service import (
     holding_heartbeat,
+    outcome_batch_rows,
     row_worker_service,
     rows_prefetch,
 )
@@ -55,7 +56,9 @@ async def build(
     )
     outcomes = OutcomePublisher(
         lambda shard, body: bus.publish(bus.names.results_shard(shard), body, kind="results"),
-        max_rows=settings.results_flush_rows,
+        max_rows=outcome_batch_rows(
+            settings.results_flush_rows, settings.batch_concurrency, settings.slice_rows
+        ),
         flush_s=settings.results_flush_ms / 1000,
         max_bytes=settings.results_message_bytes,
         shards=bus.names.shards,

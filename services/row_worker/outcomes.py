@@ -72,7 +72,8 @@ class _Pending:
     """One shard's outcomes waiting to go out, and that shard's rate of outcomes."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[RowOutcome, asyncio.Future[None]]] = []
+        # Each outcome encoded once (its size is measured on that), and its confirm.
+        self.items: list[tuple[bytes, asyncio.Future[None]]] = []
         self.bytes = 0
         self.timer: asyncio.TimerHandle | None = None
         self.meter = RateMeter()
@@ -104,10 +105,11 @@ class OutcomePublisher:
         shard = results_shard(outcome.batch_id, len(self._pending))
         pending = self._pending[shard]
         pending.meter.tick(loop.time())
-        size = len(orjson.dumps(outcome.as_list())) + 1  # and its comma
+        encoded = orjson.dumps(outcome.as_list())
+        size = len(encoded) + 1  # and its comma
         if pending.items and ENVELOPE_BYTES + pending.bytes + size > self._max_bytes:
             self._flush_now(shard)  # it would cross the cap: what is pending goes first
-        pending.items.append((outcome, future))
+        pending.items.append((encoded, future))
         pending.bytes += size
         if (
             len(pending.items) >= self._max_rows
@@ -132,8 +134,8 @@ class OutcomePublisher:
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
-    async def _send(self, shard: int, items: list[tuple[RowOutcome, asyncio.Future[None]]]) -> None:
-        body = OutcomesMessage(tuple(o for o, _ in items)).encode()
+    async def _send(self, shard: int, items: list[tuple[bytes, asyncio.Future[None]]]) -> None:
+        body = OutcomesMessage.encode_parts([encoded for encoded, _ in items])
         error: BaseException | None = None
         for attempt in range(PUBLISH_ATTEMPTS):
             try:

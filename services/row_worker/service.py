@@ -25,6 +25,16 @@ def rows_prefetch(concurrency: int, slice_rows: int) -> int:
     return math.ceil(2 * concurrency / slice_rows) + 1
 
 
+def outcome_batch_rows(flush_rows: int, concurrency: int, slice_rows: int) -> int:
+    """Outcomes one results message waits for at most: ``flush_rows``, but never more
+    than the rows the worker holds beyond its slots (its prefetch of slices less its
+    concurrency). A slice is acked only once its outcomes are confirmed, so a message
+    that waited for more would wait out its whole linger with every slot idle: no new
+    slice comes until one is acked."""
+    held = rows_prefetch(concurrency, slice_rows) * slice_rows
+    return max(1, min(flush_rows, held - concurrency))
+
+
 def row_worker_service(
     bus: ServiceBus,
     runner: RowRunner,

@@ -14,11 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import orjson
 
 from relay_batches.services.relay_cli import admin
 from tests.helpers.processes import System, build_system
-from tests.helpers.support import ApiClient, create_isolation, drop_isolation, rows
+from tests.helpers.support import (
+    PG_ADMIN_URL,
+    ApiClient,
+    create_isolation,
+    drop_isolation,
+    rows,
+)
 
 RUNS = 3
 MIB = 1024 * 1024
@@ -69,6 +76,92 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name: [0] state, [1] ppid, [11..14]
+    utime, stime, cutime, cstime."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and every process under it, exited ones included.
+
+    Each live process counts its own user + system time plus its reaped children's
+    (cutime + cstime): a backend or autovacuum worker that ends between two samples was
+    counted live at the first and lands in the postmaster's cutime/cstime at the second,
+    so the difference of two samples is all the tree's CPU in between.
+    """
+    parents: dict[int, int] = {}
+    times: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat_fields(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = sum(int(f) for f in fields[11:15])
+    members, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        members.update(children)
+        frontier.extend(children)
+    return sum(times.get(pid, 0) for pid in members) / os.sysconf("SC_CLK_TCK")
+
+
+async def postmaster_pid(admin: asyncpg.Connection) -> int | None:
+    """The Postgres server's postmaster, the parent of our backend, if it runs here."""
+    backend = int(await admin.fetchval("SELECT pg_backend_pid()"))
+    try:
+        return int(_stat_fields(backend)[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def rabbitmq_pid() -> int | None:
+    """The RabbitMQ node's Erlang VM (``beam.smp``), if it runs on this machine."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                comm = (entry / "comm").read_text().strip()
+            except OSError:
+                continue
+            if comm.startswith("beam"):
+                return int(entry.name)
+    return None
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds of every Relay process plus Postgres' and RabbitMQ's process trees.
+
+    The simulator and the bench's own process (the ideal client) are left out: the figure
+    is what the pipeline itself burns.
+    """
+
+    relay_pids: list[int]
+    postmaster: int | None
+    beam: int | None
+
+    @classmethod
+    async def for_bench(cls, bench: Bench) -> CpuMeter:
+        """The meter of ``bench``'s services and the servers it talks to."""
+        admin = await asyncpg.connect(PG_ADMIN_URL)
+        try:
+            postmaster = await postmaster_pid(admin)
+        finally:
+            await admin.close()
+        return cls(list(bench.pids().values()), postmaster, rabbitmq_pid())
+
+    def seconds(self) -> float:
+        """CPU seconds used so far by every process the meter watches."""
+        total = sum(tree_cpu_s(pid) for pid in self.relay_pids)
+        for root in (self.postmaster, self.beam):
+            total += tree_cpu_s(root) if root else 0.0
+        return total
 
 
 class RssSampler:

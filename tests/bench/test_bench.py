@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from tests.bench.harness import (
     MIB,
     RUNS,
     Bench,
+    CpuMeter,
     Figure,
     RssSampler,
     bench_system,
@@ -64,9 +66,20 @@ async def test_ingest_rows_per_second(
                 report.update(figure.keys("ingest_rows_per_s"))
 
 
+@dataclass
+class ZeroLatency:
+    """The zero-latency figures of one shape: rows/s of both clients, and what the pipeline
+    runs cost (machine busy share, CPU per row), measured around the pipeline runs only."""
+
+    pipeline: Figure = field(default_factory=Figure)
+    ideal: Figure = field(default_factory=Figure)
+    busy: Figure = field(default_factory=Figure)
+    cpu_us_per_row: Figure = field(default_factory=Figure)
+
+
 async def _zero_latency(
     output_dir: Path, http: aiohttp.ClientSession, workers: int, per_worker: int
-) -> tuple[Figure, Figure]:
+) -> ZeroLatency:
     """Pipeline and ideal-client rows/s, side by side, at the same total concurrency."""
     total = workers * per_worker
     tag = f"zero{workers}x{per_worker}"
@@ -74,13 +87,17 @@ async def _zero_latency(
         output_dir, tag, http, workers=workers, concurrency=per_worker
     ) as bench:
         await bench.run_batch(1_000)  # warm-up: connections, caches
-        pipeline, ideal = Figure(), Figure()
+        meter = await CpuMeter.for_bench(bench)
+        figures = ZeroLatency()
         for _ in range(RUNS):
+            ticks, cpu = machine_ticks(), meter.seconds()
             _, seconds = await bench.run_batch(PIPELINE_ROWS)
-            pipeline.samples.append(PIPELINE_ROWS / seconds)
+            figures.cpu_us_per_row.samples.append((meter.seconds() - cpu) / PIPELINE_ROWS * 1e6)
+            figures.busy.samples.append(busy_share(ticks, machine_ticks()))
+            figures.pipeline.samples.append(PIPELINE_ROWS / seconds)
             seconds = await ideal_client(bench.system.sim_url, PIPELINE_ROWS, total)
-            ideal.samples.append(PIPELINE_ROWS / seconds)
-    return pipeline, ideal
+            figures.ideal.samples.append(PIPELINE_ROWS / seconds)
+    return figures
 
 
 async def test_pipeline_against_the_ideal_client_at_zero_latency(
@@ -90,11 +107,16 @@ async def test_pipeline_against_the_ideal_client_at_zero_latency(
     # cores; 1 x 32 is reported beside it. Each run of the pipeline is followed by a run
     # of the ideal client at the same total concurrency against the same simulator.
     for workers, per_worker, suffix in ((2, 16, ""), (1, 32, "_1x32")):
-        pipeline, ideal = await _zero_latency(output_dir, http, workers, per_worker)
+        figures = await _zero_latency(output_dir, http, workers, per_worker)
+        pipeline, ideal = figures.pipeline, figures.ideal
         report.update(pipeline.keys(f"pipeline_rows_per_s{suffix}"))
         report.update(ideal.keys(f"ideal_rows_per_s{suffix}"))
         ratios = Figure([p / i for p, i in zip(pipeline.samples, ideal.samples, strict=True)])
         report.update(ratios.keys(f"pipeline_to_ideal_ratio{suffix}"))
+        # What the pipeline runs cost: the whole machine's busy share, and the CPU of every
+        # Relay process plus Postgres' and RabbitMQ's trees (not the simulator) per row.
+        report.update(figures.busy.keys(f"pipeline_machine_busy{suffix}"))
+        report.update(figures.cpu_us_per_row.keys(f"pipeline_cpu_us_per_row{suffix}"))
 
 
 async def _rows_per_s_at_latency(

@@ -47,8 +47,11 @@ from tests.bench.harness import (
     bench_system,
     busy_share,
     machine_ticks,
+    postmaster_pid,
     process_cpu_s,
+    rabbitmq_pid,
     rss_mib,
+    tree_cpu_s,
 )
 from tests.helpers.support import PG_ADMIN_URL, rows
 
@@ -118,62 +121,6 @@ async def _statements(admin: asyncpg.Connection, database: str) -> float | None:
     )
 
 
-def _stat_fields(pid: int) -> list[str]:
-    """``/proc/<pid>/stat`` after the command name: [0] state, [1] ppid, [11..14]
-    utime, stime, cutime, cstime."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds of ``root`` and every process under it, exited ones included.
-
-    Each live process counts its own user + system time plus its reaped children's
-    (cutime + cstime): a backend or autovacuum worker that ends between two samples was
-    counted live at the first and lands in the postmaster's cutime/cstime at the second,
-    so the difference of two samples is all the tree's CPU in between.
-    """
-    parents: dict[int, int] = {}
-    times: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = _stat_fields(int(entry.name))
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        parents[int(entry.name)] = int(fields[1])
-        times[int(entry.name)] = sum(int(f) for f in fields[11:15])
-    members, frontier = {root}, [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent]
-        members.update(children)
-        frontier.extend(children)
-    return sum(times.get(pid, 0) for pid in members) / os.sysconf("SC_CLK_TCK")
-
-
-async def _postmaster_pid(admin: asyncpg.Connection) -> int | None:
-    """The Postgres server's postmaster, the parent of our backend, if it runs here."""
-    backend = int(await admin.fetchval("SELECT pg_backend_pid()"))
-    try:
-        return int(_stat_fields(backend)[1])
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def _rabbitmq_pid() -> int | None:
-    """The RabbitMQ node's Erlang VM (``beam.smp``), if it runs on this machine."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                comm = (entry / "comm").read_text().strip()
-            except OSError:
-                continue
-            if comm.startswith("beam"):
-                return int(entry.name)
-    return None
-
-
 async def _table_bytes(database_url: str) -> dict[str, int]:
     """Table plus index plus TOAST bytes of every table of the bench database."""
     conn = await asyncpg.connect(database_url)
@@ -215,7 +162,7 @@ async def test_what_one_row_costs(
 
             sizes0 = await _table_bytes(bench.database_url)
             pids = {**bench.pids(), "upstream-sim": bench.system.processes["upstream-sim"].pid}
-            beam, postmaster = _rabbitmq_pid(), await _postmaster_pid(admin)
+            beam, postmaster = rabbitmq_pid(), await postmaster_pid(admin)
             pg0 = tree_cpu_s(postmaster) if postmaster else 0.0
             bus0, stmts0 = await _published(http, bench), await _statements(admin, database)
             cpu0 = {name: process_cpu_s(pid) for name, pid in pids.items()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from relay_batches.bus.topology import EVENT_PROGRESS, event_kind, progress_key
-from relay_batches.messages import HeldRows, HoldingReport
+from relay_batches.messages import HeldRows, HoldingReport, JobEvent
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.inflight import InFlight
 from relay_batches.services.dispatcher.sharing import Windows
@@ -159,6 +159,36 @@ async def test_a_top_up_reads_the_bytes_in_flight_once() -> None:
     assert recorder.flat() == list(range(100, 868))
     assert [flying for flying, _, _ in store.byte_reads] == [100] + [0] * 11
     assert [(upto, end) for _, upto, end in store.byte_reads[:2]] == [(100, 164), (164, 228)]
+
+
+async def test_later_top_ups_read_no_rows_in_flight_while_their_bytes_leave_room() -> None:
+    """The bytes in flight are kept as an upper bound across top-ups: progress events
+    release more rows reading only the sizes of the rows to come, until the bound
+    would hold a release back; then the rows in flight are read again (exactly)."""
+    store, recorder = FakeDispatchStore(), Recorder()
+    config = DispatchConfig(OWNER, 20, 4, 8, LEASE_S, window_bytes=1_000_000)
+    dispatcher = Dispatcher(
+        store, recorder.publish, recorder.announce, {"gpt-4o-mini"}.__contains__, config
+    )
+    store.queued.append(job(total=100))
+    await dispatcher.claim()
+    assert recorder.flat() == list(range(20))
+    for done in (8, 16):
+        store.outcomes["job1"] = set(range(done))
+        await dispatcher.on_progress(JobEvent("job1", "running", 100, done, 0))
+    assert recorder.flat() == list(range(36))
+    # One read of the rows in flight (none, at the claim); every later one is empty.
+    assert [flying for flying, _, _ in store.byte_reads] == [0, 0, 0]
+    owned = dispatcher.jobs["job1"]
+    assert owned.flying == sum(store.size(i) for i in range(36))
+    # A byte window the bound fills: the next top-up reads what is really out.
+    owned.flying = 1_000_000
+    store.outcomes["job1"] = set(range(24))
+    await dispatcher.on_progress(JobEvent("job1", "running", 100, 24, 0))
+    assert store.byte_reads[-1][0] == 36, "rows 0..35 (settled below 0 at the first read)"
+    assert recorder.flat() == list(range(44))
+    assert owned.settled_below == 24
+    assert owned.flying == sum(store.size(i) for i in range(24, 44))
 
 
 def test_progress_keys_are_one_topic_word_per_owner_and_count_as_one_kind() -> None:

@@ -89,6 +89,10 @@ def test_outcome_batch_round_trip() -> None:
         RowOutcome("b2", 9, "", None, 2, tool_calls='[{"id":"c"}]', finish_reason="tool_calls"),
     )
     message = OutcomesMessage(outcomes)
+    # A worker encodes each outcome once as it comes, and joins them into the same body.
+    parts = [orjson.dumps(o.as_list()) for o in outcomes]
+    assert OutcomesMessage.encode_parts(parts) == message.encode()
+    assert OutcomesMessage.decode(OutcomesMessage.encode_parts([])).outcomes == ()
     assert orjson.loads(message.encode()) == {
         "v": SCHEMA_VERSION,
         "kind": "results",

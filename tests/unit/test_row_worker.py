@@ -17,6 +17,7 @@ from relay_batches.router.types import Completion, RowResult
 from relay_batches.services.row_worker import outcomes as outcomes_module
 from relay_batches.services.row_worker.core import CanceledJobs, RowRunner, to_outcome
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
+from relay_batches.services.row_worker.service import outcome_batch_rows, rows_prefetch
 
 WAIT_S = 5.0  # generous upper bound for anything a test waits on; never a fixed sleep
 
@@ -491,3 +492,19 @@ def test_routes_without_limits_run_no_rate_limit_machinery() -> None:
     table = AliasTable({"m": (Deployment("d", "openai", "http://127.0.0.1:9/v1", "x"),)})
     assert shared_limits(table, None) == (None, None)  # type: ignore[arg-type]
     assert rate_limit_parts(None, None) == RateLimitParts((), ())
+
+
+def test_a_results_message_waits_for_no_more_outcomes_than_the_worker_holds_beyond_its_slots() -> (
+    None
+):
+    # 16 slots, slices of 16: prefetch 3 slices (48 rows), so at most 32 outcomes can
+    # gather while every slot is busy; waiting for 64 would idle the slots for a linger.
+    assert rows_prefetch(16, 16) == 3
+    assert outcome_batch_rows(64, 16, 16) == 32
+    # Slices of 32: two slices (64 rows) beyond 16 slots leave 48.
+    assert outcome_batch_rows(64, 16, 32) == 48
+    # Large slices: the configured count is the cap.
+    assert outcome_batch_rows(64, 16, 64) == 64
+    # One slot, slices of one row: three rows held, two may wait.
+    assert outcome_batch_rows(64, 1, 1) == 2
+    assert outcome_batch_rows(1, 32, 16) == 1
