@@ -5,13 +5,20 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import orjson
 import pytest
 
 from relay_batches.ratelimit.budget import Budget
-from relay_batches.ratelimit.estimate import counted_tokens, estimate_tokens
+from relay_batches.ratelimit.estimate import (
+    IMAGE_TOKENS,
+    completion_cap,
+    counted_tokens,
+    estimate_tokens,
+)
 from relay_batches.ratelimit.limits import RateLimit
-from relay_batches.ratelimit.pacing import F_MIN, Grant, Pacer
-from relay_batches.router.aliases import load_aliases
+from relay_batches.ratelimit.pacing import F_MIN, Grant, Pacer, quantum_of
+from relay_batches.router import anthropic, openai
+from relay_batches.router.aliases import Deployment, load_aliases
 from relay_batches.settings import ConfigError
 
 ROUTES = """
@@ -56,21 +63,46 @@ def test_routes_bad_limit_is_one_line(tmp_path: Path, key: str, value: str) -> N
     assert f"deployment 'd': {key} must be a positive integer" in message
 
 
-def test_estimate_counts_text_parts_and_the_cap() -> None:
+def test_estimate_counts_text_images_tools_and_the_cap() -> None:
     messages = [
         {"role": "system", "content": "abcde"},  # 5 chars: 2 tokens
         {"role": "user", "content": [{"type": "text", "text": "abcd"}, {"type": "image_url"}]},
         {"role": "assistant", "content": None},
     ]
-    assert estimate_tokens(messages, {}) == 3
-    assert estimate_tokens(messages, {"max_tokens": 100}) == 103
-    assert estimate_tokens(messages, {"max_completion_tokens": 50, "max_tokens": 100}) == 53
-    assert estimate_tokens(messages, {"max_tokens": True}) == 3
+    assert estimate_tokens(messages, {}, 0) == 3 + IMAGE_TOKENS
+    assert estimate_tokens(messages, {}, 100) == 103 + IMAGE_TOKENS
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    with_tools = estimate_tokens(messages, {"tools": tools}, 0)
+    assert with_tools == 3 + IMAGE_TOKENS + -(-len(orjson.dumps(tools)) // 4)
+    called = [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]
+    assert estimate_tokens(called, {}, 0) == -(-len(orjson.dumps([{"id": "c1"}])) // 4)
 
 
-def test_counted_tokens_take_the_cap_when_given() -> None:
-    assert counted_tokens({"max_tokens": 100}, 7, 12) == 107
-    assert counted_tokens({}, 7, 12) == 19
+def test_completion_cap_reads_either_key() -> None:
+    assert completion_cap({"max_completion_tokens": 50, "max_tokens": 100}) == 50
+    assert completion_cap({"max_tokens": 100}) == 100
+    assert completion_cap({"max_tokens": True}) == 0
+    assert completion_cap({}) == 0
+
+
+def test_counted_tokens_take_the_cap_sent_and_keep_the_estimate_without_usage() -> None:
+    assert counted_tokens(100, 7, 12, 50) == 107
+    assert counted_tokens(0, 7, 12, 50) == 19
+    assert counted_tokens(100, 0, 0, 50) == 50  # no usage in the reply: the estimate stands
+
+
+def test_the_cap_is_the_one_the_provider_call_sends() -> None:
+    plain = Deployment("d", "openai", "http://x/v1", "m")
+    capped = Deployment("d", "openai", "http://x/v1", "m", params={"max_completion_tokens": 4096})
+    assert openai.token_cap(plain, {}) == 0
+    assert openai.token_cap(capped, {}) == 4096
+    assert openai.token_cap(capped, {"max_tokens": 100}) == 100  # the row's replaces the default
+    claude = Deployment("c", "anthropic", "http://x/v1", "m")
+    assert anthropic.token_cap(claude, {}) == anthropic.DEFAULT_MAX_TOKENS
+    assert anthropic.token_cap(claude, {"max_tokens": 10}) == 10
+    claude_capped = Deployment("c", "anthropic", "http://x/v1", "m", params={"max_tokens": 300})
+    assert anthropic.token_cap(claude_capped, {}) == 300
+    assert anthropic.token_cap(claude_capped, {"max_completion_tokens": 20}) == 20
 
 
 def run_pacer(pacer: Pacer, seconds: float, rng: random.Random) -> list[tuple[float, Grant]]:
@@ -104,6 +136,19 @@ def test_pacer_spreads_600_rpm_evenly_over_a_minute() -> None:
         # a missed tick's due comes with the next ones (two ticks' worth a call at most)
         assert max(g.requests for _, g in issued) <= 3
         assert all(g.tokens == 0 for _, g in issued)
+
+
+def test_pacer_spreads_the_remainder_of_a_limit_over_the_minute() -> None:
+    for rpm in (90, 119, 650):
+        issued = run_pacer(Pacer(RateLimit(rpm=rpm)), 60.0, random.Random(rpm))
+        total = sum(g.requests for _, g in issued)
+        assert rpm * 0.99 - 1 <= total <= rpm + 1, (rpm, total)  # held back: late, not lost
+        seconds: dict[int, int] = {}
+        for at, grant in issued:
+            seconds[int(at)] = seconds.get(int(at), 0) + grant.requests
+        assert all(n <= quantum_of(rpm, second) for second, n in seconds.items())
+    assert [quantum_of(90, k) for k in range(4)] == [1, 2, 1, 2]
+    assert sum(quantum_of(119, k) for k in range(60)) == 119
 
 
 def test_pacer_spreads_tokens_evenly() -> None:

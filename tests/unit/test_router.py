@@ -24,7 +24,7 @@ from relay_batches.ratelimit.limiter import NoLimiter
 from relay_batches.router.aliases import AliasTable, Deployment, parse_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.policy import BackoffPolicy
-from relay_batches.router.router import ModelRouter
+from relay_batches.router.router import MAX_THROTTLED_RETRIES, ModelRouter
 from relay_batches.router.types import Completion, RowResult
 
 ALIAS = "chat"
@@ -606,3 +606,39 @@ async def test_no_limiter_limits_nothing() -> None:
     await limiter.acquire("a", 10)
     limiter.settle("a", 1, 2)
     await limiter.throttled("a", 1.0)
+
+
+async def test_a_limited_deployments_429s_do_not_spend_the_rows_retries(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    # max_retries 3: unlimited, the fifth 429 would fail the row; limited, it waits again.
+    upstream.script("a", *[status(429, "slow", {"Retry-After": "1"})] * 5, reply("ok", 4, 9))
+    limiter = FakeLimiter({"a"}, upstream)
+    router = make_limited(session, sleep, limiter, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, LIMITED_MESSAGES, {})
+    assert result == RowResult(Completion("ok", 4, 9), None, 6, "a")
+    assert [e[0] for e in limiter.events].count("acquire") == 6
+    assert [e[0] for e in limiter.events].count("throttled") == 5
+    assert sleep.delays == [1.0] * 5  # each after its Retry-After
+
+
+async def test_a_limited_deployment_fails_a_row_after_its_throttled_retries_and_retries(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", *[status(429, "slow")] * (MAX_THROTTLED_RETRIES + 4))
+    limiter = FakeLimiter({"a"}, upstream)
+    router = make_limited(session, sleep, limiter, deployment(upstream, "a"))
+    result = await router.complete(ALIAS, LIMITED_MESSAGES, {})
+    assert result.completion is None and result.dead_letter
+    assert result.attempts == MAX_THROTTLED_RETRIES + 4  # then max_retries 3 + the first call
+
+
+async def test_the_estimate_counts_the_cap_the_provider_call_sends(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("a", reply("ok", 4, 9))
+    limiter = FakeLimiter({"a"}, upstream)
+    capped = deployment(upstream, "a", params={"max_completion_tokens": 4096})
+    router = make_limited(session, sleep, limiter, capped)
+    await router.complete(ALIAS, LIMITED_MESSAGES, {"max_tokens": 100})
+    assert limiter.events == [("acquire", "a", 103, 0), ("settle", "a", 103, 104)]

@@ -29,6 +29,7 @@ from relay_batches.services.upstream_sim.app import (
     estimate_tokens,
     parse_chat_request,
     parse_triggers,
+    per_second,
 )
 from relay_batches.settings import ConfigError
 
@@ -826,8 +827,20 @@ def test_rate_windows_count_tokens_and_a_refused_call_costs_nothing() -> None:
     assert not windows.admit(41)  # refused: not counted
     assert windows.admit(40)
     assert not windows.admit(1)
-    assert RateWindows(rpm=30, tpm=0, clock=clock).admit(1)  # below 60 rpm: 1 a second
+    assert windows.admit(100, model="other")  # each model has its own window
     assert not RateWindows(0, 0).active
+
+
+def test_rate_windows_spread_the_remainder_over_the_minute() -> None:
+    assert [per_second(90, k) for k in range(4)] == [1, 2, 1, 2]
+    assert [per_second(30, k) for k in range(4)] == [0, 1, 0, 1]
+    for rpm in (1, 59, 90, 119, 600, 650):
+        assert sum(per_second(rpm, k) for k in range(1_000, 1_060)) == rpm
+    clock = Clock(7.5)  # second 7 of 90 rpm admits 2, second 8 admits 1
+    windows = RateWindows(rpm=90, tpm=0, clock=clock)
+    assert [windows.admit(1) for _ in range(3)] == [True, True, False]
+    clock.now = 8.0
+    assert [windows.admit(1) for _ in range(2)] == [True, False]
 
 
 def test_call_tokens_are_the_prompt_plus_max_tokens_or_the_reply() -> None:
@@ -849,7 +862,8 @@ async def test_over_the_rpm_a_call_answers_429_with_retry_after_at_once(
     async with client.post(CHAT, json=chat("b")) as response:
         assert (response.status, response.headers["Retry-After"]) == (429, "1")
         assert (await response.json())["error"]["type"] == "rate_limit_error"
-    async with client.post(MESSAGES, json=messages_body(), headers=ANTHROPIC_HEADERS) as response:
+    same_model = messages_body(model="m-1")  # the window is the model's, whichever endpoint
+    async with client.post(MESSAGES, json=same_model, headers=ANTHROPIC_HEADERS) as response:
         assert response.status == 429
         assert (await response.json())["error"]["type"] == "rate_limit_error"
     clock.now = 51.0

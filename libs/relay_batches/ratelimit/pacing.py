@@ -8,10 +8,12 @@ keep the issue even within the minute:
 
 - a call accrues at most two ticks' worth, so an idle stretch banks nothing that could
   come out as a burst (a late tick still gets its due);
-- in any calendar second no more than ``limit / 60`` (at least 1) is issued: the
-  quantum providers enforce (per calendar second, as the simulator does), however the
-  ticks jitter; credit held back by it is late, not lost (the keeper ticks in the middle
-  of each tenth of a second, so a grant and its call land in the second it was issued);
+- in a calendar second ``k`` no more than its quantum is issued, ``limit / 60`` with the
+  remainder spread over the minute (:func:`quantum_of`: 90 rpm is 1, 2, 1, 2, … calls a
+  second, 30 rpm one call every other second), as providers (and the simulator) enforce
+  it, however the ticks jitter; credit held back by it is late, not lost (the keeper
+  ticks in the middle of each tenth of a second, so a grant and its call land in the
+  second it was issued);
 - a grant expires :data:`GRANT_LIFETIME_S` after issue, and at the latest just before
   its calendar second ends: a worker cannot hoard it, and grants left in the queue
   while nobody consumed it cannot come out on top of the next second's;
@@ -43,6 +45,13 @@ MAX_GAP_TICKS = 2
 SECOND_EDGE_S = 0.02  # a grant expires this long before its calendar second ends
 
 
+def quantum_of(per_minute: int, second: int) -> int:
+    """What calendar second ``second`` (Unix) may hold of ``per_minute``: ``per_minute /
+    60`` with the remainder spread evenly, so any 60 consecutive seconds hold exactly
+    ``per_minute``."""
+    return (second + 1) * per_minute // 60 - second * per_minute // 60
+
+
 @dataclass(frozen=True, slots=True)
 class Grant:
     """Budget for one worker: ``requests`` calls and ``tokens`` tokens, usable until
@@ -63,19 +72,24 @@ class _Dimension:
     """
 
     def __init__(self, per_minute: int, tick_s: float) -> None:
+        self.per_minute = per_minute
         self.per_second = per_minute / 60
-        self.quantum = max(1, per_minute // 60)  # at most this much per trailing second
+        self.peak = -(-per_minute // 60)  # the largest quantum of any second
         self.max_gap_s = tick_s * MAX_GAP_TICKS
         self.credit = 0.0
 
+    def quantum(self, second: int) -> int:
+        """The most calendar second ``second`` may be issued (:func:`quantum_of`)."""
+        return quantum_of(self.per_minute, second)
+
     def accrue(self, fraction: float, elapsed: float, unit: int = 1) -> None:
         gained = fraction * self.per_second * min(elapsed, self.max_gap_s)
-        most = self.per_second * self.max_gap_s + max(1, min(unit, self.quantum))
+        most = self.per_second * self.max_gap_s + max(1, min(unit, self.peak))
         self.credit = min(self.credit + gained, most)
 
-    def take(self, issued_in_window: int, unit: int = 1) -> int:
-        unit = max(1, min(unit, self.quantum))
-        room = min(self.credit, self.quantum - issued_in_window)
+    def take(self, second: int, issued_in_window: int, unit: int = 1) -> int:
+        unit = max(1, min(unit, self.peak))
+        room = min(self.credit, self.quantum(second) - issued_in_window)
         amount = max(0, math.floor(room / unit) * unit)
         self.credit -= amount
         return amount
@@ -130,8 +144,8 @@ class Pacer:
             return None  # too late in the second: a grant would be born expired
         if second != self._second:
             self._second, self._issued = second, (0, 0)
-        requests = self._take(self._requests, self._issued[0])
-        tokens = self._take(self._tokens, self._issued[1], tokens_per_call)
+        requests = self._take(self._requests, second, self._issued[0])
+        tokens = self._take(self._tokens, second, self._issued[1], tokens_per_call)
         if requests <= 0 and tokens <= 0:
             return None
         self._issued = (self._issued[0] + requests, self._issued[1] + tokens)
@@ -146,15 +160,17 @@ class Pacer:
     def skip_second(self, now: float) -> None:
         """Issue nothing more in ``now``'s calendar second (a new leader: its
         predecessor may have issued the whole quantum of it already)."""
-        self._second = math.floor(now)
+        self._second = second = math.floor(now)
         self._issued = (
-            0 if self._requests is None else self._requests.quantum,
-            0 if self._tokens is None else self._tokens.quantum,
+            0 if self._requests is None else self._requests.quantum(second),
+            0 if self._tokens is None else self._tokens.quantum(second),
         )
 
     @staticmethod
-    def _take(dimension: _Dimension | None, issued_in_window: int, unit: int = 1) -> int:
-        return 0 if dimension is None else dimension.take(issued_in_window, unit)
+    def _take(
+        dimension: _Dimension | None, second: int, issued_in_window: int, unit: int = 1
+    ) -> int:
+        return 0 if dimension is None else dimension.take(second, issued_in_window, unit)
 
     def throttled(self, now: float, retry_after: float | None) -> None:
         """A call got a 429 (or a Retry-After): decrease at most once per second; a

@@ -39,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from relay_batches.ratelimit.estimate import completion_cap
 from relay_batches.router.aliases import Deployment
 from relay_batches.router.types import ProviderReply, UnsupportedRequest, reply_with_usage
 
@@ -101,6 +102,17 @@ def _neutral(key: str, value: Any) -> bool:
         return False
     neutral = NEUTRAL_VALUES[key]
     return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
+
+
+def token_cap(deployment: Deployment, params: Mapping[str, Any]) -> int:
+    """The ``max_tokens`` a call sends (what a tokens-per-minute limit counts): the
+    row's cap, else the deployment's, else :data:`DEFAULT_MAX_TOKENS`."""
+    defaults = deployment.params
+    if any(params.get(key) is not None for key in TOKEN_LIMITS):
+        defaults = {}
+    merged = {k: v for k, v in {**defaults, **params}.items() if v is not None}
+    value = _max_tokens(merged)
+    return completion_cap({"max_tokens": value})
 
 
 def _max_tokens(merged: Mapping[str, Any]) -> Any:

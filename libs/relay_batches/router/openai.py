@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from relay_batches.ratelimit.estimate import completion_cap
 from relay_batches.router.aliases import Deployment
 from relay_batches.router.types import ProviderReply, reply_with_usage
 from relay_batches.tool_calls import FINISH_REASONS, checked_tool_calls
@@ -40,6 +41,15 @@ def build_request(
         defaults = {k: v for k, v in defaults.items() if k not in TOKEN_LIMITS}
     body = {**defaults, **params, "model": deployment.model, "messages": messages}
     return f"{deployment.base_url}/chat/completions", headers, orjson.dumps(body)
+
+
+def token_cap(deployment: Deployment, params: Mapping[str, Any]) -> int:
+    """The completion-token cap a call sends (what a tokens-per-minute limit counts):
+    the row's when it gives one, else the deployment's; the larger of the two keys
+    when both are sent; 0 for none."""
+    source = params if any(params.get(key) is not None for key in TOKEN_LIMITS) else None
+    source = deployment.params if source is None else source
+    return max(completion_cap({key: source.get(key)}) for key in TOKEN_LIMITS)
 
 
 def parse_reply(raw: bytes) -> ProviderReply:

@@ -10,7 +10,10 @@ failure was transient (worth replaying), and only failed when it was permanent.
 A rate-limited deployment's call (retries too) first waits for budget
 (:mod:`relay_batches.ratelimit.limiter`), before any connection is taken; a 200 settles
 the token estimate by the reply's usage, and a 429 (or a Retry-After) is reported so
-every worker's pacer slows down. Without a limit none of that runs.
+every worker's pacer slows down. On a limited deployment a 429 does not spend the row's
+``max_retries``: the row waits for budget again, up to :data:`MAX_THROTTLED_RETRIES`
+times (it still counts towards a cooldown, so an alias with a fallback moves on). Without
+a limit none of that runs.
 
 A deployment's request is built once per row; a provider that cannot take what the row
 asks for (:class:`~relay_batches.router.types.UnsupportedRequest`) is a permanent
@@ -45,6 +48,7 @@ from relay_batches.router.types import ProviderReply, RowResult, UnsupportedRequ
 
 ERROR_SNIPPET_CHARS = 200
 MAX_REPLY_BYTES = 8 * 1024 * 1024
+MAX_THROTTLED_RETRIES = 20  # 429s of a limited deployment a row waits out beyond max_retries
 PROVIDERS: dict[str, ModuleType] = {"openai": openai, "anthropic": anthropic}
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -170,15 +174,16 @@ class ModelRouter:
             return _DeploymentResult(ProviderReply(error=str(exc)), 0, False)
         calls = 0
         limited = self._limiter.limited(deployment.name)
-        merged = {**deployment.params, **params} if limited else params
-        estimate = estimate_tokens(messages, merged) if limited else 0
+        cap = provider.token_cap(deployment, params) if limited else 0
+        estimate = estimate_tokens(messages, params, cap) if limited else 0
+        failures = throttles = 0
         while True:
             if limited:
                 await self._limiter.acquire(deployment.name, estimate)
             attempt = await self._call(deployment, provider, request)
             calls += 1
             if limited or attempt.throttled:
-                await self._account(deployment.name, attempt, merged, estimate, limited)
+                await self._account(deployment.name, attempt, cap, estimate, limited)
             if attempt.reply is not None:
                 if attempt.reply.completion is not None:
                     self._cooldowns.record_success(deployment.name)
@@ -186,19 +191,23 @@ class ModelRouter:
             if not attempt.retryable:
                 return _DeploymentResult(ProviderReply(error=attempt.error), calls, False)
             self._cooldowns.record_failure(deployment.name)
-            out_of_budget = calls > deployment.max_retries
+            # A limited deployment's 429 means its budget ran out upstream: the row waits
+            # for budget again (the pacers slowed down) instead of spending its retries,
+            # up to MAX_THROTTLED_RETRIES (a provider that never lets it through fails it).
+            waits_out = limited and attempt.status == 429 and throttles < MAX_THROTTLED_RETRIES
+            if waits_out:
+                throttles += 1
+            else:
+                failures += 1
+            out_of_budget = failures > deployment.max_retries
             if out_of_budget or (has_next and self._cooldowns.cooling(deployment.name)):
                 return _DeploymentResult(ProviderReply(error=attempt.error), calls, True)
             UPSTREAM_RETRIES.labels(deployment.name).inc()
-            await self._sleep(self._policy.delay(calls - 1, self._rng, attempt.retry_after))
+            retry = (throttles if waits_out else failures) - 1
+            await self._sleep(self._policy.delay(retry, self._rng, attempt.retry_after))
 
     async def _account(
-        self,
-        name: str,
-        attempt: _Attempt,
-        params: Mapping[str, Any],
-        estimate: int,
-        limited: bool,
+        self, name: str, attempt: _Attempt, cap: int, estimate: int, limited: bool
     ) -> None:
         """A limited call's tokens by the reply's usage (a throttled call counted none);
         a throttled call counted and, when limited, reported."""
@@ -208,7 +217,9 @@ class ModelRouter:
         if not limited:
             return
         if completion is not None:
-            used = counted_tokens(params, completion.prompt_tokens, completion.completion_tokens)
+            used = counted_tokens(
+                cap, completion.prompt_tokens, completion.completion_tokens, estimate
+            )
             self._limiter.settle(name, estimate, used)
         elif attempt.throttled:
             self._limiter.settle(name, estimate, 0)
