@@ -131,7 +131,7 @@ def test_pacer_spreads_600_rpm_evenly_over_a_minute() -> None:
     for seed in range(5):
         issued = run_pacer(Pacer(RateLimit(rpm=600)), 60.0, random.Random(seed))
         total = sum(g.requests for _, g in issued)
-        assert 599 <= total <= 601
+        assert 594 <= total <= 601  # held back past a second's edge: late, not lost
         assert max_in_window(issued, "requests") == 10
         # a missed tick's due comes with the next ones (two ticks' worth a call at most)
         assert max(g.requests for _, g in issued) <= 3
@@ -165,7 +165,7 @@ def test_pacer_issues_tokens_in_whole_calls() -> None:
         grant = pacer.issue(0.05 + 0.1 * k, tokens_per_call=100)
         if grant is not None:
             issued.append((0.05 + 0.1 * k, grant))
-    assert {g.tokens for _, g in issued} == {100}
+    assert all(g.tokens % 100 == 0 for _, g in issued)  # whole calls only
     assert sum(g.tokens for _, g in issued) == 6000  # 10 s at 600 a second
     assert max_in_window(issued, "tokens") == 600
 
@@ -176,8 +176,8 @@ def test_grants_expire_within_their_calendar_second() -> None:
     early = pacer.issue(7.15)
     late = pacer.issue(7.85)
     assert early is not None and early.expires_at == pytest.approx(7.65)
-    assert late is not None and late.expires_at == pytest.approx(7.98)
-    assert pacer.issue(7.99) is None  # it would be born expired: held for the next second
+    assert late is not None and late.expires_at == pytest.approx(7.95)
+    assert pacer.issue(7.96) is None  # it would be born expired: held for the next second
 
 
 def test_a_new_leader_skips_the_rest_of_the_second() -> None:

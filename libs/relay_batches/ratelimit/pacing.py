@@ -42,7 +42,9 @@ INCREASE_PER_S = 0.05
 DECREASE_EVERY_S = 1.0
 MAX_PAUSE_S = 60.0
 MAX_GAP_TICKS = 2
-SECOND_EDGE_S = 0.02  # a grant expires this long before its calendar second ends
+SECOND_EDGE_S = 0.05  # a grant expires this long before its calendar second ends: a call it
+# starts may reach the provider that much later (event-loop lag on a busy worker) and still
+# land in the second it was issued for
 
 
 def quantum_of(per_minute: int, second: int) -> int:
