@@ -101,7 +101,7 @@ def test_pacer_spreads_600_rpm_evenly_over_a_minute() -> None:
         total = sum(g.requests for _, g in issued)
         assert 599 <= total <= 601
         assert max_in_window(issued, "requests") == 10
-        # a missed tick's due comes with the next ones (two ticks' worth a call at most)
+        # a missed tick's due comes with the next ones
         assert max(g.requests for _, g in issued) <= 3
         assert all(g.tokens == 0 for _, g in issued)
 
@@ -138,17 +138,29 @@ def test_grants_expire_within_their_calendar_second() -> None:
 def test_a_new_leader_skips_the_rest_of_the_second() -> None:
     pacer = Pacer(RateLimit(rpm=600))
     pacer.issue(3.05)
-    pacer.skip_second(3.4)
+    pacer.restart(3.4)
     assert [pacer.issue(3.05 + 0.1 * k) for k in range(4, 10)] == [None] * 6
     grant = pacer.issue(4.05)
-    assert grant is not None and grant.requests == 3  # credit capped: two ticks plus one
+    assert grant is not None and grant.requests == 1  # no credit from the skipped rest
+    stale = Pacer(RateLimit(rpm=600))
+    stale.issue(1.05)  # leader once, then not for a minute
+    stale.restart(60.4)
+    assert [stale.issue(60.45 + 0.1 * k) for k in range(5)] == [None] * 5
+    assert [g.requests for g in (stale.issue(61.05), stale.issue(61.15)) if g] == [1, 1]
+
+
+def test_a_slow_tick_still_issues_the_whole_rate() -> None:
+    pacer = Pacer(RateLimit(rpm=600))  # a tick every 0.25 s (slow confirms), not 0.1 s
+    issued = [(at, g) for k in range(241) if (g := pacer.issue(at := 1000.05 + 0.25 * k))]
+    assert 598 <= sum(g.requests for _, g in issued) <= 601
+    assert max_in_window(issued, "requests") == 10
 
 
 def test_pacer_banks_nothing_while_idle() -> None:
     pacer = Pacer(RateLimit(rpm=600))
     pacer.issue(0.05)
     grant = pacer.issue(30.05)
-    assert grant is not None and grant.requests == 2  # two ticks' worth at most
+    assert grant is not None and grant.requests == 10  # a second's worth at most
     assert grant.expires_at == pytest.approx(30.55)
 
 

@@ -39,7 +39,7 @@ DECREASE = 0.8
 INCREASE_PER_S = 0.05
 DECREASE_EVERY_S = 1.0
 MAX_PAUSE_S = 60.0
-MAX_GAP_TICKS = 2
+MAX_GAP_TICKS = 10  # a slow tick (late confirms) still gets a second's due
 SECOND_EDGE_S = 0.02  # a grant expires this long before its calendar second ends
 
 
@@ -169,3 +169,12 @@ class Pacer:
             for dimension in (self._requests, self._tokens):
                 if dimension is not None:
                     dimension.reset()
+
+    def restart(self, now: float) -> None:
+        """A new leader: nothing more in ``now``'s second (:meth:`skip_second`), and no
+        credit from before the next one (the time until then was another leader's)."""
+        self._last_slot = math.floor((math.floor(now) + 1.0) / self._tick_s + 0.5) - 1
+        for dimension in (self._requests, self._tokens):
+            if dimension is not None:
+                dimension.reset()
+        self.skip_second(now)
