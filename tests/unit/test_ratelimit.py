@@ -1,16 +1,25 @@
-"""Unit tests of the rate-limit arithmetic: routes keys, estimates, the Pacer, the Budget."""
+"""Unit tests of the rate-limit arithmetic: routes keys, estimates, the Pacer, the Budget,
+and the keeper on a fake bus with its real interface (grants split per call, a failing
+deployment alone, the tick through the drain)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 
 import pytest
 
+from relay_batches.bus.topology import GRANT_MESSAGES_PER_TICK, Names
+from relay_batches.kit.periodic import Periodic
+from relay_batches.kit.tasks import Tasks
+from relay_batches.messages import GrantMessage
 from relay_batches.ratelimit.budget import Budget
 from relay_batches.ratelimit.estimate import counted_tokens, estimate_tokens
+from relay_batches.ratelimit.keeper import Keeper, split_grant
 from relay_batches.ratelimit.limits import RateLimit
 from relay_batches.ratelimit.pacing import F_MIN, Grant, Pacer
+from relay_batches.ratelimit.parts import DrainingTicks
 from relay_batches.router.aliases import load_aliases
 from relay_batches.settings import ConfigError
 
@@ -244,3 +253,86 @@ def test_budget_with_both_limits_needs_both() -> None:
     budget.add(Grant(1, 0, 1.0), 0.0)
     assert budget.take(10, 0.0)
     assert (budget.requests, budget.tokens) == (0, 40)
+
+
+def test_a_grant_is_split_into_messages_of_about_one_call() -> None:
+    assert split_grant(Grant(9, 0, 5.0), 0) == [Grant(1, 0, 5.0)] * 9
+    assert split_grant(Grant(0, 1000, 5.0), 300) == [Grant(0, 400, 5.0)] + [Grant(0, 300, 5.0)] * 2
+    # both limited: as many messages as the scarcer pays for, the rest spread on them
+    assert split_grant(Grant(8, 900, 5.0), 300) == [Grant(3, 300, 5.0)] * 2 + [Grant(2, 300, 5.0)]
+    assert split_grant(Grant(2, 50, 5.0), 300) == [Grant(1, 50, 5.0), Grant(1, 0, 5.0)]
+    many = split_grant(Grant(1000, 0, 5.0), 1)
+    assert len(many) == GRANT_MESSAGES_PER_TICK and sum(g.requests for g in many) == 1000
+
+
+class KeeperBus:
+    def __init__(self, bad: str = "") -> None:
+        self.names = Names("unit")
+        self.bad = bad
+        self.published: list[GrantMessage] = []
+
+    async def claim_exclusive(self, queue: str) -> bool:
+        return True
+
+    async def release_exclusive(self) -> None:
+        return None
+
+    async def declare(self, queue: str) -> None:
+        if queue == self.names.ratelimit_grants(self.bad):
+            raise ValueError("Queue name too long")  # what pamqp raises
+
+    async def publish(self, queue: str, body: bytes, *, kind: str, persistent: bool = True) -> None:
+        assert not persistent and queue == self.names.ratelimit_grants(
+            GrantMessage.decode(body).deployment
+        )
+        self.published.append(GrantMessage.decode(body))
+
+
+async def test_the_leader_publishes_one_message_per_call_and_a_bad_deployment_alone_fails() -> None:
+    bus = KeeperBus(bad="bad")
+    clock = [100.4]
+    limits = {"bad": RateLimit(rpm=6000), "good": RateLimit(rpm=6000)}
+    keeper = Keeper(bus, limits, clock=lambda: clock[0], tokens_per_call=lambda _: 250, ident="w1")
+    await keeper.elect()
+    for k in range(10):
+        clock[0] = 101.05 + 0.1 * k
+        await keeper.tick()
+    assert {m.deployment for m in bus.published} == {"good"}
+    assert [m.requests for m in bus.published] == [1] * 100  # 100 a second, one a message
+    assert {(m.call_tokens, m.leader) for m in bus.published} == {(250, "w1")}
+
+
+async def test_the_tick_goes_on_through_the_drain_until_the_rest_is_done() -> None:
+    passes = 0
+
+    async def tick() -> float:
+        nonlocal passes
+        passes += 1
+        return 0.001
+
+    tasks = Tasks()
+    halt = asyncio.Event()
+    row_done = asyncio.Event()
+    tasks.spawn(row_done.wait(), name="row")
+    await DrainingTicks(Periodic("ratelimit-tick", 0.001, tick)).start(None, tasks, halt)  # type: ignore[arg-type]
+    halt.set()  # the stop: the other loops end, the row is still waiting for budget
+    before = passes
+    for _ in range(50):
+        await asyncio.sleep(0.001)
+    assert passes > before  # still ticking for the row
+    assert len(tasks.running()) == 2
+    row_done.set()
+    assert await tasks.wait(1.0) == set()  # then the tick ends with the rest
+
+
+def test_a_deployment_name_too_long_for_its_grants_queue_is_a_config_error() -> None:
+    from relay_batches.router.aliases import AliasTable, Deployment
+    from relay_batches.services.row_worker.__main__ import shared_limits
+
+    name = "d" * 240
+    limited = Deployment(name, "openai", "http://127.0.0.1:9/v1", "x", limit=RateLimit(rpm=60))
+    bus = KeeperBus()
+    with pytest.raises(ConfigError) as caught:
+        shared_limits(AliasTable({"m": (limited,)}), bus)  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert "\n" not in message and f"deployment {name!r}" in message and "255 bytes" in message

@@ -124,6 +124,7 @@ class Keeper:
         self.pacers = {name: Pacer(limit) for name, limit in limits.items()}
         self.leader = False
         self._declared_at = dict.fromkeys(self.pacers, -math.inf)
+        self._declare_again_at = dict.fromkeys(self.pacers, -math.inf)  # after a failure
         # What each pacer's throttled() did last (its own rules, kept here to tell
         # whether a throttle changes it): when it decreased, until when it pauses.
         self._decreased_at = dict.fromkeys(self.pacers, -math.inf)
@@ -209,12 +210,14 @@ class Keeper:
         False when that failed (logged, tried again after :data:`REDECLARE_FAILED_S`)."""
         if now - self._declared_at[name] < REDECLARE_EVERY_S:
             return True
+        if now < self._declare_again_at[name]:
+            return False
         try:
             await self._bus.declare(self._bus.names.ratelimit_grants(name))
         except (Exception, asyncio.CancelledError) as exc:
             if not ordinary_error(exc):
                 raise
-            self._declared_at[name] = now - REDECLARE_EVERY_S + REDECLARE_FAILED_S
+            self._declare_again_at[name] = now + REDECLARE_FAILED_S
             log.warning("grants_declare_failed", extra={"deployment": name, "error": repr(exc)})
             return False
         self._declared_at[name] = now
