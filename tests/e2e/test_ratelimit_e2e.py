@@ -3,8 +3,8 @@ slots against a simulator enforcing 600 requests a minute per calendar second, r
 saying ``rpm = 600``. A 120-row job takes at least the time the limit asks and meets few
 429s (a share of the calls: how near the limit it runs is the bench's to measure, not a
 check for a loaded machine); the workers' ``/metrics`` show the grants, their use and
-the waits; then the leader is killed (``kill -9``) in the middle of a job: another takes over, the job
-completes, and the limit still holds (no second issuer)."""
+the waits; then the leader is killed (``kill -9``) in the middle of a job: another
+takes over, the job completes, and the limit still holds (no second issuer)."""
 
 from __future__ import annotations
 
