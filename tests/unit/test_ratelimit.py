@@ -261,6 +261,8 @@ def test_a_grant_is_split_into_messages_of_about_one_call() -> None:
     # both limited: as many messages as the scarcer pays for, the rest spread on them
     assert split_grant(Grant(8, 900, 5.0), 300) == [Grant(3, 300, 5.0)] * 2 + [Grant(2, 300, 5.0)]
     assert split_grant(Grant(2, 50, 5.0), 300) == [Grant(1, 50, 5.0), Grant(1, 0, 5.0)]
+    assert split_grant(Grant(0, 1000, 5.0), 0) == [Grant(0, 1000, 5.0)]  # no typical call
+    assert split_grant(Grant(2, 1001, 5.0), 0) == [Grant(1, 501, 5.0), Grant(1, 500, 5.0)]
     many = split_grant(Grant(1000, 0, 5.0), 1)
     assert len(many) == GRANT_MESSAGES_PER_TICK and sum(g.requests for g in many) == 1000
 

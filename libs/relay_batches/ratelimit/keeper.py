@@ -93,9 +93,12 @@ def _spread(total: int, parts: int) -> list[int]:
 def split_grant(grant: Grant, unit: int, most: int = GRANT_MESSAGES_PER_TICK) -> list[Grant]:
     """``grant`` cut into messages of about one call each (a request and ``unit`` tokens;
     with both limited, as many messages as the scarcer of the two pays for), at most
-    ``most`` of them; the parts add up to ``grant`` exactly and expire with it."""
+    ``most`` of them; the parts add up to ``grant`` exactly and expire with it. With no
+    typical call known (``unit`` under 2) the tokens cut nothing: spread over the
+    requests, or one message."""
+    known = unit > 1
     unit = max(1, unit)
-    calls = [n for n in (grant.requests, grant.tokens // unit) if n > 0]
+    calls = [n for n in (grant.requests, grant.tokens // unit if known else 0) if n > 0]
     parts = max(1, min(min(calls, default=1), most))
     units = _spread(grant.tokens // unit, parts)
     units_tokens = [n * unit for n in units]
