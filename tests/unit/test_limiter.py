@@ -23,13 +23,14 @@ class Delivery:
         self.body = body
         self.acked = False
         self.requeued = False
+        self.nacked = False
         self.redelivered = False
 
     async def ack(self, multiple: bool = False) -> None:
         self.acked = True
 
     async def nack(self, requeue: bool = True) -> None:
-        self.requeued = requeue
+        self.nacked, self.requeued = True, requeue
 
 
 class FakeSubscription:
@@ -298,3 +299,21 @@ async def test_a_grant_that_waited_in_the_queue_is_not_taken_for_clock_skew() ->
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
+
+
+async def test_a_settle_under_the_estimate_serves_a_waiter_and_a_bad_grant_is_rejected() -> None:
+    bus = FakeBus()
+    limiter = SharedLimiter(bus, {"d": RateLimit(tpm=60_000)})
+    first = asyncio.create_task(limiter.acquire("d", 100))
+    await until(lambda: bus.active)
+    assert bus.callback is not None
+    poison = Delivery(b'{"kind": "grant"}')
+    await bus.callback(poison)  # type: ignore[arg-type]
+    assert (poison.acked, poison.nacked, poison.requeued) == (False, True, False)
+    grant = Delivery(GrantMessage("d", 0, 100, 1e12).encode())
+    await bus.callback(grant)  # type: ignore[arg-type]
+    await first  # the budget: 0 tokens left
+    second = asyncio.create_task(limiter.acquire("d", 100))
+    await until(lambda: limiter.waiting("d") == 1)
+    limiter.settle("d", 100, 40)  # the call counted 40: 60 tokens back, a waiter goes
+    await asyncio.wait_for(second, 1.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -283,6 +284,9 @@ class KeeperBus:
         if queue == self.names.ratelimit_grants(self.bad):
             raise ValueError("Queue name too long")  # what pamqp raises
 
+    async def queue_states(self, queues: Iterable[str]) -> list[tuple[int, int]]:
+        return [(0, 0 if queue.endswith(".idle") else 1) for queue in queues]
+
     async def publish(self, queue: str, body: bytes, *, kind: str, persistent: bool = True) -> None:
         assert not persistent and queue == self.names.ratelimit_grants(
             GrantMessage.decode(body).deployment
@@ -290,10 +294,10 @@ class KeeperBus:
         self.published.append(GrantMessage.decode(body))
 
 
-async def test_the_leader_publishes_one_message_per_call_and_a_bad_deployment_alone_fails() -> None:
+async def test_a_message_per_call_where_consumed_and_a_bad_deployment_alone_fails() -> None:
     bus = KeeperBus(bad="bad")
     clock = [100.4]
-    limits = {"bad": RateLimit(rpm=6000), "good": RateLimit(rpm=6000)}
+    limits = {n: RateLimit(rpm=6000) for n in ("bad", "good", "idle")}  # idle: no consumer
     keeper = Keeper(bus, limits, clock=lambda: clock[0], tokens_per_call=lambda _: 250, ident="w1")
     await keeper.elect()
     for k in range(10):

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from relay_batches.bus.topology import GRANT_MESSAGES_PER_TICK, Names
@@ -72,6 +72,9 @@ class KeeperBus(Protocol):
 
     async def publish(self, queue: str, body: bytes, *, kind: str, persistent: bool = True) -> None:
         """Publish with a confirm."""
+
+    async def queue_states(self, queues: Iterable[str]) -> list[tuple[int, int]]:
+        """``(ready messages, consumers)`` of each queue (passive declares)."""
 
 
 def next_tick_delay(now: float, tick_s: float = TICK_S) -> float:
@@ -193,6 +196,7 @@ class Keeper:
             grant = pacer.issue(now, unit)
             if grant is not None:
                 messages.extend((name, part) for part in split_grant(grant, unit))
+        messages = await self._consumed(messages)
         # Every message at once, each confirmed: a tick waits one round trip, not one
         # per message (a slow tick's due comes with the next, see MAX_GAP_TICKS).
         results = await asyncio.gather(
@@ -207,6 +211,26 @@ class Keeper:
             log.warning("grant_publish_failed", extra={"deployment": name, "error": repr(error)})
         for name, pacer in self.pacers.items():
             RATELIMIT_RATE_FRACTION.labels(name).set(pacer.fraction)
+
+    async def _consumed(self, messages: list[tuple[str, Grant]]) -> list[tuple[str, Grant]]:
+        """The messages whose grants queue has a consumer now: nobody waits for budget
+        on the others (a worker consumes only while its calls wait), whose grants would
+        only expire in the queue. Their credit is spent all the same (issued, not
+        published), so a worker subscribing next gets the even rate, not a saved-up
+        burst. When the check fails, everything is published."""
+        names = sorted({name for name, _ in messages})
+        if not names:
+            return messages
+        queues = [self._bus.names.ratelimit_grants(name) for name in names]
+        try:
+            states = await self._bus.queue_states(queues)
+        except (Exception, asyncio.CancelledError) as exc:
+            if not ordinary_error(exc):
+                raise
+            log.warning("grants_queue_check_failed", extra={"error": repr(exc)})
+            return messages
+        idle = {name for name, (_, consumers) in zip(names, states, strict=True) if consumers == 0}
+        return [(name, part) for name, part in messages if name not in idle]
 
     async def _declared(self, name: str, now: float) -> bool:
         """Declare ``name``'s grants queue when due (a redeclare keeps it from expiring);

@@ -7,7 +7,8 @@ call waited for :data:`IDLE_S` (:meth:`SharedLimiter.release_idle`, a periodic p
 an idle worker holds no grant a busy one needs; a grant delivered meanwhile is handed
 back to the queue once, for another worker. A grant is added to the budget, then
 acked: its effect lives in memory only, so a worker that dies loses at most what it
-held. A grant that arrives expired is acked and dropped.
+held. A grant that arrives expired is acked and dropped; one that does not decode is
+rejected without requeue (the kit's policy for a poison message).
 
 A waiting call holds no upstream connection (the router acquires before it takes one)
 and can be cancelled: it leaves no waiter behind, and budget handed to it just as it was
@@ -288,13 +289,14 @@ class SharedLimiter:
                 grant = GrantMessage.decode(message.body)
             except MessageError as exc:
                 log.error("message_rejected", extra={"kind": "grant", "error": str(exc)})
-            else:
-                self._observe_clock(grant.issued_at, grant.leader)
-                if grant.call_tokens > 0:
-                    _average_in(lane, grant.call_tokens)
-                budget = Grant(grant.requests, grant.tokens, grant.expires_at)
-                lane.budget.add(budget, self._now())
-                self._serve(lane)
+                await reject(message, requeue=False)  # the kit's policy for a poison message
+                return
+            self._observe_clock(grant.issued_at, grant.leader)
+            if grant.call_tokens > 0:
+                _average_in(lane, grant.call_tokens)
+            budget = Grant(grant.requests, grant.tokens, grant.expires_at)
+            lane.budget.add(budget, self._now())
+            self._serve(lane)
             await ack(message)
 
         return on_message
@@ -317,12 +319,14 @@ class SharedLimiter:
         lane.idle_since = self._monotonic()
 
     def settle(self, deployment: str, estimated: int, used: int) -> None:
-        """Correct the budget by what a finished call counted (tokens, by its usage)."""
+        """Correct the budget by what a finished call counted (tokens, by its usage); a
+        call that counted less than its estimate gives the rest to the waiters at once."""
         lane = self._lanes.get(deployment)
         if lane is None:
             return
         lane.budget.settle(estimated, used)
         RATELIMIT_USED_TOKENS.labels(deployment).inc(used)
+        self._serve(lane)
 
     async def throttled(self, deployment: str, retry_after: float | None) -> None:
         """Apply a throttled call to this worker's pacer, and tell every worker when it
