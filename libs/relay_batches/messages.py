@@ -422,13 +422,18 @@ class GrantMessage:
     """`<ns>.ratelimit.grants.<deployment>`: budget the rate-limit leader issued for one
     deployment, for whichever worker takes it: ``requests`` calls and ``tokens`` tokens,
     usable until ``expires_at`` (Unix seconds, on the leader's clock, which stamped it
-    ``issued_at``: a worker whose clock differs reads it on its own by that offset)."""
+    ``issued_at``: a worker whose clock differs reads it on its own by that offset).
+    ``call_tokens`` is the leader's typical call (the unit it issues tokens in; 0: none
+    known), which every worker averages in, so a new leader issues in the fleet's unit;
+    ``leader`` names the issuer (a worker's clock offset is measured per leader)."""
 
     deployment: str
     requests: int
     tokens: int
     expires_at: float
     issued_at: float = 0.0  # 0: not given (read on the worker's clock as it is)
+    call_tokens: int = 0
+    leader: str = ""
 
     KIND = "grant"
 
@@ -442,6 +447,8 @@ class GrantMessage:
                 "tokens": self.tokens,
                 "expires_at": self.expires_at,
                 "issued_at": self.issued_at,
+                "call_tokens": self.call_tokens,
+                "leader": self.leader,
             },
         )
 
@@ -456,6 +463,8 @@ class GrantMessage:
                 tokens=max(0, int(d["tokens"])),
                 expires_at=float(d["expires_at"]),
                 issued_at=float(d.get("issued_at") or 0.0),
+                call_tokens=max(0, int(d.get("call_tokens") or 0)),
+                leader=str(d.get("leader") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc

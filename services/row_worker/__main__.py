@@ -9,6 +9,7 @@ import os
 import aiohttp
 
 from relay_batches.bus.client import Bus
+from relay_batches.bus.topology import MAX_QUEUE_NAME_BYTES
 from relay_batches.ids import new_id
 from relay_batches.ratelimit.keeper import Keeper
 from relay_batches.ratelimit.limiter import SharedLimiter
@@ -27,7 +28,7 @@ from relay_batches.services.row_worker.service import (
     row_worker_service,
     rows_prefetch,
 )
-from relay_batches.settings import Settings
+from relay_batches.settings import ConfigError, Settings
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus
 
@@ -42,7 +43,7 @@ async def build(
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     session = aiohttp.ClientSession(connector=connector)
     resources.push_async_callback(session.close)
-    keeper, limiter = shared_limits(aliases, bus)
+    keeper, limiter = shared_limits(aliases, bus, worker)
     router = ModelRouter(
         aliases,
         session,
@@ -88,14 +89,25 @@ async def build(
     )
 
 
-def shared_limits(aliases: AliasTable, bus: Bus) -> tuple[Keeper | None, SharedLimiter | None]:
+def shared_limits(
+    aliases: AliasTable, bus: Bus, worker: str = ""
+) -> tuple[Keeper | None, SharedLimiter | None]:
     """The keeper and limiter of the routes' rate-limited deployments (none: neither, and
-    nothing of them runs); the keeper steps down the moment the bus connection drops."""
+    nothing of them runs); the keeper steps down the moment the bus connection drops.
+    A deployment whose grants queue name would be too long for AMQP is a ConfigError."""
     limits = aliases.limits()
     if not limits:
         return None, None
+    for name in limits:
+        queue = bus.names.ratelimit_grants(name)
+        if len(queue.encode()) > MAX_QUEUE_NAME_BYTES:
+            raise ConfigError(
+                f"deployment {name!r} is rate-limited but its grants queue name {queue!r} is "
+                f"over {MAX_QUEUE_NAME_BYTES} bytes: use a shorter deployment name (or namespace)"
+            )
     limiter = SharedLimiter(bus, limits)
-    keeper = Keeper(bus, limits, tokens_per_call=limiter.typical_tokens)
+    keeper = Keeper(bus, limits, tokens_per_call=limiter.typical_tokens, ident=worker)
+    limiter.apply_throttles(keeper.throttle)
     bus.on_connection_lost(keeper.step_down)
     return keeper, limiter
 

@@ -49,13 +49,12 @@ def row_worker_service(
     """The row-worker's declaration (no ledger: it only talks to the bus and the models);
     ``heartbeat`` reports the rows it holds (see :mod:`.holdings`); ``ratelimit`` the
     shared rate limits' election, ticks and throttled events (:func:`rate_limit_parts`;
-    none without a limited deployment), whose ``keeper`` resigns as the worker stops."""
+    none without a limited deployment), whose ``keeper`` goes on issuing through the
+    drain and resigns in the close (after it)."""
     parts = ratelimit or rate_limit_parts(None, None)
 
     def stopping() -> None:
         runner.stop_starting()
-        if keeper is not None:
-            keeper.resign()
 
     async def close() -> None:
         await outcomes.drain()

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from relay_batches.bus.client import MessageCallback
 from relay_batches.bus.topology import Names
-from relay_batches.messages import GrantMessage
-from relay_batches.ratelimit.limiter import SharedLimiter
+from relay_batches.messages import GrantMessage, ThrottledEvent
+from relay_batches.ratelimit.keeper import Keeper
+from relay_batches.ratelimit.limiter import CLOCK_MIN_SAMPLES, SharedLimiter
 from relay_batches.ratelimit.limits import RateLimit
 
 
@@ -21,13 +23,14 @@ class Delivery:
         self.body = body
         self.acked = False
         self.requeued = False
+        self.nacked = False
         self.redelivered = False
 
     async def ack(self, multiple: bool = False) -> None:
         self.acked = True
 
     async def nack(self, requeue: bool = True) -> None:
-        self.requeued = requeue
+        self.nacked, self.requeued = True, requeue
 
 
 class FakeSubscription:
@@ -155,7 +158,111 @@ async def test_throttled_events_are_at_most_one_per_100_ms() -> None:
     await limiter.throttled("d", 1.0)
     clock[0] = 10.125
     await limiter.throttled("d", None)
+    await until(lambda: len(bus.events) == 2)
     assert [key for key, _ in bus.events] == ["ratelimit.throttled"] * 2
+
+
+async def test_only_a_throttle_that_changed_the_own_pacer_is_published() -> None:
+    bus = FakeBus()
+    clock = [100.0]
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, monotonic=lambda: clock[0])
+    keeper = Keeper(bus, {"d": RateLimit(rpm=600)}, clock=lambda: clock[0])  # type: ignore[arg-type]
+    limiter.apply_throttles(keeper.throttle)
+    for step in range(10):  # ten 429s within a second: one decrease, one event
+        clock[0] = 100.0 + 0.1 * step
+        await limiter.throttled("d", None)
+    clock[0] = 100.95
+    await limiter.throttled("d", 30.0)  # a pause: a change worth telling
+    await limiter.throttled("d", 30.0)  # the same pause
+    clock[0] = 101.5
+    await limiter.throttled("d", None)  # a second after the decrease: the next one
+    await until(lambda: len(bus.events) == 3)
+    await asyncio.sleep(0)
+    assert [ThrottledEvent.decode(body).retry_after for _, body in bus.events] == [
+        None,
+        30.0,
+        None,
+    ]
+    assert keeper.pacers["d"].fraction == pytest.approx((0.8 + 0.05 * 1.5) * 0.8)  # two decreases
+
+
+async def test_a_throttle_publish_stuck_or_failing_never_holds_the_call() -> None:
+    bus = FakeBus()
+    stuck = asyncio.Event()
+    calls = 0
+
+    async def publish_event(routing_key: str, body: bytes) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await stuck.wait()  # a reconnect: the publish waits up to its timeout
+        raise asyncio.CancelledError  # aiormq fails the pending calls of a dead link
+
+    bus.publish_event = publish_event  # type: ignore[method-assign]
+    clock = [0.0]
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, monotonic=lambda: clock[0])
+    await asyncio.wait_for(limiter.throttled("d", 2.0), 0.5)  # at once, though stuck
+    clock[0] = 1.0
+    await asyncio.wait_for(limiter.throttled("d", 2.0), 0.5)
+    await until(lambda: calls == 2)
+    stuck.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert calls == 2  # both ended: logged, no task left running nor crashed
+
+
+async def test_a_waiter_cancelled_during_the_first_subscribe_leaves_no_orphan_consumer() -> None:
+    bus = FakeBus()
+    registered = asyncio.Event()
+    go_on = asyncio.Event()
+    real = bus.consume_queues
+
+    async def slow_consume(*args: Any, **kwargs: Any) -> FakeSubscription:
+        subscription = await real(*args, **kwargs)  # the broker has the consumer now
+        registered.set()
+        await go_on.wait()  # ... and the consume-ok is on its way
+        return subscription
+
+    bus.consume_queues = slow_consume  # type: ignore[method-assign]
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
+    first = asyncio.create_task(limiter.acquire("d", 0))
+    await asyncio.wait_for(registered.wait(), 1.0)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    second = asyncio.create_task(limiter.acquire("d", 0))
+    go_on.set()
+    await until(lambda: limiter.subscribed("d"))
+    await bus.grant(1)
+    await second
+    assert bus.subscribes == 1  # the one consumer is the lane's, not an orphan's
+
+
+async def test_grants_teach_the_typical_call_and_a_new_leader_resets_the_clock() -> None:
+    bus = FakeBus()
+    clock = [1000.0]
+    limiter = SharedLimiter(bus, {"d": RateLimit(tpm=60_000)}, clock=lambda: clock[0])
+    assert limiter.typical_tokens("d") == 0  # nothing known: the leader issues in ones
+    call = asyncio.create_task(limiter.acquire("d", 300))
+    await until(lambda: bus.active)
+    assert bus.callback is not None
+    for _ in range(CLOCK_MIN_SAMPLES - 1):  # until the offset is believed, they look expired
+        early = Delivery(GrantMessage("d", 0, 300, 997.5, 997.0, 0, "a").encode())
+        early.redelivered = False
+        await bus.callback(early)  # type: ignore[arg-type]
+        assert not call.done()
+    ahead = Delivery(GrantMessage("d", 0, 300, 997.5, 997.0, 500, "a").encode())
+    ahead.redelivered = False
+    await bus.callback(ahead)  # type: ignore[arg-type]  # leader a's clock is 3 s behind
+    await asyncio.wait_for(call, 5.0)
+    assert limiter.typical_tokens("d") == 320  # 300, then 500 averaged in
+    late = asyncio.create_task(limiter.acquire("d", 300))
+    await until(lambda: limiter.waiting("d") == 1)
+    fresh = Delivery(GrantMessage("d", 0, 600, 1000.5, 1000.0, 0, "b").encode())
+    fresh.redelivered = False
+    await bus.callback(fresh)  # type: ignore[arg-type]  # leader b: the same clock as ours
+    await asyncio.wait_for(late, 5.0)  # on b's clock, not a's 3 s offset (expired there)
+    assert limiter.typical_tokens("d") == 318  # 0: b knew no typical call
 
 
 async def test_a_worker_clock_ahead_of_the_leaders_still_uses_fresh_grants() -> None:
@@ -165,10 +272,14 @@ async def test_a_worker_clock_ahead_of_the_leaders_still_uses_fresh_grants() -> 
     call = asyncio.create_task(limiter.acquire("d", 0))
     await until(lambda: bus.active)
     assert bus.callback is not None
-    fresh = Delivery(GrantMessage("d", 1, 0, 997.5, issued_at=997.0).encode())
-    fresh.redelivered = False
-    await bus.callback(fresh)  # type: ignore[arg-type]
-    await call
+    # The offset is believed after CLOCK_MIN_SAMPLES grants: the first ones look expired.
+    for n in range(CLOCK_MIN_SAMPLES):
+        assert not call.done()
+        fresh = Delivery(GrantMessage("d", 1, 0, 997.5, issued_at=997.0).encode())
+        fresh.redelivered = False
+        await bus.callback(fresh)  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+    await asyncio.wait_for(call, 5.0)
     stale = Delivery(GrantMessage("d", 1, 0, 997.5, issued_at=997.0).encode())
     stale.redelivered = True
     clock[0] = 1000.6  # 0.6 s later on both clocks: that grant has expired
@@ -197,3 +308,21 @@ async def test_a_grant_that_waited_in_the_queue_is_not_taken_for_clock_skew() ->
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
+
+
+async def test_a_settle_under_the_estimate_serves_a_waiter_and_a_bad_grant_is_rejected() -> None:
+    bus = FakeBus()
+    limiter = SharedLimiter(bus, {"d": RateLimit(tpm=60_000)})
+    first = asyncio.create_task(limiter.acquire("d", 100))
+    await until(lambda: bus.active)
+    assert bus.callback is not None
+    poison = Delivery(b'{"kind": "grant"}')
+    await bus.callback(poison)  # type: ignore[arg-type]
+    assert (poison.acked, poison.nacked, poison.requeued) == (False, True, False)
+    grant = Delivery(GrantMessage("d", 0, 100, 1e12).encode())
+    await bus.callback(grant)  # type: ignore[arg-type]
+    await first  # the budget: 0 tokens left
+    second = asyncio.create_task(limiter.acquire("d", 100))
+    await until(lambda: limiter.waiting("d") == 1)
+    limiter.settle("d", 100, 40)  # the call counted 40: 60 tokens back, a waiter goes
+    await asyncio.wait_for(second, 1.0)

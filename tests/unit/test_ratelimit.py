@@ -1,13 +1,21 @@
-"""Unit tests of the rate-limit arithmetic: routes keys, estimates, the Pacer, the Budget."""
+"""Unit tests of the rate-limit arithmetic: routes keys, estimates, the Pacer, the Budget,
+and the keeper on a fake bus with its real interface (grants split per call, a failing
+deployment alone, the tick through the drain)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
 import pytest
 
+from relay_batches.bus.topology import GRANT_MESSAGES_PER_TICK, Names
+from relay_batches.kit.periodic import Periodic
+from relay_batches.kit.tasks import Tasks
+from relay_batches.messages import GrantMessage
 from relay_batches.ratelimit.budget import Budget
 from relay_batches.ratelimit.estimate import (
     IMAGE_TOKENS,
@@ -15,8 +23,10 @@ from relay_batches.ratelimit.estimate import (
     counted_tokens,
     estimate_tokens,
 )
+from relay_batches.ratelimit.keeper import Keeper, split_grant
 from relay_batches.ratelimit.limits import RateLimit
 from relay_batches.ratelimit.pacing import F_MIN, Grant, Pacer, quantum_of
+from relay_batches.ratelimit.parts import DrainingTicks
 from relay_batches.router import anthropic, openai
 from relay_batches.router.aliases import Deployment, load_aliases
 from relay_batches.settings import ConfigError
@@ -133,8 +143,8 @@ def test_pacer_spreads_600_rpm_evenly_over_a_minute() -> None:
         total = sum(g.requests for _, g in issued)
         assert 594 <= total <= 601  # held back past a second's edge: late, not lost
         assert max_in_window(issued, "requests") == 10
-        # a missed tick's due comes with the next ones (two ticks' worth a call at most)
-        assert max(g.requests for _, g in issued) <= 3
+        # a missed tick's due comes with the next ones, never more than the second's quantum
+        assert max(g.requests for _, g in issued) <= 10
         assert all(g.tokens == 0 for _, g in issued)
 
 
@@ -183,17 +193,29 @@ def test_grants_expire_within_their_calendar_second() -> None:
 def test_a_new_leader_skips_the_rest_of_the_second() -> None:
     pacer = Pacer(RateLimit(rpm=600))
     pacer.issue(3.05)
-    pacer.skip_second(3.4)
+    pacer.restart(3.4)
     assert [pacer.issue(3.05 + 0.1 * k) for k in range(4, 10)] == [None] * 6
     grant = pacer.issue(4.05)
-    assert grant is not None and grant.requests == 3  # credit capped: two ticks plus one
+    assert grant is not None and grant.requests == 1  # no credit from the skipped rest
+    stale = Pacer(RateLimit(rpm=600))
+    stale.issue(1.05)  # leader once, then not for a minute
+    stale.restart(60.4)
+    assert [stale.issue(60.45 + 0.1 * k) for k in range(5)] == [None] * 5
+    assert [g.requests for g in (stale.issue(61.05), stale.issue(61.15)) if g] == [1, 1]
+
+
+def test_a_slow_tick_still_issues_the_whole_rate() -> None:
+    pacer = Pacer(RateLimit(rpm=600))  # a tick every 0.25 s (slow confirms), not 0.1 s
+    issued = [(at, g) for k in range(241) if (g := pacer.issue(at := 1000.05 + 0.25 * k))]
+    assert 598 <= sum(g.requests for _, g in issued) <= 601
+    assert max_in_window(issued, "requests") == 10
 
 
 def test_pacer_banks_nothing_while_idle() -> None:
     pacer = Pacer(RateLimit(rpm=600))
     pacer.issue(0.05)
     grant = pacer.issue(30.05)
-    assert grant is not None and grant.requests == 2  # two ticks' worth at most
+    assert grant is not None and grant.requests == 10  # a second's worth at most
     assert grant.expires_at == pytest.approx(30.55)
 
 
@@ -277,3 +299,93 @@ def test_budget_with_both_limits_needs_both() -> None:
     budget.add(Grant(1, 0, 1.0), 0.0)
     assert budget.take(10, 0.0)
     assert (budget.requests, budget.tokens) == (0, 40)
+
+
+def test_a_grant_is_split_into_messages_of_about_one_call() -> None:
+    assert split_grant(Grant(9, 0, 5.0), 0) == [Grant(1, 0, 5.0)] * 9
+    assert split_grant(Grant(0, 1000, 5.0), 300) == [Grant(0, 400, 5.0)] + [Grant(0, 300, 5.0)] * 2
+    # both limited: as many messages as the scarcer pays for, the rest spread on them
+    assert split_grant(Grant(8, 900, 5.0), 300) == [Grant(3, 300, 5.0)] * 2 + [Grant(2, 300, 5.0)]
+    assert split_grant(Grant(2, 50, 5.0), 300) == [Grant(1, 50, 5.0), Grant(1, 0, 5.0)]
+    assert split_grant(Grant(0, 1000, 5.0), 0) == [Grant(0, 1000, 5.0)]  # no typical call
+    assert split_grant(Grant(2, 1001, 5.0), 0) == [Grant(1, 501, 5.0), Grant(1, 500, 5.0)]
+    many = split_grant(Grant(1000, 0, 5.0), 1)
+    assert len(many) == GRANT_MESSAGES_PER_TICK and sum(g.requests for g in many) == 1000
+
+
+class KeeperBus:
+    def __init__(self, bad: str = "") -> None:
+        self.names = Names("unit")
+        self.bad = bad
+        self.published: list[GrantMessage] = []
+
+    async def claim_exclusive(self, queue: str) -> bool:
+        return True
+
+    async def release_exclusive(self) -> None:
+        return None
+
+    async def declare(self, queue: str) -> None:
+        if queue == self.names.ratelimit_grants(self.bad):
+            raise ValueError("Queue name too long")  # what pamqp raises
+
+    async def queue_states(self, queues: Iterable[str]) -> list[tuple[int, int]]:
+        return [(0, 0 if queue.endswith(".idle") else 1) for queue in queues]
+
+    async def publish(self, queue: str, body: bytes, *, kind: str, persistent: bool = True) -> None:
+        assert not persistent and queue == self.names.ratelimit_grants(
+            GrantMessage.decode(body).deployment
+        )
+        self.published.append(GrantMessage.decode(body))
+
+
+async def test_a_message_per_call_where_consumed_and_a_bad_deployment_alone_fails() -> None:
+    bus = KeeperBus(bad="bad")
+    clock = [100.4]
+    limits = {n: RateLimit(rpm=6000) for n in ("bad", "good", "idle")}  # idle: no consumer
+    keeper = Keeper(bus, limits, clock=lambda: clock[0], tokens_per_call=lambda _: 250, ident="w1")
+    await keeper.elect()
+    for k in range(10):
+        clock[0] = 101.05 + 0.1 * k
+        await keeper.tick()
+    assert {m.deployment for m in bus.published} == {"good"}
+    # 100 a second, one a message; the tick at .95 is within SECOND_EDGE_S of the second's
+    # end, so its 10 wait for the next second
+    assert [m.requests for m in bus.published] == [1] * 90
+    assert {(m.call_tokens, m.leader) for m in bus.published} == {(250, "w1")}
+
+
+async def test_the_tick_goes_on_through_the_drain_until_the_rest_is_done() -> None:
+    passes = 0
+
+    async def tick() -> float:
+        nonlocal passes
+        passes += 1
+        return 0.001
+
+    tasks = Tasks()
+    halt = asyncio.Event()
+    row_done = asyncio.Event()
+    tasks.spawn(row_done.wait(), name="row")
+    await DrainingTicks(Periodic("ratelimit-tick", 0.001, tick)).start(None, tasks, halt)  # type: ignore[arg-type]
+    halt.set()  # the stop: the other loops end, the row is still waiting for budget
+    before = passes
+    for _ in range(50):
+        await asyncio.sleep(0.001)
+    assert passes > before  # still ticking for the row
+    assert len(tasks.running()) == 2
+    row_done.set()
+    assert await tasks.wait(1.0) == set()  # then the tick ends with the rest
+
+
+def test_a_deployment_name_too_long_for_its_grants_queue_is_a_config_error() -> None:
+    from relay_batches.router.aliases import AliasTable, Deployment
+    from relay_batches.services.row_worker.__main__ import shared_limits
+
+    name = "d" * 240
+    limited = Deployment(name, "openai", "http://127.0.0.1:9/v1", "x", limit=RateLimit(rpm=60))
+    bus = KeeperBus()
+    with pytest.raises(ConfigError) as caught:
+        shared_limits(AliasTable({"m": (limited,)}), bus)  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert "\n" not in message and f"deployment {name!r}" in message and "255 bytes" in message

@@ -544,6 +544,26 @@ async def test_a_periodic_task_keeps_running_after_an_exception(
     assert failure.__dict__["task"] == "flaky"
 
 
+async def test_a_periodic_pass_survives_a_libraries_cancelled_error_but_not_a_cancel() -> None:
+    async def stuck_bus() -> None:
+        raise asyncio.CancelledError  # what aiormq raises for calls pending on a dead link
+
+    task = Periodic("elect", 2.0, stuck_bus, after_error_s=0.5)
+    assert await task.run_once() == 0.5  # an ordinary failure: the next pass comes
+
+    started = asyncio.Event()
+
+    async def slow() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    waiting = asyncio.create_task(Periodic("slow", 1.0, slow).run_once())
+    await asyncio.wait_for(started.wait(), WAIT_S)
+    waiting.cancel()  # a stop: the cancel goes through
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
 async def test_a_periodic_pass_returns_its_next_delay_and_a_wake_cuts_it_short() -> None:
     passes: list[int] = []
     task: Periodic

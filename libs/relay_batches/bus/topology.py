@@ -37,7 +37,13 @@ EVENT_TEMPLATE_CREATED = "template.created"
 EVENT_HOLDING = "worker.holding"
 EVENT_THROTTLED = "ratelimit.throttled"
 TICKS_PER_SECOND = 10  # the rate-limit keeper's ticks: a grants queue holds one second
-GRANT_TTL_MS = 1000
+# A tick's grant goes out in at most this many messages (a request each, up to 12,000
+# rpm), so a grants queue holds one second of them: the same for every declarer, whatever
+# its routes file says (a queue redeclared with other arguments is refused).
+GRANT_MESSAGES_PER_TICK = 20
+GRANTS_MAX_LENGTH = TICKS_PER_SECOND * GRANT_MESSAGES_PER_TICK
+MAX_QUEUE_NAME_BYTES = 255  # AMQP's short string
+GRANT_TTL_MS = 500  # a grant's lifetime (ratelimit.pacing.GRANT_LIFETIME_S): none older is delivered
 GRANTS_EXPIRE_MS = 3_600_000  # a grants queue unused for an hour is deleted
 _ROUTING_WORD = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -176,10 +182,10 @@ async def declare_queue(channel: AbstractChannel, names: Names, queue: str) -> A
     arguments.update(_shard_arguments(names, queue))
     if names.is_grants(queue):
         # A grant is worth nothing a second later: the broker drops it then (or the
-        # oldest when a second of ticks is waiting), and the queue goes after an hour
+        # oldest when a second of messages is waiting), and the queue goes after an hour
         # unused (a deployment taken out of the routes).
         arguments["x-message-ttl"] = GRANT_TTL_MS
-        arguments["x-max-length"] = TICKS_PER_SECOND
+        arguments["x-max-length"] = GRANTS_MAX_LENGTH
         arguments["x-overflow"] = "drop-head"
         arguments["x-expires"] = GRANTS_EXPIRE_MS
     arguments["x-queue-type"] = names.type_of(queue)

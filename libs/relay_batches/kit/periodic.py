@@ -1,5 +1,7 @@
 """A named periodic task: run a coroutine every N seconds until halted; an exception is
-logged with the task's name and the next pass comes as usual."""
+logged with the task's name and the next pass comes as usual. So is a ``CancelledError``
+that nobody aimed at the task (:func:`ordinary_error`: aiormq fails the calls pending on a
+stuck connection with one), which would otherwise end the loop for good."""
 
 from __future__ import annotations
 
@@ -39,7 +41,9 @@ class Periodic:
         """One pass; return the seconds to wait before the next."""
         try:
             delay = await self.run()
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            if not ordinary_error(exc):
+                raise
             log.warning("periodic_failed", extra={"task": self.name, "error": repr(exc)})
             return self.every_s if self.after_error_s is None else self.after_error_s
         return self.every_s if delay is None else delay
@@ -53,6 +57,15 @@ class Periodic:
                 waiter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*waiters, return_exceptions=True)
+
+
+def ordinary_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an ordinary error: any exception, or a ``CancelledError`` while
+    nobody cancels the running task (a library's own, not a stop or timeout of ours)."""
+    if not isinstance(exc, asyncio.CancelledError):
+        return isinstance(exc, Exception)
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
 
 
 def every(name: str, seconds: float, run: Callable[[], Awaitable[object]]) -> Periodic:

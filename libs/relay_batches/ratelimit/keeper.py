@@ -6,30 +6,39 @@ the broker deletes it when that connection closes (``kill -9`` included), and an
 candidate's next try (:meth:`Keeper.elect`, every :data:`ELECT_EVERY_S`) wins. When this
 worker's bus connection drops, it steps down at once (:meth:`Keeper.step_down`, a close
 callback), and issues nothing until it wins again, so two leaders never issue at once.
-A stopping worker resigns (deletes the queue) so another takes over without waiting
-for its connection to close.
+A stopping worker keeps issuing through its drain (its own rows waiting for budget may
+have no other leader to wait for) and resigns (deletes the queue) in its close, so
+another takes over without waiting for its connection to close.
 
 Each tick (:meth:`Keeper.tick`, every :data:`TICK_S`, in the middle of each tenth of a
 wall-clock second) the leader asks each limited deployment's :class:`Pacer` for a grant
-and publishes it, confirmed and non-persistent, to ``<ns>.ratelimit.grants.<name>``;
-tokens go out in whole typical calls (``tokens_per_call``: the leader's own moving
-average of its calls' estimates, see :meth:`SharedLimiter.typical_tokens`).
+and publishes it, confirmed and non-persistent, to ``<ns>.ratelimit.grants.<name>``, cut
+into messages of about one call each (:func:`split_grant`): a worker takes a message
+per call it has waiting, so a tick's grant is shared by as many workers as need it
+instead of mostly expiring in one. Tokens go out in whole typical calls
+(``tokens_per_call``: a moving average of this worker's calls' estimates and of the
+units of the grants it saw, see :meth:`SharedLimiter.typical_tokens`, so a new leader
+inherits the fleet's). Each deployment's queue is declared, and its failures handled,
+on its own: one bad deployment stops no other's grants.
 AIMD is shared: every worker applies every ``ratelimit.throttled`` event to its own
-pacers (:meth:`Keeper.on_throttled`), so a new leader starts warm. With routes files
-that differ (a rolling update), the leader's limits are the ones issued.
+pacers (:meth:`Keeper.on_throttled`), so a new leader starts warm; a worker tells the
+others only of a throttle that changed its own pacer (:meth:`Keeper.throttle`), about
+one event a second for the fleet. With routes files that differ (a rolling update), the
+leader's limits are the ones issued.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from relay_batches.bus.topology import Names
+from relay_batches.bus.topology import GRANT_MESSAGES_PER_TICK, Names
+from relay_batches.ids import new_id
+from relay_batches.kit.periodic import ordinary_error
 from relay_batches.messages import GrantMessage, ThrottledEvent
 from relay_batches.metrics import (
     RATELIMIT_GRANTED_REQUESTS,
@@ -38,12 +47,13 @@ from relay_batches.metrics import (
     RATELIMIT_RATE_FRACTION,
 )
 from relay_batches.ratelimit.limits import RateLimit
-from relay_batches.ratelimit.pacing import TICK_S, Grant, Pacer
+from relay_batches.ratelimit.pacing import DECREASE_EVERY_S, MAX_PAUSE_S, TICK_S, Grant, Pacer
 
 log = logging.getLogger("relay.ratelimit")
 
 ELECT_EVERY_S = 1.0
 REDECLARE_EVERY_S = 60.0  # a redeclare is a use: the grants queue never expires in use
+REDECLARE_FAILED_S = 1.0  # a failed declare is tried again this much later
 
 
 class KeeperBus(Protocol):
@@ -63,6 +73,9 @@ class KeeperBus(Protocol):
     async def publish(self, queue: str, body: bytes, *, kind: str, persistent: bool = True) -> None:
         """Publish with a confirm."""
 
+    async def queue_states(self, queues: Iterable[str]) -> list[tuple[int, int]]:
+        """``(ready messages, consumers)`` of each queue (passive declares)."""
+
 
 def next_tick_delay(now: float, tick_s: float = TICK_S) -> float:
     """Seconds from ``now`` to the next middle of a tick of the wall clock (ticks land
@@ -74,6 +87,31 @@ def next_tick_delay(now: float, tick_s: float = TICK_S) -> float:
     return target - now
 
 
+def _spread(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` as even as whole numbers go (the larger first)."""
+    each, rest = divmod(total, parts)
+    return [each + 1] * rest + [each] * (parts - rest)
+
+
+def split_grant(grant: Grant, unit: int, most: int = GRANT_MESSAGES_PER_TICK) -> list[Grant]:
+    """``grant`` cut into messages of about one call each (a request and ``unit`` tokens;
+    with both limited, as many messages as the scarcer of the two pays for), at most
+    ``most`` of them; the parts add up to ``grant`` exactly and expire with it. With no
+    typical call known (``unit`` under 2) the tokens cut nothing: spread over the
+    requests, or one message."""
+    known = unit > 1
+    unit = max(1, unit)
+    calls = [n for n in (grant.requests, grant.tokens // unit if known else 0) if n > 0]
+    parts = max(1, min(min(calls, default=1), most))
+    units = _spread(grant.tokens // unit, parts)
+    units_tokens = [n * unit for n in units]
+    units_tokens[0] += grant.tokens % unit
+    return [
+        Grant(requests, tokens, grant.expires_at)
+        for requests, tokens in zip(_spread(grant.requests, parts), units_tokens, strict=True)
+    ]
+
+
 class Keeper:
     """The limited deployments' pacers, and the leader's issuing of their grants."""
 
@@ -82,15 +120,21 @@ class Keeper:
         bus: KeeperBus,
         limits: Mapping[str, RateLimit],
         clock: Callable[[], float] = time.time,
-        tokens_per_call: Callable[[str], int] = lambda _: 1,
+        tokens_per_call: Callable[[str], int] = lambda _: 0,
+        ident: str = "",
     ) -> None:
         self._bus = bus
         self._clock = clock
-        self._tokens_per_call = tokens_per_call
+        self._tokens_per_call = tokens_per_call  # 0: no typical call known yet
+        self.ident = ident or f"keeper-{new_id()[:12]}"
         self.pacers = {name: Pacer(limit) for name, limit in limits.items()}
         self.leader = False
-        self._declared_at = -math.inf
-        self._resigning: asyncio.Task[None] | None = None
+        self._declared_at = dict.fromkeys(self.pacers, -math.inf)
+        self._declare_again_at = dict.fromkeys(self.pacers, -math.inf)  # after a failure
+        # What each pacer's throttled() did last (its own rules, kept here to tell
+        # whether a throttle changes it): when it decreased, until when it pauses.
+        self._decreased_at = dict.fromkeys(self.pacers, -math.inf)
+        self._paused_until = dict.fromkeys(self.pacers, -math.inf)
         self._stopped = False
         for name in self.pacers:
             RATELIMIT_RATE_FRACTION.labels(name).set(1.0)
@@ -104,10 +148,10 @@ class Keeper:
                 await self._bus.release_exclusive()
                 return
             self.leader = True
-            self._declared_at = -math.inf
+            self._declared_at = dict.fromkeys(self.pacers, -math.inf)
             now = self._clock()
             for pacer in self.pacers.values():
-                pacer.skip_second(now)
+                pacer.restart(now)
             RATELIMIT_LEADER.set(1)
             log.info("ratelimit_leader", extra={"deployments": sorted(self.pacers)})
 
@@ -122,19 +166,18 @@ class Keeper:
             RATELIMIT_LEADER.set(0)
             log.warning("ratelimit_leader_lost")
 
-    def resign(self) -> None:
-        """The worker is stopping: stop issuing and let another take over now."""
+    async def close(self) -> None:
+        """The worker has drained: stop issuing, and let another take over now."""
         self._stopped = True
         was_leader, self.leader = self.leader, False
         RATELIMIT_LEADER.set(0)
         if was_leader:
-            self._resigning = asyncio.ensure_future(self._bus.release_exclusive())
-
-    async def close(self) -> None:
-        """Wait for a resignation in progress."""
-        if self._resigning is not None:
-            with contextlib.suppress(Exception):
-                await self._resigning
+            try:
+                await self._bus.release_exclusive()
+            except (Exception, asyncio.CancelledError) as exc:
+                if not ordinary_error(exc):
+                    raise
+                log.warning("ratelimit_resign_failed", extra={"error": repr(exc)})
 
     async def tick(self) -> float:
         """Issue and publish each deployment's grant if leader; the seconds to the next
@@ -145,29 +188,78 @@ class Keeper:
 
     async def _issue_all(self) -> None:
         now = self._clock()
-        if now - self._declared_at >= REDECLARE_EVERY_S:
-            for name in self.pacers:
-                await self._bus.declare(self._bus.names.ratelimit_grants(name))
-            self._declared_at = now
-        grants = [
-            (name, pacer.issue(now, self._tokens_per_call(name)))
-            for name, pacer in self.pacers.items()
-        ]
-        issued = [(name, grant) for name, grant in grants if grant is not None]
+        messages: list[tuple[str, Grant]] = []
+        for name, pacer in self.pacers.items():
+            if not await self._declared(name, now):
+                continue  # tried again later; the other deployments' grants go out
+            unit = self._tokens_per_call(name)
+            grant = pacer.issue(now, unit)
+            if grant is not None:
+                messages.extend((name, part) for part in split_grant(grant, unit))
+        messages = await self._consumed(messages)
+        # Every message at once, each confirmed: a tick waits one round trip, not one
+        # per message (a slow tick's due comes with the next, see MAX_GAP_TICKS).
         results = await asyncio.gather(
-            *(self._publish(name, grant, now) for name, grant in issued), return_exceptions=True
+            *(self._publish(name, part, now) for name, part in messages), return_exceptions=True
         )
-        for (name, _), result in zip(issued, results, strict=True):
+        errors: dict[str, BaseException] = {}
+        for (name, _), result in zip(messages, results, strict=True):
             if isinstance(result, BaseException):
-                self._declared_at = -math.inf  # maybe the queue is gone: declare again
-                log.warning(
-                    "grant_publish_failed", extra={"deployment": name, "error": repr(result)}
-                )
+                errors.setdefault(name, result)
+        for name, error in errors.items():
+            self._declared_at[name] = -math.inf  # maybe the queue is gone: declare again
+            log.warning("grant_publish_failed", extra={"deployment": name, "error": repr(error)})
         for name, pacer in self.pacers.items():
             RATELIMIT_RATE_FRACTION.labels(name).set(pacer.fraction)
 
+    async def _consumed(self, messages: list[tuple[str, Grant]]) -> list[tuple[str, Grant]]:
+        """The messages whose grants queue has a consumer now: nobody waits for budget
+        on the others (a worker consumes only while its calls wait), whose grants would
+        only expire in the queue. Their credit is spent all the same (issued, not
+        published), so a worker subscribing next gets the even rate, not a saved-up
+        burst. When the check fails, everything is published."""
+        names = sorted({name for name, _ in messages})
+        if not names:
+            return messages
+        queues = [self._bus.names.ratelimit_grants(name) for name in names]
+        try:
+            states = await self._bus.queue_states(queues)
+        except (Exception, asyncio.CancelledError) as exc:
+            if not ordinary_error(exc):
+                raise
+            log.warning("grants_queue_check_failed", extra={"error": repr(exc)})
+            return messages
+        idle = {name for name, (_, consumers) in zip(names, states, strict=True) if consumers == 0}
+        return [(name, part) for name, part in messages if name not in idle]
+
+    async def _declared(self, name: str, now: float) -> bool:
+        """Declare ``name``'s grants queue when due (a redeclare keeps it from expiring);
+        False when that failed (logged, tried again after :data:`REDECLARE_FAILED_S`)."""
+        if now - self._declared_at[name] < REDECLARE_EVERY_S:
+            return True
+        if now < self._declare_again_at[name]:
+            return False
+        try:
+            await self._bus.declare(self._bus.names.ratelimit_grants(name))
+        except (Exception, asyncio.CancelledError) as exc:
+            if not ordinary_error(exc):
+                raise
+            self._declare_again_at[name] = now + REDECLARE_FAILED_S
+            log.warning("grants_declare_failed", extra={"deployment": name, "error": repr(exc)})
+            return False
+        self._declared_at[name] = now
+        return True
+
     async def _publish(self, name: str, grant: Grant, now: float) -> None:
-        message = GrantMessage(name, grant.requests, grant.tokens, grant.expires_at, now)
+        message = GrantMessage(
+            name,
+            grant.requests,
+            grant.tokens,
+            grant.expires_at,
+            now,
+            call_tokens=self._tokens_per_call(name),
+            leader=self.ident,
+        )
         await self._bus.publish(
             self._bus.names.ratelimit_grants(name), message.encode(), kind="grant", persistent=False
         )
@@ -176,16 +268,33 @@ class Keeper:
 
     async def on_throttled(self, event: ThrottledEvent) -> None:
         """Some worker's call to a deployment was throttled: lower its rate here too."""
-        pacer = self.pacers.get(event.deployment)
+        self.throttle(event.deployment, event.retry_after)
+
+    def throttle(self, deployment: str, retry_after: float | None) -> bool:
+        """Apply a throttle to ``deployment``'s pacer; whether it changed the pacer (a
+        decrease, or a pause longer by over :data:`DECREASE_EVERY_S`): only such a
+        throttle is worth telling the other workers."""
+        pacer = self.pacers.get(deployment)
         if pacer is None:
-            return
-        pacer.throttled(self._clock(), event.retry_after)
-        RATELIMIT_RATE_FRACTION.labels(event.deployment).set(pacer.fraction)
-        log.info(
-            "ratelimit_throttled",
-            extra={
-                "deployment": event.deployment,
-                "retry_after": event.retry_after,
-                "fraction": round(pacer.fraction, 3),
-            },
-        )
+            return False
+        now = self._clock()
+        changed = now - self._decreased_at[deployment] >= DECREASE_EVERY_S
+        if changed:
+            self._decreased_at[deployment] = now
+        if retry_after is not None and retry_after > 1.0:
+            until = now + min(retry_after, MAX_PAUSE_S)
+            if until > self._paused_until[deployment] + DECREASE_EVERY_S:
+                changed = True
+            self._paused_until[deployment] = max(self._paused_until[deployment], until)
+        pacer.throttled(now, retry_after)
+        RATELIMIT_RATE_FRACTION.labels(deployment).set(pacer.fraction)
+        if changed:
+            log.debug(
+                "ratelimit_throttled",
+                extra={
+                    "deployment": deployment,
+                    "retry_after": retry_after,
+                    "fraction": round(pacer.fraction, 3),
+                },
+            )
+        return changed

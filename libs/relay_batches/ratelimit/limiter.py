@@ -7,12 +7,20 @@ call waited for :data:`IDLE_S` (:meth:`SharedLimiter.release_idle`, a periodic p
 an idle worker holds no grant a busy one needs; a grant delivered meanwhile is handed
 back to the queue once, for another worker. A grant is added to the budget, then
 acked: its effect lives in memory only, so a worker that dies loses at most what it
-held. A grant that arrives expired is acked and dropped.
+held. A grant that arrives expired is acked and dropped; one that does not decode is
+rejected without requeue (the kit's policy for a poison message).
 
 A waiting call holds no upstream connection (the router acquires before it takes one)
 and can be cancelled: it leaves no waiter behind, and budget handed to it just as it was
-cancelled goes back. A deployment without a limit costs nothing: no wait, no bus
-traffic. :class:`NoLimiter` (the router's default) limits nothing.
+cancelled goes back; the subscribe it started runs on as the lane's own task, so a
+consumer it registers is always the lane's (never an orphan taking grants for nobody).
+
+A throttled call (:meth:`SharedLimiter.throttled`) is applied to this worker's pacer at
+once (the ``local`` hook, the keeper's); only one that changed it is published, and
+that publish is fired and forgotten: bus trouble never reaches the row's call.
+
+A deployment without a limit costs nothing: no wait, no bus traffic. :class:`NoLimiter`
+(the router's default) limits nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from relay_batches.bus.client import MessageCallback
 from relay_batches.bus.topology import EVENT_THROTTLED, Names
 from relay_batches.kit.consumer import Subscription, ack, reject
+from relay_batches.kit.periodic import ordinary_error
 from relay_batches.messages import GrantMessage, MessageError, ThrottledEvent
 from relay_batches.metrics import RATELIMIT_USED_REQUESTS, RATELIMIT_USED_TOKENS, RATELIMIT_WAIT
 from relay_batches.ratelimit.budget import Budget
@@ -45,7 +54,8 @@ IDLE_S = 1.0  # without waiters this long, a deployment's grants consumer is can
 RESUBSCRIBE_S = 1.0  # a waiter retries a failed subscribe this often
 THROTTLE_EVENT_EVERY_S = 0.1  # at most one throttled event per deployment per worker
 CLOCK_SAMPLES = 32  # grants whose delivery delay estimates the leader's clock offset
-CLOCK_SKEW_S = 0.25  # a smaller offset is read as delivery delay (queued grants), not skew
+CLOCK_SKEW_S = 0.75  # a smaller offset is read as delivery delay (queued grants), not skew
+CLOCK_MIN_SAMPLES = 8  # grants seen before an offset is believed
 
 
 class Limiter(Protocol):
@@ -117,6 +127,7 @@ class _Lane:
     waiters: deque[_Waiter] = field(default_factory=deque)
     subscription: Subscription | None = None
     subscribed: bool = False
+    subscribing: asyncio.Task[None] | None = None  # the lane's own: a waiter may leave
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     idle_since: float = -math.inf
     throttle_sent_at: float = -math.inf
@@ -136,6 +147,10 @@ class SharedLimiter:
         self._bus = bus
         self._clock = clock
         self._monotonic = monotonic
+        # Applies a throttle to this worker's own pacer: whether it changed it (None:
+        # no pacer here, every throttle is published). See :meth:`apply_throttles`.
+        self._local: Callable[[str, float | None], bool] | None = None
+        self._sending: set[asyncio.Task[None]] = set()
         self._lanes = {
             name: _Lane(name, bus.names.ratelimit_grants(name), Budget(limit))
             for name, limit in limits.items()
@@ -143,20 +158,35 @@ class SharedLimiter:
         # How far this worker's clock runs ahead of the leader's: the least delay
         # (now - issued_at) of the recent grants (delivery takes milliseconds), so
         # expiries stamped by a leader with another clock are read right here. Under
-        # CLOCK_SKEW_S it is taken as 0: grants that waited in the queue (up to a
-        # second old, the newest a tick old) must still expire on time.
+        # CLOCK_SKEW_S it is taken as 0, and before CLOCK_MIN_SAMPLES grants it is not
+        # believed: grants that waited in the queue (the broker delivers none older than
+        # their lifetime, half a second) must still expire on time. Measured: a fresh
+        # worker whose first grants had queued 0.3-0.5 s took them for skew, read stale
+        # grants as fresh and spent them in the next second (17 429s at a job's start).
         self._delays: deque[float] = deque(maxlen=CLOCK_SAMPLES)
         self._offset = 0.0
+        self._leader = ""  # whose grants the delays were measured on
+
+    def apply_throttles(self, local: Callable[[str, float | None], bool]) -> None:
+        """Apply each throttled call to this worker's pacer with ``local`` first (the
+        keeper's :meth:`~relay_batches.ratelimit.keeper.Keeper.throttle`), and tell the
+        other workers only when it changed that pacer."""
+        self._local = local
 
     def _now(self) -> float:
         """This worker's clock, on the leader's time."""
         return self._clock() - self._offset
 
-    def _observe_clock(self, issued_at: float) -> None:
+    def _observe_clock(self, issued_at: float, leader: str) -> None:
+        if leader != self._leader:  # another leader, maybe another clock: measure anew
+            self._leader = leader
+            self._delays.clear()
+            self._offset = 0.0
         if issued_at > 0:
             self._delays.append(self._clock() - issued_at)
             least = min(self._delays)
-            self._offset = least if abs(least) > CLOCK_SKEW_S else 0.0
+            believed = len(self._delays) >= CLOCK_MIN_SAMPLES and abs(least) > CLOCK_SKEW_S
+            self._offset = least if believed else 0.0
 
     def limited(self, deployment: str) -> bool:
         """Whether ``deployment`` has a limit."""
@@ -168,10 +198,11 @@ class SharedLimiter:
         return 0 if lane is None else len(lane.waiters)
 
     def typical_tokens(self, deployment: str) -> int:
-        """A typical call's token estimate here (moving average; 1 before any call): the
-        unit the leader issues tokens in."""
+        """A typical call's token estimate (a moving average of this worker's calls and
+        of the units of the grants it received; 0 before either): the unit the leader
+        issues tokens in."""
         lane = self._lanes.get(deployment)
-        return 1 if lane is None or lane.typical_tokens < 1 else round(lane.typical_tokens)
+        return 0 if lane is None or lane.typical_tokens < 1 else round(lane.typical_tokens)
 
     def subscribed(self, deployment: str) -> bool:
         """Whether this worker consumes ``deployment``'s grants now."""
@@ -184,9 +215,7 @@ class SharedLimiter:
         lane = self._lanes.get(deployment)
         if lane is None:
             return
-        lane.typical_tokens = (
-            tokens if not lane.typical_tokens else lane.typical_tokens * 0.9 + tokens * 0.1
-        )
+        _average_in(lane, tokens)
         if not lane.waiters and lane.budget.take(tokens, self._now()):
             self._taken(lane, 0.0)
             return
@@ -219,10 +248,20 @@ class SharedLimiter:
             lane.idle_since = self._monotonic()
 
     async def _subscribe(self, lane: _Lane) -> None:
-        """Consume the lane's grants (again) unless already; a failure is logged (the
-        waiter tries again after :data:`RESUBSCRIBE_S`)."""
+        """Consume the lane's grants (again) unless already, in a task of the lane's own
+        (shielded: a waiter cancelled meanwhile leaves it running, so the consumer it
+        registers is kept in ``lane.subscription``)."""
         if lane.subscribed:
             return
+        if lane.subscribing is None or lane.subscribing.done():
+            lane.subscribing = asyncio.create_task(
+                self._subscribe_lane(lane), name=f"grants-subscribe-{lane.name}"
+            )
+        await asyncio.shield(lane.subscribing)
+
+    async def _subscribe_lane(self, lane: _Lane) -> None:
+        """The subscribe itself; a failure is logged (a waiter tries again after
+        :data:`RESUBSCRIBE_S`)."""
         async with lane.lock:
             if lane.subscribed or not lane.waiters:
                 return
@@ -234,7 +273,9 @@ class SharedLimiter:
                     )
                 else:
                     await lane.subscription.resume()
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
+                if not ordinary_error(exc):
+                    raise
                 log.warning(
                     "grants_subscribe_failed", extra={"deployment": lane.name, "error": repr(exc)}
                 )
@@ -253,11 +294,14 @@ class SharedLimiter:
                 grant = GrantMessage.decode(message.body)
             except MessageError as exc:
                 log.error("message_rejected", extra={"kind": "grant", "error": str(exc)})
-            else:
-                self._observe_clock(grant.issued_at)
-                budget = Grant(grant.requests, grant.tokens, grant.expires_at)
-                lane.budget.add(budget, self._now())
-                self._serve(lane)
+                await reject(message, requeue=False)  # the kit's policy for a poison message
+                return
+            self._observe_clock(grant.issued_at, grant.leader)
+            if grant.call_tokens > 0:
+                _average_in(lane, grant.call_tokens)
+            budget = Grant(grant.requests, grant.tokens, grant.expires_at)
+            lane.budget.add(budget, self._now())
+            self._serve(lane)
             await ack(message)
 
         return on_message
@@ -280,28 +324,40 @@ class SharedLimiter:
         lane.idle_since = self._monotonic()
 
     def settle(self, deployment: str, estimated: int, used: int) -> None:
-        """Correct the budget by what a finished call counted (tokens, by its usage)."""
+        """Correct the budget by what a finished call counted (tokens, by its usage); a
+        call that counted less than its estimate gives the rest to the waiters at once."""
         lane = self._lanes.get(deployment)
         if lane is None:
             return
         lane.budget.settle(estimated, used)
         RATELIMIT_USED_TOKENS.labels(deployment).inc(used)
+        self._serve(lane)
 
     async def throttled(self, deployment: str, retry_after: float | None) -> None:
-        """Tell every worker (their pacers) that ``deployment`` throttled a call: at most
-        one event per deployment per :data:`THROTTLE_EVENT_EVERY_S`; a failed publish is
-        logged, never the row's failure."""
+        """Apply a throttled call to this worker's pacer, and tell every worker when it
+        changed it (at most one event per deployment per :data:`THROTTLE_EVENT_EVERY_S`).
+        Returns at once: the publish is fired and forgotten, its failure logged, never
+        the row's (a stuck connection holds a publish up to its timeout)."""
         lane = self._lanes.get(deployment)
         if lane is None:
+            return
+        if self._local is not None and not self._local(deployment, retry_after):
             return
         now = self._monotonic()
         if now - lane.throttle_sent_at < THROTTLE_EVENT_EVERY_S:
             return
         lane.throttle_sent_at = now
         body = ThrottledEvent(deployment, retry_after).encode()
+        task = asyncio.create_task(self._send(deployment, body), name=f"throttled-{deployment}")
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, deployment: str, body: bytes) -> None:
         try:
             await self._bus.publish_event(EVENT_THROTTLED, body)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            if not ordinary_error(exc):
+                raise
             log.warning(
                 "throttled_publish_failed", extra={"deployment": deployment, "error": repr(exc)}
             )
@@ -320,3 +376,10 @@ class SharedLimiter:
                 return
             lane.subscribed = False
             await lane.subscription.cancel()
+
+
+def _average_in(lane: _Lane, tokens: int) -> None:
+    """Move the lane's typical call towards ``tokens`` (the first sample sets it)."""
+    lane.typical_tokens = (
+        tokens if not lane.typical_tokens else lane.typical_tokens * 0.9 + tokens * 0.1
+    )

@@ -6,8 +6,9 @@ a few milliseconds late or early accrues the same), and hands out the whole unit
 accrued as a :class:`Grant`. Three bounds
 keep the issue even within the minute:
 
-- a call accrues at most two ticks' worth, so an idle stretch banks nothing that could
-  come out as a burst (a late tick still gets its due);
+- a call accrues at most :data:`MAX_GAP_TICKS` ticks' worth (a second), so an idle
+  stretch banks nothing more that could come out as a burst (a late tick still gets its
+  due), and the calendar-second quantum caps what any second gets;
 - in a calendar second ``k`` no more than its quantum is issued, ``limit / 60`` with the
   remainder spread over the minute (:func:`quantum_of`: 90 rpm is 1, 2, 1, 2, … calls a
   second, 30 rpm one call every other second), as providers (and the simulator) enforce
@@ -41,7 +42,7 @@ DECREASE = 0.8
 INCREASE_PER_S = 0.05
 DECREASE_EVERY_S = 1.0
 MAX_PAUSE_S = 60.0
-MAX_GAP_TICKS = 2
+MAX_GAP_TICKS = 10  # a slow tick (late confirms) still gets a second's due
 SECOND_EDGE_S = 0.05  # a grant expires this long before its calendar second ends: a call it
 # starts may reach the provider that much later (event-loop lag on a busy worker) and still
 # land in the second it was issued for
@@ -187,3 +188,12 @@ class Pacer:
             for dimension in (self._requests, self._tokens):
                 if dimension is not None:
                     dimension.reset()
+
+    def restart(self, now: float) -> None:
+        """A new leader: nothing more in ``now``'s second (:meth:`skip_second`), and no
+        credit from before the next one (the time until then was another leader's)."""
+        self._last_slot = math.floor((math.floor(now) + 1.0) / self._tick_s + 0.5) - 1
+        for dimension in (self._requests, self._tokens):
+            if dimension is not None:
+                dimension.reset()
+        self.skip_second(now)
