@@ -273,7 +273,7 @@ async def test_a_worker_clock_ahead_of_the_leaders_still_uses_fresh_grants() -> 
     await until(lambda: bus.active)
     assert bus.callback is not None
     # The offset is believed after CLOCK_MIN_SAMPLES grants: the first ones look expired.
-    for n in range(CLOCK_MIN_SAMPLES):
+    for _ in range(CLOCK_MIN_SAMPLES):
         assert not call.done()
         fresh = Delivery(GrantMessage("d", 1, 0, 997.5, issued_at=997.0).encode())
         fresh.redelivered = False
