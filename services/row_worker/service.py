@@ -57,9 +57,11 @@ def row_worker_service(
         runner.stop_starting()
 
     async def close() -> None:
-        await outcomes.drain()
+        # Resign first: a flush of outcomes that is slow (a stuck publish runs to its
+        # timeout) must not keep every other worker from leading meanwhile.
         if keeper is not None:
             await keeper.close()
+        await outcomes.drain()
 
     async def on_canceled(event: JobEvent) -> None:
         runner.cancel_job(event.batch_id)

@@ -326,3 +326,28 @@ async def test_a_settle_under_the_estimate_serves_a_waiter_and_a_bad_grant_is_re
     await until(lambda: limiter.waiting("d") == 1)
     limiter.settle("d", 100, 40)  # the call counted 40: 60 tokens back, a waiter goes
     await asyncio.wait_for(second, 1.0)
+
+
+async def test_a_worker_clock_behind_the_leaders_reads_expiries_on_the_leaders_time() -> None:
+    bus = FakeBus()
+    clock = [1000.0]  # the leader's clock reads 1000.3: this worker is 0.3 s behind
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)}, clock=lambda: clock[0])
+    for _ in range(2):  # a negative delay is skew, not queueing: believed after two
+        call = asyncio.create_task(limiter.acquire("d", 0))
+        await until(lambda: bus.active and limiter.waiting("d") == 1)
+        assert bus.callback is not None
+        fresh = Delivery(GrantMessage("d", 1, 0, 1000.8, issued_at=1000.3).encode())
+        fresh.redelivered = False
+        await bus.callback(fresh)  # type: ignore[arg-type]
+        await asyncio.wait_for(call, 5.0)
+    clock[0] = 1000.6  # 1000.9 on the leader's clock: a grant expiring at 1000.8 is gone
+    late = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: limiter.waiting("d") == 1)
+    stale = Delivery(GrantMessage("d", 1, 0, 1000.8, issued_at=1000.3).encode())
+    stale.redelivered = True
+    await bus.callback(stale)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert not late.done()
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late

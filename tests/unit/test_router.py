@@ -552,8 +552,7 @@ async def test_acquire_before_each_try_settle_by_usage_and_throttled_with_retry_
     assert result == RowResult(Completion("ok", 4, 9), None, 3, "a")
     assert limiter.events == [
         ("acquire", "a", 23, 0),  # estimate 3 + max_tokens, before the first call
-        ("settle", "a", 23, 0),  # the 429 counted nothing
-        ("throttled", "a", 2.0),
+        ("throttled", "a", 2.0),  # the 429 keeps its estimate: no refund to hand on
         ("acquire", "a", 23, 1),
         ("acquire", "a", 23, 2),  # the 503 counted as estimated: no settle
         ("settle", "a", 23, 24),  # the provider counts prompt 4 + the cap 20

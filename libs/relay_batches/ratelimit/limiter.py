@@ -54,8 +54,9 @@ IDLE_S = 1.0  # without waiters this long, a deployment's grants consumer is can
 RESUBSCRIBE_S = 1.0  # a waiter retries a failed subscribe this often
 THROTTLE_EVENT_EVERY_S = 0.1  # at most one throttled event per deployment per worker
 CLOCK_SAMPLES = 32  # grants whose delivery delay estimates the leader's clock offset
-CLOCK_SKEW_S = 0.75  # a smaller offset is read as delivery delay (queued grants), not skew
-CLOCK_MIN_SAMPLES = 8  # grants seen before an offset is believed
+CLOCK_AHEAD_S = 0.5  # a smaller positive offset may be queueing (grants live 0.5 s), not skew
+CLOCK_BEHIND_S = 0.02  # a negative offset cannot come from queueing: past this it is skew
+CLOCK_MIN_SAMPLES = 8  # grants seen before a positive offset is believed (2 for a negative)
 
 
 class Limiter(Protocol):
@@ -157,10 +158,12 @@ class SharedLimiter:
         }
         # How far this worker's clock runs ahead of the leader's: the least delay
         # (now - issued_at) of the recent grants (delivery takes milliseconds), so
-        # expiries stamped by a leader with another clock are read right here. Under
-        # CLOCK_SKEW_S it is taken as 0, and before CLOCK_MIN_SAMPLES grants it is not
-        # believed: grants that waited in the queue (the broker delivers none older than
-        # their lifetime, half a second) must still expire on time. Measured: a fresh
+        # expiries stamped by a leader with another clock are read right here. A
+        # negative one (this clock behind) cannot come from queueing and is believed
+        # after two grants; a positive one only past CLOCK_AHEAD_S and after
+        # CLOCK_MIN_SAMPLES grants: grants that waited in the queue (the broker
+        # delivers none older than their lifetime, half a second) must still expire on
+        # time. A clock ahead by 0.02-0.5 s reads grants as expiring that much early. Measured: a fresh
         # worker whose first grants had queued 0.3-0.5 s took them for skew, read stale
         # grants as fresh and spent them in the next second (17 429s at a job's start).
         self._delays: deque[float] = deque(maxlen=CLOCK_SAMPLES)
@@ -184,9 +187,10 @@ class SharedLimiter:
             self._offset = 0.0
         if issued_at > 0:
             self._delays.append(self._clock() - issued_at)
-            least = min(self._delays)
-            believed = len(self._delays) >= CLOCK_MIN_SAMPLES and abs(least) > CLOCK_SKEW_S
-            self._offset = least if believed else 0.0
+            least, seen = min(self._delays), len(self._delays)
+            ahead = least > CLOCK_AHEAD_S and seen >= CLOCK_MIN_SAMPLES
+            behind = least < -CLOCK_BEHIND_S and seen >= 2
+            self._offset = least if ahead or behind else 0.0
 
     def limited(self, deployment: str) -> bool:
         """Whether ``deployment`` has a limit."""

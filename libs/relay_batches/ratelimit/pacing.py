@@ -43,6 +43,7 @@ INCREASE_PER_S = 0.05
 DECREASE_EVERY_S = 1.0
 MAX_PAUSE_S = 60.0
 MAX_GAP_TICKS = 10  # a slow tick (late confirms) still gets a second's due
+MIN_LIFE_S = 0.025  # a grant is not issued with less life left than this
 SECOND_EDGE_S = 0.05  # a grant expires this long before its calendar second ends: a call it
 # starts may reach the provider that much later (event-loop lag on a busy worker) and still
 # land in the second it was issued for
@@ -143,8 +144,8 @@ class Pacer:
         if self._tokens is not None:
             self._tokens.accrue(self.fraction, ticks * self._tick_s, tokens_per_call)
         second = math.floor(now)
-        if now + SECOND_EDGE_S >= second + 1.0:
-            return None  # too late in the second: a grant would be born expired
+        if now + SECOND_EDGE_S + MIN_LIFE_S >= second + 1.0:
+            return None  # too late in the second: a grant would live too little to use
         if second != self._second:
             self._second, self._issued = second, (0, 0)
         requests = self._take(self._requests, second, self._issued[0])

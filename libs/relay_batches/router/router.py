@@ -209,8 +209,8 @@ class ModelRouter:
     async def _account(
         self, name: str, attempt: _Attempt, cap: int, estimate: int, limited: bool
     ) -> None:
-        """A limited call's tokens by the reply's usage (a throttled call counted none);
-        a throttled call counted and, when limited, reported."""
+        """A limited call's tokens by the reply's usage (a throttled call keeps its
+        estimate); a throttled call counted and, when limited, reported."""
         completion = None if attempt.reply is None else attempt.reply.completion
         if attempt.throttled:
             UPSTREAM_THROTTLED.labels(name).inc()
@@ -222,7 +222,9 @@ class ModelRouter:
             )
             self._limiter.settle(name, estimate, used)
         elif attempt.throttled:
-            self._limiter.settle(name, estimate, 0)
+            # No refund of a throttled call's tokens: handed straight on, they let the
+            # next waiter call into the same limit (on a tpm-only deployment, a cascade
+            # of 429s until the grant expired).
             await self._limiter.throttled(name, attempt.retry_after)
 
     async def _call(
