@@ -163,9 +163,10 @@ class SharedLimiter:
         # after two grants; a positive one only past CLOCK_AHEAD_S and after
         # CLOCK_MIN_SAMPLES grants: grants that waited in the queue (the broker
         # delivers none older than their lifetime, half a second) must still expire on
-        # time. A clock ahead by 0.02-0.5 s reads grants as expiring that much early. Measured: a fresh
-        # worker whose first grants had queued 0.3-0.5 s took them for skew, read stale
-        # grants as fresh and spent them in the next second (17 429s at a job's start).
+        # time (a clock ahead by 0.02-0.5 s sees grants expire that much early).
+        # Measured: a fresh worker whose first grants had queued 0.3-0.5 s took them
+        # for skew, read stale grants as fresh and spent them in the next second (17
+        # 429s at a job's start).
         self._delays: deque[float] = deque(maxlen=CLOCK_SAMPLES)
         self._offset = 0.0
         self._leader = ""  # whose grants the delays were measured on
