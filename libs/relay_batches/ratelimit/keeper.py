@@ -47,7 +47,7 @@ from relay_batches.metrics import (
     RATELIMIT_RATE_FRACTION,
 )
 from relay_batches.ratelimit.limits import RateLimit
-from relay_batches.ratelimit.pacing import DECREASE_EVERY_S, MAX_PAUSE_S, TICK_S, Grant, Pacer
+from relay_batches.ratelimit.pacing import TICK_S, Grant, Pacer
 
 log = logging.getLogger("relay.ratelimit")
 
@@ -131,10 +131,6 @@ class Keeper:
         self.leader = False
         self._declared_at = dict.fromkeys(self.pacers, -math.inf)
         self._declare_again_at = dict.fromkeys(self.pacers, -math.inf)  # after a failure
-        # What each pacer's throttled() did last (its own rules, kept here to tell
-        # whether a throttle changes it): when it decreased, until when it pauses.
-        self._decreased_at = dict.fromkeys(self.pacers, -math.inf)
-        self._paused_until = dict.fromkeys(self.pacers, -math.inf)
         self._stopped = False
         for name in self.pacers:
             RATELIMIT_RATE_FRACTION.labels(name).set(1.0)
@@ -271,22 +267,13 @@ class Keeper:
         self.throttle(event.deployment, event.retry_after)
 
     def throttle(self, deployment: str, retry_after: float | None) -> bool:
-        """Apply a throttle to ``deployment``'s pacer; whether it changed the pacer (a
-        decrease, or a pause longer by over :data:`DECREASE_EVERY_S`): only such a
-        throttle is worth telling the other workers."""
+        """Apply a throttle to ``deployment``'s pacer; whether it changed the pacer
+        (:meth:`Pacer.throttled`): only such a throttle is worth telling the other
+        workers."""
         pacer = self.pacers.get(deployment)
         if pacer is None:
             return False
-        now = self._clock()
-        changed = now - self._decreased_at[deployment] >= DECREASE_EVERY_S
-        if changed:
-            self._decreased_at[deployment] = now
-        if retry_after is not None and retry_after > 1.0:
-            until = now + min(retry_after, MAX_PAUSE_S)
-            if until > self._paused_until[deployment] + DECREASE_EVERY_S:
-                changed = True
-            self._paused_until[deployment] = max(self._paused_until[deployment], until)
-        pacer.throttled(now, retry_after)
+        changed = pacer.throttled(self._clock(), retry_after)
         RATELIMIT_RATE_FRACTION.labels(deployment).set(pacer.fraction)
         if changed:
             log.debug(

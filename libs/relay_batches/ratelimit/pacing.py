@@ -176,19 +176,24 @@ class Pacer:
     ) -> int:
         return 0 if dimension is None else dimension.take(second, issued_in_window, unit)
 
-    def throttled(self, now: float, retry_after: float | None) -> None:
+    def throttled(self, now: float, retry_after: float | None) -> bool:
         """A call got a 429 (or a Retry-After): decrease at most once per second; a
-        Retry-After over a second pauses issuing until then (at most a minute)."""
+        Retry-After over a second pauses issuing until then (at most a minute).
+        Whether it changed the pacer: a decrease, or a pause longer by over
+        :data:`DECREASE_EVERY_S` (only such a throttle is worth telling other workers)."""
         self._advance(now)
-        if now - self._last_decrease >= DECREASE_EVERY_S:
+        changed = now - self._last_decrease >= DECREASE_EVERY_S
+        if changed:
             self.fraction = max(F_MIN, self.fraction * DECREASE)
             self._last_decrease = now
         if retry_after is not None and retry_after > 1.0:
-            pause = min(retry_after, MAX_PAUSE_S)
-            self._paused_until = max(self._paused_until, now + pause)
+            until = now + min(retry_after, MAX_PAUSE_S)
+            changed = changed or until > self._paused_until + DECREASE_EVERY_S
+            self._paused_until = max(self._paused_until, until)
             for dimension in (self._requests, self._tokens):
                 if dimension is not None:
                     dimension.reset()
+        return changed
 
     def restart(self, now: float) -> None:
         """A new leader: nothing more in ``now``'s second (:meth:`skip_second`), and no
