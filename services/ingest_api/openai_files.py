@@ -381,12 +381,19 @@ async def _stream_content(request: web.Request) -> web.StreamResponse:
         if linked is None or kind is None:
             raise _not_found(request.match_info["file_id"])
         chunks = rendered(deps, linked.job, kind)
+    # The first chunk is read before the headers go: content gone already (the file
+    # or its batch deleted since it was found) is a 404, as if the delete came first.
+    parts = aiter(chunks)
+    first = await anext(parts, None)
+    if first is None and stored.bytes > 0:
+        raise _not_found(request.match_info["file_id"])
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     response.content_length = stored.bytes
     await response.prepare(request)
     request[STREAMING] = True  # from here on a failure can only abort the connection
     sent = 0
-    async for chunk in chunks:
+    pending = [] if first is None else [first]
+    async for chunk in _chained(pending, parts):
         sent += len(chunk)
         if sent > stored.bytes:
             break
@@ -398,6 +405,14 @@ async def _stream_content(request: web.Request) -> web.StreamResponse:
         raise ContentChanged(f"{stored.id}: {sent} bytes of {stored.bytes}")
     await response.write_eof()
     return response
+
+
+async def _chained(head: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``head``'s chunks, then the rest of the iterator."""
+    for chunk in head:
+        yield chunk
+    async for chunk in rest:
+        yield chunk
 
 
 class ContentChanged(RuntimeError):

@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletion
 from relay_batches.bus.client import Bus
 from relay_batches.ids import new_id
 from relay_batches.ledger.dispatch import DispatchStore
-from relay_batches.ledger.files import PART_BYTES
+from relay_batches.ledger.files import PART_BYTES, FileStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import create_pool
@@ -691,3 +691,27 @@ async def test_an_output_file_whose_batch_is_deleted_mid_download_aborts_the_tra
         assert status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             await response.read()
+
+
+async def test_a_file_deleted_between_its_lookup_and_its_first_bytes_is_a_404(
+    iso: Isolation,
+    small_pages: TestServer,
+    http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race the fuzzer's parallel workers met: a download found the file, a DELETE
+    removed it before its content was read. Nothing was sent yet, so it is a 404 (as if
+    the delete came first), not a transfer cut off after its headers."""
+    client = await client_of(iso, small_pages, http)
+    stored = await upload(client, "gone.jsonl", line("r0", [{"role": "user", "content": "q"}]))
+    real_parts = FileStore.parts
+
+    async def deleted_first(self: FileStore, file_id: str) -> AsyncIterator[bytes]:
+        status, _ = await client.request("DELETE", f"/openai/v1/files/{stored['id']}")
+        assert status == 200
+        async for chunk in real_parts(self, file_id):
+            yield chunk
+
+    monkeypatch.setattr(FileStore, "parts", deleted_first)
+    status, body = await client.request("GET", f"/openai/v1/files/{stored['id']}/content")
+    assert status == 404, body
