@@ -17,6 +17,14 @@ turns for slots, each workspace's releasing jobs share one window, and within a
 workspace only its highest-priority jobs release rows; a queued job that outranks every
 job of its workspace here is claimed even when the slots are full.
 
+Offload (see :mod:`relay_batches.ledger.offload`): a job whose alias is led by a batch
+deployment, adopted before any of its rows went out, that may wait the provider's window
+plus ``offload_margin_s`` (no completion window, or one at least that long) is marked
+offloaded and has every row released in one ledger statement; no slice of it is
+published (the offloader takes its rows from the ledger), it takes no part of its
+workspace's window, and stall recovery never judges it (the offloader owns its rows). A
+job marked before keeps its mark across restarts and routes-file changes.
+
 No aio-pika or asyncpg here: the store and the publishers are passed in.
 """
 
@@ -26,7 +34,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
@@ -51,6 +60,8 @@ PublishSlice = Callable[[SliceMessage, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
 # ``(ready messages, consumers)`` of each results queue.
 QueueState = Callable[[], Awaitable[ResultsQueues]]
+# The batch deployment leading an alias and its provider's window (None: runs realtime).
+OffloadLead = Callable[[str], tuple[str, timedelta] | None]
 FETCH_SLICES = 16
 MAX_SLICE_BYTES = 4 * 1024 * 1024
 TOP_UP_FRACTION = 4
@@ -158,6 +169,24 @@ class Store(Protocol):
     async def fail(self, job_id: str, error: str) -> bool:
         """Fail a job as a whole."""
 
+    async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
+        """Mark a job offloaded and release all its rows (once, before any release)."""
+
+
+def offload_target(
+    job: RunningJob, lead: OffloadLead, margin: timedelta, now: datetime
+) -> str | None:
+    """The batch deployment to offload ``job`` to, or None when it runs realtime: its
+    alias is led by one, none of its rows went out yet, and it may wait the provider's
+    window plus ``margin`` (no deadline, or one at least that far from ``now``)."""
+    found = lead(job.model)
+    if found is None or job.dispatched_upto > 0 or job.budget_stopped:
+        return None
+    deployment, window = found
+    if job.expires_at is not None and job.expires_at - now < window + margin:
+        return None
+    return deployment
+
 
 @dataclass(frozen=True)
 class DispatchConfig:
@@ -174,6 +203,7 @@ class DispatchConfig:
     window_bytes: int = 16 * 1024 * 1024
     window_max: int = 0  # 0: ``window`` (the window does not grow with the fleet)
     window_max_bytes: int = 0  # 0: ``window_bytes``
+    offload_margin_s: float = 3600.0  # a job offloads only if it may wait window + this
 
     @property
     def windows(self) -> Windows:
@@ -204,14 +234,21 @@ class OwnedJob:
     flying: int | None = None
 
     @property
+    def offloaded(self) -> bool:
+        """Its rows belong to the offloader (none goes out from here)."""
+        return self.job.offload_deployment is not None
+
+    @property
     def exhausted(self) -> bool:
-        """Every row has been released, or its budget stopped it (nothing more goes)."""
-        return self.dispatched_upto >= self.job.total or self.job.budget_stopped
+        """Every row has been released, or its budget stopped it, or it is offloaded
+        (nothing more goes)."""
+        return self.dispatched_upto >= self.job.total or self.job.budget_stopped or self.offloaded
 
     @property
     def in_flight(self) -> int:
-        """Rows published that have no outcome yet (as far as this dispatcher knows)."""
-        return max(0, self.dispatched_upto - self.done)
+        """Rows published that have no outcome yet (as far as this dispatcher knows;
+        none for an offloaded job: its rows are in the ledger, not in the broker)."""
+        return 0 if self.offloaded else max(0, self.dispatched_upto - self.done)
 
 
 class Dispatcher:
@@ -229,8 +266,12 @@ class Dispatcher:
         inflight: InFlight | None = None,
         clock: Callable[[], float] = time.monotonic,
         results_state: QueueState | None = None,
+        offload_lead: OffloadLead | None = None,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._store = store
+        self._offload_lead = offload_lead
+        self._wall_clock = wall_clock
         self._publish_slice = publish_slice
         self._announce_failed = announce_failed
         self._model_known = model_known
@@ -353,15 +394,40 @@ class Dispatcher:
         if not self._model_known(job.model):
             await self._fail(job, f"model alias {job.model!r} is not in the routes file")
             return None
+        kept = await self._offload(job)
+        if kept is None:
+            return None
+        job = kept
         JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
         log.info(
             "job_claimed",
-            extra={"batch_id": job.id, "total": job.total, "from_row": job.dispatched_upto},
+            extra={
+                "batch_id": job.id,
+                "total": job.total,
+                "from_row": job.dispatched_upto,
+                "offload": job.offload_deployment,
+            },
         )
         owned = OwnedJob(job, job.dispatched_upto, job.done, asyncio.Lock(), SendLog(self._clock()))
         owned.level, owned.boost = boost_for(owned, self._workspace_jobs(owned))
         self.jobs[job.id] = owned
         return owned
+
+    async def _offload(self, job: RunningJob) -> RunningJob | None:
+        """``job`` as we keep it: marked offloaded (every row released) when it is to be
+        offloaded; None when the ledger refused that (it is no longer ours and running:
+        nothing of it is kept)."""
+        if self._offload_lead is None or job.offload_deployment is not None:
+            return job
+        margin = timedelta(seconds=self._config.offload_margin_s)
+        target = offload_target(job, self._offload_lead, margin, self._wall_clock())
+        if target is None:
+            return job
+        if not await self._store.offload(self._config.owner, job.id, job.total, target):
+            log.info("job_offload_refused", extra={"batch_id": job.id})
+            return None
+        log.info("job_offloaded", extra={"batch_id": job.id, "deployment": target})
+        return replace(job, offload_deployment=target, dispatched_upto=job.total)
 
     async def _fail(self, job: RunningJob, error: str) -> None:
         if await self._store.fail(job.id, error):
@@ -498,7 +564,12 @@ class Dispatcher:
         resumed = sorted(was_held - held)
         if resumed:
             await self._store.claim_stalled(cfg.owner, resumed, 0.0)
-        judged = [job_id for job_id in self.jobs if job_id not in was_held | held]
+        # An offloaded job is the offloader's: its rows wait in the ledger, not lost.
+        judged = [
+            job_id
+            for job_id, owned in self.jobs.items()
+            if job_id not in was_held | held and not owned.offloaded
+        ]
         if not judged:
             return 0
         stalled = await self._store.claim_stalled(cfg.owner, judged, cfg.stall_s)

@@ -15,7 +15,7 @@ from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
     "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params,"
-    " workspace_id, expires_at, budget_exceeded_at"
+    " workspace_id, expires_at, budget_exceeded_at, offload_deployment"
 )
 
 
@@ -36,6 +36,7 @@ class RunningJob:
     workspace_id: str = ""
     expires_at: datetime | None = None  # the end of its completion window, if any
     budget_exceeded_at: datetime | None = None  # its budget stop: no row is released after
+    offload_deployment: str | None = None  # the batch deployment it was offloaded to
 
     @property
     def done(self) -> int:
@@ -251,6 +252,25 @@ class DispatchStore:
                 owner,
                 job_id,
                 upto,
+                JobStatus.RUNNING,
+            )
+        return value is not None
+
+    async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
+        """Mark a job we own offloaded to ``deployment`` and release all its rows, in one
+        statement: only while it is running, ours, not stopped by its budget, not yet
+        marked and not yet released at all (a job that began realtime stays realtime).
+        False, and nothing changed, otherwise."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE batches SET dispatched_upto = $3, offload_deployment = $4"
+                " WHERE id = $2 AND lease_owner = $1 AND status = $5"
+                " AND budget_exceeded_at IS NULL AND offload_deployment IS NULL"
+                " AND dispatched_upto = 0 RETURNING id",
+                owner,
+                job_id,
+                total,
+                deployment,
                 JobStatus.RUNNING,
             )
         return value is not None
