@@ -254,22 +254,57 @@ class OffloadStore:
                 output,
                 errors,
                 error,
-                [BatchState.SUBMITTED, BatchState.CANCELING, BatchState.RECORDED],
+                [s.value for s in BatchState if s is not BatchState.SETTLED],
             )
         return value is not None
 
-    async def polled(self, offload_id: int, owner: str, delay_s: float, progressed: bool) -> None:
-        """A poll found it still running: next poll in ``delay_s``; ``polls`` counts the
-        polls since it last made progress (the backoff's exponent)."""
+    async def polled(
+        self, offload_id: int, owner: str, progress: int, poll_s: float, max_s: float
+    ) -> float:
+        """A poll found it still running with ``progress`` requests finished: the next
+        poll comes ``poll_s`` doubled per poll without progress since, at most
+        ``max_s`` (back to ``poll_s`` on progress); returns that delay."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE offload_batches SET"
+                " polls = CASE WHEN $3 > progress THEN 0 ELSE polls + 1 END,"
+                " progress = GREATEST(progress, $3), lease_until = NULL,"
+                " next_poll_at = now() + make_interval(secs => LEAST($5::float8,"
+                "  $4::float8 * power(2, CASE WHEN $3 > progress THEN 0 ELSE polls + 1 END)))"
+                " WHERE id = $1 AND owner = $2"
+                " RETURNING LEAST($5::float8, $4::float8 * power(2, polls))",
+                offload_id,
+                owner,
+                progress,
+                poll_s,
+                max_s,
+            )
+        return float(value) if value is not None else poll_s
+
+    async def attempt(self, offload_id: int, owner: str) -> bool:
+        """Count a create about to be tried (``polls``), durably before the call: a
+        record resumed with a count above 0 may already have its provider batch."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE offload_batches SET polls = polls + 1"
+                " WHERE id = $1 AND owner = $2 AND state = ANY($3::text[]) RETURNING id",
+                offload_id,
+                owner,
+                [BatchState.RECORDED, BatchState.CREATING],
+            )
+        return value is not None
+
+    async def resize(self, offload_id: int, owner: str, rows: int, size: int) -> None:
+        """The rows and bytes its input file really holds (rows it could not take were
+        forwarded while it was built)."""
         async with translated():
             await self._pool.execute(
-                "UPDATE offload_batches SET next_poll_at = now() + make_interval(secs => $3),"
-                " polls = CASE WHEN $4 THEN 0 ELSE polls + 1 END, lease_until = NULL"
+                "UPDATE offload_batches SET rows = GREATEST($3, 1), bytes = $4"
                 " WHERE id = $1 AND owner = $2",
                 offload_id,
                 owner,
-                delay_s,
-                progressed,
+                rows,
+                size,
             )
 
     async def retry_later(self, offload_id: int, owner: str, delay_s: float, error: str) -> None:
@@ -479,7 +514,8 @@ _LINES = (
     "SELECT o.batch_id, o.row_index, r.request, b.params"
     " FROM offload_rows o JOIN batches b ON b.id = o.batch_id"
     " JOIN batch_rows r ON r.batch_id = b.rows_batch_id AND r.row_index = o.row_index"
-    " WHERE o.provider_batch = $1 AND (o.batch_id, o.row_index) > ($2, $3)"
+    f" WHERE o.provider_batch = $1 AND o.state = '{RowState.SUBMITTED}'"
+    " AND (o.batch_id, o.row_index) > ($2, $3)"
     " ORDER BY o.batch_id, o.row_index LIMIT $4"
 )
 

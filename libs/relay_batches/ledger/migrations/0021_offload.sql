@@ -28,7 +28,8 @@ CREATE TABLE IF NOT EXISTS offload_batches (
     submitted_at    timestamptz,
     ended_at        timestamptz,
     next_poll_at    timestamptz NOT NULL DEFAULT now(),
-    polls           integer NOT NULL DEFAULT 0,
+    polls           integer NOT NULL DEFAULT 0,  -- polls since progress; creates tried
+    progress        integer NOT NULL DEFAULT 0,  -- requests the provider had finished
     owner           text,
     lease_until     timestamptz,
     error           text  -- the provider batch failed as a whole: every row is forwarded
