@@ -102,7 +102,15 @@ def health_names(row_workers: int) -> list[str]:
         if row_workers == 1
         else [f"row-worker-{n}" for n in range(1, row_workers + 1)]
     )
-    return ["ingest-api", "scheduler", "dispatcher", *workers, "aggregator", "notifier"]
+    return [
+        "ingest-api",
+        "scheduler",
+        "dispatcher",
+        *workers,
+        "aggregator",
+        "notifier",
+        "offloader",
+    ]
 
 
 def listen_port(host: str, port: int, variable: str, avoid: Mapping[int, str] | None = None) -> int:

@@ -23,7 +23,15 @@ from tests.helpers.support import (
 )
 
 BIN = Path(sys.executable).parent
-SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
+SERVICES = (
+    "ingest-api",
+    "scheduler",
+    "dispatcher",
+    "row-worker",
+    "aggregator",
+    "notifier",
+    "offloader",
+)
 _PORT_LINE = re.compile(rb'"action":"(?:health_listening|listening|started)".*?"port":(\d+)')
 
 
