@@ -462,6 +462,7 @@ class OpenAIBatches(batches.BatchApi):
             if batch.status == "cancelling":
                 batch.status = "cancelled"
                 batch.times["cancelled_at"] = int(now)
+                self._publish(batch, int(now))  # the lines answered before, if any
             elif batch.status == "in_progress" and now >= batch.created + self._delay:
                 await self._run(batch)
                 self._finish(batch, int(self._clock()))
@@ -492,6 +493,10 @@ class OpenAIBatches(batches.BatchApi):
         expired = batches.EXPIRED in batch.statuses
         batch.status = "expired" if expired else "completed"
         batch.times["expired_at" if expired else "completed_at"] = now
+        self._publish(batch, now)
+
+    def _publish(self, batch: Batch, now: int) -> None:
+        """Create the output and error files of the lines answered (each if not empty)."""
         if batch.out_bytes:
             batch.output_file_id = self._view(batch, True, now)
         if batch.err_bytes:

@@ -168,6 +168,9 @@ async def test_openai_batch_expire_ends_the_batch_expired_with_partial_output(
     [expired] = await file_lines(client, done["error_file_id"])
     assert expired["custom_id"] == "late" and expired["response"] is None
     assert expired["error"]["code"] == "batch_expired"
+    for marker in ("[sim:batch-expire]", "[sim:batch-fail]"):  # realtime ignores them
+        status, answer = await realtime(client, CHAT, chat_body(f"hi {marker}"))
+        assert status == 200 and answer["choices"][0]["message"]["content"] == f"echo: hi {marker}"
 
 
 async def test_openai_batch_fail_fails_the_whole_batch_naming_the_line(client: Client) -> None:
