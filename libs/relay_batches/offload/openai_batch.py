@@ -60,7 +60,11 @@ class OpenAIBatches:
             total=None, sock_connect=deployment.timeout_s, sock_read=deployment.timeout_s
         )
         assert deployment.batch is not None
-        self._window = format_duration(deployment.batch.window)
+        # OpenAI spells its window in hours ("24h", the one it takes today).
+        hours, rest = divmod(int(deployment.batch.window.total_seconds()), 3600)
+        self._window = (
+            f"{hours}h" if hours and not rest else format_duration(deployment.batch.window)
+        )
 
     def line(
         self,
