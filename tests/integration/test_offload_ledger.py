@@ -237,3 +237,22 @@ async def test_a_failed_forward_publish_leaves_the_rows_to_forward(pool: asyncpg
         while await store.forward(100, refuse):
             pass
     assert await row_states(pool, batch_id) == {"forward": 2}
+
+
+async def test_polls_back_off_without_progress_and_a_cancel_is_recorded(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    await offloaded_job(pool, 2, "ob-poll")
+    while await store.intake(leads("ob-poll")):
+        pass
+    made = await store.gather(Gathering("ob-poll", 100, 10_000_000, linger_s=0))
+    assert made is not None
+    assert made in [b.id for b in await store.claim("p", [BatchState.RECORDED], 30, 100)]
+    assert await store.set_submitted(made, "p", f"batch-poll-{made}")
+    delays = [await store.polled(made, "p", 0, 1.0, 10.0) for _ in range(5)]
+    assert delays == [2.0, 4.0, 8.0, 10.0, 10.0]
+    assert await store.polled(made, "p", 1, 1.0, 10.0) == 1.0, "progress resets the backoff"
+    assert await store.set_canceling(made, "p")
+    state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", made)
+    assert state == "canceling"

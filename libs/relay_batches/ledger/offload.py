@@ -224,14 +224,20 @@ class OffloadStore:
             owner,
             [BatchState.RECORDED, BatchState.CREATING],
             BatchState.SUBMITTED,
-            "provider_id = $4, submitted_at = now(), next_poll_at = now(), polls = 0",
+            "provider_id = $4, submitted_at = now(), next_poll_at = now(), polls = 0,"
+            " lease_until = NULL",
             provider_id,
         )
 
     async def set_canceling(self, offload_id: int, owner: str) -> bool:
         """Every row belongs to jobs that ended: the provider was asked to cancel it."""
         return await self._move(
-            offload_id, owner, [BatchState.SUBMITTED], BatchState.CANCELING, "polls = polls", None
+            offload_id,
+            owner,
+            [BatchState.SUBMITTED],
+            BatchState.CANCELING,
+            "error = COALESCE($4::text, error)",
+            None,
         )
 
     async def set_ended(
