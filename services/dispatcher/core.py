@@ -18,7 +18,7 @@ workspace only its highest-priority jobs release rows; a queued job that outrank
 job of its workspace here is claimed even when the slots are full.
 
 Offload (see :mod:`relay_batches.ledger.offload`): a job whose alias is led by a batch
-deployment, adopted before any of its rows went out, that may wait the provider's window
+deployment, adopted before any of its rows went out, without a budget, that may wait the provider's window
 plus ``offload_margin_s`` (no completion window, or one at least that long) is marked
 offloaded and has every row released in one ledger statement; no slice of it is
 published (the offloader takes its rows from the ledger), it takes no part of its
@@ -177,10 +177,12 @@ def offload_target(
     job: RunningJob, lead: OffloadLead, margin: timedelta, now: datetime
 ) -> str | None:
     """The batch deployment to offload ``job`` to, or None when it runs realtime: its
-    alias is led by one, none of its rows went out yet, and it may wait the provider's
-    window plus ``margin`` (no deadline, or one at least that far from ``now``)."""
+    alias is led by one, none of its rows went out yet, it has no budget (a budget
+    withholds rows not yet released, and offload releases them all at once), and it may
+    wait the provider's window plus ``margin`` (no deadline, or one at least that far
+    from ``now``)."""
     found = lead(job.model)
-    if found is None or job.dispatched_upto > 0 or job.budget_stopped:
+    if found is None or job.dispatched_upto > 0 or job.budget_usd is not None:
         return None
     deployment, window = found
     if job.expires_at is not None and job.expires_at - now < window + margin:

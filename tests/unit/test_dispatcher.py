@@ -727,6 +727,8 @@ def test_the_offload_decision_needs_the_window_plus_the_margin(
     leads = {"half": ("ob", DAY)}
     assert offload_target(running, leads.get, timedelta(hours=1), NOW) == target
     assert offload_target(replace(running, model="other"), leads.get, DAY, NOW) is None
+    budgeted = replace(running, budget_usd=5.0)
+    assert offload_target(budgeted, leads.get, timedelta(hours=1), NOW) is None
 
 
 async def test_an_offloaded_job_releases_every_row_at_once_and_publishes_nothing(

@@ -15,7 +15,7 @@ from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
     "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params,"
-    " workspace_id, expires_at, budget_exceeded_at, offload_deployment"
+    " workspace_id, expires_at, budget_exceeded_at, offload_deployment, budget_usd"
 )
 
 
@@ -37,6 +37,7 @@ class RunningJob:
     expires_at: datetime | None = None  # the end of its completion window, if any
     budget_exceeded_at: datetime | None = None  # its budget stop: no row is released after
     offload_deployment: str | None = None  # the batch deployment it was offloaded to
+    budget_usd: float | None = None  # its budget, if any (such a job is never offloaded)
 
     @property
     def done(self) -> int:
@@ -258,14 +259,15 @@ class DispatchStore:
 
     async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
         """Mark a job we own offloaded to ``deployment`` and release all its rows, in one
-        statement: only while it is running, ours, not stopped by its budget, not yet
-        marked and not yet released at all (a job that began realtime stays realtime).
-        False, and nothing changed, otherwise."""
+        statement: only while it is running, ours, without a budget (a budget stops
+        releases, and an offloaded job has released everything), not yet marked and not
+        yet released at all (a job that began realtime stays realtime). False, and
+        nothing changed, otherwise."""
         async with translated():
             value = await self._pool.fetchval(
                 "UPDATE batches SET dispatched_upto = $3, offload_deployment = $4"
                 " WHERE id = $2 AND lease_owner = $1 AND status = $5"
-                " AND budget_exceeded_at IS NULL AND offload_deployment IS NULL"
+                " AND budget_usd IS NULL AND offload_deployment IS NULL"
                 " AND dispatched_upto = 0 RETURNING id",
                 owner,
                 job_id,
