@@ -18,9 +18,9 @@ workspace only its highest-priority jobs release rows; a queued job that outrank
 job of its workspace here is claimed even when the slots are full.
 
 Offload (see :mod:`relay_batches.ledger.offload`): a job whose alias is led by a batch
-deployment, adopted before any of its rows went out, without a budget, that may wait the provider's window
-plus ``offload_margin_s`` (no completion window, or one at least that long) is marked
-offloaded and has every row released in one ledger statement; no slice of it is
+deployment, adopted before any of its rows went out, without a budget, that may wait the
+provider's window plus ``offload_margin_s`` (no completion window, or one at least that
+long) is marked offloaded and has every row released in one ledger statement; no slice of it is
 published (the offloader takes its rows from the ledger), it takes no part of its
 workspace's window, and stall recovery never judges it (the offloader owns its rows). A
 job marked before keeps its mark across restarts and routes-file changes.
