@@ -9,11 +9,9 @@ import asyncpg
 import orjson
 import pytest
 
-from relay_batches.ids import new_id
 from relay_batches.ledger.deletion import JobDeletion
 from relay_batches.ledger.dispatch import DispatchStore
-from relay_batches.ledger.jobs import JobStore, NewJob
-from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.offload import (
     BatchState,
     ForwardRow,
@@ -21,36 +19,7 @@ from relay_batches.ledger.offload import (
     OffloadStore,
     RowState,
 )
-
-OWNER = "dispatcher-offload-test"
-
-
-def request(index: int, model: str | None = None) -> str:
-    """A row's stored chat request: a bare messages array, or an object with a model."""
-    messages = [{"role": "user", "content": f"row {index}"}]
-    if model is None:
-        return orjson.dumps(messages).decode()
-    return orjson.dumps({"messages": messages, "model": model}).decode()
-
-
-async def offloaded_job(
-    pool: asyncpg.Pool, total: int, deployment: str, models: dict[int, str] | None = None
-) -> tuple[str, str]:
-    """A running job of ``total`` rows on alias ``half`` that its dispatcher offloaded to
-    ``deployment``; rows in ``models`` carry their own alias. Its id and workspace."""
-    workspace = await KeyStore(pool).ensure_workspace(f"off-{new_id()[:8]}")
-    rows = ((f"c-{i}", request(i, (models or {}).get(i))) for i in range(total))
-    job = await JobStore(pool).create(
-        NewJob(new_id(), workspace, "off", "half", 0, total, None, None, None), rows
-    )
-    await pool.execute(
-        "UPDATE batches SET status = 'running', lease_owner = $2,"
-        " lease_expires_at = now() + interval '1 minute' WHERE id = $1",
-        job.id,
-        OWNER,
-    )
-    assert await DispatchStore(pool).offload(OWNER, job.id, total, deployment)
-    return job.id, workspace
+from tests.helpers.offload import OWNER, offloaded_job
 
 
 async def row_states(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
@@ -80,7 +49,9 @@ async def test_intake_records_rows_under_their_own_alias_in_bounded_steps(
     pool: asyncpg.Pool,
 ) -> None:
     store = OffloadStore(pool)
-    batch_id, _ = await offloaded_job(pool, 25, "ob-intake", {3: "realtime-only", 4: "other-half"})
+    batch_id, _ = await offloaded_job(
+        pool, 25, "ob-intake", models={3: "realtime-only", 4: "other-half"}
+    )
     while await store.intake(leads("ob-intake"), step=10):
         pass
     assert await row_states(pool, batch_id) == {"pending": 24, "forward": 1}

@@ -12,18 +12,13 @@ from typing import Any
 import asyncpg
 import orjson
 
-from relay_batches.ids import new_id
-from relay_batches.ledger.dispatch import DispatchStore
-from relay_batches.ledger.jobs import JobStore, NewJob
-from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.offload import BatchState, OffloadStore
 from relay_batches.messages import OutcomesMessage, SliceMessage
 from relay_batches.offload.lines import ProviderState, ResultLine, parse_custom_id
 from relay_batches.router.aliases import parse_aliases
 from relay_batches.router.types import Completion, ProviderReply
 from relay_batches.services.offloader.core import OffloadConfig, Offloader
-
-OWNER = "dispatcher-offloader-test"
+from tests.helpers.offload import offloaded_job
 
 
 class ScriptedClient:
@@ -98,23 +93,6 @@ def routes(deployment: str) -> Any:
     )
 
 
-async def offloaded_job(pool: asyncpg.Pool, total: int, alias: str, deployment: str) -> str:
-    workspace = await KeyStore(pool).ensure_workspace(f"ofl-{new_id()[:8]}")
-    messages = orjson.dumps([{"role": "user", "content": "hi"}]).decode()
-    job = await JobStore(pool).create(
-        NewJob(new_id(), workspace, "ofl", alias, 0, total, None, None, None),
-        ((f"c-{i}", messages) for i in range(total)),
-    )
-    await pool.execute(
-        "UPDATE batches SET status = 'running', lease_owner = $2,"
-        " lease_expires_at = now() + interval '1 minute' WHERE id = $1",
-        job.id,
-        OWNER,
-    )
-    assert await DispatchStore(pool).offload(OWNER, job.id, total, deployment)
-    return job.id
-
-
 class Published:
     def __init__(self) -> None:
         self.outcomes: list[Any] = []
@@ -166,7 +144,7 @@ async def test_a_resumed_record_adopts_the_batch_it_made_and_creates_none(
     client = ScriptedClient(routes("ob-adopt").batch_lead("ob-adopt-alias"), made=["pb-made"])
     out = Published()
     worker = offloader(pool, "ob-adopt", client, out)
-    batch_id = await offloaded_job(pool, 4, "ob-adopt-alias", "ob-adopt")
+    batch_id, _ = await offloaded_job(pool, 4, "ob-adopt", "ob-adopt-alias")
     await worker.intake_pass()
     record = await record_of(pool, batch_id)
     await crash_after_a_create_attempt(pool, record["id"])
@@ -183,7 +161,7 @@ async def test_a_record_resumed_before_any_create_creates_once_and_settles(
     client.failing = {2}
     out = Published()
     worker = offloader(pool, "ob-once", client, out)
-    batch_id = await offloaded_job(pool, 5, "ob-once-alias", "ob-once")
+    batch_id, _ = await offloaded_job(pool, 5, "ob-once", "ob-once-alias")
     await worker.intake_pass()
     record = await record_of(pool, batch_id)
     await crash_after_a_create_attempt(pool, record["id"])

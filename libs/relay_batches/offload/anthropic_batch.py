@@ -33,11 +33,12 @@ from relay_batches.offload.lines import (
     ResultLine,
     check,
     custom_id,
+    decoded_line,
     json_lines,
     objects,
-    parse_custom_id,
     request_json,
     string_of,
+    transfer_timeout,
 )
 from relay_batches.router import anthropic
 from relay_batches.router.aliases import Deployment
@@ -59,9 +60,7 @@ class AnthropicBatches:
         self._headers = {"anthropic-version": anthropic.API_VERSION, **deployment.headers}
         if deployment.api_key:
             self._headers["x-api-key"] = deployment.api_key
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=deployment.timeout_s, sock_read=deployment.timeout_s
-        )
+        self._timeout = transfer_timeout(deployment)
 
     def line(
         self,
@@ -147,15 +146,10 @@ class AnthropicBatches:
 
 def result_line(raw: bytes, offload_id: int) -> ResultLine | None:
     """One results line; None when it names no row of this batch."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    decoded = decoded_line(raw, offload_id)
+    if decoded is None:
         return None
-    if not isinstance(data, dict):
-        return None
-    key = parse_custom_id(data.get("custom_id"), offload_id)
-    if key is None:
-        return None
+    key, data = decoded
     result = data.get("result")
     message = result.get("message") if isinstance(result, dict) else None
     if not isinstance(result, dict) or result.get("type") != "succeeded" or message is None:

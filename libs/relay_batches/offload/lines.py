@@ -120,6 +120,27 @@ class BatchClient(Protocol):
         """Every result line of an ended batch, streamed."""
 
 
+def decoded_line(raw: bytes, offload_id: int) -> tuple[tuple[str, int], dict[str, Any]] | None:
+    """A result line's row (from its custom id) and its object; None when the line is
+    not JSON, not an object, or names no row of provider batch ``offload_id``."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    key = parse_custom_id(data.get("custom_id"), offload_id)
+    return None if key is None else (key, data)
+
+
+def transfer_timeout(deployment: Deployment) -> aiohttp.ClientTimeout:
+    """A provider batch call's timeout: uploads and downloads may be large, so it bounds
+    each connect and read by the deployment's ``timeout_s``, not the whole transfer."""
+    return aiohttp.ClientTimeout(
+        total=None, sock_connect=deployment.timeout_s, sock_read=deployment.timeout_s
+    )
+
+
 async def json_lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     """The non-empty lines of a streamed body, each at most :data:`MAX_LINE_BYTES`
     (a longer one is skipped whole: its row, missing from the results, goes realtime).

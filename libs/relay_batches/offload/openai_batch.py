@@ -30,11 +30,12 @@ from relay_batches.offload.lines import (
     ResultLine,
     check,
     custom_id,
+    decoded_line,
     json_lines,
     objects,
-    parse_custom_id,
     request_json,
     string_of,
+    transfer_timeout,
 )
 from relay_batches.router import openai
 from relay_batches.router.aliases import Deployment
@@ -55,10 +56,7 @@ class OpenAIBatches:
         self._headers = dict(deployment.headers)
         if deployment.api_key:
             self._headers["Authorization"] = f"Bearer {deployment.api_key}"
-        # Uploads and downloads may be large: bounded per read, not in total.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=deployment.timeout_s, sock_read=deployment.timeout_s
-        )
+        self._timeout = transfer_timeout(deployment)
         assert deployment.batch is not None
         # OpenAI spells its window in hours ("24h", the one it takes today).
         hours, rest = divmod(int(deployment.batch.window.total_seconds()), 3600)
@@ -186,15 +184,10 @@ class OpenAIBatches:
 
 def result_line(raw: bytes, offload_id: int) -> ResultLine | None:
     """One output or error file line; None when it names no row of this batch."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    decoded = decoded_line(raw, offload_id)
+    if decoded is None:
         return None
-    if not isinstance(data, dict):
-        return None
-    key = parse_custom_id(data.get("custom_id"), offload_id)
-    if key is None:
-        return None
+    key, data = decoded
     response = data.get("response")
     body = response.get("body") if isinstance(response, dict) else None
     if not isinstance(response, dict) or response.get("status_code") != 200 or body is None:
