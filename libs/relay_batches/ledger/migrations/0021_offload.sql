@@ -1,5 +1,9 @@
 -- Offload to the providers' batch APIs (issue 18).
 --
+-- A migration runs in one transaction: this one holds only statements that scan nothing
+-- of batches (its ACCESS EXCLUSIVE lock for the new columns lasts to the commit); the
+-- index on batches is built in 0022, under a SHARE lock of its own.
+--
 -- batches.offload_deployment: the batch deployment a job was offloaded to, set once by
 -- its dispatcher in the statement of its first release (then every row is released at
 -- once and the offloader owns them); NULL for a job that runs realtime.
@@ -60,9 +64,3 @@ CREATE INDEX IF NOT EXISTS offload_rows_forward
     ON offload_rows (batch_id, row_index) WHERE state = 'forward';
 CREATE INDEX IF NOT EXISTS offload_rows_provider_batch
     ON offload_rows (provider_batch, batch_id, row_index) WHERE provider_batch IS NOT NULL;
-
--- The offloaded running jobs whose released rows the offloader has not taken in yet.
--- batches is small next to the row tables; an index over an empty set builds at once
--- (the column is new).
-CREATE INDEX IF NOT EXISTS batches_offloaded
-    ON batches (id) WHERE offload_deployment IS NOT NULL AND status = 'running';
