@@ -20,10 +20,12 @@ job of its workspace here is claimed even when the slots are full.
 Offload (see :mod:`relay_batches.ledger.offload`): a job whose alias is led by a batch
 deployment, adopted before any of its rows went out, without a budget, that may wait the
 provider's window plus ``offload_margin_s`` (no completion window, or one at least that
-long) is marked offloaded and has every row released in one ledger statement; no slice of it is
-published (the offloader takes its rows from the ledger), it takes no part of its
-workspace's window, and stall recovery never judges it (the offloader owns its rows). A
-job marked before keeps its mark across restarts and routes-file changes.
+long) is marked offloaded and has every row released in one ledger statement. Then it is
+the offloader's: no slice of it is published, the dispatcher lets its lease go at once
+(it takes no slot for the day its provider may take, nor part of any window) and no
+dispatcher claims it again (an expired lease of an offloaded job is nobody's business;
+stall recovery never judges it). A job marked before keeps its mark across restarts and
+routes-file changes: claimed again (resumed after a pause), it is let go the same way.
 
 No aio-pika or asyncpg here: the store and the publishers are passed in.
 """
@@ -34,7 +36,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -236,21 +238,14 @@ class OwnedJob:
     flying: int | None = None
 
     @property
-    def offloaded(self) -> bool:
-        """Its rows belong to the offloader (none goes out from here)."""
-        return self.job.offload_deployment is not None
-
-    @property
     def exhausted(self) -> bool:
-        """Every row has been released, or its budget stopped it, or it is offloaded
-        (nothing more goes)."""
-        return self.dispatched_upto >= self.job.total or self.job.budget_stopped or self.offloaded
+        """Every row has been released, or its budget stopped it (nothing more goes)."""
+        return self.dispatched_upto >= self.job.total or self.job.budget_stopped
 
     @property
     def in_flight(self) -> int:
-        """Rows published that have no outcome yet (as far as this dispatcher knows;
-        none for an offloaded job: its rows are in the ledger, not in the broker)."""
-        return 0 if self.offloaded else max(0, self.dispatched_upto - self.done)
+        """Rows published that have no outcome yet (as far as this dispatcher knows)."""
+        return max(0, self.dispatched_upto - self.done)
 
 
 class Dispatcher:
@@ -396,40 +391,37 @@ class Dispatcher:
         if not self._model_known(job.model):
             await self._fail(job, f"model alias {job.model!r} is not in the routes file")
             return None
-        kept = await self._offload(job)
-        if kept is None:
+        if await self._offloaded(job):
             return None
-        job = kept
         JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
         log.info(
             "job_claimed",
-            extra={
-                "batch_id": job.id,
-                "total": job.total,
-                "from_row": job.dispatched_upto,
-                "offload": job.offload_deployment,
-            },
+            extra={"batch_id": job.id, "total": job.total, "from_row": job.dispatched_upto},
         )
         owned = OwnedJob(job, job.dispatched_upto, job.done, asyncio.Lock(), SendLog(self._clock()))
         owned.level, owned.boost = boost_for(owned, self._workspace_jobs(owned))
         self.jobs[job.id] = owned
         return owned
 
-    async def _offload(self, job: RunningJob) -> RunningJob | None:
-        """``job`` as we keep it: marked offloaded (every row released) when it is to be
-        offloaded; None when the ledger refused that (it is no longer ours and running:
-        nothing of it is kept)."""
-        if self._offload_lead is None or job.offload_deployment is not None:
-            return job
-        margin = timedelta(seconds=self._config.offload_margin_s)
-        target = offload_target(job, self._offload_lead, margin, self._wall_clock())
+    async def _offloaded(self, job: RunningJob) -> bool:
+        """Whether ``job`` is not ours to release: offloaded before, or offloaded now
+        (marked, every row released), or refused by the ledger while we offloaded it (no
+        longer ours and running). An offloaded job's lease goes back at once."""
+        target = job.offload_deployment
+        if target is None and self._offload_lead is not None:
+            margin = timedelta(seconds=self._config.offload_margin_s)
+            target = offload_target(job, self._offload_lead, margin, self._wall_clock())
+            if target is None:
+                return False
+            if not await self._store.offload(self._config.owner, job.id, job.total, target):
+                log.info("job_offload_refused", extra={"batch_id": job.id})
+                return True
         if target is None:
-            return job
-        if not await self._store.offload(self._config.owner, job.id, job.total, target):
-            log.info("job_offload_refused", extra={"batch_id": job.id})
-            return None
+            return False
+        JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
         log.info("job_offloaded", extra={"batch_id": job.id, "deployment": target})
-        return replace(job, offload_deployment=target, dispatched_upto=job.total)
+        await self._store.release(self._config.owner, [job.id])
+        return True
 
     async def _fail(self, job: RunningJob, error: str) -> None:
         if await self._store.fail(job.id, error):
@@ -566,12 +558,7 @@ class Dispatcher:
         resumed = sorted(was_held - held)
         if resumed:
             await self._store.claim_stalled(cfg.owner, resumed, 0.0)
-        # An offloaded job is the offloader's: its rows wait in the ledger, not lost.
-        judged = [
-            job_id
-            for job_id, owned in self.jobs.items()
-            if job_id not in was_held | held and not owned.offloaded
-        ]
+        judged = [job_id for job_id in self.jobs if job_id not in was_held | held]
         if not judged:
             return 0
         stalled = await self._store.claim_stalled(cfg.owner, judged, cfg.stall_s)

@@ -111,7 +111,12 @@ class Offloader:
 
     async def intake_pass(self) -> None:
         """Take released rows in, drop those of ended jobs, gather what is due."""
-        taken = await self._store.intake(self._leads)
+        taken = 0
+        for _ in range(GATHER_ROUNDS):  # a large job's rows: several bounded steps a pass
+            step = await self._store.intake(self._leads)
+            taken += step
+            if not step:
+                break
         dropped = await self._store.drop_ended()
         OFFLOAD_ROWS.labels("dropped").inc(dropped)
         for gathering in self._gatherings:
@@ -307,6 +312,7 @@ class Offloader:
             await self._store.settle(batch.id, owner)
             return
         started = time.perf_counter()
+        renewal = asyncio.create_task(self._keep_lease(batch.id), name=f"lease-{batch.id}")
         try:
             await step(batch, client)
         except ProviderError as exc:
@@ -319,10 +325,25 @@ class Offloader:
                 await self._store.settle(batch.id, owner)
             else:
                 await self._store.retry_later(batch.id, owner, RETRY_S, str(exc))
+        finally:
+            renewal.cancel()
+            await asyncio.gather(renewal, return_exceptions=True)
         log.debug(
             "offload_step",
             extra={"offload_id": batch.id, "elapsed_s": round(time.perf_counter() - started, 3)},
         )
+
+    async def _keep_lease(self, offload_id: int) -> None:
+        """Renew the record's lease every third of it while its step runs, so a long
+        upload or download is never taken over (and its rows submitted twice) midway."""
+        lease_s = self._config.lease_s
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            try:
+                if not await self._store.renew(offload_id, self._config.owner, lease_s):
+                    return
+            except Exception as exc:  # the ledger away: the step fails on its own
+                log.warning("offload_lease_renewal_failed", extra={"error": repr(exc)})
 
     def _poll_s(self, deployment: str) -> float:
         client = self._clients[deployment]

@@ -9,6 +9,7 @@ import asyncpg
 import orjson
 import pytest
 
+from relay_batches.ledger import dispatch
 from relay_batches.ledger.deletion import JobDeletion
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.jobs import JobStore
@@ -43,6 +44,16 @@ async def test_the_mark_releases_every_row_once_and_only_before_any_release(
     )
     assert tuple(record) == (5, "ob-mark", 0)
     assert not await DispatchStore(pool).offload(OWNER, batch_id, 5, "other")
+    # Its lease gone, no dispatcher takes it over: the offloader owns its rows.
+    await DispatchStore(pool).release(OWNER, [batch_id])
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        try:  # what a takeover would claim, undone (other tests' jobs stay as they are)
+            taken = await conn.fetch(dispatch._CLAIM_EXPIRED, "another-dispatcher", 100_000, 30)
+        finally:
+            await transaction.rollback()
+    assert batch_id not in [r["id"] for r in taken]
 
 
 async def test_intake_records_rows_under_their_own_alias_in_bounded_steps(

@@ -739,8 +739,8 @@ async def test_an_offloaded_job_releases_every_row_at_once_and_publishes_nothing
     assert await dispatcher.claim() == 1
     assert store.offloaded == [("job1", 100, "ob")]
     assert recorder.tasks == [] and store.advanced == []
-    owned = dispatcher.jobs["job1"]
-    assert owned.offloaded and owned.exhausted and owned.in_flight == 0
+    # The offloader's now: its lease goes back, it takes no slot and no window.
+    assert dispatcher.jobs == {} and store.released == [["job1"]]
 
 
 async def test_a_short_deadline_runs_realtime(store: FakeDispatchStore, recorder: Recorder) -> None:
@@ -761,18 +761,12 @@ async def test_an_offload_the_ledger_refuses_keeps_nothing(
     assert dispatcher.jobs == {} and recorder.tasks == []
 
 
-async def test_a_job_marked_before_stays_offloaded_and_is_never_judged_stalled(
+async def test_a_job_marked_before_is_let_go_at_once(
     store: FakeDispatchStore, recorder: Recorder
 ) -> None:
     marked = replace(job(total=100, model="gone", dispatched_upto=100), offload_deployment="ob")
     store.queued.append(marked)
-    store.alive["job1"] = marked
-    store.stalled["job1"] = 0
     dispatcher = offload_dispatcher(store, recorder)
     await dispatcher.claim()
     assert store.offloaded == [] and recorder.tasks == []
-    assert dispatcher.jobs["job1"].offloaded
-    await dispatcher.renew()
-    assert await dispatcher.recover_stalled() == 0
-    assert not any(call[0] == "claim_stalled" for call in store.calls)
-    assert recorder.tasks == []
+    assert dispatcher.jobs == {} and store.released == [["job1"]]

@@ -400,12 +400,13 @@ _CLAIM_OUTRANKING = (
 )
 
 # $1 owner, $2 limit, $3 lease seconds: running jobs whose lease expired (batches_running).
+# An offloaded job is left alone: every row of it is released and the offloader owns them.
 _CLAIM_EXPIRED = (
     "UPDATE batches b SET lease_owner = $1,"
     " lease_expires_at = now() + make_interval(secs => $3)"
     f" FROM (SELECT id FROM batches WHERE {status_in([JobStatus.RUNNING])}"
     "       AND (lease_expires_at IS NULL OR lease_expires_at < now())"
-    f"       AND {_WANTED}"
+    f"       AND {_WANTED} AND offload_deployment IS NULL"
     "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
     f" WHERE b.id = q.id RETURNING {_prefixed('b')}"
 )

@@ -196,6 +196,19 @@ class OffloadStore:
             )
         return [_batch(r) for r in records]
 
+    async def renew(self, offload_id: int, owner: str, lease_s: float) -> bool:
+        """Extend our lease on a record while a long step runs (a large upload): only
+        while we hold one; False when it is no longer ours."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE offload_batches SET lease_until = now() + make_interval(secs => $3)"
+                " WHERE id = $1 AND owner = $2 AND lease_until IS NOT NULL RETURNING id",
+                offload_id,
+                owner,
+                lease_s,
+            )
+        return value is not None
+
     async def lines(
         self, offload_id: int, after: tuple[str, int] | None, limit: int
     ) -> list[OffloadLine]:
