@@ -110,7 +110,8 @@ OFFLOAD_BATCHES = Counter(
 )
 OFFLOAD_ROWS = Counter(
     "relay_offload_rows_total",
-    "Offloaded rows by what became of them (submitted, answered, forwarded, dropped)",
+    "Offloaded rows by what became of them (submitted, answered, forwarded, dropped, late:"
+    " answered after their job ended, discarded by the ledger)",
     ["outcome"],
 )
 OFFLOAD_POLLS = Counter("relay_offload_polls_total", "Polls of provider batches", ["deployment"])

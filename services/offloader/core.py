@@ -265,7 +265,8 @@ class Offloader:
         if not outcomes:
             return 0
         await self._publish_outcomes(shard, OutcomesMessage.encode_parts(parts))
-        await self._store.mark_rows([(o.batch_id, o.row_index) for o in outcomes], RowState.DONE)
+        _, late = await self._store.mark_done([(o.batch_id, o.row_index) for o in outcomes])
+        OFFLOAD_ROWS.labels("late").inc(late)
         return len(outcomes)
 
     # --- 4. forward --------------------------------------------------------------------

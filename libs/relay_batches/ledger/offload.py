@@ -377,6 +377,27 @@ class OffloadStore:
             )
         return int(status.split()[-1])
 
+    async def mark_done(self, keys: Sequence[tuple[str, int]]) -> tuple[int, int]:
+        """The submitted rows ``keys`` had their outcome published: ``done``. How many
+        moved, and of those how many belong to jobs that ended meanwhile (late outcomes:
+        the ledger discards them)."""
+        if not keys:
+            return 0, 0
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE offload_rows o SET state = $3"
+                " FROM unnest($1::text[], $2::int[]) AS k(batch_id, row_index), batches b"
+                " WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index"
+                " AND o.state = $4 AND b.id = o.batch_id"
+                " RETURNING b.status = ANY($5::text[])",
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+                RowState.DONE,
+                RowState.SUBMITTED,
+                _ENDED,
+            )
+        return len(records), sum(1 for r in records if r[0])
+
     async def settle(self, offload_id: int, owner: str) -> int:
         """Its results are all read: the rows it gave no outcome for are forwarded and
         the record is ``settled``, in one transaction; how many rows were forwarded."""
