@@ -46,12 +46,12 @@ async def offload_system(output_dir: Path, http: aiohttp.ClientSession) -> Async
 
 @pytest.fixture(scope="module")
 async def slow_system(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    """A system whose simulated provider batches take 30 s (a cancel lands meanwhile)."""
+    """A system whose simulated provider batches take 8 s (a cancel lands meanwhile)."""
     async with running_system(
         "offload-slow",
         output_dir / "e2e-offload-slow",
         http,
-        sim_env={"RELAY_SIM_BATCH_DELAY_S": "30"},
+        sim_env={"RELAY_SIM_BATCH_DELAY_S": "8"},
         RELAY_OFFLOAD_INTERVAL_S="0.2",
     ) as system:
         yield system
@@ -182,6 +182,44 @@ async def test_a_cancel_mid_offload_ends_canceled_and_discards_late_outcomes(
     again = await api.get(created["id"])
     assert (again["status"], again["completed"], again["failed"]) == ("canceled", 0, 0)
     assert len(webhooks.for_batch(created["id"])) == 1
+
+
+async def test_a_canceled_jobs_rows_answered_with_another_jobs_are_discarded(
+    slow_system: System, http: aiohttp.ClientSession
+) -> None:
+    api = await client(slow_system, http, "offload-late")
+    before = await sim_stats(http, slow_system)
+    canceled = await api.submit({"model": "sim-half", "requests": marked_rows(30)})
+    kept = await api.submit({"model": "sim-half", "requests": marked_rows(20)})
+
+    async def submitted() -> bool:
+        return (await sim_stats(http, slow_system))["batch_rows"] - before["batch_rows"] >= 50
+
+    await wait_until(submitted, 30, "both jobs' rows submitted")
+    status, body = await api.request("POST", f"/v1/batches/{canceled['id']}/cancel")
+    assert status == 200, body
+    # The provider batch holds a live job's rows too: it runs to its end, and the
+    # canceled job's answers come back after its cancel.
+    done = await api.wait_status(kept["id"], {"completed", "failed"}, timeout=60)
+    assert (done["status"], done["completed"]) == ("completed", 20)
+    again = await api.get(canceled["id"])
+    assert (again["status"], again["completed"], again["failed"]) == ("canceled", 0, 0)
+    assert await provider_batches(slow_system, canceled["id"]) == {"settled"}
+    # Answered late (done: published, refused by the ledger) but for its rows the provider
+    # failed or expired, which are never forwarded for an ended job (dropped).
+    assert await offload_row_states(slow_system, canceled["id"]) == {"done", "dropped"}
+
+
+async def offload_row_states(system: System, batch_id: str) -> set[str]:
+    """The states of a job's offload rows."""
+    conn = await asyncpg.connect(system.iso.database_url)
+    try:
+        records = await conn.fetch(
+            "SELECT DISTINCT state FROM offload_rows WHERE batch_id = $1", batch_id
+        )
+    finally:
+        await conn.close()
+    return {r[0] for r in records}
 
 
 async def provider_batches(system: System, batch_id: str) -> set[str]:
