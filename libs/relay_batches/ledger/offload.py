@@ -29,6 +29,7 @@ from relay_batches.ledger.status_sql import status_in
 from relay_batches.model import TERMINAL, JobStatus
 
 INTAKE_STEP = 10_000
+DROP_WITHIN_S = 3600.0
 
 
 class BatchState(StrEnum):
@@ -161,11 +162,14 @@ class OffloadStore:
                 recorded += int(status.split()[-1])
         return recorded
 
-    async def drop_ended(self) -> int:
-        """Pending and forward rows of jobs that ended (canceled, expired, …) become
-        ``dropped``: they are never submitted nor forwarded; how many."""
+    async def drop_ended(self, within_s: float = DROP_WITHIN_S) -> int:
+        """Pending and forward rows of offloaded jobs that ended (canceled, expired, …)
+        within the last ``within_s`` become ``dropped``; how many. Only a marking: such
+        rows are never gathered nor forwarded anyway (both take live jobs' rows only), so
+        the scan goes from the recently ended jobs (index ``batches_ended``) to their rows
+        by key, never over every waiting row."""
         async with translated():
-            status = await self._pool.execute(_DROP_ENDED, _ENDED)
+            status = await self._pool.execute(_DROP_ENDED, within_s)
         return int(status.split()[-1])
 
     async def gather(self, gathering: Gathering) -> int | None:
@@ -493,11 +497,13 @@ _INTAKE_ROWS = (
 )
 _INTAKE_ADVANCE = "UPDATE batches SET offload_upto = GREATEST(offload_upto, $2) WHERE id = $1"
 
-# $1 the ended statuses.
+# $1 seconds: the offloaded jobs that ended that recently, then their waiting rows.
 _DROP_ENDED = (
-    f"UPDATE offload_rows o SET state = '{RowState.DROPPED}' FROM batches b"
-    f" WHERE o.state IN ('{RowState.PENDING}', '{RowState.FORWARD}')"
-    " AND b.id = o.batch_id AND b.status = ANY($1::text[])"
+    f"UPDATE offload_rows o SET state = '{RowState.DROPPED}'"
+    f" FROM (SELECT id FROM batches WHERE {status_in(TERMINAL)}"
+    "  AND completed_at > now() - make_interval(secs => $1)"
+    "  AND offload_deployment IS NOT NULL) b"
+    f" WHERE o.batch_id = b.id AND o.state IN ('{RowState.PENDING}', '{RowState.FORWARD}')"
 )
 
 _GATHER_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('relay.offload.gather'), hashtext($1))"
