@@ -302,14 +302,13 @@ class Offloader:
     async def _step(
         self, batch: OffloadBatch, step: Callable[[OffloadBatch, BatchClient], Awaitable[None]]
     ) -> None:
-        """Run one record's step; a provider failure lets the record go until later (a
-        permanent one ends it as failed: its rows go realtime)."""
+        """Run one record's step; a provider failure lets the record go until later, but
+        one that cannot pass (see :func:`gives_up`) ends it: its rows go realtime."""
         client = self._clients.get(batch.deployment)
         owner = self._config.owner
         if client is None:
             # The deployment left the routes file: its rows go realtime.
-            if batch.state in (BatchState.RECORDED, BatchState.CREATING):
-                await self._store.set_ended(batch.id, owner, None, None, "deployment not routed")
+            await self._store.set_ended(batch.id, owner, None, None, "deployment not routed")
             await self._store.settle(batch.id, owner)
             return
         started = time.perf_counter()
@@ -321,7 +320,7 @@ class Offloader:
                 "offload_step_failed",
                 extra={"offload_id": batch.id, "error": str(exc), "permanent": exc.permanent},
             )
-            if exc.permanent and batch.state in (BatchState.RECORDED, BatchState.CREATING):
+            if gives_up(batch.state, exc):
                 await self._store.set_ended(batch.id, owner, None, None, str(exc)[:500])
                 await self._store.settle(batch.id, owner)
             else:
@@ -350,6 +349,19 @@ class Offloader:
         client = self._clients[deployment]
         options = client.deployment.batch
         return 30.0 if options is None else options.poll_s
+
+
+def gives_up(state: BatchState, exc: ProviderError) -> bool:
+    """Whether a failed step ends its record (every row it did not answer goes
+    realtime) rather than waiting for the next try: a permanent refusal before the
+    provider holds the batch (the input or the create refused), one of a batch the
+    provider does not know (404), or of its results once it ended. A batch the provider
+    holds is otherwise polled again, whatever the failure: it may still answer."""
+    if not exc.permanent:
+        return False
+    if state in (BatchState.RECORDED, BatchState.CREATING, BatchState.ENDED):
+        return True
+    return "HTTP 404" in str(exc)
 
 
 def _ended(batch: OffloadBatch, state: ProviderState) -> OffloadBatch:

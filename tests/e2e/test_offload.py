@@ -133,6 +133,20 @@ async def test_a_job_runs_through_the_batch_api_and_its_failed_rows_go_realtime(
     assert after["batch_rows_repeated"] == before["batch_rows_repeated"] == 0
 
 
+async def test_rows_of_a_provider_batch_that_fails_whole_go_realtime(
+    offload_system: System, http: aiohttp.ClientSession
+) -> None:
+    api = await client(offload_system, http, "offload-fail")
+    requests = marked_rows(40)
+    requests[5]["messages"] = [{"role": "user", "content": "row 5 [sim:batch-fail]"}]
+    created = await api.submit({"model": "sim-half", "requests": requests})
+    batch = await api.wait_status(created["id"], {"completed", "failed"}, timeout=60)
+    assert (batch["status"], batch["completed"]) == ("completed", 40), batch
+    data = await detailed_rows(api, created["id"])
+    assert {row["deployment"] for row in data} == {"sim-priced"}
+    assert await provider_batches(offload_system, created["id"]) == {"settled"}
+
+
 async def test_a_short_completion_window_runs_realtime(
     offload_system: System, http: aiohttp.ClientSession
 ) -> None:

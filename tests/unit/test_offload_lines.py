@@ -12,9 +12,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from relay_batches.ledger.offload import BatchState
 from relay_batches.offload import anthropic_batch, openai_batch
 from relay_batches.offload.lines import (
     MAX_LINE_BYTES,
+    ProviderError,
     ResultLine,
     custom_id,
     json_lines,
@@ -22,6 +24,7 @@ from relay_batches.offload.lines import (
 )
 from relay_batches.router.aliases import BatchOptions, Deployment
 from relay_batches.router.types import Completion, UnsupportedRequest
+from relay_batches.services.offloader.core import gives_up
 
 JOB = "0123456789abcdef0123456789abcdef"
 NO_SESSION: Any = None  # building lines makes no call
@@ -158,3 +161,21 @@ async def test_json_lines_splits_a_stream_across_chunks_and_skips_an_oversized_l
     finally:
         await server.close()
     assert [orjson.loads(line) for line in lines] == [{"a": 1}, {"b": "2" * 70_000}, {"c": 3}]
+
+
+@pytest.mark.parametrize(
+    ("state", "message", "permanent", "gives"),
+    [
+        ("recorded", "create: HTTP 400: bad input", True, True),
+        ("creating", "create: HTTP 400: bad input", True, True),
+        ("ended", "results: HTTP 404: gone", True, True),
+        ("submitted", "retrieve: HTTP 404: no such batch", True, True),
+        ("submitted", "retrieve: HTTP 401: bad key", True, False),
+        ("recorded", "upload: ClientConnectorError", False, False),
+        ("submitted", "retrieve: HTTP 503: busy", False, False),
+    ],
+)
+def test_which_failures_end_a_provider_batch(
+    state: str, message: str, permanent: bool, gives: bool
+) -> None:
+    assert gives_up(BatchState(state), ProviderError(message, permanent)) is gives
