@@ -5,14 +5,18 @@ with the same record, never a second one), settling and forwarding."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import asyncpg
 import orjson
 import pytest
 
+from relay_batches.ids import new_id
 from relay_batches.ledger import dispatch
 from relay_batches.ledger.deletion import JobDeletion
 from relay_batches.ledger.dispatch import DispatchStore
-from relay_batches.ledger.jobs import JobStore
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.offload import (
     BatchState,
     ForwardRow,
@@ -20,7 +24,9 @@ from relay_batches.ledger.offload import (
     OffloadStore,
     RowState,
 )
-from tests.helpers.offload import OWNER, offloaded_job
+from relay_batches.messages import JobEvent, SliceMessage
+from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from tests.helpers.offload import OWNER, offloaded_job, request
 
 
 async def row_states(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
@@ -238,3 +244,58 @@ async def test_polls_back_off_without_progress_and_a_cancel_is_recorded(
     assert await store.set_canceling(made, "p")
     state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", made)
     assert state == "canceling"
+
+
+async def test_a_dispatcher_offloads_a_patient_job_and_runs_a_hurried_one_realtime(
+    pool: asyncpg.Pool,
+) -> None:
+    workspace = await KeyStore(pool).ensure_workspace(f"offd-{new_id()[:8]}")
+    rows = [(f"c-{i}", request(i)) for i in range(6)]
+    patient = await JobStore(pool).create(
+        NewJob(new_id(), workspace, "p", "half", 0, 6, None, None, None), rows
+    )
+    hurried = await JobStore(pool).create(
+        NewJob(
+            new_id(),
+            workspace,
+            "h",
+            "half",
+            0,
+            6,
+            None,
+            None,
+            None,
+            completion_window=timedelta(hours=24),
+        ),
+        rows,
+    )
+    published: list[SliceMessage] = []
+
+    async def publish(task: SliceMessage, level: int) -> None:
+        if task.batch_id in (patient.id, hurried.id):
+            published.append(task)
+
+    async def announce(event: JobEvent) -> None:
+        raise AssertionError(f"unexpected job failure {event}")
+
+    dispatcher = Dispatcher(
+        DispatchStore(pool),
+        publish,
+        announce,
+        lambda _: True,
+        DispatchConfig("dispatcher-offload-int", 100, 4, 1000, lease_s=30),
+        offload_lead={"half": ("ob-dispatch", timedelta(hours=24))}.get,
+    )
+    await dispatcher.claim()
+    await dispatcher.hand_back()  # jobs of other tests it may have claimed go back
+    record = await pool.fetchrow(
+        "SELECT offload_deployment, dispatched_upto, lease_expires_at FROM batches WHERE id = $1",
+        patient.id,
+    )
+    assert tuple(record) == ("ob-dispatch", 6, None)
+    assert {t.batch_id for t in published} == {hurried.id}
+    assert sorted(r.index for t in published for r in t.rows) == list(range(6))
+    assert (
+        await pool.fetchval("SELECT offload_deployment FROM batches WHERE id = $1", hurried.id)
+        is None
+    )
