@@ -61,6 +61,8 @@ PublishSlice = Callable[[SliceMessage], Awaitable[None]]
 CLAIM_LIMIT = 4
 FORWARD_ROWS = 500
 FORWARD_SLICE_ROWS = 50
+FORWARD_BYTES = 8 * 1024 * 1024  # of row requests taken at once (a row larger goes alone)
+MAX_SLICE_BYTES = 4 * 1024 * 1024  # a forwarded slice's requests, as the dispatcher's
 OUTCOME_ROWS = 200
 OUTCOME_BYTES = 256 * 1024
 MAX_POLL_FACTOR = 10
@@ -274,7 +276,7 @@ class Offloader:
     async def forward_pass(self) -> None:
         """Publish the rows waiting to go realtime, a bounded batch per transaction."""
         for _ in range(GATHER_ROUNDS):
-            moved = await self._store.forward(FORWARD_ROWS, self._forward)
+            moved = await self._store.forward(FORWARD_ROWS, FORWARD_BYTES, self._forward)
             OFFLOAD_ROWS.labels("forwarded").inc(moved)
             if moved < FORWARD_ROWS:
                 return
@@ -283,15 +285,18 @@ class Offloader:
         """Slices of consecutive rows of one job, confirmed together."""
         slices: list[SliceMessage] = []
         run: list[ForwardRow] = []
+        size = 0
         for row in rows:
             if run and (
                 row.batch_id != run[0].batch_id
                 or row.row_index != run[-1].row_index + 1
                 or len(run) >= FORWARD_SLICE_ROWS
+                or size + len(row.request) > MAX_SLICE_BYTES
             ):
                 slices.append(_slice(run, self._config.owner))
-                run = []
+                run, size = [], 0
             run.append(row)
+            size += len(row.request)
         if run:
             slices.append(_slice(run, self._config.owner))
         await asyncio.gather(*(self._publish_slice(s) for s in slices))

@@ -23,6 +23,7 @@ from relay_batches.offload.lines import BatchClient
 from relay_batches.router.types import UnsupportedRequest
 
 PAGE = 1_000
+PAGE_BYTES = 8 * 1024 * 1024  # of row requests read at once (a row larger goes alone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ async def build_input(
     try:
         after: tuple[str, int] | None = None
         parts: list[bytes] = [opening]
-        while page := await store.lines(offload_id, after, PAGE):
+        while page := await store.lines(offload_id, after, PAGE, PAGE_BYTES):
             after = (page[-1].batch_id, page[-1].row_index)
             refused: list[tuple[str, int]] = []
             for line in page:

@@ -108,9 +108,16 @@ async def test_gather_by_rows_then_by_linger(pool: asyncpg.Pool) -> None:
         [first, second, third],
     )
     assert [tuple(r) for r in sizes] == [(10, "recorded"), (10, "recorded"), (5, "recorded")]
-    lines = await store.lines(first, None, 4)
+    lines = await store.lines(first, None, 4, 10_000_000)
     assert [(line.batch_id, line.row_index) for line in lines] == [(batch_id, i) for i in range(4)]
-    after = await store.lines(first, (batch_id, 3), 100)
+    one = await store.lines(first, None, 100, 1)
+    assert [line.row_index for line in one] == [0], "a page cut by bytes holds one row at least"
+    size = await pool.fetchval(
+        "SELECT bytes FROM offload_rows WHERE batch_id = $1 LIMIT 1", batch_id
+    )
+    two = await store.lines(first, None, 100, 2 * size)
+    assert [line.row_index for line in two] == [0, 1]
+    after = await store.lines(first, (batch_id, 3), 100, 10_000_000)
     assert [line.row_index for line in after] == list(range(4, 10))
     assert orjson.loads(after[0].request) == [{"role": "user", "content": "row 4"}]
 
@@ -199,7 +206,7 @@ async def test_settle_forwards_rows_without_an_outcome_and_forward_publishes_the
     async def publish(rows: list[ForwardRow]) -> None:
         published.extend(r for r in rows if r.batch_id == batch_id)
 
-    while await store.forward(100, publish):
+    while await store.forward(100, 10_000_000, publish):
         pass
     assert [r.row_index for r in published] == [2, 3, 4]
     assert (published[0].model, published[0].params) == ("half", "{}")
@@ -222,7 +229,7 @@ async def test_a_failed_forward_publish_leaves_the_rows_to_forward(pool: asyncpg
             raise RuntimeError("broker away")
 
     with pytest.raises(RuntimeError, match="broker away"):
-        while await store.forward(100, refuse):
+        while await store.forward(100, 10_000_000, refuse):
             pass
     assert await row_states(pool, batch_id) == {"forward": 2}
 

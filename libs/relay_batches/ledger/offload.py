@@ -214,13 +214,16 @@ class OffloadStore:
         return value is not None
 
     async def lines(
-        self, offload_id: int, after: tuple[str, int] | None, limit: int
+        self, offload_id: int, after: tuple[str, int] | None, limit: int, max_bytes: int
     ) -> list[OffloadLine]:
-        """Up to ``limit`` rows of a provider batch after ``after`` (keyset order by
-        ``(batch_id, row_index)``), with their requests and their jobs' params."""
+        """Up to ``limit`` rows of a provider batch still to send, after ``after`` (keyset
+        order by ``(batch_id, row_index)``), their requests within ``max_bytes`` (the
+        first one whatever its size), with their jobs' params."""
         start = after or ("", -1)
         async with translated():
-            records = await self._pool.fetch(_LINES, offload_id, start[0], start[1], limit)
+            records = await self._pool.fetch(
+                _LINES, offload_id, start[0], start[1], limit, max_bytes
+            )
         return [OffloadLine(*r) for r in records]
 
     async def set_creating(self, offload_id: int, owner: str, input_file_id: str | None) -> bool:
@@ -424,13 +427,14 @@ class OffloadStore:
 
     # --- forwarding --------------------------------------------------------------------
 
-    async def forward(self, limit: int, publish: PublishForward) -> int:
-        """Take up to ``limit`` rows waiting to go realtime (locked SKIP LOCKED), hand
+    async def forward(self, limit: int, max_bytes: int, publish: PublishForward) -> int:
+        """Take up to ``limit`` rows waiting to go realtime, their requests within
+        ``max_bytes`` (the first whatever its size; locked SKIP LOCKED), hand
         them to ``publish`` (which returns once the broker confirmed them) and mark them
         ``forwarded`` in the same transaction: a crash before the commit publishes them
         again (a duplicate realtime call at worst; the outcome insert is idempotent)."""
         async with translated(), self._pool.acquire() as conn, conn.transaction():
-            records = await conn.fetch(_FORWARD_LOCK, limit)
+            records = await conn.fetch(_FORWARD_LOCK, limit, max_bytes)
             if not records:
                 return 0
             await publish([ForwardRow(*r) for r in records])
@@ -555,14 +559,20 @@ _CLAIM = (
     f" WHERE b.id = c.id RETURNING {', '.join('b.' + c.strip() for c in _BATCH_COLUMNS.split(','))}"
 )
 
-# $1 offload batch, $2/$3 after this (batch_id, row_index), $4 limit.
+# $1 offload batch, $2/$3 after this (batch_id, row_index), $4 limit, $5 bytes: the page
+# is cut by the rows' stored sizes before any request is read.
 _LINES = (
-    "SELECT o.batch_id, o.row_index, r.request, b.params"
-    " FROM offload_rows o JOIN batches b ON b.id = o.batch_id"
-    " JOIN batch_rows r ON r.batch_id = b.rows_batch_id AND r.row_index = o.row_index"
-    f" WHERE o.provider_batch = $1 AND o.state = '{RowState.SUBMITTED}'"
-    " AND (o.batch_id, o.row_index) > ($2, $3)"
-    " ORDER BY o.batch_id, o.row_index LIMIT $4"
+    "WITH page AS (SELECT o.batch_id, o.row_index,"
+    "  sum(o.bytes) OVER (ORDER BY o.batch_id, o.row_index) AS upto,"
+    "  row_number() OVER (ORDER BY o.batch_id, o.row_index) AS n"
+    f"  FROM offload_rows o WHERE o.provider_batch = $1 AND o.state = '{RowState.SUBMITTED}'"
+    "  AND (o.batch_id, o.row_index) > ($2, $3)"
+    "  ORDER BY o.batch_id, o.row_index LIMIT $4)"
+    " SELECT p.batch_id, p.row_index, r.request, b.params"
+    " FROM page p JOIN batches b ON b.id = p.batch_id"
+    " JOIN batch_rows r ON r.batch_id = b.rows_batch_id AND r.row_index = p.row_index"
+    " WHERE p.n = 1 OR p.upto <= $5"
+    " ORDER BY p.batch_id, p.row_index"
 )
 
 # $1 offload batch, $2 the ended statuses: one row whose job is still live, if any.
@@ -571,11 +581,19 @@ _ANY_LIVE_ROW = (
     " WHERE o.provider_batch = $1 AND NOT b.status = ANY($2::text[]) LIMIT 1"
 )
 
-# $1 limit: rows to forward of live jobs, with what their slice carries.
+# $1 limit, $2 bytes: rows to forward of live jobs (locked), cut by their stored sizes,
+# then with what their slice carries.
 _FORWARD_LOCK = (
-    "SELECT o.batch_id, o.row_index, r.request, b.model, b.params, b.priority, b.expires_at"
-    " FROM offload_rows o JOIN batches b ON b.id = o.batch_id"
-    " JOIN batch_rows r ON r.batch_id = b.rows_batch_id AND r.row_index = o.row_index"
-    f" WHERE o.state = '{RowState.FORWARD}' AND b.{_LIVE_JOB}"
-    " ORDER BY o.batch_id, o.row_index LIMIT $1 FOR UPDATE OF o SKIP LOCKED"
+    "WITH taken AS (SELECT o.batch_id, o.row_index, o.bytes"
+    "  FROM offload_rows o JOIN batches b ON b.id = o.batch_id"
+    f"  WHERE o.state = '{RowState.FORWARD}' AND b.{_LIVE_JOB}"
+    "  ORDER BY o.batch_id, o.row_index LIMIT $1 FOR UPDATE OF o SKIP LOCKED),"
+    " page AS (SELECT batch_id, row_index,"
+    "  sum(bytes) OVER (ORDER BY batch_id, row_index) AS upto,"
+    "  row_number() OVER (ORDER BY batch_id, row_index) AS n FROM taken)"
+    " SELECT p.batch_id, p.row_index, r.request, b.model, b.params, b.priority, b.expires_at"
+    " FROM page p JOIN batches b ON b.id = p.batch_id"
+    " JOIN batch_rows r ON r.batch_id = b.rows_batch_id AND r.row_index = p.row_index"
+    " WHERE p.n = 1 OR p.upto <= $2"
+    " ORDER BY p.batch_id, p.row_index"
 )
