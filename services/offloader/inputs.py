@@ -2,8 +2,8 @@
 
 The rows of the record are read from the ledger in keyset pages of :data:`PAGE` rows,
 each built into its line by the provider client (the realtime request builder, the row's
-params over the job's); the page's lines are written to a temporary file in a worker
-thread, so memory holds one page and the event loop never writes to disk. A row the
+params over the job's) and written to a temporary file in a worker thread, so memory
+holds one page and the event loop neither builds lines nor writes to disk. A row the
 provider cannot take (or whose stored request no longer decodes) is marked ``forward``
 with its page: it goes realtime, to the alias's next deployment.
 """
@@ -50,33 +50,46 @@ def _append(fd: int, parts: list[bytes]) -> None:
     os.write(fd, b"".join(parts))
 
 
+def _write_page(
+    fd: int, client: BatchClient, offload_id: int, page: list[OffloadLine], written: int
+) -> tuple[int, int, list[tuple[str, int]]]:
+    """Build and append one page's lines after the ``written`` ones before it (in a
+    worker thread): how many rows and bytes it wrote, and the rows it could not take."""
+    separator = client.frame()[1]
+    parts: list[bytes] = []
+    refused: list[tuple[str, int]] = []
+    rows = 0
+    for line in page:
+        built = _line(client, offload_id, line)
+        if built is None:
+            refused.append((line.batch_id, line.row_index))
+            continue
+        if written + rows:
+            parts.append(separator)
+        parts.append(built)
+        rows += 1
+    _append(fd, parts)
+    return rows, sum(len(p) for p in parts), refused
+
+
 async def build_input(
     store: OffloadStore, client: BatchClient, offload_id: int, directory: str | None = None
 ) -> BuiltInput:
     """Write record ``offload_id``'s input to a new temporary file (the caller removes
     it); rows that cannot go in are forwarded."""
-    opening, separator, closing = client.frame()
+    opening, _, closing = client.frame()
     fd, path = tempfile.mkstemp(prefix=f"relay-offload-{offload_id}-", dir=directory)
-    rows = size = 0
+    rows, size = 0, len(opening)
     try:
+        await asyncio.to_thread(_append, fd, [opening])
         after: tuple[str, int] | None = None
-        parts: list[bytes] = [opening]
         while page := await store.lines(offload_id, after, PAGE, PAGE_BYTES):
             after = (page[-1].batch_id, page[-1].row_index)
-            refused: list[tuple[str, int]] = []
-            for line in page:
-                built = _line(client, offload_id, line)
-                if built is None:
-                    refused.append((line.batch_id, line.row_index))
-                    continue
-                if rows:
-                    parts.append(separator)
-                parts.append(built)
-                rows += 1
+            written, length, refused = await asyncio.to_thread(
+                _write_page, fd, client, offload_id, page, rows
+            )
             await store.mark_rows(refused, RowState.FORWARD)
-            size += sum(len(p) for p in parts)
-            await asyncio.to_thread(_append, fd, parts)
-            parts = []
+            rows, size = rows + written, size + length
         size += len(closing)
         await asyncio.to_thread(_append, fd, [closing])
     except BaseException:

@@ -4,6 +4,8 @@ streamed body."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -12,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from relay_batches.ledger.offload import BatchState
+from relay_batches.ledger.offload import BatchState, OffloadLine, RowState
 from relay_batches.offload import anthropic_batch, openai_batch
 from relay_batches.offload.lines import (
     MAX_LINE_BYTES,
@@ -25,6 +27,7 @@ from relay_batches.offload.lines import (
 from relay_batches.router.aliases import BatchOptions, Deployment
 from relay_batches.router.types import Completion, UnsupportedRequest
 from relay_batches.services.offloader.core import gives_up
+from relay_batches.services.offloader.inputs import build_input
 
 JOB = "0123456789abcdef0123456789abcdef"
 NO_SESSION: Any = None  # building lines makes no call
@@ -179,3 +182,50 @@ def test_which_failures_end_a_provider_batch(
     state: str, message: str, permanent: bool, gives: bool
 ) -> None:
     assert gives_up(BatchState(state), ProviderError(message, permanent)) is gives
+
+
+class PagedLines:
+    """The store's side of building an input: rows two at a time, the refused recorded."""
+
+    def __init__(self, lines: list[OffloadLine]) -> None:
+        self._lines = lines
+        self.marked: list[tuple[list[tuple[str, int]], RowState]] = []
+
+    async def lines(
+        self, offload_id: int, after: tuple[str, int] | None, limit: int, max_bytes: int
+    ) -> list[OffloadLine]:
+        rest = [x for x in self._lines if after is None or (x.batch_id, x.row_index) > after]
+        return rest[:2]
+
+    async def mark_rows(self, keys: list[tuple[str, int]], state: RowState) -> int:
+        if keys:
+            self.marked.append((keys, state))
+        return len(keys)
+
+
+@pytest.mark.parametrize("refused", [set(), {0, 1}, {1, 3}, {0, 1, 2, 3, 4}])
+async def test_an_anthropic_input_is_one_json_body_whatever_rows_it_refuses(
+    tmp_path: Path, refused: set[int]
+) -> None:
+    client = anthropic_batch.AnthropicBatches(batch_deployment("anthropic-batch"), NO_SESSION)
+    rows = [
+        OffloadLine(
+            JOB, i, orjson.dumps(MESSAGES).decode(), '{"seed": 1}' if i in refused else "{}"
+        )
+        for i in range(5)
+    ]
+    store = PagedLines(rows)
+    built = await build_input(store, client, 9, str(tmp_path))  # type: ignore[arg-type]
+    data = await asyncio.to_thread(Path(built.path).read_bytes)
+    assert built.size == len(data) and built.rows == 5 - len(refused)
+    sent = [r["custom_id"] for r in orjson.loads(data)["requests"]]
+    assert sent == [f"9-{JOB}-{i}" for i in range(5) if i not in refused]
+    assert [k for keys, _ in store.marked for k in keys] == [(JOB, i) for i in sorted(refused)]
+
+
+async def test_an_openai_input_is_one_line_per_row(tmp_path: Path) -> None:
+    client = openai_batch.OpenAIBatches(batch_deployment("openai-batch"), NO_SESSION)
+    rows = [OffloadLine(JOB, i, orjson.dumps(MESSAGES).decode(), "{}") for i in range(3)]
+    built = await build_input(PagedLines(rows), client, 9, str(tmp_path))  # type: ignore[arg-type]
+    lines = (await asyncio.to_thread(Path(built.path).read_bytes)).splitlines()
+    assert [orjson.loads(line)["custom_id"] for line in lines] == [f"9-{JOB}-{i}" for i in range(3)]
