@@ -216,3 +216,15 @@ def test_only_the_simulator_gets_the_dev_limits_and_relay_dev_says_so(tmp_path: 
         "rate limit 6000 tpm: the simulator enforces it (429 above it, GET /stats); "
         "RELAY_ROUTES_FILE is used as it is (put rpm/tpm in it)"
     ]
+
+
+def test_dev_limits_leave_a_batch_deployment_alone() -> None:
+    text = (
+        '[aliases.half]\ndeployments = ["b", "r"]\n\n'
+        '[deployments.b]\nprovider = "openai-batch"\nbase_url = "http://127.0.0.1:1/v1"\n'
+        'model = "m"\n\n'
+        '[deployments.r]\nprovider = "openai"\nbase_url = "http://127.0.0.1:1/v1"\n'
+        'model = "m"\n'
+    )
+    limited = tomllib.loads(with_limits(text, {"rpm": 600}))["deployments"]
+    assert ("rpm" in limited["b"], limited["r"]["rpm"]) == (False, 600)
