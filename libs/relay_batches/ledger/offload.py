@@ -406,22 +406,25 @@ class OffloadStore:
         return len(records), sum(1 for r in records if r[0])
 
     async def settle(self, offload_id: int, owner: str) -> int:
-        """Its results are all read: the rows it gave no outcome for are forwarded and
-        the record is ``settled``, in one transaction; how many rows were forwarded."""
+        """Its results are all read: the record is ``settled`` and the rows it gave no
+        outcome for are forwarded, in one transaction, only while it is ours and ended;
+        how many rows were forwarded."""
         async with translated(), self._pool.acquire() as conn, conn.transaction():
+            ours = await conn.fetchval(
+                "UPDATE offload_batches SET state = $3, lease_until = NULL"
+                " WHERE id = $1 AND owner = $2 AND state = $4 RETURNING id",
+                offload_id,
+                owner,
+                BatchState.SETTLED,
+                BatchState.ENDED,
+            )
+            if ours is None:
+                return 0
             status = await conn.execute(
                 "UPDATE offload_rows SET state = $2 WHERE provider_batch = $1 AND state = $3",
                 offload_id,
                 RowState.FORWARD,
                 RowState.SUBMITTED,
-            )
-            await conn.execute(
-                "UPDATE offload_batches SET state = $3, lease_until = NULL"
-                " WHERE id = $1 AND owner = $2 AND state = $4",
-                offload_id,
-                owner,
-                BatchState.SETTLED,
-                BatchState.ENDED,
             )
         return int(status.split()[-1])
 
