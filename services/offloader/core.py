@@ -68,6 +68,10 @@ OUTCOME_BYTES = 256 * 1024
 MAX_POLL_FACTOR = 10
 RETRY_S = 5.0
 GATHER_ROUNDS = 16
+# Of a deployment's max_bytes, what its gathered rows' sizes (each with a fixed envelope)
+# may fill: the rest is room for what a provider's request format adds to a row (an
+# Anthropic translation's content blocks), so an input never crosses the provider's cap.
+BYTES_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,9 @@ class Offloader:
             if (lead := aliases.batch_lead(alias)) is not None
         }
         self._gatherings = [
-            Gathering(d.name, d.batch.max_rows, d.batch.max_bytes, d.batch.linger_s)
+            Gathering(
+                d.name, d.batch.max_rows, int(d.batch.max_bytes * BYTES_SHARE), d.batch.linger_s
+            )
             for d in aliases.batch_deployments().values()
             if d.batch is not None
         ]
