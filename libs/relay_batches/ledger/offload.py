@@ -140,20 +140,23 @@ class OffloadStore:
         self, leads: Mapping[str, str], step: int = INTAKE_STEP, jobs: int = 16
     ) -> int:
         """Take up to ``step`` released rows of each of up to ``jobs`` offloaded running
-        jobs into ``offload_rows`` (one transaction per job, the job locked SKIP LOCKED
-        so replicas take different ones); how many rows were recorded.
+        jobs (each job once a call, so a large one does not hold the others back) into
+        ``offload_rows``, one transaction per job, the job locked SKIP LOCKED so replicas
+        take different ones; how many rows were recorded.
 
         ``leads`` maps each alias led by a batch deployment to that deployment; a row
         whose own alias (else its job's) is not in it is recorded as ``forward``.
         """
         aliases, deployments = list(leads), list(leads.values())
         recorded = 0
+        taken: list[str] = []
         for _ in range(jobs):
             async with translated(), self._pool.acquire() as conn, conn.transaction():
-                job = await conn.fetchrow(_INTAKE_LOCK)
+                job = await conn.fetchrow(_INTAKE_LOCK, taken)
                 if job is None:
                     break
                 batch_id, rows_batch_id, model, start, upto = job
+                taken.append(batch_id)
                 end = min(upto, start + step)
                 status = await conn.execute(
                     _INTAKE_ROWS, batch_id, rows_batch_id, start, end, model, aliases, deployments
@@ -475,12 +478,12 @@ class OffloadStore:
 
 # --- statements ---------------------------------------------------------------------
 
-# One offloaded running job with released rows not yet taken in; SKIP LOCKED, so a
-# replica taking in another job at once passes this one by.
+# $1 jobs taken this call: one more offloaded running job with released rows not yet
+# taken in; SKIP LOCKED, so a replica taking in another job at once passes this one by.
 _INTAKE_LOCK = (
     "SELECT id, rows_batch_id, model, offload_upto, dispatched_upto FROM batches"
     f" WHERE offload_deployment IS NOT NULL AND {status_in([JobStatus.RUNNING])}"
-    " AND offload_upto < dispatched_upto"
+    " AND offload_upto < dispatched_upto AND NOT id = ANY($1::text[])"
     " ORDER BY id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
 )
 
