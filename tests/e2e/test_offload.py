@@ -147,6 +147,36 @@ async def test_rows_of_a_provider_batch_that_fails_whole_go_realtime(
     assert await provider_batches(offload_system, created["id"]) == {"settled"}
 
 
+async def test_pause_holds_rows_not_yet_submitted(
+    offload_system: System, http: aiohttp.ClientSession
+) -> None:
+    """``sim-held-half`` submits exactly 10 rows at a time: a paused job's 5 waiting rows
+    stay out of the batch a running job's 10 fill, and go with the next batch once it
+    is resumed."""
+    api = await client(offload_system, http, "offload-pause")
+    held = await api.submit({"model": "sim-held-half", "requests": marked_rows(5)})
+
+    async def waiting() -> bool:
+        return await offload_row_states(offload_system, held["id"]) == {"pending"}
+
+    await wait_until(waiting, 30, "the job's rows waiting to be gathered")
+    status, body = await api.request("POST", f"/v1/batches/{held['id']}/pause")
+    assert status == 200, body
+    full = await api.submit({"model": "sim-held-half", "requests": marked_rows(10)})
+    done = await api.wait_status(full["id"], {"completed", "failed"}, timeout=60)
+    assert (done["status"], done["completed"]) == ("completed", 10)
+    assert await offload_row_states(offload_system, held["id"]) == {"pending"}
+
+    status, body = await api.request("POST", f"/v1/batches/{held['id']}/resume")
+    assert status == 200, body
+    filler = await api.submit({"model": "sim-held-half", "requests": marked_rows(5)})
+    for job in (held, filler):
+        ended = await api.wait_status(job["id"], {"completed", "failed"}, timeout=60)
+        assert (ended["status"], ended["completed"]) == ("completed", 5)
+    data = await detailed_rows(api, held["id"])
+    assert {row["deployment"] for row in data} == {"sim-held-batch"}
+
+
 async def test_a_short_completion_window_runs_realtime(
     offload_system: System, http: aiohttp.ClientSession
 ) -> None:
