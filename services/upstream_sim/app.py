@@ -43,6 +43,25 @@ most ``tpm / 60`` tokens, a call counting its prompt tokens plus its
 ``max_tokens`` (``max_completion_tokens``; without either, its reply's tokens); a call over
 either answers 429 at once with ``Retry-After: 1`` and the provider's error shape, and is
 not counted in the window. ``GET /stats`` counts those answers as ``throttled``.
+
+Provider batch APIs (:mod:`.openai_batches`, :mod:`.anthropic_batches`): OpenAI's
+``/v1/files`` and ``/v1/batches`` and Anthropic's ``/v1/messages/batches`` (the headers
+of ``/v1/messages``, or ``Authorization: Bearer`` as the official SDK sends), each batched
+request answered exactly as its realtime call would be (the markers above included; no
+latency, rate limit or hang, and not counted as ``calls``). A batch is done at the first
+poll at least ``SimConfig.batch_delay_s`` after its creation. Markers in a batched
+request's last user text (the realtime endpoints ignore them):
+
+``[sim:batch-error]``    that request fails inside the batch (OpenAI: error file, status
+                         500; Anthropic: ``errored`` with an ``api_error``)
+``[sim:batch-expire]``   that request is left expired (OpenAI: error file with
+                         ``batch_expired``, the batch ends ``expired``; Anthropic:
+                         ``expired``)
+``[sim:batch-fail]``     (OpenAI) the whole batch ends ``failed``, naming that line
+
+``GET /stats`` adds ``batches_created``, ``batch_rows`` (requests submitted in batches)
+and ``batch_rows_repeated`` (of those, custom_ids an earlier batch already submitted);
+``POST /reset`` also forgets every file and batch.
 """
 
 from __future__ import annotations
@@ -100,6 +119,7 @@ class SimConfig:
     seed: int | None = None
     rpm: int = 0  # requests per minute, enforced per second (0: unlimited)
     tpm: int = 0  # tokens per minute, enforced per second (0: unlimited)
+    batch_delay_s: float = 0  # a provider batch ends at the first poll this long after creation
 
     def __post_init__(self) -> None:
         if not self.latency_ms >= 0:
@@ -108,6 +128,8 @@ class SimConfig:
             raise ValueError(f"error_rate must be within 0..1, got {self.error_rate!r}")
         if self.rpm < 0 or self.tpm < 0:
             raise ValueError(f"rpm and tpm must be >= 0, got {self.rpm!r} and {self.tpm!r}")
+        if not self.batch_delay_s >= 0:
+            raise ValueError(f"batch_delay_s must be >= 0, got {self.batch_delay_s!r}")
 
 
 # --- pure parsing ----------------------------------------------------------------------
@@ -237,7 +259,12 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     """Decode a chat completions body; raise :class:`InvalidRequest` when it is not one
     (besides the shape of ``messages``: ``tools`` that are not function tools, or a
     ``tool`` message answering no earlier assistant tool call)."""
-    data = _json_object(body)
+    return chat_request_from(_json_object(body))
+
+
+def chat_request_from(data: Mapping[str, Any]) -> ChatRequest:
+    """Read a decoded chat completions body (a batch line's ``body``) as
+    :func:`parse_chat_request` does."""
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list")
@@ -307,11 +334,26 @@ def _chat_tool(tools: Any, choice: Any) -> str | None:
 def parse_messages_request(body: bytes, headers: Mapping[str, str]) -> ChatRequest:
     """Decode and validate a Messages body and its headers; raise :class:`InvalidRequest`
     as the Messages API would refuse it."""
-    if not headers.get("x-api-key"):
+    check_messages_headers(headers)
+    return messages_request_from(_json_object(body))
+
+
+def check_messages_headers(headers: Mapping[str, str], *, bearer: bool = False) -> None:
+    """Raise :class:`InvalidRequest` when the Messages API's headers are missing; with
+    ``bearer`` an ``Authorization: Bearer`` key (what the current official SDK sends)
+    stands for ``x-api-key``."""
+    keyed = bool(headers.get("x-api-key"))
+    if bearer and headers.get("Authorization", "").startswith("Bearer "):
+        keyed = True
+    if not keyed:
         raise InvalidRequest("x-api-key header is required", status=401)
     if not headers.get("anthropic-version"):
         raise InvalidRequest("anthropic-version: header is required")
-    data = _json_object(body)
+
+
+def messages_request_from(data: Mapping[str, Any]) -> ChatRequest:
+    """Validate a decoded Messages body (a batch request's ``params``) as
+    :func:`parse_messages_request` does, headers aside."""
     for key in data:
         if key not in MESSAGES_FIELDS:
             raise InvalidRequest(f"{key}: Extra inputs are not permitted")
@@ -538,6 +580,10 @@ class SimState:
         self.errors = 0
         self.throttled = 0  # of errors: 429s of the rate limits (RateWindows)
         self.in_flight = 0
+        self.batches_created = 0  # provider batches, both APIs
+        self.batch_rows = 0  # lines / requests submitted in them
+        self.batch_rows_repeated = 0  # of those: custom_ids submitted in an earlier batch
+        self._batch_ids: set[str] = set()
 
     def stats(self) -> dict[str, int]:
         """The counters served by ``GET /stats``."""
@@ -546,11 +592,24 @@ class SimState:
             "ok": self.ok,
             "errors": self.errors,
             "throttled": self.throttled,
+            "batches_created": self.batches_created,
+            "batch_rows": self.batch_rows,
+            "batch_rows_repeated": self.batch_rows_repeated,
         }
+
+    def count_batch(self, rows: int, custom_ids: set[str]) -> None:
+        """Count a provider batch of ``rows`` lines and the ``custom_ids`` it submits
+        that an earlier batch already submitted."""
+        self.batches_created += 1
+        self.batch_rows += rows
+        self.batch_rows_repeated += len(custom_ids & self._batch_ids)
+        self._batch_ids |= custom_ids
 
     def reset(self) -> None:
         """Zero every counter, forget fail-first contents and re-seed the dice."""
         self.calls = self.ok = self.errors = self.throttled = 0
+        self.batches_created = self.batch_rows = self.batch_rows_repeated = 0
+        self._batch_ids.clear()
         self._failures.clear()
         self._rng = random.Random(self._seed)
 
@@ -630,8 +689,12 @@ def error_response(
 ) -> web.Response:
     """An OpenAI-style error object, with ``Retry-After`` when given."""
     headers = None if retry_after is None else {"Retry-After": str(retry_after)}
-    payload = {"error": {"message": message, "type": error_type}}
-    return json_response(payload, status=status, headers=headers)
+    return json_response(error_payload(message, error_type), status=status, headers=headers)
+
+
+def error_payload(message: str, error_type: str) -> dict[str, object]:
+    """The body of an OpenAI-style error answer."""
+    return {"error": {"message": message, "type": error_type}}
 
 
 def _reply_text(chat: ChatRequest, reply_bytes: int | None) -> str:
@@ -732,8 +795,13 @@ def anthropic_error_response(
 ) -> web.Response:
     """A Messages API error object, with ``Retry-After`` when given."""
     headers = None if retry_after is None else {"Retry-After": str(retry_after)}
-    payload = {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+    payload = anthropic_error_payload(status, message)
     return json_response(payload, status=status, headers=headers)
+
+
+def anthropic_error_payload(status: int, message: str) -> dict[str, object]:
+    """The body of a Messages API error answer for an HTTP status."""
+    return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
 
 
 @dataclass(frozen=True)
@@ -766,12 +834,18 @@ class _Routes:
     """The request handlers of one simulator app."""
 
     def __init__(
-        self, config: SimConfig, state: SimState, sleep: Sleep, windows: RateWindows
+        self,
+        config: SimConfig,
+        state: SimState,
+        sleep: Sleep,
+        windows: RateWindows,
+        resets: tuple[Callable[[], None], ...] = (),
     ) -> None:
         self._config = config
         self._state = state
         self._sleep = sleep
         self._windows = windows
+        self._resets = resets
 
     async def chat_completions(self, request: web.Request) -> web.Response:
         """``POST /v1/chat/completions``: count the call, then answer it."""
@@ -824,8 +898,10 @@ class _Routes:
         return json_response(self._state.stats())
 
     async def reset(self, _request: web.Request) -> web.Response:
-        """``POST /reset``: zero every counter."""
+        """``POST /reset``: zero every counter and forget every file and batch."""
         self._state.reset()
+        for reset in self._resets:
+            reset()
         return json_response({"ok": True})
 
     async def healthz(self, _request: web.Request) -> web.Response:
@@ -843,17 +919,28 @@ def build_app(
     """The simulator app; its :class:`SimState` is ``app[STATE_KEY]``.
 
     ``sleep`` is what every latency, delay and hang waits with (tests pass a recorder);
-    ``clock`` the wall clock of the rate windows.
+    ``clock`` the wall clock of the rate windows and of the provider batches.
     Serve it with ``handler_cancellation=True`` so a hung call ends when its client leaves.
     """
+    # The batch APIs answer each request with this module's realtime logic, so they
+    # import it; importing them here, not at the top, keeps that one-way.
+    from relay_batches.services.upstream_sim.anthropic_batches import AnthropicBatches
+    from relay_batches.services.upstream_sim.openai_batches import OpenAIBatches
+
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     state = SimState(config.seed)
     app[STATE_KEY] = state
-    routes = _Routes(config, state, sleep, RateWindows(config.rpm, config.tpm, clock))
+    openai_batches = OpenAIBatches(config, state, clock)
+    anthropic_batches = AnthropicBatches(config, state, clock)
+    windows = RateWindows(config.rpm, config.tpm, clock)
+    resets = (openai_batches.reset, anthropic_batches.reset)
+    routes = _Routes(config, state, sleep, windows, resets)
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
     app.router.add_post("/v1/messages", routes.messages)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/stats", routes.stats)
     app.router.add_post("/reset", routes.reset)
     app.router.add_get("/healthz", routes.healthz)
+    openai_batches.add_routes(app.router)
+    anthropic_batches.add_routes(app.router)
     return app

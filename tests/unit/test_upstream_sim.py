@@ -34,6 +34,7 @@ from relay_batches.services.upstream_sim.app import (
 from relay_batches.settings import ConfigError
 
 CHAT = "/v1/chat/completions"
+NO_BATCHES = {"batches_created": 0, "batch_rows": 0, "batch_rows_repeated": 0}
 Client = TestClient[aiohttp.web.Request, aiohttp.web.Application]
 MakeClient = Callable[..., Awaitable[Client]]
 
@@ -140,6 +141,8 @@ def test_sim_config_rejects_bad_values() -> None:
         SimConfig(latency_ms=-1)
     with pytest.raises(ValueError, match="rpm and tpm"):
         SimConfig(rpm=-1)
+    with pytest.raises(ValueError, match="batch_delay_s"):
+        SimConfig(batch_delay_s=-0.5)
 
 
 def test_options_from_env() -> None:
@@ -151,9 +154,12 @@ def test_options_from_env() -> None:
             "RELAY_SIM_HOST": "0.0.0.0",
             "RELAY_SIM_RPM": "600",
             "RELAY_SIM_TPM": "90000",
+            "RELAY_SIM_BATCH_DELAY_S": "2.5",
         }
     )
-    assert options.config == SimConfig(latency_ms=12.5, error_rate=0.25, rpm=600, tpm=90000)
+    assert options.config == SimConfig(
+        latency_ms=12.5, error_rate=0.25, rpm=600, tpm=90000, batch_delay_s=2.5
+    )
     assert (options.host, options.port) == ("0.0.0.0", 9001)
     defaults = options_from_env({})
     assert defaults.config == SimConfig()
@@ -168,6 +174,7 @@ def test_options_from_env() -> None:
         ("RELAY_SIM_LATENCY_MS", "-5"),
         ("RELAY_SIM_RPM", "-1"),
         ("RELAY_SIM_TPM", "many"),
+        ("RELAY_SIM_BATCH_DELAY_S", "-1"),
         ("RELAY_SIM_PORT", "http"),
         ("RELAY_SIM_PORT", "70000"),
     ],
@@ -296,7 +303,13 @@ async def test_invalid_body_is_400(client: Client, payload: bytes, message: str)
             "error": {"message": message, "type": "invalid_request_error"}
         }
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 1, "ok": 0, "errors": 1, "throttled": 0}
+        assert await response.json() == {
+            "calls": 1,
+            "ok": 0,
+            "errors": 1,
+            "throttled": 0,
+            **NO_BATCHES,
+        }
 
 
 # --- triggers ----------------------------------------------------------------------------
@@ -401,7 +414,13 @@ async def test_hang_is_cancelled_when_the_client_gives_up(make_client: MakeClien
     await asyncio.wait_for(state.wait_idle(), timeout=5)
     assert state.in_flight == 0
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 1, "ok": 0, "errors": 0, "throttled": 0}
+        assert await response.json() == {
+            "calls": 1,
+            "ok": 0,
+            "errors": 0,
+            "throttled": 0,
+            **NO_BATCHES,
+        }
 
 
 # --- error rate --------------------------------------------------------------------------
@@ -433,16 +452,34 @@ async def test_error_rate_is_seeded_and_reset_reseeds(make_client: MakeClient) -
 
 async def test_stats_count_calls_and_reset_zeroes_everything(client: Client) -> None:
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 0, "ok": 0, "errors": 0, "throttled": 0}
+        assert await response.json() == {
+            "calls": 0,
+            "ok": 0,
+            "errors": 0,
+            "throttled": 0,
+            **NO_BATCHES,
+        }
     assert await post_statuses(client, chat("[sim:fail-first=1]"), 2) == [503, 200]
     assert await post_statuses(client, chat("ok"), 1) == [200]
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 3, "ok": 2, "errors": 1, "throttled": 0}
+        assert await response.json() == {
+            "calls": 3,
+            "ok": 2,
+            "errors": 1,
+            "throttled": 0,
+            **NO_BATCHES,
+        }
     async with client.post("/reset") as response:
         assert response.status == 200
         assert await response.json() == {"ok": True}
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 0, "ok": 0, "errors": 0, "throttled": 0}
+        assert await response.json() == {
+            "calls": 0,
+            "ok": 0,
+            "errors": 0,
+            "throttled": 0,
+            **NO_BATCHES,
+        }
     assert client.app[STATE_KEY].tracked_contents == 0
     assert await post_statuses(client, chat("[sim:fail-first=1]"), 2) == [503, 200]
 
@@ -794,7 +831,13 @@ async def test_messages_fail_first_and_retry_after_and_the_shared_stats(client: 
     async with client.post(CHAT, json=chat("hi")) as response:
         assert response.status == 200
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 3, "ok": 2, "errors": 1, "throttled": 0}
+        assert await response.json() == {
+            "calls": 3,
+            "ok": 2,
+            "errors": 1,
+            "throttled": 0,
+            **NO_BATCHES,
+        }
 
 
 # --- rate limits -------------------------------------------------------------------------
@@ -869,7 +912,13 @@ async def test_over_the_rpm_a_call_answers_429_with_retry_after_at_once(
     clock.now = 51.0
     assert await post_statuses(client, chat("c"), 1) == [200]
     async with client.get("/stats") as response:
-        assert await response.json() == {"calls": 6, "ok": 3, "errors": 3, "throttled": 3}
+        assert await response.json() == {
+            "calls": 6,
+            "ok": 3,
+            "errors": 3,
+            "throttled": 3,
+            **NO_BATCHES,
+        }
 
 
 async def test_over_the_tpm_a_call_answers_429(make_client: MakeClient) -> None:
