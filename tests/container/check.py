@@ -163,18 +163,13 @@ async def wait_ready(
     """Poll ``path`` on ``port`` until 200, failing early if the container exits."""
 
     async def ready() -> bool:
-        state = podman.out("inspect", "--format", "{{.State.Status}}", container)
-        if state not in ("running", "created", "configured"):
-            logs = podman.run("logs", "--tail", "20", container, check=False)
-            raise AssertionError(f"{container} is {state}: {logs.stdout}{logs.stderr}")
+        _running(podman, container)
         try:
             async with http.get(
                 f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(2)
             ) as response:
                 return response.status == 200
-        except aiohttp.ClientError:
-            return False
-        except TimeoutError:
+        except (aiohttp.ClientError, TimeoutError):
             return False
 
     try:
@@ -182,6 +177,34 @@ async def wait_ready(
     except AssertionError as exc:
         logs = podman.run("logs", "--tail", "20", container, check=False)
         raise AssertionError(f"{exc}; its last logs:\n{logs.stdout}{logs.stderr}") from None
+
+
+async def wait_answer(
+    http: aiohttp.ClientSession, podman: Podman, container: str, port: int, path: str
+) -> int:
+    """The status of the first HTTP answer on ``port`` (any status), the container running."""
+    answered: list[int] = []
+
+    async def answers() -> bool:
+        _running(podman, container)
+        try:
+            async with http.get(
+                f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(2)
+            ) as response:
+                answered.append(response.status)
+                return True
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    await wait_until(answers, READY_TIMEOUT_S, f"{container} to answer {path}", every=0.5)
+    return answered[-1]
+
+
+def _running(podman: Podman, container: str) -> None:
+    state = podman.out("inspect", "--format", "{{.State.Status}}", container)
+    if state not in ("running", "created", "configured"):
+        logs = podman.run("logs", "--tail", "20", container, check=False)
+        raise AssertionError(f"{container} is {state}: {logs.stdout}{logs.stderr}")
 
 
 async def run_batch(
@@ -519,7 +542,30 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
             slowest = max(slowest, took)
             assert code == 0, (container, code, podman.run("logs", container, check=False).stderr)
         notes.append(f"7 exit 0; slowest {slowest:.1f}s (grace 10-45 s)")
+    with steps.step("logs: no error, no traceback") as notes:
+        notes.append(f"{save_logs(podman, names, 'containers')} lines")
         podman.run("rm", *names.values())
+
+
+def save_logs(podman: Podman, containers: dict[str, str], phase: str) -> int:
+    """Write each container's log under test-output; fail on an error-level line or a
+    traceback in any. Return the number of lines."""
+    folder = OUTPUT / phase
+    folder.mkdir(parents=True, exist_ok=True)
+    count, bad = 0, []
+    for name, container in containers.items():
+        logs = podman.run("logs", container)
+        text = logs.stdout + logs.stderr
+        (folder / f"{name}.log").write_text(text)
+        lines = text.splitlines()
+        count += len(lines)
+        bad += [
+            f"{name}: {line[:200]}"
+            for line in lines
+            if '"level":"error"' in line or '"level":"critical"' in line or "Traceback" in line
+        ]
+    assert not bad, "\n".join(bad)
+    return count
 
 
 async def _wait_exit(podman: Podman, container: str, deadline: float) -> int:
@@ -575,6 +621,29 @@ async def kube_phase(run: Run, http: aiohttp.ClientSession, hooks: WebhookReceiv
             f"{len(rendered)} resources ({', '.join(kinds)}) -> "
             f"{len(adapted.deployments)} Deployments, 1 Pod, {len(adapted.configmaps)} ConfigMaps"
         )
+    pods = {
+        d["metadata"]["name"].removeprefix(f"{run.prefix}-"): _pod_container(
+            d["metadata"]["name"], d["spec"]["template"]["spec"]["containers"][0]["name"]
+        )
+        for d in adapted.deployments
+    }
+    with steps.step("kube play: Deployments before migrating") as notes:
+        # As `kubectl apply -k` does: the Deployments start with the Job, not after it.
+        podman.run("kube", "play", str(deployments_yaml), timeout=300)
+        for name, container in pods.items():
+            ports = adapted.ports[name]
+            if name == "upstream-sim":
+                await wait_ready(http, podman, container, ports["http"], "/healthz")
+                continue
+            status = await wait_answer(http, podman, container, ports["health"], "/readyz")
+            # README, Kubernetes: not ready until the migration ran, but the row-worker,
+            # which never opens the ledger.
+            assert status == (200 if name == "row-worker" else 503), (name, status)
+        async with http.post(
+            f"http://127.0.0.1:{adapted.ports['ingest-api']['http']}/v1/batches"
+        ) as r:
+            assert r.status == 503 and r.headers.get("Retry-After"), (r.status, r.headers)
+        notes.append("/readyz 503 (row-worker 200), /v1 503 with Retry-After")
     with steps.step("kube play: migration Pod") as notes:
         migrate_name = adapted.migrate["metadata"]["name"]
         podman.run("kube", "play", str(migrate_yaml), timeout=180)
@@ -585,22 +654,18 @@ async def kube_phase(run: Run, http: aiohttp.ClientSession, hooks: WebhookReceiv
         assert applied > 0
         notes.append(f"exit 0, {applied} migrations")
         podman.run("pod", "rm", "--force", migrate_name, timeout=120)
-    with steps.step("kube play: every Deployment ready") as notes:
-        podman.run("kube", "play", str(deployments_yaml), timeout=300)
-        for deployment in adapted.deployments:
-            name = deployment["metadata"]["name"].removeprefix(f"{run.prefix}-")
-            (spec,) = deployment["spec"]["template"]["spec"]["containers"]
-            container = _pod_container(deployment["metadata"]["name"], spec["name"])
+    with steps.step("kube play: every pod ready, no restart") as notes:
+        for name, container in pods.items():
             ports = adapted.ports[name]
-            if name == "upstream-sim":
-                await wait_ready(http, podman, container, ports["http"], "/healthz")
-            else:
+            if name != "upstream-sim":
                 await wait_ready(http, podman, container, ports["health"], "/readyz")
                 await check_probes(http, name, ports["health"], ports.get("http"))
+            restarts = podman.out("inspect", "--format", "{{.RestartCount}}", container)
+            assert restarts == "0", (container, restarts)
             check_hardened(podman, container)
             _check_kube_env(podman, container, name, iso)
         notes.append(
-            f"{len(adapted.deployments)} pods ready; uid {UID}, read-only, no caps; "
+            f"{len(pods)} pods ready by themselves; uid {UID}, read-only, no caps; "
             "ConfigMap and Secret env"
         )
     with steps.step("batch through kube play") as notes:
@@ -620,12 +685,15 @@ async def kube_phase(run: Run, http: aiohttp.ClientSession, hooks: WebhookReceiv
         began = time.monotonic()
         for deployment, grace in graces.items():
             podman.run("pod", "stop", "--time", str(grace), f"{deployment}-pod-0", timeout=120)
+        containers: dict[str, str] = {}
         for deployment in adapted.deployments:
             (spec,) = deployment["spec"]["template"]["spec"]["containers"]
             container = _pod_container(deployment["metadata"]["name"], spec["name"])
+            containers[spec["name"]] = container
             code = await _wait_exit(podman, container, time.monotonic() + 5)
             assert code == 0, (container, code, podman.run("logs", container, check=False))
         took = time.monotonic() - began
+        save_logs(podman, containers, "kube")
         podman.run("kube", "down", str(deployments_yaml), timeout=300)
         notes.append(f"{len(graces)} pods stopped in {took:.1f}s, every container exit 0; removed")
 
