@@ -72,6 +72,18 @@ IMAGE = "localhost/relay-batches:check"
 UID = 10001
 SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
 OUTPUT = ROOT / "test-output" / "container-check"
+# How every container of the plain run is started: on the host's network (its 127.0.0.1
+# is the host's), a read-only root with no tmpfs of podman's own, nothing privileged.
+HARDENED = (
+    "--network",
+    "host",
+    "--read-only",
+    "--read-only-tmpfs=false",
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges",
+)
 BATCH_ROWS = 20
 UPLOAD_ROWS = 5
 READY_TIMEOUT_S = 90.0
@@ -83,6 +95,8 @@ class Steps:
 
     def __init__(self) -> None:
         self.started = time.monotonic()
+        self.passed = 0
+        self.failed = 0
 
     @contextmanager
     def step(self, name: str) -> Iterator[list[str]]:
@@ -92,8 +106,10 @@ class Steps:
         try:
             yield notes
         except BaseException:
+            self.failed += 1
             print(f"FAIL {name:<40} {time.monotonic() - began:6.1f}s", flush=True)
             raise
+        self.passed += 1
         print(f"ok   {name:<40} {time.monotonic() - began:6.1f}s  {'; '.join(notes)}", flush=True)
 
     def total(self) -> float:
@@ -153,36 +169,16 @@ async def check_probes(
             assert response.status == 404, ("/metrics must not be on the public port", response)
 
 
-async def wait_ready(
+async def wait_answer(
     http: aiohttp.ClientSession,
     podman: Podman,
     container: str,
     port: int,
     path: str,
-) -> None:
-    """Poll ``path`` on ``port`` until 200, failing early if the container exits."""
-
-    async def ready() -> bool:
-        _running(podman, container)
-        try:
-            async with http.get(
-                f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(2)
-            ) as response:
-                return response.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
-
-    try:
-        await wait_until(ready, READY_TIMEOUT_S, f"{container} {path}", every=0.5)
-    except AssertionError as exc:
-        logs = podman.run("logs", "--tail", "20", container, check=False)
-        raise AssertionError(f"{exc}; its last logs:\n{logs.stdout}{logs.stderr}") from None
-
-
-async def wait_answer(
-    http: aiohttp.ClientSession, podman: Podman, container: str, port: int, path: str
+    status: int | None = None,
 ) -> int:
-    """The status of the first HTTP answer on ``port`` (any status), the container running."""
+    """Poll ``path`` on ``port`` until it answers (with ``status``, when given), failing
+    early if the container exits; return the status it answered."""
     answered: list[int] = []
 
     async def answers() -> bool:
@@ -192,12 +188,23 @@ async def wait_answer(
                 f"http://127.0.0.1:{port}{path}", timeout=aiohttp.ClientTimeout(2)
             ) as response:
                 answered.append(response.status)
-                return True
+                return status is None or response.status == status
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    await wait_until(answers, READY_TIMEOUT_S, f"{container} to answer {path}", every=0.5)
+    try:
+        await wait_until(answers, READY_TIMEOUT_S, f"{container} {path} {status}", every=0.5)
+    except AssertionError as exc:
+        logs = podman.run("logs", "--tail", "20", container, check=False)
+        raise AssertionError(f"{exc}; its last logs:\n{logs.stdout}{logs.stderr}") from None
     return answered[-1]
+
+
+async def wait_ready(
+    http: aiohttp.ClientSession, podman: Podman, container: str, port: int, path: str
+) -> None:
+    """Poll ``path`` on ``port`` until it answers 200, failing early if the container exits."""
+    await wait_answer(http, podman, container, port, path, 200)
 
 
 def _running(podman: Podman, container: str) -> None:
@@ -313,24 +320,24 @@ class Run:
         path.chmod(0o600)
         return path
 
-    def container(self, what: str, command: list[str], env: dict[str, str], *mounts: str) -> str:
-        """Start a hardened service container on the host's network; return its name."""
+    def container(
+        self, what: str, command: list[str], env: dict[str, str], *mounts: str, tmp: bool = True
+    ) -> str:
+        """Start a hardened service container on the host's network; return its name.
+
+        Its root is read-only with no tmpfs of podman's own (``--read-only-tmpfs=false``):
+        a tmpfs on /tmp only when ``tmp``, as compose.yaml and the manifests give one.
+        """
         name = self.name(what)
         volumes = [arg for mount in mounts for arg in ("--volume", mount)]
+        if tmp:
+            volumes += ["--tmpfs", "/tmp"]
         self.podman.run(
             "run",
             "--detach",
             "--name",
             name,
-            "--network",
-            "host",
-            "--read-only",
-            "--tmpfs",
-            "/tmp",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
+            *HARDENED,
             "--env-file",
             str(self.env_file(env, what)),
             *volumes,
@@ -338,6 +345,20 @@ class Run:
             *command,
         )
         return name
+
+    def oneshot(self, what: str, env: dict[str, str], *command: str) -> str:
+        """Run ``command`` to completion in a hardened container; return its output."""
+        return self.podman.out(
+            "run",
+            "--rm",
+            "--name",
+            self.name(what),
+            *HARDENED,
+            "--env-file",
+            str(self.env_file(env, what)),
+            IMAGE,
+            *command,
+        )
 
     async def cleanup(self) -> list[str]:
         """Remove everything of the run; return what could not be removed."""
@@ -442,27 +463,11 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
         run.isolations.append(iso)
         notes.append(f"{iso.database}, namespace {iso.namespace}")
     with steps.step("relay migrate (container)") as notes:
-        migrate = podman.run(
-            "run",
-            "--rm",
-            "--name",
-            run.name("migrate"),
-            "--network",
-            "host",
-            "--read-only",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
-            "--env-file",
-            str(run.env_file({"RELAY_DATABASE_URL": iso.database_url}, "migrate")),
-            IMAGE,
-            "relay",
-            "migrate",
-        )
+        ledger = {"RELAY_DATABASE_URL": iso.database_url}
+        migrate = run.oneshot("migrate", ledger, "relay", "migrate")
         applied = await _ledger_migrated(iso.database_url)
-        assert applied > 0, migrate.stdout
-        notes.append(f"{applied} migrations: {migrate.stdout.strip()[:60]}")
+        assert applied > 0, migrate
+        notes.append(f"{applied} migrations: {migrate[:60]}")
 
     sim_port, api_port = free_port(), free_port()
     health = {name: free_port() for name in SERVICES}
@@ -489,6 +494,7 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
             "upstream-sim",
             ["relay-upstream-sim"],
             {"RELAY_SIM_HOST": "127.0.0.1", "RELAY_SIM_PORT": str(sim_port)},
+            tmp=False,
         )
         for name in SERVICES:
             env = {**base_env, "RELAY_HEALTH_PORT": str(health[name])}
@@ -508,24 +514,8 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
             await check_probes(http, name, health[name], api_port if name == "ingest-api" else None)
         notes.append("6 health ports; /metrics not on the API port")
     with steps.step("batch through the containers") as notes:
-        created = podman.run(
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            "--read-only",
-            "--cap-drop",
-            "ALL",
-            "--env-file",
-            str(run.env_file({"RELAY_DATABASE_URL": iso.database_url}, "keys")),
-            IMAGE,
-            "relay",
-            "keys",
-            "create",
-            "--workspace",
-            "container-check",
-        )
-        key = created.stdout.strip().splitlines()[-1]
+        created = run.oneshot("keys", ledger, "relay", "keys", "create", "--workspace", "check")
+        key = created.splitlines()[-1]
         api_url = f"http://127.0.0.1:{api_port}"
         batch = await run_batch(http, api_url, key, hooks, "container")
         await run_upload(http, api_url, key)
@@ -741,8 +731,10 @@ async def main(workdir: Path) -> int:
     finally:
         await hooks.stop()
         failed = not await clean_up(run) or failed
+    steps = run.steps
     verdict = "FAILED" if failed else "passed"
-    print(f"container-check {verdict} in {run.steps.total():.0f}s", flush=True)
+    print(f"container-check {verdict} in {steps.total():.0f}s", flush=True)
+    print(f"container-check: {steps.passed} passed, {max(steps.failed, int(failed))} failed")
     return 1 if failed else 0
 
 
