@@ -16,7 +16,9 @@ What podman cannot run, and what takes its place (each a change to the rendered 
 - the migration Job becomes a Pod (podman plays no Job) that is run to completion first.
 - Secrets become podman secrets (podman cannot read env from a Secret in the YAML): each
   is a JSON map of key to base64 value, the form podman 4.3 reads for ``secretKeyRef``.
-- every name gets the run's prefix, so runs never share a pod, volume or secret, and the
+- every name gets the run's prefix, so runs never share a pod, volume or secret (podman
+  4.3 makes an emptyDir a named volume called by the volume's name: every pod's ``tmp``
+  would be one volume, shared by every run, so each becomes the pod's own), and the
   settings' ``RELAY_NAMESPACE`` is the run's own bus namespace; webhooks may go to
   loopback (``RELAY_WEBHOOK_ALLOW_NETWORKS``), where the check's receiver listens.
 
@@ -94,9 +96,22 @@ def _set_env(container: Resource, values: dict[str, str]) -> None:
     container["env"] = env
 
 
-def _adapt_pod_spec(spec: Resource, rename: Callable[[str], str], env: dict[str, str]) -> None:
+def _own_volumes(spec: Resource, owner: str) -> None:
+    """Give the pod's emptyDir volumes names of their own (``owner`` is prefixed)."""
+    names = {v["name"]: f"{owner}-{v['name']}" for v in spec.get("volumes", []) if "emptyDir" in v}
+    for volume in spec.get("volumes", []):
+        volume["name"] = names.get(volume["name"], volume["name"])
+    for container in spec["containers"]:
+        for mount in container.get("volumeMounts", []):
+            mount["name"] = names.get(mount["name"], mount["name"])
+
+
+def _adapt_pod_spec(
+    spec: Resource, owner: str, rename: Callable[[str], str], env: dict[str, str]
+) -> None:
     spec["hostNetwork"] = True
     _rename_refs(spec, rename)
+    _own_volumes(spec, owner)
     for container in spec["containers"]:
         for key in ("ports", "livenessProbe", "readinessProbe", "startupProbe"):
             container.pop(key, None)
@@ -137,7 +152,7 @@ def adapt(
     (job,) = [doc for doc in docs if doc["kind"] == "Job"]
     pod_spec = job["spec"]["template"]["spec"]
     pod_spec["restartPolicy"] = "Never"
-    _adapt_pod_spec(pod_spec, rename, {})
+    _adapt_pod_spec(pod_spec, rename(job["metadata"]["name"]), rename, {})
     migrate = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -158,7 +173,7 @@ def adapt(
             if name == "ingest-api":
                 ports["http"] = free_port()
                 env |= {"RELAY_API_HOST": "127.0.0.1", "RELAY_API_PORT": str(ports["http"])}
-        _adapt_pod_spec(spec, rename, env)
+        _adapt_pod_spec(spec, rename(name), rename, env)
         deployment["metadata"]["name"] = rename(name)
         deployment["metadata"].pop("namespace", None)
         adapted.deployments.append(deployment)
