@@ -86,6 +86,8 @@ HARDENED = (
 )
 BATCH_ROWS = 20
 UPLOAD_ROWS = 5
+DRAIN_ROWS = 400  # with SIM_LATENCY_MS, seconds of work for 4 slots: in flight at the stop
+SIM_LATENCY_MS = 50
 READY_TIMEOUT_S = 90.0
 BATCH_TIMEOUT_S = 120.0
 
@@ -251,6 +253,14 @@ async def run_upload(http: aiohttp.ClientSession, api_url: str, key: str) -> str
     batch = await api.wait_status(job["id"], {"completed", "failed"}, BATCH_TIMEOUT_S)
     assert (batch["status"], batch["completed"]) == ("completed", UPLOAD_ROWS), batch
     return str(job["id"])
+
+
+async def _completed_rows(database_url: str, batch_id: str) -> int:
+    conn = await asyncpg.connect(database_url, timeout=10)
+    try:
+        return int(await conn.fetchval("SELECT completed FROM batches WHERE id = $1", batch_id))
+    finally:
+        await conn.close()
 
 
 async def _ledger_migrated(database_url: str) -> int:
@@ -493,7 +503,11 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
         names["upstream-sim"] = run.container(
             "upstream-sim",
             ["relay-upstream-sim"],
-            {"RELAY_SIM_HOST": "127.0.0.1", "RELAY_SIM_PORT": str(sim_port)},
+            {
+                "RELAY_SIM_HOST": "127.0.0.1",
+                "RELAY_SIM_PORT": str(sim_port),
+                "RELAY_SIM_LATENCY_MS": str(SIM_LATENCY_MS),
+            },
             tmp=False,
         )
         for name in SERVICES:
@@ -520,18 +534,31 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
         batch = await run_batch(http, api_url, key, hooks, "container")
         await run_upload(http, api_url, key)
         notes.append(f"{batch}: {BATCH_ROWS} rows completed, results exact, webhook; an upload")
-    with steps.step("SIGTERM: exit 0 within grace") as notes:
-        for container in names.values():
-            podman.run("kill", "--signal", "TERM", container)
-        began = time.monotonic()
+    with steps.step("SIGTERM mid-batch: exit 0 within grace") as notes:
+        # As a rollout does: the services are stopped while rows are in flight (the
+        # simulator answers each call after SIM_LATENCY_MS), the simulator after them.
+        api = ApiClient(api_url, key, http)
+        busy = await api.submit({"model": "gpt-4o-mini", "requests": rows(DRAIN_ROWS)})
+
+        async def working() -> bool:
+            batch = await api.get(busy["id"])
+            return bool(0 < batch["completed"] < DRAIN_ROWS)
+
+        await wait_until(working, 60, "rows of the busy batch to complete", every=0.1)
         slowest = 0.0
-        for name, container in names.items():
-            grace = graces[name]
-            code = await _wait_exit(podman, container, began + grace)
-            took = time.monotonic() - began
-            slowest = max(slowest, took)
-            assert code == 0, (container, code, podman.run("logs", container, check=False).stderr)
-        notes.append(f"7 exit 0; slowest {slowest:.1f}s (grace 10-45 s)")
+        for group in (SERVICES, ("upstream-sim",)):
+            for name in group:
+                podman.run("kill", "--signal", "TERM", names[name])
+            began = time.monotonic()
+            for name in group:
+                code = await _wait_exit(podman, names[name], began + graces[name])
+                slowest = max(slowest, time.monotonic() - began)
+                assert code == 0, (name, code, podman.run("logs", names[name], check=False))
+        done = await _completed_rows(iso.database_url, busy["id"])
+        assert done < DRAIN_ROWS, "the batch ended before the stop: nothing was in flight"
+        notes.append(
+            f"7 exit 0 with {done}/{DRAIN_ROWS} rows done; slowest {slowest:.1f}s (grace 10-45 s)"
+        )
     with steps.step("logs: no error, no traceback") as notes:
         notes.append(f"{save_logs(podman, names, 'containers')} lines")
         podman.run("rm", *names.values())
