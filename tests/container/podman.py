@@ -56,7 +56,8 @@ def install_tools(packages: list[str], log: Path) -> None:
     with log.open("ab") as out:
         for argv in (
             ["apt-get", "update", "-qq"],
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+            # With podman's recommends: catatonit, the init of the pods' infra container.
+            ["apt-get", "install", "-y", "-qq", *packages],
         ):
             done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
             if done.returncode != 0:
