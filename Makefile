@@ -87,7 +87,7 @@ format: setup
 
 # The image, its services and the dev overlay run for real with podman (root): installs
 # podman, runc and mmdebstrap with apt when missing, builds a local Debian base unless
-# RELAY_BASE_IMAGE names one (e.g. python:3.11-slim-bookworm), then every step of
+# RELAY_BASE_IMAGE names one (e.g. docker.io/library/python:3.11-slim-bookworm), then every step of
 # tests/container/check.py. Never part of `make test`; .ci/run runs it after.
 container-check: setup
 	$(BIN)/python -m tests.container.check

@@ -4,7 +4,7 @@ With podman (root) on this machine, against its Postgres and RabbitMQ:
 
 1. podman, runc and mmdebstrap are installed with apt when missing; a Debian bookworm
    base with Python 3.11 is built locally unless ``RELAY_BASE_IMAGE`` names one (a real
-   user passes ``python:3.11-slim-bookworm``); the image is built from
+   user passes ``docker.io/library/python:3.11-slim-bookworm``); the image is built from
    ``deploy/docker/Dockerfile`` and must hold exactly the lock's packages.
 2. ``relay migrate`` and every service run from the image on the host's network, on a
    fresh database and bus namespace; each container runs as uid 10001 with a read-only
