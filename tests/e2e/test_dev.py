@@ -334,4 +334,12 @@ async def test_relay_dev_rpm_makes_the_simulator_enforce_it_and_the_routes_carry
         assert sorted(a for a in answers if a[0] != 200) == [(429, "1")] * (6 - ok)
         async with http.get(f"{sim}/stats") as response:
             stats = await response.json()
-        assert stats == {"calls": 6, "ok": ok, "errors": 6 - ok, "throttled": 6 - ok}
+        assert stats == {
+            "calls": 6,
+            "ok": ok,
+            "errors": 6 - ok,
+            "throttled": 6 - ok,
+            "batches_created": 0,
+            "batch_rows": 0,
+            "batch_rows_repeated": 0,
+        }
