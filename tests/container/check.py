@@ -29,11 +29,12 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,9 @@ from tests.helpers.support import (
     wait_until,
 )
 
+# The tag the build leaves for people (and for the build cache); each run also tags the
+# exact image it built with its own prefix and runs only that, so a concurrent run that
+# re-tags ``IMAGE`` cannot swap the image under it (its tag goes in the cleanup).
 IMAGE = "localhost/relay-batches:check"
 UID = 10001
 SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
@@ -287,10 +291,10 @@ def _normal(name: str) -> str:
 BUILD_ONLY = {"setuptools", "wheel", "packaging"}
 
 
-def check_image_holds_the_lock(podman: Podman) -> int:
+def check_image_holds_the_lock(podman: Podman, image: str) -> int:
     """The image's virtualenv holds the lock's runtime packages at their pinned versions,
     the project, pip, and nothing else (the build backend is removed)."""
-    frozen = podman.out("run", "--rm", "--network", "none", IMAGE, "pip", "freeze", "--all")
+    frozen = podman.out("run", "--rm", "--network", "none", image, "pip", "freeze", "--all")
     installed: dict[str, str] = {}
     for line in frozen.splitlines():
         if " @ " in line:
@@ -308,11 +312,27 @@ def check_image_holds_the_lock(podman: Podman) -> int:
     return len(expected)
 
 
+def distinct_free_ports() -> Callable[[], int]:
+    """A :func:`free_port` that never gives one port twice: each is free when picked and
+    released at once, so two picks could otherwise land on the same port."""
+    given: set[int] = set()
+
+    def pick() -> int:
+        while (port := free_port()) in given:
+            pass
+        given.add(port)
+        return port
+
+    return pick
+
+
 class Run:
     """One run: its prefix, podman, cleanups in reverse order, the pieces in between."""
 
     def __init__(self, workdir: Path) -> None:
         self.prefix = f"rc{os.getpid()}x{int(time.time()) % 100000}"
+        self.image = f"localhost/relay-batches:{self.prefix}"
+        self.free_port = distinct_free_ports()
         self.workdir = workdir
         self.podman = Podman(workdir, OUTPUT / "podman.log")
         self.isolations: list[Isolation] = []
@@ -351,7 +371,7 @@ class Run:
             "--env-file",
             str(self.env_file(env, what)),
             *volumes,
-            IMAGE,
+            self.image,
             *command,
         )
         return name
@@ -366,30 +386,39 @@ class Run:
             *HARDENED,
             "--env-file",
             str(self.env_file(env, what)),
-            IMAGE,
+            self.image,
             *command,
         )
 
     async def cleanup(self) -> list[str]:
-        """Remove everything of the run; return what could not be removed."""
+        """Remove everything of the run; return what could not be removed. Each removal
+        is tried on its own: one that fails or times out (a loaded machine) is reported
+        and the rest still go."""
         problems: list[str] = []
-        pods = self.podman.run(
-            "pod", "ls", "--format", "{{.Name}}", "--filter", f"name={self.prefix}", check=False
-        ).stdout.split()
-        if pods:
-            self.podman.run("pod", "rm", "--force", *pods, check=False, timeout=120)
-        containers = self.podman.run(
-            "ps", "--all", "--format", "{{.Names}}", "--filter", f"name={self.prefix}", check=False
-        ).stdout.split()
-        if containers:
-            self.podman.run("rm", "--force", "--time", "0", *containers, check=False, timeout=120)
-        volumes = self.podman.run(
-            "volume", "ls", "--format", "{{.Name}}", "--filter", f"name={self.prefix}", check=False
-        ).stdout.split()
-        if volumes:
-            self.podman.run("volume", "rm", "--force", *volumes, check=False)
+
+        def attempt(what: str, *args: str, timeout: float = 120) -> str:
+            try:
+                return self.podman.run(*args, check=False, timeout=timeout).stdout
+            except (subprocess.TimeoutExpired, OSError) as exc:
+                problems.append(f"{what}: {exc!r}")
+                return ""
+
+        def named(kind: tuple[str, ...], field: str) -> list[str]:
+            listed = attempt(
+                f"list {kind[0]}", *kind, "--format", field, "--filter", f"name={self.prefix}"
+            )
+            return listed.split()
+
+        if pods := named(("pod", "ls"), "{{.Name}}"):
+            attempt("remove pods", "pod", "rm", "--force", "--time", "0", *pods)
+        if containers := named(("ps", "--all"), "{{.Names}}"):
+            attempt("remove containers", "rm", "--force", "--time", "0", *containers)
+        if volumes := named(("volume", "ls"), "{{.Name}}"):
+            attempt("remove volumes", "volume", "rm", "--force", *volumes)
         for secret in self.secrets:
-            self.podman.run("secret", "rm", secret, check=False)
+            attempt(f"remove secret {secret}", "secret", "rm", secret)
+        # Only the run's own tag: the image itself goes with it unless IMAGE still names it.
+        attempt("untag the run's image", "rmi", self.image)
         for iso in self.isolations:
             try:
                 await drop_isolation(iso)
@@ -406,6 +435,8 @@ class Run:
                 *what, "--format", "{{.Name}}" if what[0] != "ps" else "{{.Names}}", check=False
             ).stdout.split()
             found += [f"{' '.join(what)}: {n}" for n in listing if n.startswith(self.prefix)]
+        if self.podman.image_exists(self.image):
+            found.append(f"image tag {self.image}")
         conn = await asyncpg.connect(PG_ADMIN_URL, timeout=10)
         try:
             names = [iso.database for iso in self.isolations]
@@ -456,11 +487,13 @@ async def prepare(run: Run) -> str:
         assert version.startswith("Python 3.11."), version
         notes.append(version)
     with steps.step("image build") as notes:
-        build_image(podman, ROOT, base, IMAGE)
-        size = podman.image_size(IMAGE)
-        notes.append(f"{IMAGE} {size / 1e6:.0f} MB")
+        built = build_image(podman, ROOT, base, IMAGE)
+        podman.run("tag", built, run.image)
+        size = podman.image_size(run.image)
+        notes.append(f"{IMAGE} {size / 1e6:.0f} MB, run as {run.image}")
     with steps.step("image holds exactly the lock") as notes:
-        notes.append(f"{check_image_holds_the_lock(podman)} locked packages, pip, relay-batches")
+        held = check_image_holds_the_lock(podman, run.image)
+        notes.append(f"{held} locked packages, pip, relay-batches")
     return base
 
 
@@ -479,8 +512,8 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
         assert applied > 0, migrate
         notes.append(f"{applied} migrations: {migrate[:60]}")
 
-    sim_port, api_port = free_port(), free_port()
-    health = {name: free_port() for name in SERVICES}
+    sim_port, api_port = run.free_port(), run.free_port()
+    health = {name: run.free_port() for name in SERVICES}
     routes = run.workdir / "routes.toml"
     routes.write_text(
         '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\n\n[deployments.sim]\n'
@@ -547,8 +580,9 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
         await wait_until(working, 60, "rows of the busy batch to complete", every=0.1)
         slowest = 0.0
         for group in (SERVICES, ("upstream-sim",)):
-            for name in group:
-                podman.run("kill", "--signal", "TERM", names[name])
+            # One kill for the whole group: on a loaded machine each podman call takes a
+            # while, and the batch must still be in flight when the row-worker stops.
+            podman.run("kill", "--signal", "TERM", *(names[name] for name in group))
             began = time.monotonic()
             for name in group:
                 code = await _wait_exit(podman, names[name], began + graces[name])
@@ -616,12 +650,12 @@ async def kube_phase(run: Run, http: aiohttp.ClientSession, hooks: WebhookReceiv
             prefix=run.prefix,
             namespace=iso.namespace,
             connections={"RELAY_DATABASE_URL": iso.database_url, "RELAY_AMQP_URL": AMQP_URL},
-            free_port=free_port,
+            free_port=run.free_port,
         )
         for deployment in adapted.deployments:
             for container in deployment["spec"]["template"]["spec"]["containers"]:
-                container["image"] = IMAGE
-        adapted.migrate["spec"]["containers"][0]["image"] = IMAGE
+                container["image"] = run.image
+        adapted.migrate["spec"]["containers"][0]["image"] = run.image
         # podman 4.3 reads one document from a --configmap file: the ConfigMaps go into
         # each played file instead.
         migrate_yaml = _write_yaml(

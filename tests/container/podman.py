@@ -47,7 +47,9 @@ class PodmanError(AssertionError):
 
 def missing_tools() -> list[str]:
     """The apt packages of :data:`APT_PACKAGES` whose command is not installed."""
-    return [name for name in APT_PACKAGES if shutil.which(name) is None]
+    # runc lives in /usr/sbin, which a cron job's or CI runner's PATH may lack.
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+    return [name for name in APT_PACKAGES if shutil.which(name, path=path) is None]
 
 
 def install_tools(packages: list[str], log: Path) -> None:
@@ -154,8 +156,9 @@ def build_base(podman: Podman, tag: str, log: Path) -> None:
         podman.run("import", "--change", 'CMD ["python3"]', str(tarball), tag, timeout=300)
 
 
-def build_image(podman: Podman, root: Path, base: str, tag: str) -> None:
-    """Build ``deploy/docker/Dockerfile`` from ``root`` on ``base`` as ``tag``.
+def build_image(podman: Podman, root: Path, base: str, tag: str) -> str:
+    """Build ``deploy/docker/Dockerfile`` from ``root`` on ``base`` as ``tag``; return the
+    built image's id (what ``tag`` named when the build ended).
 
     The build runs on the host's network with the host's CA bundle and a ``pip.conf``
     naming it mounted in: mounts are not part of any layer.
@@ -177,6 +180,9 @@ def build_image(podman: Podman, root: Path, base: str, tag: str) -> None:
         str(root / "deploy" / "docker" / "Dockerfile"),
         "--tag",
         tag,
+        "--iidfile",
+        str(podman.workdir / "image.id"),
         str(root),
         timeout=900,
     )
+    return (podman.workdir / "image.id").read_text().strip()
