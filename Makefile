@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 
-.PHONY: setup run test unit deploy integration e2e chaos fuzz lint typecheck format migrate clean bench browser
+.PHONY: setup run test unit deploy integration e2e chaos fuzz lint typecheck format migrate clean bench browser \
+	container-check lock
 
 setup: $(STAMP)
 
@@ -83,6 +84,22 @@ format: setup
 	$(BIN)/ruff format libs services tests
 	$(BIN)/ruff check --fix libs services tests
 
+
+# The image, its services and the dev overlay run for real with podman (root): installs
+# podman, runc and mmdebstrap with apt when missing, builds a local Debian base unless
+# RELAY_BASE_IMAGE names one (e.g. docker.io/library/python:3.11-slim-bookworm), then every step of
+# tests/container/check.py. Never part of `make test`; .ci/run runs it after.
+container-check: setup
+	$(BIN)/python -m tests.container.check
+
+# The image's lock: every runtime dependency and the build backend, pinned with hashes,
+# resolved from pyproject.toml against the public index only (no local config or wheels).
+LOCK := deploy/docker/requirements.lock
+lock: setup
+	env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null \
+	  $(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --all-build-deps \
+	  --no-emit-index-url --no-emit-find-links --index-url https://pypi.org/simple \
+	  --upgrade --output-file $(LOCK) pyproject.toml
 
 # Benchmarks (tests/bench): never part of `make test`; writes bench-report.json.
 bench: setup

@@ -64,6 +64,20 @@ def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
     return (after[0] - before[0]) / max(after[1] - before[1], 1)
 
 
+def other_busy_share(
+    before: tuple[int, int], after: tuple[int, int], measured_cpu_s: float
+) -> float:
+    """The share of the machine's CPU time between two :func:`machine_ticks` that was
+    busy with something other than ``measured_cpu_s`` (the CPU seconds of every process
+    a benchmark accounts for: the system under test, its servers, the simulator and the
+    bench itself): near 0 on a quiet machine; other work running meanwhile (a test
+    run, an apt install) shows here, and the figures beside it are not a quiet reading."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    busy_s = (after[0] - before[0]) / ticks
+    total_s = max(after[1] - before[1], 1) / ticks
+    return max(0.0, busy_s - measured_cpu_s) / total_s
+
+
 def process_cpu_s(pid: int) -> float:
     """User plus system CPU seconds ``pid`` has used (``/proc/<pid>/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

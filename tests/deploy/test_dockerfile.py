@@ -2,8 +2,9 @@
 
 Checks in the spirit of hadolint: multi-stage on a pinned slim base, runs as a numeric
 non-root user, exec-form command naming a real console script, nothing secret baked in,
-the build context admits only what the image copies, and the README's `docker run`
-example carries what a service needs to start.
+the build context admits only what the image copies, dependencies come only from the
+hashed lock, and the README's `docker run` example carries what a service needs to start.
+``make container-check`` builds and runs the image for real.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def test_every_package_root_is_copied_before_the_project_is_installed() -> None:
     assert roots == {"libs", "services"}
     instructions = _instructions()
     install = next(
-        i for i, (op, args) in enumerate(instructions) if op == "RUN" and "pip install ." in args
+        i for i, (op, args) in enumerate(instructions) if _installs_the_project(op, args)
     )
     copied_before = {
         part.rstrip("/").removeprefix("./")
@@ -128,6 +129,33 @@ def test_every_package_root_is_copied_before_the_project_is_installed() -> None:
         for part in args.split()[:-1]
     }
     assert roots | {"pyproject.toml"} <= copied_before
+
+
+def _installs_the_project(op: str, args: str) -> bool:
+    return op == "RUN" and bool(re.search(r"pip install [^&]*--no-deps[^&]* \.(\s|$)", args))
+
+
+def _pip_installs() -> list[str]:
+    """Every ``pip install`` command of a RUN, in order."""
+    return [
+        part.strip()
+        for op, args in _instructions()
+        if op == "RUN"
+        for part in args.split("&&")
+        if "pip install " in part
+    ]
+
+
+def test_dependencies_come_only_from_the_hashed_lock_and_the_project_without_them() -> None:
+    installs = _pip_installs()
+    assert len(installs) == 2, installs
+    lock, project = installs
+    assert "--require-hashes" in lock.split() and "--only-binary=:all:" in lock.split()
+    assert lock.split()[-2:] == ["-r", "requirements.lock"]
+    assert {"--no-deps", "--no-build-isolation"} <= set(project.split())
+    assert project.split()[-1] == "."
+    copies = [args.split() for op, args in _instructions() if op == "COPY"]
+    assert ["deploy/docker/requirements.lock", "./"] in copies
 
 
 def _readme_docker_run(service: str) -> list[str]:
