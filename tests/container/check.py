@@ -56,6 +56,7 @@ from tests.container.podman import (
     missing_tools,
 )
 from tests.deploy.manifests import K8S, ROOT, kustomize
+from tests.helpers.processes import SERVICES
 from tests.helpers.support import (
     AMQP_URL,
     PG_ADMIN_URL,
@@ -74,15 +75,6 @@ from tests.helpers.support import (
 # re-tags ``IMAGE`` cannot swap the image under it (its tag goes in the cleanup).
 IMAGE = "localhost/relay-batches:check"
 UID = 10001
-SERVICES = (
-    "ingest-api",
-    "scheduler",
-    "dispatcher",
-    "row-worker",
-    "aggregator",
-    "notifier",
-    "offloader",
-)
 OUTPUT = ROOT / "test-output" / "container-check"
 # How every container of the plain run is started: on the host's network (its 127.0.0.1
 # is the host's), a read-only root with no tmpfs of podman's own, nothing privileged.
