@@ -24,7 +24,7 @@ run: setup
 
 # The whole suite against the real Postgres and RabbitMQ (no benchmarks).
 test: setup lint browser
-	RELAY_CHAOS_SERVERS= $(PYTEST) tests/unit tests/deploy tests/integration tests/e2e tests/chaos/test_kills.py tests/chaos/test_two_workspaces.py
+	RELAY_CHAOS_SERVERS= $(PYTEST) tests/unit tests/deploy tests/integration tests/e2e tests/chaos/test_kills.py tests/chaos/test_two_workspaces.py tests/chaos/test_offload_kills.py
 
 unit: setup
 	$(PYTEST) tests/unit

@@ -103,6 +103,19 @@ IDEMPOTENCY_KEYS_PURGED = Counter(
     "relay_idempotency_keys_purged_total", "Idempotency-Key records purged past their 24 hours"
 )
 
+OFFLOAD_BATCHES = Counter(
+    "relay_offload_batches_total",
+    "Provider batches the offloader moved into a state (recorded, submitted, ended, settled)",
+    ["deployment", "state"],
+)
+OFFLOAD_ROWS = Counter(
+    "relay_offload_rows_total",
+    "Offloaded rows by what became of them (submitted, answered, forwarded, dropped, late:"
+    " answered after their job ended, discarded by the ledger)",
+    ["outcome"],
+)
+OFFLOAD_POLLS = Counter("relay_offload_polls_total", "Polls of provider batches", ["deployment"])
+
 
 def render_metrics() -> tuple[bytes, str]:
     """The current metrics in the Prometheus text format, with its content type."""

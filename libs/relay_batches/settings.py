@@ -183,6 +183,10 @@ class Settings:
     # (a workspace may override it: workspaces.retention); and how often that reaper runs.
     retention: timedelta = timedelta(days=30)
     retention_interval_s: float = 60.0
+    # Offload: a job runs on its alias's batch deployment only if it may wait the
+    # provider's window plus this margin; how often the offloader's loops run.
+    offload_margin: timedelta = timedelta(hours=1)
+    offload_interval_s: float = 1.0
     # The API's public address (scheme://host[:port][/prefix]) for URLs it hands out
     # (an Anthropic batch's results_url); empty: the request's own origin (dev only:
     # behind a TLS-terminating proxy that origin is http://).
@@ -287,6 +291,10 @@ class Settings:
             retention=_duration(env, "RELAY_RETENTION", d.retention),
             retention_interval_s=_finite_positive(
                 env, "RELAY_RETENTION_INTERVAL_S", d.retention_interval_s
+            ),
+            offload_margin=_duration(env, "RELAY_OFFLOAD_MARGIN", d.offload_margin),
+            offload_interval_s=_finite_positive(
+                env, "RELAY_OFFLOAD_INTERVAL_S", d.offload_interval_s
             ),
             public_base_url=_base_url(env, "RELAY_PUBLIC_BASE_URL"),
             db_pool_max_size=pool_max,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from datetime import timedelta
 
 from relay_batches.announce import announce_finished
 from relay_batches.bus.client import Bus
@@ -14,7 +15,7 @@ from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.messages import JobEvent, SliceMessage
-from relay_batches.router.aliases import load_aliases
+from relay_batches.router.aliases import AliasTable, load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.recording import ResultsQueues
@@ -55,6 +56,7 @@ async def build(
         window_bytes=settings.dispatch_window_bytes,
         window_max=settings.dispatch_window_max,
         window_max_bytes=settings.dispatch_window_max_bytes,
+        offload_margin_s=settings.offload_margin.total_seconds(),
     )
     dispatcher = Dispatcher(
         DispatchStore(pool),
@@ -64,6 +66,7 @@ async def build(
         config,
         rows_waiting=lambda: bus.ready_count(bus.names.rows),
         results_state=lambda: results_state(bus),
+        offload_lead=lambda alias: offload_lead(aliases, alias),
     )
     log.info("configured", extra={"owner": owner, "aliases": aliases.names()})
     return dispatcher_service(
@@ -73,6 +76,14 @@ async def build(
         reconcile_s=settings.reconcile_seconds,
         grace_s=settings.shutdown_grace_s,
     )
+
+
+def offload_lead(aliases: AliasTable, alias: str) -> tuple[str, timedelta] | None:
+    """The batch deployment leading ``alias`` and its provider's window, if one does."""
+    lead = aliases.batch_lead(alias)
+    if lead is None or lead.batch is None:
+        return None
+    return lead.name, lead.batch.window
 
 
 async def results_state(bus: Bus) -> ResultsQueues:

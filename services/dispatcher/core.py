@@ -17,6 +17,16 @@ turns for slots, each workspace's releasing jobs share one window, and within a
 workspace only its highest-priority jobs release rows; a queued job that outranks every
 job of its workspace here is claimed even when the slots are full.
 
+Offload (see :mod:`relay_batches.ledger.offload`): a job whose alias is led by a batch
+deployment, adopted before any of its rows went out, without a budget, that may wait the
+provider's window plus ``offload_margin_s`` (no completion window, or one at least that
+long) is marked offloaded and has every row released in one ledger statement. Then it is
+the offloader's: no slice of it is published, the dispatcher lets its lease go at once
+(it takes no slot for the day its provider may take, nor part of any window) and no
+dispatcher claims it again (an expired lease of an offloaded job is nobody's business;
+stall recovery never judges it). A job marked before keeps its mark across restarts and
+routes-file changes: claimed again (resumed after a pause), it is let go the same way.
+
 No aio-pika or asyncpg here: the store and the publishers are passed in.
 """
 
@@ -27,6 +37,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
@@ -51,6 +62,8 @@ PublishSlice = Callable[[SliceMessage, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
 # ``(ready messages, consumers)`` of each results queue.
 QueueState = Callable[[], Awaitable[ResultsQueues]]
+# The batch deployment leading an alias and its provider's window (None: runs realtime).
+OffloadLead = Callable[[str], tuple[str, timedelta] | None]
 FETCH_SLICES = 16
 MAX_SLICE_BYTES = 4 * 1024 * 1024
 TOP_UP_FRACTION = 4
@@ -158,6 +171,26 @@ class Store(Protocol):
     async def fail(self, job_id: str, error: str) -> bool:
         """Fail a job as a whole."""
 
+    async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
+        """Mark a job offloaded and release all its rows (once, before any release)."""
+
+
+def offload_target(
+    job: RunningJob, lead: OffloadLead, margin: timedelta, now: datetime
+) -> str | None:
+    """The batch deployment to offload ``job`` to, or None when it runs realtime: its
+    alias is led by one, none of its rows went out yet, it has no budget (a budget
+    withholds rows not yet released, and offload releases them all at once), and it may
+    wait the provider's window plus ``margin`` (no deadline, or one at least that far
+    from ``now``)."""
+    found = lead(job.model)
+    if found is None or job.dispatched_upto > 0 or job.budget_usd is not None:
+        return None
+    deployment, window = found
+    if job.expires_at is not None and job.expires_at - now < window + margin:
+        return None
+    return deployment
+
 
 @dataclass(frozen=True)
 class DispatchConfig:
@@ -174,6 +207,7 @@ class DispatchConfig:
     window_bytes: int = 16 * 1024 * 1024
     window_max: int = 0  # 0: ``window`` (the window does not grow with the fleet)
     window_max_bytes: int = 0  # 0: ``window_bytes``
+    offload_margin_s: float = 3600.0  # a job offloads only if it may wait window + this
 
     @property
     def windows(self) -> Windows:
@@ -229,8 +263,12 @@ class Dispatcher:
         inflight: InFlight | None = None,
         clock: Callable[[], float] = time.monotonic,
         results_state: QueueState | None = None,
+        offload_lead: OffloadLead | None = None,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._store = store
+        self._offload_lead = offload_lead
+        self._wall_clock = wall_clock
         self._publish_slice = publish_slice
         self._announce_failed = announce_failed
         self._model_known = model_known
@@ -353,6 +391,8 @@ class Dispatcher:
         if not self._model_known(job.model):
             await self._fail(job, f"model alias {job.model!r} is not in the routes file")
             return None
+        if await self._offloaded(job):
+            return None
         JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
         log.info(
             "job_claimed",
@@ -362,6 +402,26 @@ class Dispatcher:
         owned.level, owned.boost = boost_for(owned, self._workspace_jobs(owned))
         self.jobs[job.id] = owned
         return owned
+
+    async def _offloaded(self, job: RunningJob) -> bool:
+        """Whether ``job`` is not ours to release: offloaded before, or offloaded now
+        (marked, every row released), or refused by the ledger while we offloaded it (no
+        longer ours and running). An offloaded job's lease goes back at once."""
+        target = job.offload_deployment
+        if target is None and self._offload_lead is not None:
+            margin = timedelta(seconds=self._config.offload_margin_s)
+            target = offload_target(job, self._offload_lead, margin, self._wall_clock())
+            if target is None:
+                return False
+            if not await self._store.offload(self._config.owner, job.id, job.total, target):
+                log.info("job_offload_refused", extra={"batch_id": job.id})
+                return True
+        if target is None:
+            return False
+        JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
+        log.info("job_offloaded", extra={"batch_id": job.id, "deployment": target})
+        await self._store.release(self._config.owner, [job.id])
+        return True
 
     async def _fail(self, job: RunningJob, error: str) -> None:
         if await self._store.fail(job.id, error):

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from relay_batches.router.aliases import BATCH_PROVIDERS
 from relay_batches.services.relay_cli import admin
 from relay_batches.services.relay_cli.ports import HealthPort, free_ports, is_free, url_host
 from relay_batches.services.relay_cli.supervisor import Child, say, supervise
@@ -102,7 +103,15 @@ def health_names(row_workers: int) -> list[str]:
         if row_workers == 1
         else [f"row-worker-{n}" for n in range(1, row_workers + 1)]
     )
-    return ["ingest-api", "scheduler", "dispatcher", *workers, "aggregator", "notifier"]
+    return [
+        "ingest-api",
+        "scheduler",
+        "dispatcher",
+        *workers,
+        "aggregator",
+        "notifier",
+        "offloader",
+    ]
 
 
 def listen_port(host: str, port: int, variable: str, avoid: Mapping[int, str] | None = None) -> int:
@@ -140,16 +149,19 @@ def health_ports(settings: Settings, names: list[str], taken: set[int]) -> list[
 
 
 def with_limits(text: str, limits: Mapping[str, int]) -> str:
-    """Routes text with ``limits`` (``{"rpm": 600}``) as keys of every ``[deployments.*]``
-    table, right under its header, in place of any the table had."""
+    """Routes text with ``limits`` (``{"rpm": 600}``) as keys of every realtime
+    ``[deployments.*]`` table, right under its header, in place of any the table had (a
+    batch deployment takes no rate limit)."""
     if not limits:
         return text
+    batch = {f"deployments.{name}" for name in _batch_deployments(text)}
     lines: list[str] = []
     in_deployment = False
     for line in text.splitlines(keepends=True):
         table = _TABLE.match(line)
         if table:
-            in_deployment = table[1].strip().startswith("deployments.")
+            name = table[1].strip()
+            in_deployment = name.startswith("deployments.") and name not in batch
             lines.append(line if line.endswith("\n") else line + "\n")
             if in_deployment:
                 lines += [f"{key} = {value}\n" for key, value in limits.items()]
@@ -160,10 +172,23 @@ def with_limits(text: str, limits: Mapping[str, int]) -> str:
     return "".join(lines)
 
 
+def _batch_deployments(text: str) -> set[str]:
+    """The batch deployments (``openai-batch``, ``anthropic-batch``) of routes ``text``."""
+    deployments = tomllib.loads(text).get("deployments", {})
+    return {
+        name
+        for name, spec in deployments.items()
+        if isinstance(spec, dict) and spec.get("provider") in BATCH_PROVIDERS
+    }
+
+
 def deployment_names(routes_file: str) -> list[str]:
-    """The deployments a routes file defines (it is valid TOML: relay dev wrote it)."""
-    with open(routes_file, "rb") as handle:
-        return sorted(tomllib.load(handle).get("deployments", {}))
+    """The realtime deployments a routes file defines (it is valid TOML: relay dev wrote
+    it), those a dev rate limit applies to."""
+    with open(routes_file, encoding="utf-8") as handle:
+        text = handle.read()
+    batch = _batch_deployments(text)
+    return sorted(name for name in tomllib.loads(text).get("deployments", {}) if name not in batch)
 
 
 def routes_file_for(options: DevOptions, sim_url: str, directory: Path) -> str:

@@ -33,7 +33,7 @@ STOP_TIMEOUT_S = 30.0
 # then what records and tells, and the upstream simulator last.
 STOP_STAGES = (
     ("ingest-api", "scheduler", "dispatcher"),
-    ("row-worker",),
+    ("row-worker", "offloader"),
     ("aggregator", "notifier"),
     ("upstream-sim",),
 )

@@ -14,11 +14,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-import orjson
-
 from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest
 from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
+from relay_batches.outcome import to_outcome
 from relay_batches.router.aliases import Price
 from relay_batches.router.types import RowResult
 from relay_batches.services.row_worker.holdings import Holdings
@@ -171,62 +170,3 @@ class RowRunner:
                 "row_failed_unexpectedly", extra={"batch_id": job_slice.batch_id, "row": index}
             )
             return RowResult(None, f"internal_error: {exc.__class__.__name__}", 1, None)
-
-
-INT32_MAX = 2**31 - 1
-
-
-def storable_text(text: str) -> str:
-    """``text`` as the ledger can store it: NUL (which Postgres text refuses) becomes U+FFFD."""
-    return text.replace("\x00", "\ufffd") if "\x00" in text else text
-
-
-def _tokens(count: int) -> int:
-    return max(0, min(INT32_MAX, count))
-
-
-def to_outcome(
-    batch_id: str,
-    index: int,
-    result: RowResult,
-    latency_ms: int | None = None,
-    price: Price | None = None,
-) -> RowOutcome:
-    """The bus outcome of one row's router result, made storable by the ledger.
-
-    ``latency_ms`` is the row's time in the router; ``price`` the answering deployment's
-    (None: unpriced), which makes the answer's ``cost_usd`` (None for an error: no
-    deployment answered).
-    """
-    completion = result.completion
-    error = None if completion is not None else (result.error or "upstream_error: unknown")
-    prompt_tokens = 0 if completion is None else _tokens(completion.prompt_tokens)
-    completion_tokens = 0 if completion is None else _tokens(completion.completion_tokens)
-    cost = (
-        None
-        if price is None or completion is None
-        else price.cost_usd(prompt_tokens, completion_tokens)
-    )
-    return RowOutcome(
-        batch_id=batch_id,
-        row_index=index,
-        content=None if completion is None else storable_text(completion.content),
-        error=None if error is None else storable_text(error),
-        attempts=result.attempts,
-        dead_letter=completion is None and result.dead_letter,
-        deployment=result.deployment,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        tool_calls=None if completion is None else _tool_calls_json(completion.tool_calls),
-        finish_reason=None if completion is None else completion.finish_reason,
-        model=None if completion is None else completion.model,
-        latency_ms=None if latency_ms is None else min(max(0, latency_ms), INT32_MAX),
-        cost_usd=cost,
-    )
-
-
-def _tool_calls_json(tool_calls: Sequence[Any] | None) -> str | None:
-    """The tool calls as the ledger stores them: compact JSON text, None for none."""
-    if not tool_calls:
-        return None
-    return storable_text(orjson.dumps(tool_calls).decode())

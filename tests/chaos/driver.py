@@ -30,7 +30,7 @@ from tests.helpers.checks import Verdict, assert_exactly_once, services_of, wait
 from tests.helpers.processes import System, build_system
 from tests.helpers.support import ApiClient, Isolation, WebhookReceiver, rows, wait_until
 
-KILLABLE = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier")
+KILLABLE = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier", "offloader")
 RESTART_READY_TIMEOUT_S = 60
 GATE_TIMEOUT_S = 120
 

@@ -30,7 +30,7 @@ from tests.helpers.processes import System
 from tests.helpers.support import AMQP_URL, PG_ADMIN_URL, wait_until
 
 RESTART_TIMEOUT_S = 180
-DB_SERVICES = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier")
+DB_SERVICES = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier", "offloader")
 
 
 async def run_shell(command: str) -> None:

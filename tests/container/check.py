@@ -56,6 +56,7 @@ from tests.container.podman import (
     missing_tools,
 )
 from tests.deploy.manifests import K8S, ROOT, kustomize
+from tests.helpers.processes import SERVICES
 from tests.helpers.support import (
     AMQP_URL,
     PG_ADMIN_URL,
@@ -74,7 +75,6 @@ from tests.helpers.support import (
 # re-tags ``IMAGE`` cannot swap the image under it (its tag goes in the cleanup).
 IMAGE = "localhost/relay-batches:check"
 UID = 10001
-SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
 OUTPUT = ROOT / "test-output" / "container-check"
 # How every container of the plain run is started: on the host's network (its 127.0.0.1
 # is the host's), a read-only root with no tmpfs of podman's own, nothing privileged.
@@ -532,7 +532,7 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
         "RELAY_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8",
     }
     names: dict[str, str] = {}
-    with steps.step("start 7 containers, all ready") as notes:
+    with steps.step(f"start {len(SERVICES) + 1} containers, all ready") as notes:
         names["upstream-sim"] = run.container(
             "upstream-sim",
             ["relay-upstream-sim"],
@@ -551,7 +551,7 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
         await wait_ready(http, podman, names["upstream-sim"], sim_port, "/healthz")
         for name in SERVICES:
             await wait_ready(http, podman, names[name], health[name], "/readyz")
-        notes.append("upstream-sim /healthz, 6 services /readyz")
+        notes.append(f"upstream-sim /healthz, {len(SERVICES)} services /readyz")
     with steps.step("non-root, read-only root, no caps") as notes:
         for container in names.values():
             check_hardened(podman, container)
@@ -559,7 +559,7 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
     with steps.step("/healthz /readyz /metrics") as notes:
         for name in SERVICES:
             await check_probes(http, name, health[name], api_port if name == "ingest-api" else None)
-        notes.append("6 health ports; /metrics not on the API port")
+        notes.append(f"{len(SERVICES)} health ports; /metrics not on the API port")
     with steps.step("batch through the containers") as notes:
         created = run.oneshot("keys", ledger, "relay", "keys", "create", "--workspace", "check")
         key = created.splitlines()[-1]
@@ -591,7 +591,8 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
         done = await _completed_rows(iso.database_url, busy["id"])
         assert done < DRAIN_ROWS, "the batch ended before the stop: nothing was in flight"
         notes.append(
-            f"7 exit 0 with {done}/{DRAIN_ROWS} rows done; slowest {slowest:.1f}s (grace 10-45 s)"
+            f"{len(names)} exit 0 with {done}/{DRAIN_ROWS} rows done;"
+            f" slowest {slowest:.1f}s (grace 10-45 s)"
         )
     with steps.step("logs: no error, no traceback") as notes:
         notes.append(f"{save_logs(podman, names, 'containers')} lines")

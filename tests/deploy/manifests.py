@@ -21,6 +21,7 @@ import yaml
 
 from relay_batches.runtime import HARD_DEADLINE_MARGIN_S
 from relay_batches.settings import Settings
+from tests.helpers.processes import SERVICES as SERVICES  # every Relay service
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -29,9 +30,8 @@ OVERLAYS = ("dev", "prod")
 HPA_COMPONENT = K8S / "components" / "row-worker-hpa"
 # The row-worker ScaledObject: tests/integration/test_scaling_backlog.py runs its query.
 KEDA_MANIFEST = K8S / "base" / "row-worker-keda.yaml"
-SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
 # Services that load the routes file at start-up (and so need it and the provider keys).
-ROUTED_SERVICES = ("ingest-api", "dispatcher", "row-worker")
+ROUTED_SERVICES = ("ingest-api", "dispatcher", "row-worker", "offloader")
 # relay_batches.runtime waits RELAY_SHUTDOWN_GRACE_S, then this long more before exiting 1.
 RUNTIME_HARD_DEADLINE_S = HARD_DEADLINE_MARGIN_S
 SECRETS = {"relay-connections", "relay-provider-keys"}

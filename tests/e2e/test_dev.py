@@ -188,7 +188,7 @@ async def test_relay_dev_completes_a_batch_with_the_old_health_ports_taken(
             assert {"upstream-sim", "ingest-api", "row-worker", "notifier"} <= set(started)
             assert f"simulator http://127.0.0.1:{run.sim_port}/v1" in run.output()
             health = [url for _, url in started.values() if url]
-            assert len(health) == 6  # every service but the simulator
+            assert len(health) == 7  # every service but the simulator
             assert not any(url.endswith(f":{p}/readyz") for url in health for p in OLD_HEALTH_PORTS)
 
             async def key_printed() -> str | None:
@@ -242,7 +242,7 @@ async def test_a_killed_relay_dev_leaves_no_service_running(
     try:
         await wait_until(lambda: _api_up(run, http), 60, f"relay dev's API (see {log})")
         children = run.child_pids()
-        assert len(children) == 7  # the simulator, ingest-api and the five other services
+        assert len(children) == 8  # the simulator, ingest-api and the six other services
         process.kill()
         process.wait(10)
 

@@ -42,7 +42,7 @@ from tests.helpers.support import (
     wait_until,
 )
 
-DB_SERVICES = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier")
+DB_SERVICES = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier", "offloader")
 GRACE_S = 10  # RELAY_SHUTDOWN_GRACE_S of build_system
 
 

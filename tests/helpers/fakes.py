@@ -233,6 +233,7 @@ class FakeDispatchStore:
     fetches: list[tuple[str, int, int]] = field(default_factory=list)
     advanced: list[tuple[str, int]] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    offloaded: list[tuple[str, int, str]] = field(default_factory=list)
     released: list[list[str]] = field(default_factory=list)
     totals: dict[str, int] = field(default_factory=dict)
     outcomes: dict[str, set[int]] = field(default_factory=dict)
@@ -346,6 +347,11 @@ class FakeDispatchStore:
     async def fail(self, job_id: str, error: str) -> bool:
         self.failed.append((job_id, error))
         return True
+
+    async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
+        assert owner == OWNER
+        self.offloaded.append((job_id, total, deployment))
+        return job_id not in self.lost
 
 
 @dataclass

@@ -23,7 +23,15 @@ from tests.helpers.support import (
 )
 
 BIN = Path(sys.executable).parent
-SERVICES = ("ingest-api", "scheduler", "dispatcher", "row-worker", "aggregator", "notifier")
+SERVICES = (
+    "ingest-api",
+    "scheduler",
+    "dispatcher",
+    "row-worker",
+    "aggregator",
+    "notifier",
+    "offloader",
+)
 _PORT_LINE = re.compile(rb'"action":"(?:health_listening|listening|started)".*?"port":(\d+)')
 
 
@@ -192,6 +200,7 @@ def build_system(
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
         f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
         "price = { prompt_per_mtok = 1000.0, completion_per_mtok = 2000.0 }\n"
+        f"{offload_routes(sim_port, max_retries)}"
     )
     env = {
         **os.environ,
@@ -216,6 +225,40 @@ def build_system(
         else:
             system.add(name)
     return system
+
+
+def offload_routes(sim_port: int, max_retries: int) -> str:
+    """Aliases led by the simulator's batch APIs at half the realtime price, each with a
+    priced realtime fallback: ``sim-half`` (OpenAI Batch, then ``sim-priced``) and
+    ``sim-claude-half`` (Message Batches, then ``sim-claude-priced``). Rows are gathered
+    for a second and polled every half second. ``sim-held-half`` gathers exactly 10 rows
+    per provider batch (its linger is an hour)."""
+    base = f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
+    realtime = f"timeout_s = 30\nmax_retries = {max_retries}\n"
+    batch = "timeout_s = 30\nlinger_s = 1\npoll_s = 0.5\n"
+    half = "price = { prompt_per_mtok = 500.0, completion_per_mtok = 1000.0 }\n"
+    full = "price = { prompt_per_mtok = 1000.0, completion_per_mtok = 2000.0 }\n"
+    claude = 'headers = { "x-api-key" = "sim" }\n'
+    return (
+        '\n[aliases.sim-half]\ndeployments = ["sim-openai-batch", "sim-priced"]\n\n'
+        '[aliases.sim-claude-half]\ndeployments = ["sim-anthropic-batch", "sim-claude-priced"]\n\n'
+        f'[deployments.sim-openai-batch]\nprovider = "openai-batch"\n{base}'
+        f'model = "sim-echo"\n{batch}{half}\n'
+        f'[deployments.sim-anthropic-batch]\nprovider = "anthropic-batch"\n{base}'
+        f'model = "sim-claude"\n{batch}{half}{claude}\n'
+        '[aliases.sim-held-half]\ndeployments = ["sim-held-batch", "sim-priced"]\n\n'
+        f'[deployments.sim-held-batch]\nprovider = "openai-batch"\n{base}'
+        f'model = "sim-echo"\ntimeout_s = 30\nlinger_s = 3600\nmax_rows = 10\npoll_s = 0.5\n'
+        f"{half}\n"
+        f'[deployments.sim-claude-priced]\nprovider = "anthropic"\n{base}'
+        f'model = "sim-claude"\n{realtime}{full}{claude}'
+    )
+
+
+async def sim_stats(http: aiohttp.ClientSession, system: System) -> dict[str, int]:
+    """The simulator's counters (``calls``, ``batches_created``, ``batch_rows``, …)."""
+    async with http.get(f"{system.sim_url}/stats") as response:
+        return dict(await response.json())
 
 
 async def sim_calls(http: aiohttp.ClientSession, system: System) -> int:

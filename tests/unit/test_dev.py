@@ -73,6 +73,7 @@ def test_several_row_workers_are_numbered() -> None:
         "row-worker",
         "aggregator",
         "notifier",
+        "offloader",
     ]
     assert health_names(2)[3:5] == ["row-worker-1", "row-worker-2"]
 
@@ -81,7 +82,7 @@ def test_free_health_ports_are_distinct_and_avoid_the_api_and_simulator_ports() 
     api, sim = listen_port("127.0.0.1", 0, "RELAY_API_PORT"), 0
     ports = health_ports(Settings(), health_names(3), {api, sim})
     numbers = [p.port for p in ports]
-    assert len(set(numbers)) == 8 and api not in numbers
+    assert len(set(numbers)) == 9 and api not in numbers
     assert not any(p.fixed for p in ports)
 
 
@@ -122,14 +123,14 @@ def test_every_child_gets_the_ports_and_routes_it_needs(tmp_path: Path) -> None:
     settings = Settings(api_port=0)
     children = dev_children(settings, DevOptions(row_workers=2, sim_port=0), {}, tmp_path)
     names = [c.name for c in children]
-    assert names[:2] == ["upstream-sim", "ingest-api"] and len(names) == 8
+    assert names[:2] == ["upstream-sim", "ingest-api"] and len(names) == 9
     sim_port = children[0].env["RELAY_SIM_PORT"]
     assert children[0].where == f"simulator http://127.0.0.1:{sim_port}/v1"
     routes = children[0].env["RELAY_ROUTES_FILE"]
     (deployment,) = load_aliases(routes, {}).resolve("gpt-4o-mini") or ()
     assert deployment.base_url == f"http://127.0.0.1:{sim_port}/v1"
     assert all(c.env["RELAY_API_PORT"] == children[1].env["RELAY_API_PORT"] for c in children)
-    assert [c.health is None for c in children] == [True] + [False] * 7
+    assert [c.health is None for c in children] == [True] + [False] * 8
     api_port = children[1].env["RELAY_API_PORT"]
     assert children[1].where == f"API http://127.0.0.1:{api_port}"
     assert children[4].argv[0].endswith("/relay-row-worker")
@@ -215,3 +216,15 @@ def test_only_the_simulator_gets_the_dev_limits_and_relay_dev_says_so(tmp_path: 
         "rate limit 6000 tpm: the simulator enforces it (429 above it, GET /stats); "
         "RELAY_ROUTES_FILE is used as it is (put rpm/tpm in it)"
     ]
+
+
+def test_dev_limits_leave_a_batch_deployment_alone() -> None:
+    text = (
+        '[aliases.half]\ndeployments = ["b", "r"]\n\n'
+        '[deployments.b]\nprovider = "openai-batch"\nbase_url = "http://127.0.0.1:1/v1"\n'
+        'model = "m"\n\n'
+        '[deployments.r]\nprovider = "openai"\nbase_url = "http://127.0.0.1:1/v1"\n'
+        'model = "m"\n'
+    )
+    limited = tomllib.loads(with_limits(text, {"rpm": 600}))["deployments"]
+    assert ("rpm" in limited["b"], limited["r"]["rpm"]) == (False, 600)

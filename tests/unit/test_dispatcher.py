@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import cast
 
@@ -20,6 +20,7 @@ from relay_batches.services.dispatcher.core import (
     DispatchConfig,
     Dispatcher,
     byte_window_end,
+    offload_target,
 )
 from relay_batches.services.dispatcher.service import dispatcher_service
 from tests.helpers.fakes import (
@@ -685,3 +686,87 @@ async def test_a_cancel_tops_up_the_jobs_it_kept_parked_at_once(
 
 async def _true() -> bool:
     return True
+
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+DAY = timedelta(hours=24)
+
+
+def offload_dispatcher(
+    store: FakeDispatchStore, recorder: Recorder, *, margin_s: float = 3600.0
+) -> Dispatcher:
+    """A dispatcher whose alias ``half`` is led by batch deployment ``ob`` (24 h window)."""
+    config = DispatchConfig(OWNER, 20, 4, 8, LEASE_S, offload_margin_s=margin_s)
+    leads = {"half": ("ob", DAY)}
+    return Dispatcher(
+        store,
+        recorder.publish,
+        recorder.announce,
+        lambda _: True,
+        config,
+        offload_lead=leads.get,
+        wall_clock=lambda: NOW,
+    )
+
+
+@pytest.mark.parametrize(
+    ("expires_in", "dispatched", "target"),
+    [
+        (None, 0, "ob"),
+        (DAY + timedelta(hours=1), 0, "ob"),
+        (DAY + timedelta(minutes=59), 0, None),
+        (timedelta(hours=1), 0, None),
+        (None, 4, None),  # it began realtime: it stays realtime
+    ],
+)
+def test_the_offload_decision_needs_the_window_plus_the_margin(
+    expires_in: timedelta | None, dispatched: int, target: str | None
+) -> None:
+    expires_at = None if expires_in is None else NOW + expires_in
+    running = replace(job(model="half", dispatched_upto=dispatched), expires_at=expires_at)
+    leads = {"half": ("ob", DAY)}
+    assert offload_target(running, leads.get, timedelta(hours=1), NOW) == target
+    assert offload_target(replace(running, model="other"), leads.get, DAY, NOW) is None
+    budgeted = replace(running, budget_usd=5.0)
+    assert offload_target(budgeted, leads.get, timedelta(hours=1), NOW) is None
+
+
+async def test_an_offloaded_job_releases_every_row_at_once_and_publishes_nothing(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100, model="half"))
+    dispatcher = offload_dispatcher(store, recorder)
+    assert await dispatcher.claim() == 1
+    assert store.offloaded == [("job1", 100, "ob")]
+    assert recorder.tasks == [] and store.advanced == []
+    # The offloader's now: its lease goes back, it takes no slot and no window.
+    assert dispatcher.jobs == {} and store.released == [["job1"]]
+
+
+async def test_a_short_deadline_runs_realtime(store: FakeDispatchStore, recorder: Recorder) -> None:
+    store.queued.append(replace(job(total=100, model="half"), expires_at=NOW + DAY))
+    dispatcher = offload_dispatcher(store, recorder)
+    await dispatcher.claim()
+    assert store.offloaded == []
+    assert recorder.indexes() == slices(0, 20, 4)
+
+
+async def test_an_offload_the_ledger_refuses_keeps_nothing(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100, model="half"))
+    store.lost.add("job1")
+    dispatcher = offload_dispatcher(store, recorder)
+    await dispatcher.claim()
+    assert dispatcher.jobs == {} and recorder.tasks == []
+
+
+async def test_a_job_marked_before_is_let_go_at_once(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    marked = replace(job(total=100, model="gone", dispatched_upto=100), offload_deployment="ob")
+    store.queued.append(marked)
+    dispatcher = offload_dispatcher(store, recorder)
+    await dispatcher.claim()
+    assert store.offloaded == [] and recorder.tasks == []
+    assert dispatcher.jobs == {} and store.released == [["job1"]]

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from relay_batches.metrics import UPSTREAM_THROTTLED
 from relay_batches.ratelimit.limiter import NoLimiter
-from relay_batches.router.aliases import AliasTable, Deployment, parse_aliases
+from relay_batches.router.aliases import AliasTable, BatchOptions, Deployment, parse_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import MAX_THROTTLED_RETRIES, ModelRouter
@@ -641,3 +641,24 @@ async def test_the_estimate_counts_the_cap_the_provider_call_sends(
     router = make_limited(session, sleep, limiter, capped)
     await router.complete(ALIAS, LIMITED_MESSAGES, {"max_tokens": 100})
     assert limiter.events == [("acquire", "a", 103, 0), ("settle", "a", 103, 104)]
+
+
+async def test_a_batch_deployment_is_never_called_realtime(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    upstream.script("b", reply("realtime"))
+    options = BatchOptions("openai", 10, 1000)
+    batch = deployment(upstream, "a", provider="openai-batch", batch=options)
+    router = make_router(session, sleep, batch, deployment(upstream, "b"))
+    result = await router.complete(ALIAS, MESSAGES, {})
+    assert (result.deployment, result.attempts, upstream.count("a")) == ("b", 1, 0)
+
+
+async def test_an_alias_with_only_a_batch_deployment_fails_realtime_rows(
+    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+) -> None:
+    options = BatchOptions("openai", 10, 1000)
+    batch = deployment(upstream, "a", provider="openai-batch", batch=options)
+    result = await make_router(session, sleep, batch).complete(ALIAS, MESSAGES, {})
+    assert result == RowResult(None, f"upstream_error: {ALIAS} has no realtime deployment", 0, None)
+    assert upstream.count("a") == 0

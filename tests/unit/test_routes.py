@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from relay_batches.router.aliases import Deployment, Price, load_aliases, parse_aliases
+from relay_batches.router.aliases import (
+    BatchOptions,
+    Deployment,
+    Price,
+    load_aliases,
+    parse_aliases,
+)
 from relay_batches.settings import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +118,8 @@ def test_unknown_provider() -> None:
     with pytest.raises(ConfigError) as err:
         parse_aliases(routes_data(deployment(provider="cohere")), {})
     assert str(err.value) == (
-        "routes: deployment 'd1' has unknown provider 'cohere' (expected one of anthropic, openai)"
+        "routes: deployment 'd1' has unknown provider 'cohere' (expected one of anthropic,"
+        " anthropic-batch, openai, openai-batch)"
     )
 
 
@@ -314,3 +322,84 @@ def test_a_bad_price_is_one_line_naming_the_deployment_and_key(price: object, me
     with pytest.raises(ConfigError) as err:
         parse_aliases(routes_data(deployment(price=price)), {})
     assert str(err.value) == message
+
+
+BATCH_ROUTES = {
+    "deployments": {
+        "ob": {"provider": "openai-batch", "base_url": "http://127.0.0.1:1/v1", "model": "m"},
+        "ab": {"provider": "anthropic-batch", "base_url": "http://127.0.0.1:1/v1", "model": "c"},
+        "rt": {"provider": "openai", "base_url": "http://127.0.0.1:1/v1", "model": "m"},
+    },
+    "aliases": {
+        "half": {"deployments": ["ob", "rt"]},
+        "claude-half": {"deployments": ["ab"]},
+        "plain": {"deployments": ["rt"]},
+    },
+}
+
+
+def batch_routes(**overrides: object) -> dict[str, object]:
+    """``BATCH_ROUTES`` with deployment ``ob``'s keys overridden."""
+    deployments = dict(BATCH_ROUTES["deployments"])
+    deployments["ob"] = {**deployments["ob"], **overrides}
+    return {**BATCH_ROUTES, "deployments": deployments}
+
+
+def test_batch_deployments_take_the_providers_defaults() -> None:
+    routes = parse_aliases(BATCH_ROUTES, {})
+    ob, ab = routes.batch_lead("half"), routes.batch_lead("claude-half")
+    assert ob is not None and ab is not None
+    assert ob.batch == BatchOptions("openai", 50_000, 200 * 1024 * 1024, 60.0, 30.0)
+    assert ab.batch == BatchOptions("anthropic", 100_000, 256 * 1024 * 1024, 60.0, 30.0)
+    assert ob.batch.window == timedelta(hours=24)
+    assert routes.batch_lead("plain") is None and routes.batch_lead("nope") is None
+    assert sorted(routes.batch_deployments()) == ["ab", "ob"]
+    rt = (routes.resolve("plain") or ())[0]
+    assert rt.batch is None and not rt.is_batch and ob.is_batch
+
+
+def test_batch_options_are_read() -> None:
+    routes = parse_aliases(
+        batch_routes(max_rows=10, max_bytes=4096, linger_s=0, poll_s=0.5, window="2h"), {}
+    )
+    lead = routes.batch_lead("half")
+    assert lead is not None
+    assert lead.batch == BatchOptions("openai", 10, 4096, 0.0, 0.5, timedelta(hours=2))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"max_rows": 50_001}, "max_rows must be an integer from 1 to 50000"),
+        ({"max_rows": 0}, "max_rows must be an integer from 1 to 50000"),
+        ({"max_bytes": 200 * 1024 * 1024 + 1}, "max_bytes must be an integer from 1 to"),
+        ({"max_bytes": True}, "max_bytes must be an integer"),
+        ({"linger_s": -1}, "linger_s must be a non-negative number"),
+        ({"poll_s": 0}, "poll_s must be greater than 0"),
+        ({"window": "24 hours"}, "window must be a duration"),
+        ({"window": 3600}, "window must be a duration"),
+        ({"window": "0h"}, "window must be a duration"),
+        ({"rpm": 10}, "rpm does not apply to a batch deployment"),
+        ({"tpm": 10}, "tpm does not apply to a batch deployment"),
+    ],
+)
+def test_bad_batch_options_are_one_line_naming_the_key(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_aliases(batch_routes(**overrides), {})
+    assert "'ob'" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("key", ["max_rows", "max_bytes", "linger_s", "poll_s", "window"])
+def test_a_batch_key_on_a_realtime_deployment_is_refused(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"deployment 'd1': {key} is only for batch providers"):
+        parse_aliases(routes_data(deployment(**{key: 1})), {})
+
+
+def test_a_batch_deployment_may_only_lead_an_alias() -> None:
+    data = {**BATCH_ROUTES, "aliases": {"late": {"deployments": ["rt", "ob"]}}}
+    with pytest.raises(
+        ConfigError, match="alias 'late': batch deployment 'ob' may only come first"
+    ):
+        parse_aliases(data, {})

@@ -12,10 +12,11 @@ import pytest
 
 from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, OutcomesMessage, RowOutcome, RowRequest
+from relay_batches.outcome import to_outcome
 from relay_batches.router.aliases import Price
 from relay_batches.router.types import Completion, RowResult
 from relay_batches.services.row_worker import outcomes as outcomes_module
-from relay_batches.services.row_worker.core import CanceledJobs, RowRunner, to_outcome
+from relay_batches.services.row_worker.core import CanceledJobs, RowRunner
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
 from relay_batches.services.row_worker.service import outcome_batch_rows, rows_prefetch
 

@@ -71,6 +71,9 @@ _DETACH_RETRIES = (
     " WHERE id = ANY((SELECT retries FROM batches WHERE id = $1)::text[]) AND retry_of = $1"
 )
 _DELETE_OUTCOMES = "DELETE FROM row_results WHERE batch_id = $1"
+# Its rows' offload records (the foreign key cascades too; said here so the deletion
+# reads whole). The provider batches they were in stay, settled, for their other rows.
+_DELETE_OFFLOAD_ROWS = "DELETE FROM offload_rows WHERE batch_id = $1"
 # Rows stored under the job's id, unless another job runs them (rows_batch_id).
 _DELETE_OWN_ROWS = (
     "DELETE FROM batch_rows WHERE batch_id = $1"
@@ -115,6 +118,7 @@ _DELETE_JOB = "DELETE FROM batches WHERE id = $1 AND workspace_id = $2"
 # In this order: everything naming the job goes before the job (foreign keys).
 _BY_ID = (
     _DELETE_OUTCOMES,
+    _DELETE_OFFLOAD_ROWS,
     _DELETE_OWN_ROWS,
     _DELETE_ATTEMPTS,
     _DELETE_DELIVERY,

@@ -15,7 +15,7 @@ from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
     "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params,"
-    " workspace_id, expires_at, budget_exceeded_at"
+    " workspace_id, expires_at, budget_exceeded_at, offload_deployment, budget_usd"
 )
 
 
@@ -36,6 +36,8 @@ class RunningJob:
     workspace_id: str = ""
     expires_at: datetime | None = None  # the end of its completion window, if any
     budget_exceeded_at: datetime | None = None  # its budget stop: no row is released after
+    offload_deployment: str | None = None  # the batch deployment it was offloaded to
+    budget_usd: float | None = None  # its budget, if any (such a job is never offloaded)
 
     @property
     def done(self) -> int:
@@ -255,6 +257,26 @@ class DispatchStore:
             )
         return value is not None
 
+    async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
+        """Mark a job we own offloaded to ``deployment`` and release all its rows, in one
+        statement: only while it is running, ours, without a budget (a budget stops
+        releases, and an offloaded job has released everything), not yet marked and not
+        yet released at all (a job that began realtime stays realtime). False, and
+        nothing changed, otherwise."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE batches SET dispatched_upto = $3, offload_deployment = $4"
+                " WHERE id = $2 AND lease_owner = $1 AND status = $5"
+                " AND budget_usd IS NULL AND offload_deployment IS NULL"
+                " AND dispatched_upto = 0 RETURNING id",
+                owner,
+                job_id,
+                total,
+                deployment,
+                JobStatus.RUNNING,
+            )
+        return value is not None
+
     async def fail(self, job_id: str, error: str) -> bool:
         """Guarded transition of a queued or running job to ``failed`` with ``error``."""
         async with translated():
@@ -378,12 +400,13 @@ _CLAIM_OUTRANKING = (
 )
 
 # $1 owner, $2 limit, $3 lease seconds: running jobs whose lease expired (batches_running).
+# An offloaded job is left alone: every row of it is released and the offloader owns them.
 _CLAIM_EXPIRED = (
     "UPDATE batches b SET lease_owner = $1,"
     " lease_expires_at = now() + make_interval(secs => $3)"
     f" FROM (SELECT id FROM batches WHERE {status_in([JobStatus.RUNNING])}"
     "       AND (lease_expires_at IS NULL OR lease_expires_at < now())"
-    f"       AND {_WANTED}"
+    f"       AND {_WANTED} AND offload_deployment IS NULL"
     "       ORDER BY priority DESC, created_at LIMIT $2 FOR UPDATE SKIP LOCKED) q"
     f" WHERE b.id = q.id RETURNING {_prefixed('b')}"
 )

@@ -51,9 +51,9 @@ _CLAIM_DUE = (
     " SELECT d.id, d.workspace_id, d.total, d.rows_batch_id FROM due d"
     " WHERE d.related <@ ARRAY(SELECT id FROM due UNION ALL SELECT id FROM held)"
 )
-# A job too large for one transaction loses its outcomes and its own rows (the rows
-# delete_job would delete: none another job still runs) a bounded slice at a time, in
-# row order (the primary keys), before delete_job takes what is left.
+# A job too large for one transaction loses its outcomes, its offload rows and its own
+# rows (the rows delete_job would delete: none another job still runs) a bounded slice at
+# a time, in row order (the primary keys), before delete_job takes what is left.
 _TRIM_OUTCOMES = (
     "DELETE FROM row_results r USING (SELECT row_index FROM row_results WHERE batch_id = $1"
     "  ORDER BY row_index LIMIT $2) t WHERE r.batch_id = $1 AND r.row_index = t.row_index"
@@ -61,6 +61,10 @@ _TRIM_OUTCOMES = (
 _TRIM_OWN_ROWS = (
     "DELETE FROM batch_rows r USING (SELECT row_index FROM batch_rows WHERE batch_id = $1"
     "  AND NOT EXISTS (SELECT 1 FROM batches WHERE rows_batch_id = $1 AND id <> $1)"
+    "  ORDER BY row_index LIMIT $2) t WHERE r.batch_id = $1 AND r.row_index = t.row_index"
+)
+_TRIM_OFFLOAD_ROWS = (
+    "DELETE FROM offload_rows r USING (SELECT row_index FROM offload_rows WHERE batch_id = $1"
     "  ORDER BY row_index LIMIT $2) t WHERE r.batch_id = $1 AND r.row_index = t.row_index"
 )
 # $1 at most this many records past their TTL (expired: find() no longer answers them).
@@ -134,12 +138,15 @@ class RetentionStore:
         return Purged(len(purged), sum(job.total for job in purged))
 
     async def _trim(self, conn: Connection, batch_id: str) -> int:
-        """Delete a slice of the job's outcomes and own rows (half the budget each); how
-        many, or 0 when the slices were not full (delete_job may take the rest now)."""
+        """Delete a slice of the job's outcomes, own rows and offload rows (half the
+        budget each); how many, or 0 when the slices were not full (delete_job may take
+        the rest now)."""
         half = max(1, self._rows // 2)
-        outcomes = _count(await conn.execute(_TRIM_OUTCOMES, batch_id, half))
-        own_rows = _count(await conn.execute(_TRIM_OWN_ROWS, batch_id, half))
-        return outcomes + own_rows if half in (outcomes, own_rows) else 0
+        counts = [
+            _count(await conn.execute(statement, batch_id, half))
+            for statement in (_TRIM_OUTCOMES, _TRIM_OWN_ROWS, _TRIM_OFFLOAD_ROWS)
+        ]
+        return sum(counts) if half in counts else 0
 
     async def purge_idempotency_keys(self, limit: int = 5_000) -> int:
         """Delete up to ``limit`` idempotency records older than their TTL; how many."""

@@ -1,4 +1,12 @@
-"""The routes file (TOML): public aliases → ordered deployments, validated at start-up."""
+"""The routes file (TOML): public aliases → ordered deployments, validated at start-up.
+
+A deployment of a batch provider (``openai-batch``: Files + Batches API;
+``anthropic-batch``: Message Batches) takes no realtime call: it carries
+:class:`BatchOptions` (rows and bytes per provider batch, how long to gather rows, the
+poll interval, the provider's completion window) and may only lead an alias, followed by
+the realtime deployments its failed rows fall back to. ``rpm``/``tpm`` on it, or a batch
+key on a realtime deployment, is a :class:`ConfigError` naming the key.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +14,25 @@ import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
+from relay_batches.durations import SPELLING, parse_duration
 from relay_batches.ratelimit.limits import RateLimit
 from relay_batches.settings import ConfigError
 
-PROVIDERS = frozenset({"openai", "anthropic"})
+REALTIME_PROVIDERS = frozenset({"openai", "anthropic"})
+# A batch provider → the realtime provider whose request builder and reply parser its
+# lines use, and its caps on one provider batch (rows, bytes of the input file).
+BATCH_PROVIDERS: Mapping[str, tuple[str, int, int]] = {
+    "openai-batch": ("openai", 50_000, 200 * 1024 * 1024),
+    "anthropic-batch": ("anthropic", 100_000, 256 * 1024 * 1024),
+}
+PROVIDERS = REALTIME_PROVIDERS | frozenset(BATCH_PROVIDERS)
+BATCH_KEYS = ("max_rows", "max_bytes", "linger_s", "poll_s", "window")
+DEFAULT_LINGER_S = 60.0
+DEFAULT_POLL_S = 30.0
+DEFAULT_WINDOW = "24h"
 PRICE_KEYS = ("prompt_per_mtok", "completion_per_mtok")
 TOKENS_PER_MTOK = 1_000_000
 
@@ -30,9 +51,27 @@ class Price:
         ) / TOKENS_PER_MTOK
 
 
+@dataclass(frozen=True, slots=True)
+class BatchOptions:
+    """How a batch deployment gathers rows into provider batches and follows them.
+
+    ``max_rows`` and ``max_bytes`` cap one provider batch (its input file); rows are
+    submitted once either is reached or the oldest waited ``linger_s``; a submitted
+    batch is polled every ``poll_s`` (backing off while it makes no progress); the
+    provider promises an answer within ``window``.
+    """
+
+    wire: str  # the realtime provider whose request builder and reply parser it uses
+    max_rows: int
+    max_bytes: int
+    linger_s: float = DEFAULT_LINGER_S
+    poll_s: float = DEFAULT_POLL_S
+    window: timedelta = timedelta(hours=24)
+
+
 @dataclass(frozen=True)
 class Deployment:
-    """One upstream model endpoint."""
+    """One upstream model endpoint (``batch`` is set on a batch provider's only)."""
 
     name: str
     provider: str
@@ -45,6 +84,12 @@ class Deployment:
     params: Mapping[str, Any] = field(default_factory=dict)
     price: Price | None = None  # None: unpriced (its rows have no cost)
     limit: RateLimit | None = None  # None: no shared rate limit (rpm, tpm)
+    batch: BatchOptions | None = None  # None: a realtime deployment
+
+    @property
+    def is_batch(self) -> bool:
+        """Whether this deployment is a provider's batch API (never called realtime)."""
+        return self.batch is not None
 
 
 @dataclass(frozen=True)
@@ -60,6 +105,23 @@ class AliasTable:
     def names(self) -> list[str]:
         """The public aliases, sorted."""
         return sorted(self.aliases)
+
+    def batch_lead(self, alias: str) -> Deployment | None:
+        """The batch deployment that leads ``alias``, or None (unknown alias, or one that
+        starts with a realtime deployment)."""
+        deployments = self.aliases.get(alias)
+        if not deployments or deployments[0].batch is None:
+            return None
+        return deployments[0]
+
+    def batch_deployments(self) -> dict[str, Deployment]:
+        """Every batch deployment an alias names, by name."""
+        return {
+            d.name: d
+            for deployments in self.aliases.values()
+            for d in deployments
+            if d.batch is not None
+        }
 
     def limits(self) -> dict[str, RateLimit]:
         """The rate-limited deployments' limits by deployment name."""
@@ -108,9 +170,13 @@ def parse_aliases(data: Mapping[str, Any], env: Mapping[str, str], source: str =
         names = spec.get("deployments") if isinstance(spec, dict) else None
         if not isinstance(names, list) or not names:
             raise ConfigError(where + f"alias {alias!r} needs a non-empty deployments list")
-        for name in names:
+        for position, name in enumerate(names):
             if name not in deployments:
                 raise ConfigError(where + f"alias {alias!r} names missing deployment {name!r}")
+            if position and deployments[name].batch is not None:
+                raise ConfigError(
+                    where + f"alias {alias!r}: batch deployment {name!r} may only come first"
+                )
         aliases[alias] = tuple(deployments[n] for n in names)
     if not aliases:
         raise ConfigError(where + "no [aliases.*] defined")
@@ -143,7 +209,65 @@ def _deployment(name: str, spec: Any, env: Mapping[str, str], where: str) -> Dep
         params=dict(spec.get("params", {})),
         price=_price(name, spec.get("price"), where),
         limit=_limit(name, spec, where),
+        batch=_batch_options(name, provider, spec, where),
     )
+
+
+def _batch_options(
+    name: str, provider: str, spec: dict[str, Any], where: str
+) -> BatchOptions | None:
+    """A batch provider's options (defaults filled in, caps enforced); a batch key on a
+    realtime deployment, or a rate limit on a batch one, is refused."""
+    caps = BATCH_PROVIDERS.get(provider)
+    if caps is None:
+        for key in BATCH_KEYS:
+            if key in spec:
+                raise ConfigError(
+                    where + f"deployment {name!r}: {key} is only for batch providers"
+                    f" ({', '.join(sorted(BATCH_PROVIDERS))})"
+                )
+        return None
+    for key in ("rpm", "tpm"):
+        if key in spec:
+            raise ConfigError(
+                where + f"deployment {name!r}: {key} does not apply to a batch deployment"
+            )
+    wire, max_rows, max_bytes = caps
+    return BatchOptions(
+        wire=wire,
+        max_rows=_capped(name, spec, "max_rows", max_rows, where),
+        max_bytes=_capped(name, spec, "max_bytes", max_bytes, where),
+        linger_s=_number(name, spec, "linger_s", DEFAULT_LINGER_S, where),
+        poll_s=_positive(name, spec, "poll_s", DEFAULT_POLL_S, where),
+        window=_window(name, spec.get("window", DEFAULT_WINDOW), where),
+    )
+
+
+def _capped(name: str, spec: dict[str, Any], key: str, cap: int, where: str) -> int:
+    """A positive integer no larger than the provider's ``cap`` (the default)."""
+    value = spec.get(key, cap)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cap:
+        raise ConfigError(
+            where + f"deployment {name!r}: {key} must be an integer from 1 to {cap}"
+            f" (the provider's cap), not {value!r}"
+        )
+    return value
+
+
+def _positive(name: str, spec: dict[str, Any], key: str, default: float, where: str) -> float:
+    value = _number(name, spec, key, default, where)
+    if value <= 0:
+        raise ConfigError(where + f"deployment {name!r}: {key} must be greater than 0")
+    return value
+
+
+def _window(name: str, value: Any, where: str) -> timedelta:
+    window = parse_duration(value, 6) if isinstance(value, str) else None
+    if window is None or window <= timedelta(0):
+        raise ConfigError(
+            where + f"deployment {name!r}: window must be a duration ({SPELLING}), not {value!r}"
+        )
+    return window
 
 
 def _limit(name: str, spec: dict[str, Any], where: str) -> RateLimit | None:

@@ -15,6 +15,11 @@ every worker's pacer slows down. On a limited deployment a 429 does not spend th
 times (it still counts towards a cooldown, so an alias with a fallback moves on). Without
 a limit none of that runs.
 
+A batch deployment (a provider's batch API, see :mod:`relay_batches.router.aliases`) is
+never called here: a row of an alias led by one (a row the offloader forwards, or one of a
+job that runs realtime) starts at the alias's first realtime deployment, and an alias with
+none fails the row with ``upstream_error: <alias> has no realtime deployment``.
+
 A deployment's request is built once per row; a provider that cannot take what the row
 asks for (:class:`~relay_batches.router.types.UnsupportedRequest`) is a permanent
 failure of that deployment without a call, so the row falls through to the next one.
@@ -116,14 +121,17 @@ class ModelRouter:
         self._cooldowns = cooldowns or Cooldowns(CooldownPolicy())
         self._limiter: Limiter = limiter or NoLimiter()
         self._prepared: dict[str, tuple[aiohttp.ClientTimeout, Any]] = {}
+        self._realtime: dict[str, tuple[Deployment, ...]] = {}
 
     async def complete(
         self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
     ) -> RowResult:
         """Run one row through its alias's deployments."""
-        deployments = self.aliases.resolve(alias)
+        deployments = self._realtime_of(alias)
         if deployments is None:
             return RowResult(None, f"upstream_error: unknown model alias {alias!r}", 0, None)
+        if not deployments:
+            return RowResult(None, f"upstream_error: {alias} has no realtime deployment", 0, None)
         attempts = 0
         last_error = "no deployment tried"
         last_transient = False
@@ -140,6 +148,18 @@ class ModelRouter:
         return RowResult(
             None, f"upstream_error: {last_error}", attempts, None, dead_letter=last_transient
         )
+
+    def _realtime_of(self, alias: str) -> tuple[Deployment, ...] | None:
+        """The alias's realtime deployments (its batch one left out), once per alias;
+        None for an unknown alias."""
+        cached = self._realtime.get(alias)
+        if cached is None:
+            deployments = self.aliases.resolve(alias)
+            if deployments is None:
+                return None
+            cached = tuple(d for d in deployments if d.batch is None)
+            self._realtime[alias] = cached
+        return cached
 
     def _order(self, deployments: tuple[Deployment, ...]) -> Sequence[Deployment]:
         """Deployments in fallback order, those cooling down moved behind the others."""

@@ -1,0 +1,605 @@
+"""The offloader's ledger: offloaded rows and the provider batches they go in.
+
+A job its dispatcher offloaded (``batches.offload_deployment`` set, every row released)
+is taken in by :meth:`OffloadStore.intake`: its released rows up to ``dispatched_upto``
+become ``offload_rows`` in bounded steps, each row under the batch deployment that leads
+its own alias (``pending``), or ``forward`` when none does (its alias runs realtime, or
+the deployment left the routes file). :meth:`OffloadStore.gather` then cuts a deployment's
+pending rows of running jobs into a provider batch when they reach its row or byte cap or
+the oldest waited its linger: in one transaction the ``offload_batches`` record is made
+(``recorded``) and its rows marked ``submitted``, before anything is sent, so a crash
+never submits a row twice. The offloader then walks the record through ``creating``,
+``submitted``, ``ended`` and ``settled`` with guarded, leased transitions (a lease per
+record, taken ``FOR UPDATE SKIP LOCKED``, so replicas split them).
+
+Every statement is set-based: no statement runs per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+import asyncpg
+
+from relay_batches.ledger.pool import translated
+from relay_batches.ledger.status_sql import status_in
+from relay_batches.model import TERMINAL, JobStatus
+
+INTAKE_STEP = 10_000
+DROP_WITHIN_S = 3600.0
+
+
+class BatchState(StrEnum):
+    """The states of one provider batch (``offload_batches.state``)."""
+
+    RECORDED = "recorded"
+    CREATING = "creating"
+    SUBMITTED = "submitted"
+    CANCELING = "canceling"
+    ENDED = "ended"
+    SETTLED = "settled"
+
+
+class RowState(StrEnum):
+    """The states of one offloaded row (``offload_rows.state``)."""
+
+    PENDING = "pending"
+    SUBMITTED = "submitted"
+    DONE = "done"
+    FORWARD = "forward"
+    FORWARDED = "forwarded"
+    DROPPED = "dropped"
+
+
+@dataclass(frozen=True, slots=True)
+class Gathering:
+    """How one batch deployment cuts its pending rows into provider batches.
+
+    ``line_extra`` is added to each row's stored request size to bound its line in the
+    provider's input file (the custom id, the deployment's model and params, the
+    envelope); ``max_bytes`` is the budget of those bounds.
+    """
+
+    deployment: str
+    max_rows: int
+    max_bytes: int
+    linger_s: float
+    line_extra: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadBatch:
+    """One provider batch as its record holds it."""
+
+    id: int
+    deployment: str
+    state: BatchState
+    provider_id: str | None
+    input_file_id: str | None
+    output_file_id: str | None
+    error_file_id: str | None
+    rows: int
+    bytes: int
+    created_at: datetime
+    polls: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadLine:
+    """One row of a provider batch with what its line is built from."""
+
+    batch_id: str
+    row_index: int
+    request: str  # the row's stored chat request (JSON)
+    params: str  # the job's params (JSON)
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardRow:
+    """A row to publish realtime, with what its slice carries of its job."""
+
+    batch_id: str
+    row_index: int
+    request: str
+    model: str
+    params: str
+    priority: int
+    expires_at: datetime | None
+
+
+# Publishes rows as ordinary realtime rows; returns once the broker confirmed them.
+PublishForward = Callable[[list["ForwardRow"]], Awaitable[None]]
+
+_BATCH_COLUMNS = (
+    "id, deployment, state, provider_id, input_file_id, output_file_id, error_file_id,"
+    " rows, bytes, created_at, polls, error"
+)
+_LIVE_JOB = status_in([JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.QUEUED])
+_ENDED = [str(s) for s in TERMINAL]
+
+
+def _batch(record: asyncpg.Record) -> OffloadBatch:
+    values = list(record)
+    values[2] = BatchState(values[2])
+    return OffloadBatch(*values)
+
+
+class OffloadStore:
+    """Offloaded rows and provider batches on a pool."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    # --- intake and gathering ---------------------------------------------------------
+
+    async def intake(
+        self, leads: Mapping[str, str], step: int = INTAKE_STEP, jobs: int = 16
+    ) -> int:
+        """Take up to ``step`` released rows of each of up to ``jobs`` offloaded running
+        jobs (each job once a call, so a large one does not hold the others back) into
+        ``offload_rows``, one transaction per job, the job locked SKIP LOCKED so replicas
+        take different ones; how many rows were recorded.
+
+        ``leads`` maps each alias led by a batch deployment to that deployment; a row
+        whose own alias (else its job's) is not in it is recorded as ``forward``.
+        """
+        aliases, deployments = list(leads), list(leads.values())
+        recorded = 0
+        taken: list[str] = []
+        for _ in range(jobs):
+            async with translated(), self._pool.acquire() as conn, conn.transaction():
+                job = await conn.fetchrow(_INTAKE_LOCK, taken)
+                if job is None:
+                    break
+                batch_id, rows_batch_id, model, start, upto = job
+                taken.append(batch_id)
+                end = min(upto, start + step)
+                status = await conn.execute(
+                    _INTAKE_ROWS, batch_id, rows_batch_id, start, end, model, aliases, deployments
+                )
+                await conn.execute(_INTAKE_ADVANCE, batch_id, end)
+                recorded += int(status.split()[-1])
+        return recorded
+
+    async def drop_ended(self, within_s: float = DROP_WITHIN_S) -> int:
+        """Pending and forward rows of offloaded jobs that ended (canceled, expired, …)
+        within the last ``within_s`` become ``dropped``; how many. Only a marking: such
+        rows are never gathered nor forwarded anyway (both take live jobs' rows only), so
+        the scan goes from the recently ended jobs (index ``batches_ended``) to their rows
+        by key, never over every waiting row."""
+        async with translated():
+            status = await self._pool.execute(_DROP_ENDED, within_s)
+        return int(status.split()[-1])
+
+    async def gather(self, gathering: Gathering) -> int | None:
+        """Cut one provider batch of ``gathering.deployment``'s pending rows of running
+        jobs if it is due (row cap, byte budget or linger reached): its record
+        (``recorded``) and its rows' ``submitted`` mark in one transaction, under an
+        advisory lock on the deployment (a replica gathering it meanwhile skips). The
+        new record's id, or None when nothing was due."""
+        g = gathering
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval(_GATHER_LOCK, g.deployment):
+                return None
+            made = await conn.fetchval(
+                _GATHER, g.deployment, g.max_rows, g.max_bytes, g.line_extra, g.linger_s
+            )
+        return None if made is None else int(made)
+
+    # --- the provider batch's life -----------------------------------------------------
+
+    async def claim(
+        self, owner: str, states: Sequence[BatchState], lease_s: float, limit: int
+    ) -> list[OffloadBatch]:
+        """Lease up to ``limit`` records in ``states`` that are due (``next_poll_at``
+        passed) and whose lease is free or expired, oldest first."""
+        async with translated():
+            records = await self._pool.fetch(
+                _CLAIM, owner, [str(s) for s in states], lease_s, limit
+            )
+        return [_batch(r) for r in records]
+
+    async def renew(self, offload_id: int, owner: str, lease_s: float) -> bool:
+        """Extend our lease on a record while a long step runs (a large upload): only
+        while we hold one; False when it is no longer ours."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE offload_batches SET lease_until = now() + make_interval(secs => $3)"
+                " WHERE id = $1 AND owner = $2 AND lease_until IS NOT NULL RETURNING id",
+                offload_id,
+                owner,
+                lease_s,
+            )
+        return value is not None
+
+    async def lines(
+        self, offload_id: int, after: tuple[str, int] | None, limit: int, max_bytes: int
+    ) -> list[OffloadLine]:
+        """Up to ``limit`` rows of a provider batch still to send, after ``after`` (keyset
+        order by ``(batch_id, row_index)``), their requests within ``max_bytes`` (the
+        first one whatever its size), with their jobs' params."""
+        start = after or ("", -1)
+        async with translated():
+            records = await self._pool.fetch(
+                _LINES, offload_id, start[0], start[1], limit, max_bytes
+            )
+        return [OffloadLine(*r) for r in records]
+
+    async def set_creating(self, offload_id: int, owner: str, input_file_id: str | None) -> bool:
+        """``recorded`` → ``creating`` once its input file is uploaded (OpenAI: its id)."""
+        return await self._move(
+            offload_id,
+            owner,
+            [BatchState.RECORDED, BatchState.CREATING],
+            BatchState.CREATING,
+            "input_file_id = COALESCE($4, input_file_id)",
+            input_file_id,
+        )
+
+    async def set_submitted(self, offload_id: int, owner: str, provider_id: str) -> bool:
+        """The provider holds it: ``provider_id`` stored, polled from now on."""
+        return await self._move(
+            offload_id,
+            owner,
+            [BatchState.RECORDED, BatchState.CREATING],
+            BatchState.SUBMITTED,
+            "provider_id = $4, submitted_at = now(), next_poll_at = now(), polls = 0,"
+            " lease_until = NULL",
+            provider_id,
+        )
+
+    async def set_canceling(self, offload_id: int, owner: str) -> bool:
+        """Every row belongs to jobs that ended: the provider was asked to cancel it."""
+        return await self._move(
+            offload_id,
+            owner,
+            [BatchState.SUBMITTED],
+            BatchState.CANCELING,
+            "error = COALESCE($4::text, error)",
+            None,
+        )
+
+    async def set_ended(
+        self,
+        offload_id: int,
+        owner: str,
+        output: str | None,
+        errors: str | None,
+        error: str | None,
+    ) -> bool:
+        """Its results may be read: where they are, or ``error`` when it failed whole."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE offload_batches SET state = $3, output_file_id = $4, error_file_id = $5,"
+                " error = $6, ended_at = now(), next_poll_at = now()"
+                " WHERE id = $1 AND owner = $2 AND state = ANY($7::text[]) RETURNING id",
+                offload_id,
+                owner,
+                BatchState.ENDED,
+                output,
+                errors,
+                error,
+                [s.value for s in BatchState if s is not BatchState.SETTLED],
+            )
+        return value is not None
+
+    async def polled(
+        self, offload_id: int, owner: str, progress: int, poll_s: float, max_s: float
+    ) -> float:
+        """A poll found it still running with ``progress`` requests finished: the next
+        poll comes ``poll_s`` doubled per poll without progress since, at most
+        ``max_s`` (back to ``poll_s`` on progress); returns that delay."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE offload_batches SET"
+                " polls = CASE WHEN $3 > progress THEN 0 ELSE polls + 1 END,"
+                " progress = GREATEST(progress, $3), lease_until = NULL,"
+                " next_poll_at = now() + make_interval(secs => LEAST($5::float8,"
+                "  $4::float8 * power(2, CASE WHEN $3 > progress THEN 0 ELSE polls + 1 END)))"
+                " WHERE id = $1 AND owner = $2"
+                " RETURNING LEAST($5::float8, $4::float8 * power(2, polls))",
+                offload_id,
+                owner,
+                progress,
+                poll_s,
+                max_s,
+            )
+        return float(value) if value is not None else poll_s
+
+    async def attempt(self, offload_id: int, owner: str) -> bool:
+        """Count a create about to be tried (``polls``), durably before the call: a
+        record resumed with a count above 0 may already have its provider batch."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "UPDATE offload_batches SET polls = polls + 1"
+                " WHERE id = $1 AND owner = $2 AND state = ANY($3::text[]) RETURNING id",
+                offload_id,
+                owner,
+                [BatchState.RECORDED, BatchState.CREATING],
+            )
+        return value is not None
+
+    async def resize(self, offload_id: int, owner: str, rows: int, size: int) -> None:
+        """The rows and bytes its input file really holds (rows it could not take were
+        forwarded while it was built)."""
+        async with translated():
+            await self._pool.execute(
+                "UPDATE offload_batches SET rows = GREATEST($3, 1), bytes = $4"
+                " WHERE id = $1 AND owner = $2",
+                offload_id,
+                owner,
+                rows,
+                size,
+            )
+
+    async def retry_later(self, offload_id: int, owner: str, delay_s: float, error: str) -> None:
+        """A step failed (the provider or the network): let the lease go and try again
+        in ``delay_s``; ``error`` is kept for the operator."""
+        async with translated():
+            await self._pool.execute(
+                "UPDATE offload_batches SET next_poll_at = now() + make_interval(secs => $3),"
+                " lease_until = NULL, error = CASE WHEN state = $5 THEN error ELSE $4 END"
+                " WHERE id = $1 AND owner = $2",
+                offload_id,
+                owner,
+                delay_s,
+                error[:500],
+                BatchState.ENDED,
+            )
+
+    async def all_rows_ended(self, offload_id: int) -> bool:
+        """Whether every row of the provider batch belongs to a job that ended."""
+        async with translated():
+            value = await self._pool.fetchval(_ANY_LIVE_ROW, offload_id, _ENDED)
+        return value is None
+
+    async def others_hold(self, provider_id: str, offload_id: int) -> bool:
+        """Whether another record holds ``provider_id`` (a found batch is someone's)."""
+        async with translated():
+            value = await self._pool.fetchval(
+                "SELECT 1 FROM offload_batches WHERE provider_id = $1 AND id <> $2",
+                provider_id,
+                offload_id,
+            )
+        return value is not None
+
+    # --- settling --------------------------------------------------------------------
+
+    async def mark_rows(self, keys: Sequence[tuple[str, int]], state: RowState) -> int:
+        """Move the submitted rows ``keys`` to ``state`` (done: their outcome was
+        published; forward: they go realtime); how many moved."""
+        if not keys:
+            return 0
+        async with translated():
+            status = await self._pool.execute(
+                "UPDATE offload_rows o SET state = $3"
+                " FROM unnest($1::text[], $2::int[]) AS k(batch_id, row_index)"
+                " WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index"
+                " AND o.state = $4",
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+                state,
+                RowState.SUBMITTED,
+            )
+        return int(status.split()[-1])
+
+    async def mark_done(self, keys: Sequence[tuple[str, int]]) -> tuple[int, int]:
+        """The submitted rows ``keys`` had their outcome published: ``done``. How many
+        moved, and of those how many belong to jobs that ended meanwhile (late outcomes:
+        the ledger discards them)."""
+        if not keys:
+            return 0, 0
+        async with translated():
+            records = await self._pool.fetch(
+                "UPDATE offload_rows o SET state = $3"
+                " FROM unnest($1::text[], $2::int[]) AS k(batch_id, row_index), batches b"
+                " WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index"
+                " AND o.state = $4 AND b.id = o.batch_id"
+                " RETURNING b.status = ANY($5::text[])",
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+                RowState.DONE,
+                RowState.SUBMITTED,
+                _ENDED,
+            )
+        return len(records), sum(1 for r in records if r[0])
+
+    async def settle(self, offload_id: int, owner: str) -> int:
+        """Its results are all read: the record is ``settled`` and the rows it gave no
+        outcome for are forwarded, in one transaction, only while it is ours and ended;
+        how many rows were forwarded."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            ours = await conn.fetchval(
+                "UPDATE offload_batches SET state = $3, lease_until = NULL"
+                " WHERE id = $1 AND owner = $2 AND state = $4 RETURNING id",
+                offload_id,
+                owner,
+                BatchState.SETTLED,
+                BatchState.ENDED,
+            )
+            if ours is None:
+                return 0
+            status = await conn.execute(
+                "UPDATE offload_rows SET state = $2 WHERE provider_batch = $1 AND state = $3",
+                offload_id,
+                RowState.FORWARD,
+                RowState.SUBMITTED,
+            )
+        return int(status.split()[-1])
+
+    # --- forwarding --------------------------------------------------------------------
+
+    async def forward(self, limit: int, max_bytes: int, publish: PublishForward) -> int:
+        """Take up to ``limit`` rows waiting to go realtime, their requests within
+        ``max_bytes`` (the first whatever its size; locked SKIP LOCKED), hand
+        them to ``publish`` (which returns once the broker confirmed them) and mark them
+        ``forwarded`` in the same transaction: a crash before the commit publishes them
+        again (a duplicate realtime call at worst; the outcome insert is idempotent)."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            records = await conn.fetch(_FORWARD_LOCK, limit, max_bytes)
+            if not records:
+                return 0
+            await publish([ForwardRow(*r) for r in records])
+            await conn.execute(
+                "UPDATE offload_rows o SET state = $3"
+                " FROM unnest($1::text[], $2::int[]) AS k(batch_id, row_index)"
+                " WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index",
+                [r[0] for r in records],
+                [r[1] for r in records],
+                RowState.FORWARDED,
+            )
+        return len(records)
+
+    async def _move(
+        self,
+        offload_id: int,
+        owner: str,
+        allowed: Sequence[BatchState],
+        to: BatchState,
+        set_clause: str,
+        value: str | None,
+    ) -> bool:
+        async with translated():
+            found = await self._pool.fetchval(
+                f"UPDATE offload_batches SET state = $3, {set_clause}"
+                " WHERE id = $1 AND owner = $2 AND state = ANY($5::text[]) RETURNING id",
+                offload_id,
+                owner,
+                to,
+                value,
+                [str(s) for s in allowed],
+            )
+        return found is not None
+
+
+# --- statements ---------------------------------------------------------------------
+
+# $1 jobs taken this call: one more offloaded running job with released rows not yet
+# taken in; SKIP LOCKED, so a replica taking in another job at once passes this one by.
+_INTAKE_LOCK = (
+    "SELECT id, rows_batch_id, model, offload_upto, dispatched_upto FROM batches"
+    f" WHERE offload_deployment IS NOT NULL AND {status_in([JobStatus.RUNNING])}"
+    " AND offload_upto < dispatched_upto AND NOT id = ANY($1::text[])"
+    " ORDER BY id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
+)
+
+# $1 job, $2 its rows' batch, $3..$4 the rows, $5 the job's alias, $6/$7 alias → lead.
+# A row's own alias is the "model" of its request object (rows stored as a bare
+# messages array, or without a model, run under the job's). Rows with an outcome are
+# left out (a job offloaded after a crash of its first release may have some).
+_INTAKE_ROWS = (
+    "INSERT INTO offload_rows (batch_id, row_index, deployment, state, bytes)"
+    " SELECT $1, r.row_index, COALESCE(l.deployment, ''),"
+    f"  CASE WHEN l.deployment IS NULL THEN '{RowState.FORWARD}' ELSE '{RowState.PENDING}' END,"
+    "  octet_length(r.request)"
+    " FROM batch_rows r"
+    " LEFT JOIN unnest($6::text[], $7::text[]) AS l(alias, deployment)"
+    "  ON l.alias = COALESCE(CASE WHEN left(r.request, 1) = '{'"
+    "   THEN r.request::jsonb ->> 'model' END, $5)"
+    " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
+    " AND NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1"
+    "  AND o.row_index = r.row_index AND o.row_index >= $3 AND o.row_index < $4)"
+    " ON CONFLICT (batch_id, row_index) DO NOTHING"
+)
+_INTAKE_ADVANCE = "UPDATE batches SET offload_upto = GREATEST(offload_upto, $2) WHERE id = $1"
+
+# $1 seconds: the offloaded jobs that ended that recently, then their waiting rows.
+_DROP_ENDED = (
+    f"UPDATE offload_rows o SET state = '{RowState.DROPPED}'"
+    f" FROM (SELECT id FROM batches WHERE {status_in(TERMINAL)}"
+    "  AND completed_at > now() - make_interval(secs => $1)"
+    "  AND offload_deployment IS NOT NULL) b"
+    f" WHERE o.batch_id = b.id AND o.state IN ('{RowState.PENDING}', '{RowState.FORWARD}')"
+)
+
+_GATHER_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('relay.offload.gather'), hashtext($1))"
+
+# $1 deployment, $2 row cap, $3 byte budget, $4 bytes added to each row's size, $5 the
+# linger in seconds. The candidates are its pending rows of running jobs whose budget has
+# not stopped them (a paused job's rows wait), oldest first, at most the row cap; those
+# whose running sum of sizes fits the budget (the first always) make the batch, which is
+# due when they reach the row cap, when a candidate is left over for bytes, or when the
+# oldest waited the linger. The record and the rows' mark are one statement.
+_GATHER = f"""
+WITH cand AS MATERIALIZED (
+    SELECT o.batch_id, o.row_index, o.bytes + $4 AS size, o.created_at,
+           sum(o.bytes + $4) OVER w AS upto, row_number() OVER w AS n
+    FROM offload_rows o JOIN batches b ON b.id = o.batch_id
+    WHERE o.deployment = $1 AND o.state = '{RowState.PENDING}'
+      AND b.status = '{JobStatus.RUNNING}' AND b.budget_exceeded_at IS NULL
+    WINDOW w AS (ORDER BY o.created_at, o.batch_id, o.row_index)
+    ORDER BY o.created_at, o.batch_id, o.row_index
+    LIMIT $2
+),
+pick AS (SELECT batch_id, row_index, size FROM cand WHERE n = 1 OR upto <= $3),
+stats AS (
+    SELECT (SELECT count(*) FROM pick) AS rows, (SELECT sum(size) FROM pick) AS bytes,
+           (SELECT count(*) FROM cand) > (SELECT count(*) FROM pick) AS full_bytes,
+           (SELECT min(created_at) FROM cand) AS oldest
+),
+made AS (
+    INSERT INTO offload_batches (deployment, state, rows, bytes)
+    SELECT $1, '{BatchState.RECORDED}', rows, bytes FROM stats
+    WHERE rows > 0 AND (rows >= $2 OR full_bytes
+                        OR oldest <= now() - make_interval(secs => $5))
+    RETURNING id
+),
+marked AS (
+    UPDATE offload_rows o SET state = '{RowState.SUBMITTED}', provider_batch = made.id
+    FROM made, pick WHERE o.batch_id = pick.batch_id AND o.row_index = pick.row_index
+    RETURNING 1
+)
+SELECT id FROM made WHERE (SELECT count(*) FROM marked) > 0
+"""
+
+# $1 owner, $2 states, $3 lease seconds, $4 limit.
+_CLAIM = (
+    "UPDATE offload_batches b SET owner = $1, lease_until = now() + make_interval(secs => $3)"
+    " FROM (SELECT id FROM offload_batches WHERE state = ANY($2::text[])"
+    "  AND next_poll_at <= now() AND (lease_until IS NULL OR lease_until < now())"
+    "  ORDER BY next_poll_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) c"
+    f" WHERE b.id = c.id RETURNING {', '.join('b.' + c.strip() for c in _BATCH_COLUMNS.split(','))}"
+)
+
+# $1 offload batch, $2/$3 after this (batch_id, row_index), $4 limit, $5 bytes: the page
+# is cut by the rows' stored sizes before any request is read.
+_LINES = (
+    "WITH page AS (SELECT o.batch_id, o.row_index,"
+    "  sum(o.bytes) OVER (ORDER BY o.batch_id, o.row_index) AS upto,"
+    "  row_number() OVER (ORDER BY o.batch_id, o.row_index) AS n"
+    f"  FROM offload_rows o WHERE o.provider_batch = $1 AND o.state = '{RowState.SUBMITTED}'"
+    "  AND (o.batch_id, o.row_index) > ($2, $3)"
+    "  ORDER BY o.batch_id, o.row_index LIMIT $4)"
+    " SELECT p.batch_id, p.row_index, r.request, b.params"
+    " FROM page p JOIN batches b ON b.id = p.batch_id"
+    " JOIN batch_rows r ON r.batch_id = b.rows_batch_id AND r.row_index = p.row_index"
+    " WHERE p.n = 1 OR p.upto <= $5"
+    " ORDER BY p.batch_id, p.row_index"
+)
+
+# $1 offload batch, $2 the ended statuses: one row whose job is still live, if any.
+_ANY_LIVE_ROW = (
+    "SELECT 1 FROM offload_rows o JOIN batches b ON b.id = o.batch_id"
+    " WHERE o.provider_batch = $1 AND NOT b.status = ANY($2::text[]) LIMIT 1"
+)
+
+# $1 limit, $2 bytes: rows to forward of live jobs (locked), cut by their stored sizes,
+# then with what their slice carries.
+_FORWARD_LOCK = (
+    "WITH taken AS (SELECT o.batch_id, o.row_index, o.bytes"
+    "  FROM offload_rows o JOIN batches b ON b.id = o.batch_id"
+    f"  WHERE o.state = '{RowState.FORWARD}' AND b.{_LIVE_JOB}"
+    "  ORDER BY o.batch_id, o.row_index LIMIT $1 FOR UPDATE OF o SKIP LOCKED),"
+    " page AS (SELECT batch_id, row_index,"
+    "  sum(bytes) OVER (ORDER BY batch_id, row_index) AS upto,"
+    "  row_number() OVER (ORDER BY batch_id, row_index) AS n FROM taken)"
+    " SELECT p.batch_id, p.row_index, r.request, b.model, b.params, b.priority, b.expires_at"
+    " FROM page p JOIN batches b ON b.id = p.batch_id"
+    " JOIN batch_rows r ON r.batch_id = b.rows_batch_id AND r.row_index = p.row_index"
+    " WHERE p.n = 1 OR p.upto <= $2"
+    " ORDER BY p.batch_id, p.row_index"
+)

@@ -1,0 +1,1 @@
+"""relay-offloader: rows of offloaded jobs through the providers' batch APIs."""

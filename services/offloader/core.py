@@ -1,0 +1,430 @@
+"""The offloader's passes: take offloaded rows in, gather them into provider batches,
+create those, poll them, read their results back, forward what they did not answer.
+
+1. **intake** — the released rows of offloaded jobs become offload rows (under the batch
+   deployment leading each row's alias, or ``forward``); rows of jobs that ended are
+   dropped; each batch deployment's pending rows are cut into provider batches when
+   due (rows, bytes, linger), each recorded with its rows in the ledger before anything
+   is sent.
+2. **submit** — a recorded batch's input is built on disk and sent (OpenAI: uploaded,
+   then the batch created; Anthropic: created with the requests). A create is counted
+   in the ledger before it is tried; a record resumed with such a count first looks for
+   the provider batch it may already have made, so no row is ever submitted twice.
+3. **poll** — a submitted batch is polled every ``poll_s``, doubling while it makes no
+   progress up to ``10 × poll_s``; one whose rows all belong to jobs that ended is
+   canceled at the provider. An ended batch's results are streamed back: answers are
+   published to the results queue as outcomes (the batch deployment's name and price,
+   one attempt), in confirmed messages bounded in rows and bytes, and only then marked
+   done; every other row (failed, expired, missing, or all of a batch that failed
+   whole) is forwarded. A crash while publishing re-reads the results and publishes
+   again: the aggregator's insert is idempotent.
+4. **forward** — rows to go realtime are published as ordinary slices on the rows queue
+   (their job's alias, params and deadline; the router skips the batch deployment) and
+   marked forwarded in the same transaction as they were taken.
+
+No aio-pika here: the store, the provider clients and the publishers are passed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+
+import orjson
+
+from relay_batches.bus.topology import results_shard
+from relay_batches.ledger.offload import (
+    BatchState,
+    ForwardRow,
+    Gathering,
+    OffloadBatch,
+    OffloadStore,
+    RowState,
+)
+from relay_batches.messages import OutcomesMessage, RowOutcome, SliceMessage, SliceRow
+from relay_batches.metrics import OFFLOAD_BATCHES, OFFLOAD_POLLS, OFFLOAD_ROWS
+from relay_batches.offload.lines import BatchClient, ProviderError, ProviderState, ResultLine
+from relay_batches.outcome import to_outcome
+from relay_batches.router.aliases import AliasTable, Price
+from relay_batches.router.types import RowResult
+from relay_batches.services.offloader.inputs import build_input
+
+log = logging.getLogger("relay.offloader")
+
+PublishOutcomes = Callable[[int, bytes], Awaitable[None]]  # (results shard, message body)
+PublishSlice = Callable[[SliceMessage], Awaitable[None]]
+
+CLAIM_LIMIT = 4
+FORWARD_ROWS = 500
+FORWARD_SLICE_ROWS = 50
+FORWARD_BYTES = 8 * 1024 * 1024  # of row requests taken at once (a row larger goes alone)
+MAX_SLICE_BYTES = 4 * 1024 * 1024  # a forwarded slice's requests, as the dispatcher's
+OUTCOME_ROWS = 200
+OUTCOME_BYTES = 256 * 1024
+MAX_POLL_FACTOR = 10
+RETRY_S = 5.0
+GATHER_ROUNDS = 16
+# Of a deployment's max_bytes, what its gathered rows' sizes (each with a fixed envelope)
+# may fill: the rest is room for what a provider's request format adds to a row (an
+# Anthropic translation's content blocks), so an input never crosses the provider's cap.
+BYTES_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """Tuning of one offloader."""
+
+    owner: str
+    lease_s: float = 60.0
+    shards: int = 1
+    spool_dir: str | None = None
+
+
+class Offloader:
+    """The passes over the ledger, one provider client per batch deployment."""
+
+    def __init__(
+        self,
+        store: OffloadStore,
+        aliases: AliasTable,
+        clients: Mapping[str, BatchClient],
+        publish_outcomes: PublishOutcomes,
+        publish_slice: PublishSlice,
+        config: OffloadConfig,
+    ) -> None:
+        self._store = store
+        self._clients = clients
+        self._publish_outcomes = publish_outcomes
+        self._publish_slice = publish_slice
+        self._config = config
+        self._prices: Mapping[str, Price] = aliases.prices()
+        self._leads = {
+            alias: lead.name
+            for alias in aliases.names()
+            if (lead := aliases.batch_lead(alias)) is not None
+        }
+        self._gatherings = [
+            Gathering(
+                d.name, d.batch.max_rows, int(d.batch.max_bytes * BYTES_SHARE), d.batch.linger_s
+            )
+            for d in aliases.batch_deployments().values()
+            if d.batch is not None
+        ]
+
+    # --- 1. intake ---------------------------------------------------------------------
+
+    async def intake_pass(self) -> None:
+        """Take released rows in, drop those of ended jobs, gather what is due."""
+        taken = 0
+        for _ in range(GATHER_ROUNDS):  # a large job's rows: several bounded steps a pass
+            step = await self._store.intake(self._leads)
+            taken += step
+            if not step:
+                break
+        dropped = await self._store.drop_ended()
+        OFFLOAD_ROWS.labels("dropped").inc(dropped)
+        for gathering in self._gatherings:
+            for _ in range(GATHER_ROUNDS):
+                made = await self._store.gather(gathering)
+                if made is None:
+                    break
+                OFFLOAD_BATCHES.labels(gathering.deployment, BatchState.RECORDED).inc()
+                log.info(
+                    "offload_recorded",
+                    extra={"offload_id": made, "deployment": gathering.deployment},
+                )
+        if taken or dropped:
+            log.info("offload_intake", extra={"rows": taken, "dropped": dropped})
+
+    # --- 2. submit ---------------------------------------------------------------------
+
+    async def submit_pass(self) -> None:
+        """Send the recorded provider batches (those left by a crash included)."""
+        states = [BatchState.RECORDED, BatchState.CREATING]
+        for batch in await self._store.claim(
+            self._config.owner, states, self._config.lease_s, CLAIM_LIMIT
+        ):
+            await self._step(batch, self._submit)
+
+    async def _submit(self, batch: OffloadBatch, client: BatchClient) -> None:
+        owner = self._config.owner
+        if batch.polls > 0 and await self._adopt_made(batch, client):
+            return
+        built = await build_input(self._store, client, batch.id, self._config.spool_dir)
+        try:
+            if built.rows == 0:
+                await self._store.set_ended(batch.id, owner, None, None, "no row could be sent")
+                return
+            await self._store.resize(batch.id, owner, built.rows, built.size)
+            file_id = batch.input_file_id or await client.upload(batch.id, built.path)
+            await self._store.set_creating(batch.id, owner, file_id)
+            if not await self._store.attempt(batch.id, owner):
+                return  # no longer ours
+            provider_id = await client.create(batch.id, built.path, file_id)
+        finally:
+            await asyncio.to_thread(os.unlink, built.path)
+        if await self._store.set_submitted(batch.id, owner, provider_id):
+            OFFLOAD_BATCHES.labels(batch.deployment, BatchState.SUBMITTED).inc()
+            OFFLOAD_ROWS.labels("submitted").inc(built.rows)
+            log.info(
+                "offload_submitted",
+                extra={"offload_id": batch.id, "provider_id": provider_id, "rows": built.rows},
+            )
+
+    async def _adopt_made(self, batch: OffloadBatch, client: BatchClient) -> bool:
+        """A create was tried before (a crash after it?): take the provider batch made for
+        this record if there is one that no other record holds."""
+        since = batch.created_at.timestamp()
+        for provider_id in await client.find(batch.id, batch.rows, since):
+            if await self._store.others_hold(provider_id, batch.id):
+                continue
+            if await self._store.set_submitted(batch.id, self._config.owner, provider_id):
+                log.warning(
+                    "offload_resumed", extra={"offload_id": batch.id, "provider_id": provider_id}
+                )
+                OFFLOAD_BATCHES.labels(batch.deployment, BatchState.SUBMITTED).inc()
+            return True
+        return False
+
+    # --- 3. poll and settle ------------------------------------------------------------
+
+    async def poll_pass(self) -> None:
+        """Poll the submitted batches that are due; settle those that ended."""
+        states = [BatchState.SUBMITTED, BatchState.CANCELING, BatchState.ENDED]
+        for batch in await self._store.claim(
+            self._config.owner, states, self._config.lease_s, CLAIM_LIMIT
+        ):
+            await self._step(batch, self._poll)
+
+    async def _poll(self, batch: OffloadBatch, client: BatchClient) -> None:
+        owner = self._config.owner
+        if batch.state is BatchState.ENDED:
+            await self._settle(batch, client)
+            return
+        assert batch.provider_id is not None
+        if batch.state is BatchState.SUBMITTED and await self._store.all_rows_ended(batch.id):
+            await client.cancel(batch.provider_id)
+            await self._store.set_canceling(batch.id, owner)
+            log.info("offload_canceling", extra={"offload_id": batch.id})
+        OFFLOAD_POLLS.labels(batch.deployment).inc()
+        state = await client.status(batch.provider_id)
+        if not state.ended:
+            poll_s = self._poll_s(batch.deployment)
+            await self._store.polled(
+                batch.id, owner, state.progress, poll_s, poll_s * MAX_POLL_FACTOR
+            )
+            return
+        if await self._store.set_ended(batch.id, owner, state.output, state.errors, state.failed):
+            OFFLOAD_BATCHES.labels(batch.deployment, BatchState.ENDED).inc()
+            log.info(
+                "offload_ended",
+                extra={"offload_id": batch.id, "failed": state.failed, "progress": state.progress},
+            )
+            await self._settle(_ended(batch, state), client)
+
+    async def _settle(self, batch: OffloadBatch, client: BatchClient) -> None:
+        """Publish the answers, forward the rest, settle the record."""
+        answered = 0
+        if batch.error is None:
+            state = ProviderState(True, 0, batch.output_file_id, batch.error_file_id)
+            answered = await self._publish_results(client.results(state, batch.id), batch)
+        forwarded = await self._store.settle(batch.id, self._config.owner)
+        OFFLOAD_ROWS.labels("answered").inc(answered)
+        OFFLOAD_BATCHES.labels(batch.deployment, BatchState.SETTLED).inc()
+        log.info(
+            "offload_settled",
+            extra={
+                "offload_id": batch.id,
+                "answered": answered,
+                "forwarded": forwarded,
+                "error": batch.error,
+            },
+        )
+
+    async def _publish_results(self, lines: AsyncIterator[ResultLine], batch: OffloadBatch) -> int:
+        """Publish every answered line as an outcome (chunks per results shard, each
+        confirmed, then its rows marked done); mark the unanswered ones forward."""
+        chunks = _Chunks(self._config.shards)
+        price = self._prices.get(batch.deployment)
+        refused: list[tuple[str, int]] = []
+        answered = 0
+        async for line in lines:
+            if line.reply is None or line.reply.completion is None:
+                refused.append((line.batch_id, line.row_index))
+                if len(refused) >= OUTCOME_ROWS:
+                    await self._store.mark_rows(refused, RowState.FORWARD)
+                    refused = []
+                continue
+            result = RowResult(line.reply.completion, None, 1, batch.deployment)
+            full = chunks.add(to_outcome(line.batch_id, line.row_index, result, None, price))
+            if full is not None:
+                answered += await self._flush(chunks, full)
+        await self._store.mark_rows(refused, RowState.FORWARD)
+        for shard in chunks.shards():
+            answered += await self._flush(chunks, shard)
+        return answered
+
+    async def _flush(self, chunks: _Chunks, shard: int) -> int:
+        outcomes, parts = chunks.take(shard)
+        if not outcomes:
+            return 0
+        await self._publish_outcomes(shard, OutcomesMessage.encode_parts(parts))
+        _, late = await self._store.mark_done([(o.batch_id, o.row_index) for o in outcomes])
+        OFFLOAD_ROWS.labels("late").inc(late)
+        return len(outcomes)
+
+    # --- 4. forward --------------------------------------------------------------------
+
+    async def forward_pass(self) -> None:
+        """Publish the rows waiting to go realtime, a bounded batch per transaction."""
+        for _ in range(GATHER_ROUNDS):
+            moved = await self._store.forward(FORWARD_ROWS, FORWARD_BYTES, self._forward)
+            OFFLOAD_ROWS.labels("forwarded").inc(moved)
+            if moved < FORWARD_ROWS:
+                return
+
+    async def _forward(self, rows: list[ForwardRow]) -> None:
+        """Slices of consecutive rows of one job, confirmed together."""
+        slices: list[SliceMessage] = []
+        run: list[ForwardRow] = []
+        size = 0
+        for row in rows:
+            if run and (
+                row.batch_id != run[0].batch_id
+                or row.row_index != run[-1].row_index + 1
+                or len(run) >= FORWARD_SLICE_ROWS
+                or size + len(row.request) > MAX_SLICE_BYTES
+            ):
+                slices.append(_slice(run, self._config.owner))
+                run, size = [], 0
+            run.append(row)
+            size += len(row.request)
+        if run:
+            slices.append(_slice(run, self._config.owner))
+        await asyncio.gather(*(self._publish_slice(s) for s in slices))
+        log.info("offload_forwarded", extra={"rows": len(rows), "slices": len(slices)})
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def _step(
+        self, batch: OffloadBatch, step: Callable[[OffloadBatch, BatchClient], Awaitable[None]]
+    ) -> None:
+        """Run one record's step; a provider failure lets the record go until later, but
+        one that cannot pass (see :func:`gives_up`) ends it: its rows go realtime."""
+        client = self._clients.get(batch.deployment)
+        owner = self._config.owner
+        if client is None:
+            # The deployment left the routes file: its rows go realtime.
+            await self._store.set_ended(batch.id, owner, None, None, "deployment not routed")
+            await self._store.settle(batch.id, owner)
+            return
+        started = time.perf_counter()
+        renewal = asyncio.create_task(self._keep_lease(batch.id), name=f"lease-{batch.id}")
+        try:
+            await step(batch, client)
+        except ProviderError as exc:
+            log.warning(
+                "offload_step_failed",
+                extra={"offload_id": batch.id, "error": str(exc), "permanent": exc.permanent},
+            )
+            if gives_up(batch.state, exc):
+                await self._store.set_ended(batch.id, owner, None, None, str(exc)[:500])
+                await self._store.settle(batch.id, owner)
+            else:
+                await self._store.retry_later(batch.id, owner, RETRY_S, str(exc))
+        finally:
+            renewal.cancel()
+            await asyncio.gather(renewal, return_exceptions=True)
+        log.debug(
+            "offload_step",
+            extra={"offload_id": batch.id, "elapsed_s": round(time.perf_counter() - started, 3)},
+        )
+
+    async def _keep_lease(self, offload_id: int) -> None:
+        """Renew the record's lease every third of it while its step runs, so a long
+        upload or download is never taken over (and its rows submitted twice) midway."""
+        lease_s = self._config.lease_s
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            try:
+                if not await self._store.renew(offload_id, self._config.owner, lease_s):
+                    return
+            except Exception as exc:  # the ledger away: the step fails on its own
+                log.warning("offload_lease_renewal_failed", extra={"error": repr(exc)})
+
+    def _poll_s(self, deployment: str) -> float:
+        client = self._clients[deployment]
+        options = client.deployment.batch
+        return 30.0 if options is None else options.poll_s
+
+
+def gives_up(state: BatchState, exc: ProviderError) -> bool:
+    """Whether a failed step ends its record (every row it did not answer goes
+    realtime) rather than waiting for the next try: a permanent refusal before the
+    provider holds the batch (the input or the create refused), one of a batch the
+    provider does not know (404), or of its results once it ended. A batch the provider
+    holds is otherwise polled again, whatever the failure: it may still answer."""
+    if not exc.permanent:
+        return False
+    if state in (BatchState.RECORDED, BatchState.CREATING, BatchState.ENDED):
+        return True
+    return "HTTP 404" in str(exc)
+
+
+def _ended(batch: OffloadBatch, state: ProviderState) -> OffloadBatch:
+    """``batch`` as its ended record reads."""
+    return replace(
+        batch,
+        state=BatchState.ENDED,
+        output_file_id=state.output,
+        error_file_id=state.errors,
+        error=state.failed,
+    )
+
+
+def _slice(run: list[ForwardRow], owner: str) -> SliceMessage:
+    first = run[0]
+    return SliceMessage(
+        first.batch_id,
+        first.model,
+        tuple(SliceRow(r.row_index, r.request) for r in run),
+        first.params,
+        0,
+        0.0,
+        owner,
+        first.expires_at.timestamp() if first.expires_at else 0.0,
+    )
+
+
+class _Chunks:
+    """Outcomes waiting to be published, per results shard, each shard's chunk bounded
+    in rows and encoded bytes."""
+
+    def __init__(self, shards: int) -> None:
+        self._shards = max(1, shards)
+        self._pending: dict[int, tuple[list[RowOutcome], list[bytes], int]] = {}
+
+    def add(self, outcome: RowOutcome) -> int | None:
+        """Queue ``outcome``; the shard whose chunk is now full, if any."""
+        shard = results_shard(outcome.batch_id, self._shards)
+        outcomes, parts, size = self._pending.setdefault(shard, ([], [], 0))
+        encoded = orjson.dumps(outcome.as_list())
+        outcomes.append(outcome)
+        parts.append(encoded)
+        size += len(encoded) + 1
+        self._pending[shard] = (outcomes, parts, size)
+        full = len(outcomes) >= OUTCOME_ROWS or size >= OUTCOME_BYTES
+        return shard if full else None
+
+    def take(self, shard: int) -> tuple[list[RowOutcome], list[bytes]]:
+        """The shard's chunk, removed."""
+        outcomes, parts, _ = self._pending.pop(shard, ([], [], 0))
+        return outcomes, parts
+
+    def shards(self) -> list[int]:
+        """The shards with outcomes waiting."""
+        return sorted(self._pending)

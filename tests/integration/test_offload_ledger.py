@@ -1,0 +1,308 @@
+"""The offload ledger on the real Postgres: a dispatcher's mark, intake of the released
+rows, gathering them into provider batches by rows, bytes and linger, cancel and pause,
+the leased life of a provider batch (a crash between recording and creating resumes
+with the same record, never a second one), settling and forwarding."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import asyncpg
+import orjson
+import pytest
+
+from relay_batches.ids import new_id
+from relay_batches.ledger import dispatch
+from relay_batches.ledger.deletion import JobDeletion
+from relay_batches.ledger.dispatch import DispatchStore
+from relay_batches.ledger.jobs import JobStore, NewJob
+from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.offload import (
+    BatchState,
+    ForwardRow,
+    Gathering,
+    OffloadStore,
+    RowState,
+)
+from relay_batches.messages import JobEvent, SliceMessage
+from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from tests.helpers.offload import OWNER, offloaded_job, request
+
+
+async def row_states(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
+    records = await pool.fetch(
+        "SELECT state, count(*) FROM offload_rows WHERE batch_id = $1 GROUP BY state", batch_id
+    )
+    return {r[0]: r[1] for r in records}
+
+
+def leads(deployment: str) -> dict[str, str]:
+    return {"half": deployment, "other-half": deployment}
+
+
+async def test_the_mark_releases_every_row_once_and_only_before_any_release(
+    pool: asyncpg.Pool,
+) -> None:
+    batch_id, _ = await offloaded_job(pool, 5, "ob-mark")
+    record = await pool.fetchrow(
+        "SELECT dispatched_upto, offload_deployment, offload_upto FROM batches WHERE id = $1",
+        batch_id,
+    )
+    assert tuple(record) == (5, "ob-mark", 0)
+    assert not await DispatchStore(pool).offload(OWNER, batch_id, 5, "other")
+    # Its lease gone, no dispatcher takes it over: the offloader owns its rows.
+    await DispatchStore(pool).release(OWNER, [batch_id])
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        try:  # what a takeover would claim, undone (other tests' jobs stay as they are)
+            taken = await conn.fetch(dispatch._CLAIM_EXPIRED, "another-dispatcher", 100_000, 30)
+        finally:
+            await transaction.rollback()
+    assert batch_id not in [r["id"] for r in taken]
+
+
+async def test_intake_records_rows_under_their_own_alias_in_bounded_steps(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    batch_id, _ = await offloaded_job(
+        pool, 25, "ob-intake", models={3: "realtime-only", 4: "other-half"}
+    )
+    while await store.intake(leads("ob-intake"), step=10):
+        pass
+    assert await row_states(pool, batch_id) == {"pending": 24, "forward": 1}
+    forwarded = await pool.fetchval(
+        "SELECT array_agg(row_index) FROM offload_rows WHERE batch_id = $1 AND state = 'forward'",
+        batch_id,
+    )
+    assert forwarded == [3]
+    upto = await pool.fetchval("SELECT offload_upto FROM batches WHERE id = $1", batch_id)
+    assert upto == 25
+    assert await store.intake(leads("ob-intake"), step=10) == 0
+
+
+async def test_a_deployment_gone_from_the_routes_forwards_every_row(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    batch_id, _ = await offloaded_job(pool, 6, "ob-gone")
+    while await store.intake({}, step=100):
+        pass
+    assert await row_states(pool, batch_id) == {"forward": 6}
+
+
+async def test_gather_by_rows_then_by_linger(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    batch_id, _ = await offloaded_job(pool, 25, "ob-rows")
+    while await store.intake(leads("ob-rows")):
+        pass
+    slow = Gathering("ob-rows", max_rows=10, max_bytes=10_000_000, linger_s=3600)
+    first = await store.gather(slow)
+    second = await store.gather(slow)
+    assert first is not None and second is not None and first != second
+    assert await store.gather(slow) is None, "5 rows left: neither full nor lingered"
+    assert await row_states(pool, batch_id) == {"submitted": 20, "pending": 5}
+    third = await store.gather(Gathering("ob-rows", 10, 10_000_000, linger_s=0))
+    assert third is not None
+    sizes = await pool.fetch(
+        "SELECT rows, state FROM offload_batches WHERE id = ANY($1::bigint[]) ORDER BY id",
+        [first, second, third],
+    )
+    assert [tuple(r) for r in sizes] == [(10, "recorded"), (10, "recorded"), (5, "recorded")]
+    lines = await store.lines(first, None, 4, 10_000_000)
+    assert [(line.batch_id, line.row_index) for line in lines] == [(batch_id, i) for i in range(4)]
+    one = await store.lines(first, None, 100, 1)
+    assert [line.row_index for line in one] == [0], "a page cut by bytes holds one row at least"
+    size = await pool.fetchval(
+        "SELECT bytes FROM offload_rows WHERE batch_id = $1 LIMIT 1", batch_id
+    )
+    two = await store.lines(first, None, 100, 2 * size)
+    assert [line.row_index for line in two] == [0, 1]
+    after = await store.lines(first, (batch_id, 3), 100, 10_000_000)
+    assert [line.row_index for line in after] == list(range(4, 10))
+    assert orjson.loads(after[0].request) == [{"role": "user", "content": "row 4"}]
+
+
+async def test_gather_by_bytes_keeps_each_batch_within_its_budget(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    batch_id, _ = await offloaded_job(pool, 10, "ob-bytes")
+    while await store.intake(leads("ob-bytes")):
+        pass
+    size = await pool.fetchval("SELECT max(bytes) FROM offload_rows WHERE batch_id = $1", batch_id)
+    budget = 3 * (size + 100)
+    gathering = Gathering(
+        "ob-bytes", max_rows=1000, max_bytes=budget, linger_s=3600, line_extra=100
+    )
+    made = [await store.gather(gathering) for _ in range(3)]
+    assert all(m is not None for m in made)
+    counts = await pool.fetch(
+        "SELECT rows, bytes FROM offload_batches WHERE id = ANY($1::bigint[]) ORDER BY id", made
+    )
+    assert [r[0] for r in counts] == [3, 3, 3]
+    assert all(r[1] <= budget for r in counts)
+    assert await store.gather(gathering) is None, "one row left, under the budget"
+
+
+async def test_cancel_drops_pending_rows_and_pause_holds_them(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    canceled, workspace = await offloaded_job(pool, 4, "ob-hold")
+    paused, paused_workspace = await offloaded_job(pool, 3, "ob-hold")
+    while await store.intake(leads("ob-hold")):
+        pass
+    await JobStore(pool).cancel(workspace, canceled)
+    await JobStore(pool).pause(paused_workspace, paused)
+    assert await store.drop_ended() == 4
+    assert await store.gather(Gathering("ob-hold", 100, 10_000_000, linger_s=0)) is None
+    assert await row_states(pool, canceled) == {"dropped": 4}
+    assert await row_states(pool, paused) == {"pending": 3}
+
+
+async def test_a_record_left_by_a_crash_is_resumed_by_the_next_owner_alone(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    await offloaded_job(pool, 3, "ob-crash")
+    while await store.intake(leads("ob-crash")):
+        pass
+    made = await store.gather(Gathering("ob-crash", 100, 10_000_000, linger_s=0))
+    states = [BatchState.RECORDED, BatchState.CREATING]
+    [taken] = [b for b in await store.claim("a", states, 0.2, 100) if b.id == made]
+    assert taken.state is BatchState.RECORDED and taken.provider_id is None
+    assert made not in [b.id for b in await store.claim("b", states, 30, 100)], "leased to a"
+    await pool.execute("UPDATE offload_batches SET lease_until = now() WHERE id = $1", made)
+    [resumed] = [b for b in await store.claim("b", states, 30, 100) if b.id == made]
+    assert (resumed.rows, resumed.provider_id) == (3, None)
+    assert not await store.set_submitted(made, "a", "batch_x"), "a lost its lease"
+    assert await store.set_creating(made, "b", "file-1")
+    assert await store.set_submitted(made, "b", "batch_b")
+    record = await pool.fetchrow(
+        "SELECT state, provider_id, input_file_id FROM offload_batches WHERE id = $1", made
+    )
+    assert tuple(record) == ("submitted", "batch_b", "file-1")
+    assert not await store.others_hold("batch_b", made)
+
+
+async def test_settle_forwards_rows_without_an_outcome_and_forward_publishes_them(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    batch_id, workspace = await offloaded_job(pool, 5, "ob-settle")
+    while await store.intake(leads("ob-settle")):
+        pass
+    made = await store.gather(Gathering("ob-settle", 100, 10_000_000, linger_s=0))
+    assert made is not None
+    assert made in [b.id for b in await store.claim("o", [BatchState.RECORDED], 30, 100)]
+    assert await store.set_submitted(made, "o", f"batch-{made}")
+    assert not await store.all_rows_ended(made)
+    assert await store.set_ended(made, "o", "file-out", None, None)
+    assert await store.mark_rows([(batch_id, 0), (batch_id, 1)], RowState.DONE) == 2
+    assert await store.mark_rows([(batch_id, 2)], RowState.FORWARD) == 1
+    assert await store.settle(made, "o") == 2
+    assert await row_states(pool, batch_id) == {"done": 2, "forward": 3}
+    state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", made)
+    assert state == "settled"
+
+    published: list[ForwardRow] = []
+
+    async def publish(rows: list[ForwardRow]) -> None:
+        published.extend(r for r in rows if r.batch_id == batch_id)
+
+    while await store.forward(100, 10_000_000, publish):
+        pass
+    assert [r.row_index for r in published] == [2, 3, 4]
+    assert (published[0].model, published[0].params) == ("half", "{}")
+    assert await row_states(pool, batch_id) == {"done": 2, "forwarded": 3}
+
+    await JobStore(pool).cancel(workspace, batch_id)
+    assert await store.all_rows_ended(made)
+    await JobDeletion(pool).delete(workspace, batch_id)
+    assert await row_states(pool, batch_id) == {}
+
+
+async def test_a_failed_forward_publish_leaves_the_rows_to_forward(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    batch_id, _ = await offloaded_job(pool, 2, "ob-refuse")
+    while await store.intake({}):
+        pass
+
+    async def refuse(rows: list[ForwardRow]) -> None:
+        if any(r.batch_id == batch_id for r in rows):
+            raise RuntimeError("broker away")
+
+    with pytest.raises(RuntimeError, match="broker away"):
+        while await store.forward(100, 10_000_000, refuse):
+            pass
+    assert await row_states(pool, batch_id) == {"forward": 2}
+
+
+async def test_polls_back_off_without_progress_and_a_cancel_is_recorded(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    await offloaded_job(pool, 2, "ob-poll")
+    while await store.intake(leads("ob-poll")):
+        pass
+    made = await store.gather(Gathering("ob-poll", 100, 10_000_000, linger_s=0))
+    assert made is not None
+    assert made in [b.id for b in await store.claim("p", [BatchState.RECORDED], 30, 100)]
+    assert await store.set_submitted(made, "p", f"batch-poll-{made}")
+    delays = [await store.polled(made, "p", 0, 1.0, 10.0) for _ in range(5)]
+    assert delays == [2.0, 4.0, 8.0, 10.0, 10.0]
+    assert await store.polled(made, "p", 1, 1.0, 10.0) == 1.0, "progress resets the backoff"
+    assert await store.set_canceling(made, "p")
+    state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", made)
+    assert state == "canceling"
+
+
+async def test_a_dispatcher_offloads_a_patient_job_and_runs_a_hurried_one_realtime(
+    pool: asyncpg.Pool,
+) -> None:
+    workspace = await KeyStore(pool).ensure_workspace(f"offd-{new_id()[:8]}")
+    rows = [(f"c-{i}", request(i)) for i in range(6)]
+    patient = await JobStore(pool).create(
+        NewJob(new_id(), workspace, "p", "half", 0, 6, None, None, None), rows
+    )
+    hurried = await JobStore(pool).create(
+        NewJob(
+            new_id(),
+            workspace,
+            "h",
+            "half",
+            0,
+            6,
+            None,
+            None,
+            None,
+            completion_window=timedelta(hours=24),
+        ),
+        rows,
+    )
+    published: list[SliceMessage] = []
+
+    async def publish(task: SliceMessage, level: int) -> None:
+        if task.batch_id in (patient.id, hurried.id):
+            published.append(task)
+
+    async def announce(event: JobEvent) -> None:
+        raise AssertionError(f"unexpected job failure {event}")
+
+    dispatcher = Dispatcher(
+        DispatchStore(pool),
+        publish,
+        announce,
+        lambda _: True,
+        DispatchConfig("dispatcher-offload-int", 100, 4, 1000, lease_s=30),
+        offload_lead={"half": ("ob-dispatch", timedelta(hours=24))}.get,
+    )
+    await dispatcher.claim()
+    await dispatcher.hand_back()  # jobs of other tests it may have claimed go back
+    record = await pool.fetchrow(
+        "SELECT offload_deployment, dispatched_upto, lease_expires_at FROM batches WHERE id = $1",
+        patient.id,
+    )
+    assert tuple(record) == ("ob-dispatch", 6, None)
+    assert {t.batch_id for t in published} == {hurried.id}
+    assert sorted(r.index for t in published for r in t.rows) == list(range(6))
+    assert (
+        await pool.fetchval("SELECT offload_deployment FROM batches WHERE id = $1", hurried.id)
+        is None
+    )

@@ -1,0 +1,187 @@
+"""The offloader's passes on the real ledger with a scripted provider client: a record
+resumed after a crash between its create call and the ledger's note of it adopts the
+provider batch it made (no second create), one resumed before any create creates once,
+and an ended batch's answers are published as outcomes at the batch deployment's price
+while its failed rows are forwarded as ordinary slices."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+
+from relay_batches.ledger.offload import BatchState, OffloadStore
+from relay_batches.messages import OutcomesMessage, SliceMessage
+from relay_batches.offload.lines import ProviderState, ResultLine, parse_custom_id
+from relay_batches.router.aliases import parse_aliases
+from relay_batches.router.types import Completion, ProviderReply
+from relay_batches.services.offloader.core import OffloadConfig, Offloader
+from tests.helpers.offload import offloaded_job
+
+
+class ScriptedClient:
+    """A provider batch API in memory: records every call; ``made`` is what ``find``
+    answers; every line but those of ``failing`` rows is answered."""
+
+    def __init__(self, deployment: Any, made: list[str] | None = None) -> None:
+        self.deployment = deployment
+        self.made = made or []
+        self.creates: list[int] = []
+        self.inputs: list[list[str]] = []
+        self.failing: set[int] = set()
+
+    def line(
+        self,
+        offload_id: int,
+        batch_id: str,
+        row_index: int,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+    ) -> bytes:
+        return orjson.dumps({"custom_id": f"{offload_id}-{batch_id}-{row_index}"})
+
+    def frame(self) -> tuple[bytes, bytes, bytes]:
+        return b"", b"\n", b"\n"
+
+    async def find(self, offload_id: int, rows: int, since: float) -> list[str]:
+        return list(self.made)
+
+    async def upload(self, offload_id: int, path: str) -> str | None:
+        with open(path, "rb") as fh:  # noqa: ASYNC230 - a test's small file
+            self.inputs.append([orjson.loads(line)["custom_id"] for line in fh if line.strip()])
+        return f"file-{offload_id}"
+
+    async def create(self, offload_id: int, path: str, input_file_id: str | None) -> str:
+        self.creates.append(offload_id)
+        return f"pb-{offload_id}"
+
+    async def status(self, provider_id: str) -> ProviderState:
+        return ProviderState(True, 1, output="out")
+
+    async def cancel(self, provider_id: str) -> None:
+        raise AssertionError("nothing is canceled here")
+
+    async def results(self, state: ProviderState, offload_id: int) -> AsyncIterator[ResultLine]:
+        for ids in self.inputs:
+            for value in ids:
+                key = parse_custom_id(value, offload_id)
+                if key is None:
+                    continue
+                ok = key[1] not in self.failing
+                reply = ProviderReply(Completion(f"answer {key[1]}", 1000, 2000)) if ok else None
+                yield ResultLine(key[0], key[1], reply)
+
+
+def routes(deployment: str) -> Any:
+    return parse_aliases(
+        {
+            "deployments": {
+                deployment: {
+                    "provider": "openai-batch",
+                    "base_url": "http://127.0.0.1:9/v1",
+                    "model": "m",
+                    "linger_s": 0,
+                    "price": {"prompt_per_mtok": 1.0, "completion_per_mtok": 2.0},
+                },
+                "rt": {"provider": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"},
+            },
+            "aliases": {f"{deployment}-alias": {"deployments": [deployment, "rt"]}},
+        },
+        {},
+    )
+
+
+class Published:
+    def __init__(self) -> None:
+        self.outcomes: list[Any] = []
+        self.slices: list[SliceMessage] = []
+
+    async def outcome(self, shard: int, body: bytes) -> None:
+        self.outcomes += OutcomesMessage.decode(body).outcomes
+
+    async def slice(self, job_slice: SliceMessage) -> None:
+        self.slices.append(job_slice)
+
+
+def offloader(
+    pool: asyncpg.Pool, deployment: str, client: ScriptedClient, out: Published
+) -> Offloader:
+    return Offloader(
+        OffloadStore(pool),
+        routes(deployment),
+        {deployment: client},
+        out.outcome,
+        out.slice,
+        OffloadConfig(f"offloader-{deployment}", lease_s=30),
+    )
+
+
+async def record_of(pool: asyncpg.Pool, batch_id: str) -> asyncpg.Record:
+    record = await pool.fetchrow(
+        "SELECT b.id, b.state, b.provider_id, b.polls FROM offload_batches b"
+        " WHERE b.id = (SELECT provider_batch FROM offload_rows WHERE batch_id = $1 LIMIT 1)",
+        batch_id,
+    )
+    assert record is not None
+    return record
+
+
+async def crash_after_a_create_attempt(pool: asyncpg.Pool, offload_id: int) -> None:
+    """What a crash between the counted create and the ledger's note of it leaves."""
+    store = OffloadStore(pool)
+    assert offload_id in [
+        b.id for b in await store.claim("crashed", [BatchState.RECORDED], 30, 100)
+    ]
+    assert await store.attempt(offload_id, "crashed")
+    await pool.execute("UPDATE offload_batches SET lease_until = now() WHERE id = $1", offload_id)
+
+
+async def test_a_resumed_record_adopts_the_batch_it_made_and_creates_none(
+    pool: asyncpg.Pool,
+) -> None:
+    client = ScriptedClient(routes("ob-adopt").batch_lead("ob-adopt-alias"), made=["pb-made"])
+    out = Published()
+    worker = offloader(pool, "ob-adopt", client, out)
+    batch_id, _ = await offloaded_job(pool, 4, "ob-adopt", "ob-adopt-alias")
+    await worker.intake_pass()
+    record = await record_of(pool, batch_id)
+    await crash_after_a_create_attempt(pool, record["id"])
+    await worker.submit_pass()
+    assert client.creates == []
+    record = await record_of(pool, batch_id)
+    assert (record["state"], record["provider_id"]) == ("submitted", "pb-made")
+
+
+async def test_a_record_resumed_before_any_create_creates_once_and_settles(
+    pool: asyncpg.Pool,
+) -> None:
+    client = ScriptedClient(routes("ob-once").batch_lead("ob-once-alias"))
+    client.failing = {2}
+    out = Published()
+    worker = offloader(pool, "ob-once", client, out)
+    batch_id, _ = await offloaded_job(pool, 5, "ob-once", "ob-once-alias")
+    await worker.intake_pass()
+    record = await record_of(pool, batch_id)
+    await crash_after_a_create_attempt(pool, record["id"])
+    await worker.submit_pass()
+    assert client.creates == [record["id"]]
+    assert len(client.inputs) == 1 and len(client.inputs[0]) == 5
+    await worker.poll_pass()
+    record = await record_of(pool, batch_id)
+    assert record["state"] == "settled"
+
+    mine = sorted((o for o in out.outcomes if o.batch_id == batch_id), key=lambda o: o.row_index)
+    assert [o.row_index for o in mine] == [0, 1, 3, 4]
+    assert {(o.deployment, o.attempts) for o in mine} == {("ob-once", 1)}
+    assert mine[0].cost_usd == (1000 * 1.0 + 2000 * 2.0) / 1e6
+    await worker.forward_pass()
+    forwarded = [s for s in out.slices if s.batch_id == batch_id]
+    assert [[r.index for r in s.rows] for s in forwarded] == [[2]]
+    assert forwarded[0].model == "ob-once-alias"
+    states = await pool.fetch(
+        "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index",
+        batch_id,
+    )
+    assert [r["state"] for r in states] == ["done", "done", "forwarded", "done", "done"]
