@@ -306,3 +306,36 @@ async def test_a_dispatcher_offloads_a_patient_job_and_runs_a_hurried_one_realti
         await pool.fetchval("SELECT offload_deployment FROM batches WHERE id = $1", hurried.id)
         is None
     )
+
+
+async def set_request(pool: asyncpg.Pool, batch_id: str, row_index: int, text: str) -> None:
+    await pool.execute(
+        "UPDATE batch_rows SET request = $3 WHERE row_index = $2"
+        " AND batch_id = (SELECT rows_batch_id FROM batches WHERE id = $1)",
+        batch_id,
+        row_index,
+        text,
+    )
+
+
+async def test_intake_reads_a_row_holding_a_nul_and_an_unreadable_row_blocks_no_job(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    nul, _ = await offloaded_job(pool, 3, "ob-nul", models={2: "realtime-only"})
+    nul_text = orjson.dumps({"messages": [{"role": "user", "content": "a\x00b"}]}).decode()
+    assert "\\u0000" in nul_text
+    await set_request(pool, nul, 0, nul_text)
+    model_nul = orjson.dumps({"messages": [], "model": "half\x00"}).decode()
+    await set_request(pool, nul, 1, model_nul)
+    broken, _ = await offloaded_job(pool, 2, "ob-nul", models={1: "other-half"})
+    await set_request(pool, broken, 0, '{"messages": [')
+    fine, _ = await offloaded_job(pool, 2, "ob-nul")
+    while await store.intake(leads("ob-nul")):
+        pass
+    # A NUL in a model is no alias: that row goes realtime like any unknown alias.
+    assert await pool.fetch(
+        "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index", nul
+    ) == [(0, "pending"), (1, "forward"), (2, "forward")]
+    assert await row_states(pool, broken) == {"forward": 2}, "unread: its rows go realtime"
+    assert await row_states(pool, fine) == {"pending": 2}

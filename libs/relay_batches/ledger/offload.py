@@ -17,6 +17,7 @@ Every statement is set-based: no statement runs per row.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,6 +28,8 @@ import asyncpg
 from relay_batches.ledger.pool import translated
 from relay_batches.ledger.status_sql import status_in
 from relay_batches.model import TERMINAL, JobStatus
+
+_log = logging.getLogger("relay.offloader")
 
 INTAKE_STEP = 10_000
 DROP_WITHIN_S = 3600.0
@@ -158,9 +161,16 @@ class OffloadStore:
                 batch_id, rows_batch_id, model, start, upto = job
                 taken.append(batch_id)
                 end = min(upto, start + step)
-                status = await conn.execute(
-                    _INTAKE_ROWS, batch_id, rows_batch_id, start, end, model, aliases, deployments
-                )
+                args = (batch_id, rows_batch_id, start, end, model, aliases, deployments)
+                try:
+                    async with conn.transaction():  # a savepoint: the job's lock is kept
+                        status = await conn.execute(_INTAKE_ROWS, *args)
+                except asyncpg.DataError as exc:
+                    _log.warning(
+                        "offload_intake_unread",
+                        extra={"batch_id": batch_id, "from": start, "error": repr(exc)},
+                    )
+                    status = await conn.execute(_INTAKE_UNREAD, *args)
                 await conn.execute(_INTAKE_ADVANCE, batch_id, end)
                 recorded += int(status.split()[-1])
         return recorded
@@ -490,21 +500,31 @@ _INTAKE_LOCK = (
 # $1 job, $2 its rows' batch, $3..$4 the rows, $5 the job's alias, $6/$7 alias → lead.
 # A row's own alias is the "model" of its request object (rows stored as a bare
 # messages array, or without a model, run under the job's). Rows with an outcome are
-# left out (a job offloaded after a crash of its first release may have some).
-_INTAKE_ROWS = (
+# left out (a job offloaded after a crash of its first release may have some). A stored
+# request may hold the escape \u0000 (a NUL in a string), which json refuses to turn
+# into text anywhere in the document, even to read another key: it is read as \u0020
+# (the same length, still valid JSON; an alias never holds either).
+_INTAKE_INSERT = (
     "INSERT INTO offload_rows (batch_id, row_index, deployment, state, bytes)"
     " SELECT $1, r.row_index, COALESCE(l.deployment, ''),"
     f"  CASE WHEN l.deployment IS NULL THEN '{RowState.FORWARD}' ELSE '{RowState.PENDING}' END,"
     "  octet_length(r.request)"
     " FROM batch_rows r"
-    " LEFT JOIN unnest($6::text[], $7::text[]) AS l(alias, deployment)"
-    "  ON l.alias = COALESCE(CASE WHEN left(r.request, 1) = '{'"
-    "   THEN r.request::jsonb ->> 'model' END, $5)"
+    " LEFT JOIN unnest($6::text[], $7::text[]) AS l(alias, deployment) ON l.alias = {alias}"
     " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
     " AND NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1"
     "  AND o.row_index = r.row_index AND o.row_index >= $3 AND o.row_index < $4)"
     " ON CONFLICT (batch_id, row_index) DO NOTHING"
 )
+_INTAKE_ROWS = _INTAKE_INSERT.replace(
+    "{alias}",
+    "COALESCE(CASE WHEN left(r.request, 1) = '{'"
+    " THEN replace(r.request, '\\u0000', '\\u0020')::json ->> 'model' END, $5)",
+)
+# The same rows when their requests could not be read (no stored row should fail that
+# way): every one goes realtime, where the router reads each row's own alias (the alias
+# is NULL; the job's still names $5, so both take the same arguments).
+_INTAKE_UNREAD = _INTAKE_INSERT.replace("{alias}", "NULLIF($5::text, $5)")
 _INTAKE_ADVANCE = "UPDATE batches SET offload_upto = GREATEST(offload_upto, $2) WHERE id = $1"
 
 # $1 seconds: the offloaded jobs that ended that recently, then their waiting rows.
