@@ -5,6 +5,7 @@ with the same record, never a second one), settling and forwarding."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import asyncpg
@@ -339,3 +340,34 @@ async def test_intake_reads_a_row_holding_a_nul_and_an_unreadable_row_blocks_no_
     ) == [(0, "pending"), (1, "forward"), (2, "forward")]
     assert await row_states(pool, broken) == {"forward": 2}, "unread: its rows go realtime"
     assert await row_states(pool, fine) == {"pending": 2}
+
+
+async def test_gather_never_submits_a_row_a_concurrent_drop_holds(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    batch_id, _ = await offloaded_job(pool, 3, "ob-race")
+    while await store.intake(leads("ob-race")):
+        pass
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        await conn.execute(
+            "UPDATE offload_rows SET state = 'dropped' WHERE batch_id = $1 AND row_index = 0",
+            batch_id,
+        )
+        gather = asyncio.create_task(store.gather(Gathering("ob-race", 100, 10_000_000, 0)))
+        for _ in range(200):  # until the gather is done or waits on the dropped row
+            waiting = await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%INSERT INTO offload_batches%'"
+            )
+            if gather.done() or waiting:
+                break
+            await asyncio.sleep(0.025)
+        await transaction.commit()
+        made = await gather
+    assert made is not None
+    states = await pool.fetch(
+        "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index",
+        batch_id,
+    )
+    assert [tuple(r) for r in states] == [(0, "dropped"), (1, "submitted"), (2, "submitted")]

@@ -540,20 +540,26 @@ _GATHER_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('relay.offload.gather'
 
 # $1 deployment, $2 row cap, $3 byte budget, $4 bytes added to each row's size, $5 the
 # linger in seconds. The candidates are its pending rows of running jobs whose budget has
-# not stopped them (a paused job's rows wait), oldest first, at most the row cap; those
+# not stopped them (a paused job's rows wait), oldest first, at most the row cap, locked
+# (a row a drop holds is passed by, one it dropped meanwhile is no longer pending); those
 # whose running sum of sizes fits the budget (the first always) make the batch, which is
 # due when they reach the row cap, when a candidate is left over for bytes, or when the
 # oldest waited the linger. The record and the rows' mark are one statement.
 _GATHER = f"""
-WITH cand AS MATERIALIZED (
-    SELECT o.batch_id, o.row_index, o.bytes + $4 AS size, o.created_at,
-           sum(o.bytes + $4) OVER w AS upto, row_number() OVER w AS n
+WITH locked AS MATERIALIZED (
+    SELECT o.batch_id, o.row_index, o.bytes, o.created_at
     FROM offload_rows o JOIN batches b ON b.id = o.batch_id
     WHERE o.deployment = $1 AND o.state = '{RowState.PENDING}'
       AND b.status = '{JobStatus.RUNNING}' AND b.budget_exceeded_at IS NULL
-    WINDOW w AS (ORDER BY o.created_at, o.batch_id, o.row_index)
     ORDER BY o.created_at, o.batch_id, o.row_index
     LIMIT $2
+    FOR UPDATE OF o SKIP LOCKED
+),
+cand AS MATERIALIZED (
+    SELECT batch_id, row_index, bytes + $4 AS size, created_at,
+           sum(bytes + $4) OVER w AS upto, row_number() OVER w AS n
+    FROM locked
+    WINDOW w AS (ORDER BY created_at, batch_id, row_index)
 ),
 pick AS (SELECT batch_id, row_index, size FROM cand WHERE n = 1 OR upto <= $3),
 stats AS (
@@ -571,6 +577,7 @@ made AS (
 marked AS (
     UPDATE offload_rows o SET state = '{RowState.SUBMITTED}', provider_batch = made.id
     FROM made, pick WHERE o.batch_id = pick.batch_id AND o.row_index = pick.row_index
+      AND o.state = '{RowState.PENDING}'
     RETURNING 1
 )
 SELECT id FROM made WHERE (SELECT count(*) FROM marked) > 0
