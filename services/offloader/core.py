@@ -109,7 +109,11 @@ class Offloader:
         }
         self._gatherings = [
             Gathering(
-                d.name, d.batch.max_rows, int(d.batch.max_bytes * BYTES_SHARE), d.batch.linger_s
+                d.name,
+                d.batch.max_rows,
+                int(d.batch.max_bytes * BYTES_SHARE),
+                d.batch.linger_s,
+                window_s=d.batch.window.total_seconds(),
             )
             for d in aliases.batch_deployments().values()
             if d.batch is not None

@@ -371,3 +371,29 @@ async def test_gather_never_submits_a_row_a_concurrent_drop_holds(pool: asyncpg.
         batch_id,
     )
     assert [tuple(r) for r in states] == [(0, "dropped"), (1, "submitted"), (2, "submitted")]
+
+
+async def test_gather_sends_a_job_whose_deadline_came_too_near_realtime(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    late, _ = await offloaded_job(pool, 3, "ob-late")
+    patient, _ = await offloaded_job(pool, 2, "ob-late")
+    far, _ = await offloaded_job(pool, 2, "ob-late")
+    while await store.intake(leads("ob-late")):
+        pass
+    # Paused for hours, then resumed: 2 h left, less than a 24 h window and the margin.
+    await pool.execute(
+        "UPDATE batches SET expires_at = now() + interval '2 hours' WHERE id = $1", late
+    )
+    await pool.execute(
+        "UPDATE batches SET expires_at = now() + interval '26 hours' WHERE id = $1", far
+    )
+    gathering = Gathering("ob-late", 100, 10_000_000, linger_s=0, window_s=86_400)
+    made = await store.gather(gathering)
+    assert made is not None
+    assert await row_states(pool, late) == {"forward": 3}
+    assert await row_states(pool, patient) == {"submitted": 2}
+    assert await row_states(pool, far) == {"submitted": 2}
+    rows = await pool.fetchval("SELECT rows FROM offload_batches WHERE id = $1", made)
+    assert rows == 4

@@ -63,7 +63,10 @@ class Gathering:
 
     ``line_extra`` is added to each row's stored request size to bound its line in the
     provider's input file (the custom id, the deployment's model and params, the
-    envelope); ``max_bytes`` is the budget of those bounds.
+    envelope); ``max_bytes`` is the budget of those bounds. A job's rows go in a
+    provider batch only while its deadline is at least ``window_s + margin_s`` away (the
+    dispatcher's rule when it offloaded the job; a job paused long since may no longer
+    leave that): the others go realtime.
     """
 
     deployment: str
@@ -71,6 +74,9 @@ class Gathering:
     max_bytes: int
     linger_s: float
     line_extra: int = 512
+    window_s: float = 86_400.0
+    margin_s: float = 3600.0
+    late_step: int = INTAKE_STEP
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,16 +193,24 @@ class OffloadStore:
 
     async def gather(self, gathering: Gathering) -> int | None:
         """Cut one provider batch of ``gathering.deployment``'s pending rows of running
-        jobs if it is due (row cap, byte budget or linger reached): its record
+        jobs if it is due (row cap, byte budget or linger reached), after sending a
+        bounded step of those whose jobs' deadlines came too near realtime: its record
         (``recorded``) and its rows' ``submitted`` mark in one transaction, under an
         advisory lock on the deployment (a replica gathering it meanwhile skips). The
         new record's id, or None when nothing was due."""
         g = gathering
+        wait_s = g.window_s + g.margin_s
         async with translated(), self._pool.acquire() as conn, conn.transaction():
             if not await conn.fetchval(_GATHER_LOCK, g.deployment):
                 return None
+            late = await conn.execute(_GATHER_LATE, g.deployment, wait_s, g.late_step)
+            if late != "UPDATE 0":
+                _log.info(
+                    "offload_too_late",
+                    extra={"deployment": g.deployment, "rows": int(late.split()[-1])},
+                )
             made = await conn.fetchval(
-                _GATHER, g.deployment, g.max_rows, g.max_bytes, g.line_extra, g.linger_s
+                _GATHER, g.deployment, g.max_rows, g.max_bytes, g.line_extra, g.linger_s, wait_s
             )
         return None if made is None else int(made)
 
@@ -538,8 +552,21 @@ _DROP_ENDED = (
 
 _GATHER_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('relay.offload.gather'), hashtext($1))"
 
+# $1 deployment, $2 seconds a job must still have, $3 rows at most: pending rows of
+# running jobs whose deadline is nearer go realtime (locked SKIP LOCKED, like gather's).
+_GATHER_LATE = (
+    f"UPDATE offload_rows o SET state = '{RowState.FORWARD}'"
+    " FROM (SELECT o.batch_id, o.row_index FROM offload_rows o JOIN batches b ON b.id = o.batch_id"
+    f"  WHERE o.deployment = $1 AND o.state = '{RowState.PENDING}'"
+    f"  AND b.status = '{JobStatus.RUNNING}'"
+    "  AND b.expires_at < now() + make_interval(secs => $2)"
+    "  ORDER BY o.created_at, o.batch_id, o.row_index LIMIT $3 FOR UPDATE OF o SKIP LOCKED) k"
+    " WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index"
+)
+
 # $1 deployment, $2 row cap, $3 byte budget, $4 bytes added to each row's size, $5 the
-# linger in seconds. The candidates are its pending rows of running jobs whose budget has
+# linger in seconds, $6 the seconds a job must still have (its deadline nearer: the
+# rows wait for _GATHER_LATE). The candidates are its pending rows of running jobs whose budget has
 # not stopped them (a paused job's rows wait), oldest first, at most the row cap, locked
 # (a row a drop holds is passed by, one it dropped meanwhile is no longer pending); those
 # whose running sum of sizes fits the budget (the first always) make the batch, which is
@@ -551,6 +578,7 @@ WITH locked AS MATERIALIZED (
     FROM offload_rows o JOIN batches b ON b.id = o.batch_id
     WHERE o.deployment = $1 AND o.state = '{RowState.PENDING}'
       AND b.status = '{JobStatus.RUNNING}' AND b.budget_exceeded_at IS NULL
+      AND (b.expires_at IS NULL OR b.expires_at >= now() + make_interval(secs => $6))
     ORDER BY o.created_at, o.batch_id, o.row_index
     LIMIT $2
     FOR UPDATE OF o SKIP LOCKED
