@@ -397,3 +397,26 @@ async def test_gather_sends_a_job_whose_deadline_came_too_near_realtime(
     assert await row_states(pool, far) == {"submitted": 2}
     rows = await pool.fetchval("SELECT rows FROM offload_batches WHERE id = $1", made)
     assert rows == 4
+
+
+async def test_intake_forwards_pending_rows_of_a_deployment_gone_from_the_routes(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    gone, _ = await offloaded_job(pool, 5, "ob-left")
+    while await store.intake({"half": "ob-left"}):
+        pass
+    kept, _ = await offloaded_job(pool, 2, "ob-kept")
+    while await store.intake({"half": "ob-kept"}):
+        pass
+    assert await row_states(pool, gone) == {"pending": 5}
+    # The routes file changed: ob-left is no batch deployment any more (the other
+    # tests' deployments still are).
+    held = await pool.fetch("SELECT DISTINCT deployment FROM offload_rows WHERE state = 'pending'")
+    routed = [r[0] for r in held if r[0] != "ob-left"] + ["ob-other"]
+    assert await store.intake({"half": "ob-kept"}, step=3, routed=routed) == 3
+    assert (await row_states(pool, gone)).get("forward") == 3, "bounded steps"
+    while await store.intake({"half": "ob-kept"}, step=3, routed=routed):
+        pass
+    assert await row_states(pool, gone) == {"forward": 5}
+    assert await row_states(pool, kept) == {"pending": 2}

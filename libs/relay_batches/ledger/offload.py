@@ -18,7 +18,7 @@ Every statement is set-based: no statement runs per row.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -146,18 +146,29 @@ class OffloadStore:
     # --- intake and gathering ---------------------------------------------------------
 
     async def intake(
-        self, leads: Mapping[str, str], step: int = INTAKE_STEP, jobs: int = 16
+        self,
+        leads: Mapping[str, str],
+        step: int = INTAKE_STEP,
+        jobs: int = 16,
+        routed: Collection[str] | None = None,
     ) -> int:
         """Take up to ``step`` released rows of each of up to ``jobs`` offloaded running
         jobs (each job once a call, so a large one does not hold the others back) into
         ``offload_rows``, one transaction per job, the job locked SKIP LOCKED so replicas
-        take different ones; how many rows were recorded.
+        take different ones; and move up to ``step`` pending rows of deployments that are
+        no longer batch deployments to ``forward``. How many rows were recorded or moved.
 
         ``leads`` maps each alias led by a batch deployment to that deployment; a row
         whose own alias (else its job's) is not in it is recorded as ``forward``.
+        ``routed`` names every batch deployment of the routes (None: no such move), as
+        only those are gathered.
         """
         aliases, deployments = list(leads), list(leads.values())
         recorded = 0
+        if routed is not None:
+            async with translated():
+                status = await self._pool.execute(_FORWARD_UNROUTED, list(routed), step)
+            recorded = int(status.split()[-1])
         taken: list[str] = []
         for _ in range(jobs):
             async with translated(), self._pool.acquire() as conn, conn.transaction():
@@ -539,6 +550,29 @@ _INTAKE_ROWS = _INTAKE_INSERT.replace(
 # way): every one goes realtime, where the router reads each row's own alias (the alias
 # is NULL; the job's still names $5, so both take the same arguments).
 _INTAKE_UNREAD = _INTAKE_INSERT.replace("{alias}", "NULLIF($5::text, $5)")
+# $1 the batch deployments, $2 rows at most: pending rows of any other deployment (it
+# left the routes file, or runs realtime now) go realtime. The deployments holding
+# pending rows are found by a skip scan of index offload_rows_pending (one probe per
+# deployment), never by reading every pending row.
+_FORWARD_UNROUTED = f"""
+WITH RECURSIVE held (deployment) AS (
+    (SELECT deployment FROM offload_rows WHERE state = '{RowState.PENDING}'
+     ORDER BY deployment LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.deployment FROM offload_rows o
+            WHERE o.state = '{RowState.PENDING}' AND o.deployment > h.deployment
+            ORDER BY o.deployment LIMIT 1)
+    FROM held h WHERE h.deployment IS NOT NULL
+)
+UPDATE offload_rows o SET state = '{RowState.FORWARD}'
+FROM (SELECT r.batch_id, r.row_index FROM offload_rows r
+      WHERE r.state = '{RowState.PENDING}' AND r.deployment IN (
+          SELECT deployment FROM held
+          WHERE deployment IS NOT NULL AND NOT deployment = ANY($1::text[]))
+      ORDER BY r.deployment, r.created_at, r.batch_id, r.row_index
+      LIMIT $2 FOR UPDATE OF r SKIP LOCKED) k
+WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index
+"""
 _INTAKE_ADVANCE = "UPDATE batches SET offload_upto = GREATEST(offload_upto, $2) WHERE id = $1"
 
 # $1 seconds: the offloaded jobs that ended that recently, then their waiting rows.
