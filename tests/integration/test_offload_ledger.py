@@ -420,3 +420,54 @@ async def test_intake_forwards_pending_rows_of_a_deployment_gone_from_the_routes
         pass
     assert await row_states(pool, gone) == {"forward": 5}
     assert await row_states(pool, kept) == {"pending": 2}
+
+
+async def forward_all(store: OffloadStore, batch_ids: set[str]) -> list[ForwardRow]:
+    published: list[ForwardRow] = []
+
+    async def publish(rows: list[ForwardRow]) -> None:
+        published.extend(r for r in rows if r.batch_id in batch_ids)
+
+    while await store.forward(100, 10_000_000, publish):
+        pass
+    return published
+
+
+async def test_forward_holds_a_paused_jobs_rows_until_it_runs_and_drops_an_ended_jobs(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    paused, paused_workspace = await offloaded_job(pool, 3, "ob-fwd-hold")
+    ended, ended_workspace = await offloaded_job(pool, 2, "ob-fwd-hold")
+    while await store.intake({}):
+        pass
+    await JobStore(pool).pause(paused_workspace, paused)
+    await JobStore(pool).cancel(ended_workspace, ended)
+    assert await forward_all(store, {paused, ended}) == []
+    assert await row_states(pool, paused) == {"forward": 3}
+    await JobStore(pool).resume(paused_workspace, paused)
+    assert await forward_all(store, {paused}) == [], "queued: not running yet"
+    await pool.execute("UPDATE batches SET status = 'running' WHERE id = $1", paused)
+    assert [r.row_index for r in await forward_all(store, {paused})] == [0, 1, 2]
+    assert await row_states(pool, paused) == {"forwarded": 3}
+    assert await store.drop_ended() >= 2
+    assert await row_states(pool, ended) == {"dropped": 2}
+
+
+async def test_rows_a_provider_batch_did_not_answer_are_dropped_when_their_job_ended(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    batch_id, workspace = await offloaded_job(pool, 4, "ob-fwd-ended")
+    while await store.intake(leads("ob-fwd-ended")):
+        pass
+    made = await store.gather(Gathering("ob-fwd-ended", 100, 10_000_000, linger_s=0))
+    assert made is not None
+    assert made in [b.id for b in await store.claim("e", [BatchState.RECORDED], 30, 100)]
+    assert await store.set_submitted(made, "e", f"batch-ended-{made}")
+    assert await store.set_ended(made, "e", "file-out", None, None)
+    await JobStore(pool).cancel(workspace, batch_id)
+    assert await store.mark_rows([(batch_id, 0)], RowState.DONE) == 1
+    assert await store.mark_rows([(batch_id, 1)], RowState.FORWARD) == 1
+    assert await store.settle(made, "e") == 2
+    assert await row_states(pool, batch_id) == {"done": 1, "dropped": 3}

@@ -127,8 +127,16 @@ _BATCH_COLUMNS = (
     "id, deployment, state, provider_id, input_file_id, output_file_id, error_file_id,"
     " rows, bytes, created_at, polls, error"
 )
-_LIVE_JOB = status_in([JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.QUEUED])
 _ENDED = [str(s) for s in TERMINAL]
+
+
+def _forward_or_drop(ended: str) -> str:
+    """A row's state when it is to go realtime: dropped if its job (``b``) ended (the
+    parameter ``ended`` holds the ended statuses), as nobody forwards an ended job's rows."""
+    return (
+        f"CASE WHEN b.status = ANY({ended}::text[])"
+        f" THEN '{RowState.DROPPED}' ELSE '{RowState.FORWARD}' END"
+    )
 
 
 def _batch(record: asyncpg.Record) -> OffloadBatch:
@@ -195,7 +203,7 @@ class OffloadStore:
     async def drop_ended(self, within_s: float = DROP_WITHIN_S) -> int:
         """Pending and forward rows of offloaded jobs that ended (canceled, expired, …)
         within the last ``within_s`` become ``dropped``; how many. Only a marking: such
-        rows are never gathered nor forwarded anyway (both take live jobs' rows only), so
+        rows are never gathered nor forwarded anyway (both take running jobs' rows only), so
         the scan goes from the recently ended jobs (index ``batches_ended``) to their rows
         by key, never over every waiting row."""
         async with translated():
@@ -406,19 +414,22 @@ class OffloadStore:
 
     async def mark_rows(self, keys: Sequence[tuple[str, int]], state: RowState) -> int:
         """Move the submitted rows ``keys`` to ``state`` (done: their outcome was
-        published; forward: they go realtime); how many moved."""
+        published; forward: they go realtime, or are dropped if their job ended); how
+        many moved."""
         if not keys:
             return 0
         async with translated():
             status = await self._pool.execute(
-                "UPDATE offload_rows o SET state = $3"
-                " FROM unnest($1::text[], $2::int[]) AS k(batch_id, row_index)"
+                "UPDATE offload_rows o SET state = CASE WHEN $3 = 'forward'"
+                f" THEN {_forward_or_drop('$5')} ELSE $3 END"
+                " FROM unnest($1::text[], $2::int[]) AS k(batch_id, row_index), batches b"
                 " WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index"
-                " AND o.state = $4",
+                " AND o.state = $4 AND b.id = o.batch_id",
                 [k[0] for k in keys],
                 [k[1] for k in keys],
                 state,
                 RowState.SUBMITTED,
+                _ENDED,
             )
         return int(status.split()[-1])
 
@@ -445,8 +456,8 @@ class OffloadStore:
 
     async def settle(self, offload_id: int, owner: str) -> int:
         """Its results are all read: the record is ``settled`` and the rows it gave no
-        outcome for are forwarded, in one transaction, only while it is ours and ended;
-        how many rows were forwarded."""
+        outcome for are forwarded (dropped if their job ended), in one transaction, only
+        while it is ours and ended; how many rows were forwarded or dropped."""
         async with translated(), self._pool.acquire() as conn, conn.transaction():
             ours = await conn.fetchval(
                 "UPDATE offload_batches SET state = $3, lease_until = NULL"
@@ -459,17 +470,20 @@ class OffloadStore:
             if ours is None:
                 return 0
             status = await conn.execute(
-                "UPDATE offload_rows SET state = $2 WHERE provider_batch = $1 AND state = $3",
+                f"UPDATE offload_rows o SET state = {_forward_or_drop('$3')}"
+                " FROM batches b WHERE o.provider_batch = $1 AND o.state = $2"
+                " AND b.id = o.batch_id",
                 offload_id,
-                RowState.FORWARD,
                 RowState.SUBMITTED,
+                _ENDED,
             )
         return int(status.split()[-1])
 
     # --- forwarding --------------------------------------------------------------------
 
     async def forward(self, limit: int, max_bytes: int, publish: PublishForward) -> int:
-        """Take up to ``limit`` rows waiting to go realtime, their requests within
+        """Take up to ``limit`` rows of running jobs waiting to go realtime (a paused or
+        queued job's wait for it to run again), their requests within
         ``max_bytes`` (the first whatever its size; locked SKIP LOCKED), hand
         them to ``publish`` (which returns once the broker confirmed them) and mark them
         ``forwarded`` in the same transaction: a crash before the commit publishes them
@@ -551,9 +565,9 @@ _INTAKE_ROWS = _INTAKE_INSERT.replace(
 # is NULL; the job's still names $5, so both take the same arguments).
 _INTAKE_UNREAD = _INTAKE_INSERT.replace("{alias}", "NULLIF($5::text, $5)")
 # $1 the batch deployments, $2 rows at most: pending rows of any other deployment (it
-# left the routes file, or runs realtime now) go realtime. The deployments holding
-# pending rows are found by a skip scan of index offload_rows_pending (one probe per
-# deployment), never by reading every pending row.
+# left the routes file, or runs realtime now) go realtime (dropped if their job ended).
+# The deployments holding pending rows are found by a skip scan of index
+# offload_rows_pending (one probe per deployment), never by reading every pending row.
 _FORWARD_UNROUTED = f"""
 WITH RECURSIVE held (deployment) AS (
     (SELECT deployment FROM offload_rows WHERE state = '{RowState.PENDING}'
@@ -564,14 +578,15 @@ WITH RECURSIVE held (deployment) AS (
             ORDER BY o.deployment LIMIT 1)
     FROM held h WHERE h.deployment IS NOT NULL
 )
-UPDATE offload_rows o SET state = '{RowState.FORWARD}'
-FROM (SELECT r.batch_id, r.row_index FROM offload_rows r
+UPDATE offload_rows o SET state = CASE WHEN b.{status_in(TERMINAL)}
+    THEN '{RowState.DROPPED}' ELSE '{RowState.FORWARD}' END
+FROM batches b, (SELECT r.batch_id, r.row_index FROM offload_rows r
       WHERE r.state = '{RowState.PENDING}' AND r.deployment IN (
           SELECT deployment FROM held
           WHERE deployment IS NOT NULL AND NOT deployment = ANY($1::text[]))
       ORDER BY r.deployment, r.created_at, r.batch_id, r.row_index
       LIMIT $2 FOR UPDATE OF r SKIP LOCKED) k
-WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index
+WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index AND b.id = o.batch_id
 """
 _INTAKE_ADVANCE = "UPDATE batches SET offload_upto = GREATEST(offload_upto, $2) WHERE id = $1"
 
@@ -676,13 +691,19 @@ _ANY_LIVE_ROW = (
     " WHERE o.provider_batch = $1 AND NOT b.status = ANY($2::text[]) LIMIT 1"
 )
 
-# $1 limit, $2 bytes: rows to forward of live jobs (locked), cut by their stored sizes,
-# then with what their slice carries.
+# $1 limit, $2 bytes: rows to forward of running jobs (locked), cut by their stored
+# sizes, then with what their slice carries. A paused or queued job's rows wait for it
+# to run again; an ended job's are dropped, not forwarded. The scan goes from the
+# offloaded running jobs (index batches_offloaded) to their rows to forward by key, so
+# rows that wait are never read.
 _FORWARD_LOCK = (
     "WITH taken AS (SELECT o.batch_id, o.row_index, o.bytes"
-    "  FROM offload_rows o JOIN batches b ON b.id = o.batch_id"
-    f"  WHERE o.state = '{RowState.FORWARD}' AND b.{_LIVE_JOB}"
-    "  ORDER BY o.batch_id, o.row_index LIMIT $1 FOR UPDATE OF o SKIP LOCKED),"
+    "  FROM batches b CROSS JOIN LATERAL (SELECT o.batch_id, o.row_index, o.bytes"
+    "   FROM offload_rows o"
+    f"   WHERE o.batch_id = b.id AND o.state = '{RowState.FORWARD}'"
+    "   ORDER BY o.row_index LIMIT $1 FOR UPDATE SKIP LOCKED) o"
+    f"  WHERE b.offload_deployment IS NOT NULL AND b.{status_in([JobStatus.RUNNING])}"
+    "  ORDER BY b.id, o.row_index LIMIT $1),"
     " page AS (SELECT batch_id, row_index,"
     "  sum(bytes) OVER (ORDER BY batch_id, row_index) AS upto,"
     "  row_number() OVER (ORDER BY batch_id, row_index) AS n FROM taken)"
