@@ -471,3 +471,16 @@ async def test_rows_a_provider_batch_did_not_answer_are_dropped_when_their_job_e
     assert await store.mark_rows([(batch_id, 1)], RowState.FORWARD) == 1
     assert await store.settle(made, "e") == 2
     assert await row_states(pool, batch_id) == {"done": 1, "dropped": 3}
+
+
+async def test_the_drop_of_an_ended_jobs_rows_goes_in_bounded_steps(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    batch_id, workspace = await offloaded_job(pool, 5, "ob-drop-steps")
+    while await store.intake(leads("ob-drop-steps")):
+        pass
+    await store.drop_ended()  # what other tests left
+    await JobStore(pool).cancel(workspace, batch_id)
+    assert await store.drop_ended(step=2, rounds=1) == 2
+    assert await row_states(pool, batch_id) == {"dropped": 2, "pending": 3}
+    assert await store.drop_ended(step=2) == 3, "steps until fewer than a step were left"
+    assert await row_states(pool, batch_id) == {"dropped": 5}

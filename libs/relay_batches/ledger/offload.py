@@ -200,15 +200,24 @@ class OffloadStore:
                 recorded += int(status.split()[-1])
         return recorded
 
-    async def drop_ended(self, within_s: float = DROP_WITHIN_S) -> int:
+    async def drop_ended(
+        self, within_s: float = DROP_WITHIN_S, step: int = INTAKE_STEP, rounds: int = 16
+    ) -> int:
         """Pending and forward rows of offloaded jobs that ended (canceled, expired, …)
-        within the last ``within_s`` become ``dropped``; how many. Only a marking: such
-        rows are never gathered nor forwarded anyway (both take running jobs' rows only), so
-        the scan goes from the recently ended jobs (index ``batches_ended``) to their rows
-        by key, never over every waiting row."""
-        async with translated():
-            status = await self._pool.execute(_DROP_ENDED, within_s)
-        return int(status.split()[-1])
+        within the last ``within_s`` become ``dropped``, ``step`` rows a statement (each
+        its own transaction), at most ``rounds`` statements a call; how many. Only a
+        marking: such rows are never gathered nor forwarded anyway (both take running
+        jobs' rows only), so the scan goes from the recently ended jobs (index
+        ``batches_ended``) to their rows by key, never over every waiting row."""
+        dropped = 0
+        for _ in range(rounds):
+            async with translated():
+                status = await self._pool.execute(_DROP_ENDED, within_s, step)
+            moved = int(status.split()[-1])
+            dropped += moved
+            if moved < step:
+                break
+        return dropped
 
     async def gather(self, gathering: Gathering) -> int | None:
         """Cut one provider batch of ``gathering.deployment``'s pending rows of running
@@ -590,13 +599,18 @@ WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index AND b.id = o.batch_i
 """
 _INTAKE_ADVANCE = "UPDATE batches SET offload_upto = GREATEST(offload_upto, $2) WHERE id = $1"
 
-# $1 seconds: the offloaded jobs that ended that recently, then their waiting rows.
+# $1 seconds: the offloaded jobs that ended that recently, then up to $2 of their
+# waiting rows (locked SKIP LOCKED: a row a gather holds is left for the next step).
 _DROP_ENDED = (
     f"UPDATE offload_rows o SET state = '{RowState.DROPPED}'"
-    f" FROM (SELECT id FROM batches WHERE {status_in(TERMINAL)}"
-    "  AND completed_at > now() - make_interval(secs => $1)"
-    "  AND offload_deployment IS NOT NULL) b"
-    f" WHERE o.batch_id = b.id AND o.state IN ('{RowState.PENDING}', '{RowState.FORWARD}')"
+    " FROM (SELECT w.batch_id, w.row_index"
+    f"  FROM (SELECT id FROM batches WHERE {status_in(TERMINAL)}"
+    "   AND completed_at > now() - make_interval(secs => $1)"
+    "   AND offload_deployment IS NOT NULL) b"
+    "  JOIN offload_rows w ON w.batch_id = b.id"
+    f"  WHERE w.state IN ('{RowState.PENDING}', '{RowState.FORWARD}')"
+    "  LIMIT $2 FOR UPDATE OF w SKIP LOCKED) k"
+    " WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index"
 )
 
 _GATHER_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext('relay.offload.gather'), hashtext($1))"
