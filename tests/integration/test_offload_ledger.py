@@ -484,3 +484,27 @@ async def test_the_drop_of_an_ended_jobs_rows_goes_in_bounded_steps(pool: asyncp
     assert await row_states(pool, batch_id) == {"dropped": 2, "pending": 3}
     assert await store.drop_ended(step=2) == 3, "steps until fewer than a step were left"
     assert await row_states(pool, batch_id) == {"dropped": 5}
+
+
+async def test_an_offloaded_job_holds_no_place_under_the_workspace_running_cap(
+    pool: asyncpg.Pool,
+) -> None:
+    offloaded, workspace = await offloaded_job(pool, 2, "ob-cap")
+    await DispatchStore(pool).release(OWNER, [offloaded])
+    waiting = await JobStore(pool).create(
+        NewJob(new_id(), workspace, "rt", "half", 0, 1, None, None, None), [("c-0", request(0))]
+    )
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        try:  # what a claim capped at 1 running job a workspace takes, undone
+            queued = await conn.fetch(
+                dispatch._CLAIM_QUEUED, "cap-dispatcher", 100_000, 30, "running", 1, [], []
+            )
+        finally:
+            await transaction.rollback()
+    assert waiting.id in [r["id"] for r in queued]
+    outranking = await DispatchStore(pool).claim_outranking(
+        "cap-dispatcher", {workspace: -1000}, 10, 30, per_workspace=1
+    )
+    assert [j.id for j in outranking] == [waiting.id]
