@@ -182,19 +182,28 @@ async def test_a_record_left_by_a_crash_is_resumed_by_the_next_owner_alone(
     assert not await store.others_hold("batch_b", made)
 
 
+async def ended_provider_batch(
+    store: OffloadStore, pool: asyncpg.Pool, total: int, deployment: str, owner: str
+) -> tuple[str, str, int]:
+    """An offloaded job of ``total`` rows all in one provider batch that ended (leased to
+    ``owner``): the job's id, its workspace and the record's id."""
+    batch_id, workspace = await offloaded_job(pool, total, deployment)
+    while await store.intake(leads(deployment)):
+        pass
+    made = await store.gather(Gathering(deployment, 100, 10_000_000, linger_s=0))
+    assert made is not None
+    assert made in [b.id for b in await store.claim(owner, [BatchState.RECORDED], 30, 100)]
+    assert await store.set_submitted(made, owner, f"batch-{deployment}-{made}")
+    assert await store.set_ended(made, owner, "file-out", None, None)
+    return batch_id, workspace, made
+
+
 async def test_settle_forwards_rows_without_an_outcome_and_forward_publishes_them(
     pool: asyncpg.Pool,
 ) -> None:
     store = OffloadStore(pool)
-    batch_id, workspace = await offloaded_job(pool, 5, "ob-settle")
-    while await store.intake(leads("ob-settle")):
-        pass
-    made = await store.gather(Gathering("ob-settle", 100, 10_000_000, linger_s=0))
-    assert made is not None
-    assert made in [b.id for b in await store.claim("o", [BatchState.RECORDED], 30, 100)]
-    assert await store.set_submitted(made, "o", f"batch-{made}")
+    batch_id, workspace, made = await ended_provider_batch(store, pool, 5, "ob-settle", "o")
     assert not await store.all_rows_ended(made)
-    assert await store.set_ended(made, "o", "file-out", None, None)
     assert await store.mark_rows([(batch_id, 0), (batch_id, 1)], RowState.DONE) == 2
     assert await store.mark_rows([(batch_id, 2)], RowState.FORWARD) == 1
     assert await store.settle(made, "o") == 2
@@ -342,11 +351,17 @@ async def test_intake_reads_a_row_holding_a_nul_and_an_unreadable_row_blocks_no_
     assert await row_states(pool, fine) == {"pending": 2}
 
 
+async def taken_in(store: OffloadStore, pool: asyncpg.Pool, total: int, deployment: str) -> str:
+    """An offloaded job of ``total`` rows taken in under ``deployment``: its id."""
+    batch_id, _ = await offloaded_job(pool, total, deployment)
+    while await store.intake(leads(deployment)):
+        pass
+    return batch_id
+
+
 async def test_gather_never_submits_a_row_a_concurrent_drop_holds(pool: asyncpg.Pool) -> None:
     store = OffloadStore(pool)
-    batch_id, _ = await offloaded_job(pool, 3, "ob-race")
-    while await store.intake(leads("ob-race")):
-        pass
+    batch_id = await taken_in(store, pool, 3, "ob-race")
     async with pool.acquire() as conn:
         transaction = conn.transaction()
         await transaction.start()
@@ -458,14 +473,7 @@ async def test_rows_a_provider_batch_did_not_answer_are_dropped_when_their_job_e
     pool: asyncpg.Pool,
 ) -> None:
     store = OffloadStore(pool)
-    batch_id, workspace = await offloaded_job(pool, 4, "ob-fwd-ended")
-    while await store.intake(leads("ob-fwd-ended")):
-        pass
-    made = await store.gather(Gathering("ob-fwd-ended", 100, 10_000_000, linger_s=0))
-    assert made is not None
-    assert made in [b.id for b in await store.claim("e", [BatchState.RECORDED], 30, 100)]
-    assert await store.set_submitted(made, "e", f"batch-ended-{made}")
-    assert await store.set_ended(made, "e", "file-out", None, None)
+    batch_id, workspace, made = await ended_provider_batch(store, pool, 4, "ob-fwd-ended", "e")
     await JobStore(pool).cancel(workspace, batch_id)
     assert await store.mark_rows([(batch_id, 0)], RowState.DONE) == 1
     assert await store.mark_rows([(batch_id, 1)], RowState.FORWARD) == 1
@@ -475,11 +483,11 @@ async def test_rows_a_provider_batch_did_not_answer_are_dropped_when_their_job_e
 
 async def test_the_drop_of_an_ended_jobs_rows_goes_in_bounded_steps(pool: asyncpg.Pool) -> None:
     store = OffloadStore(pool)
-    batch_id, workspace = await offloaded_job(pool, 5, "ob-drop-steps")
-    while await store.intake(leads("ob-drop-steps")):
-        pass
+    batch_id = await taken_in(store, pool, 5, "ob-drop-steps")
     await store.drop_ended()  # what other tests left
-    await JobStore(pool).cancel(workspace, batch_id)
+    await pool.execute(
+        "UPDATE batches SET status = 'canceled', completed_at = now() WHERE id = $1", batch_id
+    )
     assert await store.drop_ended(step=2, rounds=1) == 2
     assert await row_states(pool, batch_id) == {"dropped": 2, "pending": 3}
     assert await store.drop_ended(step=2) == 3, "steps until fewer than a step were left"
