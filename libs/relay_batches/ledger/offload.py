@@ -586,16 +586,23 @@ WITH RECURSIVE held (deployment) AS (
             WHERE o.state = '{RowState.PENDING}' AND o.deployment > h.deployment
             ORDER BY o.deployment LIMIT 1)
     FROM held h WHERE h.deployment IS NOT NULL
+),
+gone AS (
+    SELECT deployment FROM held
+    WHERE deployment IS NOT NULL AND NOT deployment = ANY($1::text[])
+),
+k AS (
+    SELECT r.batch_id, r.row_index FROM gone g CROSS JOIN LATERAL (
+        SELECT r.batch_id, r.row_index FROM offload_rows r
+        WHERE r.state = '{RowState.PENDING}' AND r.deployment = g.deployment
+        ORDER BY r.created_at, r.batch_id, r.row_index
+        LIMIT $2 FOR UPDATE SKIP LOCKED) r
+    LIMIT $2
 )
 UPDATE offload_rows o SET state = CASE WHEN b.{status_in(TERMINAL)}
     THEN '{RowState.DROPPED}' ELSE '{RowState.FORWARD}' END
-FROM batches b, (SELECT r.batch_id, r.row_index FROM offload_rows r
-      WHERE r.state = '{RowState.PENDING}' AND r.deployment IN (
-          SELECT deployment FROM held
-          WHERE deployment IS NOT NULL AND NOT deployment = ANY($1::text[]))
-      ORDER BY r.deployment, r.created_at, r.batch_id, r.row_index
-      LIMIT $2 FOR UPDATE OF r SKIP LOCKED) k
-WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index AND b.id = o.batch_id
+FROM k JOIN batches b ON b.id = k.batch_id
+WHERE o.batch_id = k.batch_id AND o.row_index = k.row_index
 """
 _INTAKE_ADVANCE = "UPDATE batches SET offload_upto = GREATEST(offload_upto, $2) WHERE id = $1"
 
