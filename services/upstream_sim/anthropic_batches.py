@@ -25,9 +25,6 @@ from aiohttp import web
 from relay_batches.services.upstream_sim import batches
 from relay_batches.services.upstream_sim.app import (
     InvalidRequest,
-    SimConfig,
-    SimState,
-    Sleep,
     anthropic_error_payload,
     anthropic_error_response,
     check_messages_headers,
@@ -164,19 +161,11 @@ def _requests_problem(data: Any) -> str | None:
 class AnthropicBatches(batches.BatchApi):
     """The Message Batches routes and their in-memory state."""
 
-    def __init__(
-        self,
-        config: SimConfig,
-        state: SimState,
-        clock: batches.Clock,
-        sleep: Sleep = asyncio.sleep,
-    ) -> None:
-        super().__init__(config, state, clock, sleep)
-        self._batches: dict[str, MessageBatch] = {}
+    _batches: dict[str, MessageBatch]
 
     def reset(self) -> None:
         """Forget every batch."""
-        self._batches.clear()
+        self._batches = {}
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         """Register the endpoints."""

@@ -48,6 +48,11 @@ class BatchApi:
         self._state = state
         self._clock = clock
         self._sleep = sleep
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every batch (each API holds its own)."""
+        raise NotImplementedError
 
     async def hold_input(self) -> None:
         """Wait ``SimConfig.batch_input_delay_s`` before an input is answered."""

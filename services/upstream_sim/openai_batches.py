@@ -24,9 +24,6 @@ from aiohttp import BodyPartReader, web
 from relay_batches.services.upstream_sim import batches
 from relay_batches.services.upstream_sim.app import (
     InvalidRequest,
-    SimConfig,
-    SimState,
-    Sleep,
     chat_request_from,
     completion_payload,
     error_payload,
@@ -284,21 +281,13 @@ class Batch:
 class OpenAIBatches(batches.BatchApi):
     """The Files and Batches routes and their in-memory state."""
 
-    def __init__(
-        self,
-        config: SimConfig,
-        state: SimState,
-        clock: batches.Clock,
-        sleep: Sleep = asyncio.sleep,
-    ) -> None:
-        super().__init__(config, state, clock, sleep)
-        self._files: dict[str, StoredFile] = {}
-        self._batches: dict[str, Batch] = {}
+    _files: dict[str, StoredFile]
+    _batches: dict[str, Batch]
 
     def reset(self) -> None:
         """Forget every file and batch."""
-        self._files.clear()
-        self._batches.clear()
+        self._files = {}
+        self._batches = {}
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         """Register the endpoints."""
