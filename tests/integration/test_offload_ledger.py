@@ -166,7 +166,8 @@ async def test_a_record_left_by_a_crash_is_resumed_by_the_next_owner_alone(
         pass
     made = await store.gather(Gathering("ob-crash", 100, 10_000_000, linger_s=0))
     states = [BatchState.RECORDED, BatchState.CREATING]
-    [taken] = [b for b in await store.claim("a", states, 0.2, 100) if b.id == made]
+    # A lease long enough for a starved run; its expiry is played below.
+    [taken] = [b for b in await store.claim("a", states, 30, 100) if b.id == made]
     assert taken.state is BatchState.RECORDED and taken.provider_id is None
     assert made not in [b.id for b in await store.claim("b", states, 30, 100)], "leased to a"
     await pool.execute("UPDATE offload_batches SET lease_until = now() WHERE id = $1", made)
