@@ -99,6 +99,10 @@ RETENTION_JOBS_PURGED = Counter(
 RETENTION_ROWS_PURGED = Counter(
     "relay_retention_rows_purged_total", "Rows of the jobs purged past their retention"
 )
+RETENTION_OFFLOADS_PURGED = Counter(
+    "relay_retention_offload_batches_purged_total",
+    "Settled provider batch records purged past the retention",
+)
 IDEMPOTENCY_KEYS_PURGED = Counter(
     "relay_idempotency_keys_purged_total", "Idempotency-Key records purged past their 24 hours"
 )

@@ -1,5 +1,6 @@
 """Offloaded jobs on the real ledger for the offload tests: a running job its dispatcher
-marked offloaded (every row released)."""
+marked offloaded (every row released), and one whose rows are in a provider batch that
+ended."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from relay_batches.ids import new_id
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.offload import BatchState, Gathering, OffloadStore
 
 OWNER = "dispatcher-offload-test"
 
@@ -44,3 +46,24 @@ async def offloaded_job(
     )
     assert await DispatchStore(pool).offload(OWNER, job.id, total, deployment)
     return job.id, workspace
+
+
+def leads(deployment: str) -> dict[str, str]:
+    """The leads of an intake that takes the test aliases' rows into ``deployment``."""
+    return {"half": deployment, "other-half": deployment}
+
+
+async def ended_provider_batch(
+    store: OffloadStore, pool: asyncpg.Pool, total: int, deployment: str, owner: str
+) -> tuple[str, str, int]:
+    """An offloaded job of ``total`` rows all in one provider batch that ended (leased to
+    ``owner``): the job's id, its workspace and the record's id."""
+    batch_id, workspace = await offloaded_job(pool, total, deployment)
+    while await store.intake(leads(deployment)):
+        pass
+    made = await store.gather(Gathering(deployment, 100, 10_000_000, linger_s=0))
+    assert made is not None
+    assert made in [b.id for b in await store.claim(owner, [BatchState.RECORDED], 30, 100)]
+    assert await store.set_submitted(made, owner, f"batch-{deployment}-{made}")
+    assert await store.set_ended(made, owner, "file-out", None, None)
+    return batch_id, workspace, made

@@ -27,7 +27,7 @@ from relay_batches.ledger.offload import (
 )
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
-from tests.helpers.offload import OWNER, offloaded_job, request
+from tests.helpers.offload import OWNER, ended_provider_batch, leads, offloaded_job, request
 
 
 async def row_states(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
@@ -35,10 +35,6 @@ async def row_states(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
         "SELECT state, count(*) FROM offload_rows WHERE batch_id = $1 GROUP BY state", batch_id
     )
     return {r[0]: r[1] for r in records}
-
-
-def leads(deployment: str) -> dict[str, str]:
-    return {"half": deployment, "other-half": deployment}
 
 
 async def test_the_mark_releases_every_row_once_and_only_before_any_release(
@@ -181,22 +177,6 @@ async def test_a_record_left_by_a_crash_is_resumed_by_the_next_owner_alone(
     )
     assert tuple(record) == ("submitted", "batch_b", "file-1")
     assert not await store.others_hold("batch_b", made)
-
-
-async def ended_provider_batch(
-    store: OffloadStore, pool: asyncpg.Pool, total: int, deployment: str, owner: str
-) -> tuple[str, str, int]:
-    """An offloaded job of ``total`` rows all in one provider batch that ended (leased to
-    ``owner``): the job's id, its workspace and the record's id."""
-    batch_id, workspace = await offloaded_job(pool, total, deployment)
-    while await store.intake(leads(deployment)):
-        pass
-    made = await store.gather(Gathering(deployment, 100, 10_000_000, linger_s=0))
-    assert made is not None
-    assert made in [b.id for b in await store.claim(owner, [BatchState.RECORDED], 30, 100)]
-    assert await store.set_submitted(made, owner, f"batch-{deployment}-{made}")
-    assert await store.set_ended(made, owner, "file-out", None, None)
-    return batch_id, workspace, made
 
 
 async def test_settle_forwards_rows_without_an_outcome_and_forward_publishes_them(

@@ -1,7 +1,8 @@
 """Retention on the real ledger: an ended job past its retention leaves nothing behind
 in any table; recent, live and template jobs stay; idempotency records go after their
 24 hours; a workspace's own retention wins; two reapers at once purge each job once;
-each transaction stays within its budget."""
+each transaction stays within its budget; settled provider batch records past the
+retention go, in bounded transactions, and no record still in progress does."""
 
 from __future__ import annotations
 
@@ -14,11 +15,18 @@ from relay_batches.ids import new_id
 from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
+from relay_batches.ledger.offload import OffloadStore, RowState
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import create_pool
-from relay_batches.ledger.retention import Purged, RetentionStore, set_workspace_retention
+from relay_batches.ledger.retention import (
+    Purged,
+    PurgedOffloads,
+    RetentionStore,
+    set_workspace_retention,
+)
 from relay_batches.messages import RowOutcome
 from relay_batches.services.scheduler.retention import Purger
+from tests.helpers.offload import ended_provider_batch
 from tests.helpers.support import Isolation, relay_admin
 
 ROW = '[{"content":"x","role":"user"}]'
@@ -278,3 +286,76 @@ async def test_relay_workspaces_retention_sets_and_clears_the_override(
     assert await pool.fetchval(stored, name) is None
     missing = await relay_admin(iso, "workspaces", "retention", "nope", "1d")
     assert missing.returncode == 1 and "no workspace named 'nope'" in missing.stderr
+
+
+async def provider_batch(pool: asyncpg.Pool, total: int, *, settle: bool = True) -> tuple[str, int]:
+    """An offloaded job of ``total`` rows all in one provider batch that ended 31 days ago
+    (and was settled with ``settle``): rows 0 and 1 done, the others forwarded; the job's
+    id and the record's."""
+    deployment = f"retain-off-{new_id()[:8]}"
+    store, owner = OffloadStore(pool), f"o-{deployment}"
+    batch_id, _, made = await ended_provider_batch(store, pool, total, deployment, owner)
+    assert await store.mark_done([(batch_id, 0), (batch_id, 1)]) == (2, 0)
+    if settle:
+        assert await store.settle(made, owner) == total - 2
+        await pool.execute(
+            "UPDATE offload_rows SET state = $2 WHERE batch_id = $1 AND state = 'forward'",
+            batch_id,
+            RowState.FORWARDED,
+        )
+    await pool.execute(
+        "UPDATE offload_batches SET ended_at = now() - interval '31 days' WHERE id = $1", made
+    )
+    return batch_id, made
+
+
+async def records(pool: asyncpg.Pool, ids: list[int]) -> set[int]:
+    """Which of the provider batch records ``ids`` are left."""
+    left = await pool.fetch("SELECT id FROM offload_batches WHERE id = ANY($1::bigint[])", ids)
+    return {r[0] for r in left}
+
+
+async def test_settled_provider_batch_records_past_the_retention_go_and_the_rest_stay(
+    pool: asyncpg.Pool,
+) -> None:
+    done_job, done = await provider_batch(pool, 5)
+    gone_job, gone = await provider_batch(pool, 3)
+    await pool.execute("DELETE FROM batches WHERE id = $1", gone_job)  # its rows go with it
+    waiting_job, waiting = await provider_batch(pool, 3)
+    await pool.execute(
+        "UPDATE offload_rows SET state = 'forward' WHERE batch_id = $1 AND row_index = 2",
+        waiting_job,
+    )
+    _, recent = await provider_batch(pool, 3)
+    await pool.execute("UPDATE offload_batches SET ended_at = now() WHERE id = $1", recent)
+    _, unsettled = await provider_batch(pool, 3, settle=False)
+    ids = [done, gone, waiting, recent, unsettled]
+
+    await Purger(RetentionStore(pool, RETENTION)).purge_pass()
+
+    assert await records(pool, ids) == {waiting, recent, unsettled}
+    # The running job keeps its offload rows, which no longer name the record.
+    kept = await pool.fetch(
+        "SELECT state, provider_batch FROM offload_rows WHERE batch_id = $1 ORDER BY row_index",
+        done_job,
+    )
+    assert [tuple(r) for r in kept] == [("done", None)] * 2 + [("forwarded", None)] * 3
+    named = await pool.fetchval(
+        "SELECT count(*) FROM offload_rows WHERE provider_batch = $1", waiting
+    )
+    assert named == 3
+
+
+async def test_provider_batch_records_go_within_the_row_budget(pool: asyncpg.Pool) -> None:
+    _, made = await provider_batch(pool, 5)
+    store = RetentionStore(pool, RETENTION, jobs=10, rows=2)
+
+    transactions = [await store.purge_offload_batches() for _ in range(4)]
+
+    assert transactions == [
+        PurgedOffloads(0, 2),
+        PurgedOffloads(0, 2),
+        PurgedOffloads(1, 1),
+        PurgedOffloads(0, 0),
+    ]
+    assert await records(pool, [made]) == set()

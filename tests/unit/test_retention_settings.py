@@ -10,8 +10,12 @@ from datetime import timedelta
 import pytest
 
 from relay_batches.durations import format_duration, parse_duration
-from relay_batches.ledger.retention import Purged, _Claimed, within_budget
-from relay_batches.metrics import RETENTION_JOBS_PURGED, RETENTION_ROWS_PURGED
+from relay_batches.ledger.retention import Purged, PurgedOffloads, _Claimed, within_budget
+from relay_batches.metrics import (
+    RETENTION_JOBS_PURGED,
+    RETENTION_OFFLOADS_PURGED,
+    RETENTION_ROWS_PURGED,
+)
 from relay_batches.services.relay_cli.__main__ import _retention
 from relay_batches.services.scheduler.retention import KEYS_PAGE, Purger
 from relay_batches.settings import ConfigError, Settings
@@ -100,17 +104,23 @@ def test_a_transaction_takes_jobs_while_their_rows_fit() -> None:
 
 
 class FakeLedger:
-    """Due jobs handed out ``per_call`` at a time, and expired keys a page at a time."""
+    """Due jobs handed out ``per_call`` at a time, provider batch records as ``offloads``
+    says (then none), and expired keys a page at a time."""
 
-    def __init__(self, jobs: int, per_call: int, keys: int) -> None:
+    def __init__(self, jobs: int, per_call: int, keys: int, offloads: list[PurgedOffloads]) -> None:
         self.jobs, self.per_call, self.keys = jobs, per_call, keys
-        self.job_calls = self.key_calls = 0
+        self.offloads = offloads
+        self.job_calls = self.key_calls = self.offload_calls = 0
 
     async def purge_jobs(self) -> Purged:
         self.job_calls += 1
         taken = min(self.per_call, self.jobs)
         self.jobs -= taken
         return Purged(taken, taken * 10)
+
+    async def purge_offload_batches(self) -> PurgedOffloads:
+        self.offload_calls += 1
+        return self.offloads.pop(0) if self.offloads else PurgedOffloads(0, 0)
 
     async def purge_idempotency_keys(self, limit: int) -> int:
         self.key_calls += 1
@@ -120,13 +130,17 @@ class FakeLedger:
 
 
 async def test_a_pass_purges_until_nothing_is_due_and_counts_it() -> None:
-    ledger = FakeLedger(jobs=7, per_call=3, keys=KEYS_PAGE + 1)
+    offloads = [PurgedOffloads(0, 2), PurgedOffloads(2, 1)]
+    ledger = FakeLedger(jobs=7, per_call=3, keys=KEYS_PAGE + 1, offloads=offloads)
     jobs_before = RETENTION_JOBS_PURGED._value.get()
+    offloads_before = RETENTION_OFFLOADS_PURGED._value.get()
     rows_before = RETENTION_ROWS_PURGED._value.get()
 
     assert await Purger(ledger).purge_pass() == Purged(7, 70)
 
     assert (ledger.job_calls, ledger.jobs) == (4, 0)  # 3 + 3 + 1, then one that finds none
     assert (ledger.key_calls, ledger.keys) == (2, 0)
+    assert ledger.offload_calls == 3  # detached only, then deleted, then none left
+    assert RETENTION_OFFLOADS_PURGED._value.get() - offloads_before == 2
     assert RETENTION_JOBS_PURGED._value.get() - jobs_before == 7
     assert RETENTION_ROWS_PURGED._value.get() - rows_before == 70

@@ -1,5 +1,6 @@
-"""Retention: purging ended jobs past their workspace's retention, and idempotency
-records past their 24 hours, in bounded transactions.
+"""Retention: purging ended jobs past their workspace's retention, settled provider
+batch records past the default retention, and idempotency records past their 24 hours,
+in bounded transactions.
 
 A job is purged by :func:`~relay_batches.ledger.deletion.delete_job` (so a purge removes
 exactly what ``DELETE /v1/batches/{id}`` removes: outcomes, own rows unless another job
@@ -13,6 +14,12 @@ transaction each (a job that is past its retention anyway), and is then deleted.
 jobs are never due, nor is a scheduled cron template: only the terminal statuses are
 scanned. A canceled template is an ended job like any other: it goes, and the runs it
 spawned keep the rows they still run (delete_job frees them with the last one).
+
+An offloader's provider batch record (``offload_batches``) goes once it is ``settled``
+(its final state) and ended (``ended_at``) longer than the default retention ago, and
+none of its rows still waits to go realtime (``forward``): each row still naming it
+(``done``, ``forwarded`` or ``dropped``: nothing reads that name again) is detached from
+it, a bounded slice per transaction, and the record is deleted once none names it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import asyncpg
 
 from relay_batches.ledger.deletion import Deleted, delete_job
 from relay_batches.ledger.idempotency import TTL_HOURS
+from relay_batches.ledger.offload import BatchState, RowState
 from relay_batches.ledger.pool import Connection, translated
 from relay_batches.ledger.status_sql import status_in
 from relay_batches.model import TERMINAL
@@ -67,6 +75,29 @@ _TRIM_OFFLOAD_ROWS = (
     "DELETE FROM offload_rows r USING (SELECT row_index FROM offload_rows WHERE batch_id = $1"
     "  ORDER BY row_index LIMIT $2) t WHERE r.batch_id = $1 AND r.row_index = t.row_index"
 )
+# $1 the default retention, $2 at most this many: settled provider batch records ended
+# before it, none of whose rows is still to be forwarded (index offload_batches_settled;
+# the rows by offload_rows_provider_batch). Records another reaper holds are skipped.
+_CLAIM_OFFLOADS = (
+    "SELECT b.id FROM offload_batches b"
+    f" WHERE b.state = '{BatchState.SETTLED}' AND b.ended_at < now() - $1::interval"
+    "  AND NOT EXISTS (SELECT 1 FROM offload_rows o WHERE o.provider_batch = b.id"
+    f"   AND o.state NOT IN ('{RowState.DONE}', '{RowState.FORWARDED}', '{RowState.DROPPED}'))"
+    " ORDER BY b.ended_at, b.id LIMIT $2 FOR UPDATE OF b SKIP LOCKED"
+)
+# $1 the claimed records, $2 at most this many rows: those rows stop naming their
+# record. Rows held elsewhere (a job's delete takes them) are skipped; their record
+# waits for a later transaction.
+_DETACH_ROWS = (
+    "UPDATE offload_rows o SET provider_batch = NULL FROM (SELECT batch_id, row_index"
+    "  FROM offload_rows WHERE provider_batch = ANY($1::bigint[])"
+    "  ORDER BY provider_batch, batch_id, row_index LIMIT $2 FOR UPDATE SKIP LOCKED) t"
+    " WHERE o.batch_id = t.batch_id AND o.row_index = t.row_index"
+)
+_DELETE_OFFLOADS = (
+    "DELETE FROM offload_batches b WHERE b.id = ANY($1::bigint[])"
+    " AND NOT EXISTS (SELECT 1 FROM offload_rows o WHERE o.provider_batch = b.id)"
+)
 # $1 at most this many records past their TTL (expired: find() no longer answers them).
 _PURGE_KEYS = (
     "WITH old AS (SELECT workspace_id, key FROM idempotency_keys"
@@ -85,6 +116,15 @@ class Purged:
     jobs: int
     rows: int
     trimmed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PurgedOffloads:
+    """What one purge transaction of provider batch records did: records deleted, and
+    rows detached from the records it claimed."""
+
+    records: int
+    detached: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +187,18 @@ class RetentionStore:
             for statement in (_TRIM_OUTCOMES, _TRIM_OWN_ROWS, _TRIM_OFFLOAD_ROWS)
         ]
         return sum(counts) if half in counts else 0
+
+    async def purge_offload_batches(self) -> PurgedOffloads:
+        """In one transaction, detach up to the row budget of the rows still naming up
+        to ``jobs`` due settled provider batch records (oldest end first) and delete those
+        no row names any more; what it did."""
+        async with translated(), self._pool.acquire() as conn, conn.transaction():
+            ids = [r[0] for r in await conn.fetch(_CLAIM_OFFLOADS, self._retention, self._jobs)]
+            if not ids:
+                return PurgedOffloads(0, 0)
+            detached = _count(await conn.execute(_DETACH_ROWS, ids, self._rows))
+            deleted = _count(await conn.execute(_DELETE_OFFLOADS, ids))
+        return PurgedOffloads(deleted, detached)
 
     async def purge_idempotency_keys(self, limit: int = 5_000) -> int:
         """Delete up to ``limit`` idempotency records older than their TTL; how many."""
