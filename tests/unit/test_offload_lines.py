@@ -17,12 +17,14 @@ from aiohttp.test_utils import TestServer
 from relay_batches.ledger.offload import BatchState, OffloadLine, RowState
 from relay_batches.offload import anthropic_batch, openai_batch
 from relay_batches.offload.lines import (
+    MAX_JSON_BYTES,
     MAX_LINE_BYTES,
     ProviderError,
     ResultLine,
     custom_id,
     json_lines,
     parse_custom_id,
+    request_json,
 )
 from relay_batches.router.aliases import BatchOptions, Deployment
 from relay_batches.router.types import Completion, UnsupportedRequest
@@ -229,3 +231,47 @@ async def test_an_openai_input_is_one_line_per_row(tmp_path: Path) -> None:
     built = await build_input(PagedLines(rows), client, 9, str(tmp_path))  # type: ignore[arg-type]
     lines = (await asyncio.to_thread(Path(built.path).read_bytes)).splitlines()
     assert [orjson.loads(line)["custom_id"] for line in lines] == [f"9-{JOB}-{i}" for i in range(3)]
+
+
+async def chunked_server(body: bytes, pieces: int) -> TestServer:
+    """A server answering every GET with ``body`` in ``pieces`` writes, a pause between
+    each (no content length), so a client sees only part of it buffered at first."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        step = -(-len(body) // pieces)
+        for at in range(0, len(body), step):
+            await response.write(body[at : at + step])
+            await asyncio.sleep(0.05)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def test_a_json_reply_in_several_chunks_is_read_to_its_end() -> None:
+    listing = {"data": [{"id": f"batch_{i}", "metadata": {"n": "x" * 500}} for i in range(300)]}
+    body = orjson.dumps({**listing, "has_more": False})
+    server = await chunked_server(body, 6)
+    timeout = aiohttp.ClientTimeout(total=30)
+    try:
+        async with aiohttp.ClientSession() as session:
+            data = await request_json(
+                session, "GET", str(server.make_url("/batches")), "list", {}, timeout
+            )
+            with pytest.raises(ProviderError, match="larger than"):
+                server_big = await chunked_server(b" " * (MAX_JSON_BYTES + 10) + b"{}", 4)
+                try:
+                    await request_json(
+                        session, "GET", str(server_big.make_url("/")), "list", {}, timeout
+                    )
+                finally:
+                    await server_big.close()
+    finally:
+        await server.close()
+    assert len(data["data"]) == 300 and data["has_more"] is False

@@ -19,6 +19,7 @@ import orjson
 
 from relay_batches.ids import is_valid_id
 from relay_batches.router.aliases import Deployment
+from relay_batches.router.router import read_capped
 from relay_batches.router.types import ProviderReply
 
 # A reply is read up to the router's cap; a result line holds one and its envelope.
@@ -175,16 +176,19 @@ async def request_json(
     timeout: aiohttp.ClientTimeout,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """One call whose reply is a JSON object (read up to :data:`MAX_JSON_BYTES`);
+    """One call whose reply is a JSON object (read to its end, at most
+    :data:`MAX_JSON_BYTES`);
     :class:`ProviderError` for a failed call or an unusable reply."""
     try:
         async with session.request(
             method, url, headers=headers, timeout=timeout, allow_redirects=False, **kwargs
         ) as response:
             await check(response, what)
-            body = await response.content.read(MAX_JSON_BYTES)
+            body = await read_capped(response, MAX_JSON_BYTES)
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ProviderError(f"{what}: {exc.__class__.__name__}") from exc
+    if len(body) > MAX_JSON_BYTES:
+        raise ProviderError(f"{what}: the reply is larger than {MAX_JSON_BYTES} bytes")
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
