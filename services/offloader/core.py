@@ -144,11 +144,7 @@ class Offloader:
 
     async def submit_pass(self) -> None:
         """Send the recorded provider batches (those left by a crash included)."""
-        states = [BatchState.RECORDED, BatchState.CREATING]
-        for batch in await self._store.claim(
-            self._config.owner, states, self._config.lease_s, CLAIM_LIMIT
-        ):
-            await self._step(batch, self._submit)
+        await self._each_claimed([BatchState.RECORDED, BatchState.CREATING], self._submit)
 
     async def _submit(self, batch: OffloadBatch, client: BatchClient) -> None:
         owner = self._config.owner
@@ -161,9 +157,10 @@ class Offloader:
                 return
             await self._store.resize(batch.id, owner, built.rows, built.size)
             file_id = batch.input_file_id or await client.upload(batch.id, built.path)
-            await self._store.set_creating(batch.id, owner, file_id)
+            if not await self._store.set_creating(batch.id, owner, file_id):
+                return  # no longer ours: its new owner sends it
             if not await self._store.attempt(batch.id, owner):
-                return  # no longer ours
+                return
             provider_id = await client.create(batch.id, built.path, file_id)
         finally:
             await asyncio.to_thread(os.unlink, built.path)
@@ -195,10 +192,7 @@ class Offloader:
     async def poll_pass(self) -> None:
         """Poll the submitted batches that are due; settle those that ended."""
         states = [BatchState.SUBMITTED, BatchState.CANCELING, BatchState.ENDED]
-        for batch in await self._store.claim(
-            self._config.owner, states, self._config.lease_s, CLAIM_LIMIT
-        ):
-            await self._step(batch, self._poll)
+        await self._each_claimed(states, self._poll)
 
     async def _poll(self, batch: OffloadBatch, client: BatchClient) -> None:
         owner = self._config.owner
@@ -208,7 +202,8 @@ class Offloader:
         assert batch.provider_id is not None
         if batch.state is BatchState.SUBMITTED and await self._store.all_rows_ended(batch.id):
             await client.cancel(batch.provider_id)
-            await self._store.set_canceling(batch.id, owner)
+            if not await self._store.set_canceling(batch.id, owner):
+                return
             log.info("offload_canceling", extra={"offload_id": batch.id})
         OFFLOAD_POLLS.labels(batch.deployment).inc()
         state = await client.status(batch.provider_id)
@@ -309,6 +304,21 @@ class Offloader:
         log.info("offload_forwarded", extra={"rows": len(rows), "slices": len(slices)})
 
     # --- helpers -----------------------------------------------------------------------
+
+    async def _each_claimed(
+        self,
+        states: list[BatchState],
+        step: Callable[[OffloadBatch, BatchClient], Awaitable[None]],
+    ) -> None:
+        """Run ``step`` on up to :data:`CLAIM_LIMIT` due records in ``states``, claiming
+        each only when the one before is done: a record waiting behind a long upload is
+        not leased meanwhile (its lease would lapse and another replica take it while we
+        still meant to work on it)."""
+        for _ in range(CLAIM_LIMIT):
+            claimed = await self._store.claim(self._config.owner, states, self._config.lease_s, 1)
+            if not claimed:
+                return
+            await self._step(claimed[0], step)
 
     async def _step(
         self, batch: OffloadBatch, step: Callable[[OffloadBatch, BatchClient], Awaitable[None]]

@@ -6,6 +6,7 @@ while its failed rows are forwarded as ordinary slices."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -185,3 +186,68 @@ async def test_a_record_resumed_before_any_create_creates_once_and_settles(
         batch_id,
     )
     assert [r["state"] for r in states] == ["done", "done", "forwarded", "done", "done"]
+
+
+class SlowUpload(ScriptedClient):
+    """Uploads wait for ``release``; ``uploading`` is set once one waits."""
+
+    def __init__(self, deployment: Any) -> None:
+        super().__init__(deployment)
+        self.uploading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def upload(self, offload_id: int, path: str) -> str | None:
+        self.uploading.set()
+        await self.release.wait()
+        return await super().upload(offload_id, path)
+
+
+async def two_records(pool: asyncpg.Pool, worker: Offloader, deployment: str) -> list[int]:
+    """Two recorded provider batches of ``deployment``, oldest first."""
+    for _ in range(2):
+        await offloaded_job(pool, 2, deployment, f"{deployment}-alias")
+        await worker.intake_pass()
+    ids = await pool.fetch(
+        "SELECT id FROM offload_batches WHERE deployment = $1 AND state = 'recorded' ORDER BY id",
+        deployment,
+    )
+    assert len(ids) == 2
+    return [r["id"] for r in ids]
+
+
+async def test_a_record_waiting_behind_a_long_upload_is_not_leased_meanwhile(
+    pool: asyncpg.Pool,
+) -> None:
+    client = SlowUpload(routes("ob-one").batch_lead("ob-one-alias"))
+    worker = offloader(pool, "ob-one", client, Published())
+    first, second = await two_records(pool, worker, "ob-one")
+    running = asyncio.create_task(worker.submit_pass())
+    try:
+        await asyncio.wait_for(client.uploading.wait(), 30)
+        other = OffloadStore(pool)
+        taken = await other.claim("replica-b", [BatchState.RECORDED], 30, 10)
+        assert [b.id for b in taken] == [second]
+    finally:
+        client.release.set()
+        await asyncio.wait_for(running, 30)
+    assert client.creates == [first]
+
+
+async def test_a_record_taken_over_during_its_upload_is_not_created(pool: asyncpg.Pool) -> None:
+    client = SlowUpload(routes("ob-lost").batch_lead("ob-lost-alias"))
+    worker = offloader(pool, "ob-lost", client, Published())
+    first, second = await two_records(pool, worker, "ob-lost")
+    await pool.execute(
+        "UPDATE offload_batches SET next_poll_at = now() + interval '1 hour' WHERE id = $1",
+        second,
+    )
+    running = asyncio.create_task(worker.submit_pass())
+    try:
+        await asyncio.wait_for(client.uploading.wait(), 30)
+        await pool.execute("UPDATE offload_batches SET owner = 'replica-b' WHERE id = $1", first)
+    finally:
+        client.release.set()
+        await asyncio.wait_for(running, 30)
+    assert client.creates == []
+    state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", first)
+    assert state == "recorded"
