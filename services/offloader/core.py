@@ -34,9 +34,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
+import aiohttp
+import asyncpg
 import orjson
 
 from relay_batches.bus.topology import results_shard
+from relay_batches.errors import PermanentError, TransientError
 from relay_batches.ledger.offload import (
     BatchState,
     ForwardRow,
@@ -59,6 +62,17 @@ PublishOutcomes = Callable[[int, bytes], Awaitable[None]]  # (results shard, mes
 PublishSlice = Callable[[SliceMessage], Awaitable[None]]
 
 CLAIM_LIMIT = 4
+# What one record's step may fail with besides a provider's refusal, none of which may
+# stop the pass for the others: the network while streaming, the disk while building the
+# input (ENOSPC), the ledger (away, or refusing one statement).
+STEP_FAILURES: tuple[type[BaseException], ...] = (
+    aiohttp.ClientError,
+    TimeoutError,
+    OSError,
+    asyncpg.PostgresError,
+    TransientError,
+    PermanentError,
+)
 FORWARD_ROWS = 500
 FORWARD_SLICE_ROWS = 50
 FORWARD_BYTES = 8 * 1024 * 1024  # of row requests taken at once (a row larger goes alone)
@@ -323,8 +337,9 @@ class Offloader:
     async def _step(
         self, batch: OffloadBatch, step: Callable[[OffloadBatch, BatchClient], Awaitable[None]]
     ) -> None:
-        """Run one record's step; a provider failure lets the record go until later, but
-        one that cannot pass (see :func:`gives_up`) ends it: its rows go realtime."""
+        """Run one record's step; a failure (the provider's, the network's, the disk's or
+        the ledger's) lets the record go until later, but a provider's refusal that
+        cannot pass (see :func:`gives_up`) ends it: its rows go realtime."""
         client = self._clients.get(batch.deployment)
         owner = self._config.owner
         if client is None:
@@ -337,15 +352,9 @@ class Offloader:
         try:
             await step(batch, client)
         except ProviderError as exc:
-            log.warning(
-                "offload_step_failed",
-                extra={"offload_id": batch.id, "error": str(exc), "permanent": exc.permanent},
-            )
-            if gives_up(batch.state, exc):
-                await self._store.set_ended(batch.id, owner, None, None, str(exc)[:500])
-                await self._store.settle(batch.id, owner)
-            else:
-                await self._store.retry_later(batch.id, owner, RETRY_S, str(exc))
+            await self._failed(batch, str(exc), exc.permanent, gives_up(batch.state, exc))
+        except STEP_FAILURES as exc:
+            await self._failed(batch, f"{exc.__class__.__name__}: {exc}", False, False)
         finally:
             renewal.cancel()
             await asyncio.gather(renewal, return_exceptions=True)
@@ -353,6 +362,26 @@ class Offloader:
             "offload_step",
             extra={"offload_id": batch.id, "elapsed_s": round(time.perf_counter() - started, 3)},
         )
+
+    async def _failed(self, batch: OffloadBatch, error: str, permanent: bool, end: bool) -> None:
+        """A step failed: end the record (its rows go realtime) or let it go until
+        :data:`RETRY_S` from now; a ledger away meanwhile leaves it to its lease."""
+        owner = self._config.owner
+        log.warning(
+            "offload_step_failed",
+            extra={"offload_id": batch.id, "error": error, "permanent": permanent},
+        )
+        try:
+            if end:
+                await self._store.set_ended(batch.id, owner, None, None, error[:500])
+                await self._store.settle(batch.id, owner)
+            else:
+                await self._store.retry_later(batch.id, owner, RETRY_S, error)
+        except STEP_FAILURES as exc:
+            log.warning(
+                "offload_step_failure_not_recorded",
+                extra={"offload_id": batch.id, "error": repr(exc)},
+            )
 
     async def _keep_lease(self, offload_id: int) -> None:
         """Renew the record's lease every third of it while its step runs, so a long

@@ -7,11 +7,14 @@ while its failed rows are forwarded as ordinary slices."""
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
+import aiohttp
 import asyncpg
 import orjson
+import pytest
 
 from relay_batches.ledger.offload import BatchState, OffloadStore
 from relay_batches.messages import OutcomesMessage, SliceMessage
@@ -251,3 +254,45 @@ async def test_a_record_taken_over_during_its_upload_is_not_created(pool: asyncp
     assert client.creates == []
     state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", first)
     assert state == "recorded"
+
+
+class FailingUpload(ScriptedClient):
+    """The first upload fails with ``error``; the others pass."""
+
+    def __init__(self, deployment: Any, error: BaseException) -> None:
+        super().__init__(deployment)
+        self.error: BaseException | None = error
+
+    async def upload(self, offload_id: int, path: str) -> str | None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return await super().upload(offload_id, path)
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [
+        ("enospc", OSError(errno.ENOSPC, "No space left on device")),
+        ("payload", aiohttp.ClientPayloadError("connection lost")),
+        ("timeout", TimeoutError()),
+        ("ledger", asyncpg.SerializationError("could not serialize")),
+    ],
+)
+async def test_a_record_failing_otherwise_than_the_provider_is_retried_alone(
+    pool: asyncpg.Pool, name: str, error: BaseException
+) -> None:
+    deployment = f"ob-fail-{name}"
+    client = FailingUpload(routes(deployment).batch_lead(f"{deployment}-alias"), error)
+    worker = offloader(pool, deployment, client, Published())
+    first, second = await two_records(pool, worker, deployment)
+    await worker.submit_pass()
+    assert client.creates == [second]
+    failed = await pool.fetchrow(
+        "SELECT state, error, lease_until, next_poll_at > now() AS later"
+        " FROM offload_batches WHERE id = $1",
+        first,
+    )
+    assert failed is not None
+    assert (failed["state"], failed["lease_until"], failed["later"]) == ("recorded", None, True)
+    assert failed["error"].startswith(error.__class__.__name__)
