@@ -214,14 +214,12 @@ class Offloader:
             await self._settle(batch, client)
             return
         assert batch.provider_id is not None
-        if batch.state is BatchState.SUBMITTED and await self._store.all_rows_ended(batch.id):
-            await client.cancel(batch.provider_id)
-            if not await self._store.set_canceling(batch.id, owner):
-                return
-            log.info("offload_canceling", extra={"offload_id": batch.id})
         OFFLOAD_POLLS.labels(batch.deployment).inc()
         state = await client.status(batch.provider_id)
         if not state.ended:
+            if batch.state is BatchState.SUBMITTED and await self._store.all_rows_ended(batch.id):
+                if not await self._cancel(batch, client):
+                    return
             poll_s = self._poll_s(batch.deployment)
             await self._store.polled(
                 batch.id, owner, state.progress, poll_s, poll_s * MAX_POLL_FACTOR
@@ -234,6 +232,24 @@ class Offloader:
                 extra={"offload_id": batch.id, "failed": state.failed, "progress": state.progress},
             )
             await self._settle(_ended(batch, state), client)
+
+    async def _cancel(self, batch: OffloadBatch, client: BatchClient) -> bool:
+        """Ask the provider to cancel a running batch whose rows all belong to jobs that
+        ended; False when the record is no longer ours. A refused cancel (the batch
+        ended or is ending meanwhile: OpenAI and Anthropic answer 400 or 409) is no
+        failure: polling goes on and reads the end."""
+        assert batch.provider_id is not None
+        try:
+            await client.cancel(batch.provider_id)
+        except ProviderError as exc:
+            if not (exc.permanent or "HTTP 409" in str(exc)):
+                raise
+            log.info("offload_cancel_refused", extra={"offload_id": batch.id, "error": str(exc)})
+            return True
+        if not await self._store.set_canceling(batch.id, self._config.owner):
+            return False
+        log.info("offload_canceling", extra={"offload_id": batch.id})
+        return True
 
     async def _settle(self, batch: OffloadBatch, client: BatchClient) -> None:
         """Publish the answers, forward the rest, settle the record."""

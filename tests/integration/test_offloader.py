@@ -18,7 +18,7 @@ import pytest
 
 from relay_batches.ledger.offload import BatchState, OffloadStore
 from relay_batches.messages import OutcomesMessage, SliceMessage
-from relay_batches.offload.lines import ProviderState, ResultLine, parse_custom_id
+from relay_batches.offload.lines import ProviderError, ProviderState, ResultLine, parse_custom_id
 from relay_batches.router.aliases import parse_aliases
 from relay_batches.router.types import Completion, ProviderReply
 from relay_batches.services.offloader.core import OffloadConfig, Offloader
@@ -205,8 +205,19 @@ class SlowUpload(ScriptedClient):
         return await super().upload(offload_id, path)
 
 
+async def park_others(pool: asyncpg.Pool, deployment: str) -> None:
+    """Put off the unsettled records other tests left (their deployments are not in this
+    test's routes: a pass would end them first)."""
+    await pool.execute(
+        "UPDATE offload_batches SET next_poll_at = now() + interval '1 day'"
+        " WHERE deployment <> $1 AND state <> 'settled'",
+        deployment,
+    )
+
+
 async def two_records(pool: asyncpg.Pool, worker: Offloader, deployment: str) -> list[int]:
     """Two recorded provider batches of ``deployment``, oldest first."""
+    await park_others(pool, deployment)
     for _ in range(2):
         await offloaded_job(pool, 2, deployment, f"{deployment}-alias")
         await worker.intake_pass()
@@ -296,3 +307,82 @@ async def test_a_record_failing_otherwise_than_the_provider_is_retried_alone(
     assert failed is not None
     assert (failed["state"], failed["lease_until"], failed["later"]) == ("recorded", None, True)
     assert failed["error"].startswith(error.__class__.__name__)
+
+
+class Cancels(ScriptedClient):
+    """A batch that runs until ``ended`` is set; cancels answer ``refusal`` (or pass)."""
+
+    def __init__(self, deployment: Any, refusal: ProviderError | None) -> None:
+        super().__init__(deployment)
+        self.ended = False
+        self.refusal = refusal
+        self.cancels: list[str] = []
+
+    async def status(self, provider_id: str) -> ProviderState:
+        return ProviderState(True, 1, output="out") if self.ended else ProviderState(False, 0)
+
+    async def cancel(self, provider_id: str) -> None:
+        self.cancels.append(provider_id)
+        if self.refusal is not None:
+            raise self.refusal
+
+
+async def submitted_of_a_canceled_job(
+    pool: asyncpg.Pool, deployment: str, client: ScriptedClient
+) -> tuple[Offloader, int]:
+    """A submitted provider batch whose only job was canceled since: due for a poll."""
+    worker = offloader(pool, deployment, client, Published())
+    await park_others(pool, deployment)
+    batch_id, _ = await offloaded_job(pool, 3, deployment, f"{deployment}-alias")
+    await worker.intake_pass()
+    await worker.submit_pass()
+    record = await record_of(pool, batch_id)
+    assert record["state"] == "submitted"
+    await pool.execute("UPDATE batches SET status = 'canceled' WHERE id = $1", batch_id)
+    return worker, record["id"]
+
+
+async def due(pool: asyncpg.Pool, offload_id: int) -> None:
+    await pool.execute(
+        "UPDATE offload_batches SET next_poll_at = now(), lease_until = NULL WHERE id = $1",
+        offload_id,
+    )
+
+
+async def test_an_ended_batch_of_canceled_jobs_is_settled_without_a_cancel(
+    pool: asyncpg.Pool,
+) -> None:
+    client = Cancels(routes("ob-cx-ended").batch_lead("ob-cx-ended-alias"), None)
+    worker, offload_id = await submitted_of_a_canceled_job(pool, "ob-cx-ended", client)
+    client.ended = True
+    await worker.poll_pass()
+    assert client.cancels == []
+    state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", offload_id)
+    assert state == "settled"
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        ProviderError("cancel: HTTP 409: already ending", permanent=False),
+        ProviderError("cancel: HTTP 400: batch already completed", permanent=True),
+    ],
+)
+async def test_a_refused_cancel_goes_on_polling_until_the_batch_ends(
+    pool: asyncpg.Pool, refusal: ProviderError
+) -> None:
+    deployment = f"ob-cx-{'permanent' if refusal.permanent else 'conflict'}"
+    client = Cancels(routes(deployment).batch_lead(f"{deployment}-alias"), refusal)
+    worker, offload_id = await submitted_of_a_canceled_job(pool, deployment, client)
+    await worker.poll_pass()
+    assert len(client.cancels) == 1
+    record = await pool.fetchrow(
+        "SELECT state, error, polls FROM offload_batches WHERE id = $1", offload_id
+    )
+    assert record is not None
+    assert (record["state"], record["error"], record["polls"]) == ("submitted", None, 1)
+    client.ended = True
+    await due(pool, offload_id)
+    await worker.poll_pass()
+    state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", offload_id)
+    assert state == "settled"
