@@ -81,6 +81,10 @@ OUTCOME_ROWS = 200
 OUTCOME_BYTES = 256 * 1024
 MAX_POLL_FACTOR = 10
 RETRY_S = 5.0
+# A batch the provider holds whose polls it keeps refusing (401/403/400) ends after so
+# many refusals in a row, or once its window and this slack have passed.
+MAX_REFUSALS = 10
+WINDOW_SLACK_S = 3600.0
 GATHER_ROUNDS = 16
 # Of a deployment's max_bytes, what its gathered rows' sizes (each with a fixed envelope)
 # may fill: the rest is room for what a provider's request format adds to a row (an
@@ -116,6 +120,9 @@ class Offloader:
         self._publish_slice = publish_slice
         self._config = config
         self._prices: Mapping[str, Price] = aliases.prices()
+        # Consecutive permanent refusals of a record's steps here (reset by a step that
+        # passes); a record this replica no longer works on is forgotten when it ends.
+        self._refusals: dict[int, int] = {}
         self._leads = {
             alias: lead.name
             for alias in aliases.names()
@@ -368,9 +375,16 @@ class Offloader:
         try:
             await step(batch, client)
         except ProviderError as exc:
-            await self._failed(batch, str(exc), exc.permanent, gives_up(batch.state, exc))
+            refusals = self._refusals.get(batch.id, 0) + (1 if exc.permanent else 0)
+            self._refusals[batch.id] = refusals
+            end = gives_up(batch.state, exc, refusals, _past_window(batch, client))
+            if end:
+                self._refusals.pop(batch.id, None)
+            await self._failed(batch, str(exc), exc.permanent, end)
         except STEP_FAILURES as exc:
             await self._failed(batch, f"{exc.__class__.__name__}: {exc}", False, False)
+        else:
+            self._refusals.pop(batch.id, None)
         finally:
             renewal.cancel()
             await asyncio.gather(renewal, return_exceptions=True)
@@ -417,17 +431,29 @@ class Offloader:
         return 30.0 if options is None else options.poll_s
 
 
-def gives_up(state: BatchState, exc: ProviderError) -> bool:
+def gives_up(
+    state: BatchState, exc: ProviderError, refusals: int = 1, past_window: bool = False
+) -> bool:
     """Whether a failed step ends its record (every row it did not answer goes
     realtime) rather than waiting for the next try: a permanent refusal before the
     provider holds the batch (the input or the create refused), one of a batch the
     provider does not know (404), or of its results once it ended. A batch the provider
-    holds is otherwise polled again, whatever the failure: it may still answer."""
+    holds is otherwise polled again (it may still answer) until :data:`MAX_REFUSALS`
+    consecutive permanent refusals (a key revoked: 401/403) or one past its window
+    (``past_window``: the provider's promise is over)."""
     if not exc.permanent:
         return False
     if state in (BatchState.RECORDED, BatchState.CREATING, BatchState.ENDED):
         return True
-    return "HTTP 404" in str(exc)
+    return "HTTP 404" in str(exc) or refusals >= MAX_REFUSALS or past_window
+
+
+def _past_window(batch: OffloadBatch, client: BatchClient) -> bool:
+    """Whether the provider's window for the batch (counted from its record, made just
+    before its create) and :data:`WINDOW_SLACK_S` have passed."""
+    options = client.deployment.batch
+    window_s = 24 * 3600.0 if options is None else options.window.total_seconds()
+    return time.time() > batch.created_at.timestamp() + window_s + WINDOW_SLACK_S
 
 
 def _ended(batch: OffloadBatch, state: ProviderState) -> OffloadBatch:

@@ -21,7 +21,7 @@ from relay_batches.messages import OutcomesMessage, SliceMessage
 from relay_batches.offload.lines import ProviderError, ProviderState, ResultLine, parse_custom_id
 from relay_batches.router.aliases import parse_aliases
 from relay_batches.router.types import Completion, ProviderReply
-from relay_batches.services.offloader.core import OffloadConfig, Offloader
+from relay_batches.services.offloader.core import MAX_REFUSALS, OffloadConfig, Offloader
 from tests.helpers.offload import offloaded_job
 
 
@@ -386,3 +386,65 @@ async def test_a_refused_cancel_goes_on_polling_until_the_batch_ends(
     await worker.poll_pass()
     state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", offload_id)
     assert state == "settled"
+
+
+class RefusedPolls(Cancels):
+    """A submitted batch whose every poll the provider refuses for good."""
+
+    async def status(self, provider_id: str) -> ProviderState:
+        raise ProviderError("retrieve: HTTP 401: invalid key", permanent=True)
+
+
+async def submitted(
+    pool: asyncpg.Pool, deployment: str, client: ScriptedClient
+) -> tuple[Offloader, str, int]:
+    """A submitted provider batch of a running 3-row job."""
+    worker = offloader(pool, deployment, client, Published())
+    await park_others(pool, deployment)
+    batch_id, _ = await offloaded_job(pool, 3, deployment, f"{deployment}-alias")
+    await worker.intake_pass()
+    await worker.submit_pass()
+    record = await record_of(pool, batch_id)
+    assert record["state"] == "submitted"
+    return worker, batch_id, record["id"]
+
+
+async def forwarded_rows(pool: asyncpg.Pool, batch_id: str) -> list[str]:
+    return [
+        r["state"]
+        for r in await pool.fetch(
+            "SELECT state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index", batch_id
+        )
+    ]
+
+
+async def test_a_batch_whose_polls_are_refused_for_good_ends_after_a_bound(
+    pool: asyncpg.Pool,
+) -> None:
+    client = RefusedPolls(routes("ob-401").batch_lead("ob-401-alias"), None)
+    worker, batch_id, offload_id = await submitted(pool, "ob-401", client)
+    for _ in range(MAX_REFUSALS - 1):
+        await worker.poll_pass()
+        state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", offload_id)
+        assert state == "submitted"
+        await due(pool, offload_id)
+    await worker.poll_pass()
+    record = await pool.fetchrow(
+        "SELECT state, error FROM offload_batches WHERE id = $1", offload_id
+    )
+    assert record is not None and record["state"] == "settled"
+    assert "HTTP 401" in record["error"]
+    assert await forwarded_rows(pool, batch_id) == ["forward"] * 3
+
+
+async def test_a_refused_batch_past_its_window_ends_at_once(pool: asyncpg.Pool) -> None:
+    client = RefusedPolls(routes("ob-late").batch_lead("ob-late-alias"), None)
+    worker, batch_id, offload_id = await submitted(pool, "ob-late", client)
+    await pool.execute(
+        "UPDATE offload_batches SET created_at = now() - interval '26 hours' WHERE id = $1",
+        offload_id,
+    )
+    await worker.poll_pass()
+    state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", offload_id)
+    assert state == "settled"
+    assert await forwarded_rows(pool, batch_id) == ["forward"] * 3

@@ -28,7 +28,7 @@ from relay_batches.offload.lines import (
 )
 from relay_batches.router.aliases import BatchOptions, Deployment
 from relay_batches.router.types import Completion, UnsupportedRequest
-from relay_batches.services.offloader.core import gives_up
+from relay_batches.services.offloader.core import MAX_REFUSALS, gives_up
 from relay_batches.services.offloader.inputs import build_input
 
 JOB = "0123456789abcdef0123456789abcdef"
@@ -184,6 +184,23 @@ def test_which_failures_end_a_provider_batch(
     state: str, message: str, permanent: bool, gives: bool
 ) -> None:
     assert gives_up(BatchState(state), ProviderError(message, permanent)) is gives
+
+
+@pytest.mark.parametrize(
+    ("state", "permanent", "refusals", "past_window", "gives"),
+    [
+        ("submitted", True, MAX_REFUSALS - 1, False, False),
+        ("submitted", True, MAX_REFUSALS, False, True),
+        ("canceling", True, MAX_REFUSALS, False, True),
+        ("submitted", True, 1, True, True),
+        ("submitted", False, MAX_REFUSALS, True, False),
+    ],
+)
+def test_a_held_batch_refused_for_good_ends_after_a_bound_or_its_window(
+    state: str, permanent: bool, refusals: int, past_window: bool, gives: bool
+) -> None:
+    exc = ProviderError("retrieve: HTTP 403: forbidden", permanent)
+    assert gives_up(BatchState(state), exc, refusals, past_window) is gives
 
 
 class PagedLines:
