@@ -19,7 +19,7 @@ from relay_batches.offload.openai_batch import OpenAIBatches
 from relay_batches.router.aliases import AliasTable, load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.offloader.core import OffloadConfig, Offloader
-from relay_batches.services.offloader.service import offloader_service
+from relay_batches.services.offloader.service import POOL_SIZE, offloader_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
@@ -41,7 +41,7 @@ async def build(
 ) -> Service:
     """Build the offloader from settings (routes are validated here, before any work)."""
     aliases = load_aliases(settings.routes_file, os.environ)
-    pool = await open_pool(settings, resources, max_size=4)
+    pool = await open_pool(settings, resources, max_size=POOL_SIZE)
     bus = await open_bus(settings, resources, "offloader")
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16))
     resources.push_async_callback(session.close)
