@@ -78,7 +78,7 @@ class ScriptedClient:
                 yield ResultLine(key[0], key[1], reply)
 
 
-def routes(deployment: str) -> Any:
+def routes(deployment: str, **options: Any) -> Any:
     return parse_aliases(
         {
             "deployments": {
@@ -87,6 +87,7 @@ def routes(deployment: str) -> Any:
                     "base_url": "http://127.0.0.1:9/v1",
                     "model": "m",
                     "linger_s": 0,
+                    **options,
                     "price": {"prompt_per_mtok": 1.0, "completion_per_mtok": 2.0},
                 },
                 "rt": {"provider": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"},
@@ -114,7 +115,7 @@ def offloader(
 ) -> Offloader:
     return Offloader(
         OffloadStore(pool),
-        routes(deployment),
+        routes(deployment, max_bytes=client.deployment.batch.max_bytes),
         {deployment: client},
         out.outcome,
         out.slice,
@@ -448,3 +449,37 @@ async def test_a_refused_batch_past_its_window_ends_at_once(pool: asyncpg.Pool) 
     state = await pool.fetchval("SELECT state FROM offload_batches WHERE id = $1", offload_id)
     assert state == "settled"
     assert await forwarded_rows(pool, batch_id) == ["forward"] * 3
+
+
+class WideLines(ScriptedClient):
+    """Lines far larger than the rows' stored requests (as a job's long params make)."""
+
+    def line(
+        self,
+        offload_id: int,
+        batch_id: str,
+        row_index: int,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+    ) -> bytes:
+        value = f"{offload_id}-{batch_id}-{row_index}"
+        return orjson.dumps({"custom_id": value, "pad": "p" * 1500})
+
+
+async def test_rows_beyond_max_bytes_wait_for_the_next_provider_batch(pool: asyncpg.Pool) -> None:
+    client = WideLines(routes("ob-wide", max_bytes=4000).batch_lead("ob-wide-alias"))
+    out = Published()
+    worker = offloader(pool, "ob-wide", client, out)
+    await park_others(pool, "ob-wide")
+    batch_id, _ = await offloaded_job(pool, 5, "ob-wide", "ob-wide-alias")
+    for _ in range(4):
+        await worker.intake_pass()
+        await worker.submit_pass()
+    assert [len(ids) for ids in client.inputs] == [2, 2, 1]
+    sizes = await pool.fetch(
+        "SELECT rows, bytes FROM offload_batches WHERE deployment = 'ob-wide' ORDER BY id"
+    )
+    assert [r["rows"] for r in sizes] == [2, 2, 1]
+    assert all(r["bytes"] <= 4000 for r in sizes)
+    sent = sorted(parse_custom_id(v, int(v.split("-")[0])) for ids in client.inputs for v in ids)
+    assert sent == [(batch_id, i) for i in range(5)]

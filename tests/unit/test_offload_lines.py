@@ -292,3 +292,33 @@ async def test_a_json_reply_in_several_chunks_is_read_to_its_end() -> None:
     finally:
         await server.close()
     assert len(data["data"]) == 300 and data["has_more"] is False
+
+
+def long_row(index: int, chars: int) -> OffloadLine:
+    messages = [{"role": "user", "content": "x" * chars}]
+    return OffloadLine(JOB, index, orjson.dumps(messages).decode(), '{"temperature": 0.5}')
+
+
+@pytest.mark.parametrize("provider", ["openai-batch", "anthropic-batch"])
+async def test_an_input_never_exceeds_max_bytes_the_rows_beyond_go_back_pending(
+    tmp_path: Path, provider: str
+) -> None:
+    deployment = batch_deployment(provider)  # max_bytes 10,000
+    client: Any = (
+        openai_batch.OpenAIBatches(deployment, NO_SESSION)
+        if provider == "openai-batch"
+        else anthropic_batch.AnthropicBatches(deployment, NO_SESSION)
+    )
+    rows = [long_row(0, 12_000)] + [long_row(i, 3_000) for i in range(1, 6)]
+    store = PagedLines(rows)
+    built = await build_input(store, client, 9, str(tmp_path))  # type: ignore[arg-type]
+    data = await asyncio.to_thread(Path(built.path).read_bytes)
+    assert built.size == len(data) <= 10_000
+    assert built.rows == 3
+    marked = {state: keys for keys, state in store.marked}
+    assert store.marked[0] == ([(JOB, 0)], RowState.FORWARD)
+    assert sorted(k for keys, s in store.marked if s is RowState.PENDING for k in keys) == [
+        (JOB, 4),
+        (JOB, 5),
+    ]
+    assert RowState.PENDING in marked
