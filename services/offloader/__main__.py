@@ -51,7 +51,7 @@ async def build(
         await bus.publish(bus.names.results_shard(shard), body, kind="results")
 
     async def publish_slice(job_slice: SliceMessage) -> None:
-        await bus.publish(bus.names.rows, job_slice.encode(), kind="rows", priority=0)
+        await bus.publish(bus.names.rows, job_slice.encode(), kind="rows", priority=job_slice.level)
 
     clients = batch_clients(aliases, session)
     offloader = Offloader(

@@ -167,6 +167,7 @@ async def test_a_record_resumed_before_any_create_creates_once_and_settles(
     out = Published()
     worker = offloader(pool, "ob-once", client, out)
     batch_id, _ = await offloaded_job(pool, 5, "ob-once", "ob-once-alias")
+    await pool.execute("UPDATE batches SET priority = 4 WHERE id = $1", batch_id)
     await worker.intake_pass()
     record = await record_of(pool, batch_id)
     await crash_after_a_create_attempt(pool, record["id"])
@@ -184,7 +185,7 @@ async def test_a_record_resumed_before_any_create_creates_once_and_settles(
     await worker.forward_pass()
     forwarded = [s for s in out.slices if s.batch_id == batch_id]
     assert [[r.index for r in s.rows] for s in forwarded] == [[2]]
-    assert forwarded[0].model == "ob-once-alias"
+    assert (forwarded[0].model, forwarded[0].level) == ("ob-once-alias", 4)
     states = await pool.fetch(
         "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index",
         batch_id,
