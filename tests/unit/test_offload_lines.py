@@ -5,8 +5,10 @@ streamed body."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -20,6 +22,7 @@ from relay_batches.offload.lines import (
     MAX_JSON_BYTES,
     MAX_LINE_BYTES,
     ProviderError,
+    ProviderState,
     ResultLine,
     custom_id,
     json_lines,
@@ -322,3 +325,43 @@ async def test_an_input_never_exceeds_max_bytes_the_rows_beyond_go_back_pending(
         (JOB, 5),
     ]
     assert RowState.PENDING in marked
+
+
+@pytest.mark.parametrize("provider", ["openai-batch", "anthropic-batch"])
+async def test_result_lines_are_parsed_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch, provider: str
+) -> None:
+    module: Any = openai_batch if provider == "openai-batch" else anthropic_batch
+    if provider == "openai-batch":
+        raw = [openai_output(i) for i in range(600)]
+    else:
+        raw = [
+            orjson.dumps({"custom_id": f"5-{JOB}-{i}", "result": {"type": "expired"}})
+            for i in range(600)
+        ]
+    server = await chunked_server(b"\n".join(raw) + b"\n", 5)
+    loop_thread = threading.get_ident()
+    threads: set[int] = set()
+    parse = module.result_line
+
+    def recorded(line: bytes, offload_id: int) -> ResultLine | None:
+        threads.add(threading.get_ident())
+        return cast(ResultLine | None, parse(line, offload_id))
+
+    monkeypatch.setattr(module, "result_line", recorded)
+    deployment = replace(batch_deployment(provider), base_url=str(server.make_url("/v1")))
+    try:
+        async with aiohttp.ClientSession() as session:
+            client = (
+                openai_batch.OpenAIBatches(deployment, session)
+                if provider == "openai-batch"
+                else anthropic_batch.AnthropicBatches(deployment, session)
+            )
+            state = ProviderState(True, 600, str(server.make_url("/v1/messages/batches/r")))
+            if provider == "openai-batch":
+                state = ProviderState(True, 600, "file-out")
+            lines = [line async for line in client.results(state, 5)]
+    finally:
+        await server.close()
+    assert sorted(line.row_index for line in lines) == list(range(600))
+    assert threads and loop_thread not in threads

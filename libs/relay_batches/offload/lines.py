@@ -9,8 +9,9 @@ else (a line the provider made up, or another record's).
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +28,8 @@ MAX_LINE_BYTES = 8 * 1024 * 1024 + 64 * 1024
 READ_CHUNK = 64 * 1024
 ERROR_SNIPPET_CHARS = 200
 MAX_JSON_BYTES = 1024 * 1024
+PARSE_LINES = 256  # result lines parsed together in a worker thread
+PARSE_BYTES = 8 * 1024 * 1024
 _CUSTOM_ID = re.compile(r"^([0-9]{1,19})-([0-9a-f]{32})-([0-9]{1,10})$")
 
 
@@ -165,6 +168,35 @@ async def json_lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
                 skipping = True
     if pending.strip() and not skipping:
         yield bytes(pending)
+
+
+async def result_lines(
+    response: aiohttp.ClientResponse,
+    offload_id: int,
+    parse: Callable[[bytes, int], ResultLine | None],
+) -> AsyncIterator[ResultLine]:
+    """The result lines of a streamed body, parsed by ``parse`` a page at a time (at
+    most :data:`PARSE_LINES` lines or about :data:`PARSE_BYTES`) in a worker thread:
+    decoding lines of up to 8 MB, tens of thousands of them, would otherwise hold the
+    event loop (health checks, lease renewals) for the whole read."""
+    page: list[bytes] = []
+    size = 0
+    async for raw in json_lines(response):
+        page.append(raw)
+        size += len(raw)
+        if len(page) >= PARSE_LINES or size >= PARSE_BYTES:
+            for line in await asyncio.to_thread(_parse_page, page, offload_id, parse):
+                yield line
+            page, size = [], 0
+    if page:
+        for line in await asyncio.to_thread(_parse_page, page, offload_id, parse):
+            yield line
+
+
+def _parse_page(
+    page: list[bytes], offload_id: int, parse: Callable[[bytes, int], ResultLine | None]
+) -> list[ResultLine]:
+    return [line for raw in page if (line := parse(raw, offload_id)) is not None]
 
 
 async def request_json(
