@@ -31,8 +31,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 import asyncpg
@@ -60,6 +61,7 @@ log = logging.getLogger("relay.offloader")
 
 PublishOutcomes = Callable[[int, bytes], Awaitable[None]]  # (results shard, message body)
 PublishSlice = Callable[[SliceMessage], Awaitable[None]]
+Step = Callable[[OffloadBatch, BatchClient], Coroutine[Any, Any, None]]  # one record's step
 
 CLAIM_LIMIT = 4
 # What one record's step may fail with besides a provider's refusal, none of which may
@@ -345,7 +347,7 @@ class Offloader:
     async def _each_claimed(
         self,
         states: list[BatchState],
-        step: Callable[[OffloadBatch, BatchClient], Awaitable[None]],
+        step: Step,
     ) -> None:
         """Run ``step`` on up to :data:`CLAIM_LIMIT` due records in ``states``, claiming
         each only when the one before is done: a record waiting behind a long upload is
@@ -357,9 +359,7 @@ class Offloader:
                 return
             await self._step(claimed[0], step)
 
-    async def _step(
-        self, batch: OffloadBatch, step: Callable[[OffloadBatch, BatchClient], Awaitable[None]]
-    ) -> None:
+    async def _step(self, batch: OffloadBatch, step: Step) -> None:
         """Run one record's step; a failure (the provider's, the network's, the disk's or
         the ledger's) lets the record go until later, but a provider's refusal that
         cannot pass (see :func:`gives_up`) ends it: its rows go realtime."""
@@ -371,9 +371,15 @@ class Offloader:
             await self._store.settle(batch.id, owner)
             return
         started = time.perf_counter()
-        renewal = asyncio.create_task(self._keep_lease(batch.id), name=f"lease-{batch.id}")
+        work = asyncio.create_task(step(batch, client), name=f"offload-{batch.id}")
+        renewal = asyncio.create_task(self._keep_lease(batch.id, work), name=f"lease-{batch.id}")
         try:
-            await step(batch, client)
+            await work
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we are stopping, not the step
+            log.warning("offload_step_lost", extra={"offload_id": batch.id})
         except ProviderError as exc:
             refusals = self._refusals.get(batch.id, 0) + (1 if exc.permanent else 0)
             self._refusals[batch.id] = refusals
@@ -413,14 +419,17 @@ class Offloader:
                 extra={"offload_id": batch.id, "error": repr(exc)},
             )
 
-    async def _keep_lease(self, offload_id: int) -> None:
-        """Renew the record's lease every third of it while its step runs, so a long
-        upload or download is never taken over (and its rows submitted twice) midway."""
+    async def _keep_lease(self, offload_id: int, work: asyncio.Task[None]) -> None:
+        """Renew the record's lease every third of it while its step ``work`` runs, so a
+        long upload or download is never taken over (and its rows submitted twice)
+        midway; a record found no longer ours stops its step at once. (A step lets its
+        lease go only in its last ledger call, with nothing to await after it.)"""
         lease_s = self._config.lease_s
         while True:
             await asyncio.sleep(lease_s / 3)
             try:
                 if not await self._store.renew(offload_id, self._config.owner, lease_s):
+                    work.cancel()
                     return
             except Exception as exc:  # the ledger away: the step fails on its own
                 log.warning("offload_lease_renewal_failed", extra={"error": repr(exc)})

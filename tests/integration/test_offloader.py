@@ -484,3 +484,29 @@ async def test_rows_beyond_max_bytes_wait_for_the_next_provider_batch(pool: asyn
     assert all(r["bytes"] <= 4000 for r in sizes)
     sent = sorted(parse_custom_id(v, int(v.split("-")[0])) for ids in client.inputs for v in ids)
     assert sent == [(batch_id, i) for i in range(5)]
+
+
+async def test_a_step_stops_as_soon_as_its_lease_renewal_finds_the_record_taken(
+    pool: asyncpg.Pool,
+) -> None:
+    client = SlowUpload(routes("ob-taken").batch_lead("ob-taken-alias"))
+    worker = Offloader(
+        OffloadStore(pool),
+        routes("ob-taken"),
+        {"ob-taken": client},
+        Published().outcome,
+        Published().slice,
+        OffloadConfig("offloader-ob-taken", lease_s=0.6),
+    )
+    first, second = await two_records(pool, worker, "ob-taken")
+    await pool.execute(
+        "UPDATE offload_batches SET next_poll_at = now() + interval '1 hour' WHERE id = $1",
+        second,
+    )
+    running = asyncio.create_task(worker.submit_pass())
+    await asyncio.wait_for(client.uploading.wait(), 30)
+    await pool.execute("UPDATE offload_batches SET owner = 'replica-b' WHERE id = $1", first)
+    await asyncio.wait_for(running, 30)  # the upload never ends: the renewal stopped it
+    assert client.creates == [] and not client.release.is_set()
+    owner = await pool.fetchval("SELECT owner FROM offload_batches WHERE id = $1", first)
+    assert owner == "replica-b"
