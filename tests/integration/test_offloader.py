@@ -35,6 +35,7 @@ class ScriptedClient:
         self.creates: list[int] = []
         self.inputs: list[list[str]] = []
         self.failing: set[int] = set()
+        self.pad = 0  # bytes added to every line
 
     def line(
         self,
@@ -44,7 +45,8 @@ class ScriptedClient:
         messages: Sequence[Mapping[str, Any]],
         params: Mapping[str, Any],
     ) -> bytes:
-        return orjson.dumps({"custom_id": f"{offload_id}-{batch_id}-{row_index}"})
+        value = f"{offload_id}-{batch_id}-{row_index}"
+        return orjson.dumps({"custom_id": value, "pad": "p" * self.pad})
 
     def frame(self) -> tuple[bytes, bytes, bytes]:
         return b"", b"\n", b"\n"
@@ -329,10 +331,10 @@ class Cancels(ScriptedClient):
             raise self.refusal
 
 
-async def submitted_of_a_canceled_job(
+async def submitted(
     pool: asyncpg.Pool, deployment: str, client: ScriptedClient
-) -> tuple[Offloader, int]:
-    """A submitted provider batch whose only job was canceled since: due for a poll."""
+) -> tuple[Offloader, str, int]:
+    """A submitted provider batch of a running 3-row job."""
     worker = offloader(pool, deployment, client, Published())
     await park_others(pool, deployment)
     batch_id, _ = await offloaded_job(pool, 3, deployment, f"{deployment}-alias")
@@ -340,8 +342,16 @@ async def submitted_of_a_canceled_job(
     await worker.submit_pass()
     record = await record_of(pool, batch_id)
     assert record["state"] == "submitted"
+    return worker, batch_id, record["id"]
+
+
+async def submitted_of_a_canceled_job(
+    pool: asyncpg.Pool, deployment: str, client: ScriptedClient
+) -> tuple[Offloader, int]:
+    """A submitted provider batch whose only job was canceled since: due for a poll."""
+    worker, batch_id, offload_id = await submitted(pool, deployment, client)
     await pool.execute("UPDATE batches SET status = 'canceled' WHERE id = $1", batch_id)
-    return worker, record["id"]
+    return worker, offload_id
 
 
 async def due(pool: asyncpg.Pool, offload_id: int) -> None:
@@ -397,20 +407,6 @@ class RefusedPolls(Cancels):
         raise ProviderError("retrieve: HTTP 401: invalid key", permanent=True)
 
 
-async def submitted(
-    pool: asyncpg.Pool, deployment: str, client: ScriptedClient
-) -> tuple[Offloader, str, int]:
-    """A submitted provider batch of a running 3-row job."""
-    worker = offloader(pool, deployment, client, Published())
-    await park_others(pool, deployment)
-    batch_id, _ = await offloaded_job(pool, 3, deployment, f"{deployment}-alias")
-    await worker.intake_pass()
-    await worker.submit_pass()
-    record = await record_of(pool, batch_id)
-    assert record["state"] == "submitted"
-    return worker, batch_id, record["id"]
-
-
 async def forwarded_rows(pool: asyncpg.Pool, batch_id: str) -> list[str]:
     return [
         r["state"]
@@ -452,23 +448,9 @@ async def test_a_refused_batch_past_its_window_ends_at_once(pool: asyncpg.Pool) 
     assert await forwarded_rows(pool, batch_id) == ["forward"] * 3
 
 
-class WideLines(ScriptedClient):
-    """Lines far larger than the rows' stored requests (as a job's long params make)."""
-
-    def line(
-        self,
-        offload_id: int,
-        batch_id: str,
-        row_index: int,
-        messages: Sequence[Mapping[str, Any]],
-        params: Mapping[str, Any],
-    ) -> bytes:
-        value = f"{offload_id}-{batch_id}-{row_index}"
-        return orjson.dumps({"custom_id": value, "pad": "p" * 1500})
-
-
 async def test_rows_beyond_max_bytes_wait_for_the_next_provider_batch(pool: asyncpg.Pool) -> None:
-    client = WideLines(routes("ob-wide", max_bytes=4000).batch_lead("ob-wide-alias"))
+    client = ScriptedClient(routes("ob-wide", max_bytes=4000).batch_lead("ob-wide-alias"))
+    client.pad = 1500  # lines far larger than the rows' stored requests (long job params)
     out = Published()
     worker = offloader(pool, "ob-wide", client, out)
     await park_others(pool, "ob-wide")

@@ -151,18 +151,7 @@ async def test_json_lines_splits_a_stream_across_chunks_and_skips_an_oversized_l
     big = b"x" * (MAX_LINE_BYTES + 10)
     body = b'{"a":1}\n\n{"b":"' + b"2" * 70_000 + b'"}\n' + big + b"\n" + b'{"c":3}'
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse()
-        await response.prepare(request)
-        for at in range(0, len(body), 40_000):
-            await response.write(body[at : at + 40_000])
-        await response.write_eof()
-        return response
-
-    app = web.Application()
-    app.router.add_get("/", handler)
-    server = TestServer(app)
-    await server.start_server()
+    server = await chunked_server(body, -(-len(body) // 40_000), 0)
     try:
         async with aiohttp.ClientSession() as session, session.get(server.make_url("/")) as r:
             lines = [line async for line in json_lines(r)]
@@ -253,9 +242,10 @@ async def test_an_openai_input_is_one_line_per_row(tmp_path: Path) -> None:
     assert [orjson.loads(line)["custom_id"] for line in lines] == [f"9-{JOB}-{i}" for i in range(3)]
 
 
-async def chunked_server(body: bytes, pieces: int) -> TestServer:
-    """A server answering every GET with ``body`` in ``pieces`` writes, a pause between
-    each (no content length), so a client sees only part of it buffered at first."""
+async def chunked_server(body: bytes, pieces: int, pause_s: float = 0.05) -> TestServer:
+    """A server answering every GET with ``body`` in ``pieces`` writes, ``pause_s``
+    between each (no content length), so a client sees only part of it buffered at
+    first."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -263,7 +253,7 @@ async def chunked_server(body: bytes, pieces: int) -> TestServer:
         step = -(-len(body) // pieces)
         for at in range(0, len(body), step):
             await response.write(body[at : at + step])
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(pause_s)
         await response.write_eof()
         return response
 
