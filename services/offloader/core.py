@@ -86,6 +86,7 @@ RETRY_S = 5.0
 # A batch the provider holds whose polls it keeps refusing (401/403/400) ends after so
 # many refusals in a row, or once its window and this slack have passed.
 MAX_REFUSALS = 10
+MAX_TRACKED = 10_000  # records whose refusals one offloader counts at once
 WINDOW_SLACK_S = 3600.0
 GATHER_ROUNDS = 16
 # Of a deployment's max_bytes, what its gathered rows' sizes (each with a fixed envelope)
@@ -123,7 +124,7 @@ class Offloader:
         self._config = config
         self._prices: Mapping[str, Price] = aliases.prices()
         # Consecutive permanent refusals of a record's steps here (reset by a step that
-        # passes); a record this replica no longer works on is forgotten when it ends.
+        # passes or that ends it), at most MAX_TRACKED records.
         self._refusals: dict[int, int] = {}
         self._leads = {
             alias: lead.name
@@ -381,6 +382,8 @@ class Offloader:
                 raise  # we are stopping, not the step
             log.warning("offload_step_lost", extra={"offload_id": batch.id})
         except ProviderError as exc:
+            if len(self._refusals) >= MAX_TRACKED and batch.id not in self._refusals:
+                self._refusals.clear()  # records other replicas took: their counts lapse
             refusals = self._refusals.get(batch.id, 0) + (1 if exc.permanent else 0)
             self._refusals[batch.id] = refusals
             end = gives_up(batch.state, exc, refusals, _past_window(batch, client))
