@@ -131,9 +131,14 @@ class Offloader:
             for alias in aliases.names()
             if (lead := aliases.batch_lead(alias)) is not None
         }
+        self._routed = frozenset(aliases.batch_deployments())
         self._gatherings = [
             Gathering(
-                d.name, d.batch.max_rows, int(d.batch.max_bytes * BYTES_SHARE), d.batch.linger_s
+                d.name,
+                d.batch.max_rows,
+                int(d.batch.max_bytes * BYTES_SHARE),
+                d.batch.linger_s,
+                window_s=d.batch.window.total_seconds(),
             )
             for d in aliases.batch_deployments().values()
             if d.batch is not None
@@ -145,7 +150,7 @@ class Offloader:
         """Take released rows in, drop those of ended jobs, gather what is due."""
         taken = 0
         for _ in range(GATHER_ROUNDS):  # a large job's rows: several bounded steps a pass
-            step = await self._store.intake(self._leads)
+            step = await self._store.intake(self._leads, routed=self._routed)
             taken += step
             if not step:
                 break

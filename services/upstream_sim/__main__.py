@@ -3,7 +3,9 @@
 ``RELAY_SIM_LATENCY_MS`` (default 0), ``RELAY_SIM_ERROR_RATE`` (fraction 0..1, default 0),
 ``RELAY_SIM_RPM`` and ``RELAY_SIM_TPM`` (rate limits enforced per second, default 0: off),
 ``RELAY_SIM_BATCH_DELAY_S`` (seconds a provider batch takes at least, default 0: done at its
-first poll),
+first poll), ``RELAY_SIM_BATCH_INPUT_DELAY_S`` (seconds a batch input, upload or create,
+waits for its answer, default 0) and ``RELAY_SIM_BATCH_RESULTS_PAUSE_S`` (seconds a results
+download stops halfway, default 0),
 ``RELAY_SIM_HOST`` (default 127.0.0.1) and ``RELAY_SIM_PORT`` (default 8090; 0 picks a
 free port). A bad value exits 2; SIGTERM or SIGINT stops the server and exits 0.
 """
@@ -60,6 +62,8 @@ def options_from_env(env: Mapping[str, str]) -> SimOptions:
         rpm=int(_number(env, "RELAY_SIM_RPM", 0, 0, 1e9)),
         tpm=int(_number(env, "RELAY_SIM_TPM", 0, 0, 1e12)),
         batch_delay_s=_number(env, "RELAY_SIM_BATCH_DELAY_S", 0.0, 0.0, 86_400.0),
+        batch_input_delay_s=_number(env, "RELAY_SIM_BATCH_INPUT_DELAY_S", 0.0, 0.0, 3_600.0),
+        batch_results_pause_s=_number(env, "RELAY_SIM_BATCH_RESULTS_PAUSE_S", 0.0, 0.0, 3_600.0),
     )
     host = env.get("RELAY_SIM_HOST", "").strip() or "127.0.0.1"
     return SimOptions(config=config, host=host, port=port_setting(env, "RELAY_SIM_PORT", 8090))

@@ -25,8 +25,6 @@ from aiohttp import web
 from relay_batches.services.upstream_sim import batches
 from relay_batches.services.upstream_sim.app import (
     InvalidRequest,
-    SimConfig,
-    SimState,
     anthropic_error_payload,
     anthropic_error_response,
     check_messages_headers,
@@ -119,10 +117,11 @@ class MessageBatch:
             return anthropic_error_payload(batches.BATCH_ERROR_STATUS, batches.BATCH_ERROR_MESSAGE)
         return anthropic_error_payload(status, f"simulated status {status}")
 
-    def render(self) -> AsyncIterator[bytes]:
-        """The results as JSONL, last request first (results come in no set order)."""
+    def render(self, halfway: batches.Halfway) -> AsyncIterator[bytes]:
+        """The results as JSONL, last request first (results come in no set order),
+        ``halfway`` awaited once half of them are out."""
         return batches.jsonl_chunks(
-            len(self.requests), lambda index: orjson.dumps(self.result(index)) + b"\n"
+            len(self.requests), lambda index: orjson.dumps(self.result(index)) + b"\n", halfway
         )
 
 
@@ -162,13 +161,11 @@ def _requests_problem(data: Any) -> str | None:
 class AnthropicBatches(batches.BatchApi):
     """The Message Batches routes and their in-memory state."""
 
-    def __init__(self, config: SimConfig, state: SimState, clock: batches.Clock) -> None:
-        super().__init__(config, state, clock)
-        self._batches: dict[str, MessageBatch] = {}
+    _batches: dict[str, MessageBatch]
 
     def reset(self) -> None:
         """Forget every batch."""
-        self._batches.clear()
+        self._batches = {}
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         """Register the endpoints."""
@@ -201,6 +198,7 @@ class AnthropicBatches(batches.BatchApi):
             Request(item["custom_id"], orjson.dumps(item["params"])) for item in data["requests"]
         ]
         del data, body
+        await self.hold_input()
         batch = MessageBatch(
             id="msgbatch_" + os.urandom(12).hex(), requests=requests, created=self._clock()
         )
@@ -257,7 +255,7 @@ class AnthropicBatches(batches.BatchApi):
             return batch
         if not batch.ended:
             return _error(400, f"message batch {batch.id} has not ended; no results yet")
-        return await batches.stream(request, batch.render(), "application/binary", None)
+        return await batches.stream(request, batch.render(self.halfway), "application/binary", None)
 
     async def list_batches(self, request: web.Request) -> web.Response:
         """``GET /v1/messages/batches?limit=&after_id=&before_id=``: newest first."""

@@ -49,7 +49,9 @@ Provider batch APIs (:mod:`.openai_batches`, :mod:`.anthropic_batches`): OpenAI'
 of ``/v1/messages``, or ``Authorization: Bearer`` as the official SDK sends), each batched
 request answered exactly as its realtime call would be (the markers above included; no
 latency, rate limit or hang, and not counted as ``calls``). A batch is done at the first
-poll at least ``SimConfig.batch_delay_s`` after its creation. Markers in a batched
+poll at least ``SimConfig.batch_delay_s`` after its creation; ``batch_input_delay_s``
+holds the answer to an input (upload or create) and ``batch_results_pause_s`` stops a
+results download halfway, so a test can meet a client mid-transfer. Markers in a batched
 request's last user text (the realtime endpoints ignore them):
 
 ``[sim:batch-error]``    that request fails inside the batch (OpenAI: error file, status
@@ -120,6 +122,11 @@ class SimConfig:
     rpm: int = 0  # requests per minute, enforced per second (0: unlimited)
     tpm: int = 0  # tokens per minute, enforced per second (0: unlimited)
     batch_delay_s: float = 0  # a provider batch ends at the first poll this long after creation
+    # A provider batch's input (OpenAI's file upload, Anthropic's create) is answered this
+    # long after it is read, before the file or batch is made.
+    batch_input_delay_s: float = 0
+    # A provider batch's results download stops this long halfway through its lines.
+    batch_results_pause_s: float = 0
 
     def __post_init__(self) -> None:
         if not self.latency_ms >= 0:
@@ -128,8 +135,9 @@ class SimConfig:
             raise ValueError(f"error_rate must be within 0..1, got {self.error_rate!r}")
         if self.rpm < 0 or self.tpm < 0:
             raise ValueError(f"rpm and tpm must be >= 0, got {self.rpm!r} and {self.tpm!r}")
-        if not self.batch_delay_s >= 0:
-            raise ValueError(f"batch_delay_s must be >= 0, got {self.batch_delay_s!r}")
+        for name in ("batch_delay_s", "batch_input_delay_s", "batch_results_pause_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
 
 # --- pure parsing ----------------------------------------------------------------------
@@ -930,8 +938,8 @@ def build_app(
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     state = SimState(config.seed)
     app[STATE_KEY] = state
-    openai_batches = OpenAIBatches(config, state, clock)
-    anthropic_batches = AnthropicBatches(config, state, clock)
+    openai_batches = OpenAIBatches(config, state, clock, sleep)
+    anthropic_batches = AnthropicBatches(config, state, clock, sleep)
     windows = RateWindows(config.rpm, config.tpm, clock)
     resets = (openai_batches.reset, anthropic_batches.reset)
     routes = _Routes(config, state, sleep, windows, resets)

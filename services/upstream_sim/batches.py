@@ -1,17 +1,24 @@
 """What the simulator's two provider batch APIs share: the batch markers, how one batched
 request is answered (as the realtime endpoint would, without latency or rate limits),
-derived ids, bounded body reads, RFC 3339 times and cursor pages."""
+derived ids, bounded body reads, RFC 3339 times, cursor pages and the test delays of an
+input and of a results download."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 
 from aiohttp import StreamReader, web
 
-from relay_batches.services.upstream_sim.app import ChatRequest, SimConfig, SimState, decide_outcome
+from relay_batches.services.upstream_sim.app import (
+    ChatRequest,
+    SimConfig,
+    SimState,
+    Sleep,
+    decide_outcome,
+)
 
 Clock = Callable[[], float]
 
@@ -27,14 +34,35 @@ READ_CHUNK = 1 << 20
 STREAM_BYTES = 1 << 20
 
 
-class BatchApi:
-    """What the routes of either batch API hold: the settings, the simulator's counters
-    and the clock batches are timed by."""
+Halfway = Callable[[], Awaitable[None]]
 
-    def __init__(self, config: SimConfig, state: SimState, clock: Clock) -> None:
+
+class BatchApi:
+    """What the routes of either batch API hold: the settings, the simulator's counters,
+    the clock batches are timed by and what the test delays wait with."""
+
+    def __init__(
+        self, config: SimConfig, state: SimState, clock: Clock, sleep: Sleep = asyncio.sleep
+    ) -> None:
         self._config = config
         self._state = state
         self._clock = clock
+        self._sleep = sleep
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every batch (each API holds its own)."""
+        raise NotImplementedError
+
+    async def hold_input(self) -> None:
+        """Wait ``SimConfig.batch_input_delay_s`` before an input is answered."""
+        if self._config.batch_input_delay_s > 0:
+            await self._sleep(self._config.batch_input_delay_s)
+
+    async def halfway(self) -> None:
+        """Stop a results download halfway for ``SimConfig.batch_results_pause_s``."""
+        if self._config.batch_results_pause_s > 0:
+            await self._sleep(self._config.batch_results_pause_s)
 
 
 def batch_status(chat: ChatRequest, state: SimState, error_rate: float) -> int:
@@ -114,16 +142,24 @@ def query_limit(raw: str | None, default: int, high: int) -> int | None:
     return value if 1 <= value <= high else None
 
 
-async def jsonl_chunks(count: int, line: Callable[[int], bytes | None]) -> AsyncIterator[bytes]:
+async def jsonl_chunks(
+    count: int, line: Callable[[int], bytes | None], halfway: Halfway | None = None
+) -> AsyncIterator[bytes]:
     """The lines ``line(i)`` gives for ``i`` from ``count - 1`` down to 0 (``None``: no
     line), joined into pieces of about a MiB: a batch's results in reverse input order,
-    so a client that relies on the order is caught."""
+    so a client that relies on the order is caught. With ``halfway``, the first half of
+    the lines goes out in full, then ``halfway`` is awaited before the rest."""
     buffer = bytearray()
     for step, index in enumerate(reversed(range(count))):
         rendered = line(index)
         if rendered is not None:
             buffer += rendered
-        if len(buffer) >= STREAM_BYTES:
+        if halfway is not None and step + 1 == count // 2:
+            if buffer:
+                yield bytes(buffer)
+                buffer.clear()
+            await halfway()
+        elif len(buffer) >= STREAM_BYTES:
             yield bytes(buffer)
             buffer.clear()
         await pause_every(step)

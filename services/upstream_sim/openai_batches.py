@@ -24,8 +24,6 @@ from aiohttp import BodyPartReader, web
 from relay_batches.services.upstream_sim import batches
 from relay_batches.services.upstream_sim.app import (
     InvalidRequest,
-    SimConfig,
-    SimState,
     chat_request_from,
     completion_payload,
     error_payload,
@@ -269,28 +267,27 @@ class Batch:
         completion["created"] = self.times["in_progress_at"]
         return completion
 
-    def render(self, output: bool) -> AsyncIterator[bytes]:
-        """The output (or error) file's content, last input line first."""
+    def render(self, output: bool, halfway: batches.Halfway) -> AsyncIterator[bytes]:
+        """The output (or error) file's content, last input line first, ``halfway``
+        awaited once half of the lines are out."""
 
         def line(index: int) -> bytes | None:
             is_output, record = self.record(index)
             return orjson.dumps(record) + b"\n" if is_output == output else None
 
-        return batches.jsonl_chunks(len(self.statuses), line)
+        return batches.jsonl_chunks(len(self.statuses), line, halfway)
 
 
 class OpenAIBatches(batches.BatchApi):
     """The Files and Batches routes and their in-memory state."""
 
-    def __init__(self, config: SimConfig, state: SimState, clock: batches.Clock) -> None:
-        super().__init__(config, state, clock)
-        self._files: dict[str, StoredFile] = {}
-        self._batches: dict[str, Batch] = {}
+    _files: dict[str, StoredFile]
+    _batches: dict[str, Batch]
 
     def reset(self) -> None:
         """Forget every file and batch."""
-        self._files.clear()
-        self._batches.clear()
+        self._files = {}
+        self._batches = {}
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         """Register the endpoints."""
@@ -328,6 +325,7 @@ class OpenAIBatches(batches.BatchApi):
             return openai_error(400, "'purpose' must be 'batch'.", "purpose")
         if upload is None:
             return openai_error(400, "Missing required parameter: 'file'.", "file")
+        await self.hold_input()
         stored = StoredFile(
             id="file-" + _random_hex(12),
             filename=upload[0],
@@ -510,7 +508,7 @@ class OpenAIBatches(batches.BatchApi):
             purpose="batch_output",
             created_at=now,
             size=batch.out_bytes if output else batch.err_bytes,
-            render=lambda: batch.render(output),
+            render=lambda: batch.render(output, self.halfway),
         )
         self._files[stored.id] = stored
         return stored.id

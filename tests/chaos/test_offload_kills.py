@@ -4,10 +4,13 @@ batch and creating it, while the provider batch runs (polling), and while its ou
 are being published. The job completes with every row once, no row is ever submitted in
 two provider batches (the simulator's ``batch_rows_repeated``), one webhook.
 
-The windows are met on purpose, not by luck: the offloader's passes run 3 s apart (a
-batch recorded by the intake pass waits for the next submit pass), the simulated
-provider batch takes 4 s, and the outcomes of a 6,000-row batch are published in
-confirmed chunks of 200, the kill landing once the first of them are marked done.
+The windows are held open by the simulator, not met by luck, so a slow or starved run
+lands in them all the same: an upload is answered :data:`INPUT_DELAY_S` after it was
+read (the record sits recorded, nothing created at the provider), the provider batch
+takes :data:`BATCH_DELAY_S` (submitted, polled), and a results download stops
+:data:`RESULTS_PAUSE_S` halfway through its lines (the first half's outcomes published
+and marked done, the rest not). Each kill is checked where it landed: the offloader
+dead, the ledger holds what it left.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ from tests.helpers.support import (
 
 ROWS = 6_000
 ERROR_ROWS = {11, 4_321}
-WINDOW_TIMEOUT_S = 60
+WINDOW_TIMEOUT_S = 90
+INPUT_DELAY_S = 6  # each below the deployment's timeout_s (30 s), which cuts a read
+BATCH_DELAY_S = 8
+RESULTS_PAUSE_S = 8
 
 
 def requests() -> list[dict[str, object]]:
@@ -63,12 +69,31 @@ def window(conn: asyncpg.Connection, query: str) -> Callable[[], Awaitable[bool]
     return reached
 
 
-async def kill_offloader(system: System, http: aiohttp.ClientSession) -> None:
-    """``kill -9`` the offloader and start it again."""
+async def provider_batch(conn: asyncpg.Connection) -> asyncpg.Record:
+    """The one provider batch record: its state, provider id and rows done."""
+    record = await conn.fetchrow(
+        "SELECT b.state, b.provider_id,"
+        " (SELECT count(*) FROM offload_rows o"
+        "  WHERE o.provider_batch = b.id AND o.state = 'done') AS done"
+        " FROM offload_batches b"
+    )
+    assert record is not None, "no provider batch recorded"
+    return record
+
+
+async def kill_offloader(system: System, conn: asyncpg.Connection) -> asyncpg.Record:
+    """``kill -9`` the offloader; the provider batch as it left it (nothing moves it
+    until :func:`restart_offloader`)."""
     proc = system.processes["offloader"]
     proc.signal(signal.SIGKILL)
     code = await asyncio.to_thread(proc.wait, 10)
     assert code == -signal.SIGKILL, f"the offloader exited with {code} instead of being killed"
+    return await provider_batch(conn)
+
+
+async def restart_offloader(system: System, http: aiohttp.ClientSession) -> None:
+    """Start the killed offloader again."""
+    proc = system.processes["offloader"]
     proc.start()
     await proc.wait_ready(http, RESTART_READY_TIMEOUT_S)
 
@@ -83,9 +108,13 @@ async def test_kill_9_of_the_offloader_in_each_window_answers_every_row_once(
         iso,
         output_dir / "chaos-offload",
         settings,
-        RELAY_OFFLOAD_INTERVAL_S="3",
+        RELAY_OFFLOAD_INTERVAL_S="1",
     )
-    system.processes["upstream-sim"].env["RELAY_SIM_BATCH_DELAY_S"] = "4"
+    system.processes["upstream-sim"].env.update(
+        RELAY_SIM_BATCH_DELAY_S=str(BATCH_DELAY_S),
+        RELAY_SIM_BATCH_INPUT_DELAY_S=str(INPUT_DELAY_S),
+        RELAY_SIM_BATCH_RESULTS_PAUSE_S=str(RESULTS_PAUSE_S),
+    )
     try:
         await system.start_all(http)
         conn = await asyncpg.connect(iso.database_url, timeout=10)
@@ -94,23 +123,30 @@ async def test_kill_9_of_the_offloader_in_each_window_answers_every_row_once(
         batch = await api.submit(
             {"model": "sim-half", "requests": requests(), "webhookUrl": webhooks.url}
         )
-        # 1. Recorded (its rows chosen in the ledger), not yet created at the provider.
+        # 1. Recorded (its rows chosen in the ledger), its input built and held in the
+        #    upload: nothing created at the provider.
         await wait_until(
             window(conn, "SELECT true FROM offload_batches WHERE state = 'recorded' AND polls = 0"),
             WINDOW_TIMEOUT_S,
             "a provider batch recorded, not yet created",
-            0.02,
+            0.05,
         )
-        await kill_offloader(system, http)
+        left = await kill_offloader(system, conn)
+        assert left["state"] in ("recorded", "creating") and left["provider_id"] is None, left
+        assert (await sim_stats(http, system))["batches_created"] == 0
+        await restart_offloader(system, http)
         # 2. Created: the provider runs it, the offloader polls.
         await wait_until(
             window(conn, "SELECT true FROM offload_batches WHERE state = 'submitted'"),
             WINDOW_TIMEOUT_S,
             "a provider batch submitted",
-            0.02,
+            0.05,
         )
-        await kill_offloader(system, http)
-        # 3. Ended, its outcomes partly published (some rows done, the record not settled).
+        left = await kill_offloader(system, conn)
+        assert (left["state"], left["done"]) == ("submitted", 0), left
+        await restart_offloader(system, http)
+        # 3. Ended, its outcomes partly published (the first half of the output read and
+        #    its rows done, the download held halfway, the record not settled).
         await wait_until(
             window(
                 conn,
@@ -119,9 +155,11 @@ async def test_kill_9_of_the_offloader_in_each_window_answers_every_row_once(
             ),
             WINDOW_TIMEOUT_S,
             "outcomes being published",
-            0.01,
+            0.05,
         )
-        await kill_offloader(system, http)
+        left = await kill_offloader(system, conn)
+        assert left["state"] == "ended" and 0 < left["done"] <= ROWS // 2, left
+        await restart_offloader(system, http)
         await conn.close()
 
         await wait_terminal(api, batch["id"], 120)

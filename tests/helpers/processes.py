@@ -232,7 +232,8 @@ def offload_routes(sim_port: int, max_retries: int) -> str:
     priced realtime fallback: ``sim-half`` (OpenAI Batch, then ``sim-priced``) and
     ``sim-claude-half`` (Message Batches, then ``sim-claude-priced``). Rows are gathered
     for a second and polled every half second. ``sim-held-half`` gathers exactly 10 rows
-    per provider batch (its linger is an hour)."""
+    per provider batch and ``sim-pair-half`` exactly 50 (their linger is an hour: a
+    provider batch holds every row a test meant to put in it, however slow the run)."""
     base = f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
     realtime = f"timeout_s = 30\nmax_retries = {max_retries}\n"
     batch = "timeout_s = 30\nlinger_s = 1\npoll_s = 0.5\n"
@@ -249,6 +250,10 @@ def offload_routes(sim_port: int, max_retries: int) -> str:
         '[aliases.sim-held-half]\ndeployments = ["sim-held-batch", "sim-priced"]\n\n'
         f'[deployments.sim-held-batch]\nprovider = "openai-batch"\n{base}'
         f'model = "sim-echo"\ntimeout_s = 30\nlinger_s = 3600\nmax_rows = 10\npoll_s = 0.5\n'
+        f"{half}\n"
+        '[aliases.sim-pair-half]\ndeployments = ["sim-pair-batch", "sim-priced"]\n\n'
+        f'[deployments.sim-pair-batch]\nprovider = "openai-batch"\n{base}'
+        f'model = "sim-echo"\ntimeout_s = 30\nlinger_s = 3600\nmax_rows = 50\npoll_s = 0.5\n'
         f"{half}\n"
         f'[deployments.sim-claude-priced]\nprovider = "anthropic"\n{base}'
         f'model = "sim-claude"\n{realtime}{full}{claude}'

@@ -273,7 +273,7 @@ async def test_unstorable_outcomes_are_dead_lettered_and_the_rest_of_the_chunk_i
         statuses = [(await counters(pool, b))[0] for b in (poisoned, other)]
         return statuses == ["completed", "completed"]
 
-    await wait_until(both_completed, 15, "both jobs to complete despite the poison")
+    await wait_until(both_completed, 60, "both jobs to complete despite the poison")
     assert await counters(pool, other) == ("completed", 2, 0, 2)
     assert await counters(pool, poisoned) == ("completed", 1, 0, 1)
 
@@ -284,7 +284,7 @@ async def test_unstorable_outcomes_are_dead_lettered_and_the_rest_of_the_chunk_i
         dead: list[bytes] = []
         for _ in bodies[::2]:
             message = await wait_until(
-                lambda: dead_letters.get(fail=False, timeout=5), 15, "a dead-lettered message"
+                lambda: dead_letters.get(fail=False, timeout=5), 60, "a dead-lettered message"
             )
             await message.ack()
             dead.append(message.body)

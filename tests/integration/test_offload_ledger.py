@@ -5,6 +5,7 @@ with the same record, never a second one), settling and forwarding."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import asyncpg
@@ -165,7 +166,8 @@ async def test_a_record_left_by_a_crash_is_resumed_by_the_next_owner_alone(
         pass
     made = await store.gather(Gathering("ob-crash", 100, 10_000_000, linger_s=0))
     states = [BatchState.RECORDED, BatchState.CREATING]
-    [taken] = [b for b in await store.claim("a", states, 0.2, 100) if b.id == made]
+    # A lease long enough for a starved run; its expiry is played below.
+    [taken] = [b for b in await store.claim("a", states, 30, 100) if b.id == made]
     assert taken.state is BatchState.RECORDED and taken.provider_id is None
     assert made not in [b.id for b in await store.claim("b", states, 30, 100)], "leased to a"
     await pool.execute("UPDATE offload_batches SET lease_until = now() WHERE id = $1", made)
@@ -181,19 +183,28 @@ async def test_a_record_left_by_a_crash_is_resumed_by_the_next_owner_alone(
     assert not await store.others_hold("batch_b", made)
 
 
+async def ended_provider_batch(
+    store: OffloadStore, pool: asyncpg.Pool, total: int, deployment: str, owner: str
+) -> tuple[str, str, int]:
+    """An offloaded job of ``total`` rows all in one provider batch that ended (leased to
+    ``owner``): the job's id, its workspace and the record's id."""
+    batch_id, workspace = await offloaded_job(pool, total, deployment)
+    while await store.intake(leads(deployment)):
+        pass
+    made = await store.gather(Gathering(deployment, 100, 10_000_000, linger_s=0))
+    assert made is not None
+    assert made in [b.id for b in await store.claim(owner, [BatchState.RECORDED], 30, 100)]
+    assert await store.set_submitted(made, owner, f"batch-{deployment}-{made}")
+    assert await store.set_ended(made, owner, "file-out", None, None)
+    return batch_id, workspace, made
+
+
 async def test_settle_forwards_rows_without_an_outcome_and_forward_publishes_them(
     pool: asyncpg.Pool,
 ) -> None:
     store = OffloadStore(pool)
-    batch_id, workspace = await offloaded_job(pool, 5, "ob-settle")
-    while await store.intake(leads("ob-settle")):
-        pass
-    made = await store.gather(Gathering("ob-settle", 100, 10_000_000, linger_s=0))
-    assert made is not None
-    assert made in [b.id for b in await store.claim("o", [BatchState.RECORDED], 30, 100)]
-    assert await store.set_submitted(made, "o", f"batch-{made}")
+    batch_id, workspace, made = await ended_provider_batch(store, pool, 5, "ob-settle", "o")
     assert not await store.all_rows_ended(made)
-    assert await store.set_ended(made, "o", "file-out", None, None)
     assert await store.mark_rows([(batch_id, 0), (batch_id, 1)], RowState.DONE) == 2
     assert await store.mark_rows([(batch_id, 2)], RowState.FORWARD) == 1
     assert await store.settle(made, "o") == 2
@@ -306,3 +317,203 @@ async def test_a_dispatcher_offloads_a_patient_job_and_runs_a_hurried_one_realti
         await pool.fetchval("SELECT offload_deployment FROM batches WHERE id = $1", hurried.id)
         is None
     )
+
+
+async def set_request(pool: asyncpg.Pool, batch_id: str, row_index: int, text: str) -> None:
+    await pool.execute(
+        "UPDATE batch_rows SET request = $3 WHERE row_index = $2"
+        " AND batch_id = (SELECT rows_batch_id FROM batches WHERE id = $1)",
+        batch_id,
+        row_index,
+        text,
+    )
+
+
+async def test_intake_reads_a_row_holding_a_nul_and_an_unreadable_row_blocks_no_job(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    nul, _ = await offloaded_job(pool, 3, "ob-nul", models={2: "realtime-only"})
+    nul_text = orjson.dumps({"messages": [{"role": "user", "content": "a\x00b"}]}).decode()
+    assert "\\u0000" in nul_text
+    await set_request(pool, nul, 0, nul_text)
+    model_nul = orjson.dumps({"messages": [], "model": "half\x00"}).decode()
+    await set_request(pool, nul, 1, model_nul)
+    broken, _ = await offloaded_job(pool, 2, "ob-nul", models={1: "other-half"})
+    await set_request(pool, broken, 0, '{"messages": [')
+    fine, _ = await offloaded_job(pool, 2, "ob-nul")
+    while await store.intake(leads("ob-nul")):
+        pass
+    # A NUL in a model is no alias: that row goes realtime like any unknown alias.
+    assert await pool.fetch(
+        "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index", nul
+    ) == [(0, "pending"), (1, "forward"), (2, "forward")]
+    assert await row_states(pool, broken) == {"forward": 2}, "unread: its rows go realtime"
+    assert await row_states(pool, fine) == {"pending": 2}
+
+
+async def taken_in(store: OffloadStore, pool: asyncpg.Pool, total: int, deployment: str) -> str:
+    """An offloaded job of ``total`` rows taken in under ``deployment``: its id."""
+    batch_id, _ = await offloaded_job(pool, total, deployment)
+    while await store.intake(leads(deployment)):
+        pass
+    return batch_id
+
+
+async def test_gather_never_submits_a_row_a_concurrent_drop_holds(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    batch_id = await taken_in(store, pool, 3, "ob-race")
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        await conn.execute(
+            "UPDATE offload_rows SET state = 'dropped' WHERE batch_id = $1 AND row_index = 0",
+            batch_id,
+        )
+        gather = asyncio.create_task(store.gather(Gathering("ob-race", 100, 10_000_000, 0)))
+        for _ in range(200):  # until the gather is done or waits on the dropped row
+            waiting = await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%INSERT INTO offload_batches%'"
+            )
+            if gather.done() or waiting:
+                break
+            await asyncio.sleep(0.025)
+        await transaction.commit()
+        made = await gather
+    assert made is not None
+    states = await pool.fetch(
+        "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index",
+        batch_id,
+    )
+    assert [tuple(r) for r in states] == [(0, "dropped"), (1, "submitted"), (2, "submitted")]
+
+
+async def test_gather_sends_a_job_whose_deadline_came_too_near_realtime(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    late, _ = await offloaded_job(pool, 3, "ob-late")
+    patient, _ = await offloaded_job(pool, 2, "ob-late")
+    far, _ = await offloaded_job(pool, 2, "ob-late")
+    while await store.intake(leads("ob-late")):
+        pass
+    # Paused for hours, then resumed: 2 h left, less than a 24 h window and the margin.
+    await pool.execute(
+        "UPDATE batches SET expires_at = now() + interval '2 hours' WHERE id = $1", late
+    )
+    await pool.execute(
+        "UPDATE batches SET expires_at = now() + interval '26 hours' WHERE id = $1", far
+    )
+    gathering = Gathering("ob-late", 100, 10_000_000, linger_s=0, window_s=86_400)
+    made = await store.gather(gathering)
+    assert made is not None
+    assert await row_states(pool, late) == {"forward": 3}
+    assert await row_states(pool, patient) == {"submitted": 2}
+    assert await row_states(pool, far) == {"submitted": 2}
+    rows = await pool.fetchval("SELECT rows FROM offload_batches WHERE id = $1", made)
+    assert rows == 4
+
+
+async def test_intake_forwards_pending_rows_of_a_deployment_gone_from_the_routes(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    gone, _ = await offloaded_job(pool, 5, "ob-left")
+    while await store.intake({"half": "ob-left"}):
+        pass
+    kept, _ = await offloaded_job(pool, 2, "ob-kept")
+    while await store.intake({"half": "ob-kept"}):
+        pass
+    assert await row_states(pool, gone) == {"pending": 5}
+    # The routes file changed: ob-left is no batch deployment any more (the other
+    # tests' deployments still are).
+    held = await pool.fetch("SELECT DISTINCT deployment FROM offload_rows WHERE state = 'pending'")
+    routed = [r[0] for r in held if r[0] != "ob-left"] + ["ob-other"]
+    assert await store.intake({"half": "ob-kept"}, step=3, routed=routed) == 3
+    assert (await row_states(pool, gone)).get("forward") == 3, "bounded steps"
+    while await store.intake({"half": "ob-kept"}, step=3, routed=routed):
+        pass
+    assert await row_states(pool, gone) == {"forward": 5}
+    assert await row_states(pool, kept) == {"pending": 2}
+
+
+async def forward_all(store: OffloadStore, batch_ids: set[str]) -> list[ForwardRow]:
+    published: list[ForwardRow] = []
+
+    async def publish(rows: list[ForwardRow]) -> None:
+        published.extend(r for r in rows if r.batch_id in batch_ids)
+
+    while await store.forward(100, 10_000_000, publish):
+        pass
+    return published
+
+
+async def test_forward_holds_a_paused_jobs_rows_until_it_runs_and_drops_an_ended_jobs(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    paused, paused_workspace = await offloaded_job(pool, 3, "ob-fwd-hold")
+    ended, ended_workspace = await offloaded_job(pool, 2, "ob-fwd-hold")
+    while await store.intake({}):
+        pass
+    await JobStore(pool).pause(paused_workspace, paused)
+    await JobStore(pool).cancel(ended_workspace, ended)
+    assert await forward_all(store, {paused, ended}) == []
+    assert await row_states(pool, paused) == {"forward": 3}
+    await JobStore(pool).resume(paused_workspace, paused)
+    assert await forward_all(store, {paused}) == [], "queued: not running yet"
+    await pool.execute("UPDATE batches SET status = 'running' WHERE id = $1", paused)
+    assert [r.row_index for r in await forward_all(store, {paused})] == [0, 1, 2]
+    assert await row_states(pool, paused) == {"forwarded": 3}
+    assert await store.drop_ended() >= 2
+    assert await row_states(pool, ended) == {"dropped": 2}
+
+
+async def test_rows_a_provider_batch_did_not_answer_are_dropped_when_their_job_ended(
+    pool: asyncpg.Pool,
+) -> None:
+    store = OffloadStore(pool)
+    batch_id, workspace, made = await ended_provider_batch(store, pool, 4, "ob-fwd-ended", "e")
+    await JobStore(pool).cancel(workspace, batch_id)
+    assert await store.mark_rows([(batch_id, 0)], RowState.DONE) == 1
+    assert await store.mark_rows([(batch_id, 1)], RowState.FORWARD) == 1
+    assert await store.settle(made, "e") == 2
+    assert await row_states(pool, batch_id) == {"done": 1, "dropped": 3}
+
+
+async def test_the_drop_of_an_ended_jobs_rows_goes_in_bounded_steps(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    batch_id = await taken_in(store, pool, 5, "ob-drop-steps")
+    await store.drop_ended()  # what other tests left
+    await pool.execute(
+        "UPDATE batches SET status = 'canceled', completed_at = now() WHERE id = $1", batch_id
+    )
+    assert await store.drop_ended(step=2, rounds=1) == 2
+    assert await row_states(pool, batch_id) == {"dropped": 2, "pending": 3}
+    assert await store.drop_ended(step=2) == 3, "steps until fewer than a step were left"
+    assert await row_states(pool, batch_id) == {"dropped": 5}
+
+
+async def test_an_offloaded_job_holds_no_place_under_the_workspace_running_cap(
+    pool: asyncpg.Pool,
+) -> None:
+    offloaded, workspace = await offloaded_job(pool, 2, "ob-cap")
+    await DispatchStore(pool).release(OWNER, [offloaded])
+    waiting = await JobStore(pool).create(
+        NewJob(new_id(), workspace, "rt", "half", 0, 1, None, None, None), [("c-0", request(0))]
+    )
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        try:  # what a claim capped at 1 running job a workspace takes, undone
+            queued = await conn.fetch(
+                dispatch._CLAIM_QUEUED, "cap-dispatcher", 100_000, 30, "running", 1, [], []
+            )
+        finally:
+            await transaction.rollback()
+    assert waiting.id in [r["id"] for r in queued]
+    outranking = await DispatchStore(pool).claim_outranking(
+        "cap-dispatcher", {workspace: -1000}, 10, 30, per_workspace=1
+    )
+    assert [j.id for j in outranking] == [waiting.id]

@@ -143,6 +143,8 @@ def test_sim_config_rejects_bad_values() -> None:
         SimConfig(rpm=-1)
     with pytest.raises(ValueError, match="batch_delay_s"):
         SimConfig(batch_delay_s=-0.5)
+    with pytest.raises(ValueError, match="batch_results_pause_s"):
+        SimConfig(batch_results_pause_s=-1)
 
 
 def test_options_from_env() -> None:
@@ -155,10 +157,18 @@ def test_options_from_env() -> None:
             "RELAY_SIM_RPM": "600",
             "RELAY_SIM_TPM": "90000",
             "RELAY_SIM_BATCH_DELAY_S": "2.5",
+            "RELAY_SIM_BATCH_INPUT_DELAY_S": "4",
+            "RELAY_SIM_BATCH_RESULTS_PAUSE_S": "0.5",
         }
     )
     assert options.config == SimConfig(
-        latency_ms=12.5, error_rate=0.25, rpm=600, tpm=90000, batch_delay_s=2.5
+        latency_ms=12.5,
+        error_rate=0.25,
+        rpm=600,
+        tpm=90000,
+        batch_delay_s=2.5,
+        batch_input_delay_s=4,
+        batch_results_pause_s=0.5,
     )
     assert (options.host, options.port) == ("0.0.0.0", 9001)
     defaults = options_from_env({})
@@ -175,6 +185,8 @@ def test_options_from_env() -> None:
         ("RELAY_SIM_RPM", "-1"),
         ("RELAY_SIM_TPM", "many"),
         ("RELAY_SIM_BATCH_DELAY_S", "-1"),
+        ("RELAY_SIM_BATCH_INPUT_DELAY_S", "-1"),
+        ("RELAY_SIM_BATCH_RESULTS_PAUSE_S", "soon"),
         ("RELAY_SIM_PORT", "http"),
         ("RELAY_SIM_PORT", "70000"),
     ],

@@ -501,6 +501,55 @@ async def test_stats_count_batches_rows_and_repeats_and_reset_clears(client: Cli
     assert (await get_json(client, "/stats"))[1]["batch_rows_repeated"] == 0
 
 
+class PauseGate:
+    """A stand-in for asyncio.sleep that records the durations and holds those of
+    ``held`` seconds until :attr:`opened` is set."""
+
+    def __init__(self, held: float) -> None:
+        self.held = held
+        self.calls: list[float] = []
+        self.opened = asyncio.Event()
+
+    async def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+        if seconds == self.held:
+            await self.opened.wait()
+
+
+async def read_lines(response: aiohttp.ClientResponse, count: int) -> bytes:
+    """What ``response`` streams until ``count`` whole lines arrived."""
+    got = b""
+    while got.count(b"\n") < count:
+        got += await asyncio.wait_for(response.content.readany(), 10)
+    return got
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_inputs_are_held_and_results_downloads_stop_halfway(
+    make_client: MakeClient, provider: str
+) -> None:
+    gate = PauseGate(held=9)
+    config = SimConfig(batch_input_delay_s=7, batch_results_pause_s=9)
+    client = await make_client(config, sleep=gate)
+    if provider == "openai":
+        created = await submit(client, [line(f"r{i}", f"row {i}") for i in range(10)])
+        url = f"/v1/files/{(await poll(client, created['id']))['output_file_id']}/content"
+        headers: dict[str, str] = {}
+    else:
+        created = await create_message_batch(client, [request(f"r{i}", "x") for i in range(10)])
+        assert (await message_batch(client, created["id"]))["processing_status"] == "ended"
+        url, headers = f"/v1/messages/batches/{created['id']}/results", HEADERS
+    assert gate.calls == [7]  # the input waited before it was answered
+    async with client.get(url, headers=headers) as response:
+        assert response.status == 200
+        first = await read_lines(response, 5)
+        assert gate.calls == [7, 9] and first.count(b"\n") == 5  # half out, then held
+        gate.opened.set()
+        rest = await response.read()
+    ids = [orjson.loads(raw)["custom_id"] for raw in (first + rest).splitlines()]
+    assert ids == [f"r{i}" for i in reversed(range(10))]
+
+
 async def test_the_official_sdks_read_the_simulated_batches(client: Client) -> None:
     base = str(client.make_url("")).rstrip("/")
     oai = openai.AsyncOpenAI(base_url=base + "/v1", api_key="sk-sim", max_retries=0)

@@ -93,7 +93,8 @@ class DispatchStore:
         Workspaces take turns: a workspace's next job ranks by how many jobs it already
         runs plus its place among its own queued jobs (``priority DESC, created_at``), so
         each claim goes to the workspaces running least; ties go to the longest waiting.
-        ``per_workspace`` > 0 caps the running jobs of one workspace. The workspaces are
+        ``per_workspace`` > 0 caps the running jobs of one workspace (an offloaded job
+        whose lease went back is not counted: the offloader runs it). The workspaces are
         locked ``SKIP LOCKED`` for the statement, so dispatchers claiming at once split
         them and each counts exactly. A queued job below its workspace's entry in
         ``floors`` (the highest priority we release rows for there) is left queued: it
@@ -320,6 +321,10 @@ _QUEUED = status_in(allowed_from(JobStatus.RUNNING))
 _LIVE = "(expires_at IS NULL OR expires_at > now())"
 _LIVE_Q = "(q.expires_at IS NULL OR q.expires_at > now())"
 _RUNNING = status_in([JobStatus.RUNNING])
+# A running job that holds one of its workspace's running places: an offloaded job whose
+# lease went back (the offloader runs it, for up to the provider's window) holds none,
+# so the workspace's realtime jobs do not wait behind it.
+_HOLDS_PLACE = "(offload_deployment IS NULL OR lease_expires_at > now())"
 # A job whose budget stopped it releases no more rows (``advance`` refuses it); it is
 # claimed only while rows it released before are in flight, so stall recovery still
 # re-sends those if lost. With none in flight (every row below ``dispatched_upto`` has an
@@ -342,7 +347,8 @@ _CLAIM_QUEUED = (
     "  FOR NO KEY UPDATE SKIP LOCKED),"
     " load AS ("
     "  SELECT workspace_id, count(*) AS running FROM batches"
-    f"  WHERE {_RUNNING} AND workspace_id IN (SELECT id FROM spaces) GROUP BY workspace_id),"
+    f"  WHERE {_RUNNING} AND {_HOLDS_PLACE} AND workspace_id IN (SELECT id FROM spaces)"
+    "  GROUP BY workspace_id),"
     " turns AS ("
     "  SELECT q.id, q.created_at, s.last_claim_at,"
     "   COALESCE(l.running, 0) + row_number() OVER ("
@@ -379,7 +385,7 @@ _CLAIM_OUTRANKING = (
     "   FOR NO KEY UPDATE SKIP LOCKED) s ON s.id = f.workspace_id),"
     " load AS ("
     "  SELECT workspace_id, count(*) AS running FROM batches"
-    f"  WHERE {_RUNNING} AND workspace_id IN (SELECT workspace_id FROM floors)"
+    f"  WHERE {_RUNNING} AND {_HOLDS_PLACE} AND workspace_id IN (SELECT workspace_id FROM floors)"
     "  GROUP BY workspace_id),"
     " turns AS ("
     "  SELECT q.id, q.priority, q.created_at,"
