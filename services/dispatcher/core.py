@@ -416,9 +416,9 @@ class Dispatcher:
             if not await self._store.offload(self._config.owner, job.id, job.total, target):
                 log.info("job_offload_refused", extra={"batch_id": job.id})
                 return True
+            JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
         if target is None:
             return False
-        JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
         log.info("job_offloaded", extra={"batch_id": job.id, "deployment": target})
         await self._store.release(self._config.owner, [job.id])
         return True

@@ -19,7 +19,7 @@ from relay_batches.offload.openai_batch import OpenAIBatches
 from relay_batches.router.aliases import AliasTable, load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.offloader.core import OffloadConfig, Offloader
-from relay_batches.services.offloader.service import offloader_service
+from relay_batches.services.offloader.service import POOL_SIZE, offloader_service
 from relay_batches.settings import Settings
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool
@@ -41,7 +41,7 @@ async def build(
 ) -> Service:
     """Build the offloader from settings (routes are validated here, before any work)."""
     aliases = load_aliases(settings.routes_file, os.environ)
-    pool = await open_pool(settings, resources, max_size=4)
+    pool = await open_pool(settings, resources, max_size=POOL_SIZE)
     bus = await open_bus(settings, resources, "offloader")
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16))
     resources.push_async_callback(session.close)
@@ -51,7 +51,7 @@ async def build(
         await bus.publish(bus.names.results_shard(shard), body, kind="results")
 
     async def publish_slice(job_slice: SliceMessage) -> None:
-        await bus.publish(bus.names.rows, job_slice.encode(), kind="rows", priority=0)
+        await bus.publish(bus.names.rows, job_slice.encode(), kind="rows", priority=job_slice.level)
 
     clients = batch_clients(aliases, session)
     offloader = Offloader(

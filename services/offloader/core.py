@@ -31,12 +31,16 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
+import aiohttp
+import asyncpg
 import orjson
 
-from relay_batches.bus.topology import results_shard
+from relay_batches.bus.topology import broker_priority, results_shard
+from relay_batches.errors import PermanentError, TransientError
 from relay_batches.ledger.offload import (
     BatchState,
     ForwardRow,
@@ -57,8 +61,20 @@ log = logging.getLogger("relay.offloader")
 
 PublishOutcomes = Callable[[int, bytes], Awaitable[None]]  # (results shard, message body)
 PublishSlice = Callable[[SliceMessage], Awaitable[None]]
+Step = Callable[[OffloadBatch, BatchClient], Coroutine[Any, Any, None]]  # one record's step
 
 CLAIM_LIMIT = 4
+# What one record's step may fail with besides a provider's refusal, none of which may
+# stop the pass for the others: the network while streaming, the disk while building the
+# input (ENOSPC), the ledger (away, or refusing one statement).
+STEP_FAILURES: tuple[type[BaseException], ...] = (
+    aiohttp.ClientError,
+    TimeoutError,
+    OSError,
+    asyncpg.PostgresError,
+    TransientError,
+    PermanentError,
+)
 FORWARD_ROWS = 500
 FORWARD_SLICE_ROWS = 50
 FORWARD_BYTES = 8 * 1024 * 1024  # of row requests taken at once (a row larger goes alone)
@@ -67,6 +83,11 @@ OUTCOME_ROWS = 200
 OUTCOME_BYTES = 256 * 1024
 MAX_POLL_FACTOR = 10
 RETRY_S = 5.0
+# A batch the provider holds whose polls it keeps refusing (401/403/400) ends after so
+# many refusals in a row, or once its window and this slack have passed.
+MAX_REFUSALS = 10
+MAX_TRACKED = 10_000  # records whose refusals one offloader counts at once
+WINDOW_SLACK_S = 3600.0
 GATHER_ROUNDS = 16
 # Of a deployment's max_bytes, what its gathered rows' sizes (each with a fixed envelope)
 # may fill: the rest is room for what a provider's request format adds to a row (an
@@ -102,6 +123,9 @@ class Offloader:
         self._publish_slice = publish_slice
         self._config = config
         self._prices: Mapping[str, Price] = aliases.prices()
+        # Consecutive permanent refusals of a record's steps here (reset by a step that
+        # passes or that ends it), at most MAX_TRACKED records.
+        self._refusals: dict[int, int] = {}
         self._leads = {
             alias: lead.name
             for alias in aliases.names()
@@ -149,11 +173,7 @@ class Offloader:
 
     async def submit_pass(self) -> None:
         """Send the recorded provider batches (those left by a crash included)."""
-        states = [BatchState.RECORDED, BatchState.CREATING]
-        for batch in await self._store.claim(
-            self._config.owner, states, self._config.lease_s, CLAIM_LIMIT
-        ):
-            await self._step(batch, self._submit)
+        await self._each_claimed([BatchState.RECORDED, BatchState.CREATING], self._submit)
 
     async def _submit(self, batch: OffloadBatch, client: BatchClient) -> None:
         owner = self._config.owner
@@ -166,9 +186,10 @@ class Offloader:
                 return
             await self._store.resize(batch.id, owner, built.rows, built.size)
             file_id = batch.input_file_id or await client.upload(batch.id, built.path)
-            await self._store.set_creating(batch.id, owner, file_id)
+            if not await self._store.set_creating(batch.id, owner, file_id):
+                return  # no longer ours: its new owner sends it
             if not await self._store.attempt(batch.id, owner):
-                return  # no longer ours
+                return
             provider_id = await client.create(batch.id, built.path, file_id)
         finally:
             await asyncio.to_thread(os.unlink, built.path)
@@ -200,10 +221,7 @@ class Offloader:
     async def poll_pass(self) -> None:
         """Poll the submitted batches that are due; settle those that ended."""
         states = [BatchState.SUBMITTED, BatchState.CANCELING, BatchState.ENDED]
-        for batch in await self._store.claim(
-            self._config.owner, states, self._config.lease_s, CLAIM_LIMIT
-        ):
-            await self._step(batch, self._poll)
+        await self._each_claimed(states, self._poll)
 
     async def _poll(self, batch: OffloadBatch, client: BatchClient) -> None:
         owner = self._config.owner
@@ -211,13 +229,12 @@ class Offloader:
             await self._settle(batch, client)
             return
         assert batch.provider_id is not None
-        if batch.state is BatchState.SUBMITTED and await self._store.all_rows_ended(batch.id):
-            await client.cancel(batch.provider_id)
-            await self._store.set_canceling(batch.id, owner)
-            log.info("offload_canceling", extra={"offload_id": batch.id})
         OFFLOAD_POLLS.labels(batch.deployment).inc()
         state = await client.status(batch.provider_id)
         if not state.ended:
+            if batch.state is BatchState.SUBMITTED and await self._store.all_rows_ended(batch.id):
+                if not await self._cancel(batch, client):
+                    return
             poll_s = self._poll_s(batch.deployment)
             await self._store.polled(
                 batch.id, owner, state.progress, poll_s, poll_s * MAX_POLL_FACTOR
@@ -230,6 +247,24 @@ class Offloader:
                 extra={"offload_id": batch.id, "failed": state.failed, "progress": state.progress},
             )
             await self._settle(_ended(batch, state), client)
+
+    async def _cancel(self, batch: OffloadBatch, client: BatchClient) -> bool:
+        """Ask the provider to cancel a running batch whose rows all belong to jobs that
+        ended; False when the record is no longer ours. A refused cancel (the batch
+        ended or is ending meanwhile: OpenAI and Anthropic answer 400 or 409) is no
+        failure: polling goes on and reads the end."""
+        assert batch.provider_id is not None
+        try:
+            await client.cancel(batch.provider_id)
+        except ProviderError as exc:
+            if not (exc.permanent or "HTTP 409" in str(exc)):
+                raise
+            log.info("offload_cancel_refused", extra={"offload_id": batch.id, "error": str(exc)})
+            return True
+        if not await self._store.set_canceling(batch.id, self._config.owner):
+            return False
+        log.info("offload_canceling", extra={"offload_id": batch.id})
+        return True
 
     async def _settle(self, batch: OffloadBatch, client: BatchClient) -> None:
         """Publish the answers, forward the rest, settle the record."""
@@ -315,11 +350,25 @@ class Offloader:
 
     # --- helpers -----------------------------------------------------------------------
 
-    async def _step(
-        self, batch: OffloadBatch, step: Callable[[OffloadBatch, BatchClient], Awaitable[None]]
+    async def _each_claimed(
+        self,
+        states: list[BatchState],
+        step: Step,
     ) -> None:
-        """Run one record's step; a provider failure lets the record go until later, but
-        one that cannot pass (see :func:`gives_up`) ends it: its rows go realtime."""
+        """Run ``step`` on up to :data:`CLAIM_LIMIT` due records in ``states``, claiming
+        each only when the one before is done: a record waiting behind a long upload is
+        not leased meanwhile (its lease would lapse and another replica take it while we
+        still meant to work on it)."""
+        for _ in range(CLAIM_LIMIT):
+            claimed = await self._store.claim(self._config.owner, states, self._config.lease_s, 1)
+            if not claimed:
+                return
+            await self._step(claimed[0], step)
+
+    async def _step(self, batch: OffloadBatch, step: Step) -> None:
+        """Run one record's step; a failure (the provider's, the network's, the disk's or
+        the ledger's) lets the record go until later, but a provider's refusal that
+        cannot pass (see :func:`gives_up`) ends it: its rows go realtime."""
         client = self._clients.get(batch.deployment)
         owner = self._config.owner
         if client is None:
@@ -328,19 +377,28 @@ class Offloader:
             await self._store.settle(batch.id, owner)
             return
         started = time.perf_counter()
-        renewal = asyncio.create_task(self._keep_lease(batch.id), name=f"lease-{batch.id}")
+        work = asyncio.create_task(step(batch, client), name=f"offload-{batch.id}")
+        renewal = asyncio.create_task(self._keep_lease(batch.id, work), name=f"lease-{batch.id}")
         try:
-            await step(batch, client)
+            await work
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # we are stopping, not the step
+            log.warning("offload_step_lost", extra={"offload_id": batch.id})
         except ProviderError as exc:
-            log.warning(
-                "offload_step_failed",
-                extra={"offload_id": batch.id, "error": str(exc), "permanent": exc.permanent},
-            )
-            if gives_up(batch.state, exc):
-                await self._store.set_ended(batch.id, owner, None, None, str(exc)[:500])
-                await self._store.settle(batch.id, owner)
-            else:
-                await self._store.retry_later(batch.id, owner, RETRY_S, str(exc))
+            if len(self._refusals) >= MAX_TRACKED and batch.id not in self._refusals:
+                self._refusals.clear()  # records other replicas took: their counts lapse
+            refusals = self._refusals.get(batch.id, 0) + (1 if exc.permanent else 0)
+            self._refusals[batch.id] = refusals
+            end = gives_up(batch.state, exc, refusals, _past_window(batch, client))
+            if end:
+                self._refusals.pop(batch.id, None)
+            await self._failed(batch, str(exc), exc.permanent, end)
+        except STEP_FAILURES as exc:
+            await self._failed(batch, f"{exc.__class__.__name__}: {exc}", False, False)
+        else:
+            self._refusals.pop(batch.id, None)
         finally:
             renewal.cancel()
             await asyncio.gather(renewal, return_exceptions=True)
@@ -349,14 +407,37 @@ class Offloader:
             extra={"offload_id": batch.id, "elapsed_s": round(time.perf_counter() - started, 3)},
         )
 
-    async def _keep_lease(self, offload_id: int) -> None:
-        """Renew the record's lease every third of it while its step runs, so a long
-        upload or download is never taken over (and its rows submitted twice) midway."""
+    async def _failed(self, batch: OffloadBatch, error: str, permanent: bool, end: bool) -> None:
+        """A step failed: end the record (its rows go realtime) or let it go until
+        :data:`RETRY_S` from now; a ledger away meanwhile leaves it to its lease."""
+        owner = self._config.owner
+        log.warning(
+            "offload_step_failed",
+            extra={"offload_id": batch.id, "error": error, "permanent": permanent},
+        )
+        try:
+            if end:
+                await self._store.set_ended(batch.id, owner, None, None, error[:500])
+                await self._store.settle(batch.id, owner)
+            else:
+                await self._store.retry_later(batch.id, owner, RETRY_S, error)
+        except STEP_FAILURES as exc:
+            log.warning(
+                "offload_step_failure_not_recorded",
+                extra={"offload_id": batch.id, "error": repr(exc)},
+            )
+
+    async def _keep_lease(self, offload_id: int, work: asyncio.Task[None]) -> None:
+        """Renew the record's lease every third of it while its step ``work`` runs, so a
+        long upload or download is never taken over (and its rows submitted twice)
+        midway; a record found no longer ours stops its step at once. (A step lets its
+        lease go only in its last ledger call, with nothing to await after it.)"""
         lease_s = self._config.lease_s
         while True:
             await asyncio.sleep(lease_s / 3)
             try:
                 if not await self._store.renew(offload_id, self._config.owner, lease_s):
+                    work.cancel()
                     return
             except Exception as exc:  # the ledger away: the step fails on its own
                 log.warning("offload_lease_renewal_failed", extra={"error": repr(exc)})
@@ -367,17 +448,29 @@ class Offloader:
         return 30.0 if options is None else options.poll_s
 
 
-def gives_up(state: BatchState, exc: ProviderError) -> bool:
+def gives_up(
+    state: BatchState, exc: ProviderError, refusals: int = 1, past_window: bool = False
+) -> bool:
     """Whether a failed step ends its record (every row it did not answer goes
     realtime) rather than waiting for the next try: a permanent refusal before the
     provider holds the batch (the input or the create refused), one of a batch the
     provider does not know (404), or of its results once it ended. A batch the provider
-    holds is otherwise polled again, whatever the failure: it may still answer."""
+    holds is otherwise polled again (it may still answer) until :data:`MAX_REFUSALS`
+    consecutive permanent refusals (a key revoked: 401/403) or one past its window
+    (``past_window``: the provider's promise is over)."""
     if not exc.permanent:
         return False
     if state in (BatchState.RECORDED, BatchState.CREATING, BatchState.ENDED):
         return True
-    return "HTTP 404" in str(exc)
+    return "HTTP 404" in str(exc) or refusals >= MAX_REFUSALS or past_window
+
+
+def _past_window(batch: OffloadBatch, client: BatchClient) -> bool:
+    """Whether the provider's window for the batch (counted from its record, made just
+    before its create) and :data:`WINDOW_SLACK_S` have passed."""
+    options = client.deployment.batch
+    window_s = 24 * 3600.0 if options is None else options.window.total_seconds()
+    return time.time() > batch.created_at.timestamp() + window_s + WINDOW_SLACK_S
 
 
 def _ended(batch: OffloadBatch, state: ProviderState) -> OffloadBatch:
@@ -392,13 +485,15 @@ def _ended(batch: OffloadBatch, state: ProviderState) -> OffloadBatch:
 
 
 def _slice(run: list[ForwardRow], owner: str) -> SliceMessage:
+    """A slice of ``run`` at its job's priority on the broker's levels (the dispatcher's
+    own boost over a workspace's lower jobs is its in-memory state: not kept here)."""
     first = run[0]
     return SliceMessage(
         first.batch_id,
         first.model,
         tuple(SliceRow(r.row_index, r.request) for r in run),
         first.params,
-        0,
+        broker_priority(first.priority),
         0.0,
         owner,
         first.expires_at.timestamp() if first.expires_at else 0.0,

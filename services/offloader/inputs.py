@@ -6,6 +6,11 @@ params over the job's) and written to a temporary file in a worker thread, so me
 holds one page and the event loop neither builds lines nor writes to disk. A row the
 provider cannot take (or whose stored request no longer decodes) is marked ``forward``
 with its page: it goes realtime, to the alias's next deployment.
+
+The gathering bounds a batch by its rows' stored sizes, an estimate (the job's params go
+into every line, and a provider's format adds its own): the file itself never exceeds
+the deployment's ``max_bytes``. Rows whose lines would cross it are put back ``pending``
+(the next provider batch takes them); a row whose line alone would is forwarded.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -50,34 +55,63 @@ def _append(fd: int, parts: list[bytes]) -> None:
     os.write(fd, b"".join(parts))
 
 
+@dataclass(slots=True)
+class _Page:
+    """What one page put in the file, and its rows that went elsewhere."""
+
+    rows: int = 0
+    size: int = 0
+    refused: list[tuple[str, int]] = field(default_factory=list)  # to go realtime
+    surplus: list[tuple[str, int]] = field(default_factory=list)  # back to pending
+
+
 def _write_page(
-    fd: int, client: BatchClient, offload_id: int, page: list[OffloadLine], written: int
-) -> tuple[int, int, list[tuple[str, int]]]:
-    """Build and append one page's lines after the ``written`` ones before it (in a
-    worker thread): how many rows and bytes it wrote, and the rows it could not take."""
+    fd: int,
+    client: BatchClient,
+    offload_id: int,
+    page: list[OffloadLine],
+    written: int,
+    room: int | None,
+) -> _Page:
+    """Build and append one page's lines after the ``written`` ones before it, within
+    ``room`` bytes (None: no cap; in a worker thread). Once a line does not fit, it and
+    every row after it are surplus; a line that could never fit is refused."""
     separator = client.frame()[1]
     parts: list[bytes] = []
-    refused: list[tuple[str, int]] = []
-    rows = 0
+    out = _Page()
     for line in page:
+        key = (line.batch_id, line.row_index)
+        if out.surplus:
+            out.surplus.append(key)
+            continue
         built = _line(client, offload_id, line)
         if built is None:
-            refused.append((line.batch_id, line.row_index))
+            out.refused.append(key)
             continue
-        if written + rows:
+        cost = len(built) + (len(separator) if written + out.rows else 0)
+        if room is not None and cost > room:
+            (out.refused if written + out.rows == 0 else out.surplus).append(key)
+            continue
+        if written + out.rows:
             parts.append(separator)
         parts.append(built)
-        rows += 1
+        out.rows += 1
+        out.size += cost
+        if room is not None:
+            room -= cost
     _append(fd, parts)
-    return rows, sum(len(p) for p in parts), refused
+    return out
 
 
 async def build_input(
     store: OffloadStore, client: BatchClient, offload_id: int, directory: str | None = None
 ) -> BuiltInput:
     """Write record ``offload_id``'s input to a new temporary file (the caller removes
-    it); rows that cannot go in are forwarded."""
+    it), at most its deployment's ``max_bytes``; rows that cannot go in are forwarded,
+    rows beyond the cap put back pending."""
     opening, _, closing = client.frame()
+    options = client.deployment.batch
+    cap = None if options is None else options.max_bytes - len(opening) - len(closing)
     fd, path = tempfile.mkstemp(prefix=f"relay-offload-{offload_id}-", dir=directory)
     rows, size = 0, len(opening)
     try:
@@ -85,11 +119,11 @@ async def build_input(
         after: tuple[str, int] | None = None
         while page := await store.lines(offload_id, after, PAGE, PAGE_BYTES):
             after = (page[-1].batch_id, page[-1].row_index)
-            written, length, refused = await asyncio.to_thread(
-                _write_page, fd, client, offload_id, page, rows
-            )
-            await store.mark_rows(refused, RowState.FORWARD)
-            rows, size = rows + written, size + length
+            room = None if cap is None else cap - (size - len(opening))
+            out = await asyncio.to_thread(_write_page, fd, client, offload_id, page, rows, room)
+            await store.mark_rows(out.refused, RowState.FORWARD)
+            await store.mark_rows(out.surplus, RowState.PENDING)
+            rows, size = rows + out.rows, size + out.size
         size += len(closing)
         await asyncio.to_thread(_append, fd, [closing])
     except BaseException:

@@ -15,6 +15,8 @@ from relay_batches.kit.base import ServiceBus
 from relay_batches.kit.consumer import Subscribe
 from relay_batches.ledger.dispatch import RunningJob
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
+from relay_batches.metrics import JOB_TRANSITIONS
+from relay_batches.model import JobStatus
 from relay_batches.services.dispatcher.core import (
     FETCH_SLICES,
     DispatchConfig,
@@ -767,6 +769,20 @@ async def test_a_job_marked_before_is_let_go_at_once(
     marked = replace(job(total=100, model="gone", dispatched_upto=100), offload_deployment="ob")
     store.queued.append(marked)
     dispatcher = offload_dispatcher(store, recorder)
+    running = JOB_TRANSITIONS.labels(JobStatus.RUNNING)
+    before = running._value.get()
     await dispatcher.claim()
     assert store.offloaded == [] and recorder.tasks == []
     assert dispatcher.jobs == {} and store.released == [["job1"]]
+    assert running._value.get() == before  # it began running when it was marked
+
+
+async def test_a_job_offloaded_now_counts_one_start(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    store.queued.append(job(total=100, model="half"))
+    dispatcher = offload_dispatcher(store, recorder)
+    running = JOB_TRANSITIONS.labels(JobStatus.RUNNING)
+    before = running._value.get()
+    await dispatcher.claim()
+    assert running._value.get() == before + 1

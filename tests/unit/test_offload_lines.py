@@ -5,8 +5,10 @@ streamed body."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -17,16 +19,19 @@ from aiohttp.test_utils import TestServer
 from relay_batches.ledger.offload import BatchState, OffloadLine, RowState
 from relay_batches.offload import anthropic_batch, openai_batch
 from relay_batches.offload.lines import (
+    MAX_JSON_BYTES,
     MAX_LINE_BYTES,
     ProviderError,
+    ProviderState,
     ResultLine,
     custom_id,
     json_lines,
     parse_custom_id,
+    request_json,
 )
 from relay_batches.router.aliases import BatchOptions, Deployment
 from relay_batches.router.types import Completion, UnsupportedRequest
-from relay_batches.services.offloader.core import gives_up
+from relay_batches.services.offloader.core import MAX_REFUSALS, gives_up
 from relay_batches.services.offloader.inputs import build_input
 
 JOB = "0123456789abcdef0123456789abcdef"
@@ -146,18 +151,7 @@ async def test_json_lines_splits_a_stream_across_chunks_and_skips_an_oversized_l
     big = b"x" * (MAX_LINE_BYTES + 10)
     body = b'{"a":1}\n\n{"b":"' + b"2" * 70_000 + b'"}\n' + big + b"\n" + b'{"c":3}'
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse()
-        await response.prepare(request)
-        for at in range(0, len(body), 40_000):
-            await response.write(body[at : at + 40_000])
-        await response.write_eof()
-        return response
-
-    app = web.Application()
-    app.router.add_get("/", handler)
-    server = TestServer(app)
-    await server.start_server()
+    server = await chunked_server(body, -(-len(body) // 40_000), 0)
     try:
         async with aiohttp.ClientSession() as session, session.get(server.make_url("/")) as r:
             lines = [line async for line in json_lines(r)]
@@ -182,6 +176,23 @@ def test_which_failures_end_a_provider_batch(
     state: str, message: str, permanent: bool, gives: bool
 ) -> None:
     assert gives_up(BatchState(state), ProviderError(message, permanent)) is gives
+
+
+@pytest.mark.parametrize(
+    ("state", "permanent", "refusals", "past_window", "gives"),
+    [
+        ("submitted", True, MAX_REFUSALS - 1, False, False),
+        ("submitted", True, MAX_REFUSALS, False, True),
+        ("canceling", True, MAX_REFUSALS, False, True),
+        ("submitted", True, 1, True, True),
+        ("submitted", False, MAX_REFUSALS, True, False),
+    ],
+)
+def test_a_held_batch_refused_for_good_ends_after_a_bound_or_its_window(
+    state: str, permanent: bool, refusals: int, past_window: bool, gives: bool
+) -> None:
+    exc = ProviderError("retrieve: HTTP 403: forbidden", permanent)
+    assert gives_up(BatchState(state), exc, refusals, past_window) is gives
 
 
 class PagedLines:
@@ -229,3 +240,118 @@ async def test_an_openai_input_is_one_line_per_row(tmp_path: Path) -> None:
     built = await build_input(PagedLines(rows), client, 9, str(tmp_path))  # type: ignore[arg-type]
     lines = (await asyncio.to_thread(Path(built.path).read_bytes)).splitlines()
     assert [orjson.loads(line)["custom_id"] for line in lines] == [f"9-{JOB}-{i}" for i in range(3)]
+
+
+async def chunked_server(body: bytes, pieces: int, pause_s: float = 0.05) -> TestServer:
+    """A server answering every GET with ``body`` in ``pieces`` writes, ``pause_s``
+    between each (no content length), so a client sees only part of it buffered at
+    first."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        step = -(-len(body) // pieces)
+        for at in range(0, len(body), step):
+            await response.write(body[at : at + step])
+            await asyncio.sleep(pause_s)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def test_a_json_reply_in_several_chunks_is_read_to_its_end() -> None:
+    listing = {"data": [{"id": f"batch_{i}", "metadata": {"n": "x" * 500}} for i in range(300)]}
+    body = orjson.dumps({**listing, "has_more": False})
+    server = await chunked_server(body, 6)
+    timeout = aiohttp.ClientTimeout(total=30)
+    try:
+        async with aiohttp.ClientSession() as session:
+            data = await request_json(
+                session, "GET", str(server.make_url("/batches")), "list", {}, timeout
+            )
+            with pytest.raises(ProviderError, match="larger than"):
+                server_big = await chunked_server(b" " * (MAX_JSON_BYTES + 10) + b"{}", 4)
+                try:
+                    await request_json(
+                        session, "GET", str(server_big.make_url("/")), "list", {}, timeout
+                    )
+                finally:
+                    await server_big.close()
+    finally:
+        await server.close()
+    assert len(data["data"]) == 300 and data["has_more"] is False
+
+
+def long_row(index: int, chars: int) -> OffloadLine:
+    messages = [{"role": "user", "content": "x" * chars}]
+    return OffloadLine(JOB, index, orjson.dumps(messages).decode(), '{"temperature": 0.5}')
+
+
+@pytest.mark.parametrize("provider", ["openai-batch", "anthropic-batch"])
+async def test_an_input_never_exceeds_max_bytes_the_rows_beyond_go_back_pending(
+    tmp_path: Path, provider: str
+) -> None:
+    deployment = batch_deployment(provider)  # max_bytes 10,000
+    client: Any = (
+        openai_batch.OpenAIBatches(deployment, NO_SESSION)
+        if provider == "openai-batch"
+        else anthropic_batch.AnthropicBatches(deployment, NO_SESSION)
+    )
+    rows = [long_row(0, 12_000)] + [long_row(i, 3_000) for i in range(1, 6)]
+    store = PagedLines(rows)
+    built = await build_input(store, client, 9, str(tmp_path))  # type: ignore[arg-type]
+    data = await asyncio.to_thread(Path(built.path).read_bytes)
+    assert built.size == len(data) <= 10_000
+    assert built.rows == 3
+    marked = {state: keys for keys, state in store.marked}
+    assert store.marked[0] == ([(JOB, 0)], RowState.FORWARD)
+    assert sorted(k for keys, s in store.marked if s is RowState.PENDING for k in keys) == [
+        (JOB, 4),
+        (JOB, 5),
+    ]
+    assert RowState.PENDING in marked
+
+
+@pytest.mark.parametrize("provider", ["openai-batch", "anthropic-batch"])
+async def test_result_lines_are_parsed_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch, provider: str
+) -> None:
+    module: Any = openai_batch if provider == "openai-batch" else anthropic_batch
+    if provider == "openai-batch":
+        raw = [openai_output(i) for i in range(600)]
+    else:
+        raw = [
+            orjson.dumps({"custom_id": f"5-{JOB}-{i}", "result": {"type": "expired"}})
+            for i in range(600)
+        ]
+    server = await chunked_server(b"\n".join(raw) + b"\n", 5)
+    loop_thread = threading.get_ident()
+    threads: set[int] = set()
+    parse = module.result_line
+
+    def recorded(line: bytes, offload_id: int) -> ResultLine | None:
+        threads.add(threading.get_ident())
+        return cast(ResultLine | None, parse(line, offload_id))
+
+    monkeypatch.setattr(module, "result_line", recorded)
+    deployment = replace(batch_deployment(provider), base_url=str(server.make_url("/v1")))
+    try:
+        async with aiohttp.ClientSession() as session:
+            client = (
+                openai_batch.OpenAIBatches(deployment, session)
+                if provider == "openai-batch"
+                else anthropic_batch.AnthropicBatches(deployment, session)
+            )
+            state = ProviderState(True, 600, str(server.make_url("/v1/messages/batches/r")))
+            if provider == "openai-batch":
+                state = ProviderState(True, 600, "file-out")
+            lines = [line async for line in client.results(state, 5)]
+    finally:
+        await server.close()
+    assert sorted(line.row_index for line in lines) == list(range(600))
+    assert threads and loop_thread not in threads

@@ -360,11 +360,17 @@ def test_batch_deployments_take_the_providers_defaults() -> None:
 
 def test_batch_options_are_read() -> None:
     routes = parse_aliases(
-        batch_routes(max_rows=10, max_bytes=4096, linger_s=0, poll_s=0.5, window="2h"), {}
+        batch_routes(max_rows=10, max_bytes=4096, linger_s=0, poll_s=0.5, window="1d"), {}
     )
     lead = routes.batch_lead("half")
     assert lead is not None
-    assert lead.batch == BatchOptions("openai", 10, 4096, 0.0, 0.5, timedelta(hours=2))
+    assert lead.batch == BatchOptions("openai", 10, 4096, 0.0, 0.5, timedelta(hours=24))
+    data = dict(BATCH_ROUTES)
+    data["deployments"] = {**BATCH_ROUTES["deployments"]}
+    data["deployments"]["ab"] = {**data["deployments"]["ab"], "window": "2h"}
+    claude = parse_aliases(data, {}).batch_lead("claude-half")
+    assert claude is not None and claude.batch is not None
+    assert claude.batch.window == timedelta(hours=2)
 
 
 @pytest.mark.parametrize(
@@ -379,6 +385,8 @@ def test_batch_options_are_read() -> None:
         ({"window": "24 hours"}, "window must be a duration"),
         ({"window": 3600}, "window must be a duration"),
         ({"window": "0h"}, "window must be a duration"),
+        ({"window": "2h"}, "window must be '24h' for openai-batch"),
+        ({"window": "7d"}, "window must be '24h' for openai-batch"),
         ({"rpm": 10}, "rpm does not apply to a batch deployment"),
         ({"tpm": 10}, "tpm does not apply to a batch deployment"),
     ],

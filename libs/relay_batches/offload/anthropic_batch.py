@@ -34,9 +34,9 @@ from relay_batches.offload.lines import (
     check,
     custom_id,
     decoded_line,
-    json_lines,
     objects,
     request_json,
+    result_lines,
     string_of,
     transfer_timeout,
 )
@@ -135,10 +135,8 @@ class AnthropicBatches:
             state.output, headers=self._headers, timeout=self._timeout, allow_redirects=False
         ) as response:
             await check(response, "results")
-            async for raw in json_lines(response):
-                line = result_line(raw, offload_id)
-                if line is not None:
-                    yield line
+            async for line in result_lines(response, offload_id, result_line):
+                yield line
 
     async def _json(self, method: str, url: str, what: str) -> dict[str, Any]:
         return await request_json(self._session, method, url, what, self._headers, self._timeout)

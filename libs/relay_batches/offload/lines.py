@@ -9,8 +9,9 @@ else (a line the provider made up, or another record's).
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ import orjson
 
 from relay_batches.ids import is_valid_id
 from relay_batches.router.aliases import Deployment
+from relay_batches.router.router import read_capped
 from relay_batches.router.types import ProviderReply
 
 # A reply is read up to the router's cap; a result line holds one and its envelope.
@@ -26,6 +28,8 @@ MAX_LINE_BYTES = 8 * 1024 * 1024 + 64 * 1024
 READ_CHUNK = 64 * 1024
 ERROR_SNIPPET_CHARS = 200
 MAX_JSON_BYTES = 1024 * 1024
+PARSE_LINES = 256  # result lines parsed together in a worker thread
+PARSE_BYTES = 8 * 1024 * 1024
 _CUSTOM_ID = re.compile(r"^([0-9]{1,19})-([0-9a-f]{32})-([0-9]{1,10})$")
 
 
@@ -166,6 +170,35 @@ async def json_lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         yield bytes(pending)
 
 
+async def result_lines(
+    response: aiohttp.ClientResponse,
+    offload_id: int,
+    parse: Callable[[bytes, int], ResultLine | None],
+) -> AsyncIterator[ResultLine]:
+    """The result lines of a streamed body, parsed by ``parse`` a page at a time (at
+    most :data:`PARSE_LINES` lines or about :data:`PARSE_BYTES`) in a worker thread:
+    decoding lines of up to 8 MB, tens of thousands of them, would otherwise hold the
+    event loop (health checks, lease renewals) for the whole read."""
+    page: list[bytes] = []
+    size = 0
+    async for raw in json_lines(response):
+        page.append(raw)
+        size += len(raw)
+        if len(page) >= PARSE_LINES or size >= PARSE_BYTES:
+            for line in await asyncio.to_thread(_parse_page, page, offload_id, parse):
+                yield line
+            page, size = [], 0
+    if page:
+        for line in await asyncio.to_thread(_parse_page, page, offload_id, parse):
+            yield line
+
+
+def _parse_page(
+    page: list[bytes], offload_id: int, parse: Callable[[bytes, int], ResultLine | None]
+) -> list[ResultLine]:
+    return [line for raw in page if (line := parse(raw, offload_id)) is not None]
+
+
 async def request_json(
     session: aiohttp.ClientSession,
     method: str,
@@ -175,16 +208,19 @@ async def request_json(
     timeout: aiohttp.ClientTimeout,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """One call whose reply is a JSON object (read up to :data:`MAX_JSON_BYTES`);
+    """One call whose reply is a JSON object (read to its end, at most
+    :data:`MAX_JSON_BYTES`);
     :class:`ProviderError` for a failed call or an unusable reply."""
     try:
         async with session.request(
             method, url, headers=headers, timeout=timeout, allow_redirects=False, **kwargs
         ) as response:
             await check(response, what)
-            body = await response.content.read(MAX_JSON_BYTES)
+            body = await read_capped(response, MAX_JSON_BYTES)
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise ProviderError(f"{what}: {exc.__class__.__name__}") from exc
+    if len(body) > MAX_JSON_BYTES:
+        raise ProviderError(f"{what}: the reply is larger than {MAX_JSON_BYTES} bytes")
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:

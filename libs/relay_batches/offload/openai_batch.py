@@ -31,9 +31,9 @@ from relay_batches.offload.lines import (
     check,
     custom_id,
     decoded_line,
-    json_lines,
     objects,
     request_json,
+    result_lines,
     string_of,
     transfer_timeout,
 )
@@ -165,10 +165,8 @@ class OpenAIBatches:
                 allow_redirects=False,
             ) as response:
                 await check(response, "results")
-                async for raw in json_lines(response):
-                    line = result_line(raw, offload_id)
-                    if line is not None:
-                        yield line
+                async for line in result_lines(response, offload_id, result_line):
+                    yield line
 
     async def _json(self, method: str, path: str, what: str, **kwargs: Any) -> dict[str, Any]:
         return await request_json(

@@ -33,6 +33,7 @@ BATCH_KEYS = ("max_rows", "max_bytes", "linger_s", "poll_s", "window")
 DEFAULT_LINGER_S = 60.0
 DEFAULT_POLL_S = 30.0
 DEFAULT_WINDOW = "24h"
+OPENAI_WINDOW = timedelta(hours=24)  # the one completion window OpenAI takes
 PRICE_KEYS = ("prompt_per_mtok", "completion_per_mtok")
 TOKENS_PER_MTOK = 1_000_000
 
@@ -233,13 +234,19 @@ def _batch_options(
                 where + f"deployment {name!r}: {key} does not apply to a batch deployment"
             )
     wire, max_rows, max_bytes = caps
+    window = _window(name, spec.get("window", DEFAULT_WINDOW), where)
+    if provider == "openai-batch" and window != OPENAI_WINDOW:
+        raise ConfigError(
+            where + f"deployment {name!r}: window must be '24h' for openai-batch (the only"
+            f" completion window OpenAI takes), not {spec.get('window')!r}"
+        )
     return BatchOptions(
         wire=wire,
         max_rows=_capped(name, spec, "max_rows", max_rows, where),
         max_bytes=_capped(name, spec, "max_bytes", max_bytes, where),
         linger_s=_number(name, spec, "linger_s", DEFAULT_LINGER_S, where),
         poll_s=_positive(name, spec, "poll_s", DEFAULT_POLL_S, where),
-        window=_window(name, spec.get("window", DEFAULT_WINDOW), where),
+        window=window,
     )
 
 
