@@ -39,7 +39,7 @@ import aiohttp
 import asyncpg
 import orjson
 
-from relay_batches.bus.topology import broker_priority, results_shard
+from relay_batches.bus.topology import results_shard
 from relay_batches.errors import PermanentError, TransientError
 from relay_batches.ledger.offload import (
     BatchState,
@@ -485,15 +485,17 @@ def _ended(batch: OffloadBatch, state: ProviderState) -> OffloadBatch:
 
 
 def _slice(run: list[ForwardRow], owner: str) -> SliceMessage:
-    """A slice of ``run`` at its job's priority on the broker's levels (the dispatcher's
-    own boost over a workspace's lower jobs is its in-memory state: not kept here)."""
+    """A slice of ``run`` at the broker's base level, as the dispatcher publishes a job's
+    rows (only its short-lived boost over a workspace's lower jobs goes higher): a job's
+    priority orders it within its workspace, and a level from it would put these rows
+    ahead of every other workspace's, against the fair share."""
     first = run[0]
     return SliceMessage(
         first.batch_id,
         first.model,
         tuple(SliceRow(r.row_index, r.request) for r in run),
         first.params,
-        broker_priority(first.priority),
+        0,
         0.0,
         owner,
         first.expires_at.timestamp() if first.expires_at else 0.0,

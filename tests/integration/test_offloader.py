@@ -187,7 +187,8 @@ async def test_a_record_resumed_before_any_create_creates_once_and_settles(
     await worker.forward_pass()
     forwarded = [s for s in out.slices if s.batch_id == batch_id]
     assert [[r.index for r in s.rows] for s in forwarded] == [[2]]
-    assert (forwarded[0].model, forwarded[0].level) == ("ob-once-alias", 4)
+    # The base level, as the dispatcher's own slices: a job's priority is not a level.
+    assert (forwarded[0].model, forwarded[0].level) == ("ob-once-alias", 0)
     states = await pool.fetch(
         "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index",
         batch_id,
