@@ -60,7 +60,12 @@ async def build(
         clients,
         publish_outcomes,
         publish_slice,
-        OffloadConfig(owner, lease_s=settings.lease_seconds, shards=bus.names.shards),
+        OffloadConfig(
+            owner,
+            lease_s=settings.lease_seconds,
+            shards=bus.names.shards,
+            margin_s=settings.offload_margin.total_seconds(),
+        ),
     )
     log.info("configured", extra={"owner": owner, "batch_deployments": sorted(clients)})
     return offloader_service(

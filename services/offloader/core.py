@@ -103,6 +103,7 @@ class OffloadConfig:
     lease_s: float = 60.0
     shards: int = 1
     spool_dir: str | None = None
+    margin_s: float = 3600.0  # RELAY_OFFLOAD_MARGIN: gather's deadline check, as the dispatcher's
 
 
 class Offloader:
@@ -139,6 +140,7 @@ class Offloader:
                 int(d.batch.max_bytes * BYTES_SHARE),
                 d.batch.linger_s,
                 window_s=d.batch.window.total_seconds(),
+                margin_s=config.margin_s,
             )
             for d in aliases.batch_deployments().values()
             if d.batch is not None
@@ -396,7 +398,10 @@ class Offloader:
                 self._refusals.pop(batch.id, None)
             await self._failed(batch, str(exc), exc.permanent, end)
         except STEP_FAILURES as exc:
-            await self._failed(batch, f"{exc.__class__.__name__}: {exc}", False, False)
+            # A failure of ours (the ledger, the disk) ends the record only once the
+            # provider's window is over: its rows then go realtime instead of waiting on.
+            end = _past_window(batch, client)
+            await self._failed(batch, f"{exc.__class__.__name__}: {exc}", False, end)
         else:
             self._refusals.pop(batch.id, None)
         finally:
@@ -458,11 +463,13 @@ def gives_up(
     holds is otherwise polled again (it may still answer) until :data:`MAX_REFUSALS`
     consecutive permanent refusals (a key revoked: 401/403) or one past its window
     (``past_window``: the provider's promise is over)."""
+    if past_window:
+        return True  # whatever the failure: transient ones (5xx, timeouts) too
     if not exc.permanent:
         return False
     if state in (BatchState.RECORDED, BatchState.CREATING, BatchState.ENDED):
         return True
-    return "HTTP 404" in str(exc) or refusals >= MAX_REFUSALS or past_window
+    return "HTTP 404" in str(exc) or refusals >= MAX_REFUSALS
 
 
 def _past_window(batch: OffloadBatch, client: BatchClient) -> bool:

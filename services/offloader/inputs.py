@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import orjson
 
@@ -26,6 +28,8 @@ from relay_batches.ledger.offload import OffloadLine, OffloadStore, RowState
 from relay_batches.messages import row_request
 from relay_batches.offload.lines import BatchClient
 from relay_batches.router.types import UnsupportedRequest
+
+T = TypeVar("T")
 
 PAGE = 1_000
 PAGE_BYTES = 8 * 1024 * 1024  # of row requests read at once (a row larger goes alone)
@@ -103,6 +107,23 @@ def _write_page(
     return out
 
 
+async def run_in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a worker thread; cancelled meanwhile, wait for the thread to be
+    done before the cancel goes on: the thread writes to a descriptor the caller closes
+    on a cancel, and a closed descriptor's number may already be another file's or
+    connection's by then (a page is bounded work: the wait is short)."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        while not work.done():
+            try:
+                await asyncio.wait({work})
+            except asyncio.CancelledError:
+                continue
+        raise
+
+
 async def build_input(
     store: OffloadStore, client: BatchClient, offload_id: int, directory: str | None = None
 ) -> BuiltInput:
@@ -115,17 +136,17 @@ async def build_input(
     fd, path = tempfile.mkstemp(prefix=f"relay-offload-{offload_id}-", dir=directory)
     rows, size = 0, len(opening)
     try:
-        await asyncio.to_thread(_append, fd, [opening])
+        await run_in_thread(_append, fd, [opening])
         after: tuple[str, int] | None = None
         while page := await store.lines(offload_id, after, PAGE, PAGE_BYTES):
             after = (page[-1].batch_id, page[-1].row_index)
             room = None if cap is None else cap - (size - len(opening))
-            out = await asyncio.to_thread(_write_page, fd, client, offload_id, page, rows, room)
+            out = await run_in_thread(_write_page, fd, client, offload_id, page, rows, room)
             await store.mark_rows(out.refused, RowState.FORWARD)
             await store.mark_rows(out.surplus, RowState.PENDING)
             rows, size = rows + out.rows, size + out.size
         size += len(closing)
-        await asyncio.to_thread(_append, fd, [closing])
+        await run_in_thread(_append, fd, [closing])
     except BaseException:
         os.close(fd)
         os.unlink(path)

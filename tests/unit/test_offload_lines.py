@@ -185,7 +185,10 @@ def test_which_failures_end_a_provider_batch(
         ("submitted", True, MAX_REFUSALS, False, True),
         ("canceling", True, MAX_REFUSALS, False, True),
         ("submitted", True, 1, True, True),
-        ("submitted", False, MAX_REFUSALS, True, False),
+        # Past its window a batch ends whatever the failure: a provider that only ever
+        # answers 5xx or times out does not hold its rows for good.
+        ("submitted", False, 1, True, True),
+        ("submitted", False, MAX_REFUSALS, False, False),
     ],
 )
 def test_a_held_batch_refused_for_good_ends_after_a_bound_or_its_window(
