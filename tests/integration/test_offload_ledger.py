@@ -19,6 +19,7 @@ from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.offload import (
+    ANALYZE_AFTER_ROWS,
     BatchState,
     ForwardRow,
     Gathering,
@@ -497,3 +498,27 @@ async def test_an_offloaded_job_holds_no_place_under_the_workspace_running_cap(
         "cap-dispatcher", {workspace: -1000}, 10, 30, per_workspace=1
     )
     assert [j.id for j in outranking] == [waiting.id]
+
+
+async def test_a_large_intake_reads_the_tables_statistics_again(pool: asyncpg.Pool) -> None:
+    """Statistics taken while offload_rows held a few finished rows say nothing is
+    pending; a gather of 20,000 rows planned on them took minutes (a nested loop).
+    An intake of ANALYZE_AFTER_ROWS rows or more analyzes the table itself."""
+    store = OffloadStore(pool)
+    await offloaded_job(pool, ANALYZE_AFTER_ROWS, "stats-dep")
+
+    async def analyzed() -> int:
+        count = await pool.fetchval(
+            "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'offload_rows'"
+        )
+        return int(count or 0)
+
+    before = await analyzed()
+    while await store.intake(leads("stats-dep")):
+        pass
+    # The statistics collector reports a little after the fact.
+    for _ in range(100):
+        if await analyzed() > before:
+            break
+        await asyncio.sleep(0.1)
+    assert await analyzed() > before
