@@ -79,6 +79,10 @@ class RowRunner:
         self._holdings = holdings if holdings is not None else Holdings("row-worker", 1.0)
         self.canceled = CanceledJobs()
         self._running: dict[str, set[asyncio.Task[None]]] = {}
+        # Row tasks created whose first step has not run yet: one cancelled then (a cancel
+        # arriving right after the slice started it) never runs its body, so its slot is
+        # given back by its done callback instead of its ``finally``.
+        self._unstarted: set[asyncio.Task[None]] = set()
         self._stopping = False
 
     def stop_starting(self) -> None:
@@ -124,6 +128,7 @@ class RowRunner:
                 self._run_row(job_slice, index, request), name=f"row-{job_slice.batch_id}-{index}"
             )
             self._running.setdefault(job_slice.batch_id, set()).add(row)
+            self._unstarted.add(row)
             row.add_done_callback(functools.partial(self._forget, job_slice.batch_id))
             started.append(row)
         results = await asyncio.gather(*started, return_exceptions=True)
@@ -138,6 +143,9 @@ class RowRunner:
         return 0.0 < job_slice.expires_at <= self._clock()
 
     def _forget(self, batch_id: str, task: asyncio.Task[None]) -> None:
+        if task in self._unstarted:  # cancelled before its first step: its slot goes back
+            self._unstarted.discard(task)
+            self._slots.release()
         tasks = self._running.get(batch_id)
         if tasks is not None:
             tasks.discard(task)
@@ -145,6 +153,8 @@ class RowRunner:
                 del self._running[batch_id]
 
     async def _run_row(self, job_slice: DecodedSlice, index: int, request: RowRequest) -> None:
+        # From here on the ``finally`` below gives the slot back (no await before it).
+        self._unstarted.discard(asyncio.current_task())
         ROWS_IN_FLIGHT.inc()
         started = self._monotonic()
         try:

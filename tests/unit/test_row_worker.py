@@ -219,6 +219,22 @@ async def test_cancel_aborts_in_flight_calls_and_drops_waiting_rows() -> None:
     assert router.in_flight == 0
 
 
+async def test_a_cancel_before_a_row_task_started_gives_its_slot_back() -> None:
+    """A cancel that lands right after a slice created a row's task, before its first
+    step, cancels a task whose body never runs: its slot must still come back, or the
+    worker runs out of slots and holds its slices unacked for good."""
+    router, sink = FakeRouter(), Sink()
+    runner = RowRunner(router, sink, concurrency=1)
+    running = asyncio.create_task(runner.handle_slice(tagged("b1", range(2))))
+    await asyncio.sleep(0)  # the slice creates row 0's task and waits for the slot
+    assert runner.cancel_job("b1") == 1  # row 0's task has not run a step yet
+
+    assert await asyncio.wait_for(running, WAIT_S) == 0
+    assert router.calls == []
+    # Every slot is free: another job's rows run.
+    assert await asyncio.wait_for(runner.handle_slice(tagged("b2", [0])), WAIT_S) == 1
+
+
 async def test_cancel_leaves_other_jobs_running() -> None:
     router, sink = FakeRouter(gated=True), Sink()
     runner = RowRunner(router, sink, concurrency=4)
