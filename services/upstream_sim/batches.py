@@ -5,6 +5,7 @@ input and of a results download."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -37,7 +38,7 @@ STREAM_BYTES = 1 << 20
 Halfway = Callable[[], Awaitable[None]]
 
 
-class BatchApi:
+class BatchApi(abc.ABC):
     """What the routes of either batch API hold: the settings, the simulator's counters,
     the clock batches are timed by and what the test delays wait with."""
 
@@ -50,9 +51,9 @@ class BatchApi:
         self._sleep = sleep
         self.reset()
 
+    @abc.abstractmethod
     def reset(self) -> None:
         """Forget every batch (each API holds its own)."""
-        raise NotImplementedError
 
     async def hold_input(self) -> None:
         """Wait ``SimConfig.batch_input_delay_s`` before an input is answered."""

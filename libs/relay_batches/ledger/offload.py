@@ -123,7 +123,6 @@ class ForwardRow:
     request: str
     model: str
     params: str
-    priority: int
     expires_at: datetime | None
 
 
@@ -741,7 +740,7 @@ _FORWARD_LOCK = (
     " page AS (SELECT batch_id, row_index,"
     "  sum(bytes) OVER (ORDER BY batch_id, row_index) AS upto,"
     "  row_number() OVER (ORDER BY batch_id, row_index) AS n FROM taken)"
-    " SELECT p.batch_id, p.row_index, r.request, b.model, b.params, b.priority, b.expires_at"
+    " SELECT p.batch_id, p.row_index, r.request, b.model, b.params, b.expires_at"
     " FROM page p JOIN batches b ON b.id = p.batch_id"
     " JOIN batch_rows r ON r.batch_id = b.rows_batch_id AND r.row_index = p.row_index"
     " WHERE p.n = 1 OR p.upto <= $2"
