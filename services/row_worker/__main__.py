@@ -6,8 +6,6 @@ import contextlib
 import logging
 import os
 
-import aiohttp
-
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import MAX_QUEUE_NAME_BYTES
 from relay_batches.ids import new_id
@@ -16,6 +14,7 @@ from relay_batches.ratelimit.limiter import SharedLimiter
 from relay_batches.ratelimit.parts import rate_limit_parts
 from relay_batches.router.aliases import AliasTable, load_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
+from relay_batches.router.http1 import Http1Client
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
 from relay_batches.runtime import Service, run_service
@@ -40,13 +39,12 @@ async def build(
     aliases = load_aliases(settings.routes_file, os.environ)
     bus = await open_bus(settings, resources, "row-worker")
     worker = f"row-worker-{new_id()[:12]}"
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    session = aiohttp.ClientSession(connector=connector)
-    resources.push_async_callback(session.close)
+    client = Http1Client()
+    resources.push_async_callback(client.close)
     keeper, limiter = shared_limits(aliases, bus, worker)
     router = ModelRouter(
         aliases,
-        session,
+        client,
         BackoffPolicy(settings.retry_base_ms / 1000, settings.retry_cap_s),
         cooldowns=Cooldowns(
             CooldownPolicy(

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import aio_pika
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -31,6 +30,7 @@ from relay_batches.ratelimit.limiter import SharedLimiter
 from relay_batches.ratelimit.limits import RateLimit
 from relay_batches.ratelimit.parts import rate_limit_parts
 from relay_batches.router.aliases import AliasTable, Deployment
+from relay_batches.router.http1 import Http1Client
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
 from relay_batches.services.row_worker.__main__ import shared_limits
@@ -63,7 +63,7 @@ class Worker:
 
 
 async def start_worker(
-    names: Names, index: int, aliases: AliasTable, session: aiohttp.ClientSession
+    names: Names, index: int, aliases: AliasTable, session: Http1Client
 ) -> Worker:
     bus = Bus(AMQP_URL, names, f"ratelimit-test-{index}")
     await bus.connect()
@@ -93,7 +93,7 @@ class Fleet:
 
 
 async def start_fleet(
-    sim_config: SimConfig, limit: RateLimit, session: aiohttp.ClientSession, workers: int = 3
+    sim_config: SimConfig, limit: RateLimit, session: Http1Client, workers: int = 3
 ) -> Fleet:
     sim = TestServer(build_app(sim_config))
     await sim.start_server()
@@ -134,9 +134,10 @@ async def stop_fleet(fleet: Fleet) -> None:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as created:
-        yield created
+async def session() -> AsyncIterator[Http1Client]:
+    client = Http1Client()
+    yield client
+    await client.close()
 
 
 @dataclass
@@ -181,7 +182,7 @@ def report(name: str, run: Run, stats: dict[str, int], limit_per_s: float) -> No
     )
 
 
-async def test_three_workers_hold_600_rpm_together(session: aiohttp.ClientSession) -> None:
+async def test_three_workers_hold_600_rpm_together(session: Http1Client) -> None:
     fleet = await start_fleet(SimConfig(rpm=600), RateLimit(rpm=600), session)
     try:
         assert len(fleet.leaders()) == 1
@@ -197,7 +198,7 @@ async def test_three_workers_hold_600_rpm_together(session: aiohttp.ClientSessio
         await stop_fleet(fleet)
 
 
-async def test_three_workers_hold_a_token_limit_together(session: aiohttp.ClientSession) -> None:
+async def test_three_workers_hold_a_token_limit_together(session: Http1Client) -> None:
     # Each row counts 2 prompt tokens ("hi 0001": 7 chars) + max_tokens 98 = 100 tokens;
     # 36,000 tpm is 600 tokens a second: 6 rows a second.
     fleet = await start_fleet(SimConfig(tpm=36_000), RateLimit(tpm=36_000), session)
@@ -212,7 +213,7 @@ async def test_three_workers_hold_a_token_limit_together(session: aiohttp.Client
         await stop_fleet(fleet)
 
 
-async def test_leader_failover_keeps_rows_flowing(session: aiohttp.ClientSession) -> None:
+async def test_leader_failover_keeps_rows_flowing(session: Http1Client) -> None:
     fleet = await start_fleet(SimConfig(rpm=600), RateLimit(rpm=600), session)
     try:
         (leader,) = fleet.leaders()
@@ -247,7 +248,7 @@ def _calls_reached(fleet: Fleet, calls: int):  # type: ignore[no-untyped-def]
 
 
 async def test_a_throttle_event_lowers_every_workers_rate(
-    session: aiohttp.ClientSession,
+    session: Http1Client,
 ) -> None:
     fleet = await start_fleet(SimConfig(rpm=600), RateLimit(rpm=600), session)
     try:
@@ -261,7 +262,7 @@ async def test_a_throttle_event_lowers_every_workers_rate(
         await stop_fleet(fleet)
 
 
-async def test_a_waiting_call_cancelled_leaves_no_waiter(session: aiohttp.ClientSession) -> None:
+async def test_a_waiting_call_cancelled_leaves_no_waiter(session: Http1Client) -> None:
     fleet = await start_fleet(SimConfig(), RateLimit(rpm=600), session)
     try:
         for worker in fleet.workers:

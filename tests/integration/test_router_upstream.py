@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from relay_batches.router.aliases import AliasTable, parse_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
+from relay_batches.router.http1 import Http1Client
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
 from relay_batches.services.upstream_sim.app import SimConfig, build_app
@@ -47,10 +48,11 @@ async def broken_sim() -> AsyncIterator[TestServer]:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
+async def session() -> AsyncIterator[Http1Client]:
     """The router's HTTP client."""
-    async with aiohttp.ClientSession() as created:
-        yield created
+    client = Http1Client()
+    yield client
+    await client.close()
 
 
 def _deployment(server: TestServer, **extra: Any) -> dict[str, Any]:
@@ -68,7 +70,7 @@ def _aliases(deployments: dict[str, dict[str, Any]], order: list[str]) -> AliasT
     return parse_aliases({"aliases": {"m": {"deployments": order}}, "deployments": deployments}, {})
 
 
-def _router(aliases: AliasTable, session: aiohttp.ClientSession) -> ModelRouter:
+def _router(aliases: AliasTable, session: Http1Client) -> ModelRouter:
     return ModelRouter(
         aliases,
         session,
@@ -83,7 +85,7 @@ def _user(content: str) -> list[dict[str, str]]:
 
 
 async def test_two_503s_then_success_completes_with_three_attempts(
-    sim: TestServer, session: aiohttp.ClientSession
+    sim: TestServer, session: Http1Client
 ) -> None:
     router = _router(_aliases({"a": _deployment(sim)}, ["a"]), session)
     result = await router.complete("m", _user("retry me [sim:fail-first=2]"), {})
@@ -92,9 +94,7 @@ async def test_two_503s_then_success_completes_with_three_attempts(
     assert (result.attempts, result.deployment, result.error) == (3, "a", None)
 
 
-async def test_429_with_retry_after_is_retried(
-    sim: TestServer, session: aiohttp.ClientSession
-) -> None:
+async def test_429_with_retry_after_is_retried(sim: TestServer, session: Http1Client) -> None:
     slept: list[float] = []
 
     async def sleep(delay: float) -> None:
@@ -113,7 +113,7 @@ async def test_429_with_retry_after_is_retried(
 
 
 async def test_always_503_on_a_falls_back_to_b(
-    sim: TestServer, broken_sim: TestServer, session: aiohttp.ClientSession
+    sim: TestServer, broken_sim: TestServer, session: Http1Client
 ) -> None:
     aliases = _aliases({"a": _deployment(broken_sim), "b": _deployment(sim)}, ["a", "b"])
     result = await _router(aliases, session).complete("m", USER, {})
@@ -124,7 +124,7 @@ async def test_always_503_on_a_falls_back_to_b(
 
 
 async def test_failing_on_every_deployment_is_dead_lettered(
-    broken_sim: TestServer, session: aiohttp.ClientSession
+    broken_sim: TestServer, session: Http1Client
 ) -> None:
     aliases = _aliases(
         {"a": _deployment(broken_sim, max_retries=1), "b": _deployment(broken_sim)}, ["a", "b"]
@@ -138,7 +138,7 @@ async def test_failing_on_every_deployment_is_dead_lettered(
 
 
 async def test_a_400_fails_at_once_without_dead_letter(
-    sim: TestServer, session: aiohttp.ClientSession
+    sim: TestServer, session: Http1Client
 ) -> None:
     aliases = _aliases({"a": _deployment(sim)}, ["a"])
     result = await _router(aliases, session).complete("m", _user("bad [sim:status=400]"), {})
@@ -148,9 +148,7 @@ async def test_a_400_fails_at_once_without_dead_letter(
     assert result.error.startswith("upstream_error: a: HTTP 400")
 
 
-async def test_a_hanging_upstream_is_cut_at_timeout(
-    sim: TestServer, session: aiohttp.ClientSession
-) -> None:
+async def test_a_hanging_upstream_is_cut_at_timeout(sim: TestServer, session: Http1Client) -> None:
     aliases = _aliases({"a": _deployment(sim, timeout_s=0.3, max_retries=1)}, ["a"])
     result = await _router(aliases, session).complete("m", _user("wait [sim:hang]"), {})
     assert result.completion is None
@@ -159,7 +157,7 @@ async def test_a_hanging_upstream_is_cut_at_timeout(
     assert result.error == "upstream_error: a: timed out after 0.3s"
 
 
-async def test_usage_and_params_reach_the_upstream(session: aiohttp.ClientSession) -> None:
+async def test_usage_and_params_reach_the_upstream(session: Http1Client) -> None:
     seen: list[dict[str, Any]] = []
 
     async def chat(request: web.Request) -> web.Response:
@@ -187,7 +185,7 @@ async def test_usage_and_params_reach_the_upstream(session: aiohttp.ClientSessio
     ]
 
 
-async def test_anthropic_messages_shape_over_http(session: aiohttp.ClientSession) -> None:
+async def test_anthropic_messages_shape_over_http(session: Http1Client) -> None:
     seen: list[tuple[dict[str, str], dict[str, Any]]] = []
 
     async def messages(request: web.Request) -> web.Response:
@@ -302,7 +300,7 @@ def _answer_turns(call: dict[str, Any], result: str) -> list[dict[str, Any]]:
     [("gpt", "sim-echo", "call_"), ("claude", "sim-claude", "toolu_")],
 )
 async def test_a_tool_call_then_its_answer_through_each_provider(
-    sim: TestServer, session: aiohttp.ClientSession, alias: str, model: str, call_prefix: str
+    sim: TestServer, session: Http1Client, alias: str, model: str, call_prefix: str
 ) -> None:
     router = _router(_both(sim), session)
     first = await router.complete(alias, ASKING, TOOLS)
@@ -326,7 +324,7 @@ async def test_a_tool_call_then_its_answer_through_each_provider(
 
 
 async def test_consecutive_tool_turns_and_a_user_turn_reach_claude_as_one_user_turn(
-    sim: TestServer, session: aiohttp.ClientSession
+    sim: TestServer, session: Http1Client
 ) -> None:
     calls = [
         {
@@ -362,7 +360,7 @@ async def test_consecutive_tool_turns_and_a_user_turn_reach_claude_as_one_user_t
 
 
 async def test_content_parts_are_echoed_through_both_providers(
-    sim: TestServer, session: aiohttp.ClientSession
+    sim: TestServer, session: Http1Client
 ) -> None:
     parts = [
         {"type": "text", "text": "describe "},
@@ -377,7 +375,7 @@ async def test_content_parts_are_echoed_through_both_providers(
 
 
 async def test_a_field_claude_cannot_take_falls_through_to_the_openai_deployment(
-    sim: TestServer, session: aiohttp.ClientSession
+    sim: TestServer, session: Http1Client
 ) -> None:
     router = _router(_both(sim), session)
     params = {**TOOLS, "seed": 7, "response_format": {"type": "json_object"}}
@@ -395,5 +393,5 @@ async def test_a_field_claude_cannot_take_falls_through_to_the_openai_deployment
         False,
         "upstream_error: claude: anthropic deployments cannot take seed",
     )
-    async with session.get(sim.make_url("/stats")) as stats:
+    async with aiohttp.ClientSession() as http, http.get(sim.make_url("/stats")) as stats:
         assert (await stats.json())["calls"] == 1

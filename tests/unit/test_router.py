@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -23,6 +22,7 @@ from relay_batches.metrics import UPSTREAM_THROTTLED
 from relay_batches.ratelimit.limiter import NoLimiter
 from relay_batches.router.aliases import AliasTable, BatchOptions, Deployment, parse_aliases
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
+from relay_batches.router.http1 import Http1Client
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import MAX_THROTTLED_RETRIES, ModelRouter
 from relay_batches.router.types import Completion, RowResult
@@ -125,9 +125,10 @@ async def upstream() -> AsyncIterator[Upstream]:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
+async def session() -> AsyncIterator[Http1Client]:
+    client = Http1Client()
+    yield client
+    await client.close()
 
 
 @pytest.fixture
@@ -149,7 +150,7 @@ def deployment(upstream: Upstream, name: str, **overrides: Any) -> Deployment:
 
 
 def make_router(
-    session: aiohttp.ClientSession, sleep: SleepRecorder, *deployments: Deployment
+    session: Http1Client, sleep: SleepRecorder, *deployments: Deployment
 ) -> ModelRouter:
     aliases = AliasTable({ALIAS: tuple(deployments)})
     return ModelRouter(aliases, session, BackoffPolicy(), sleep=sleep, rng=random.Random(SEED))
@@ -162,7 +163,7 @@ def jitter(count: int, base: float = 0.05, cap: float = 5.0) -> list[float]:
 
 
 async def test_first_call_succeeds(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", reply("hello", 7, 2))
     router = make_router(session, sleep, deployment(upstream, "a"))
@@ -172,7 +173,7 @@ async def test_first_call_succeeds(
 
 
 async def test_request_carries_model_messages_params_and_key(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", reply())
     dep = deployment(
@@ -197,7 +198,7 @@ async def test_request_carries_model_messages_params_and_key(
 
 
 async def test_503_twice_then_200_retries_with_jitter(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(503), status(503), reply("third time"))
     router = make_router(session, sleep, deployment(upstream, "a"))
@@ -209,7 +210,7 @@ async def test_503_twice_then_200_retries_with_jitter(
 
 
 async def test_400_is_permanent_and_not_retried(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(400, "bad request: messages"))
     router = make_router(session, sleep, deployment(upstream, "a"))
@@ -221,7 +222,7 @@ async def test_400_is_permanent_and_not_retried(
 
 
 async def test_400_falls_through_to_next_deployment_at_once(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(400))
     upstream.script("b", reply("from b"))
@@ -234,7 +235,7 @@ async def test_400_falls_through_to_next_deployment_at_once(
 
 
 async def test_always_503_on_a_falls_back_to_b(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(503))
     upstream.script("b", reply("from b"))
@@ -249,7 +250,7 @@ async def test_always_503_on_a_falls_back_to_b(
 
 
 async def test_every_deployment_transient_is_dead_lettered(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(503, "a is down"))
     upstream.script("b", status(500, "b is down"))
@@ -269,7 +270,7 @@ async def test_every_deployment_transient_is_dead_lettered(
 
 
 async def test_transient_then_permanent_is_not_dead_lettered(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(503))
     upstream.script("b", status(422, "unprocessable"))
@@ -287,7 +288,7 @@ async def test_transient_then_permanent_is_not_dead_lettered(
 
 
 async def test_permanent_then_transient_is_dead_lettered(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(401, "no key"))
     upstream.script("b", status(503, "busy"))
@@ -299,7 +300,7 @@ async def test_permanent_then_transient_is_dead_lettered(
 
 
 async def test_429_honours_retry_after(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script(
         "a",
@@ -315,7 +316,7 @@ async def test_429_honours_retry_after(
 
 
 async def test_retry_budget_is_max_retries(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(429, "limited"))
     router = make_router(session, sleep, deployment(upstream, "a", max_retries=4))
@@ -327,7 +328,7 @@ async def test_retry_budget_is_max_retries(
 
 
 async def test_error_body_is_truncated(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(400, "x" * 1000))
     router = make_router(session, sleep, deployment(upstream, "a"))
@@ -336,7 +337,7 @@ async def test_error_body_is_truncated(
 
 
 async def test_malformed_200_falls_through_and_is_not_dead_lettered(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", raw(b'{"choices": []}'))
     router = make_router(session, sleep, deployment(upstream, "a"))
@@ -347,15 +348,13 @@ async def test_malformed_200_falls_through_and_is_not_dead_lettered(
     assert sleep.delays == []
 
 
-async def test_unknown_alias(session: aiohttp.ClientSession, sleep: SleepRecorder) -> None:
+async def test_unknown_alias(session: Http1Client, sleep: SleepRecorder) -> None:
     router = ModelRouter(AliasTable({}), session, sleep=sleep, rng=random.Random(SEED))
     result = await router.complete("nope", MESSAGES, {})
     assert result == RowResult(None, "upstream_error: unknown model alias 'nope'", 0, None)
 
 
-async def test_connection_refused_is_transient(
-    session: aiohttp.ClientSession, sleep: SleepRecorder
-) -> None:
+async def test_connection_refused_is_transient(session: Http1Client, sleep: SleepRecorder) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -364,7 +363,7 @@ async def test_connection_refused_is_transient(
     result = await router.complete(ALIAS, MESSAGES, {})
     assert result == RowResult(
         None,
-        "upstream_error: dead: connection failed: ClientConnectorError",
+        "upstream_error: dead: connection failed: ConnectFailed",
         3,
         None,
         dead_letter=True,
@@ -373,7 +372,7 @@ async def test_connection_refused_is_transient(
 
 
 async def test_timeout_is_retried_then_dead_lettered(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     never = asyncio.Event()
 
@@ -421,7 +420,7 @@ async def test_a_cooling_deployment_is_skipped_while_another_is_ready() -> None:
     cooldowns = Cooldowns(CooldownPolicy(threshold=1, window_s=10, cooldown_s=60))
     cooldowns.record_failure("a")
     try:
-        async with aiohttp.ClientSession() as session:
+        async with Http1Client() as session:
             router = ModelRouter(aliases, session, cooldowns=cooldowns)
             result = await router.complete("m", [{"role": "user", "content": "hi"}], {})
     finally:
@@ -454,7 +453,7 @@ async def test_a_reply_over_the_size_cap_fails_the_deployment(
         {},
     )
     try:
-        async with aiohttp.ClientSession() as session:
+        async with Http1Client() as session:
             result = await ModelRouter(aliases, session).complete("m", MESSAGES, {})
     finally:
         await server.close()
@@ -464,7 +463,7 @@ async def test_a_reply_over_the_size_cap_fails_the_deployment(
 
 
 async def test_a_deployment_that_cannot_take_the_row_falls_through_without_a_call(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("b", reply("from b"))
     claude = deployment(upstream, "a", provider="anthropic")
@@ -476,7 +475,7 @@ async def test_a_deployment_that_cannot_take_the_row_falls_through_without_a_cal
 
 
 async def test_a_row_no_deployment_can_take_fails_with_the_refusal(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     claude = deployment(upstream, "a", provider="anthropic")
     router = make_router(session, sleep, claude)
@@ -530,7 +529,7 @@ class FakeLimiter:
 
 
 def make_limited(
-    session: aiohttp.ClientSession, sleep: SleepRecorder, limiter: object, *deps: object
+    session: Http1Client, sleep: SleepRecorder, limiter: object, *deps: object
 ) -> ModelRouter:
     return ModelRouter(
         AliasTable({ALIAS: tuple(deps)}),  # type: ignore[arg-type]
@@ -543,7 +542,7 @@ def make_limited(
 
 
 async def test_acquire_before_each_try_settle_by_usage_and_throttled_with_retry_after(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(429, "slow", {"Retry-After": "2"}), status(503), reply("ok", 4, 9))
     limiter = FakeLimiter({"a"}, upstream)
@@ -560,7 +559,7 @@ async def test_acquire_before_each_try_settle_by_usage_and_throttled_with_retry_
 
 
 async def test_without_a_cap_usage_counts_the_completion(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", reply("ok", 4, 9))
     limiter = FakeLimiter({"a"}, upstream)
@@ -570,7 +569,7 @@ async def test_without_a_cap_usage_counts_the_completion(
 
 
 async def test_a_deployment_without_limit_calls_no_hook(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", status(429, "slow", {"Retry-After": "1"}), reply())
     before = UPSTREAM_THROTTLED.labels("a")._value.get()
@@ -583,7 +582,7 @@ async def test_a_deployment_without_limit_calls_no_hook(
 
 
 async def test_no_call_while_waiting_and_a_cancel_leaves_no_waiter(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", reply())
     limiter = FakeLimiter({"a"}, upstream)
@@ -608,7 +607,7 @@ async def test_no_limiter_limits_nothing() -> None:
 
 
 async def test_a_limited_deployments_429s_do_not_spend_the_rows_retries(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     # max_retries 3: unlimited, the fifth 429 would fail the row; limited, it waits again.
     upstream.script("a", *[status(429, "slow", {"Retry-After": "1"})] * 5, reply("ok", 4, 9))
@@ -622,7 +621,7 @@ async def test_a_limited_deployments_429s_do_not_spend_the_rows_retries(
 
 
 async def test_a_limited_deployment_fails_a_row_after_its_throttled_retries_and_retries(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", *[status(429, "slow")] * (MAX_THROTTLED_RETRIES + 4))
     limiter = FakeLimiter({"a"}, upstream)
@@ -633,7 +632,7 @@ async def test_a_limited_deployment_fails_a_row_after_its_throttled_retries_and_
 
 
 async def test_the_estimate_counts_the_cap_the_provider_call_sends(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("a", reply("ok", 4, 9))
     limiter = FakeLimiter({"a"}, upstream)
@@ -644,7 +643,7 @@ async def test_the_estimate_counts_the_cap_the_provider_call_sends(
 
 
 async def test_a_batch_deployment_is_never_called_realtime(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     upstream.script("b", reply("realtime"))
     options = BatchOptions("openai", 10, 1000)
@@ -655,7 +654,7 @@ async def test_a_batch_deployment_is_never_called_realtime(
 
 
 async def test_an_alias_with_only_a_batch_deployment_fails_realtime_rows(
-    upstream: Upstream, session: aiohttp.ClientSession, sleep: SleepRecorder
+    upstream: Upstream, session: Http1Client, sleep: SleepRecorder
 ) -> None:
     options = BatchOptions("openai", 10, 1000)
     batch = deployment(upstream, "a", provider="openai-batch", batch=options)

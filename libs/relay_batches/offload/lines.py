@@ -20,7 +20,6 @@ import orjson
 
 from relay_batches.ids import is_valid_id
 from relay_batches.router.aliases import Deployment
-from relay_batches.router.router import read_capped
 from relay_batches.router.types import ProviderReply
 
 # A reply is read up to the router's cap; a result line holds one and its envelope.
@@ -31,6 +30,22 @@ MAX_JSON_BYTES = 1024 * 1024
 PARSE_LINES = 256  # result lines parsed together in a worker thread
 PARSE_BYTES = 8 * 1024 * 1024
 _CUSTOM_ID = re.compile(r"^([0-9]{1,19})-([0-9a-f]{32})-([0-9]{1,10})$")
+
+
+async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, read until EOF or until it exceeds ``limit`` bytes (then ``limit + 1``)."""
+    declared = response.content_length
+    if declared is not None and declared <= limit:
+        return await response.read()  # the usual case: one read of a known, small body
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await response.content.read(limit + 1 - size)
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
 
 
 def custom_id(offload_id: int, batch_id: str, row_index: int) -> str:

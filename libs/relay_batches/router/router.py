@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import aiohttp
-
 from relay_batches.metrics import (
     UPSTREAM_FALLBACKS,
     UPSTREAM_LATENCY,
@@ -48,6 +46,7 @@ from relay_batches.ratelimit.limiter import Limiter, NoLimiter
 from relay_batches.router import anthropic, openai
 from relay_batches.router.aliases import AliasTable, Deployment
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
+from relay_batches.router.http1 import Http1Client, UpstreamConnectionError
 from relay_batches.router.policy import BackoffPolicy, is_retryable_status, parse_retry_after
 from relay_batches.router.types import ProviderReply, RowResult, UnsupportedRequest
 
@@ -84,29 +83,13 @@ class _DeploymentResult:
     transient: bool
 
 
-async def read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The body, read until EOF or until it exceeds ``limit`` bytes (then ``limit + 1``)."""
-    declared = response.content_length
-    if declared is not None and declared <= limit:
-        return await response.read()  # the usual case: one read of a known, small body
-    parts: list[bytes] = []
-    size = 0
-    while size <= limit:
-        chunk = await response.content.read(limit + 1 - size)
-        if not chunk:
-            break
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts)
-
-
 class ModelRouter:
     """Turns ``(alias, messages, params)`` into a :class:`RowResult`."""
 
     def __init__(
         self,
         aliases: AliasTable,
-        session: aiohttp.ClientSession,
+        client: Http1Client,
         policy: BackoffPolicy | None = None,
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
@@ -114,13 +97,13 @@ class ModelRouter:
         limiter: Limiter | None = None,
     ) -> None:
         self.aliases = aliases
-        self._session = session
+        self._client = client
         self._policy = policy or BackoffPolicy()
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._cooldowns = cooldowns or Cooldowns(CooldownPolicy())
         self._limiter: Limiter = limiter or NoLimiter()
-        self._prepared: dict[str, tuple[aiohttp.ClientTimeout, Any]] = {}
+        self._latency: dict[str, Any] = {}
         self._realtime: dict[str, tuple[Deployment, ...]] = {}
 
     async def complete(
@@ -168,16 +151,12 @@ class ModelRouter:
             return deployments
         return ready + [d for d in deployments if d not in ready]
 
-    def _per_deployment(self, deployment: Deployment) -> tuple[aiohttp.ClientTimeout, Any]:
-        """The deployment's timeout object and latency metric, built once (hot path)."""
-        cached = self._prepared.get(deployment.name)
-        if cached is None:
-            cached = (
-                aiohttp.ClientTimeout(total=deployment.timeout_s),
-                UPSTREAM_LATENCY.labels(deployment.name),
-            )
-            self._prepared[deployment.name] = cached
-        return cached
+    def _latency_of(self, deployment: Deployment) -> Any:
+        """The deployment's latency metric, looked up once (hot path)."""
+        metric = self._latency.get(deployment.name)
+        if metric is None:
+            metric = self._latency[deployment.name] = UPSTREAM_LATENCY.labels(deployment.name)
+        return metric
 
     async def _try_deployment(
         self,
@@ -254,21 +233,22 @@ class ModelRouter:
         request: tuple[str, dict[str, str], bytes],
     ) -> _Attempt:
         url, headers, body = request
-        timeout, latency = self._per_deployment(deployment)
+        latency = self._latency_of(deployment)
         started = time.perf_counter()
         try:
-            async with self._session.post(
-                url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-            ) as response:
-                raw = await read_capped(response, MAX_REPLY_BYTES)
-                status = response.status
-                retry_after = response.headers.get("Retry-After")
+            reply = await self._client.post(
+                url, headers, body, deployment.timeout_s, MAX_REPLY_BYTES
+            )
         except TimeoutError:
             return _Attempt(error=f"timed out after {deployment.timeout_s:g}s", retryable=True)
-        except aiohttp.ClientError as exc:
+        except UpstreamConnectionError as exc:
             return _Attempt(error=f"connection failed: {exc.__class__.__name__}", retryable=True)
+        except ValueError as exc:  # a header the routes give that HTTP cannot carry
+            return _Attempt(error=f"request cannot be sent: {exc}")
         finally:
             latency.observe(time.perf_counter() - started)
+        status, raw = reply.status, reply.body
+        retry_after = reply.headers.get("retry-after")
         if status == 200 and len(raw) > MAX_REPLY_BYTES:
             return _Attempt(reply=ProviderReply(error=f"reply larger than {MAX_REPLY_BYTES} bytes"))
         if status == 200:

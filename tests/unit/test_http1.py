@@ -1,0 +1,477 @@
+"""The upstream HTTP/1.1 client: reply framing fed byte by byte, and calls against local
+servers (aiohttp's, and raw sockets that misbehave) on the default loop and on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import zlib
+from collections.abc import Awaitable, Callable
+
+import pytest
+import uvloop
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from relay_batches.router.http1 import (
+    MAX_HEAD_BYTES,
+    BadReply,
+    ConnectFailed,
+    Http1Client,
+    ReplyReader,
+    ServerDisconnected,
+    encode_head,
+)
+
+LIMIT = 1000
+
+
+def feed_bytewise(reader: ReplyReader, data: bytes) -> bool:
+    done = False
+    for i in range(len(data)):
+        done = reader.feed(data[i : i + 1])
+    return done
+
+
+def test_content_length_fed_a_byte_at_a_time() -> None:
+    reader = ReplyReader(LIMIT)
+    wire = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nRetry-After: 3\r\n\r\nhello"
+    assert feed_bytewise(reader, wire)
+    assert reader.reply is not None
+    assert (reader.reply.status, reader.reply.body) == (200, b"hello")
+    assert reader.reply.headers["retry-after"] == "3"
+    assert reader.reusable
+
+
+def test_chunked_with_extensions_and_trailers() -> None:
+    reader = ReplyReader(LIMIT)
+    wire = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: t\r\n\r\n"
+    )
+    assert feed_bytewise(reader, wire)
+    assert reader.reply is not None and reader.reply.body == b"hello world"
+    assert reader.reusable
+
+
+def test_interim_replies_are_skipped() -> None:
+    reader = ReplyReader(LIMIT)
+    wire = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok"
+    assert reader.feed(wire)
+    assert reader.reply is not None and (reader.reply.status, reader.reply.body) == (201, b"ok")
+
+
+def test_no_body_statuses_and_zero_length() -> None:
+    for wire in (
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+    ):
+        reader = ReplyReader(LIMIT)
+        assert reader.feed(wire)
+        assert reader.reply is not None and reader.reply.body == b"" and reader.reusable
+
+
+def test_read_until_close_is_never_reused() -> None:
+    reader = ReplyReader(LIMIT)
+    assert not reader.feed(b"HTTP/1.1 200 OK\r\n\r\npart one, ")
+    assert not reader.feed(b"part two")
+    assert reader.eof()
+    assert reader.reply is not None and reader.reply.body == b"part one, part two"
+    assert not reader.reusable
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\n",
+    ],
+)
+def test_replies_that_forbid_reuse(head: bytes) -> None:
+    reader = ReplyReader(LIMIT)
+    wire = head + (b"ok\r\n0\r\n\r\n" if b"chunked" in head else b"ok")
+    assert reader.feed(wire)
+    assert reader.reply is not None and reader.reply.body == b"ok"
+    assert not reader.reusable
+
+
+def test_http10_keep_alive_is_reused() -> None:
+    reader = ReplyReader(LIMIT)
+    assert reader.feed(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok")
+    assert reader.reusable
+
+
+def test_bytes_beyond_the_reply_forbid_reuse() -> None:
+    reader = ReplyReader(LIMIT)
+    assert reader.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA")
+    assert reader.reply is not None and reader.reply.body == b"ok"
+    assert not reader.reusable
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000,
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1388\r\n" + b"x" * 5000,
+        b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 5000,
+    ],
+)
+def test_a_body_over_the_limit_stops_at_limit_plus_one(wire: bytes) -> None:
+    reader = ReplyReader(LIMIT)
+    assert reader.feed(wire)
+    assert reader.reply is not None and len(reader.reply.body) == LIMIT + 1
+    assert not reader.reusable
+
+
+def test_gzip_is_inflated_and_a_bomb_is_cut_at_the_limit() -> None:
+    small = gzip.compress(b"hello")
+    reader = ReplyReader(LIMIT)
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(small)}\r\n\r\n"
+    assert reader.feed(head.encode() + small)
+    assert reader.reply is not None and reader.reply.body == b"hello"
+    bomb = gzip.compress(b"\0" * 10_000_000)
+    reader = ReplyReader(LIMIT)
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(bomb)}\r\n\r\n"
+    assert reader.feed(head.encode() + bomb)
+    assert reader.reply is not None and len(reader.reply.body) == LIMIT + 1
+
+
+def test_a_coded_body_cut_at_the_cap_stays_over_the_limit() -> None:
+    coded = gzip.compress(os.urandom(4000))  # incompressible: over the cap coded too
+    assert len(coded) > LIMIT + 1
+    reader = ReplyReader(LIMIT)
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {len(coded)}\r\n\r\n"
+    assert reader.feed(head.encode() + coded)
+    assert reader.reply is not None and len(reader.reply.body) == LIMIT + 1
+
+
+def test_a_repeated_connection_field_is_read_whole() -> None:
+    reader = ReplyReader(LIMIT)
+    wire = b"HTTP/1.1 200 OK\r\nConnection: close\r\nConnection: keep-alive\r\n"
+    assert reader.feed(wire + b"Content-Length: 0\r\n\r\n")
+    assert not reader.reusable
+
+
+def test_raw_deflate_is_inflated() -> None:
+    compressor = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    raw = compressor.compress(b"hello") + compressor.flush()
+    reader = ReplyReader(LIMIT)
+    head = f"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: {len(raw)}\r\n\r\n"
+    assert reader.feed(head.encode() + raw)
+    assert reader.reply is not None and reader.reply.body == b"hello"
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 20 OK\r\n\r\n",
+        b"HTTP/2 200\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad Header\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokXX",
+        b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 3\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\nok",
+        "HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"),
+        b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        b"HTTP/1.1 099 Odd\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n" * 17,
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 10\r\n\r\n"
+        + gzip.compress(b"hello world")[:10],
+    ],
+)
+def test_malformed_replies_are_bad_replies(wire: bytes) -> None:
+    with pytest.raises(BadReply):
+        ReplyReader(LIMIT).feed(wire)
+
+
+def test_a_head_without_end_is_bounded() -> None:
+    reader = ReplyReader(LIMIT)
+    with pytest.raises(BadReply):
+        reader.feed(b"HTTP/1.1 200 OK\r\nX: " + b"a" * (MAX_HEAD_BYTES + 10))
+
+
+def test_eof_before_the_end_is_a_disconnect() -> None:
+    reader = ReplyReader(LIMIT)
+    assert not reader.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+    with pytest.raises(ServerDisconnected):
+        reader.eof()
+
+
+def test_the_request_head_refuses_injection_and_frames_itself() -> None:
+    head = encode_head(b"/v1/x", b"h:8080", {"Authorization": "Bearer k", "Host": "evil"}, 7)
+    assert head == (
+        b"POST /v1/x HTTP/1.1\r\nHost: h:8080\r\nContent-Length: 7\r\n"
+        b"Authorization: Bearer k\r\nUser-Agent: relay-batches\r\n\r\n"
+    )
+    with pytest.raises(ValueError):
+        encode_head(b"/", b"h", {"X": "a\r\nEvil: 1"}, 0)
+    with pytest.raises(ValueError):
+        encode_head(b"/", b"h", {"X\n": "a"}, 0)
+
+
+# --- calls against servers, on both loops ------------------------------------------------
+
+Scenario = Callable[[], Awaitable[None]]
+
+
+def on_both_loops(scenario: Scenario) -> None:
+    asyncio.run(scenario())
+    uvloop.run(scenario())
+
+
+async def aiohttp_server(app: web.Application) -> TestServer:
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def hanging_server(gate: asyncio.Event) -> TestServer:
+    """A server that sets ``gate`` on a request and answers it only after 5 s."""
+
+    async def hang(request: web.Request) -> web.Response:
+        gate.set()
+        await asyncio.sleep(5)
+        return web.Response(text="late")
+
+    app = web.Application()
+    app.router.add_post("/", hang)
+    return await aiohttp_server(app)
+
+
+def test_keep_alive_reuses_one_connection_and_reads_chunked_replies() -> None:
+    async def scenario() -> None:
+        peers: list[object] = []
+
+        async def echo(request: web.Request) -> web.StreamResponse:
+            peers.append(
+                request.transport.get_extra_info("peername") if request.transport else None
+            )
+            body = await request.read()
+            if request.query.get("chunked"):
+                response = web.StreamResponse()
+                response.enable_chunked_encoding()
+                await response.prepare(request)
+                await response.write(b"got ")
+                await response.write(body)
+                await response.write_eof()
+                return response
+            return web.Response(body=b"got " + body, headers={"Retry-After": "2"})
+
+        app = web.Application()
+        app.router.add_post("/echo", echo)
+        server = await aiohttp_server(app)
+        try:
+            async with Http1Client() as client:
+                url = str(server.make_url("/echo"))
+                first = await client.post(url, {"A": "1"}, b"one", 5, LIMIT)
+                second = await client.post(url + "?chunked=1", {}, b"two", 5, LIMIT)
+                assert (first.status, first.body, first.headers["retry-after"]) == (
+                    200,
+                    b"got one",
+                    "2",
+                )
+                assert (second.status, second.body) == (200, b"got two")
+                assert peers[0] == peers[1]  # the same connection
+                assert client.idle_connections() == 1
+        finally:
+            await server.close()
+
+    on_both_loops(scenario)
+
+
+def test_a_large_body_goes_out_whole() -> None:
+    async def scenario() -> None:
+        async def size(request: web.Request) -> web.Response:
+            return web.Response(text=str(len(await request.read())))
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/size", size)
+        server = await aiohttp_server(app)
+        try:
+            async with Http1Client() as client:
+                body = b"x" * (20 * 1024 * 1024)
+                reply = await client.post(str(server.make_url("/size")), {}, body, 30, LIMIT)
+                assert reply.body == str(len(body)).encode()
+        finally:
+            await server.close()
+
+    on_both_loops(scenario)
+
+
+def test_a_timeout_aborts_the_connection_and_the_next_call_works() -> None:
+    async def scenario() -> None:
+        async def slow(request: web.Request) -> web.Response:
+            if request.query.get("slow"):
+                await asyncio.sleep(5)
+            return web.Response(text="fast")
+
+        app = web.Application()
+        app.router.add_post("/", slow)
+        server = await aiohttp_server(app)
+        try:
+            async with Http1Client() as client:
+                url = str(server.make_url("/"))
+                with pytest.raises(TimeoutError):
+                    await client.post(url + "?slow=1", {}, b"", 0.2, LIMIT)
+                assert client.idle_connections() == 0
+                assert (await client.post(url, {}, b"", 5, LIMIT)).body == b"fast"
+        finally:
+            await server.close()
+
+    on_both_loops(scenario)
+
+
+def test_a_cancelled_call_aborts_its_connection() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        server = await hanging_server(gate)
+        try:
+            async with Http1Client() as client:
+                call = asyncio.create_task(
+                    client.post(str(server.make_url("/")), {}, b"", 10, LIMIT)
+                )
+                await gate.wait()
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+                assert client.idle_connections() == 0
+        finally:
+            await server.close()
+
+    on_both_loops(scenario)
+
+
+async def raw_server(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}/v1"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.startswith(b"Content-Length")
+    )
+    return head + await reader.readexactly(length)
+
+
+def test_misbehaving_servers() -> None:
+    async def scenario() -> None:
+        async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(b"nonsense\r\n\r\n")
+            await writer.drain()
+            await reader.read()  # until the client drops the connection
+            writer.close()
+            await writer.wait_closed()
+
+        async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+        async with Http1Client() as client:
+            for handler, error in ((garbage, BadReply), (cut, ServerDisconnected)):
+                server, url = await raw_server(handler)
+                try:
+                    with pytest.raises(error):
+                        await client.post(url, {}, b"{}", 5, LIMIT)
+                    assert client.idle_connections() == 0
+                finally:
+                    server.close()
+                    await server.wait_closed()
+            with pytest.raises(ConnectFailed):
+                await client.post(url, {}, b"{}", 5, LIMIT)  # that server is gone now
+
+    on_both_loops(scenario)
+
+
+def test_a_pooled_connection_the_server_closed_is_not_used() -> None:
+    async def scenario() -> None:
+        connections = 0
+
+        async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.close()  # keep-alive promised, then closed: an idle timeout upstream
+
+        server, url = await raw_server(once)
+        try:
+            async with Http1Client() as client:
+                assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"ok"
+                await asyncio.sleep(0.1)  # the close reaches the client
+                assert client.idle_connections() == 0
+                assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"ok"
+                assert connections == 2
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    on_both_loops(scenario)
+
+
+def test_closing_the_client_fails_calls_in_flight_as_disconnects() -> None:
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        server = await hanging_server(gate)
+        try:
+            client = Http1Client()
+            call = asyncio.create_task(client.post(str(server.make_url("/")), {}, b"", 10, LIMIT))
+            await gate.wait()
+            await client.close()
+            with pytest.raises(ServerDisconnected):
+                await call
+        finally:
+            await server.close()
+
+    on_both_loops(scenario)
+
+
+def test_a_pooled_connection_closed_as_the_request_goes_out_is_tried_once_more() -> None:
+    async def scenario() -> None:
+        connections = 0
+
+        async def first_reply_then_drop(
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        ) -> None:
+            nonlocal connections
+            connections += 1
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            if connections == 1:
+                await read_request(reader)  # the second request: dropped without a byte
+            else:
+                await reader.read()
+            writer.close()
+            await writer.wait_closed()
+
+        server, url = await raw_server(first_reply_then_drop)
+        try:
+            async with Http1Client() as client:
+                assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"ok"
+                assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"ok"
+                assert connections == 2
+            await asyncio.sleep(0.1)  # the second handler sees the close and ends
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    on_both_loops(scenario)
