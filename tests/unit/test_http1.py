@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import gzip
 import os
+import shutil
+import ssl
+import subprocess
 import zlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import uvloop
@@ -473,5 +477,126 @@ def test_a_pooled_connection_closed_as_the_request_goes_out_is_tried_once_more()
         finally:
             server.close()
             await server.wait_closed()
+
+    on_both_loops(scenario)
+
+
+# --- https, against a server with a self-signed certificate -------------------------------
+
+
+def self_signed(directory: Path, sans: list[str]) -> tuple[Path, Path]:
+    """A self-signed certificate and its key, naming ``sans`` ("IP:..." or "DNS:...")."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    assert shutil.which("openssl") is not None, "the https tests need the openssl tool"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=relay-batches test",
+            "-addext",
+            "subjectAltName=" + ",".join(sans),
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def tls_echo_server(context: ssl.SSLContext, peers: list[object]) -> TestServer:
+    """An aiohttp server over TLS answering a POST with the body it received."""
+
+    async def echo(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        return web.Response(body=await request.read())
+
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server(ssl=context)  # this aiohttp takes ssl here, not in TestServer()
+    assert server.scheme == "https"
+    return server
+
+
+def test_https_with_a_trusted_certificate_reuses_one_connection(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path, ["IP:127.0.0.1", "DNS:localhost"])
+
+    async def scenario() -> None:
+        peers: list[object] = []
+        server = await tls_echo_server(server_context(cert, key), peers)
+        try:
+            trusting = ssl.create_default_context(cafile=str(cert))
+            async with Http1Client(ssl_context=trusting) as client:
+                url = f"https://127.0.0.1:{server.port}/echo"
+                first = await client.post(url, {"A": "1"}, b"one", 5, LIMIT)
+                second = await client.post(url + "?again=1", {}, b"second body", 5, LIMIT)
+                assert (first.status, first.body) == (200, b"one")
+                assert (second.status, second.body) == (200, b"second body")
+                assert len(peers) == 2 and peers[0] == peers[1]  # the same connection
+                assert client.idle_connections() == 1
+        finally:
+            await server.close()
+
+    on_both_loops(scenario)
+
+
+def test_https_refuses_an_untrusted_certificate(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path, ["IP:127.0.0.1", "DNS:localhost"])
+
+    async def scenario() -> None:
+        peers: list[object] = []
+        server = await tls_echo_server(server_context(cert, key), peers)
+        try:
+            async with Http1Client() as client:  # the default context: system CAs only
+                with pytest.raises(ConnectFailed) as failed:
+                    await client.post(f"https://127.0.0.1:{server.port}/echo", {}, b"x", 5, LIMIT)
+                cause = failed.value.__cause__
+                assert isinstance(cause, ssl.SSLCertVerificationError)
+                assert cause.verify_code == 18  # X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT
+                assert client.idle_connections() == 0
+            assert peers == []
+        finally:
+            await server.close()
+
+    on_both_loops(scenario)
+
+
+def test_https_refuses_a_certificate_for_another_host(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path, ["DNS:localhost"])  # names localhost, not 127.0.0.1
+
+    async def scenario() -> None:
+        peers: list[object] = []
+        server = await tls_echo_server(server_context(cert, key), peers)
+        try:
+            trusting = ssl.create_default_context(cafile=str(cert))
+            async with Http1Client(ssl_context=trusting) as client:
+                with pytest.raises(ConnectFailed) as failed:
+                    await client.post(f"https://127.0.0.1:{server.port}/echo", {}, b"x", 5, LIMIT)
+                cause = failed.value.__cause__
+                assert isinstance(cause, ssl.SSLCertVerificationError)
+                assert cause.verify_code == 64  # X509_V_ERR_IP_ADDRESS_MISMATCH
+                assert "mismatch" in str(failed.value)
+                assert client.idle_connections() == 0
+            assert peers == []
+        finally:
+            await server.close()
 
     on_both_loops(scenario)
