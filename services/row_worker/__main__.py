@@ -64,7 +64,12 @@ async def build(
     )
     holdings = Holdings(worker, settings.heartbeat_seconds, settings.batch_concurrency)
     runner = RowRunner(
-        router, outcomes.add, settings.batch_concurrency, holdings, prices=aliases.prices()
+        router,
+        outcomes.add,
+        settings.batch_concurrency,
+        holdings,
+        prices=aliases.prices(),
+        flush=outcomes.flush_job,
     )
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info(

@@ -23,6 +23,8 @@ from relay_batches.router.types import RowResult
 from relay_batches.services.row_worker.holdings import Holdings
 
 log = logging.getLogger("relay.row_worker")
+ROWS_WITH_CONTENT = ROWS_PROCESSED.labels("content")
+ROWS_WITH_ERROR = ROWS_PROCESSED.labels("error")
 
 CANCELED_MEMORY = 10_000
 
@@ -37,6 +39,20 @@ class Router(Protocol):
 
 
 OutcomeSink = Callable[[RowOutcome], Awaitable[None]]
+Flush = Callable[[str], None]  # send a job's outcomes gathered so far without waiting
+
+
+class _SliceProgress:
+    """Rows of one slice started and still without an outcome; ``last`` says whether the
+    outcome being made is the slice's last (every row is started, none is left)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.starting = True
+
+    def finish_one(self) -> bool:
+        self.open -= 1
+        return self.open == 0 and not self.starting
 
 
 class CanceledJobs:
@@ -69,13 +85,20 @@ class RowRunner:
         clock: Callable[[], float] = time.time,
         prices: Mapping[str, Price] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        flush: Flush | None = None,
     ) -> None:
         self._router = router
         self._clock = clock
         self._prices: Mapping[str, Price] = prices or {}
         self._monotonic = monotonic
         self._sink = sink
+        self._flush = flush
         self._slots = asyncio.Semaphore(concurrency)
+        # Slices start their rows one slice after another: interleaved, the slices a
+        # worker holds would all end together and leave every slot idle until the broker
+        # sends more (no slice comes until one is acked); in order, the first is done and
+        # acked while the next still runs.
+        self._starting = asyncio.Lock()
         self._holdings = holdings if holdings is not None else Holdings("row-worker", 1.0)
         self.canceled = CanceledJobs()
         self._running: dict[str, set[asyncio.Task[None]]] = {}
@@ -115,22 +138,29 @@ class RowRunner:
 
     async def _run_slice(self, job_slice: DecodedSlice) -> int:
         started: list[asyncio.Task[None]] = []
-        for index, request in job_slice.rows:
-            await self._slots.acquire()
-            if self._stopping and not started:
-                self._slots.release()
-                raise HandBack(f"stopping: slice of {job_slice.batch_id} not started")
-            if job_slice.batch_id in self.canceled or self._past_deadline(job_slice):
-                self._slots.release()
-                ROWS_DROPPED.inc()
-                continue
-            row = asyncio.create_task(
-                self._run_row(job_slice, index, request), name=f"row-{job_slice.batch_id}-{index}"
-            )
-            self._running.setdefault(job_slice.batch_id, set()).add(row)
-            self._unstarted.add(row)
-            row.add_done_callback(functools.partial(self._forget, job_slice.batch_id))
-            started.append(row)
+        progress = _SliceProgress()
+        async with self._starting:
+            for index, request in job_slice.rows:
+                await self._slots.acquire()
+                if self._stopping and not started:
+                    self._slots.release()
+                    raise HandBack(f"stopping: slice of {job_slice.batch_id} not started")
+                if job_slice.batch_id in self.canceled or self._past_deadline(job_slice):
+                    self._slots.release()
+                    ROWS_DROPPED.inc()
+                    continue
+                row = asyncio.create_task(
+                    self._run_row(job_slice, index, request, progress),
+                    name=f"row-{job_slice.batch_id}-{index}",
+                )
+                progress.open += 1
+                self._running.setdefault(job_slice.batch_id, set()).add(row)
+                self._unstarted.add(row)
+                row.add_done_callback(functools.partial(self._forget, job_slice.batch_id))
+                started.append(row)
+        progress.starting = False
+        if started and progress.open == 0:
+            self._flush_soon(job_slice.batch_id)
         results = await asyncio.gather(*started, return_exceptions=True)
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:
@@ -152,7 +182,16 @@ class RowRunner:
             if not tasks:
                 del self._running[batch_id]
 
-    async def _run_row(self, job_slice: DecodedSlice, index: int, request: RowRequest) -> None:
+    def _flush_soon(self, batch_id: str) -> None:
+        """Once the outcome being added is queued (the sink's first step runs before the
+        loop's next turn), send the job's outcomes: the slice's last one need not wait
+        out the message's linger before the slice can be acked."""
+        if self._flush is not None:
+            asyncio.get_running_loop().call_soon(self._flush, batch_id)
+
+    async def _run_row(
+        self, job_slice: DecodedSlice, index: int, request: RowRequest, progress: _SliceProgress
+    ) -> None:
         # From here on the ``finally`` below gives the slot back (no await before it).
         self._unstarted.discard(asyncio.current_task())
         ROWS_IN_FLIGHT.inc()
@@ -165,7 +204,9 @@ class RowRunner:
         latency_ms = round((self._monotonic() - started) * 1000)
         price = None if result.deployment is None else self._prices.get(result.deployment)
         outcome = to_outcome(job_slice.batch_id, index, result, latency_ms, price)
-        ROWS_PROCESSED.labels("content" if outcome.error is None else "error").inc()
+        (ROWS_WITH_CONTENT if outcome.error is None else ROWS_WITH_ERROR).inc()
+        if progress.finish_one():
+            self._flush_soon(job_slice.batch_id)
         await self._sink(outcome)
 
     async def _call(self, job_slice: DecodedSlice, index: int, request: RowRequest) -> RowResult:

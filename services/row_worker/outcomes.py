@@ -119,7 +119,14 @@ class OutcomePublisher:
         elif pending.timer is None:
             linger = flush_linger(pending.meter.rate(loop.time()), self._flush_s)
             pending.timer = loop.call_later(linger, self._flush_now, shard)
-        await asyncio.shield(future)
+        # Not shielded: a row task cancelled here cancels only its own future; the
+        # outcome is already queued and still goes out with the rest.
+        await future
+
+    def flush_job(self, batch_id: str) -> None:
+        """Send the outcomes waiting on ``batch_id``'s shard now (a slice's last row has
+        its outcome: the slice is acked once they are confirmed)."""
+        self._flush_now(results_shard(batch_id, len(self._pending)))
 
     def _flush_now(self, shard: int) -> None:
         pending = self._pending[shard]

@@ -164,6 +164,44 @@ async def test_concurrency_is_shared_across_tasks() -> None:
     assert len(sink.outcomes) == 6
 
 
+async def test_slices_start_their_rows_in_order() -> None:
+    # Held slices do not interleave: the first starts every row before the second starts
+    # any, so it ends (and is acked) while the second still runs.
+    router, sink = FakeRouter(gated=True), Sink()
+    runner = RowRunner(router, sink, concurrency=2)
+    one = asyncio.create_task(runner.handle_slice(tagged("b1", range(4))))
+    two = asyncio.create_task(runner.handle_slice(tagged("b2", range(4))))
+    order = [await router.next_started() for _ in range(2)]
+    for step in range(6):
+        batch_id, index = order[step]
+        router.open(batch_id, index)
+        order.append(await router.next_started())
+    assert order == [("b1", i) for i in range(4)] + [("b2", i) for i in range(4)]
+    for batch_id, index in order[6:]:
+        router.open(batch_id, index)
+    assert await asyncio.wait_for(asyncio.gather(one, two), WAIT_S) == [4, 4]
+
+
+async def test_a_slices_last_outcome_flushes_its_job() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    flushed: list[tuple[str, int]] = []
+    runner = RowRunner(
+        router, sink, concurrency=2, flush=lambda b: flushed.append((b, len(sink.outcomes)))
+    )
+    running = asyncio.create_task(runner.handle_slice(tagged("b1", range(3))))
+    for index in range(3):
+        await router.next_started()
+        router.open("b1", index)
+        await settle()
+        # Only once the slice's third outcome is queued, and after it.
+        assert flushed == ([] if index < 2 else [("b1", 3)])
+    assert await asyncio.wait_for(running, WAIT_S) == 3
+    runner.canceled.add("b2")  # a slice whose rows are all dropped flushes nothing
+    assert await runner.handle_slice(tagged("b2", range(2))) == 0
+    await settle()
+    assert flushed == [("b1", 3)]
+
+
 async def test_a_stopping_worker_hands_back_slices_it_has_not_started() -> None:
     router, sink = FakeRouter(gated=True), Sink()
     runner = RowRunner(router, sink, concurrency=2)

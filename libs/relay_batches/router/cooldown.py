@@ -37,6 +37,10 @@ class Cooldowns:
         self._failures: dict[str, deque[float]] = {}
         self._until: dict[str, float] = {}
 
+    def any_cooling(self) -> bool:
+        """Whether any deployment may be cooling down (False: none is, a fast path)."""
+        return bool(self._until)
+
     def cooling(self, deployment: str) -> bool:
         """True while ``deployment`` is in its cooldown period."""
         until = self._until.get(deployment)

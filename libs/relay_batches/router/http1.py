@@ -451,6 +451,10 @@ class _Connection(asyncio.Protocol):
             return
         done.set_result(None)
 
+    def _time_out(self, done: asyncio.Future[None]) -> None:
+        if done is self._done and not done.done():  # not a reply that came meanwhile
+            self._fail(TimeoutError("no reply before the deadline"))
+
     def _fail(self, exc: BaseException) -> None:
         if self._done is not None and not self._done.done():
             self._done.set_exception(exc)
@@ -469,8 +473,11 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def exchange(self, head: bytes, body: bytes, limit: int) -> tuple[HttpReply, bool]:
-        """Send one request; the reply and whether the connection may be reused."""
+    async def exchange(
+        self, head: bytes, body: bytes, limit: int, deadline: float
+    ) -> tuple[HttpReply, bool]:
+        """Send one request; the reply and whether the connection may be reused. Past
+        ``deadline`` (the loop's clock) the call fails with ``TimeoutError``."""
         assert self.transport is not None
         if self.closed or self.transport.is_closing():
             dropped = ServerDisconnected("connection closed before the request was sent")
@@ -482,11 +489,14 @@ class _Connection(asyncio.Protocol):
         # Written whole (the transport buffers what the socket does not take yet: the
         # body is in memory already); the reply may come before all of it is sent.
         self.transport.writelines((head, body))
+        timer = loop.call_at(deadline, self._time_out, done)
         try:
             await done
         except ServerDisconnected as exc:
             exc.received = reader.received
             raise
+        finally:
+            timer.cancel()
         self._reader = self._done = None
         assert reader.reply is not None
         # Bytes of this request still unsent when the reply came would be read by the
@@ -516,25 +526,27 @@ class Http1Client:
         whole call, connecting included, past ``timeout_s``)."""
         origin = self._origin(url)
         head = encode_head(origin.target, origin.host_header, headers, len(body))
-        async with asyncio.timeout(timeout_s):
-            connection, pooled = await self._acquire(origin)
-            try:
-                return await self._exchange(connection, head, body, limit)
-            except ServerDisconnected as exc:
-                # A pooled connection the server closed as idle (uvicorn after 5 s, nginx
-                # after 75) as the request went out: nothing of a reply came, so the server
-                # never took it up. Once more on a new connection.
-                if not pooled or exc.received:
-                    raise
-            connection, _ = await self._acquire(origin, fresh=True)
-            return await self._exchange(connection, head, body, limit)
+        # One deadline for the whole call (a timer per exchange, not asyncio.timeout's
+        # task bookkeeping: this is the row-worker's hot path).
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        connection, pooled = await self._acquire(origin, deadline)
+        try:
+            return await self._exchange(connection, head, body, limit, deadline)
+        except ServerDisconnected as exc:
+            # A pooled connection the server closed as idle (uvicorn after 5 s, nginx
+            # after 75) as the request went out: nothing of a reply came, so the server
+            # never took it up. Once more on a new connection.
+            if not pooled or exc.received:
+                raise
+        connection, _ = await self._acquire(origin, deadline, fresh=True)
+        return await self._exchange(connection, head, body, limit, deadline)
 
     async def _exchange(
-        self, connection: _Connection, head: bytes, body: bytes, limit: int
+        self, connection: _Connection, head: bytes, body: bytes, limit: int, deadline: float
     ) -> HttpReply:
         reusable = False
         try:
-            reply, reusable = await connection.exchange(head, body, limit)
+            reply, reusable = await connection.exchange(head, body, limit, deadline)
         finally:
             self._release(connection, reusable)
         return reply
@@ -548,8 +560,11 @@ class Http1Client:
             self._origins[url] = origin
         return origin
 
-    async def _acquire(self, origin: _Origin, fresh: bool = False) -> tuple[_Connection, bool]:
-        """A connection to ``origin`` and whether it came from the pool."""
+    async def _acquire(
+        self, origin: _Origin, deadline: float, fresh: bool = False
+    ) -> tuple[_Connection, bool]:
+        """A connection to ``origin`` and whether it came from the pool; a new one must
+        connect by ``deadline`` (the loop's clock)."""
         if self._closed:
             raise ConnectFailed("the client is closed")
         idle = None if fresh else self._idle.get(origin.key)
@@ -566,13 +581,14 @@ class Http1Client:
         loop = asyncio.get_running_loop()
         context = self._tls_context() if origin.tls else None
         try:
-            _, protocol = await loop.create_connection(
-                lambda: _Connection(self, origin.key),
-                origin.host,
-                origin.port,
-                ssl=context,
-                server_hostname=origin.host if context is not None else None,
-            )
+            async with asyncio.timeout_at(deadline):
+                _, protocol = await loop.create_connection(
+                    lambda: _Connection(self, origin.key),
+                    origin.host,
+                    origin.port,
+                    ssl=context,
+                    server_hostname=origin.host if context is not None else None,
+                )
         # Refused, unreachable, DNS (gaierror), TLS (SSLError); UnicodeError for a host
         # name IDNA cannot encode.
         except (OSError, UnicodeError) as exc:

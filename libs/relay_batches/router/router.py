@@ -146,6 +146,8 @@ class ModelRouter:
 
     def _order(self, deployments: tuple[Deployment, ...]) -> Sequence[Deployment]:
         """Deployments in fallback order, those cooling down moved behind the others."""
+        if not self._cooldowns.any_cooling():
+            return deployments
         ready = [d for d in deployments if not self._cooldowns.cooling(d.name)]
         if len(ready) == len(deployments):
             return deployments
