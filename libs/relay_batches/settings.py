@@ -129,7 +129,7 @@ class Settings:
     health_host: str = "127.0.0.1"
     health_port: int = 0
     batch_concurrency: int = 4
-    slice_rows: int = 16
+    slice_rows: int = 64
     dispatch_window: int = 1024
     dispatch_window_bytes: int = 16 * 1024 * 1024
     dispatch_window_max: int = 65536
