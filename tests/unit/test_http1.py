@@ -448,7 +448,9 @@ def test_closing_the_client_fails_calls_in_flight_as_disconnects() -> None:
     on_both_loops(scenario)
 
 
-def test_a_pooled_connection_closed_as_the_request_goes_out_is_tried_once_more() -> None:
+def test_a_pooled_connection_dropped_as_the_request_goes_out_is_not_sent_again() -> None:
+    # The server may have taken the request up: the client never sends it twice (the
+    # router retries, with its backoff, limiter and attempt count); the next call works.
     async def scenario() -> None:
         connections = 0
 
@@ -471,6 +473,9 @@ def test_a_pooled_connection_closed_as_the_request_goes_out_is_tried_once_more()
         try:
             async with Http1Client() as client:
                 assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"ok"
+                with pytest.raises(ServerDisconnected):
+                    await client.post(url, {}, b"{}", 5, LIMIT)
+                assert connections == 1
                 assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"ok"
                 assert connections == 2
             await asyncio.sleep(0.1)  # the second handler sees the close and ends
@@ -596,6 +601,32 @@ def test_https_refuses_a_certificate_for_another_host(tmp_path: Path) -> None:
                 assert "mismatch" in str(failed.value)
                 assert client.idle_connections() == 0
             assert peers == []
+        finally:
+            await server.close()
+
+    on_both_loops(scenario)
+
+
+def test_an_idle_connection_past_keepalive_is_not_reused() -> None:
+    async def scenario() -> None:
+        peers: list[object] = []
+
+        async def peer(request: web.Request) -> web.Response:
+            peers.append(
+                request.transport.get_extra_info("peername") if request.transport else None
+            )
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_post("/", peer)
+        server = await aiohttp_server(app)
+        try:
+            async with Http1Client(keepalive_s=0.05) as client:
+                url = str(server.make_url("/"))
+                await client.post(url, {}, b"", 5, LIMIT)
+                await asyncio.sleep(0.1)
+                await client.post(url, {}, b"", 5, LIMIT)
+                assert peers[0] != peers[1]
         finally:
             await server.close()
 

@@ -42,7 +42,10 @@ MAX_HEAD_BYTES = 64 * 1024  # a reply's status line and headers together
 MAX_CHUNK_LINE_BYTES = 4096  # a chunk-size line (extensions included) or a trailer line
 MAX_TRAILER_BYTES = 64 * 1024
 MAX_INTERIM_REPLIES = 16  # 1xx replies before the final one
-KEEPALIVE_S = 15.0  # aiohttp's default keep-alive timeout, which this client replaces
+# An idle connection older than this is closed, not reused: below uvicorn's 5 s (vLLM),
+# so a server closing an idle connection seldom races a request sent on it (such a
+# request fails as ServerDisconnected, and the router retries it).
+KEEPALIVE_S = 4.0
 MAX_IDLE_PER_ORIGIN = 256
 USER_AGENT = "relay-batches"
 _ORIGIN_CACHE = 256  # parsed URLs kept (the routes hold a few)
@@ -58,10 +61,7 @@ class ConnectFailed(UpstreamConnectionError):
 
 
 class ServerDisconnected(UpstreamConnectionError):
-    """The server closed the connection before the reply was complete; ``received``
-    says whether any byte of a reply had arrived."""
-
-    received = True
+    """The server closed the connection before the reply was complete."""
 
 
 class BadReply(UpstreamConnectionError):
@@ -169,7 +169,6 @@ class ReplyReader:
         self._scanned = 0  # of the buffer, searched for the head's end without finding it
         self._interim = 0
         self._trailers = 0
-        self.received = False  # whether any byte arrived
         self.reply: HttpReply | None = None
         self.reusable = False
 
@@ -178,7 +177,6 @@ class ReplyReader:
         if self.reply is not None:
             self.reusable = False  # bytes nobody asked for: the connection is not trusted
             return True
-        self.received = self.received or bool(data)
         self._buffer += data
         while True:
             progressed = getattr(self, f"_on_{self._state}")()
@@ -480,9 +478,7 @@ class _Connection(asyncio.Protocol):
         ``deadline`` (the loop's clock) the call fails with ``TimeoutError``."""
         assert self.transport is not None
         if self.closed or self.transport.is_closing():
-            dropped = ServerDisconnected("connection closed before the request was sent")
-            dropped.received = False
-            raise dropped
+            raise ServerDisconnected("connection closed before the request was sent")
         loop = asyncio.get_running_loop()
         reader = self._reader = ReplyReader(limit)
         done = self._done = loop.create_future()
@@ -492,9 +488,6 @@ class _Connection(asyncio.Protocol):
         timer = loop.call_at(deadline, self._time_out, done)
         try:
             await done
-        except ServerDisconnected as exc:
-            exc.received = reader.received
-            raise
         finally:
             timer.cancel()
         self._reader = self._done = None
@@ -529,16 +522,9 @@ class Http1Client:
         # One deadline for the whole call (a timer per exchange, not asyncio.timeout's
         # task bookkeeping: this is the row-worker's hot path).
         deadline = asyncio.get_running_loop().time() + timeout_s
-        connection, pooled = await self._acquire(origin, deadline)
-        try:
-            return await self._exchange(connection, head, body, limit, deadline)
-        except ServerDisconnected as exc:
-            # A pooled connection the server closed as idle (uvicorn after 5 s, nginx
-            # after 75) as the request went out: nothing of a reply came, so the server
-            # never took it up. Once more on a new connection.
-            if not pooled or exc.received:
-                raise
-        connection, _ = await self._acquire(origin, deadline, fresh=True)
+        # Never sent again here, whatever failed (a POST may have been taken up): the
+        # router retries with its backoff, its limiter and its attempt count.
+        connection = await self._acquire(origin, deadline)
         return await self._exchange(connection, head, body, limit, deadline)
 
     async def _exchange(
@@ -560,14 +546,12 @@ class Http1Client:
             self._origins[url] = origin
         return origin
 
-    async def _acquire(
-        self, origin: _Origin, deadline: float, fresh: bool = False
-    ) -> tuple[_Connection, bool]:
-        """A connection to ``origin`` and whether it came from the pool; a new one must
-        connect by ``deadline`` (the loop's clock)."""
+    async def _acquire(self, origin: _Origin, deadline: float) -> _Connection:
+        """A connection to ``origin``, from its pool or new (connected by ``deadline``,
+        the loop's clock)."""
         if self._closed:
             raise ConnectFailed("the client is closed")
-        idle = None if fresh else self._idle.get(origin.key)
+        idle = self._idle.get(origin.key)
         now = time.monotonic()
         while idle:
             connection, _ = idle.popitem()
@@ -577,7 +561,7 @@ class Http1Client:
                 connection.abort()
                 continue
             self._busy.add(connection)
-            return connection, True
+            return connection
         loop = asyncio.get_running_loop()
         context = self._tls_context() if origin.tls else None
         try:
@@ -589,12 +573,14 @@ class Http1Client:
                     ssl=context,
                     server_hostname=origin.host if context is not None else None,
                 )
+        except TimeoutError:
+            raise  # a subclass of OSError: the deadline, not a refusal
         # Refused, unreachable, DNS (gaierror), TLS (SSLError); UnicodeError for a host
         # name IDNA cannot encode.
         except (OSError, UnicodeError) as exc:
             raise ConnectFailed(f"{exc.__class__.__name__}: {exc}") from exc
         self._busy.add(protocol)
-        return protocol, False
+        return protocol
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._ssl is None:
