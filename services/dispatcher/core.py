@@ -477,7 +477,9 @@ class Dispatcher:
         workspaces we release for."""
         inflight = self.inflight
         return self._config.windows.for_fleet(
-            inflight.concurrency(), inflight.dispatchers(), len(self._busy_workspaces())
+            inflight.fed_concurrency(self._config.slice_rows),
+            inflight.dispatchers(),
+            len(self._busy_workspaces()),
         )
 
     def _busy_workspaces(self) -> set[str]:

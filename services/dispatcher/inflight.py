@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from relay_batches.bus.topology import rows_prefetch
 from relay_batches.messages import HoldingReport
 
 SEND_LOG_SPANS = 64
@@ -80,9 +81,22 @@ class InFlight:
         return frozenset(rows)
 
     def concurrency(self) -> int:
-        """Rows the live row-workers run at once, together (what windows are sized by)."""
+        """Rows the live row-workers run at once, together."""
         now = self._clock()
         return sum(w.concurrency for w in self._workers.values() if w.expires_at >= now)
+
+    def fed_concurrency(self, slice_rows: int) -> int:
+        """What the windows are sized by: each live worker's concurrency, or half the
+        rows its prefetch of slices holds when that is more. A window of twice the
+        concurrency alone would give fewer workers than the fleet a whole slice once
+        slices are longer than a worker's concurrency (with 64-row slices and 8 slots,
+        only a quarter of the workers)."""
+        now = self._clock()
+        return sum(
+            max(w.concurrency, rows_prefetch(w.concurrency, slice_rows) * slice_rows // 2)
+            for w in self._workers.values()
+            if w.expires_at >= now and w.concurrency > 0
+        )
 
     def dispatchers(self) -> int:
         """Live dispatchers sharing the fleet: the distinct owners named in the marks of

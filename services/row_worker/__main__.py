@@ -7,7 +7,7 @@ import logging
 import os
 
 from relay_batches.bus.client import Bus
-from relay_batches.bus.topology import MAX_QUEUE_NAME_BYTES
+from relay_batches.bus.topology import MAX_QUEUE_NAME_BYTES, rows_prefetch
 from relay_batches.ids import new_id
 from relay_batches.ratelimit.keeper import Keeper
 from relay_batches.ratelimit.limiter import SharedLimiter

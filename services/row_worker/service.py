@@ -4,10 +4,9 @@ that job's calls in flight and drop its rows still to come."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 
-from relay_batches.bus.topology import EVENT_CANCELED, EVENT_HOLDING
+from relay_batches.bus.topology import EVENT_CANCELED, EVENT_HOLDING, rows_prefetch
 from relay_batches.kit.base import BusService, ServiceBus
 from relay_batches.kit.consumer import Consume, Subscribe
 from relay_batches.kit.periodic import Periodic, every
@@ -17,12 +16,6 @@ from relay_batches.ratelimit.parts import RateLimitParts, rate_limit_parts
 from relay_batches.services.row_worker.core import RowRunner
 from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
-
-
-def rows_prefetch(concurrency: int, slice_rows: int) -> int:
-    """Slice messages to hold: rows for every slot twice over (a finished slice stays unacked
-    until its outcomes are confirmed, so its rows must not starve the slots), plus one."""
-    return math.ceil(2 * concurrency / slice_rows) + 1
 
 
 def outcome_batch_rows(flush_rows: int, concurrency: int, slice_rows: int) -> int:

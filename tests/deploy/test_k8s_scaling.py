@@ -8,8 +8,7 @@ import copy
 
 import pytest
 
-from relay_batches.bus.topology import Names
-from relay_batches.services.row_worker.service import rows_prefetch
+from relay_batches.bus.topology import Names, rows_prefetch
 from tests.deploy.keda_checks import scaled_object_problems, trigger_auth_problems
 from tests.deploy.manifests import (
     MIN_K8S,

@@ -101,8 +101,13 @@ async def test_live_concurrency_is_summed_over_workers_whose_heartbeat_is_valid(
     await inflight.on_report(HoldingReport("w2", 6.0, (HeldRows("j", (1,)),), (), 8))
     await inflight.on_report(HoldingReport("w1", 6.0, (), (), 32))  # replaces w1's
     assert inflight.concurrency() == 40
+    # Sized to feed every worker whole slices: with slices of 64 a worker of 8 slots
+    # holds 2 of them (128 rows), so it counts as 64; one of 32 holds 2 too (64 x 2 / 2).
+    assert inflight.fed_concurrency(64) == 64 + 64
+    assert inflight.fed_concurrency(16) == 40 + 16  # 32: 5 x 16 / 2; 8: 2 x 16 / 2 = 16
     mono.now += 7.0  # both heartbeats expired: killed, or cut off
     assert inflight.concurrency() == 0
+    assert inflight.fed_concurrency(64) == 0
 
 
 def test_a_heartbeat_carries_the_worker_concurrency_and_an_old_one_decodes_with_none() -> None:
@@ -132,7 +137,8 @@ async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window(
     await inflight.on_report(HoldingReport("w1", 6.0, (), (), 50))
     store.queued.append(job(total=500))
     await dispatcher.claim()
-    assert recorder.flat() == list(range(100)), "2 x 50 rows at once, not the base 20"
+    # What the worker holds: its prefetch of 26 slices of 4 (2 x 50 rows, plus one).
+    assert recorder.flat() == list(range(104)), "the worker's 104 rows, not the base 20"
 
 
 async def test_a_top_up_reads_the_bytes_in_flight_once() -> None:

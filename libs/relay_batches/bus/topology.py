@@ -14,6 +14,7 @@ quorum), see :meth:`Names.quorum_capable` and the README's "Queue types".
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import zlib
 from dataclasses import dataclass
@@ -26,6 +27,15 @@ from pamqp.common import FieldTable
 from relay_batches.settings import ConfigError
 
 MAX_PRIORITY = 9
+
+
+def rows_prefetch(concurrency: int, slice_rows: int) -> int:
+    """Slice messages a row-worker holds: rows for every slot twice over (a finished slice
+    stays unacked until its outcomes are confirmed, so its rows must not starve the
+    slots), plus one. The dispatcher sizes its windows so every live worker gets them."""
+    return math.ceil(2 * concurrency / slice_rows) + 1
+
+
 DEAD_MAX_LENGTH = 10_000  # the default of RELAY_RESULTS_DEAD_MAX_LENGTH
 QUEUE_TYPES = ("classic", "quorum")  # RELAY_QUEUE_TYPE's values, the first the default
 RESULTS_SHARDS = 4  # the default of RELAY_RESULTS_SHARDS
