@@ -91,6 +91,17 @@ class RowRequest:
     params: dict[str, Any] | None = None
 
 
+def request_json(request: RowRequest) -> str:
+    """The JSON text :func:`row_request` reads back as ``request`` (a row's stored
+    ``request``: its messages array, or an object with them and its own fields)."""
+    if request.model is None and not request.params:
+        return orjson.dumps(request.messages).decode()
+    fields: dict[str, Any] = {**(request.params or {}), "messages": request.messages}
+    if request.model is not None:
+        fields["model"] = request.model
+    return orjson.dumps(fields).decode()
+
+
 def row_request(value: Any) -> RowRequest:
     """A decoded ``request_json``: a messages array, or an object holding ``messages``."""
     if isinstance(value, list):
@@ -178,6 +189,20 @@ class DecodedSlice:
     sent_at: float = 0.0
     owner: str = ""
     expires_at: float = 0.0
+
+    def with_rows(self, rows: Sequence[tuple[int, RowRequest]]) -> SliceMessage:
+        """A slice message of this one's job, level, marks and deadline holding ``rows``
+        (a stopping worker hands the rows it did not start back this way)."""
+        return SliceMessage(
+            self.batch_id,
+            self.model,
+            tuple(SliceRow(index, request_json(request)) for index, request in rows),
+            orjson.dumps(self.params).decode(),
+            self.level,
+            self.sent_at,
+            self.owner,
+            self.expires_at,
+        )
 
 
 @dataclass(frozen=True)

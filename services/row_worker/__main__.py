@@ -25,7 +25,6 @@ from relay_batches.services.row_worker.service import (
     holding_heartbeat,
     outcome_batch_rows,
     row_worker_service,
-    rows_prefetch,
 )
 from relay_batches.settings import ConfigError, Settings
 from relay_batches.usage import answer_help
@@ -70,6 +69,9 @@ async def build(
         holdings,
         prices=aliases.prices(),
         flush=outcomes.flush_job,
+        hand_over=lambda rest: bus.publish(
+            bus.names.rows, rest.encode(), kind="rows", priority=rest.level
+        ),
     )
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info(

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from relay_batches.errors import HandBack
-from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest
+from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest, SliceMessage
 from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
 from relay_batches.outcome import to_outcome
 from relay_batches.router.aliases import Price
@@ -40,6 +40,7 @@ class Router(Protocol):
 
 OutcomeSink = Callable[[RowOutcome], Awaitable[None]]
 Flush = Callable[[str], None]  # send a job's outcomes gathered so far without waiting
+HandOver = Callable[[SliceMessage], Awaitable[None]]  # publish rows not started, confirmed
 
 
 class _SliceProgress:
@@ -86,6 +87,7 @@ class RowRunner:
         prices: Mapping[str, Price] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         flush: Flush | None = None,
+        hand_over: HandOver | None = None,
     ) -> None:
         self._router = router
         self._clock = clock
@@ -93,6 +95,7 @@ class RowRunner:
         self._monotonic = monotonic
         self._sink = sink
         self._flush = flush
+        self._hand_over = hand_over
         self._slots = asyncio.Semaphore(concurrency)
         # Slices start their rows one slice after another: interleaved, the slices a
         # worker holds would all end together and leave every slot idle until the broker
@@ -111,7 +114,10 @@ class RowRunner:
     def stop_starting(self) -> None:
         """The service is stopping: a slice that has not started a row yet is handed back
         to the broker untouched (no paid call is begun that the grace period might cut
-        off); a slice that has started finishes."""
+        off); a slice that has started finishes the rows it started and hands the rest
+        over, published as a slice of their own (confirmed) before it is acked, so no
+        row runs twice and the stop waits for one call, not a whole slice. Without a
+        hand-over (or if publishing it fails) the slice starts its other rows too."""
         self._stopping = True
 
     def cancel_job(self, batch_id: str) -> int:
@@ -140,11 +146,14 @@ class RowRunner:
         started: list[asyncio.Task[None]] = []
         progress = _SliceProgress()
         async with self._starting:
-            for index, request in job_slice.rows:
+            for position, (index, request) in enumerate(job_slice.rows):
                 await self._slots.acquire()
                 if self._stopping and not started:
                     self._slots.release()
                     raise HandBack(f"stopping: slice of {job_slice.batch_id} not started")
+                if self._stopping and await self._handed_over(job_slice, position):
+                    self._slots.release()
+                    break
                 if job_slice.batch_id in self.canceled or self._past_deadline(job_slice):
                     self._slots.release()
                     ROWS_DROPPED.inc()
@@ -166,6 +175,21 @@ class RowRunner:
         if failures:
             raise failures[0]
         return sum(1 for r in results if r is None)
+
+    async def _handed_over(self, job_slice: DecodedSlice, position: int) -> bool:
+        """Whether the rows of ``job_slice`` from ``position`` on went back to the broker."""
+        if self._hand_over is None:
+            return False
+        rest = job_slice.rows[position:]
+        try:
+            await self._hand_over(job_slice.with_rows(rest))
+        except Exception as exc:  # the slice runs on: its rows are not lost either way
+            log.warning(
+                "hand_over_failed", extra={"batch_id": job_slice.batch_id, "error": repr(exc)}
+            )
+            return False
+        log.info("rows_handed_over", extra={"batch_id": job_slice.batch_id, "rows": len(rest)})
+        return True
 
     def _past_deadline(self, job_slice: DecodedSlice) -> bool:
         """Whether the slice's job is past its completion window: its rows left are never

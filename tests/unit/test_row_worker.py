@@ -10,15 +10,22 @@ from typing import Any
 
 import pytest
 
+from relay_batches.bus.topology import rows_prefetch
 from relay_batches.errors import HandBack
-from relay_batches.messages import DecodedSlice, OutcomesMessage, RowOutcome, RowRequest
+from relay_batches.messages import (
+    DecodedSlice,
+    OutcomesMessage,
+    RowOutcome,
+    RowRequest,
+    SliceMessage,
+)
 from relay_batches.outcome import to_outcome
 from relay_batches.router.aliases import Price
 from relay_batches.router.types import Completion, RowResult
 from relay_batches.services.row_worker import outcomes as outcomes_module
 from relay_batches.services.row_worker.core import CanceledJobs, RowRunner
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
-from relay_batches.services.row_worker.service import outcome_batch_rows, rows_prefetch
+from relay_batches.services.row_worker.service import outcome_batch_rows
 
 WAIT_S = 5.0  # generous upper bound for anything a test waits on; never a fixed sleep
 
@@ -200,6 +207,51 @@ async def test_a_slices_last_outcome_flushes_its_job() -> None:
     assert await runner.handle_slice(tagged("b2", range(2))) == 0
     await settle()
     assert flushed == [("b1", 3)]
+
+
+async def test_a_stopping_worker_hands_over_the_rows_of_a_started_slice_it_did_not_start() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    handed: list[SliceMessage] = []
+
+    async def hand_over(rest: SliceMessage) -> None:
+        handed.append(rest)
+
+    runner = RowRunner(router, sink, concurrency=2, hand_over=hand_over)
+    job_slice = replace(tagged("b1", range(6)), level=3, sent_at=12.5, owner="d1", expires_at=4e9)
+    job_slice = replace(
+        job_slice,
+        rows=(
+            *job_slice.rows[:5],
+            (5, RowRequest(row_messages(5), "other-model", {"max_tokens": 7})),
+        ),
+    )
+    running = asyncio.create_task(runner.handle_slice(job_slice))
+    started = {await router.next_started() for _ in range(2)}
+    runner.stop_starting()
+    for batch_id, index in started:
+        router.open(batch_id, index)
+    assert await asyncio.wait_for(running, WAIT_S) == 2  # only the two it started
+    assert sorted(o.row_index for o in sink.outcomes) == [0, 1]
+    (rest,) = handed
+    decoded = SliceMessage.decode(rest.encode())
+    assert decoded == replace(job_slice, rows=job_slice.rows[2:])  # same job, marks, rows
+
+
+async def test_a_failed_hand_over_runs_the_slice_on() -> None:
+    router, sink = FakeRouter(), Sink()
+
+    async def hand_over(rest: SliceMessage) -> None:
+        raise RuntimeError("broker gone")
+
+    runner = RowRunner(router, sink, concurrency=1, hand_over=hand_over)
+    router.gated = True
+    running = asyncio.create_task(runner.handle_slice(tagged("b1", range(3))))
+    await router.next_started()
+    runner.stop_starting()
+    router.gated = False
+    router.open("b1", 0)
+    assert await asyncio.wait_for(running, WAIT_S) == 3
+    assert sorted(o.row_index for o in sink.outcomes) == [0, 1, 2]
 
 
 async def test_a_stopping_worker_hands_back_slices_it_has_not_started() -> None:
