@@ -147,6 +147,8 @@ class RowRunner:
         progress = _SliceProgress()
         async with self._starting:
             for position, (index, request) in enumerate(job_slice.rows):
+                if self._dropped(job_slice):  # without waiting for a slot
+                    continue
                 await self._slots.acquire()
                 if self._stopping and not started:
                     self._slots.release()
@@ -154,9 +156,8 @@ class RowRunner:
                 if self._stopping and await self._handed_over(job_slice, position):
                     self._slots.release()
                     break
-                if job_slice.batch_id in self.canceled or self._past_deadline(job_slice):
+                if self._dropped(job_slice):  # canceled while it waited
                     self._slots.release()
-                    ROWS_DROPPED.inc()
                     continue
                 row = asyncio.create_task(
                     self._run_row(job_slice, index, request, progress),
@@ -190,6 +191,13 @@ class RowRunner:
             return False
         log.info("rows_handed_over", extra={"batch_id": job_slice.batch_id, "rows": len(rest)})
         return True
+
+    def _dropped(self, job_slice: DecodedSlice) -> bool:
+        """Whether the slice's next row is dropped (its job canceled or past its deadline)."""
+        if job_slice.batch_id in self.canceled or self._past_deadline(job_slice):
+            ROWS_DROPPED.inc()
+            return True
+        return False
 
     def _past_deadline(self, job_slice: DecodedSlice) -> bool:
         """Whether the slice's job is past its completion window: its rows left are never

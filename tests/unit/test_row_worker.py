@@ -254,6 +254,17 @@ async def test_a_failed_hand_over_runs_the_slice_on() -> None:
     assert sorted(o.row_index for o in sink.outcomes) == [0, 1, 2]
 
 
+async def test_a_canceled_jobs_rows_are_dropped_without_waiting_for_a_slot() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    runner = RowRunner(router, sink, concurrency=1)
+    busy = asyncio.create_task(runner.handle_slice(tagged("b1", range(1))))
+    await router.next_started()  # the only slot is taken
+    runner.cancel_job("b2")
+    assert await asyncio.wait_for(runner.handle_slice(tagged("b2", range(5))), WAIT_S) == 0
+    router.open("b1", 0)
+    assert await asyncio.wait_for(busy, WAIT_S) == 1
+
+
 async def test_a_stopping_worker_hands_back_slices_it_has_not_started() -> None:
     router, sink = FakeRouter(gated=True), Sink()
     runner = RowRunner(router, sink, concurrency=2)
