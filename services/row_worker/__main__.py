@@ -22,6 +22,7 @@ from relay_batches.services.row_worker.core import RowRunner
 from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
 from relay_batches.services.row_worker.service import (
+    hand_over_priority,
     holding_heartbeat,
     outcome_batch_rows,
     row_worker_service,
@@ -70,7 +71,7 @@ async def build(
         prices=aliases.prices(),
         flush=outcomes.flush_job,
         hand_over=lambda rest: bus.publish(
-            bus.names.rows, rest.encode(), kind="rows", priority=rest.level
+            bus.names.rows, rest.encode(), kind="rows", priority=hand_over_priority(rest.level)
         ),
     )
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)

@@ -115,9 +115,11 @@ class RowRunner:
         """The service is stopping: a slice that has not started a row yet is handed back
         to the broker untouched (no paid call is begun that the grace period might cut
         off); a slice that has started finishes the rows it started and hands the rest
-        over, published as a slice of their own (confirmed) before it is acked, so no
-        row runs twice and the stop waits for one call, not a whole slice. Without a
-        hand-over (or if publishing it fails) the slice starts its other rows too."""
+        over, published as a slice of their own (confirmed) before it is acked, so the
+        stop waits for the rows already started, not a whole slice, and the rest run
+        once, elsewhere (twice only if this worker dies between the hand-over and the
+        ack; never counted twice). Without a hand-over, or if publishing it fails (it is
+        tried once), the slice starts its other rows too."""
         self._stopping = True
 
     def cancel_job(self, batch_id: str) -> int:
@@ -145,20 +147,24 @@ class RowRunner:
     async def _run_slice(self, job_slice: DecodedSlice) -> int:
         started: list[asyncio.Task[None]] = []
         progress = _SliceProgress()
+        hand_over = self._hand_over  # tried at most once per slice
         async with self._starting:
             for position, (index, request) in enumerate(job_slice.rows):
                 if self._dropped(job_slice):  # without waiting for a slot
                     continue
                 await self._slots.acquire()
-                if self._stopping and not started:
-                    self._slots.release()
-                    raise HandBack(f"stopping: slice of {job_slice.batch_id} not started")
-                if self._stopping and await self._handed_over(job_slice, position):
-                    self._slots.release()
-                    break
                 if self._dropped(job_slice):  # canceled while it waited
                     self._slots.release()
                     continue
+                if self._stopping and not started:
+                    self._slots.release()
+                    raise HandBack(f"stopping: slice of {job_slice.batch_id} not started")
+                if self._stopping and hand_over is not None:
+                    handed = await self._handed_over(hand_over, job_slice, position)
+                    hand_over = None
+                    if handed:
+                        self._slots.release()
+                        break
                 row = asyncio.create_task(
                     self._run_row(job_slice, index, request, progress),
                     name=f"row-{job_slice.batch_id}-{index}",
@@ -177,13 +183,13 @@ class RowRunner:
             raise failures[0]
         return sum(1 for r in results if r is None)
 
-    async def _handed_over(self, job_slice: DecodedSlice, position: int) -> bool:
+    async def _handed_over(
+        self, hand_over: HandOver, job_slice: DecodedSlice, position: int
+    ) -> bool:
         """Whether the rows of ``job_slice`` from ``position`` on went back to the broker."""
-        if self._hand_over is None:
-            return False
         rest = job_slice.rows[position:]
         try:
-            await self._hand_over(job_slice.with_rows(rest))
+            await hand_over(job_slice.with_rows(rest))
         except Exception as exc:  # the slice runs on: its rows are not lost either way
             log.warning(
                 "hand_over_failed", extra={"batch_id": job_slice.batch_id, "error": repr(exc)}

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from relay_batches.bus.topology import EVENT_CANCELED, EVENT_HOLDING, rows_prefetch
+from relay_batches.bus.topology import (
+    EVENT_CANCELED,
+    EVENT_HOLDING,
+    MAX_PRIORITY,
+    rows_prefetch,
+)
 from relay_batches.kit.base import BusService, ServiceBus
 from relay_batches.kit.consumer import Consume, Subscribe
 from relay_batches.kit.periodic import Periodic, every
@@ -16,6 +21,14 @@ from relay_batches.ratelimit.parts import RateLimitParts, rate_limit_parts
 from relay_batches.services.row_worker.core import RowRunner
 from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
+
+
+def hand_over_priority(level: int) -> int:
+    """The broker level a stopping worker hands rows over at: one above their slice's,
+    so they go ahead of slices sent after them, as a requeued message goes back near the
+    head of its queue (the dispatcher's stall recovery takes rows nobody holds, once a
+    later slice of theirs is delivered, for lost). The body keeps the slice's level."""
+    return min(MAX_PRIORITY, level + 1)
 
 
 def outcome_batch_rows(flush_rows: int, concurrency: int, slice_rows: int) -> int:

@@ -25,7 +25,7 @@ from relay_batches.router.types import Completion, RowResult
 from relay_batches.services.row_worker import outcomes as outcomes_module
 from relay_batches.services.row_worker.core import CanceledJobs, RowRunner
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
-from relay_batches.services.row_worker.service import outcome_batch_rows
+from relay_batches.services.row_worker.service import hand_over_priority, outcome_batch_rows
 
 WAIT_S = 5.0  # generous upper bound for anything a test waits on; never a fixed sleep
 
@@ -239,8 +239,10 @@ async def test_a_stopping_worker_hands_over_the_rows_of_a_started_slice_it_did_n
 
 async def test_a_failed_hand_over_runs_the_slice_on() -> None:
     router, sink = FakeRouter(), Sink()
+    tries: list[SliceMessage] = []
 
     async def hand_over(rest: SliceMessage) -> None:
+        tries.append(rest)
         raise RuntimeError("broker gone")
 
     runner = RowRunner(router, sink, concurrency=1, hand_over=hand_over)
@@ -252,6 +254,27 @@ async def test_a_failed_hand_over_runs_the_slice_on() -> None:
     router.open("b1", 0)
     assert await asyncio.wait_for(running, WAIT_S) == 3
     assert sorted(o.row_index for o in sink.outcomes) == [0, 1, 2]
+    assert len(tries) == 1, "tried once, not once per row left"
+
+
+def test_rows_are_handed_over_one_broker_level_up() -> None:
+    assert [hand_over_priority(level) for level in (0, 3, 8, 9)] == [1, 4, 9, 9]
+
+
+async def test_a_canceled_jobs_rows_are_not_handed_over() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    handed: list[SliceMessage] = []
+
+    async def hand_over(rest: SliceMessage) -> None:
+        handed.append(rest)
+
+    runner = RowRunner(router, sink, concurrency=1, hand_over=hand_over)
+    running = asyncio.create_task(runner.handle_slice(tagged("b1", range(4))))
+    await router.next_started()
+    runner.stop_starting()
+    runner.cancel_job("b1")  # aborts the call in flight; the rest are dropped
+    assert await asyncio.wait_for(running, WAIT_S) == 0
+    assert handed == []
 
 
 async def test_a_canceled_jobs_rows_are_dropped_without_waiting_for_a_slot() -> None:
