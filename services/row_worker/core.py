@@ -44,8 +44,8 @@ HandOver = Callable[[SliceMessage], Awaitable[None]]  # publish rows not started
 
 
 class _SliceProgress:
-    """Rows of one slice started and still without an outcome; ``last`` says whether the
-    outcome being made is the slice's last (every row is started, none is left)."""
+    """Rows of one slice started and still without an outcome; :meth:`finish_one` says
+    whether the outcome being made is the slice's last (every row started, none left)."""
 
     def __init__(self) -> None:
         self.open = 0

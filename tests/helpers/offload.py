@@ -4,6 +4,8 @@ ended."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 import orjson
 
@@ -53,14 +55,19 @@ def leads(deployment: str) -> dict[str, str]:
     return {"half": deployment, "other-half": deployment}
 
 
+async def intake_all(store: OffloadStore, *args: Any, **kwargs: Any) -> None:
+    """Run ``store.intake(*args, **kwargs)`` until it takes nothing more."""
+    while await store.intake(*args, **kwargs):
+        pass
+
+
 async def ended_provider_batch(
     store: OffloadStore, pool: asyncpg.Pool, total: int, deployment: str, owner: str
 ) -> tuple[str, str, int]:
     """An offloaded job of ``total`` rows all in one provider batch that ended (leased to
     ``owner``): the job's id, its workspace and the record's id."""
     batch_id, workspace = await offloaded_job(pool, total, deployment)
-    while await store.intake(leads(deployment)):
-        pass
+    await intake_all(store, leads(deployment))
     made = await store.gather(Gathering(deployment, 100, 10_000_000, linger_s=0))
     assert made is not None
     assert made in [b.id for b in await store.claim(owner, [BatchState.RECORDED], 30, 100)]

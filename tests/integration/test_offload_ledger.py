@@ -28,7 +28,14 @@ from relay_batches.ledger.offload import (
 )
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
-from tests.helpers.offload import OWNER, ended_provider_batch, leads, offloaded_job, request
+from tests.helpers.offload import (
+    OWNER,
+    ended_provider_batch,
+    intake_all,
+    leads,
+    offloaded_job,
+    request,
+)
 
 
 async def row_states(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
@@ -67,8 +74,7 @@ async def test_intake_records_rows_under_their_own_alias_in_bounded_steps(
     batch_id, _ = await offloaded_job(
         pool, 25, "ob-intake", models={3: "realtime-only", 4: "other-half"}
     )
-    while await store.intake(leads("ob-intake"), step=10):
-        pass
+    await intake_all(store, leads("ob-intake"), step=10)
     assert await row_states(pool, batch_id) == {"pending": 24, "forward": 1}
     forwarded = await pool.fetchval(
         "SELECT array_agg(row_index) FROM offload_rows WHERE batch_id = $1 AND state = 'forward'",
@@ -83,16 +89,14 @@ async def test_intake_records_rows_under_their_own_alias_in_bounded_steps(
 async def test_a_deployment_gone_from_the_routes_forwards_every_row(pool: asyncpg.Pool) -> None:
     store = OffloadStore(pool)
     batch_id, _ = await offloaded_job(pool, 6, "ob-gone")
-    while await store.intake({}, step=100):
-        pass
+    await intake_all(store, {}, step=100)
     assert await row_states(pool, batch_id) == {"forward": 6}
 
 
 async def test_gather_by_rows_then_by_linger(pool: asyncpg.Pool) -> None:
     store = OffloadStore(pool)
     batch_id, _ = await offloaded_job(pool, 25, "ob-rows")
-    while await store.intake(leads("ob-rows")):
-        pass
+    await intake_all(store, leads("ob-rows"))
     slow = Gathering("ob-rows", max_rows=10, max_bytes=10_000_000, linger_s=3600)
     first = await store.gather(slow)
     second = await store.gather(slow)
@@ -123,8 +127,7 @@ async def test_gather_by_rows_then_by_linger(pool: asyncpg.Pool) -> None:
 async def test_gather_by_bytes_keeps_each_batch_within_its_budget(pool: asyncpg.Pool) -> None:
     store = OffloadStore(pool)
     batch_id, _ = await offloaded_job(pool, 10, "ob-bytes")
-    while await store.intake(leads("ob-bytes")):
-        pass
+    await intake_all(store, leads("ob-bytes"))
     size = await pool.fetchval("SELECT max(bytes) FROM offload_rows WHERE batch_id = $1", batch_id)
     budget = 3 * (size + 100)
     gathering = Gathering(
@@ -144,8 +147,7 @@ async def test_cancel_drops_pending_rows_and_pause_holds_them(pool: asyncpg.Pool
     store = OffloadStore(pool)
     canceled, workspace = await offloaded_job(pool, 4, "ob-hold")
     paused, paused_workspace = await offloaded_job(pool, 3, "ob-hold")
-    while await store.intake(leads("ob-hold")):
-        pass
+    await intake_all(store, leads("ob-hold"))
     await JobStore(pool).cancel(workspace, canceled)
     await JobStore(pool).pause(paused_workspace, paused)
     assert await store.drop_ended() == 4
@@ -159,8 +161,7 @@ async def test_a_record_left_by_a_crash_is_resumed_by_the_next_owner_alone(
 ) -> None:
     store = OffloadStore(pool)
     await offloaded_job(pool, 3, "ob-crash")
-    while await store.intake(leads("ob-crash")):
-        pass
+    await intake_all(store, leads("ob-crash"))
     made = await store.gather(Gathering("ob-crash", 100, 10_000_000, linger_s=0))
     states = [BatchState.RECORDED, BatchState.CREATING]
     # A lease long enough for a starved run; its expiry is played below.
@@ -213,8 +214,7 @@ async def test_settle_forwards_rows_without_an_outcome_and_forward_publishes_the
 async def test_a_failed_forward_publish_leaves_the_rows_to_forward(pool: asyncpg.Pool) -> None:
     store = OffloadStore(pool)
     batch_id, _ = await offloaded_job(pool, 2, "ob-refuse")
-    while await store.intake({}):
-        pass
+    await intake_all(store, {})
 
     async def refuse(rows: list[ForwardRow]) -> None:
         if any(r.batch_id == batch_id for r in rows):
@@ -231,8 +231,7 @@ async def test_polls_back_off_without_progress_and_a_cancel_is_recorded(
 ) -> None:
     store = OffloadStore(pool)
     await offloaded_job(pool, 2, "ob-poll")
-    while await store.intake(leads("ob-poll")):
-        pass
+    await intake_all(store, leads("ob-poll"))
     made = await store.gather(Gathering("ob-poll", 100, 10_000_000, linger_s=0))
     assert made is not None
     assert made in [b.id for b in await store.claim("p", [BatchState.RECORDED], 30, 100)]
@@ -323,8 +322,7 @@ async def test_intake_reads_a_row_holding_a_nul_and_an_unreadable_row_blocks_no_
     broken, _ = await offloaded_job(pool, 2, "ob-nul", models={1: "other-half"})
     await set_request(pool, broken, 0, '{"messages": [')
     fine, _ = await offloaded_job(pool, 2, "ob-nul")
-    while await store.intake(leads("ob-nul")):
-        pass
+    await intake_all(store, leads("ob-nul"))
     # A NUL in a model is no alias: that row goes realtime like any unknown alias.
     assert await pool.fetch(
         "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index", nul
@@ -336,8 +334,7 @@ async def test_intake_reads_a_row_holding_a_nul_and_an_unreadable_row_blocks_no_
 async def taken_in(store: OffloadStore, pool: asyncpg.Pool, total: int, deployment: str) -> str:
     """An offloaded job of ``total`` rows taken in under ``deployment``: its id."""
     batch_id, _ = await offloaded_job(pool, total, deployment)
-    while await store.intake(leads(deployment)):
-        pass
+    await intake_all(store, leads(deployment))
     return batch_id
 
 
@@ -377,8 +374,7 @@ async def test_gather_sends_a_job_whose_deadline_came_too_near_realtime(
     late, _ = await offloaded_job(pool, 3, "ob-late")
     patient, _ = await offloaded_job(pool, 2, "ob-late")
     far, _ = await offloaded_job(pool, 2, "ob-late")
-    while await store.intake(leads("ob-late")):
-        pass
+    await intake_all(store, leads("ob-late"))
     # Paused for hours, then resumed: 2 h left, less than a 24 h window and the margin.
     await pool.execute(
         "UPDATE batches SET expires_at = now() + interval '2 hours' WHERE id = $1", late
@@ -401,11 +397,9 @@ async def test_intake_forwards_pending_rows_of_a_deployment_gone_from_the_routes
 ) -> None:
     store = OffloadStore(pool)
     gone, _ = await offloaded_job(pool, 5, "ob-left")
-    while await store.intake({"half": "ob-left"}):
-        pass
+    await intake_all(store, {"half": "ob-left"})
     kept, _ = await offloaded_job(pool, 2, "ob-kept")
-    while await store.intake({"half": "ob-kept"}):
-        pass
+    await intake_all(store, {"half": "ob-kept"})
     assert await row_states(pool, gone) == {"pending": 5}
     # The routes file changed: ob-left is no batch deployment any more (the other
     # tests' deployments still are).
@@ -413,8 +407,7 @@ async def test_intake_forwards_pending_rows_of_a_deployment_gone_from_the_routes
     routed = [r[0] for r in held if r[0] != "ob-left"] + ["ob-other"]
     assert await store.intake({"half": "ob-kept"}, step=3, routed=routed) == 3
     assert (await row_states(pool, gone)).get("forward") == 3, "bounded steps"
-    while await store.intake({"half": "ob-kept"}, step=3, routed=routed):
-        pass
+    await intake_all(store, {"half": "ob-kept"}, step=3, routed=routed)
     assert await row_states(pool, gone) == {"forward": 5}
     assert await row_states(pool, kept) == {"pending": 2}
 
@@ -436,8 +429,7 @@ async def test_forward_holds_a_paused_jobs_rows_until_it_runs_and_drops_an_ended
     store = OffloadStore(pool)
     paused, paused_workspace = await offloaded_job(pool, 3, "ob-fwd-hold")
     ended, ended_workspace = await offloaded_job(pool, 2, "ob-fwd-hold")
-    while await store.intake({}):
-        pass
+    await intake_all(store, {})
     await JobStore(pool).pause(paused_workspace, paused)
     await JobStore(pool).cancel(ended_workspace, ended)
     assert await forward_all(store, {paused, ended}) == []
@@ -514,8 +506,7 @@ async def test_a_large_intake_reads_the_tables_statistics_again(pool: asyncpg.Po
         return int(count or 0)
 
     before = await analyzed()
-    while await store.intake(leads("stats-dep")):
-        pass
+    await intake_all(store, leads("stats-dep"))
     # The statistics collector reports a little after the fact.
     for _ in range(100):
         if await analyzed() > before:

@@ -4,13 +4,14 @@ servers (aiohttp's, and raw sockets that misbehave) on the default loop and on u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import os
 import shutil
 import ssl
 import subprocess
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -231,14 +232,27 @@ def on_both_loops(scenario: Scenario) -> None:
     uvloop.run(scenario())
 
 
-async def aiohttp_server(app: web.Application) -> TestServer:
-    server = TestServer(app)
-    await server.start_server()
-    return server
+@contextlib.asynccontextmanager
+async def served(
+    app: web.Application, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[TestServer]:
+    """``app`` served on a local port for the block (over TLS with ``tls``)."""
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server(ssl=tls)  # this aiohttp takes ssl here, not in TestServer()
+    assert server.scheme == ("https" if tls else "http")
+    try:
+        yield server
+    finally:
+        await server.close()
 
 
-async def hanging_server(gate: asyncio.Event) -> TestServer:
-    """A server that sets ``gate`` on a request and answers it only after 5 s."""
+def peer_of(request: web.Request) -> object:
+    """The client address a request came from (one per connection)."""
+    return request.transport.get_extra_info("peername") if request.transport else None
+
+
+def hanging_app(gate: asyncio.Event) -> web.Application:
+    """An app that sets ``gate`` on a request and answers it only after 5 s."""
 
     async def hang(request: web.Request) -> web.Response:
         gate.set()
@@ -247,7 +261,7 @@ async def hanging_server(gate: asyncio.Event) -> TestServer:
 
     app = web.Application()
     app.router.add_post("/", hang)
-    return await aiohttp_server(app)
+    return app
 
 
 def test_keep_alive_reuses_one_connection_and_reads_chunked_replies() -> None:
@@ -255,9 +269,7 @@ def test_keep_alive_reuses_one_connection_and_reads_chunked_replies() -> None:
         peers: list[object] = []
 
         async def echo(request: web.Request) -> web.StreamResponse:
-            peers.append(
-                request.transport.get_extra_info("peername") if request.transport else None
-            )
+            peers.append(peer_of(request))
             body = await request.read()
             if request.query.get("chunked"):
                 response = web.StreamResponse()
@@ -271,8 +283,7 @@ def test_keep_alive_reuses_one_connection_and_reads_chunked_replies() -> None:
 
         app = web.Application()
         app.router.add_post("/echo", echo)
-        server = await aiohttp_server(app)
-        try:
+        async with served(app) as server:
             async with Http1Client() as client:
                 url = str(server.make_url("/echo"))
                 first = await client.post(url, {"A": "1"}, b"one", 5, LIMIT)
@@ -285,8 +296,6 @@ def test_keep_alive_reuses_one_connection_and_reads_chunked_replies() -> None:
                 assert (second.status, second.body) == (200, b"got two")
                 assert peers[0] == peers[1]  # the same connection
                 assert client.idle_connections() == 1
-        finally:
-            await server.close()
 
     on_both_loops(scenario)
 
@@ -298,14 +307,11 @@ def test_a_large_body_goes_out_whole() -> None:
 
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/size", size)
-        server = await aiohttp_server(app)
-        try:
+        async with served(app) as server:
             async with Http1Client() as client:
                 body = b"x" * (20 * 1024 * 1024)
                 reply = await client.post(str(server.make_url("/size")), {}, body, 30, LIMIT)
                 assert reply.body == str(len(body)).encode()
-        finally:
-            await server.close()
 
     on_both_loops(scenario)
 
@@ -319,16 +325,13 @@ def test_a_timeout_aborts_the_connection_and_the_next_call_works() -> None:
 
         app = web.Application()
         app.router.add_post("/", slow)
-        server = await aiohttp_server(app)
-        try:
+        async with served(app) as server:
             async with Http1Client() as client:
                 url = str(server.make_url("/"))
                 with pytest.raises(TimeoutError):
                     await client.post(url + "?slow=1", {}, b"", 0.2, LIMIT)
                 assert client.idle_connections() == 0
                 assert (await client.post(url, {}, b"", 5, LIMIT)).body == b"fast"
-        finally:
-            await server.close()
 
     on_both_loops(scenario)
 
@@ -336,8 +339,7 @@ def test_a_timeout_aborts_the_connection_and_the_next_call_works() -> None:
 def test_a_cancelled_call_aborts_its_connection() -> None:
     async def scenario() -> None:
         gate = asyncio.Event()
-        server = await hanging_server(gate)
-        try:
+        async with served(hanging_app(gate)) as server:
             async with Http1Client() as client:
                 call = asyncio.create_task(
                     client.post(str(server.make_url("/")), {}, b"", 10, LIMIT)
@@ -347,8 +349,6 @@ def test_a_cancelled_call_aborts_its_connection() -> None:
                 with pytest.raises(asyncio.CancelledError):
                     await call
                 assert client.idle_connections() == 0
-        finally:
-            await server.close()
 
     on_both_loops(scenario)
 
@@ -434,16 +434,13 @@ def test_a_pooled_connection_the_server_closed_is_not_used() -> None:
 def test_closing_the_client_fails_calls_in_flight_as_disconnects() -> None:
     async def scenario() -> None:
         gate = asyncio.Event()
-        server = await hanging_server(gate)
-        try:
+        async with served(hanging_app(gate)) as server:
             client = Http1Client()
             call = asyncio.create_task(client.post(str(server.make_url("/")), {}, b"", 10, LIMIT))
             await gate.wait()
             await client.close()
             with pytest.raises(ServerDisconnected):
                 await call
-        finally:
-            await server.close()
 
     on_both_loops(scenario)
 
@@ -526,19 +523,16 @@ def server_context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-async def tls_echo_server(context: ssl.SSLContext, peers: list[object]) -> TestServer:
-    """An aiohttp server over TLS answering a POST with the body it received."""
+def echo_app(peers: list[object]) -> web.Application:
+    """An app answering a POST with the body it received, recording its peers."""
 
     async def echo(request: web.Request) -> web.Response:
-        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        peers.append(peer_of(request))
         return web.Response(body=await request.read())
 
     app = web.Application()
     app.router.add_post("/echo", echo)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server(ssl=context)  # this aiohttp takes ssl here, not in TestServer()
-    assert server.scheme == "https"
-    return server
+    return app
 
 
 def test_https_with_a_trusted_certificate_reuses_one_connection(tmp_path: Path) -> None:
@@ -546,8 +540,7 @@ def test_https_with_a_trusted_certificate_reuses_one_connection(tmp_path: Path) 
 
     async def scenario() -> None:
         peers: list[object] = []
-        server = await tls_echo_server(server_context(cert, key), peers)
-        try:
+        async with served(echo_app(peers), server_context(cert, key)) as server:
             trusting = ssl.create_default_context(cafile=str(cert))
             async with Http1Client(ssl_context=trusting) as client:
                 url = f"https://127.0.0.1:{server.port}/echo"
@@ -557,8 +550,6 @@ def test_https_with_a_trusted_certificate_reuses_one_connection(tmp_path: Path) 
                 assert (second.status, second.body) == (200, b"second body")
                 assert len(peers) == 2 and peers[0] == peers[1]  # the same connection
                 assert client.idle_connections() == 1
-        finally:
-            await server.close()
 
     on_both_loops(scenario)
 
@@ -568,8 +559,7 @@ def test_https_refuses_an_untrusted_certificate(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         peers: list[object] = []
-        server = await tls_echo_server(server_context(cert, key), peers)
-        try:
+        async with served(echo_app(peers), server_context(cert, key)) as server:
             async with Http1Client() as client:  # the default context: system CAs only
                 with pytest.raises(ConnectFailed) as failed:
                     await client.post(f"https://127.0.0.1:{server.port}/echo", {}, b"x", 5, LIMIT)
@@ -578,8 +568,6 @@ def test_https_refuses_an_untrusted_certificate(tmp_path: Path) -> None:
                 assert cause.verify_code == 18  # X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT
                 assert client.idle_connections() == 0
             assert peers == []
-        finally:
-            await server.close()
 
     on_both_loops(scenario)
 
@@ -589,8 +577,7 @@ def test_https_refuses_a_certificate_for_another_host(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         peers: list[object] = []
-        server = await tls_echo_server(server_context(cert, key), peers)
-        try:
+        async with served(echo_app(peers), server_context(cert, key)) as server:
             trusting = ssl.create_default_context(cafile=str(cert))
             async with Http1Client(ssl_context=trusting) as client:
                 with pytest.raises(ConnectFailed) as failed:
@@ -601,8 +588,6 @@ def test_https_refuses_a_certificate_for_another_host(tmp_path: Path) -> None:
                 assert "mismatch" in str(failed.value)
                 assert client.idle_connections() == 0
             assert peers == []
-        finally:
-            await server.close()
 
     on_both_loops(scenario)
 
@@ -612,22 +597,17 @@ def test_an_idle_connection_past_keepalive_is_not_reused() -> None:
         peers: list[object] = []
 
         async def peer(request: web.Request) -> web.Response:
-            peers.append(
-                request.transport.get_extra_info("peername") if request.transport else None
-            )
+            peers.append(peer_of(request))
             return web.Response(text="ok")
 
         app = web.Application()
         app.router.add_post("/", peer)
-        server = await aiohttp_server(app)
-        try:
+        async with served(app) as server:
             async with Http1Client(keepalive_s=0.05) as client:
                 url = str(server.make_url("/"))
                 await client.post(url, {}, b"", 5, LIMIT)
                 await asyncio.sleep(0.1)
                 await client.post(url, {}, b"", 5, LIMIT)
                 assert peers[0] != peers[1]
-        finally:
-            await server.close()
 
     on_both_loops(scenario)

@@ -346,7 +346,7 @@ def _number(name: str, spec: dict[str, Any], key: str, default: float, where: st
 def _timeout(name: str, spec: dict[str, Any], where: str) -> float:
     value = _number(name, spec, "timeout_s", 60.0, where)
     if value <= 0:
-        # aiohttp reads a zero timeout as "no timeout": refuse it.
+        # Zero would fail every call at once (and once meant "no timeout"): refuse it.
         raise ConfigError(where + f"deployment {name!r}: timeout_s must be greater than 0")
     return value
 

@@ -10,8 +10,9 @@ the status, one header (``Retry-After``) and a bounded body. Everything else (th
 offloader's provider clients, webhooks) stays on aiohttp.
 
 What it does: ``http`` and ``https`` (the default SSL context: certificates and host name
-checked, SNI); a request written whole, waiting while the transport's buffer is full;
-replies framed by ``Content-Length``, by the chunked transfer coding or by the end of the
+checked, SNI); a request handed to the transport whole (its body is in memory already)
+and never sent a second time (the router retries, with its backoff, limiter and attempt
+count); replies framed by ``Content-Length``, by the chunked transfer coding or by the end of the
 connection (RFC 9112, section 6.3); interim ``1xx`` replies skipped; ``gzip`` and
 ``deflate`` content codings inflated up to the cap (none is asked for: no
 ``Accept-Encoding`` is sent, so a server should not use one); the whole call, connecting
@@ -70,8 +71,9 @@ class BadReply(UpstreamConnectionError):
 
 @dataclass(frozen=True, slots=True)
 class HttpReply:
-    """A reply: status, headers (names lower-cased; a repeated one keeps its last value)
-    and body (inflated; ``limit + 1`` bytes when it was longer than the call's limit)."""
+    """A reply: status, headers (names lower-cased; a repeated one's values joined with
+    ", ", as one list) and body (inflated; ``limit + 1`` bytes when it was longer than the
+    call's limit)."""
 
     status: int
     headers: dict[str, str]
@@ -95,10 +97,10 @@ def _origin_of(url: str) -> _Origin:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url!r}")
     tls = parts.scheme == "https"
-    port = parts.port or (443 if tls else 80)
+    default = 443 if tls else 80
+    port = parts.port or default
     host = parts.hostname
     shown = f"[{host}]" if ":" in host else host
-    default = 443 if tls else 80
     host_header = shown if port == default else f"{shown}:{port}"
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return _Origin(
@@ -192,7 +194,6 @@ class ReplyReader:
         if self.reply is not None:
             return True
         if self._state == "until_eof":
-            self._keep_alive = False
             self._finish()
             return True
         raise ServerDisconnected("connection closed before the reply was complete")
@@ -253,12 +254,13 @@ class ReplyReader:
             value = next(iter(values))
             if len(values) != 1 or not (value.isascii() and value.isdigit() and len(value) <= 18):
                 raise BadReply(f"bad Content-Length {length[:40]!r}")
-            self._remaining = int(values.pop())
+            self._remaining = int(value)
             self._state = "length"
             if self._remaining == 0:
                 self._finish()
         else:
             self._state = "until_eof"
+            self._keep_alive = False  # the connection's end frames it: never reused
 
     def _on_length(self) -> bool:
         if not self._take_remaining():
@@ -283,7 +285,6 @@ class ReplyReader:
         self._take(bytes(self._buffer))
         self._buffer.clear()
         if self._over:
-            self._keep_alive = False
             self._finish()
         return True
 
@@ -302,7 +303,6 @@ class ReplyReader:
         if not self._take_remaining():
             return False
         if self._over:
-            self._keep_alive = False
             self._finish()
         elif self._remaining == 0:
             self._state = "chunk_end"
@@ -525,11 +525,6 @@ class Http1Client:
         # Never sent again here, whatever failed (a POST may have been taken up): the
         # router retries with its backoff, its limiter and its attempt count.
         connection = await self._acquire(origin, deadline)
-        return await self._exchange(connection, head, body, limit, deadline)
-
-    async def _exchange(
-        self, connection: _Connection, head: bytes, body: bytes, limit: int, deadline: float
-    ) -> HttpReply:
         reusable = False
         try:
             reply, reusable = await connection.exchange(head, body, limit, deadline)
