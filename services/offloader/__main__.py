@@ -9,13 +9,13 @@ import os
 
 import aiohttp
 
+from relay_batches.dialects.anthropic.batch_api import AnthropicBatches
+from relay_batches.dialects.openai.batch_api import OpenAIBatches
 from relay_batches.ids import new_id
 from relay_batches.ledger.offload import OffloadStore
 from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.messages import SliceMessage
-from relay_batches.offload.anthropic_batch import AnthropicBatches
 from relay_batches.offload.lines import BatchClient
-from relay_batches.offload.openai_batch import OpenAIBatches
 from relay_batches.router.aliases import AliasTable, load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.offloader.core import OffloadConfig, Offloader

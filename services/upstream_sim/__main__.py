@@ -24,7 +24,8 @@ import uvloop
 from aiohttp import web
 
 from relay_batches.logging import setup_logging
-from relay_batches.services.upstream_sim.app import SimConfig, build_app
+from relay_batches.services.upstream_sim.app import build_app
+from relay_batches.services.upstream_sim.config import SimConfig
 from relay_batches.settings import ConfigError, port_setting
 from relay_batches.usage import answer_help
 

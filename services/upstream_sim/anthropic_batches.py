@@ -23,15 +23,14 @@ import orjson
 from aiohttp import web
 
 from relay_batches.services.upstream_sim import batches
-from relay_batches.services.upstream_sim.app import (
-    InvalidRequest,
+from relay_batches.services.upstream_sim.anthropic_messages import (
     anthropic_error_payload,
     anthropic_error_response,
     check_messages_headers,
-    json_response,
     message_payload,
     messages_request_from,
 )
+from relay_batches.services.upstream_sim.echo import InvalidRequest, json_response
 
 MAX_REQUESTS = 100_000
 MAX_BODY_BYTES = 256 * 1024 * 1024

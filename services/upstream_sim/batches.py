@@ -1,7 +1,29 @@
 """What the simulator's two provider batch APIs share: the batch markers, how one batched
 request is answered (as the realtime endpoint would, without latency or rate limits),
 derived ids, bounded body reads, RFC 3339 times, cursor pages and the test delays of an
-input and of a results download."""
+input and of a results download.
+
+OpenAI's ``/v1/files`` and ``/v1/batches`` (:mod:`.openai_batches`) and Anthropic's
+``/v1/messages/batches`` (:mod:`.anthropic_batches`; the headers of ``/v1/messages``, or
+``Authorization: Bearer`` as the official SDK sends) answer each batched request exactly
+as its realtime call would be (the markers of :mod:`.faults` included; no latency, rate
+limit or hang, and not counted as ``calls``). A batch is done at the first poll at least
+``SimConfig.batch_delay_s`` after its creation; ``batch_input_delay_s`` holds the answer to
+an input (upload or create) and ``batch_results_pause_s`` stops a results download
+halfway, so a test can meet a client mid-transfer. Markers in a batched request's last
+user text (the realtime endpoints ignore them):
+
+``[sim:batch-error]``    that request fails inside the batch (OpenAI: error file, status
+                         500; Anthropic: ``errored`` with an ``api_error``)
+``[sim:batch-expire]``   that request is left expired (OpenAI: error file with
+                         ``batch_expired``, the batch ends ``expired``; Anthropic:
+                         ``expired``)
+``[sim:batch-fail]``     (OpenAI) the whole batch ends ``failed``, naming that line
+
+``GET /stats`` adds ``batches_created``, ``batch_rows`` (requests submitted in batches)
+and ``batch_rows_repeated`` (of those, custom_ids an earlier batch already submitted);
+``POST /reset`` also forgets every file and batch.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +35,10 @@ from datetime import UTC, datetime
 
 from aiohttp import StreamReader, web
 
-from relay_batches.services.upstream_sim.app import (
-    ChatRequest,
-    SimConfig,
-    SimState,
-    Sleep,
-    decide_outcome,
-)
+from relay_batches.services.upstream_sim.config import SimConfig, Sleep
+from relay_batches.services.upstream_sim.echo import ChatRequest
+from relay_batches.services.upstream_sim.faults import decide_outcome
+from relay_batches.services.upstream_sim.state import SimState
 
 Clock = Callable[[], float]
 

@@ -34,7 +34,8 @@ from relay_batches.router.http1 import Http1Client
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
 from relay_batches.services.row_worker.__main__ import shared_limits
-from relay_batches.services.upstream_sim.app import STATE_KEY, SimConfig, build_app
+from relay_batches.services.upstream_sim.app import STATE_KEY, build_app
+from relay_batches.services.upstream_sim.config import SimConfig
 from tests.helpers.support import AMQP_URL, wait_until
 
 CONCURRENCY = 16

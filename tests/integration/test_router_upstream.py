@@ -20,7 +20,8 @@ from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.http1 import Http1Client
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
-from relay_batches.services.upstream_sim.app import SimConfig, build_app
+from relay_batches.services.upstream_sim.app import build_app
+from relay_batches.services.upstream_sim.config import SimConfig
 
 USER = [{"role": "user", "content": "hello"}]
 

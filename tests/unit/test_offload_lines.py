@@ -16,8 +16,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from relay_batches.dialects.anthropic import batch_api as anthropic_batch
+from relay_batches.dialects.openai import batch_api as openai_batch
 from relay_batches.ledger.offload import BatchState, OffloadLine, RowState
-from relay_batches.offload import anthropic_batch, openai_batch
 from relay_batches.offload.lines import (
     MAX_JSON_BYTES,
     MAX_LINE_BYTES,

@@ -13,6 +13,8 @@ import orjson
 import pytest
 
 from relay_batches.bus.topology import GRANT_MESSAGES_PER_TICK, Names
+from relay_batches.dialects.anthropic import upstream as anthropic
+from relay_batches.dialects.openai import upstream as openai
 from relay_batches.kit.periodic import Periodic
 from relay_batches.kit.tasks import Tasks
 from relay_batches.messages import GrantMessage
@@ -27,7 +29,6 @@ from relay_batches.ratelimit.keeper import Keeper, split_grant
 from relay_batches.ratelimit.limits import RateLimit
 from relay_batches.ratelimit.pacing import F_MIN, Grant, Pacer, quantum_of
 from relay_batches.ratelimit.parts import DrainingTicks
-from relay_batches.router import anthropic, openai
 from relay_batches.router.aliases import Deployment, load_aliases
 from relay_batches.settings import ConfigError
 

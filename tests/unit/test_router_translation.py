@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from relay_batches.router import anthropic, openai
+from relay_batches.dialects.anthropic import upstream as anthropic
+from relay_batches.dialects.openai import upstream as openai
 from relay_batches.router.aliases import Deployment
 from relay_batches.router.types import Completion, ProviderReply, UnsupportedRequest
 

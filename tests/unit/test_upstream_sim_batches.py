@@ -14,8 +14,8 @@ import openai
 import orjson
 import pytest
 
-from relay_batches.services.upstream_sim import anthropic_batches, openai_batches
-from relay_batches.services.upstream_sim.app import SimConfig
+from relay_batches.services.upstream_sim import anthropic_batches, openai_files
+from relay_batches.services.upstream_sim.config import SimConfig
 from tests.unit.test_upstream_sim import Client, MakeClient, make_client
 
 __all__ = ["make_client"]  # the simulator fixture of the realtime tests, shared
@@ -185,7 +185,7 @@ async def test_openai_batch_fail_fails_the_whole_batch_naming_the_line(client: C
 
 
 def _too_many() -> bytes:
-    return jsonl([line(f"r{i}", "x") for i in range(openai_batches.MAX_LINES + 1)])
+    return jsonl([line(f"r{i}", "x") for i in range(openai_files.MAX_LINES + 1)])
 
 
 @pytest.mark.parametrize(
@@ -251,7 +251,7 @@ async def test_openai_files_retrieve_delete_and_their_errors(
     # the batch keeps its input after the file is deleted
     assert (await poll(client, created[1]["id"]))["status"] == "completed"
     assert (await upload(client, content, purpose="fine-tune")).status == 400
-    monkeypatch.setattr(openai_batches, "MAX_FILE_BYTES", 1000)
+    monkeypatch.setattr(openai_files, "MAX_FILE_BYTES", 1000)
     response = await upload(client, b"x" * 1001)
     assert response.status == 413
     assert (await response.json())["error"]["param"] == "file"
@@ -299,7 +299,7 @@ async def test_openai_delay_ends_the_batch_at_the_first_poll_after_it(
 
 
 async def test_a_big_batch_leaves_the_event_loop_free(client: Client) -> None:
-    count = openai_batches.MAX_LINES
+    count = openai_files.MAX_LINES
     created = await submit(client, [line(f"r{i}", f"row {i}") for i in range(count)])
     polled = asyncio.create_task(poll(client, created["id"]))
     slowest = 0.0

@@ -1,3 +1,3 @@
-"""Offload to the providers' batch APIs: the lines of an input file, the results read
-back, and one HTTP client per provider (OpenAI Files + Batches, Anthropic Message
-Batches)."""
+"""Offload to the providers' batch APIs: what every provider's batch client shares (custom
+ids, the state of a batch, result lines read back in bounded memory); each provider's
+client is its dialect's ``batch_api`` (:mod:`relay_batches.dialects`)."""

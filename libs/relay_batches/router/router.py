@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from relay_batches.dialects.anthropic import upstream as anthropic
+from relay_batches.dialects.openai import upstream as openai
 from relay_batches.metrics import (
     UPSTREAM_FALLBACKS,
     UPSTREAM_LATENCY,
@@ -43,7 +45,6 @@ from relay_batches.metrics import (
 )
 from relay_batches.ratelimit.estimate import counted_tokens, estimate_tokens
 from relay_batches.ratelimit.limiter import Limiter, NoLimiter
-from relay_batches.router import anthropic, openai
 from relay_batches.router.aliases import AliasTable, Deployment
 from relay_batches.router.cooldown import CooldownPolicy, Cooldowns
 from relay_batches.router.http1 import Http1Client, UpstreamConnectionError

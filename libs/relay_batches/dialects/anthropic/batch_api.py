@@ -3,9 +3,9 @@ back as JSONL.
 
 Input: ``{"requests": [{"custom_id", "params"}, …]}``, each ``params`` the Messages body
 the realtime call of the row would send
-(:func:`relay_batches.router.anthropic.translate_body`: a row the Messages API cannot
-take raises, and goes realtime to the alias's next deployment). The body is streamed
-from disk. A batch is ``in_progress``, ``canceling`` or ``ended``; once ended its results
+(:func:`relay_batches.dialects.anthropic.upstream.translate_body`: a row the Messages API
+cannot take raises, and goes realtime to the alias's next deployment). The body is
+streamed from disk. A batch is ``in_progress``, ``canceling`` or ``ended``; once ended its results
 (``results_url``, read only on the deployment's own origin, so its key never goes
 elsewhere) hold one line per request, ``result.type`` one of succeeded, errored,
 canceled, expired: a succeeded one is parsed as a realtime reply, every other one (and a
@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from relay_batches.dialects.anthropic import upstream
 from relay_batches.offload.lines import (
     ProviderState,
     ResultLine,
@@ -40,7 +41,6 @@ from relay_batches.offload.lines import (
     string_of,
     transfer_timeout,
 )
-from relay_batches.router import anthropic
 from relay_batches.router.aliases import Deployment
 
 LIST_PAGE = 100
@@ -57,7 +57,7 @@ class AnthropicBatches:
         self._base = f"{deployment.base_url}/messages/batches"
         origin = urlsplit(deployment.base_url)
         self._origin = f"{origin.scheme}://{origin.netloc}/"
-        self._headers = {"anthropic-version": anthropic.API_VERSION, **deployment.headers}
+        self._headers = {"anthropic-version": upstream.API_VERSION, **deployment.headers}
         if deployment.api_key:
             self._headers["x-api-key"] = deployment.api_key
         self._timeout = transfer_timeout(deployment)
@@ -71,7 +71,7 @@ class AnthropicBatches:
         params: Mapping[str, Any],
     ) -> bytes:
         """One request: the row's Messages body under its custom id."""
-        body = anthropic.translate_body(self.deployment, messages, params)
+        body = upstream.translate_body(self.deployment, messages, params)
         return orjson.dumps(
             {"custom_id": custom_id(offload_id, batch_id, row_index), "params": body}
         )
@@ -152,7 +152,7 @@ def result_line(raw: bytes, offload_id: int) -> ResultLine | None:
     message = result.get("message") if isinstance(result, dict) else None
     if not isinstance(result, dict) or result.get("type") != "succeeded" or message is None:
         return ResultLine(key[0], key[1], None)
-    reply = anthropic.parse_reply(orjson.dumps(message))
+    reply = upstream.parse_reply(orjson.dumps(message))
     return ResultLine(key[0], key[1], reply if reply.completion is not None else None)
 
 

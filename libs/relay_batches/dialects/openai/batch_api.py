@@ -3,7 +3,7 @@
 Input: a JSONL file (``purpose=batch``), one line per row,
 ``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``, the body
 built exactly as the realtime chat completions call of the row
-(:func:`relay_batches.router.openai.build_request`). The batch is created with
+(:func:`relay_batches.dialects.openai.upstream.build_request`). The batch is created with
 ``endpoint`` ``/v1/chat/completions``, the deployment's ``window`` as its
 ``completion_window`` and ``metadata.relay_offload_id`` naming the offload record, which
 is how a record resumed after a crash finds the batch it may already have made.
@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from relay_batches.dialects.openai import upstream
 from relay_batches.durations import format_duration
 from relay_batches.offload.lines import (
     ProviderError,
@@ -37,7 +38,6 @@ from relay_batches.offload.lines import (
     string_of,
     transfer_timeout,
 )
-from relay_batches.router import openai
 from relay_batches.router.aliases import Deployment
 
 ENDPOINT = "/v1/chat/completions"
@@ -73,7 +73,7 @@ class OpenAIBatches:
         params: Mapping[str, Any],
     ) -> bytes:
         """One input line: the row's chat completions body under its custom id."""
-        _, _, body = openai.build_request(self.deployment, messages, params)
+        _, _, body = upstream.build_request(self.deployment, messages, params)
         return orjson.dumps(
             {
                 "custom_id": custom_id(offload_id, batch_id, row_index),
@@ -190,7 +190,7 @@ def result_line(raw: bytes, offload_id: int) -> ResultLine | None:
     body = response.get("body") if isinstance(response, dict) else None
     if not isinstance(response, dict) or response.get("status_code") != 200 or body is None:
         return ResultLine(key[0], key[1], None)
-    reply = openai.parse_reply(orjson.dumps(body))
+    reply = upstream.parse_reply(orjson.dumps(body))
     return ResultLine(key[0], key[1], reply if reply.completion is not None else None)
 
 

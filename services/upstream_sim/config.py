@@ -1,0 +1,42 @@
+"""How one simulator behaves: its settings (:class:`SimConfig`, read from ``RELAY_SIM_*`` by
+:mod:`.__main__`) and the limits every endpoint shares."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+Sleep = Callable[[float], Awaitable[None]]
+
+HANG_SECONDS = 3600.0
+MODEL_ID = "sim-echo"
+MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the simulator behaves on every call."""
+
+    latency_ms: float = 0
+    error_rate: float = 0.0
+    seed: int | None = None
+    rpm: int = 0  # requests per minute, enforced per second (0: unlimited)
+    tpm: int = 0  # tokens per minute, enforced per second (0: unlimited)
+    batch_delay_s: float = 0  # a provider batch ends at the first poll this long after creation
+    # A provider batch's input (OpenAI's file upload, Anthropic's create) is answered this
+    # long after it is read, before the file or batch is made.
+    batch_input_delay_s: float = 0
+    # A provider batch's results download stops this long halfway through its lines.
+    batch_results_pause_s: float = 0
+
+    def __post_init__(self) -> None:
+        if not self.latency_ms >= 0:
+            raise ValueError(f"latency_ms must be >= 0, got {self.latency_ms!r}")
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"error_rate must be within 0..1, got {self.error_rate!r}")
+        if self.rpm < 0 or self.tpm < 0:
+            raise ValueError(f"rpm and tpm must be >= 0, got {self.rpm!r} and {self.tpm!r}")
+        for name in ("batch_delay_s", "batch_input_delay_s", "batch_results_pause_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
