@@ -74,7 +74,7 @@ NOTIFIER = "notifier"
 OFFLOADER = "offloader"
 SERVICES = (INGEST_API, SCHEDULER, DISPATCHER, ROW_WORKER, AGGREGATOR, NOTIFIER, OFFLOADER)
 LEDGER_SERVICES = tuple(s for s in SERVICES if s != ROW_WORKER)  # those with a ledger pool
-RELAY = "relay"  # the command line's migrate, admin and workspace commands
+RELAY = "relay CLI"  # the command line's migrate, admin and workspace commands
 RELAY_BATCH = "relay batch"
 RELAY_DEV = "relay dev"
 UPSTREAM_SIM = "upstream-sim"

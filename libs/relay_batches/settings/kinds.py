@@ -63,8 +63,8 @@ class Kind(ABC):
         return value
 
     def text(self, value: Any) -> str:
-        """``value`` as the configuration page writes it."""
-        return "" if value is None else str(value)
+        """``value`` as the configuration page writes it (Markdown; "" for None)."""
+        return "" if value is None else f"`{value}`"
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ class Int(Kind):
         if value is None or self.unit != "bytes" or value < 1024 or value % 1024:
             return super().text(value)
         size = f"{value // 1024**2} MiB" if value % 1024**2 == 0 else f"{value // 1024} KiB"
-        return f"{value} ({size})"
+        return f"`{value}` ({size})"
 
 
 @dataclass(frozen=True)
@@ -213,6 +213,10 @@ class Number(Kind):
         if self.finite and math.isinf(value):
             raise ConfigError(f"{name} must be a finite number above 0, got {raw!r}")
         return value
+
+    def text(self, value: Any) -> str:
+        """The number, without a ``.0``."""
+        return number_text(value)
 
     def bounds(self) -> str:
         """Above 0 (and finite), or nothing."""
@@ -247,9 +251,13 @@ class Within(Kind):
             raise ConfigError(f"{name} must be within {self.low:g}..{self.high:g}, got {text!r}")
         return int(value) if self.whole else value
 
+    def text(self, value: Any) -> str:
+        """The number, without a ``.0``."""
+        return number_text(value)
+
     def bounds(self) -> str:
         """The range."""
-        return f"{self.low:g}–{self.high:g}"
+        return f"{grouped(self.low)}–{grouped(self.high)}"
 
 
 @dataclass(frozen=True)
@@ -274,7 +282,7 @@ class Whole(Kind):
 
     def bounds(self) -> str:
         """The range."""
-        return f"{self.low}–{self.high:,}"
+        return f"{grouped(self.low)}–{grouped(self.high)}"
 
 
 @dataclass(frozen=True)
@@ -312,7 +320,7 @@ class Duration(Kind):
 
     def bounds(self) -> str:
         """The grammar."""
-        return f"> 0; {SPELLING}"
+        return "> 0: `<n>s`, `<n>m`, `<n>h` or `<n>d`"
 
     def shown(self, value: Any) -> object:
         """Seconds."""
@@ -320,7 +328,7 @@ class Duration(Kind):
 
     def text(self, value: Any) -> str:
         """In the grammar (``30d``)."""
-        return format_duration(value)
+        return f"`{format_duration(value)}`"
 
 
 @dataclass(frozen=True)
@@ -342,7 +350,7 @@ class Networks(Kind):
 
     def text(self, value: Any) -> str:
         """Comma-separated."""
-        return ",".join(str(network) for network in value)
+        return f"`{','.join(str(network) for network in value)}`" if value else ""
 
 
 @dataclass(frozen=True)
@@ -373,7 +381,7 @@ class Shards(Kind):
 
     def text(self, value: Any) -> str:
         """Comma-separated."""
-        return ",".join(str(shard) for shard in value)
+        return f"`{','.join(str(shard) for shard in value)}`" if value else ""
 
 
 @dataclass(frozen=True)
@@ -406,6 +414,16 @@ class BaseUrl(Kind):
     def bounds(self) -> str:
         """http(s), no query or fragment."""
         return "http(s), no query or fragment"
+
+
+def number_text(value: float) -> str:
+    """``value`` in code, a whole number without a ``.0``."""
+    return f"`{int(value)}`" if float(value).is_integer() else f"`{value}`"
+
+
+def grouped(value: float) -> str:
+    """``value`` with commas between thousands, a whole number without a ``.0``."""
+    return f"{int(value):,}" if float(value).is_integer() else str(value)
 
 
 def mask_url(url: str) -> str:

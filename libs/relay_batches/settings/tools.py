@@ -22,7 +22,7 @@ from relay_batches.settings.kinds import Number, Port, Text, Whole, Within
 MAX_ROW_WORKERS = 32
 MAX_RPM = 1_000_000_000  # the simulator's own bounds (RELAY_SIM_RPM, RELAY_SIM_TPM)
 MAX_TPM = 1_000_000_000_000
-SIM = (UPSTREAM_SIM, RELAY_DEV)  # relay dev starts the simulator and passes these on
+SIM = (UPSTREAM_SIM, RELAY_DEV)  # relay dev reads the simulator's listener to reach it
 
 
 @dataclass(frozen=True)
@@ -96,11 +96,11 @@ class SimSettings:
         "Fraction of calls answered with a transient error.",
     )  # fmt: skip
     rpm: int = setting(
-        "RELAY_SIM_RPM", Within(0, MAX_RPM, whole=True), 0, SIMULATOR, SIM,
+        "RELAY_SIM_RPM", Within(0, MAX_RPM, whole=True), 0, SIMULATOR, (UPSTREAM_SIM,),
         "Requests per minute enforced per second (`0`: off).",
     )  # fmt: skip
     tpm: int = setting(
-        "RELAY_SIM_TPM", Within(0, MAX_TPM, whole=True), 0, SIMULATOR, SIM,
+        "RELAY_SIM_TPM", Within(0, MAX_TPM, whole=True), 0, SIMULATOR, (UPSTREAM_SIM,),
         "Tokens per minute enforced per second (`0`: off).",
     )  # fmt: skip
     batch_delay_s: float = setting(
