@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import uvloop
 from aiohttp import web
@@ -25,6 +25,7 @@ from relay_batches.settings import ConfigError, SimSettings
 from relay_batches.usage import answer_help
 
 SERVICE = "upstream-sim"
+LISTENER = ("host", "port")  # the settings that are not SimConfig's
 SHUTDOWN_GRACE_S = 1.0  # in-flight calls get this long after a signal; hung ones are cut
 
 
@@ -40,16 +41,9 @@ class SimOptions:
 def options_from_env(env: Mapping[str, str]) -> SimOptions:
     """Read the ``RELAY_SIM_*`` variables; raise :class:`ConfigError` on a bad value."""
     read = SimSettings.from_env(env)
-    config = SimConfig(
-        latency_ms=read.latency_ms,
-        error_rate=read.error_rate,
-        rpm=read.rpm,
-        tpm=read.tpm,
-        batch_delay_s=read.batch_delay_s,
-        batch_input_delay_s=read.batch_input_delay_s,
-        batch_results_pause_s=read.batch_results_pause_s,
-    )
-    return SimOptions(config=config, host=read.host, port=read.port)
+    # Every setting but the listener is a SimConfig field of the same name.
+    given = {f.name: getattr(read, f.name) for f in fields(read) if f.name not in LISTENER}
+    return SimOptions(config=SimConfig(**given), host=read.host, port=read.port)
 
 
 async def serve(options: SimOptions, log: logging.Logger) -> None:

@@ -35,6 +35,7 @@ class Kind(ABC):
     """How one setting's text becomes its value."""
 
     type_name: ClassVar[str] = "text"
+    strips: ClassVar[bool] = False  # surrounding space is dropped, and blank is unset
 
     def type_text(self) -> str:
         """What the value is, for the configuration page."""
@@ -42,9 +43,10 @@ class Kind(ABC):
 
     def read(self, name: str, raw: str | None, default: Any, earlier: Earlier) -> Any:
         """The value of variable ``name`` whose text is ``raw`` (None: unset)."""
-        if raw is None or raw == "":
+        text = raw.strip() if raw is not None and self.strips else raw
+        if text is None or text == "":
             return self.unset(default, earlier)
-        return self.parse(name, raw, default, earlier)
+        return self.parse(name, text, default, earlier)
 
     def unset(self, default: Any, earlier: Earlier) -> Any:
         """The value when the variable is unset or empty: its default."""
@@ -69,17 +71,20 @@ class Kind(ABC):
 
 @dataclass(frozen=True)
 class Text(Kind):
-    """Any text; ``strip``: surrounding space removed (blank is unset); ``upper``: upper-cased."""
+    """Any text, as given (``upper``: upper-cased)."""
 
-    strip: bool = False
     upper: bool = False
 
     def parse(self, name: str, raw: str, default: Any, earlier: Earlier) -> Any:
-        """The text as given (stripped or upper-cased if so declared)."""
-        value = raw.strip() if self.strip else raw
-        if not value:
-            return default
-        return value.upper() if self.upper else value
+        """The text (upper-cased if so declared)."""
+        return raw.upper() if self.upper else raw
+
+
+@dataclass(frozen=True)
+class Stripped(Text):
+    """Text without its surrounding space; blank is unset."""
+
+    strips = True
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,8 @@ class Within(Kind):
     """A number from ``low`` to ``high`` (surrounding space ignored); ``whole``: its
     integer part is kept."""
 
+    strips = True
+
     low: float
     high: float
     whole: bool = False
@@ -240,15 +247,12 @@ class Within(Kind):
 
     def parse(self, name: str, raw: str, default: Any, earlier: Earlier) -> Any:
         """The number, checked against the range."""
-        text = raw.strip()
-        if not text:
-            return default
         try:
-            value = float(text)
+            value = float(raw)
         except ValueError:
-            raise ConfigError(f"{name} must be a number, got {text!r}") from None
+            raise ConfigError(f"{name} must be a number, got {raw!r}") from None
         if not self.low <= value <= self.high:
-            raise ConfigError(f"{name} must be within {self.low:g}..{self.high:g}, got {text!r}")
+            raise ConfigError(f"{name} must be within {self.low:g}..{self.high:g}, got {raw!r}")
         return int(value) if self.whole else value
 
     def text(self, value: Any) -> str:
@@ -261,44 +265,35 @@ class Within(Kind):
 
 
 @dataclass(frozen=True)
-class Whole(Kind):
-    """A whole number written in digits, from ``low`` to ``high``."""
+class Whole(Within):
+    """A whole number written in digits only (no sign, point or exponent), from ``low`` to
+    ``high``."""
 
-    low: int
-    high: int
-    type_name = "integer"
+    whole: bool = True
 
     def parse(self, name: str, raw: str, default: Any, earlier: Earlier) -> Any:
         """The number, checked against the range."""
-        text = raw.strip()
-        if not text:
-            return default
-        short = text.isascii() and text.isdigit() and len(text) <= len(str(self.high))
-        if not short or not self.low <= int(text) <= self.high:
+        short = raw.isascii() and raw.isdigit() and len(raw) <= len(str(self.high))
+        if not short or not self.low <= int(raw) <= self.high:
             raise ConfigError(
-                f"{name} must be a whole number from {self.low} to {self.high:_}, got {text!r}"
+                f"{name} must be a whole number from {self.low} to {self.high:_}, got {raw!r}"
             )
-        return int(text)
-
-    def bounds(self) -> str:
-        """The range."""
-        return f"{grouped(self.low)}–{grouped(self.high)}"
+        return int(raw)
 
 
 @dataclass(frozen=True)
 class Port(Kind):
     """A TCP port: 0 (any free port) to 65535."""
 
+    strips = True
+
     type_name = "port"
 
     def parse(self, name: str, raw: str, default: Any, earlier: Earlier) -> Any:
         """The port number."""
-        text = raw.strip()
-        if not text:
-            return default
-        if not (text.isascii() and text.isdigit() and len(text) <= 5) or int(text) > MAX_PORT:
-            raise ConfigError(f"{name} must be a port number 0..{MAX_PORT}, got {text!r}")
-        return int(text)
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 5) or int(raw) > MAX_PORT:
+            raise ConfigError(f"{name} must be a port number 0..{MAX_PORT}, got {raw!r}")
+        return int(raw)
 
     def bounds(self) -> str:
         """The range; 0 picks a free port."""
@@ -358,20 +353,19 @@ class Shards(Kind):
     """Comma-separated shard numbers, each below the variable ``count`` names (sorted,
     without repeats); empty: every shard."""
 
+    strips = True
+
     count: str
     type_name = "shard list"
 
     def parse(self, name: str, raw: str, default: Any, earlier: Earlier) -> Any:
         """The shards, sorted."""
-        text = raw.strip()
-        if not text:
-            return default
         count = earlier[self.count]
-        parts = [part.strip() for part in text.split(",")]
+        parts = [part.strip() for part in raw.split(",")]
         if not all(p.isascii() and p.isdigit() and int(p) < count for p in parts):
             raise ConfigError(
                 f"{name} must be comma-separated shard numbers 0..{count - 1}"
-                f" ({self.count} is {count}), got {text!r}"
+                f" ({self.count} is {count}), got {raw!r}"
             )
         return tuple(sorted({int(p) for p in parts}))
 
@@ -388,14 +382,13 @@ class Shards(Kind):
 class BaseUrl(Kind):
     """An absolute http(s) URL without query or fragment, its trailing ``/`` removed."""
 
+    strips = True
+
     type_name = "URL"
 
     def parse(self, name: str, raw: str, default: Any, earlier: Earlier) -> Any:
         """The URL without its trailing ``/``."""
-        text = raw.strip()
-        if not text:
-            return default
-        parts = urlsplit(text)
+        parts = urlsplit(raw)
         if (
             parts.scheme not in ("http", "https")
             or not parts.hostname
@@ -403,13 +396,13 @@ class BaseUrl(Kind):
             or parts.fragment
         ):
             raise ConfigError(
-                f"{name} must be an http(s) URL like https://relay.example.com, got {text!r}"
+                f"{name} must be an http(s) URL like https://relay.example.com, got {raw!r}"
             )
         try:
             _ = parts.port  # a port out of range raises here
         except ValueError:
-            raise ConfigError(f"{name} has an invalid port, got {text!r}") from None
-        return text.rstrip("/")
+            raise ConfigError(f"{name} has an invalid port, got {raw!r}") from None
+        return raw.rstrip("/")
 
     def bounds(self) -> str:
         """http(s), no query or fragment."""

@@ -17,7 +17,7 @@ from relay_batches.settings.declare import (
     load,
     setting,
 )
-from relay_batches.settings.kinds import Number, Port, Text, Whole, Within
+from relay_batches.settings.kinds import Number, Port, Stripped, Text, Whole, Within
 
 MAX_ROW_WORKERS = 32
 MAX_RPM = 1_000_000_000  # the simulator's own bounds (RELAY_SIM_RPM, RELAY_SIM_TPM)
@@ -116,7 +116,7 @@ class SimSettings:
         "Seconds a results download stops halfway.",
     )  # fmt: skip
     host: str = setting(
-        "RELAY_SIM_HOST", Text(strip=True), "127.0.0.1", SIMULATOR, SIM,
+        "RELAY_SIM_HOST", Stripped(), "127.0.0.1", SIMULATOR, SIM,
         "Address the simulator listens on.",
     )  # fmt: skip
     port: int = setting(
