@@ -1,7 +1,8 @@
 """The kinds of value a setting takes: how its text is read and checked, what the
 configuration page says of it, and how the start-up log shows it.
 
-A kind reads a variable's text (``read``); unset or empty, the setting keeps its default.
+A kind reads a variable's text (``read``); unset or empty (or blank, for a kind that drops
+surrounding space), the setting keeps its default.
 A bad value raises :class:`ConfigError` with one line naming the variable. A kind that
 bounds one setting by another (``at_most``, ``count``) names that other variable; the
 loader hands it the values read so far (``earlier``, by variable name), so the other is
@@ -286,7 +287,6 @@ class Port(Kind):
     """A TCP port: 0 (any free port) to 65535."""
 
     strips = True
-
     type_name = "port"
 
     def parse(self, name: str, raw: str, default: Any, earlier: Earlier) -> Any:
@@ -354,9 +354,9 @@ class Shards(Kind):
     without repeats); empty: every shard."""
 
     strips = True
+    type_name = "shard list"
 
     count: str
-    type_name = "shard list"
 
     def parse(self, name: str, raw: str, default: Any, earlier: Earlier) -> Any:
         """The shards, sorted."""
@@ -383,7 +383,6 @@ class BaseUrl(Kind):
     """An absolute http(s) URL without query or fragment, its trailing ``/`` removed."""
 
     strips = True
-
     type_name = "URL"
 
     def parse(self, name: str, raw: str, default: Any, earlier: Earlier) -> Any:
