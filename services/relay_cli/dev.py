@@ -26,16 +26,14 @@ from relay_batches.router.aliases import BATCH_PROVIDERS
 from relay_batches.services.relay_cli import admin
 from relay_batches.services.relay_cli.ports import HealthPort, free_ports, is_free, url_host
 from relay_batches.services.relay_cli.supervisor import Child, say, supervise
-from relay_batches.settings import ConfigError, Settings, port_setting
+from relay_batches.settings import ConfigError, DevSettings, Settings, SimSettings
+from relay_batches.settings.declare import read_one
 
 DEV_WORKSPACE = "dev"
 DEV_WEBHOOK_ALLOW = "127.0.0.0/8,::1/128"
 LOCAL_ROUTES = Settings().routes_file
 LOCAL_SIM_URL = "http://127.0.0.1:8090/v1"
-DEFAULT_SIM_PORT = 8090
-MAX_ROW_WORKERS = 32
-MAX_RPM = 1_000_000_000  # the simulator's own bounds (RELAY_SIM_RPM, RELAY_SIM_TPM)
-MAX_TPM = 1_000_000_000_000
+DEFAULT_SIM_PORT = SimSettings.port
 _TABLE = re.compile(r"^\s*\[([^\]]*)\]\s*(?:#.*)?$")
 _LIMIT_KEY = re.compile(r"^\s*(rpm|tpm)\s*=")
 
@@ -62,37 +60,16 @@ class DevOptions:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DevOptions:
         """Read the variables; raise :class:`ConfigError` on a bad value."""
+        dev = DevSettings.from_env(env)
         return cls(
-            row_workers=_row_workers(env),
-            sim_host=env.get("RELAY_SIM_HOST", "").strip() or "127.0.0.1",
-            sim_port=port_setting(env, "RELAY_SIM_PORT", DEFAULT_SIM_PORT),
-            api_key=env.get("RELAY_DEV_API_KEY") or None,
-            routes_file=env.get("RELAY_ROUTES_FILE") or None,
-            rpm=_limit(env, "RELAY_DEV_RPM", MAX_RPM),
-            tpm=_limit(env, "RELAY_DEV_TPM", MAX_TPM),
+            row_workers=dev.row_workers,
+            sim_host=read_one(SimSettings, "host", env, SimSettings.host),
+            sim_port=read_one(SimSettings, "port", env, SimSettings.port),
+            api_key=dev.api_key,
+            routes_file=read_one(Settings, "routes_file", env),
+            rpm=dev.rpm,
+            tpm=dev.tpm,
         )
-
-
-def _row_workers(env: Mapping[str, str]) -> int:
-    raw = env.get("RELAY_DEV_ROW_WORKERS", "").strip()
-    if not raw:
-        return 1
-    short = raw.isascii() and raw.isdigit() and len(raw) <= len(str(MAX_ROW_WORKERS))
-    if not short or not 1 <= int(raw) <= MAX_ROW_WORKERS:
-        raise ConfigError(
-            f"RELAY_DEV_ROW_WORKERS must be a whole number from 1 to {MAX_ROW_WORKERS}, got {raw!r}"
-        )
-    return int(raw)
-
-
-def _limit(env: Mapping[str, str], variable: str, most: int) -> int | None:
-    raw = env.get(variable, "").strip()
-    if not raw:
-        return None
-    short = raw.isascii() and raw.isdigit() and len(raw) <= len(str(most))
-    if not short or not 1 <= int(raw) <= most:
-        raise ConfigError(f"{variable} must be a whole number from 1 to {most:_}, got {raw!r}")
-    return int(raw)
 
 
 def health_names(row_workers: int) -> list[str]:
