@@ -198,9 +198,8 @@ def page(surface: str, document: dict[str, Any]) -> str:
     ]
     for path, method, item in endpoints:
         op = item[method]
-        out.append(
-            f"| {method.upper()} | [`{path}`](#{op['operationId']}) | {text(op.get('summary', ''))} |"
-        )
+        summary = text(op.get("summary", ""))
+        out.append(f"| {method.upper()} | [`{path}`](#{op['operationId']}) | {summary} |")
     out.append("")
     out += [operation(document, path, method, item) for path, method, item in endpoints]
     out += ["## Schemas", ""]
