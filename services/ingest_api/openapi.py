@@ -90,3 +90,65 @@ def add_openapi_route(app: web.Application) -> None:
     """Register ``GET /openapi.json`` on ``app`` (the file is read here, at start-up)."""
     document_bytes()
     app.router.add_get(DOCUMENT_PATH, serve_document)
+
+
+# Each surface's paths start with its prefix; the rest (/v1, the service endpoints) are the
+# native surface's.
+SURFACE_PREFIXES = {"openai": "/openai/v1/", "anthropic": "/anthropic/v1/"}
+
+
+def documents() -> dict[str, dict[str, Any]]:
+    """Each surface's own OpenAPI document, by name (``native``, ``openai``,
+    ``anthropic``): the served document's paths split by prefix, each document holding
+    only the components and tags its paths use. The docs' API reference pages are
+    generated from these."""
+    whole = load_document()
+    split: dict[str, dict[str, Any]] = {name: {} for name in ("native", *SURFACE_PREFIXES)}
+    for path, item in whole["paths"].items():
+        name = next((n for n, p in SURFACE_PREFIXES.items() if path.startswith(p)), "native")
+        split[name][path] = item
+    return {name: _surface_document(whole, paths) for name, paths in split.items()}
+
+
+def _surface_document(whole: dict[str, Any], paths: dict[str, Any]) -> dict[str, Any]:
+    """``whole`` cut down to ``paths`` and what they use."""
+    used = _references(whole["components"], paths)
+    components = {
+        kind: {
+            name: value
+            for name, value in entries.items()
+            if kind == "securitySchemes" or f"#/components/{kind}/{name}" in used
+        }
+        for kind, entries in whole["components"].items()
+    }
+    tags = {
+        tag
+        for item in paths.values()
+        for operation in item.values()
+        if isinstance(operation, dict)
+        for tag in operation.get("tags", ())
+    }
+    return {
+        **whole,
+        "paths": paths,
+        "components": components,
+        "tags": [tag for tag in whole.get("tags", ()) if tag["name"] in tags],
+    }
+
+
+def _references(components: dict[str, Any], root: object) -> set[str]:
+    """Every ``#/components/...`` reference reachable from ``root``, transitively."""
+    seen: set[str] = set()
+    stack: list[object] = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/components/") and ref not in seen:
+                seen.add(ref)
+                _, _, kind, name = ref.split("/", 3)
+                stack.append(components[kind][name])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return seen

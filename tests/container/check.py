@@ -688,7 +688,7 @@ async def kube_phase(run: Run, http: aiohttp.ClientSession, hooks: WebhookReceiv
                 await wait_ready(http, podman, container, ports["http"], "/healthz")
                 continue
             status = await wait_answer(http, podman, container, ports["health"], "/readyz")
-            # README, Kubernetes: not ready until the migration ran, but the row-worker,
+            # docs/operations/deployment.md: not ready until the migration ran, but the row-worker,
             # which never opens the ledger.
             assert status == (200 if name == "row-worker" else 503), (name, status)
         async with http.post(

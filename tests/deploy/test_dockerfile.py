@@ -3,7 +3,7 @@
 Checks in the spirit of hadolint: multi-stage on a pinned slim base, runs as a numeric
 non-root user, exec-form command naming a real console script, nothing secret baked in,
 the build context admits only what the image copies, dependencies come only from the
-hashed lock, and the README's `docker run` example carries what a service needs to start.
+hashed lock, and the deployment page's `docker run` example carries what a service needs to start.
 ``make container-check`` builds and runs the image for real.
 """
 
@@ -20,7 +20,7 @@ from tests.deploy.manifests import DEPLOY, ROOT, console_scripts, render
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 SECRET_WORDS = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|PRIVATE", re.IGNORECASE)
-README = ROOT / "README.md"
+DEPLOYMENT_DOC = ROOT / "docs" / "operations" / "deployment.md"
 
 
 def _instructions() -> list[tuple[str, str]]:
@@ -158,9 +158,9 @@ def test_dependencies_come_only_from_the_hashed_lock_and_the_project_without_the
     assert ["deploy/docker/requirements.lock", "./"] in copies
 
 
-def _readme_docker_run(service: str) -> list[str]:
-    """The README's ``docker run`` command for ``service``, as argv."""
-    text = README.read_text().replace("\\\n", " ")
+def _documented_docker_run(service: str) -> list[str]:
+    """The deployment page's ``docker run`` command for ``service``, as argv."""
+    text = DEPLOYMENT_DOC.read_text().replace("\\\n", " ")
     (line,) = [
         line
         for line in text.splitlines()
@@ -177,10 +177,12 @@ def _image_env() -> dict[str, str]:
     return env
 
 
-def test_the_readme_docker_run_example_has_everything_the_service_needs() -> None:
-    argv = _readme_docker_run("relay-row-worker")
+def test_the_documented_docker_run_example_has_everything_the_service_needs() -> None:
+    argv = _documented_docker_run("relay-row-worker")
     assert argv[:3] == ["docker", "run", "--rm"]
-    tag = re.search(r"docker build -f deploy/docker/Dockerfile -t (\S+) \.", README.read_text())
+    tag = re.search(
+        r"docker build -f deploy/docker/Dockerfile -t (\S+) \.", DEPLOYMENT_DOC.read_text()
+    )
     assert tag is not None and argv[-2:] == [tag[1], "relay-row-worker"]
     assert argv[-1] in console_scripts()
     assert "--network" in argv and argv[argv.index("--network") + 1] == "host"

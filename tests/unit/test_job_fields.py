@@ -1,4 +1,4 @@
-"""The job-level ``completion_window`` and ``metadata`` rules (README, "Submit a batch"),
+"""The job-level ``completion_window`` and ``metadata`` rules (docs/api/native.md),
 on the pure validation functions, and what they become: a job's ``expires_at`` (a cron
 template's window per run) and ``metadata``, shown on the batch object."""
 

@@ -8,7 +8,7 @@ first rows only to overtake lower jobs of its own workspace (``dispatcher/sharin
 
 Queue types: ``dispatch`` and ``rows`` are always classic queues (their ten priority
 levels exist only there); the other durable queues take ``RELAY_QUEUE_TYPE`` (classic or
-quorum), see :meth:`Names.quorum_capable` and the README's "Queue types".
+quorum), see :meth:`Names.quorum_capable` and docs/operations/queue-types.md.
 """
 
 from __future__ import annotations
