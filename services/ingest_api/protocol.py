@@ -3,9 +3,16 @@
 aiohttp's parser answers a malformed request itself (a request line or header over its
 size limits, a bad method or request line, an invalid header, a ``Content-Encoding``
 it cannot inflate) through ``RequestHandler.handle_error``, in plain text. The
-application's middlewares never see those requests, so this module gives the server a
-request handler whose ``handle_error`` renders API.md's error object instead.
-:class:`ApiRunner` is the ``AppRunner`` that serves with it.
+application and its middlewares never see those requests, and aiohttp offers no
+setting, signal or middleware for them (aio-libs/aiohttp#3287, open since 2018).
+
+So the one hook left is that method: :class:`ApiRequestHandler` overrides it to render
+API.md's error object. aiohttp builds each connection's handler from arguments it keeps
+private, so :class:`ApiServer` takes the handler aiohttp built and gives it this class
+(a subclass adding no state: only the one method differs), and :class:`ApiRunner` is
+the ``AppRunner`` whose server (``runner.server``, public) is an :class:`ApiServer`.
+Only public aiohttp names are used; ``tests/unit/test_protocol.py`` checks each of
+them, so an aiohttp release that changed one fails there rather than in production.
 """
 
 from __future__ import annotations
@@ -14,7 +21,6 @@ import logging
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError, LineTooLong
-from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from relay_batches.services.ingest_api.middleware import error_response
@@ -39,8 +45,10 @@ def _printable(text: str, limit: int = 200) -> str:
     return "".join(ch for ch in text[:limit] if ch.isprintable())
 
 
-class ApiRequestHandler(RequestHandler):
+class ApiRequestHandler(web.RequestHandler):
     """aiohttp's connection handler, answering its own errors as the API's error object."""
+
+    __slots__ = ()  # aiohttp's handler with one method changed, never more state
 
     def handle_error(
         self,
@@ -59,16 +67,22 @@ class ApiRequestHandler(RequestHandler):
 
 
 class ApiServer(web.Server):
-    """aiohttp's low-level server, building :class:`ApiRequestHandler` connections."""
+    """aiohttp's server, whose connections are :class:`ApiRequestHandler` s."""
 
-    def __call__(self) -> RequestHandler:
-        return ApiRequestHandler(self, loop=self._loop, **self._kwargs)
+    def __call__(self) -> web.RequestHandler:
+        """A connection's handler, built by aiohttp as usual (its arguments, its checks)."""
+        handler = super().__call__()
+        handler.__class__ = ApiRequestHandler
+        return handler
 
 
 class ApiRunner(web.AppRunner):
     """``AppRunner`` whose server answers protocol errors with the API's error object."""
 
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = ApiServer  # the app's own Server, built by aiohttp as usual
-        return server
+    async def setup(self) -> None:
+        """aiohttp's setup (the application started, its server built), then that
+        server made an :class:`ApiServer`."""
+        await super().setup()
+        server = self.server
+        assert server is not None  # set by a setup that returned
+        server.__class__ = ApiServer
