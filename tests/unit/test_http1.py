@@ -11,23 +11,23 @@ import shutil
 import ssl
 import subprocess
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import uvloop
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from relay_batches.router.http1 import (
+from relay_batches.router.http1 import Http1Client
+from relay_batches.router.http_reply import (
     MAX_HEAD_BYTES,
     BadReply,
     ConnectFailed,
-    Http1Client,
     ReplyReader,
     ServerDisconnected,
     encode_head,
 )
+from tests.helpers.raw_upstream import on_both_loops, raw_server, read_request
 
 LIMIT = 1000
 
@@ -224,13 +224,6 @@ def test_the_request_head_refuses_injection_and_frames_itself() -> None:
 
 # --- calls against servers, on both loops ------------------------------------------------
 
-Scenario = Callable[[], Awaitable[None]]
-
-
-def on_both_loops(scenario: Scenario) -> None:
-    asyncio.run(scenario())
-    uvloop.run(scenario())
-
 
 @contextlib.asynccontextmanager
 async def served(
@@ -351,24 +344,6 @@ def test_a_cancelled_call_aborts_its_connection() -> None:
                 assert client.idle_connections() == 0
 
     on_both_loops(scenario)
-
-
-async def raw_server(
-    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-) -> tuple[asyncio.Server, str]:
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}/v1"
-
-
-async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1])
-        for line in head.split(b"\r\n")
-        if line.startswith(b"Content-Length")
-    )
-    return head + await reader.readexactly(length)
 
 
 def test_misbehaving_servers() -> None:
