@@ -18,16 +18,20 @@ import socket
 import struct
 import time
 
+import orjson
 import pytest
 import uvloop
 
+from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest
+from relay_batches.router.aliases import AliasTable, Deployment
 from relay_batches.router.http1 import (
     BadReply,
     Http1Client,
     ServerDisconnected,
     UpstreamConnectionError,
 )
-from relay_batches.router.router import MAX_REPLY_BYTES
+from relay_batches.router.router import MAX_REPLY_BYTES, ModelRouter
+from relay_batches.services.row_worker.core import RowRunner
 from tests.helpers.raw_upstream import on_both_loops, read_request, serving
 
 LIMIT = 1000
@@ -83,6 +87,70 @@ def test_a_late_reply_never_reaches_another_workspace() -> None:
             assert answered > 48
 
     on_both_loops(scenario)
+
+
+def chat_reply(content: str) -> bytes:
+    """A chat-completions reply whose content is ``content``."""
+    return orjson.dumps(
+        {
+            "choices": [{"message": {"content": content}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+        }
+    )
+
+
+async def late_chat_copies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A chat upstream answering each row with its own text, then again 30 ms later."""
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+        while True:
+            request = orjson.loads((await read_request(reader)).partition(b"\r\n\r\n")[2])
+            reply = replied(chat_reply(request["messages"][-1]["content"]))
+            writer.write(reply)
+            await asyncio.sleep(LATE_S)
+            writer.write(reply)
+            await writer.drain()
+    writer.close()
+
+
+def test_rows_of_two_workspaces_never_get_each_others_replies() -> None:
+    # Two jobs of two workspaces run together by one worker on the same origin: the
+    # workspace goes from each slice through the router to the connection pool.
+    async def scenario() -> None:
+        async with serving(late_chat_copies) as url, Http1Client() as client:
+            upstream = Deployment(
+                name="d", provider="openai", base_url=url, model="m", timeout_s=5.0
+            )
+            router = ModelRouter(AliasTable({"m": (upstream,)}), client)
+            outcomes: list[RowOutcome] = []
+
+            async def sink(outcome: RowOutcome) -> None:
+                outcomes.append(outcome)
+
+            runner = RowRunner(router, sink, concurrency=32)
+            jobs = {"job-a": "ws-a", "job-b": "ws-b"}
+            await asyncio.gather(
+                *(
+                    runner.handle_slice(
+                        DecodedSlice(
+                            job,
+                            "m",
+                            tuple(
+                                (i, RowRequest([{"role": "user", "content": f"{job} row {i}"}]))
+                                for i in range(60)
+                            ),
+                            workspace=workspace,
+                        )
+                    )
+                    for job, workspace in jobs.items()
+                )
+            )
+            assert len(outcomes) == 120
+            answered = [o for o in outcomes if o.content is not None]
+            crossed = [o for o in answered if not o.content.startswith(f"{o.batch_id} row ")]
+            assert crossed == []  # 0 wrong of 120
+            assert len(answered) > 60
+
+    uvloop.run(scenario())
 
 
 def test_bytes_on_an_idle_connection_close_it() -> None:
