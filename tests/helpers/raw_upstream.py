@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import uvloop
 
@@ -37,26 +38,36 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
+@dataclass
+class Served:
+    """A server of :func:`serving`: its URL and how many connections it has taken."""
+
+    url: str
+    connections: int = 0
+
+
 @contextlib.asynccontextmanager
-async def serving(handle: Handler) -> AsyncIterator[str]:
-    """``handle`` served on a local port for the block (the URL); on leaving, handlers
-    still running are cancelled and their connections closed."""
+async def serving(handle: Handler) -> AsyncIterator[Served]:
+    """``handle`` served on a local port for the block; on leaving, handlers still
+    running are cancelled and their connections closed."""
     running: set[asyncio.Task[None]] = set()
     writers: list[asyncio.StreamWriter] = []
+    served = Served("")
 
     async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         running.add(task)
         writers.append(writer)
+        served.connections += 1
         try:
             await handle(reader, writer)
         finally:
             running.discard(task)
 
-    server, url = await raw_server(tracked)
+    server, served.url = await raw_server(tracked)
     try:
-        yield url
+        yield served
     finally:
         server.close()
         for task in list(running):

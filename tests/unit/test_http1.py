@@ -27,7 +27,7 @@ from relay_batches.router.http_reply import (
     ServerDisconnected,
     encode_head,
 )
-from tests.helpers.raw_upstream import on_both_loops, raw_server, read_request
+from tests.helpers.raw_upstream import on_both_loops, raw_server, read_request, serving
 
 LIMIT = 1000
 
@@ -616,16 +616,11 @@ def test_idle_connections_are_closed_after_keepalive_and_their_pools_dropped() -
             closed.set()
             writer.close()
 
-        server, url = await raw_server(one_connection)
-        try:
-            async with Http1Client(keepalive_s=0.05) as client:
-                assert (await client.post(url, {}, b"{}", 5, LIMIT, "ws-a")).body == b"ok"
-                assert (client.pools(), client.idle_connections()) == (1, 1)
-                await asyncio.wait_for(closed.wait(), 5)  # closed by the client, unused
-                assert (client.pools(), client.idle_connections()) == (0, 0)
-        finally:
-            server.close()
-            await server.wait_closed()
+        async with serving(one_connection) as served, Http1Client(keepalive_s=0.05) as client:
+            assert (await client.post(served.url, {}, b"{}", 5, LIMIT, "ws-a")).body == b"ok"
+            assert (client.pools(), client.idle_connections()) == (1, 1)
+            await asyncio.wait_for(closed.wait(), 5)  # closed by the client, unused
+            assert (client.pools(), client.idle_connections()) == (0, 0)
 
     on_both_loops(scenario)
 

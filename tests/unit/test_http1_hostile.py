@@ -17,6 +17,7 @@ import random
 import socket
 import struct
 import time
+from collections.abc import Callable
 
 import orjson
 import pytest
@@ -32,7 +33,7 @@ from relay_batches.router.http1 import (
 )
 from relay_batches.router.router import MAX_REPLY_BYTES, ModelRouter
 from relay_batches.services.row_worker.core import RowRunner
-from tests.helpers.raw_upstream import on_both_loops, read_request, serving
+from tests.helpers.raw_upstream import Handler, on_both_loops, read_request, serving
 
 LIMIT = 1000
 LATE_S = 0.03  # how long after the real reply the hostile upstream sends its copy
@@ -43,23 +44,28 @@ def replied(body: bytes) -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
 
 
-async def late_copies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Answers each request, then sends the same reply again 30 ms later (before it reads
-    the next request): a reply nobody asked for, waiting for whatever is sent next."""
-    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-        while True:
-            request = await read_request(reader)
-            reply = replied(request.partition(b"\r\n\r\n")[2])
-            writer.write(reply)
-            await asyncio.sleep(LATE_S)
-            writer.write(reply)
-            await writer.drain()
-    writer.close()
+def late_copies(answer: Callable[[bytes], bytes] = lambda body: body) -> Handler:
+    """An upstream answering each request with ``answer(its body)``, then sending the same
+    reply again 30 ms later (before it reads the next request): a reply nobody asked for,
+    waiting for whatever is sent next."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                request = await read_request(reader)
+                reply = replied(answer(request.partition(b"\r\n\r\n")[2]))
+                writer.write(reply)
+                await asyncio.sleep(LATE_S)
+                writer.write(reply)
+                await writer.drain()
+        writer.close()
+
+    return handle
 
 
 def test_a_late_reply_never_reaches_another_workspace() -> None:
     async def scenario() -> None:
-        async with serving(late_copies) as url, Http1Client() as client:
+        async with serving(late_copies()) as served, Http1Client() as client:
             foreign: list[tuple[str, bytes]] = []
             answered = 0
 
@@ -73,7 +79,9 @@ def test_a_late_reply_never_reaches_another_workspace() -> None:
                     await asyncio.sleep(pause.uniform(0, 0.01))
                     body = f"{workspace}:{worker}:{i}".encode()
                     try:
-                        reply = await client.post(url, {}, body, 5, LIMIT, workspace=workspace)
+                        reply = await client.post(
+                            served.url, {}, body, 5, LIMIT, workspace=workspace
+                        )
                     except UpstreamConnectionError:
                         continue  # a connection the client dropped: never a wrong reply
                     answered += 1
@@ -99,26 +107,18 @@ def chat_reply(content: str) -> bytes:
     )
 
 
-async def late_chat_copies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """A chat upstream answering each row with its own text, then again 30 ms later."""
-    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-        while True:
-            request = orjson.loads((await read_request(reader)).partition(b"\r\n\r\n")[2])
-            reply = replied(chat_reply(request["messages"][-1]["content"]))
-            writer.write(reply)
-            await asyncio.sleep(LATE_S)
-            writer.write(reply)
-            await writer.drain()
-    writer.close()
+def echoed_row(body: bytes) -> bytes:
+    """A chat reply whose content is the text of the request's last message."""
+    return chat_reply(orjson.loads(body)["messages"][-1]["content"])
 
 
 def test_rows_of_two_workspaces_never_get_each_others_replies() -> None:
     # Two jobs of two workspaces run together by one worker on the same origin: the
     # workspace goes from each slice through the router to the connection pool.
     async def scenario() -> None:
-        async with serving(late_chat_copies) as url, Http1Client() as client:
+        async with serving(late_copies(echoed_row)) as served, Http1Client() as client:
             upstream = Deployment(
-                name="d", provider="openai", base_url=url, model="m", timeout_s=5.0
+                name="d", provider="openai", base_url=served.url, model="m", timeout_s=5.0
             )
             router = ModelRouter(AliasTable({"m": (upstream,)}), client)
             outcomes: list[RowOutcome] = []
@@ -155,12 +155,8 @@ def test_rows_of_two_workspaces_never_get_each_others_replies() -> None:
 
 def test_bytes_on_an_idle_connection_close_it() -> None:
     async def scenario() -> None:
-        connections = 0
-
         async def unsolicited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal connections
-            connections += 1
-            number = connections
+            number = served.connections
             with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
                 await read_request(reader)
                 writer.write(replied(b"answer on %d" % number))
@@ -172,13 +168,13 @@ def test_bytes_on_an_idle_connection_close_it() -> None:
                     writer.write(replied(b"again on %d" % number))
             writer.close()
 
-        async with serving(unsolicited) as url, Http1Client() as client:
-            assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"answer on 1"
+        async with serving(unsolicited) as served, Http1Client() as client:
+            assert (await client.post(served.url, {}, b"{}", 5, LIMIT)).body == b"answer on 1"
             await asyncio.sleep(LATE_S * 4)  # the unsolicited reply reaches the idle connection
             assert client.idle_connections() == 0
-            assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"answer on 2"
-            assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"again on 2"
-            assert connections == 2
+            assert (await client.post(served.url, {}, b"{}", 5, LIMIT)).body == b"answer on 2"
+            assert (await client.post(served.url, {}, b"{}", 5, LIMIT)).body == b"again on 2"
+            assert served.connections == 2
 
     on_both_loops(scenario)
 
@@ -208,11 +204,11 @@ def test_a_reset_inside_a_reply_framed_by_the_close_is_a_disconnect() -> None:
             writer.close()
 
         async with Http1Client() as client:
-            async with serving(cut) as url:
+            async with serving(cut) as served:
                 with pytest.raises(ServerDisconnected):
-                    await client.post(url, {}, b"{}", 5, LIMIT)
-            async with serving(whole) as url:
-                assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"all of it"
+                    await client.post(served.url, {}, b"{}", 5, LIMIT)
+            async with serving(whole) as served:
+                assert (await client.post(served.url, {}, b"{}", 5, LIMIT)).body == b"all of it"
             assert client.idle_connections() == 0
 
     on_both_loops(scenario)
@@ -238,11 +234,11 @@ def test_a_million_one_byte_chunks_cost_bounded_cpu() -> None:
                 gaps.append(now - last)
                 last = now
 
-        async with serving(tiny_chunks) as url, Http1Client() as client:
+        async with serving(tiny_chunks) as served, Http1Client() as client:
             ticking = asyncio.create_task(ticker())
             cpu = time.process_time()
             with pytest.raises(BadReply):
-                await client.post(url, {}, b"{}", 30, MAX_REPLY_BYTES)
+                await client.post(served.url, {}, b"{}", 30, MAX_REPLY_BYTES)
             cpu = time.process_time() - cpu
             ticking.cancel()
             # Today's parser took 2.4 s of CPU for this reply and held the loop for seconds.
@@ -262,9 +258,9 @@ def test_a_bare_cr_inside_a_header_value_is_refused() -> None:
                 await reader.read()
             writer.close()
 
-        async with serving(bare_cr) as url, Http1Client() as client:
+        async with serving(bare_cr) as served, Http1Client() as client:
             with pytest.raises(BadReply):
-                await client.post(url, {}, b"{}", 5, LIMIT)
+                await client.post(served.url, {}, b"{}", 5, LIMIT)
             assert client.idle_connections() == 0
 
     on_both_loops(scenario)
@@ -272,11 +268,7 @@ def test_a_bare_cr_inside_a_header_value_is_refused() -> None:
 
 def test_a_reply_framed_two_ways_is_read_as_chunked_and_its_connection_not_reused() -> None:
     async def scenario() -> None:
-        connections = 0
-
         async def two_ways(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal connections
-            connections += 1
             with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
                 while True:
                     await read_request(reader)
@@ -286,10 +278,10 @@ def test_a_reply_framed_two_ways_is_read_as_chunked_and_its_connection_not_reuse
                     )
             writer.close()
 
-        async with serving(two_ways) as url, Http1Client() as client:
+        async with serving(two_ways) as served, Http1Client() as client:
             for _ in range(3):
-                assert (await client.post(url, {}, b"{}", 5, LIMIT)).body == b"ok"
+                assert (await client.post(served.url, {}, b"{}", 5, LIMIT)).body == b"ok"
                 assert client.idle_connections() == 0
-            assert connections == 3
+            assert served.connections == 3
 
     on_both_loops(scenario)
