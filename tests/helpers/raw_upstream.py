@@ -61,7 +61,8 @@ async def serving(handle: Handler) -> AsyncIterator[Served]:
         writers.append(writer)
         served.connections += 1
         try:
-            await handle(reader, writer)
+            with contextlib.suppress(asyncio.CancelledError):  # cancelled when the block ends
+                await handle(reader, writer)
         finally:
             running.discard(task)
 

@@ -30,6 +30,13 @@ than ``keepalive_s`` is never reused and is closed soon after. A pool lives only
 holds a connection, and idle connections are at most ``max_idle`` in all (the oldest is
 closed first), so the pools stay bounded however many workspaces a worker serves.
 
+Within a workspace, a reply held back and sent once the next request is on the wire
+cannot be told from that request's answer (HTTP/1.1 has no request ids): any client that
+reuses connections reads it so. What bounds that here: an upstream caught sending bytes
+nobody asked for (a second reply after one, or bytes on an idle connection) gets no reuse
+from that workspace for :data:`DISTRUST_S`, so the replies it can misplace are about the
+calls in flight when it was caught, not a share of every call after.
+
 Failures are :class:`UpstreamConnectionError` (``ConnectFailed``, ``ServerDisconnected``,
 ``BadReply``) or ``TimeoutError``; a call that fails, times out or is cancelled aborts its
 connection, so a late reply can never be read as the answer to the next request. A
@@ -70,6 +77,11 @@ __all__ = [
 # request fails as ServerDisconnected, and the router retries it).
 KEEPALIVE_S = 4.0
 MAX_IDLE = 512  # idle connections of every pool together
+# An upstream caught sending bytes nobody asked for (on an idle connection, or after a
+# reply) gets no connection reuse from that workspace for this long: each call then has
+# a connection of its own, so a reply it holds back has no next request to answer.
+DISTRUST_S = 30.0
+MAX_DISTRUSTED = 1024  # (workspace, origin) pairs remembered
 _ORIGIN_CACHE = 256  # parsed URLs kept (the routes hold a few)
 
 OriginKey = tuple[str, str, int]
@@ -138,6 +150,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         reader = self._reader
         if reader is None:  # nothing was asked: an idle connection must stay silent
+            self._client.distrust(self.pool.key)
             self.abort()
             return
         try:
@@ -221,6 +234,8 @@ class _Connection(asyncio.Protocol):
         # Bytes of this request still unsent when the reply came would be read by the
         # server as the start of the next one: such a connection is not reused.
         unsent = self.transport.get_write_buffer_size() > 0
+        if reader.unasked:
+            self._client.distrust(self.pool.key)
         return reader.reply, reader.reusable and not self.closed and not unsent
 
 
@@ -242,6 +257,7 @@ class Http1Client:
         self._idle: dict[_Connection, None] = {}  # every pool's, oldest first
         self._busy: set[_Connection] = set()
         self._sweep: asyncio.TimerHandle | None = None
+        self._distrusted: dict[tuple[str, OriginKey], float] = {}  # until (loop clock)
         self._closed = False
 
     async def post(
@@ -338,6 +354,8 @@ class Http1Client:
         self._busy.discard(connection)
         pool = connection.pool
         pool.busy -= 1
+        if reusable and self._distrusted and self._distrusts(pool.key):
+            reusable = False
         if not reusable or self._closed or connection.closed:
             connection.abort()
             self._drop_if_empty(pool)
@@ -350,6 +368,27 @@ class Http1Client:
             self._close_idle(next(iter(self._idle)))
         if self._sweep is None:
             self._sweep = loop.call_later(self._keepalive_s, self._close_stale)
+
+    def distrust(self, key: tuple[str, OriginKey]) -> None:
+        """The upstream of pool ``key`` sent bytes nobody asked for: its idle connections
+        are closed and, for :data:`DISTRUST_S`, none is reused."""
+        self._distrusted.pop(key, None)
+        self._distrusted[key] = asyncio.get_running_loop().time() + DISTRUST_S
+        if len(self._distrusted) > MAX_DISTRUSTED:
+            del self._distrusted[next(iter(self._distrusted))]
+        pool = self._pools.get(key)
+        if pool is not None:
+            for connection in list(pool.idle):
+                self._close_idle(connection)
+
+    def _distrusts(self, key: tuple[str, OriginKey]) -> bool:
+        until = self._distrusted.get(key)
+        if until is None:
+            return False
+        if asyncio.get_running_loop().time() < until:
+            return True
+        del self._distrusted[key]
+        return False
 
     def _close_idle(self, connection: _Connection) -> None:
         """Close an idle connection and drop its pool if that was its last."""

@@ -103,9 +103,10 @@ class ReplyReader:
     ``feed`` returns True once the reply is complete; :attr:`reply` then holds it and
     :attr:`reusable` says whether the connection may carry another request (the reply was
     framed by length or chunks, the server did not ask to close, and no other reply began
-    after it). ``eof`` is the connection's clean end: True if that completes the reply
-    (framing by the connection's end), else it raises :class:`ServerDisconnected`.
-    Malformed input raises :class:`BadReply`.
+    after it); :attr:`unasked` that bytes came after the reply. ``eof`` is the
+    connection's clean end: True if that completes the reply (framing by the connection's
+    end), else it raises :class:`ServerDisconnected`. Malformed input raises
+    :class:`BadReply`.
     """
 
     def __init__(self, limit: int) -> None:
@@ -129,11 +130,12 @@ class ReplyReader:
         self._keep_alive = False
         self.reply: HttpReply | None = None
         self.reusable = False
+        self.unasked = False  # bytes came after the reply: the upstream is not trusted
 
     def feed(self, data: bytes) -> bool:
         """Take the next bytes received; True once the reply is complete."""
         if self.reply is not None:
-            self.reusable = False  # bytes nobody asked for: the connection is not trusted
+            self.reusable, self.unasked = False, True  # bytes nobody asked for
             return True
         self._wire += len(data)
         try:
@@ -147,7 +149,7 @@ class ReplyReader:
         except httptools.HttpParserError as exc:
             if not self._complete():
                 raise BadReply(f"malformed reply: {exc}") from None
-            self.reusable = False  # bytes after the reply that are not a reply
+            self.reusable, self.unasked = False, True  # bytes after the reply
         if self._complete():  # the parser's callbacks set the reply
             return True
         if self._in_head and self._wire > MAX_HEAD_BYTES * (self._interim + 1):
@@ -173,7 +175,7 @@ class ReplyReader:
     def on_message_begin(self) -> None:
         """A message starts: after the reply, that is bytes nobody asked for."""
         if self.reply is not None:
-            self.reusable = False
+            self.reusable, self.unasked = False, True
             raise _Stop
 
     def on_header(self, name: bytes, value: bytes) -> None:
