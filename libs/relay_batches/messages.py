@@ -128,6 +128,9 @@ class SliceMessage:
     sent_at: float = 0.0  # on the publishing dispatcher's own clock
     owner: str = ""  # the publishing dispatcher, whose clock ``sent_at`` reads
     expires_at: float = 0.0  # the job's deadline, Unix seconds (0: none): no row starts after
+    # The job's workspace: its calls go over connections of that workspace's own. Empty
+    # (a slice the offloader forwards): the job's own connections.
+    workspace: str = ""
 
     KIND = "rows"
 
@@ -144,6 +147,7 @@ class SliceMessage:
                 "sent_at": self.sent_at,
                 "owner": self.owner,
                 "expires_at": self.expires_at,
+                "workspace": self.workspace,
             },
         )
 
@@ -165,6 +169,7 @@ class SliceMessage:
                 float(d.get("sent_at", 0.0)),
                 str(d.get("owner", "")),
                 float(d.get("expires_at") or 0.0),
+                str(d.get("workspace") or ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
@@ -189,6 +194,13 @@ class DecodedSlice:
     sent_at: float = 0.0
     owner: str = ""
     expires_at: float = 0.0
+    workspace: str = ""
+
+    @property
+    def tenant(self) -> str:
+        """Whose connections the slice's calls use: its workspace's, or (a slice that
+        names none) its job's own, never another tenant's."""
+        return self.workspace or f"job:{self.batch_id}"
 
     def with_rows(self, rows: Sequence[tuple[int, RowRequest]]) -> SliceMessage:
         """A slice message of this one's job, level, marks and deadline holding ``rows``
@@ -202,6 +214,7 @@ class DecodedSlice:
             self.sent_at,
             self.owner,
             self.expires_at,
+            self.workspace,
         )
 
 

@@ -755,6 +755,7 @@ class Dispatcher:
                         sent_at,
                         self._config.owner,
                         job.expires_at.timestamp() if job.expires_at else 0.0,
+                        job.workspace_id,
                     ),
                     level,
                 )
