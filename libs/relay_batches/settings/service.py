@@ -333,7 +333,7 @@ class Settings:
         "The API's public address, root of the URLs it hands out (`results_url`).",
         default_doc="the request's own origin (right only without a proxy)",
     )  # fmt: skip
-    # Ledger pool per process: None keeps each service's own maximum; see docs/operations/capacity.md.
+    # Ledger pool per process: None keeps each service's own maximum (docs/operations/capacity.md).
     db_pool_max_size: int | None = setting(
         "RELAY_DB_POOL_MAX_SIZE", ONE_OR_MORE, None, CAPACITY, LEDGER_SERVICES,
         "Ledger connections per process at most (the ingest-api needs 4 or more).",
