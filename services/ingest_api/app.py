@@ -8,22 +8,22 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from relay_batches.health import add_health_routes
-from relay_batches.services.ingest_api.anthropic_routes import add_anthropic_routes
-from relay_batches.services.ingest_api.delivery_routes import add_delivery_routes
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
-from relay_batches.services.ingest_api.middleware import (
+from relay_batches.services.ingest_api.edge.middleware import (
     ResolveKey,
     auth_middleware,
     error_middleware,
     log_stream_aborts_once,
     schema_middleware,
 )
-from relay_batches.services.ingest_api.models import add_model_routes
-from relay_batches.services.ingest_api.openai_openapi import add_openai_routes
 from relay_batches.services.ingest_api.openapi import add_openapi_route
-from relay_batches.services.ingest_api.panel import add_panel_routes
-from relay_batches.services.ingest_api.routes import add_batch_routes
-from relay_batches.services.ingest_api.upload import add_upload_routes
+from relay_batches.services.ingest_api.panel.routes import add_panel_routes
+from relay_batches.services.ingest_api.surfaces.anthropic.batches import add_anthropic_routes
+from relay_batches.services.ingest_api.surfaces.native.aliases import add_model_routes
+from relay_batches.services.ingest_api.surfaces.native.batches import add_batch_routes
+from relay_batches.services.ingest_api.surfaces.native.deliveries import add_delivery_routes
+from relay_batches.services.ingest_api.surfaces.native.upload import add_upload_routes
+from relay_batches.services.ingest_api.surfaces.openai.openapi import add_openai_routes
 
 BODY_SLACK = 1024
 

@@ -21,8 +21,9 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from relay_batches.services.ingest_api import anthropic_openapi, chat_rows
-from relay_batches.services.ingest_api.openai_openapi import openai_fragment
+from relay_batches.services.ingest_api.rows import chat_rows
+from relay_batches.services.ingest_api.surfaces.anthropic import openapi as anthropic_openapi
+from relay_batches.services.ingest_api.surfaces.openai.openapi import openai_fragment
 
 DOCUMENT_PATH = "/openapi.json"
 _RESOURCE = "openapi.json"

@@ -21,7 +21,7 @@ from relay_batches.ledger.jobs import NewJob
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import Job, JobStatus
 from relay_batches.services.ingest_api.deps import ApiDeps
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.validation import (
     BatchOptions,
     KnownModels,
     RowInput,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from relay_batches.services.ingest_api.middleware import error_body, error_response
+from relay_batches.services.ingest_api.edge.middleware import error_body, error_response
 
 
 @pytest.mark.parametrize(

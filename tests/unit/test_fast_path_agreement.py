@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
-from relay_batches.services.ingest_api import row_formats, validation
-from relay_batches.services.ingest_api.row_formats import anthropic_request_row, openai_line_row
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows import row_formats, validation
+from relay_batches.services.ingest_api.rows.row_formats import (
+    anthropic_request_row,
+    openai_line_row,
+)
+from relay_batches.services.ingest_api.rows.validation import (
     RowInput,
     RowRejected,
     SubmitLimits,

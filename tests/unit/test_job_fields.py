@@ -11,9 +11,7 @@ import pytest
 
 from relay_batches.errors import ApiError
 from relay_batches.model import Job, JobStatus
-from relay_batches.services.ingest_api.submit import plan_job
-from relay_batches.services.ingest_api.upload import form_payload
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.validation import (
     BatchOptions,
     SubmitLimits,
     completion_window,
@@ -22,6 +20,8 @@ from relay_batches.services.ingest_api.validation import (
     validate_metadata,
     validate_submit,
 )
+from relay_batches.services.ingest_api.submit import plan_job
+from relay_batches.services.ingest_api.surfaces.native.upload import form_payload
 
 
 @pytest.mark.parametrize(

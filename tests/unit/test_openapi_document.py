@@ -15,14 +15,14 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
 from relay_batches.errors import ERROR_TYPES, ApiError
 from relay_batches.model import Job, JobStatus
-from relay_batches.services.ingest_api import params, validation
-from relay_batches.services.ingest_api.middleware import (
+from relay_batches.services.ingest_api.edge.middleware import (
     ANTHROPIC_PREFIX,
     AUTHENTICATED_PREFIXES,
     OPENAI_PREFIX,
 )
 from relay_batches.services.ingest_api.openapi import load_document
-from relay_batches.services.ingest_api.routes import DEFAULT_PAGE, MAX_PAGE
+from relay_batches.services.ingest_api.rows import params, validation
+from relay_batches.services.ingest_api.surfaces.native.batches import DEFAULT_PAGE, MAX_PAGE
 from tests.helpers.openapi_ops import component_validator, documented_operations
 
 DOC = load_document()

@@ -1,4 +1,4 @@
-"""The aiohttp internals :mod:`relay_batches.services.ingest_api.protocol` relies on.
+"""The aiohttp internals :mod:`relay_batches.services.ingest_api.edge.protocol` relies on.
 
 ``ApiRunner`` overrides ``AppRunner._make_server`` (private) and re-classes the server it
 returns, whose ``__call__`` builds connections from ``Server._loop`` and
@@ -14,7 +14,7 @@ import inspect
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from relay_batches.services.ingest_api.protocol import (
+from relay_batches.services.ingest_api.edge.protocol import (
     ApiRequestHandler,
     ApiRunner,
     ApiServer,

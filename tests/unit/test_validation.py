@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from relay_batches.errors import ApiError
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.validation import (
     BatchOptions,
     BatchSpec,
     KnownModels,
@@ -809,7 +809,10 @@ def test_known_models_is_a_container_of_the_routers_aliases() -> None:
 
 
 def test_ingest_api_builds_jobs_in_one_place() -> None:
-    from relay_batches.services.ingest_api import models, routes, submit, upload
+    from relay_batches.services.ingest_api import submit
+    from relay_batches.services.ingest_api.surfaces.native import aliases as models
+    from relay_batches.services.ingest_api.surfaces.native import batches as routes
+    from relay_batches.services.ingest_api.surfaces.native import upload
 
     assert submit.KnownModels is KnownModels
     for handlers in (models, routes, upload):

@@ -32,7 +32,7 @@ import orjson
 from relay_batches.ids import is_valid_id
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import TERMINAL, Job, JobStatus
-from relay_batches.services.ingest_api.anthropic_models import (
+from relay_batches.services.ingest_api.surfaces.anthropic.shapes import (
     AnthropicMessageBatch,
     AnthropicRequestCounts,
     ErrorType,

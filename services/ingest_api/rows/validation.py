@@ -32,7 +32,7 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 
 from relay_batches.durations import SPELLING, parse_duration
 from relay_batches.errors import ApiError, invalid
-from relay_batches.services.ingest_api.chat_rows import (
+from relay_batches.services.ingest_api.rows.chat_rows import (
     MAX_CUSTOM_ID_CHARS,
     ROLES,
     RequestRow,
@@ -43,8 +43,8 @@ from relay_batches.services.ingest_api.chat_rows import (
     stored_request,
     unencodable_path,
 )
-from relay_batches.services.ingest_api.params import validate_params
-from relay_batches.services.ingest_api.scan import WINDOW_BYTES, JsonScanner, NotJson
+from relay_batches.services.ingest_api.rows.params import validate_params
+from relay_batches.services.ingest_api.rows.scan import WINDOW_BYTES, JsonScanner, NotJson
 
 MAX_NAME_CHARS = 256
 MAX_WEBHOOK_URL_CHARS = 2048

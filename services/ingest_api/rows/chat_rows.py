@@ -35,7 +35,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from relay_batches.services.ingest_api.shapes import (
+from relay_batches.services.ingest_api.rows.shapes import (
     MAX_JSON_DEPTH,
     MAX_SCHEMA_BYTES,
     FreeObject,

@@ -44,11 +44,11 @@ from typing import BinaryIO
 
 import orjson
 
-from relay_batches.services.ingest_api.row_formats import (
+from relay_batches.services.ingest_api.rows.row_formats import (
     anthropic_request_row,
     openai_line_row,
 )
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.validation import (
     NO_MODELS,
     RowError,
     RowInput,

@@ -18,16 +18,18 @@ from relay_batches.ledger.job_retry import NothingToRetry, RetryRows
 from relay_batches.ledger.job_stats import JobStatsStore
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import PAUSABLE, TERMINAL, Job, JobStatus
-from relay_batches.services.ingest_api.body import read_body
 from relay_batches.services.ingest_api.deps import DEPS
-from relay_batches.services.ingest_api.idempotency import (
+from relay_batches.services.ingest_api.edge.body import read_body
+from relay_batches.services.ingest_api.edge.idempotency import (
     claim_for,
     raced_response,
     stored_response,
 )
-from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_response
-from relay_batches.services.ingest_api.paging import page_limit
-from relay_batches.services.ingest_api.results import (
+from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.edge.paging import page_limit
+from relay_batches.services.ingest_api.rows.validation import decode_json_object
+from relay_batches.services.ingest_api.submit import plan_submission, submit_one, wake
+from relay_batches.services.ingest_api.surfaces.native.results import (
     dead_letter_object,
     partial_flag,
     single,
@@ -35,8 +37,6 @@ from relay_batches.services.ingest_api.results import (
     stream_results,
     wants_details,
 )
-from relay_batches.services.ingest_api.submit import plan_submission, submit_one, wake
-from relay_batches.services.ingest_api.validation import decode_json_object
 
 log = logging.getLogger("relay.ingest_api")
 

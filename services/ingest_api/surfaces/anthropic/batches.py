@@ -23,20 +23,20 @@ from relay_batches.ledger.idempotency import IdempotencyClaim, KeyTaken
 from relay_batches.ledger.job_window import JobWindow
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import CANCELABLE, TERMINAL, Job
-from relay_batches.services.ingest_api.anthropic_create import plan_batch
-from relay_batches.services.ingest_api.anthropic_render import (
+from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
+from relay_batches.services.ingest_api.edge.body import read_body
+from relay_batches.services.ingest_api.edge.idempotency import HEADER, claim_for
+from relay_batches.services.ingest_api.edge.middleware import STREAMING, WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.edge.paging import page_limit
+from relay_batches.services.ingest_api.submit import submit_one
+from relay_batches.services.ingest_api.surfaces.anthropic.create import plan_batch
+from relay_batches.services.ingest_api.surfaces.anthropic.render import (
     BATCHES_PATH,
     batch_object,
     job_id_of,
     public_id,
     result_line,
 )
-from relay_batches.services.ingest_api.body import read_body
-from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
-from relay_batches.services.ingest_api.idempotency import HEADER, claim_for
-from relay_batches.services.ingest_api.middleware import STREAMING, WORKSPACE_ID, json_response
-from relay_batches.services.ingest_api.paging import page_limit
-from relay_batches.services.ingest_api.submit import submit_one
 
 log = logging.getLogger("relay.ingest_api")
 

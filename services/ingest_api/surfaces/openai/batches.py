@@ -29,12 +29,30 @@ from relay_batches.ledger.files import INPUT_PURPOSE, BatchLink, LinkedBatch
 from relay_batches.ledger.idempotency import KeyTaken
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, JobStatus
-from relay_batches.services.ingest_api.body import read_body
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
-from relay_batches.services.ingest_api.idempotency import HEADER, claim_for
-from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_response
-from relay_batches.services.ingest_api.openai_files import FILE_PREFIX, file_hex
-from relay_batches.services.ingest_api.openai_models import (
+from relay_batches.services.ingest_api.edge.body import read_body
+from relay_batches.services.ingest_api.edge.idempotency import HEADER, claim_for
+from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.edge.paging import page_limit
+from relay_batches.services.ingest_api.rows.validation import (
+    MAX_NAME_CHARS,
+    BatchOptions,
+    completion_window,
+    validate_metadata,
+)
+from relay_batches.services.ingest_api.submit import (
+    announce_created,
+    job_fields,
+    plan_stored_job,
+)
+from relay_batches.services.ingest_api.surfaces.openai.files import FILE_PREFIX, file_hex
+from relay_batches.services.ingest_api.surfaces.openai.output import (
+    ERROR,
+    OUTPUT,
+    output_file,
+    output_files,
+)
+from relay_batches.services.ingest_api.surfaces.openai.shapes import (
     CHAT_ENDPOINT,
     BatchStatus,
     OpenAIBatch,
@@ -44,24 +62,6 @@ from relay_batches.services.ingest_api.openai_models import (
     OpenAICreateBatch,
     OpenAIRequestCounts,
     validation_error,
-)
-from relay_batches.services.ingest_api.openai_output import (
-    ERROR,
-    OUTPUT,
-    output_file,
-    output_files,
-)
-from relay_batches.services.ingest_api.paging import page_limit
-from relay_batches.services.ingest_api.submit import (
-    announce_created,
-    job_fields,
-    plan_stored_job,
-)
-from relay_batches.services.ingest_api.validation import (
-    MAX_NAME_CHARS,
-    BatchOptions,
-    completion_window,
-    validate_metadata,
 )
 
 log = logging.getLogger("relay.ingest_api")

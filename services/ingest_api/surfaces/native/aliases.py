@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from relay_batches.services.ingest_api.deps import DEPS
-from relay_batches.services.ingest_api.middleware import json_response
+from relay_batches.services.ingest_api.edge.middleware import json_response
 
 
 def add_model_routes(app: web.Application) -> None:

@@ -10,9 +10,9 @@ from aiohttp import web
 from relay_batches.errors import ApiError, ConflictError, invalid
 from relay_batches.model import TERMINAL, iso
 from relay_batches.services.ingest_api.deps import DEPS
-from relay_batches.services.ingest_api.middleware import json_response
-from relay_batches.services.ingest_api.paging import page_limit
-from relay_batches.services.ingest_api.routes import _find
+from relay_batches.services.ingest_api.edge.middleware import json_response
+from relay_batches.services.ingest_api.edge.paging import page_limit
+from relay_batches.services.ingest_api.surfaces.native.batches import _find
 
 log = logging.getLogger("relay.ingest_api")
 

@@ -40,22 +40,21 @@ from relay_batches.ids import new_id
 from relay_batches.ledger.idempotency import KeyTaken
 from relay_batches.ledger.jobs import JobWriter
 from relay_batches.model import Job
-from relay_batches.services.ingest_api.body import BodyTicket, body_errors, check_body, too_large
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
-from relay_batches.services.ingest_api.idempotency import (
+from relay_batches.services.ingest_api.edge.body import (
+    BodyTicket,
+    body_errors,
+    check_body,
+    too_large,
+)
+from relay_batches.services.ingest_api.edge.idempotency import (
     claim_for,
     raced_response,
     stored_response,
 )
-from relay_batches.services.ingest_api.middleware import WORKSPACE_ID, json_response
-from relay_batches.services.ingest_api.submit import (
-    announce_created,
-    job_fields,
-    plan_job,
-    row_models,
-)
-from relay_batches.services.ingest_api.upload_formats import FileReader, LineError
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.rows.files import FileReader, LineError
+from relay_batches.services.ingest_api.rows.validation import (
     JOB_FIELDS,
     MAX_NAME_CHARS,
     BatchOptions,
@@ -63,6 +62,12 @@ from relay_batches.services.ingest_api.validation import (
     parse_budget_field,
     parse_priority_field,
     validate_batch_options,
+)
+from relay_batches.services.ingest_api.submit import (
+    announce_created,
+    job_fields,
+    plan_job,
+    row_models,
 )
 
 FILE_FIELD = "file"

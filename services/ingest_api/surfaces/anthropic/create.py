@@ -15,12 +15,10 @@ from collections.abc import Container, Iterator
 from datetime import datetime
 
 from relay_batches.errors import ApiError, invalid
-from relay_batches.services.ingest_api.anthropic_render import EXPIRY
 from relay_batches.services.ingest_api.deps import ApiDeps
-from relay_batches.services.ingest_api.row_formats import anthropic_request_row
-from relay_batches.services.ingest_api.scan import JsonScanner, NotJson
-from relay_batches.services.ingest_api.submit import PlannedJob, plan_job, row_models
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.row_formats import anthropic_request_row
+from relay_batches.services.ingest_api.rows.scan import JsonScanner, NotJson
+from relay_batches.services.ingest_api.rows.validation import (
     BatchOptions,
     RowInput,
     RowRejected,
@@ -30,6 +28,8 @@ from relay_batches.services.ingest_api.validation import (
     row_api_error,
     sized_elements,
 )
+from relay_batches.services.ingest_api.submit import PlannedJob, plan_job, row_models
+from relay_batches.services.ingest_api.surfaces.anthropic.render import EXPIRY
 
 BODY_FIELDS = ("requests",)
 

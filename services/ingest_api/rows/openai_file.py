@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from relay_batches.services.ingest_api.row_formats import openai_line_row
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.row_formats import openai_line_row
+from relay_batches.services.ingest_api.rows.validation import (
     RowError,
     RowInput,
     RowRejected,

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from relay_batches.services.ingest_api.row_formats import AnthropicParams
+from relay_batches.services.ingest_api.rows.row_formats import AnthropicParams
 
 CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 ProcessingStatus = Literal["in_progress", "canceling", "ended"]

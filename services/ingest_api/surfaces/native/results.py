@@ -13,7 +13,7 @@ from aiohttp import web
 from relay_batches.errors import invalid
 from relay_batches.ledger.jobs import DeadLetterRow, ResultRow, RowDetails
 from relay_batches.model import TERMINAL, Job, shown
-from relay_batches.services.ingest_api.middleware import STREAMING
+from relay_batches.services.ingest_api.edge.middleware import STREAMING
 from relay_batches.tool_calls import stored_tool_calls
 
 NDJSON = "application/x-ndjson"

@@ -38,30 +38,30 @@ from aiohttp.multipart import BadContentDispositionHeader, BadContentDisposition
 from relay_batches.errors import ApiError, invalid
 from relay_batches.ids import is_valid_id, new_id
 from relay_batches.ledger.files import INPUT_PURPOSE, OUTPUT_PURPOSE, StoredFile
-from relay_batches.services.ingest_api.body import (
+from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
+from relay_batches.services.ingest_api.edge.body import (
     RETRY_AFTER_S,
     BodyTicket,
     body_errors,
     check_body,
     too_large,
 )
-from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
-from relay_batches.services.ingest_api.middleware import STREAMING, WORKSPACE_ID, json_response
-from relay_batches.services.ingest_api.openai_lines import LineReader
-from relay_batches.services.ingest_api.openai_models import (
-    OpenAIFile,
-    OpenAIFileDeleted,
-    OpenAIFileList,
-)
-from relay_batches.services.ingest_api.openai_output import (
+from relay_batches.services.ingest_api.edge.middleware import STREAMING, WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.edge.paging import page_limit
+from relay_batches.services.ingest_api.rows.openai_file import LineReader
+from relay_batches.services.ingest_api.rows.validation import KnownModels
+from relay_batches.services.ingest_api.surfaces.native.upload import clean_filename
+from relay_batches.services.ingest_api.surfaces.openai.output import (
     filename_of,
     kind_of,
     output_file,
     rendered,
 )
-from relay_batches.services.ingest_api.paging import page_limit
-from relay_batches.services.ingest_api.upload import clean_filename
-from relay_batches.services.ingest_api.validation import KnownModels
+from relay_batches.services.ingest_api.surfaces.openai.shapes import (
+    OpenAIFile,
+    OpenAIFileDeleted,
+    OpenAIFileList,
+)
 
 FILE_PREFIX = "file-"
 MAX_FILE_BYTES = 256 * 1024 * 1024  # OpenAI takes 200 MB; 1,000,000 lines of ~250 bytes fit

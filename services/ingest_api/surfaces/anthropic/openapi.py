@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay_batches.services.ingest_api.anthropic_models import (
+from relay_batches.services.ingest_api.surfaces.anthropic.render import BATCHES_PATH
+from relay_batches.services.ingest_api.surfaces.anthropic.shapes import (
     AnthropicCreateBatch,
     AnthropicDeletedMessageBatch,
     AnthropicError,
@@ -13,7 +14,6 @@ from relay_batches.services.ingest_api.anthropic_models import (
     AnthropicMessageBatchList,
     AnthropicResultLine,
 )
-from relay_batches.services.ingest_api.anthropic_render import BATCHES_PATH
 
 TAG = "anthropic"
 _SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}]

@@ -32,7 +32,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import orjson
 from pydantic import Field, ValidationError
 
-from relay_batches.services.ingest_api.chat_rows import (
+from relay_batches.services.ingest_api.rows.chat_rows import (
     FAST_PARAMS,
     MAX_CUSTOM_ID_CHARS,
     ChatRequest,
@@ -44,7 +44,7 @@ from relay_batches.services.ingest_api.chat_rows import (
     plain_params,
     stored_request,
 )
-from relay_batches.services.ingest_api.shapes import (
+from relay_batches.services.ingest_api.rows.shapes import (
     FreeObject,
     NestedObject,
     Shape,
@@ -54,7 +54,7 @@ from relay_batches.services.ingest_api.shapes import (
     tagged_by,
     unencodable_path,
 )
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.validation import (
     RowError,
     RowInput,
     RowRejected,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 
 from relay_batches.errors import invalid
-from relay_batches.services.ingest_api.chat_rows import (
+from relay_batches.services.ingest_api.rows.chat_rows import (
     MAX_JSON_DEPTH,
     MAX_SCHEMA_BYTES,
     MAX_STOP_CHARS,

@@ -8,9 +8,9 @@ from typing import Any
 
 from aiohttp import web
 
-from relay_batches.services.ingest_api.openai_batches import add_batch_routes
-from relay_batches.services.ingest_api.openai_files import add_file_routes
-from relay_batches.services.ingest_api.openai_models import (
+from relay_batches.services.ingest_api.surfaces.openai.batches import add_batch_routes
+from relay_batches.services.ingest_api.surfaces.openai.files import add_file_routes
+from relay_batches.services.ingest_api.surfaces.openai.shapes import (
     OpenAIBatch,
     OpenAIBatchList,
     OpenAICreateBatch,

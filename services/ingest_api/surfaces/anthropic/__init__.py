@@ -1,0 +1,1 @@
+"""The Anthropic-compatible surface under ``/anthropic/v1``: message batches."""

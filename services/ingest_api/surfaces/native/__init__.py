@@ -1,0 +1,1 @@
+"""The native surface under ``/v1``: batches, results, uploads, deliveries, models."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible surface under ``/openai/v1``: files and batches."""
