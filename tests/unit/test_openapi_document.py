@@ -15,19 +15,17 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
 from relay_batches.errors import ERROR_TYPES, ApiError
 from relay_batches.model import Job, JobStatus
-from relay_batches.services.ingest_api.edge.middleware import (
-    ANTHROPIC_PREFIX,
-    AUTHENTICATED_PREFIXES,
-    OPENAI_PREFIX,
-)
+from relay_batches.services.ingest_api.app import AUTHENTICATED_PREFIXES
 from relay_batches.services.ingest_api.openapi import load_document
 from relay_batches.services.ingest_api.rows import params, validation
+from relay_batches.services.ingest_api.surfaces.anthropic import PREFIX as ANTHROPIC_PREFIX
 from relay_batches.services.ingest_api.surfaces.native.batches import DEFAULT_PAGE, MAX_PAGE
+from relay_batches.services.ingest_api.surfaces.openai import PREFIX as OPENAI_PREFIX
 from tests.helpers.openapi_ops import component_validator, documented_operations
 
 DOC = load_document()
 SCHEMAS = DOC["components"]["schemas"]
-DIALECT_PREFIXES = (OPENAI_PREFIX, ANTHROPIC_PREFIX)
+DIALECT_PREFIXES = (f"{OPENAI_PREFIX}/", f"{ANTHROPIC_PREFIX}/")
 CREATE = SCHEMAS["CreateBatch"]["properties"]
 PARAMS = SCHEMAS["Params"]["properties"]
 EXAMPLE = DOC["paths"]["/v1/batches"]["post"]["requestBody"]["content"]["application/json"][

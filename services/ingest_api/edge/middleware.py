@@ -1,9 +1,12 @@
-"""HTTP edge policy: the error object of each surface for every failure, key auth, timing.
+"""HTTP edge mechanics shared by every surface: the error middleware (each surface gives
+it its own error object), key auth, the schema gate, timing.
 
-Three surfaces share one application and one ledger: the native API under ``/v1/``, the
-OpenAI-compatible one under ``/openai/v1/`` and the Anthropic-compatible one under
-``/anthropic/v1/``. Each answers failures in its own error shape (:func:`error_response`
-picks it by path) and every one of them requires a Relay API key.
+Three surfaces share one server and one ledger, each an aiohttp sub-application with its
+own middlewares (see :mod:`..app`): the native API under ``/v1/``, the OpenAI-compatible
+one under ``/openai/v1/`` and the Anthropic-compatible one under ``/anthropic/v1/``.
+Every one of them answers failures in its own :data:`ErrorShape` and requires a Relay
+API key; what is outside them (the probes, the panel, the document) answers in the
+native error object and needs no key.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ log = logging.getLogger("relay.ingest_api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ResolveKey = Callable[[str], Awaitable[str | None]]
+# A surface's error object: ``(status, message, param) -> body``.
+ErrorShape = Callable[[int, str, str | None], dict[str, object]]
 
-WORKSPACE = web.AppKey("workspace_resolver", object)
 WORKSPACE_ID = web.RequestKey("workspace_id", str)  # the caller's workspace, set by auth
 STREAMING = web.RequestKey("streaming", bool)  # True once a streamed body has begun
 
@@ -38,59 +42,24 @@ RETRY_AFTER_S = 2
 UNAVAILABLE = "service temporarily unavailable, retry shortly"
 
 
-OPENAI_PREFIX = "/openai/v1/"
-ANTHROPIC_PREFIX = "/anthropic/v1/"
-AUTHENTICATED_PREFIXES = ("/v1/", OPENAI_PREFIX, ANTHROPIC_PREFIX)
-
-# The error ``type`` of Anthropic's error object for each status.
-ANTHROPIC_ERROR_TYPES: dict[int, str] = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    408: "timeout_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-}
+def error_type(status: int) -> str:
+    """The native and OpenAI error ``type`` of ``status``."""
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_error")
 
 
-def error_body(path: str, status: int, message: str, param: str | None = None) -> dict[str, object]:
-    """The error object of the surface ``path`` belongs to.
-
-    Native (API.md): ``{error: {type, message, param}}``; OpenAI: the same plus ``code``;
-    Anthropic: ``{type: "error", error: {type, message}}``. A lone surrogate (from a key
-    or value of a payload not built by orjson) is written as its backslash escape, so
-    every error object can be encoded.
-    """
-    message = _encodable(message)
-    param = None if param is None else _encodable(param)
-    error_type = ERROR_TYPES.get(
-        status, "invalid_request_error" if status < 500 else "internal_error"
-    )
-    if path.startswith(ANTHROPIC_PREFIX):
-        kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error" if status >= 500 else error_type)
-        return {"type": "error", "error": {"type": kind, "message": message}}
-    if path.startswith(OPENAI_PREFIX):
-        return {"error": {"message": message, "type": error_type, "param": param, "code": None}}
-    return {"error": {"type": error_type, "message": message, "param": param}}
-
-
-def _encodable(text: str) -> str:
+def encodable(text: str) -> str:
+    """``text`` with any lone surrogate (from a key or value of a payload not built by
+    orjson) written as its backslash escape, so every error object can be encoded."""
     if text.isascii():
         return text
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def error_response(
-    status: int, message: str, param: str | None = None, path: str = "/v1/"
-) -> web.Response:
-    """The error object of ``path``'s surface with ``status``; a 503 says when to retry
+def error_response(status: int, message: str, param: str | None, shape: ErrorShape) -> web.Response:
+    """``shape``'s error object with ``status``; a 503 says when to retry
     (``Retry-After``)."""
-    response = json_response(error_body(path, status, message, param), status)
+    body = shape(status, encodable(message), None if param is None else encodable(param))
+    response = json_response(body, status)
     if status == 503:
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
@@ -104,42 +73,57 @@ _HTTP_MESSAGES = {
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every exception into the error object; never leak a stack trace.
-
-    Once a streamed body has begun (:data:`STREAMING`), the status line and some of the
-    body are on the wire: a second response would be written into the body and end it
-    cleanly, so the failure is logged here and re-raised, and aiohttp aborts the
-    connection; the client sees an incomplete transfer.
-    """
+async def timing_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Observe every request's latency by method, route and status (the whole server's,
+    once per request, whichever application answers it)."""
     started = time.perf_counter()
     status = 500
     try:
         response = await handler(request)
         status = response.status
         return response
-    except Exception as exc:
-        if request.get(STREAMING, False):
-            log.warning("stream_aborted", extra={"path": request.path, "error": repr(exc)})
-            raise StreamAborted(request.path) from exc
-        if isinstance(exc, web.HTTPException) and exc.status < 400:
-            status = exc.status
-            raise
-        response = _error_for(request, exc)
-        status = response.status
-        if not request.content.is_eof():
-            response.force_close()  # close rather than drain a body we refused
-            # A stalled sender, or a body that cannot be decoded: waiting for the rest of
-            # it helps nobody (and reading past a decode error would raise again).
-            if status == 408 or request.content.exception() is not None:
-                await _send_and_close(request, response)
-        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
     finally:
         route = request.match_info.route.resource
         name = route.canonical if route is not None else "unmatched"
         HTTP_LATENCY.labels(request.method, name, str(status)).observe(
             time.perf_counter() - started
         )
+
+
+def error_middleware(shape: ErrorShape) -> Middleware:
+    """Turn every exception into ``shape``'s error object; never leak a stack trace.
+
+    Once a streamed body has begun (:data:`STREAMING`), the status line and some of the
+    body are on the wire: a second response would be written into the body and end it
+    cleanly, so the failure is logged here and re-raised, and aiohttp aborts the
+    connection; the client sees an incomplete transfer.
+    """
+
+    @web.middleware
+    async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except StreamAborted:
+            raise  # logged by the application that streamed
+        except Exception as exc:
+            if request.get(STREAMING, False):
+                log.warning("stream_aborted", extra={"path": request.path, "error": repr(exc)})
+                raise StreamAborted(request.path) from exc
+            if isinstance(exc, web.HTTPException) and exc.status < 400:
+                raise
+            response = _error_for(request, exc, shape)
+            if not request.content.is_eof():
+                response.force_close()  # close rather than drain a body we refused
+                # A stalled sender, or a body that cannot be decoded: waiting for the rest
+                # of it helps nobody (and reading past a decode error would raise again).
+                if response.status == 408 or request.content.exception() is not None:
+                    await _send_and_close(request, response)
+            return response
+
+    return answer_errors
 
 
 async def _send_and_close(request: web.Request, response: web.Response) -> None:
@@ -151,18 +135,19 @@ async def _send_and_close(request: web.Request, response: web.Response) -> None:
         request.transport.close()  # flushes what is buffered, then closes
 
 
-def _error_for(request: web.Request, exc: Exception) -> web.Response:
+def _error_for(request: web.Request, exc: Exception, shape: ErrorShape) -> web.Response:
     """The error object answering ``exc`` (no response has been started)."""
     path = request.path
     if isinstance(exc, ApiError):
-        return error_response(exc.status, exc.message, exc.param, path)
+        return error_response(exc.status, exc.message, exc.param, shape)
     if isinstance(exc, web.HTTPException):
-        return error_response(exc.status, _HTTP_MESSAGES.get(exc.status, exc.reason), path=path)
+        message = _HTTP_MESSAGES.get(exc.status, exc.reason)
+        return error_response(exc.status, message, None, shape)
     if isinstance(exc, TransientError):
         log.warning("dependency_unavailable", extra={"error": str(exc), "path": path})
-        return error_response(503, UNAVAILABLE, path=path)
+        return error_response(503, UNAVAILABLE, None, shape)
     log.error("request_failed", exc_info=exc, extra={"path": path, "error": repr(exc)})
-    return error_response(500, "internal error", path=path)
+    return error_response(500, "internal error", None, shape)
 
 
 class StreamAborted(Exception):
@@ -183,23 +168,23 @@ def log_stream_aborts_once(server_logger: logging.Logger | None = None) -> None:
         target.addFilter(_AlreadyLogged())
 
 
-def schema_middleware(current: Callable[[], Awaitable[bool]]) -> Middleware:
-    """Answer every surface's API paths with 503 while the ledger's schema is behind this
-    code's version (a migration has not run yet): every such request needs the ledger,
-    keys included."""
+def schema_middleware(current: Callable[[], Awaitable[bool]], shape: ErrorShape) -> Middleware:
+    """Answer a surface's every request with 503 (in ``shape``) while the ledger's schema
+    is behind this code's version (a migration has not run yet): every such request needs
+    the ledger, keys included."""
 
     @web.middleware
     async def require_schema(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(AUTHENTICATED_PREFIXES) and not await current():
+        if not await current():
             log.warning("schema_not_current", extra={"path": request.path})
-            return error_response(503, UNAVAILABLE, path=request.path)
+            return error_response(503, UNAVAILABLE, None, shape)
         return await handler(request)
 
     return require_schema
 
 
 def auth_middleware(resolve: ResolveKey) -> Middleware:
-    """Require a Relay API key on every surface's API paths; store the workspace id.
+    """Require a Relay API key on a surface's every request; store the workspace id.
 
     The key comes as ``Authorization: Bearer <key>`` (every SDK's way but Anthropic's) or
     as ``x-api-key: <key>`` (Anthropic's); when both are sent, they must agree.
@@ -207,8 +192,6 @@ def auth_middleware(resolve: ResolveKey) -> Middleware:
 
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not request.path.startswith(AUTHENTICATED_PREFIXES):
-            return await handler(request)
         key = _presented_key(request)
         if key is None:
             raise ApiError(

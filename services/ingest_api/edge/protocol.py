@@ -17,7 +17,7 @@ from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError, L
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from relay_batches.services.ingest_api.edge.middleware import error_response
+from relay_batches.services.ingest_api.surfaces.native.errors import error_response
 
 log = logging.getLogger("relay.ingest_api")
 

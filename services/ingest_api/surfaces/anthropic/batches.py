@@ -31,7 +31,7 @@ from relay_batches.services.ingest_api.edge.paging import page_limit
 from relay_batches.services.ingest_api.submit import submit_one
 from relay_batches.services.ingest_api.surfaces.anthropic.create import plan_batch
 from relay_batches.services.ingest_api.surfaces.anthropic.render import (
-    BATCHES_PATH,
+    BATCHES,
     batch_object,
     job_id_of,
     public_id,
@@ -48,12 +48,12 @@ MAX_PAGE = 1000
 
 def add_anthropic_routes(app: web.Application) -> None:
     """Register every route of the Anthropic-compatible surface on ``app``."""
-    app.router.add_post(BATCHES_PATH, create_batch)
-    app.router.add_get(BATCHES_PATH, list_batches)
-    app.router.add_get(f"{BATCHES_PATH}/{{id}}", get_batch)
-    app.router.add_delete(f"{BATCHES_PATH}/{{id}}", delete_batch)
-    app.router.add_post(f"{BATCHES_PATH}/{{id}}/cancel", cancel_batch)
-    app.router.add_get(f"{BATCHES_PATH}/{{id}}/results", get_results)
+    app.router.add_post(BATCHES, create_batch)
+    app.router.add_get(BATCHES, list_batches)
+    app.router.add_get(f"{BATCHES}/{{id}}", get_batch)
+    app.router.add_delete(f"{BATCHES}/{{id}}", delete_batch)
+    app.router.add_post(f"{BATCHES}/{{id}}/cancel", cancel_batch)
+    app.router.add_get(f"{BATCHES}/{{id}}/results", get_results)
 
 
 def _origin(request: web.Request) -> str:

@@ -10,7 +10,7 @@ from relay_batches.services.ingest_api.edge.middleware import json_response
 
 def add_model_routes(app: web.Application) -> None:
     """Register ``GET /v1/models`` on ``app``."""
-    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/models", list_models)
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -48,17 +48,17 @@ RETRY_BODY_BYTES = 4096  # {"rows": "dead_letter"} and some room
 
 def add_batch_routes(app: web.Application) -> None:
     """Register every ``/v1/batches`` route on ``app``."""
-    app.router.add_post("/v1/batches", create_batch)
-    app.router.add_get("/v1/batches", list_batches)
-    app.router.add_get("/v1/batches/{id}", get_batch)
-    app.router.add_delete("/v1/batches/{id}", delete_batch)
-    app.router.add_get("/v1/batches/{id}/results", get_results)
-    app.router.add_get("/v1/batches/{id}/dead_letter", get_dead_letters)
-    app.router.add_get("/v1/batches/{id}/stats", get_stats)
-    app.router.add_post("/v1/batches/{id}/cancel", cancel_batch)
-    app.router.add_post("/v1/batches/{id}/pause", pause_batch)
-    app.router.add_post("/v1/batches/{id}/resume", resume_batch)
-    app.router.add_post("/v1/batches/{id}/retry", retry_batch)
+    app.router.add_post("/batches", create_batch)
+    app.router.add_get("/batches", list_batches)
+    app.router.add_get("/batches/{id}", get_batch)
+    app.router.add_delete("/batches/{id}", delete_batch)
+    app.router.add_get("/batches/{id}/results", get_results)
+    app.router.add_get("/batches/{id}/dead_letter", get_dead_letters)
+    app.router.add_get("/batches/{id}/stats", get_stats)
+    app.router.add_post("/batches/{id}/cancel", cancel_batch)
+    app.router.add_post("/batches/{id}/pause", pause_batch)
+    app.router.add_post("/batches/{id}/resume", resume_batch)
+    app.router.add_post("/batches/{id}/retry", retry_batch)
 
 
 async def create_batch(request: web.Request) -> web.Response:

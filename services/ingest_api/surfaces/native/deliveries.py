@@ -22,7 +22,7 @@ ATTEMPT_DIGITS = 9  # an attempt number in an ``after`` cursor (the log never ge
 
 def add_delivery_routes(app: web.Application) -> None:
     """Register the delivery log and redelivery routes on ``app``."""
-    path = "/v1/batches/{id}/webhook_deliveries"
+    path = "/batches/{id}/webhook_deliveries"
     app.router.add_get(path, list_deliveries)
     app.router.add_post(path, redeliver)
 

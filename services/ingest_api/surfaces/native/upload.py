@@ -103,7 +103,7 @@ class UploadForm:
 
 def add_upload_routes(app: web.Application) -> None:
     """Register ``POST /v1/batches/upload`` on ``app``."""
-    app.router.add_post("/v1/batches/upload", upload_batches)
+    app.router.add_post("/batches/upload", upload_batches)
 
 
 async def upload_batches(request: web.Request) -> web.Response:

@@ -323,7 +323,7 @@ async def _announce_cancel(deps: ApiDeps, linked: LinkedBatch) -> None:
 
 def add_batch_routes(app: web.Application) -> None:
     """Register the ``/openai/v1/batches`` routes on ``app``."""
-    app.router.add_post("/openai/v1/batches", create_batch)
-    app.router.add_get("/openai/v1/batches", list_batches)
-    app.router.add_get("/openai/v1/batches/{batch_id}", get_batch)
-    app.router.add_post("/openai/v1/batches/{batch_id}/cancel", cancel_batch)
+    app.router.add_post("/batches", create_batch)
+    app.router.add_get("/batches", list_batches)
+    app.router.add_get("/batches/{batch_id}", get_batch)
+    app.router.add_post("/batches/{batch_id}/cancel", cancel_batch)

@@ -442,8 +442,8 @@ async def delete_file(request: web.Request) -> web.Response:
 def add_file_routes(app: web.Application) -> None:
     """Register the ``/openai/v1/files`` routes on ``app``."""
     app[DOWNLOADS] = DownloadGate()
-    app.router.add_post("/openai/v1/files", create_file)
-    app.router.add_get("/openai/v1/files", list_files)
-    app.router.add_get("/openai/v1/files/{file_id}", get_file)
-    app.router.add_delete("/openai/v1/files/{file_id}", delete_file)
-    app.router.add_get("/openai/v1/files/{file_id}/content", get_file_content)
+    app.router.add_post("/files", create_file)
+    app.router.add_get("/files", list_files)
+    app.router.add_get("/files/{file_id}", get_file)
+    app.router.add_delete("/files/{file_id}", delete_file)
+    app.router.add_get("/files/{file_id}/content", get_file_content)

@@ -1,15 +1,10 @@
 """The OpenAI-compatible surface in the OpenAPI document: its paths, and its schemas
-generated from the very models of :mod:`.openai_models` (one entry of
-``openapi.FRAGMENTS``), and :func:`add_openai_routes`, which registers the surface."""
+generated from the very models of :mod:`.shapes` (one entry of ``openapi.FRAGMENTS``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
-
-from relay_batches.services.ingest_api.surfaces.openai.batches import add_batch_routes
-from relay_batches.services.ingest_api.surfaces.openai.files import add_file_routes
 from relay_batches.services.ingest_api.surfaces.openai.shapes import (
     OpenAIBatch,
     OpenAIBatchList,
@@ -219,9 +214,3 @@ def openai_fragment() -> dict[str, dict[str, Any]]:
         mode="serialization",
     )
     return {"paths": _paths(), "schemas": {**schemas, **responses}}
-
-
-def add_openai_routes(app: web.Application) -> None:
-    """Register every ``/openai/v1`` route on ``app``."""
-    add_file_routes(app)
-    add_batch_routes(app)
