@@ -21,7 +21,7 @@ from aiohttp import web
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from relay_batches.services.ingest_api.rows import chat_rows
+from relay_batches.dialects.chat import Message, Params, RequestRow
 from relay_batches.services.ingest_api.surfaces.anthropic import openapi as anthropic_openapi
 from relay_batches.services.ingest_api.surfaces.openai.openapi import openai_fragment
 
@@ -34,7 +34,7 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 # Each surface's fragment: ``{"paths": {...}, "schemas": {...}}`` (see merge_fragment).
 Fragment = Mapping[str, Mapping[str, Any]]
 FRAGMENTS: tuple[Callable[[], Fragment], ...] = (
-    chat_rows.openapi_fragment,  # RequestRow, Message, Params
+    lambda: {"schemas": model_schemas(RequestRow, Message, Params)},  # the stored chat row
     openai_fragment,  # /openai/v1: files and batches
     anthropic_openapi.anthropic_fragment,  # /anthropic/v1/messages/batches
 )

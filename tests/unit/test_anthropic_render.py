@@ -18,6 +18,19 @@ from anthropic.types.messages import (
 )
 from anthropic.types.shared import ErrorResponse
 
+from relay_batches.dialects.anthropic.render import (
+    batch_object,
+    job_id_of,
+    message_id,
+    public_id,
+    result_line,
+)
+from relay_batches.dialects.anthropic.shapes import (
+    AnthropicDeletedMessageBatch,
+    AnthropicError,
+    AnthropicErrorDetail,
+    AnthropicResultLine,
+)
 from relay_batches.errors import ApiError
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import Job, JobStatus
@@ -25,19 +38,6 @@ from relay_batches.services.ingest_api.openapi import load_document
 from relay_batches.services.ingest_api.rows.validation import SubmitLimits
 from relay_batches.services.ingest_api.surfaces.anthropic.create import scan_requests
 from relay_batches.services.ingest_api.surfaces.anthropic.errors import anthropic_error
-from relay_batches.services.ingest_api.surfaces.anthropic.render import (
-    batch_object,
-    job_id_of,
-    message_id,
-    public_id,
-    result_line,
-)
-from relay_batches.services.ingest_api.surfaces.anthropic.shapes import (
-    AnthropicDeletedMessageBatch,
-    AnthropicError,
-    AnthropicErrorDetail,
-    AnthropicResultLine,
-)
 
 JOB_ID = "0123456789abcdef0123456789abcdef"
 CREATED = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)

@@ -84,7 +84,7 @@ def both_ways(monkeypatch: pytest.MonkeyPatch, make: Callable[[], list[RowInput]
         for module in (validation, row_formats):
             forced.setattr(module, "plain_params", lambda *_: False)
             forced.setattr(module, "plain_messages", lambda *_: False)
-        forced.setattr(row_formats, "_simple_translation", lambda _: None)
+        forced.setattr(row_formats, "simple_translation", lambda _: None)
         slow = outcome(make)
     assert fast == slow
 

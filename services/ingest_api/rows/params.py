@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import orjson
 
-from relay_batches.errors import invalid
-from relay_batches.services.ingest_api.rows.chat_rows import (
+from relay_batches.dialects.chat import (
     MAX_JSON_DEPTH,
     MAX_SCHEMA_BYTES,
     MAX_STOP_CHARS,
@@ -22,6 +21,7 @@ from relay_batches.services.ingest_api.rows.chat_rows import (
     check_params,
     json_depth,
 )
+from relay_batches.errors import invalid
 
 __all__ = [
     "MAX_JSON_DEPTH",

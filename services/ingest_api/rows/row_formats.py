@@ -26,32 +26,25 @@ the line (``body.messages[0].content``, ``params.messages[0].content``) and retu
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Iterable, Sequence
-from typing import Annotated, Any, ClassVar, Literal
+from collections.abc import Container
+from typing import Any
 
 import orjson
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
-from relay_batches.services.ingest_api.rows.chat_rows import (
-    FAST_PARAMS,
+from relay_batches.dialects.anthropic.rows import simple_translation, translate
+from relay_batches.dialects.anthropic.shapes import AnthropicParams
+from relay_batches.dialects.chat import (
     MAX_CUSTOM_ID_CHARS,
     ChatRequest,
-    StopText,
-    TokenCount,
-    TopP,
     check_row,
     plain_messages,
     plain_params,
     stored_request,
 )
-from relay_batches.services.ingest_api.rows.shapes import (
-    FreeObject,
-    NestedObject,
-    Shape,
+from relay_batches.dialects.shapes import (
     first_error,
     is_unicode,
-    tagged,
-    tagged_by,
     unencodable_path,
 )
 from relay_batches.services.ingest_api.rows.validation import (
@@ -92,7 +85,6 @@ _OPENAI_REFUSED = {
         "web_search_options",
     )
 }
-_NOT_TRANSLATED = "cannot be translated to a chat request (Relay runs rows on any provider)"
 _LINE_FIELDS = ("body", "custom_id", "method", "url")
 _PLAIN_CHAT = frozenset({"messages", "model"})
 
@@ -196,161 +188,6 @@ def openai_line_row(
 
 # --- Anthropic -----------------------------------------------------------------------
 
-_CACHE = {"cache_control": "is not supported: Relay does not use prompt caching"}
-
-
-class AnthropicText(Shape):
-    """A text block."""
-
-    NOUN: ClassVar[str] = "a text block"
-    UNSUPPORTED: ClassVar[dict[str, str]] = {**_CACHE, "citations": _NOT_TRANSLATED}
-    type: Literal["text"]
-    text: str
-
-
-class Base64Source(Shape):
-    """An image's bytes, base64."""
-
-    NOUN: ClassVar[str] = "a base64 image source"
-    type: Literal["base64"]
-    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
-    data: str
-
-
-class UrlSource(Shape):
-    """An image by URL."""
-
-    NOUN: ClassVar[str] = "a url image source"
-    type: Literal["url"]
-    url: str
-
-
-class AnthropicImage(Shape):
-    """An image block."""
-
-    NOUN: ClassVar[str] = "an image block"
-    UNSUPPORTED: ClassVar[dict[str, str]] = _CACHE
-    type: Literal["image"]
-    source: Annotated[
-        Annotated[Base64Source, tagged("base64")] | Annotated[UrlSource, tagged("url")],
-        tagged_by("type", ("base64", "url")),
-    ]
-
-
-class ToolUse(Shape):
-    """An assistant's tool call."""
-
-    NOUN: ClassVar[str] = "a tool_use block"
-    UNSUPPORTED: ClassVar[dict[str, str]] = _CACHE
-    type: Literal["tool_use"]
-    id: str
-    name: str
-    input: NestedObject
-
-
-class ToolResult(Shape):
-    """The result of a tool call (text only)."""
-
-    NOUN: ClassVar[str] = "a tool_result block"
-    UNSUPPORTED: ClassVar[dict[str, str]] = _CACHE
-    type: Literal["tool_result"]
-    tool_use_id: str
-    content: str | list[AnthropicText] | None = None
-    is_error: Literal[False] | None = None
-
-
-Block = Annotated[
-    Annotated[AnthropicText, tagged("text")]
-    | Annotated[AnthropicImage, tagged("image")]
-    | Annotated[ToolUse, tagged("tool_use")]
-    | Annotated[ToolResult, tagged("tool_result")],
-    tagged_by("type", ("text", "image", "tool_use", "tool_result"), non_object="text"),
-]
-
-
-class AnthropicMessage(Shape):
-    """One turn: ``user`` or ``assistant``, a string or content blocks."""
-
-    NOUN: ClassVar[str] = "a message"
-    role: Literal["user", "assistant"]
-    content: str | Annotated[list[Block], Field(min_length=1)]
-
-
-class AnthropicTool(Shape):
-    """A client tool: a function with a JSON Schema for its input."""
-
-    NOUN: ClassVar[str] = "a tool"
-    UNSUPPORTED: ClassVar[dict[str, str]] = _CACHE
-    type: Literal["custom"] | None = None
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
-    description: str | None = None
-    input_schema: FreeObject
-
-
-class AutoChoice(Shape):
-    """``tool_choice: {type: auto}``: the model decides."""
-
-    NOUN: ClassVar[str] = "an auto tool_choice"
-    type: Literal["auto"]
-    disable_parallel_tool_use: Literal[False] | None = None
-
-
-class AnyChoice(Shape):
-    """``tool_choice: {type: any}``: the model must call some tool."""
-
-    NOUN: ClassVar[str] = "an any tool_choice"
-    type: Literal["any"]
-    disable_parallel_tool_use: Literal[False] | None = None
-
-
-class NamedToolChoice(Shape):
-    """``tool_choice: {type: tool, name}``: the model must call the tool ``name``."""
-
-    NOUN: ClassVar[str] = "a tool tool_choice"
-    type: Literal["tool"]
-    name: Annotated[str, Field(min_length=1)]
-    disable_parallel_tool_use: Literal[False] | None = None
-
-
-class NoneChoice(Shape):
-    """``tool_choice: {type: none}``: the model must not call tools."""
-
-    NOUN: ClassVar[str] = "a none tool_choice"
-    type: Literal["none"]
-
-
-AnthropicToolChoice = Annotated[
-    Annotated[AutoChoice, tagged("auto")]
-    | Annotated[AnyChoice, tagged("any")]
-    | Annotated[NamedToolChoice, tagged("tool")]
-    | Annotated[NoneChoice, tagged("none")],
-    tagged_by("type", ("auto", "any", "tool", "none")),
-]
-
-
-class AnthropicParams(Shape):
-    """The Messages API parameters of one batch request."""
-
-    NOUN: ClassVar[str] = "the params"
-    UNSUPPORTED: ClassVar[dict[str, str]] = {
-        "thinking": _NOT_TRANSLATED,
-        "top_k": _NOT_TRANSLATED,
-        "container": _NOT_TRANSLATED,
-        "mcp_servers": _NOT_TRANSLATED,
-        "service_tier": _NOT_TRANSLATED,
-        "stream": "is not supported: batch rows are not streamed",
-        "metadata": "is not supported: Relay forwards no end-user id to providers",
-    }
-    model: str
-    max_tokens: TokenCount
-    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
-    system: str | list[AnthropicText] | None = None
-    tools: list[AnthropicTool] | None = None
-    tool_choice: AnthropicToolChoice | None = None
-    stop_sequences: Annotated[list[StopText], Field(min_length=1, max_length=4)] | None = None
-    temperature: TopP | None = None  # Anthropic's range is 0 to 1
-    top_p: TopP | None = None
-
 
 def anthropic_request_row(
     index: int, request: object, limits: SubmitLimits, known_models: Container[str]
@@ -365,145 +202,15 @@ def anthropic_request_row(
     params = request.get("params")
     if type(params) is not dict:
         raise _reject(index, "params", "is required" if params is None else "must be an object")
-    chat = _simple_translation(params)
+    chat = simple_translation(params)
     if chat is None:
         try:
             AnthropicParams.model_validate(params)
         except ValidationError as exc:
             field, message = first_error(exc, params)
             raise _reject(index, f"params.{field}" if field else "params", message) from None
-        chat = _translate(params)
+        chat = translate(params)
     return _chat_row(index, custom_id, chat, "params", limits, known_models)
-
-
-_SIMPLE_PARAMS = frozenset({"model", "max_tokens", "messages", "system", "temperature", "top_p"})
-_ANTHROPIC_ROLES = frozenset({"user", "assistant"})
-_token_count = FAST_PARAMS["max_tokens"]
-_unit = FAST_PARAMS["top_p"]  # Anthropic's temperature is 0 to 1 too
-
-
-def _simple_translation(params: dict[str, Any]) -> dict[str, Any] | None:
-    """The fast path of the common request, which :class:`AnthropicParams` always accepts:
-    string turns of ``user``/``assistant``, a string ``system`` (or none), ``model``, and
-    ``max_tokens``, ``temperature``, ``top_p`` in range; translated as :func:`_translate`
-    does. None for any other request (the model then accepts it or says why)."""
-    if not _SIMPLE_PARAMS.issuperset(params) or type(params.get("model")) is not str:
-        return None
-    messages = params.get("messages")
-    if (
-        type(params.get("system", "")) is not str
-        or type(messages) is not list
-        or not messages
-        or not _token_count(params.get("max_tokens"))
-        or ("temperature" in params and not _unit(params["temperature"]))
-        or ("top_p" in params and not _unit(params["top_p"]))
-    ):
-        return None
-    roles = _ANTHROPIC_ROLES
-    for message in messages:
-        if (
-            type(message) is not dict
-            or len(message) != 2
-            or type(role := message.get("role")) is not str
-            or role not in roles
-            or type(message.get("content")) is not str
-        ):
-            return None
-    turns = messages
-    if "system" in params:
-        turns = [{"role": "system", "content": params["system"]}, *messages]
-    chat = {"model": params["model"], "max_tokens": params["max_tokens"], "messages": turns}
-    for key in ("temperature", "top_p"):
-        if key in params:
-            chat[key] = params[key]
-    return chat
-
-
-def _translate(params: dict[str, Any]) -> dict[str, Any]:
-    """Validated Messages params as a chat request (absent fields stay absent)."""
-    messages: list[dict[str, Any]] = []
-    if (system := params.get("system")) is not None:
-        messages.append({"role": "system", "content": _text(system)})
-    for message in params["messages"]:
-        messages.extend(_turn(message["role"], message["content"]))
-    chat: dict[str, Any] = {
-        "model": params["model"],
-        "max_tokens": params["max_tokens"],
-        "messages": messages,
-    }
-    for key in ("temperature", "top_p"):
-        if params.get(key) is not None:
-            chat[key] = params[key]
-    if params.get("stop_sequences") is not None:
-        chat["stop"] = params["stop_sequences"]
-    if params.get("tools") is not None:
-        chat["tools"] = [_tool(t) for t in params["tools"]]
-    if params.get("tool_choice") is not None:
-        chat["tool_choice"] = _tool_choice(params["tool_choice"])
-    return chat
-
-
-def _text(content: str | Sequence[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    if isinstance(content, str):
-        return content
-    return [{"type": "text", "text": block["text"]} for block in content]
-
-
-def _turn(role: str, content: str | list[dict[str, Any]]) -> Iterable[dict[str, Any]]:
-    """One Anthropic turn as chat messages: tool results become ``tool`` messages, in
-    place; an assistant's ``tool_use`` blocks its ``tool_calls``."""
-    if isinstance(content, str):
-        yield {"role": role, "content": content}
-        return
-    parts: list[dict[str, Any]] = []
-    calls: list[dict[str, Any]] = []
-    for block in content:
-        kind = block["type"]
-        if kind == "text":
-            parts.append({"type": "text", "text": block["text"]})
-        elif kind == "image":
-            parts.append({"type": "image_url", "image_url": {"url": _image_url(block["source"])}})
-        elif kind == "tool_use":
-            arguments = orjson.dumps(block["input"]).decode()  # depth bounded: encodable
-            function = {"name": block["name"], "arguments": arguments}
-            calls.append({"id": block["id"], "type": "function", "function": function})
-        else:  # tool_result: what came before it is one message, the result the next
-            if parts:
-                yield {"role": role, "content": parts}
-                parts = []
-            result = block.get("content")
-            yield {
-                "role": "tool",
-                "tool_call_id": block["tool_use_id"],
-                "content": "" if result is None else _text(result),
-            }
-    if calls:
-        message: dict[str, Any] = {"role": role, "tool_calls": calls}
-        if parts:
-            message["content"] = parts
-        yield message
-    elif parts:
-        yield {"role": role, "content": parts}
-
-
-def _image_url(source: dict[str, Any]) -> str:
-    if source["type"] == "url":
-        return str(source["url"])
-    return f"data:{source['media_type']};base64,{source['data']}"
-
-
-def _tool(tool: dict[str, Any]) -> dict[str, Any]:
-    function = {"name": tool["name"], "parameters": tool["input_schema"]}
-    if tool.get("description") is not None:
-        function["description"] = tool["description"]
-    return {"type": "function", "function": function}
-
-
-def _tool_choice(choice: dict[str, Any]) -> object:
-    kind = choice["type"]
-    if kind == "tool":
-        return {"type": "function", "function": {"name": choice["name"]}}
-    return {"auto": "auto", "any": "required", "none": "none"}[kind]
 
 
 __all__ = ["anthropic_request_row", "check_unique_ids", "openai_line_row"]

@@ -30,9 +30,7 @@ from urllib.parse import urlsplit
 import orjson
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from relay_batches.durations import SPELLING, parse_duration
-from relay_batches.errors import ApiError, invalid
-from relay_batches.services.ingest_api.rows.chat_rows import (
+from relay_batches.dialects.chat import (
     MAX_CUSTOM_ID_CHARS,
     ROLES,
     RequestRow,
@@ -43,6 +41,8 @@ from relay_batches.services.ingest_api.rows.chat_rows import (
     stored_request,
     unencodable_path,
 )
+from relay_batches.durations import SPELLING, parse_duration
+from relay_batches.errors import ApiError, invalid
 from relay_batches.services.ingest_api.rows.params import validate_params
 from relay_batches.services.ingest_api.rows.scan import WINDOW_BYTES, JsonScanner, NotJson
 

@@ -17,6 +17,13 @@ from datetime import UTC, datetime
 import orjson
 from aiohttp import web
 
+from relay_batches.dialects.anthropic.render import (
+    BATCHES_PATH,
+    batch_object,
+    job_id_of,
+    public_id,
+    result_line,
+)
 from relay_batches.errors import ApiError, ConflictError, invalid
 from relay_batches.ledger.deletion import Deleted, JobDeletion, StillLive
 from relay_batches.ledger.idempotency import IdempotencyClaim, KeyTaken
@@ -29,14 +36,8 @@ from relay_batches.services.ingest_api.edge.idempotency import HEADER, claim_for
 from relay_batches.services.ingest_api.edge.middleware import STREAMING, WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.edge.paging import page_limit
 from relay_batches.services.ingest_api.submit import submit_one
+from relay_batches.services.ingest_api.surfaces.anthropic import PREFIX
 from relay_batches.services.ingest_api.surfaces.anthropic.create import plan_batch
-from relay_batches.services.ingest_api.surfaces.anthropic.render import (
-    BATCHES,
-    batch_object,
-    job_id_of,
-    public_id,
-    result_line,
-)
 
 log = logging.getLogger("relay.ingest_api")
 
@@ -44,6 +45,8 @@ JSON = "application/json"
 JSONL = "application/x-jsonl"
 DEFAULT_PAGE = 20
 MAX_PAGE = 1000
+
+BATCHES = BATCHES_PATH.removeprefix(PREFIX)  # the route within this sub-application
 
 
 def add_anthropic_routes(app: web.Application) -> None:

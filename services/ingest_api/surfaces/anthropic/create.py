@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterator
 from datetime import datetime
 
+from relay_batches.dialects.anthropic.render import EXPIRY
 from relay_batches.errors import ApiError, invalid
 from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.ingest_api.rows.row_formats import anthropic_request_row
@@ -29,7 +30,6 @@ from relay_batches.services.ingest_api.rows.validation import (
     sized_elements,
 )
 from relay_batches.services.ingest_api.submit import PlannedJob, plan_job, row_models
-from relay_batches.services.ingest_api.surfaces.anthropic.render import EXPIRY
 
 BODY_FIELDS = ("requests",)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay_batches.services.ingest_api.surfaces.anthropic.render import BATCHES_PATH
-from relay_batches.services.ingest_api.surfaces.anthropic.shapes import (
+from relay_batches.dialects.anthropic.render import BATCHES_PATH
+from relay_batches.dialects.anthropic.shapes import (
     AnthropicCreateBatch,
     AnthropicDeletedMessageBatch,
     AnthropicError,

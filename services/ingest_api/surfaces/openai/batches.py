@@ -23,6 +23,17 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from relay_batches.dialects.openai.shapes import (
+    CHAT_ENDPOINT,
+    BatchStatus,
+    OpenAIBatch,
+    OpenAIBatchErrors,
+    OpenAIBatchList,
+    OpenAIBatchUsage,
+    OpenAICreateBatch,
+    OpenAIRequestCounts,
+    validation_error,
+)
 from relay_batches.errors import ApiError, ConflictError, invalid
 from relay_batches.ids import is_valid_id, new_id
 from relay_batches.ledger.files import INPUT_PURPOSE, BatchLink, LinkedBatch
@@ -51,17 +62,6 @@ from relay_batches.services.ingest_api.surfaces.openai.output import (
     OUTPUT,
     output_file,
     output_files,
-)
-from relay_batches.services.ingest_api.surfaces.openai.shapes import (
-    CHAT_ENDPOINT,
-    BatchStatus,
-    OpenAIBatch,
-    OpenAIBatchErrors,
-    OpenAIBatchList,
-    OpenAIBatchUsage,
-    OpenAICreateBatch,
-    OpenAIRequestCounts,
-    validation_error,
 )
 
 log = logging.getLogger("relay.ingest_api")

@@ -35,6 +35,11 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.multipart import BadContentDispositionHeader, BadContentDispositionParam
 
+from relay_batches.dialects.openai.shapes import (
+    OpenAIFile,
+    OpenAIFileDeleted,
+    OpenAIFileList,
+)
 from relay_batches.errors import ApiError, invalid
 from relay_batches.ids import is_valid_id, new_id
 from relay_batches.ledger.files import INPUT_PURPOSE, OUTPUT_PURPOSE, StoredFile
@@ -56,11 +61,6 @@ from relay_batches.services.ingest_api.surfaces.openai.output import (
     kind_of,
     output_file,
     rendered,
-)
-from relay_batches.services.ingest_api.surfaces.openai.shapes import (
-    OpenAIFile,
-    OpenAIFileDeleted,
-    OpenAIFileList,
 )
 
 FILE_PREFIX = "file-"

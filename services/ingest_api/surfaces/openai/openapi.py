@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay_batches.services.ingest_api.surfaces.openai.shapes import (
+from relay_batches.dialects.openai.shapes import (
     OpenAIBatch,
     OpenAIBatchList,
     OpenAICreateBatch,

@@ -11,13 +11,15 @@ names in the one document every surface shares.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from relay_batches.services.ingest_api.rows.row_formats import AnthropicParams
+from relay_batches.dialects.chat import StopText, TokenCount, TopP
+from relay_batches.dialects.shapes import FreeObject, NestedObject, Shape, tagged, tagged_by
 
 CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+_NOT_TRANSLATED = "cannot be translated to a chat request (Relay runs rows on any provider)"
 ProcessingStatus = Literal["in_progress", "canceling", "ended"]
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "refusal"]
 # The error types of Anthropic's error object (its SDK's ErrorObject union).
@@ -33,6 +35,167 @@ ErrorType = Literal[
     "overloaded_error",
     "request_too_large",
 ]
+
+
+# --- requests: the Messages API parameters of one batch request ---------------------
+
+_CACHE = {"cache_control": "is not supported: Relay does not use prompt caching"}
+
+
+class AnthropicText(Shape):
+    """A text block."""
+
+    NOUN: ClassVar[str] = "a text block"
+    UNSUPPORTED: ClassVar[dict[str, str]] = {**_CACHE, "citations": _NOT_TRANSLATED}
+    type: Literal["text"]
+    text: str
+
+
+class Base64Source(Shape):
+    """An image's bytes, base64."""
+
+    NOUN: ClassVar[str] = "a base64 image source"
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class UrlSource(Shape):
+    """An image by URL."""
+
+    NOUN: ClassVar[str] = "a url image source"
+    type: Literal["url"]
+    url: str
+
+
+class AnthropicImage(Shape):
+    """An image block."""
+
+    NOUN: ClassVar[str] = "an image block"
+    UNSUPPORTED: ClassVar[dict[str, str]] = _CACHE
+    type: Literal["image"]
+    source: Annotated[
+        Annotated[Base64Source, tagged("base64")] | Annotated[UrlSource, tagged("url")],
+        tagged_by("type", ("base64", "url")),
+    ]
+
+
+class ToolUse(Shape):
+    """An assistant's tool call."""
+
+    NOUN: ClassVar[str] = "a tool_use block"
+    UNSUPPORTED: ClassVar[dict[str, str]] = _CACHE
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: NestedObject
+
+
+class ToolResult(Shape):
+    """The result of a tool call (text only)."""
+
+    NOUN: ClassVar[str] = "a tool_result block"
+    UNSUPPORTED: ClassVar[dict[str, str]] = _CACHE
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[AnthropicText] | None = None
+    is_error: Literal[False] | None = None
+
+
+Block = Annotated[
+    Annotated[AnthropicText, tagged("text")]
+    | Annotated[AnthropicImage, tagged("image")]
+    | Annotated[ToolUse, tagged("tool_use")]
+    | Annotated[ToolResult, tagged("tool_result")],
+    tagged_by("type", ("text", "image", "tool_use", "tool_result"), non_object="text"),
+]
+
+
+class AnthropicMessage(Shape):
+    """One turn: ``user`` or ``assistant``, a string or content blocks."""
+
+    NOUN: ClassVar[str] = "a message"
+    role: Literal["user", "assistant"]
+    content: str | Annotated[list[Block], Field(min_length=1)]
+
+
+class AnthropicTool(Shape):
+    """A client tool: a function with a JSON Schema for its input."""
+
+    NOUN: ClassVar[str] = "a tool"
+    UNSUPPORTED: ClassVar[dict[str, str]] = _CACHE
+    type: Literal["custom"] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+    description: str | None = None
+    input_schema: FreeObject
+
+
+class AutoChoice(Shape):
+    """``tool_choice: {type: auto}``: the model decides."""
+
+    NOUN: ClassVar[str] = "an auto tool_choice"
+    type: Literal["auto"]
+    disable_parallel_tool_use: Literal[False] | None = None
+
+
+class AnyChoice(Shape):
+    """``tool_choice: {type: any}``: the model must call some tool."""
+
+    NOUN: ClassVar[str] = "an any tool_choice"
+    type: Literal["any"]
+    disable_parallel_tool_use: Literal[False] | None = None
+
+
+class NamedToolChoice(Shape):
+    """``tool_choice: {type: tool, name}``: the model must call the tool ``name``."""
+
+    NOUN: ClassVar[str] = "a tool tool_choice"
+    type: Literal["tool"]
+    name: Annotated[str, Field(min_length=1)]
+    disable_parallel_tool_use: Literal[False] | None = None
+
+
+class NoneChoice(Shape):
+    """``tool_choice: {type: none}``: the model must not call tools."""
+
+    NOUN: ClassVar[str] = "a none tool_choice"
+    type: Literal["none"]
+
+
+AnthropicToolChoice = Annotated[
+    Annotated[AutoChoice, tagged("auto")]
+    | Annotated[AnyChoice, tagged("any")]
+    | Annotated[NamedToolChoice, tagged("tool")]
+    | Annotated[NoneChoice, tagged("none")],
+    tagged_by("type", ("auto", "any", "tool", "none")),
+]
+
+
+class AnthropicParams(Shape):
+    """The Messages API parameters of one batch request."""
+
+    NOUN: ClassVar[str] = "the params"
+    UNSUPPORTED: ClassVar[dict[str, str]] = {
+        "thinking": _NOT_TRANSLATED,
+        "top_k": _NOT_TRANSLATED,
+        "container": _NOT_TRANSLATED,
+        "mcp_servers": _NOT_TRANSLATED,
+        "service_tier": _NOT_TRANSLATED,
+        "stream": "is not supported: batch rows are not streamed",
+        "metadata": "is not supported: Relay forwards no end-user id to providers",
+    }
+    model: str
+    max_tokens: TokenCount
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    system: str | list[AnthropicText] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    stop_sequences: Annotated[list[StopText], Field(min_length=1, max_length=4)] | None = None
+    temperature: TopP | None = None  # Anthropic's range is 0 to 1
+    top_p: TopP | None = None
+
+
+# --- answers ---------------------------------------------------------------------------
 
 
 class _Response(BaseModel):

@@ -29,22 +29,20 @@ from typing import Any
 
 import orjson
 
-from relay_batches.ids import is_valid_id
-from relay_batches.ledger.jobs import AnsweredRow
-from relay_batches.model import TERMINAL, Job, JobStatus
-from relay_batches.services.ingest_api.surfaces.anthropic import PREFIX
-from relay_batches.services.ingest_api.surfaces.anthropic.shapes import (
+from relay_batches.dialects.anthropic.shapes import (
     AnthropicMessageBatch,
     AnthropicRequestCounts,
     ErrorType,
     ProcessingStatus,
     StopReason,
 )
+from relay_batches.ids import is_valid_id
+from relay_batches.ledger.jobs import AnsweredRow
+from relay_batches.model import TERMINAL, Job, JobStatus
 from relay_batches.tool_calls import stored_tool_calls
 
 ID_PREFIX = "msgbatch_"
-BATCHES = "/messages/batches"  # within the surface
-BATCHES_PATH = f"{PREFIX}{BATCHES}"
+BATCHES_PATH = "/anthropic/v1/messages/batches"  # where Relay serves them
 EXPIRY = timedelta(hours=24)  # Anthropic batches end 24 hours after they are created
 
 STOP_REASONS: dict[str, StopReason] = {

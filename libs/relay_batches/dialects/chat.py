@@ -3,7 +3,7 @@
 One set of models is the rule for every row, whatever the surface: :class:`RequestRow`
 (a native ``requests[i]``), :class:`ChatRequest` (a dialect's translated request) and
 :class:`Params` (the job-level ``params``, the same parameters). Their JSON Schemas are
-the OpenAPI document's ``RequestRow``, ``Message`` and ``Params`` (:func:`openapi_fragment`).
+the OpenAPI document's ``RequestRow``, ``Message`` and ``Params``.
 
 Models are strict (no coercion: ``"1"`` is not an integer) and refuse unknown keys with
 a message listing the known ones (the plumbing is :mod:`.shapes`). :func:`check_row`
@@ -35,7 +35,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from relay_batches.services.ingest_api.rows.shapes import (
+from relay_batches.dialects.shapes import (
     MAX_JSON_DEPTH,
     MAX_SCHEMA_BYTES,
     FreeObject,
@@ -490,14 +490,3 @@ def _without_nulls(message: object) -> object:
 
 def _quote(value: str, limit: int = 64) -> str:
     return repr(value if len(value) <= limit else value[:limit] + "…")
-
-
-# --- OpenAPI -------------------------------------------------------------------------
-
-
-def openapi_fragment() -> dict[str, dict[str, Any]]:
-    """``RequestRow``, ``Message``, ``Params`` and what they use, for the served document."""
-    # Imported here: openapi.py lists this function among its fragments.
-    from relay_batches.services.ingest_api.openapi import model_schemas
-
-    return {"schemas": model_schemas(RequestRow, Message, Params)}
