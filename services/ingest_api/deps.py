@@ -16,7 +16,9 @@ from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job
 from relay_batches.services.ingest_api.edge.body import BodyGate
-from relay_batches.services.ingest_api.rows.validation import SubmitLimits
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+)
 
 
 @dataclass(frozen=True)

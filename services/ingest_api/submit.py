@@ -21,12 +21,14 @@ from relay_batches.ledger.jobs import NewJob
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import Job, JobStatus
 from relay_batches.services.ingest_api.deps import ApiDeps
-from relay_batches.services.ingest_api.rows.validation import (
+from relay_batches.services.ingest_api.rows.job_fields import (
     BatchOptions,
+    validate_batch_options,
+)
+from relay_batches.services.ingest_api.rows.validation import (
     KnownModels,
     RowInput,
     scan_submit,
-    validate_batch_options,
 )
 
 log = logging.getLogger("relay.ingest_api")

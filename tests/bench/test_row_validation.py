@@ -22,7 +22,10 @@ from typing import Any
 import orjson
 
 from relay_batches.services.ingest_api.rows.files import parse_upload_file
-from relay_batches.services.ingest_api.rows.validation import SubmitLimits, scan_submit
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+    scan_submit,
+)
 from relay_batches.services.ingest_api.surfaces.anthropic.create import scan_requests
 from tests.bench.harness import RUNS, Figure, busy_share, machine_ticks
 

@@ -6,7 +6,9 @@ import orjson
 import pytest
 
 from relay_batches.errors import ApiError
-from relay_batches.services.ingest_api.rows.validation import SubmitLimits
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+)
 from relay_batches.services.ingest_api.surfaces.anthropic.create import scan_requests
 
 

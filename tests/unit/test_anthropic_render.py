@@ -35,7 +35,9 @@ from relay_batches.errors import ApiError
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import Job, JobStatus
 from relay_batches.services.ingest_api.openapi import load_document
-from relay_batches.services.ingest_api.rows.validation import SubmitLimits
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+)
 from relay_batches.services.ingest_api.surfaces.anthropic.create import scan_requests
 from relay_batches.services.ingest_api.surfaces.anthropic.errors import anthropic_error
 

@@ -11,13 +11,15 @@ import pytest
 
 from relay_batches.errors import ApiError
 from relay_batches.model import Job, JobStatus
-from relay_batches.services.ingest_api.rows.validation import (
+from relay_batches.services.ingest_api.rows.job_fields import (
     BatchOptions,
-    SubmitLimits,
     completion_window,
-    scan_submit,
     validate_batch_options,
     validate_metadata,
+)
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+    scan_submit,
     validate_submit,
 )
 from relay_batches.services.ingest_api.submit import plan_job

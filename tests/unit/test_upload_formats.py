@@ -16,10 +16,12 @@ from relay_batches.services.ingest_api.rows.files import (
     file_format,
     parse_upload_file,
 )
+from relay_batches.services.ingest_api.rows.job_fields import (
+    validate_batch_options,
+)
 from relay_batches.services.ingest_api.rows.validation import (
     RowInput,
     SubmitLimits,
-    validate_batch_options,
 )
 from relay_batches.services.ingest_api.surfaces.native.upload import (
     clean_filename,

@@ -9,8 +9,14 @@ import orjson
 import pytest
 
 from relay_batches.errors import ApiError
-from relay_batches.services.ingest_api.rows.validation import (
+from relay_batches.services.ingest_api.rows.job_fields import (
     BatchOptions,
+    parse_budget_field,
+    parse_priority_field,
+    validate_budget,
+    validate_cron,
+)
+from relay_batches.services.ingest_api.rows.validation import (
     BatchSpec,
     KnownModels,
     RowError,
@@ -18,13 +24,9 @@ from relay_batches.services.ingest_api.rows.validation import (
     RowRejected,
     SubmitLimits,
     decode_json_object,
-    parse_budget_field,
-    parse_priority_field,
     request_rows,
     row_api_error,
     scan_submit,
-    validate_budget,
-    validate_cron,
     validate_submit,
 )
 

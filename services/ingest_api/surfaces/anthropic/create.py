@@ -17,10 +17,12 @@ from datetime import datetime
 from relay_batches.dialects.anthropic.render import EXPIRY
 from relay_batches.errors import ApiError, invalid
 from relay_batches.services.ingest_api.deps import ApiDeps
+from relay_batches.services.ingest_api.rows.job_fields import (
+    BatchOptions,
+)
 from relay_batches.services.ingest_api.rows.row_formats import anthropic_request_row
 from relay_batches.services.ingest_api.rows.scan import JsonScanner, NotJson
 from relay_batches.services.ingest_api.rows.validation import (
-    BatchOptions,
     RowInput,
     RowRejected,
     SubmitLimits,

@@ -27,7 +27,9 @@ from relay_batches.services.ingest_api.edge.idempotency import (
 )
 from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.edge.paging import page_limit
-from relay_batches.services.ingest_api.rows.validation import decode_json_object
+from relay_batches.services.ingest_api.rows.validation import (
+    decode_json_object,
+)
 from relay_batches.services.ingest_api.submit import plan_submission, submit_one, wake
 from relay_batches.services.ingest_api.surfaces.native.results import (
     dead_letter_object,

@@ -54,14 +54,16 @@ from relay_batches.services.ingest_api.edge.idempotency import (
 )
 from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.rows.files import FileReader, LineError
-from relay_batches.services.ingest_api.rows.validation import (
+from relay_batches.services.ingest_api.rows.job_fields import (
     JOB_FIELDS,
     MAX_NAME_CHARS,
     BatchOptions,
-    RowInput,
     parse_budget_field,
     parse_priority_field,
     validate_batch_options,
+)
+from relay_batches.services.ingest_api.rows.validation import (
+    RowInput,
 )
 from relay_batches.services.ingest_api.submit import (
     announce_created,

@@ -45,7 +45,7 @@ from relay_batches.services.ingest_api.edge.body import read_body
 from relay_batches.services.ingest_api.edge.idempotency import HEADER, claim_for
 from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.edge.paging import page_limit
-from relay_batches.services.ingest_api.rows.validation import (
+from relay_batches.services.ingest_api.rows.job_fields import (
     MAX_NAME_CHARS,
     BatchOptions,
     completion_window,

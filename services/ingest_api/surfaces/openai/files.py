@@ -54,7 +54,9 @@ from relay_batches.services.ingest_api.edge.body import (
 from relay_batches.services.ingest_api.edge.middleware import STREAMING, WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.edge.paging import page_limit
 from relay_batches.services.ingest_api.rows.openai_file import LineReader
-from relay_batches.services.ingest_api.rows.validation import KnownModels
+from relay_batches.services.ingest_api.rows.validation import (
+    KnownModels,
+)
 from relay_batches.services.ingest_api.surfaces.native.upload import clean_filename
 from relay_batches.services.ingest_api.surfaces.openai.output import (
     filename_of,
