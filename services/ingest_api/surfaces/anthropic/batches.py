@@ -10,9 +10,7 @@ Errors are Anthropic's error object (:mod:`.middleware`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from datetime import UTC, datetime
 
 import orjson
 from aiohttp import web
@@ -26,16 +24,16 @@ from relay_batches.dialects.anthropic.render import (
 )
 from relay_batches.errors import ApiError, ConflictError, invalid
 from relay_batches.ledger.deletion import Deleted, JobDeletion, StillLive
-from relay_batches.ledger.idempotency import IdempotencyClaim, KeyTaken
+from relay_batches.ledger.idempotency import IdempotencyClaim
 from relay_batches.ledger.job_window import JobWindow
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import CANCELABLE, TERMINAL, Job
+from relay_batches.services.ingest_api.create import Creation, as_read, create, one_job, read_json
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
-from relay_batches.services.ingest_api.edge.body import read_body
-from relay_batches.services.ingest_api.edge.idempotency import HEADER, claim_for
+from relay_batches.services.ingest_api.edge.idempotency import HEADER
 from relay_batches.services.ingest_api.edge.middleware import STREAMING, WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.edge.paging import page_limit
-from relay_batches.services.ingest_api.submit import submit_one
+from relay_batches.services.ingest_api.submit import store_one
 from relay_batches.services.ingest_api.surfaces.anthropic import PREFIX
 from relay_batches.services.ingest_api.surfaces.anthropic.create import plan_batch
 
@@ -70,35 +68,14 @@ def _answer(request: web.Request, job: Job) -> web.Response:
 
 async def create_batch(request: web.Request) -> web.Response:
     """``POST``: translate the requests, store the job with COPY, wake a dispatcher."""
-    deps = request.app[DEPS]
-    workspace_id = request[WORKSPACE_ID]
-    async with deps.body_gate.admit(workspace_id) as ticket:  # a large body holds its slot
-        raw = await read_body(request, JSON, deps.max_json_body_bytes, ticket)
-        claim = claim_for(request, workspace_id, raw)
-        if (replayed := await _replayed(request, deps, claim)) is not None:
-            return replayed
-        now = datetime.now(UTC)
-        loop = asyncio.get_running_loop()
-        planned = await loop.run_in_executor(
-            deps.parser_for(ticket.large), plan_batch, raw, deps, workspace_id, now
-        )
-        del raw  # the translated rows are all that is kept while they are stored
-        try:
-            job = await submit_one(deps, planned, claim)
-        except KeyTaken:
-            if (replayed := await _replayed(request, deps, claim)) is not None:
-                return replayed
-            raise ApiError(409, "a concurrent request holds this key") from None
-    return _answer(request, job)
+    return await create(request, CREATE)
 
 
 async def _replayed(
-    request: web.Request, deps: ApiDeps, claim: IdempotencyClaim | None
+    request: web.Request, deps: ApiDeps, claim: IdempotencyClaim
 ) -> web.Response | None:
     """The batch a first request with this ``Idempotency-Key`` created, as it is now;
     None when the key is new. The stored response names the job (native shape)."""
-    if claim is None:
-        return None
     stored = await deps.idempotency.find(claim.workspace_id, claim.key)
     if stored is None:
         return None
@@ -110,6 +87,9 @@ async def _replayed(
     response = _answer(request, job)
     response.headers["Idempotent-Replayed"] = "true"
     return response
+
+
+CREATE = Creation(read_json, as_read, plan_batch, store_one, one_job, _answer, _replayed, _replayed)
 
 
 async def _find(request: web.Request) -> Job:

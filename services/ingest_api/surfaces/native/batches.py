@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Set
-from datetime import UTC, datetime
 
 import orjson
 from aiohttp import web
@@ -18,6 +16,7 @@ from relay_batches.ledger.job_retry import NothingToRetry, RetryRows
 from relay_batches.ledger.job_stats import JobStatsStore
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import PAUSABLE, TERMINAL, Job, JobStatus
+from relay_batches.services.ingest_api.create import Creation, as_read, create, one_job, read_json
 from relay_batches.services.ingest_api.deps import DEPS
 from relay_batches.services.ingest_api.edge.body import read_body
 from relay_batches.services.ingest_api.edge.idempotency import (
@@ -30,7 +29,7 @@ from relay_batches.services.ingest_api.edge.paging import page_limit
 from relay_batches.services.ingest_api.rows.validation import (
     decode_json_object,
 )
-from relay_batches.services.ingest_api.submit import plan_submission, submit_one, wake
+from relay_batches.services.ingest_api.submit import plan_submission, store_one, wake
 from relay_batches.services.ingest_api.surfaces.native.results import (
     dead_letter_object,
     partial_flag,
@@ -65,24 +64,14 @@ def add_batch_routes(app: web.Application) -> None:
 
 async def create_batch(request: web.Request) -> web.Response:
     """``POST /v1/batches``: validate, store rows with COPY, wake a dispatcher."""
-    deps = request.app[DEPS]
-    workspace_id = request[WORKSPACE_ID]
-    async with deps.body_gate.admit(workspace_id) as ticket:  # a large body holds its slot
-        raw = await read_body(request, JSON, deps.max_json_body_bytes, ticket)
-        claim = claim_for(request, workspace_id, raw)
-        if (replayed := await stored_response(deps.idempotency, claim)) is not None:
-            return replayed
-        now = datetime.now(UTC)
-        loop = asyncio.get_running_loop()
-        planned = await loop.run_in_executor(
-            deps.parser_for(ticket.large), plan_submission, raw, deps, workspace_id, now
-        )
-        del raw  # the validated rows are all that is kept while they are stored
-        try:
-            job = await submit_one(deps, planned, claim)
-        except KeyTaken:
-            return await raced_response(deps.idempotency, claim)
+    return await create(request, CREATE)
+
+
+def _created(_: web.Request, job: Job) -> web.Response:
     return json_response(batch_object(job), status=201)
+
+
+CREATE = Creation(read_json, as_read, plan_submission, store_one, one_job, _created)
 
 
 def batch_object(job: Job) -> dict[str, object]:

@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import tempfile
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
@@ -37,22 +37,18 @@ from aiohttp.multipart import BadContentDispositionHeader, BadContentDisposition
 
 from relay_batches.errors import ApiError, invalid
 from relay_batches.ids import new_id
-from relay_batches.ledger.idempotency import KeyTaken
+from relay_batches.ledger.idempotency import IdempotencyClaim
 from relay_batches.ledger.jobs import JobWriter
 from relay_batches.model import Job
-from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
+from relay_batches.services.ingest_api.create import Creation, create
+from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.ingest_api.edge.body import (
     BodyTicket,
     body_errors,
     check_body,
     too_large,
 )
-from relay_batches.services.ingest_api.edge.idempotency import (
-    claim_for,
-    raced_response,
-    stored_response,
-)
-from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID, json_response
+from relay_batches.services.ingest_api.edge.middleware import json_response
 from relay_batches.services.ingest_api.rows.files import FileReader, LineError
 from relay_batches.services.ingest_api.rows.job_fields import (
     JOB_FIELDS,
@@ -66,7 +62,6 @@ from relay_batches.services.ingest_api.rows.validation import (
     RowInput,
 )
 from relay_batches.services.ingest_api.submit import (
-    announce_created,
     job_fields,
     plan_job,
     row_models,
@@ -110,31 +105,49 @@ def add_upload_routes(app: web.Application) -> None:
 
 async def upload_batches(request: web.Request) -> web.Response:
     """Create one job per uploaded file; ``201 {object: list, data: [batch, …]}``."""
-    deps = request.app[DEPS]
-    workspace_id = request[WORKSPACE_ID]
-    async with deps.body_gate.admit(workspace_id) as ticket:  # a large body holds its slot
-        with ExitStack() as spools:
-            form = await read_upload_form(request, deps.max_body_bytes, ticket, spools, deps)
-            claim = claim_for(request, workspace_id, canonical_form(form))
-            if (replayed := await stored_response(deps.idempotency, claim)) is not None:
-                return replayed
-            payload, options = form_options(form, deps)
-            now = datetime.now(UTC)
-            try:
-                async with deps.jobs.streaming() as writer:
-                    batches = await store_upload(
-                        writer, form, payload, options, deps, workspace_id, now, ticket.large
-                    )
-                    if claim is not None:
-                        await writer.record(claim, _listing(batches))
-            except KeyTaken:
-                return await raced_response(deps.idempotency, claim)
-    for job in batches:
-        await announce_created(deps, job)
+    return await create(request, CREATE)
+
+
+async def _read(
+    request: web.Request, deps: ApiDeps, ticket: BodyTicket, spools: ExitStack
+) -> UploadForm:
+    return await read_upload_form(request, deps.max_body_bytes, ticket, spools, deps)
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A form whose job-level fields are checked, with who asked and when."""
+
+    form: UploadForm
+    payload: dict[str, object]
+    options: BatchOptions | None
+    workspace_id: str
+    now: datetime
+
+
+def _plan(form: UploadForm, deps: ApiDeps, workspace_id: str, now: datetime) -> _Planned:
+    payload, options = form_options(form, deps)
+    return _Planned(form, payload, options, workspace_id, now)
+
+
+async def _store(
+    deps: ApiDeps, plan: _Planned, claim: IdempotencyClaim | None, large: bool
+) -> list[Job]:
+    """Every file's job, stored in one transaction with ``claim``'s response."""
+    async with deps.jobs.streaming() as writer:
+        batches = await store_upload(
+            writer, plan.form, plan.payload, plan.options, deps, plan.workspace_id, plan.now, large
+        )
+        if claim is not None:
+            await writer.record(claim, _listing(batches))
+    return batches
+
+
+def _answer(_: web.Request, batches: list[Job]) -> web.Response:
     return json_response(_listing(batches), status=201)
 
 
-def _listing(batches: list[Job]) -> dict[str, object]:
+def _listing(batches: Sequence[Job]) -> dict[str, object]:
     return {"object": "list", "data": [b.to_api() for b in batches]}
 
 
@@ -457,3 +470,6 @@ def job_name(name: str | None, filename: str, files: int) -> str:
     else:
         full = f"{name} — {filename}"
     return full[:MAX_NAME_CHARS]
+
+
+CREATE = Creation(_read, canonical_form, _plan, _store, list, _answer)

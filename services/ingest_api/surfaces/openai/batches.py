@@ -16,8 +16,9 @@ validation gives a ``failed`` batch with its ``errors`` (line numbers).
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from datetime import UTC, datetime
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
 import orjson
 from aiohttp import web
@@ -37,12 +38,13 @@ from relay_batches.dialects.openai.shapes import (
 from relay_batches.errors import ApiError, ConflictError, invalid
 from relay_batches.ids import is_valid_id, new_id
 from relay_batches.ledger.files import INPUT_PURPOSE, BatchLink, LinkedBatch
-from relay_batches.ledger.idempotency import KeyTaken
+from relay_batches.ledger.idempotency import IdempotencyClaim
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import TERMINAL, JobStatus
+from relay_batches.services.ingest_api.create import Creation, as_read, create
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
-from relay_batches.services.ingest_api.edge.body import read_body
-from relay_batches.services.ingest_api.edge.idempotency import HEADER, claim_for
+from relay_batches.services.ingest_api.edge.body import BodyTicket, read_body
+from relay_batches.services.ingest_api.edge.idempotency import HEADER
 from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.edge.paging import page_limit
 from relay_batches.services.ingest_api.rows.job_fields import (
@@ -52,7 +54,6 @@ from relay_batches.services.ingest_api.rows.job_fields import (
     validate_metadata,
 )
 from relay_batches.services.ingest_api.submit import (
-    announce_created,
     job_fields,
     plan_stored_job,
 )
@@ -173,22 +174,40 @@ def parse_create(raw: bytes | bytearray) -> OpenAICreateBatch:
 async def create_batch(request: web.Request) -> web.Response:
     """``POST /batches``: a job over the input file's rows, queued at once; a file that
     failed validation gives a ``failed`` batch with its errors."""
-    deps = request.app[DEPS]
-    workspace_id = request[WORKSPACE_ID]
-    async with deps.body_gate.admit(workspace_id) as ticket:
-        raw = await read_body(request, JSON, MAX_CREATE_BYTES, ticket)
-    claim = claim_for(request, workspace_id, raw)
-    if claim is not None and (replayed := await _replayed(deps, workspace_id, claim.key)):
-        _check_same(replayed[1], claim.request_hash, claim.key)
-        return replayed[0]
+    return await create(request, CREATE)
+
+
+async def _read(request: web.Request, deps: ApiDeps, ticket: BodyTicket, _: ExitStack) -> bytearray:
+    return await read_body(request, JSON, MAX_CREATE_BYTES, ticket)
+
+
+@dataclass(frozen=True)
+class _Create:
+    """A validated create body, with who asked and when."""
+
+    body: OpenAICreateBatch
+    window: timedelta
+    metadata: str | None
+    workspace_id: str
+    now: datetime
+
+
+def _plan(raw: bytearray, deps: ApiDeps, workspace_id: str, now: datetime) -> _Create:
     body = parse_create(raw)
     window = completion_window(body.completion_window, "completion_window")
-    metadata = validate_metadata(body.metadata)
+    return _Create(body, window, validate_metadata(body.metadata), workspace_id, now)
+
+
+async def _store(
+    deps: ApiDeps, plan: _Create, claim: IdempotencyClaim | None, _: bool
+) -> LinkedBatch:
+    """The job over the input file's rows and its link, stored with ``claim``."""
+    body, window, metadata = plan.body, plan.window, plan.metadata
+    workspace_id, now = plan.workspace_id, plan.now
     hex_id = file_hex(body.input_file_id)
     stored = None if hex_id is None else await deps.files.get(workspace_id, hex_id)
     if stored is None or stored.purpose != INPUT_PURPOSE:
         raise ApiError(404, f"No such input file: {body.input_file_id[:80]!r}", "input_file_id")
-    now = datetime.now(UTC)
     name = stored.filename[:MAX_NAME_CHARS] or None
     if stored.line_errors is None:
         options = job_fields({"model": stored.model, "name": name}, deps)
@@ -209,20 +228,42 @@ async def create_batch(request: web.Request) -> web.Response:
         stored.line_errors,
     )
     linked: LinkedBatch | None
-    try:
-        if stored.line_errors is not None:
-            linked = await deps.files.create_failed(planned.new, link, claim)
-        else:
-            linked = await deps.files.create_linked(planned.new, link, claim)
-    except KeyTaken:
-        raced = await _replayed(deps, workspace_id, claim.key if claim else "")
-        if raced is None:
-            raise ApiError(409, "a concurrent request holds this key", HEADER) from None
-        return raced[0]
+    if stored.line_errors is not None:
+        linked = await deps.files.create_failed(planned.new, link, claim)
+    else:
+        linked = await deps.files.create_linked(planned.new, link, claim)
     if linked is None:
         raise ApiError(404, f"No such input file: {body.input_file_id[:80]!r}", "input_file_id")
-    await announce_created(deps, linked.job)
-    return _answer(linked)
+    return linked
+
+
+async def _replay(
+    request: web.Request, deps: ApiDeps, claim: IdempotencyClaim
+) -> web.Response | None:
+    replayed = await _replayed(deps, claim.workspace_id, claim.key)
+    if replayed is None:
+        return None
+    _check_same(replayed[1], claim.request_hash, claim.key)
+    return replayed[0]
+
+
+async def _raced(
+    request: web.Request, deps: ApiDeps, claim: IdempotencyClaim
+) -> web.Response | None:
+    raced = await _replayed(deps, claim.workspace_id, claim.key)
+    return None if raced is None else raced[0]
+
+
+CREATE = Creation(
+    _read,
+    as_read,
+    _plan,
+    _store,
+    lambda linked: (linked.job,),
+    lambda _, linked: _answer(linked),
+    _replay,
+    _raced,
+)
 
 
 async def _replayed(
