@@ -44,6 +44,7 @@ from typing import BinaryIO
 
 import orjson
 
+from relay_batches.services.ingest_api.rows.jsonl import file_lines
 from relay_batches.services.ingest_api.rows.row_formats import (
     anthropic_request_row,
     openai_line_row,
@@ -69,7 +70,6 @@ _SHAPES = {
 DialectRow = Callable[[int, object, SubmitLimits, Container[str]], RowInput]
 _DIALECT_ROWS: dict[str, DialectRow] = {OPENAI: openai_line_row, ANTHROPIC: anthropic_request_row}
 CSV_HEADER = "prompt"
-BOM = codecs.BOM_UTF8
 CHECK_WINDOW = 1024 * 1024  # bytes decoded at a time to check a file is UTF-8
 CHUNK_ROWS = 5000  # rows validated (and stored by the upload) at a time
 CHUNK_BYTES = 1024 * 1024  # about this much text of them, at most
@@ -354,8 +354,6 @@ def _csv_reason(message: str, limits: SubmitLimits) -> str:
 def _jsonl_rows(source: BinaryIO, limits: SubmitLimits, formats: list[str]) -> Iterator[RawRow]:
     """One request object per line, each in the format of the first (appended to
     ``formats`` when read)."""
-    # Split on "\n" only: str.splitlines() would also split on U+2028 and friends,
-    # which may stand unescaped inside a JSON string.
     count = 0
     for number, raw in _lines(source, limits.max_row_bytes):
         line = raw.decode("utf-8")  # checked by _check_utf8
@@ -384,21 +382,12 @@ def _jsonl_rows(source: BinaryIO, limits: SubmitLimits, formats: list[str]) -> I
 
 
 def _lines(source: BinaryIO, max_bytes: int) -> Iterator[tuple[int, bytes]]:
-    """``enumerate(data.split(b"\\n"), start=1)`` of the file's bytes without reading
-    them all, after a leading byte-order mark; :class:`LineError` for a line over
-    ``max_bytes`` (its newline not counted), read no further than that."""
-    number = 0
-    last = b""
-    while line := source.readline(max_bytes + len(BOM) + 1):  # splits on b"\n" only
-        number, last = number + 1, line
-        if number == 1 and line.startswith(BOM):
-            line = line[len(BOM) :]
-        body = line[:-1] if line.endswith(b"\n") else line
-        if len(body) > max_bytes:
+    """The file's lines (:func:`.jsonl.file_lines`), with :class:`LineError` for the
+    first over ``max_bytes`` (its newline not counted), read no further than that."""
+    for number, line in file_lines(source, max_bytes):
+        if line is None:
             raise _row_too_large(number, max_bytes)
-        yield number, body
-    if number == 0 or last.endswith(b"\n"):
-        yield number + 1, b""
+        yield number, line
 
 
 def _row_too_large(line: int, max_bytes: int) -> LineError:

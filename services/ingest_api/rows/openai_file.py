@@ -3,8 +3,9 @@ lines) into request rows as it streams in, with bounded memory.
 
 :class:`LineReader` takes the file's bytes in chunks of any size and hands back the rows
 of every complete line (a line's row: :func:`line_row`); a partial last line waits for
-the next chunk, and a line longer than the limits' ``max_row_bytes``
-(``RELAY_MAX_ROW_BYTES``) is reported and skipped without being held. A bad line does
+the next chunk (the lines are :class:`.jsonl.LineSplitter`'s, as for every ``.jsonl``),
+and a line longer than the limits' ``max_row_bytes`` (``RELAY_MAX_ROW_BYTES``) is
+reported and skipped without being held. A bad line does
 not stop the reading: its error (OpenAI's
 ``{code, message, param, line}``) is collected, up to :data:`MAX_LINE_ERRORS`, and once
 the file has an error no more rows are kept (it will never run). Line numbers are the
@@ -15,13 +16,13 @@ Pure, no aiohttp or asyncpg: the upload calls :meth:`LineReader.feed` in a worke
 
 from __future__ import annotations
 
-import codecs
 from array import array
 from collections.abc import Container
 from dataclasses import dataclass, field
 
 import orjson
 
+from relay_batches.services.ingest_api.rows.jsonl import LineSplitter
 from relay_batches.services.ingest_api.rows.row_formats import openai_line_row
 from relay_batches.services.ingest_api.rows.validation import (
     RowError,
@@ -31,7 +32,6 @@ from relay_batches.services.ingest_api.rows.validation import (
 )
 
 MAX_LINE_ERRORS = 100
-BOM = codecs.BOM_UTF8
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,68 +83,30 @@ class LineReader:
     requests: int = 0  # non-blank lines seen
     model: str | None = None  # the first row's model
     lines: array[int] = field(default_factory=lambda: array("I"))  # line of each row
-    _line: int = 0
-    _carry: bytearray = field(default_factory=bytearray)
-    _skipping: bool = False  # inside a line too long to keep
+    _splitter: LineSplitter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._splitter = LineSplitter(self.limits.max_row_bytes)
 
     def feed(self, chunk: bytes, final: bool = False) -> list[tuple[int, str, str]]:
         """The rows ``(row_index, custom_id, request_json)`` completed by ``chunk``;
         ``final`` for the end of the file (its last line needs no newline)."""
-        data = self._start(chunk)
         rows: list[tuple[int, str, str]] = []
-        pos = 0
-        max_line = self.limits.max_row_bytes
-        while (cut := data.find(b"\n", pos)) >= 0:  # one line at a time, never all of them
-            if cut - pos > max_line:
-                self._report_too_long()
-                self._line += 1
+        for number, line in self._splitter.feed(chunk, final):
+            if line is None:
+                self._report_too_long(number)
             else:
-                self._line += 1
-                self._take(data[pos:cut], rows)
-            pos = cut + 1
-        rest = data[pos:]
-        if len(rest) > max_line:
-            self._too_long()
-            rest = b""
-        if final:
-            if rest and not self._skipping:
-                self._line += 1
-                self._take(rest, rows)
-            self._carry = bytearray()
-            self._skipping = False
-        elif not self._skipping:
-            self._carry = bytearray(rest)
+                self._take(number, line, rows)
         return rows
 
-    def _start(self, chunk: bytes) -> bytes:
-        """The carried partial line joined with ``chunk``, a skipped line's tail dropped."""
-        if self._skipping:
-            cut = chunk.find(b"\n")
-            if cut < 0:
-                return b""
-            self._skipping = False
-            self._line += 1
-            chunk = chunk[cut + 1 :]
-        if self._carry:
-            joined = bytes(self._carry) + chunk
-            self._carry = bytearray()
-            return joined
-        return chunk
-
-    def _too_long(self) -> None:
-        """The unfinished line is too long: report it and skip to its end."""
-        self._carry = bytearray()
-        self._skipping = True
-        self._report_too_long()
-
-    def _report_too_long(self) -> None:
+    def _report_too_long(self, number: int) -> None:
         self.requests += 1
         self._error(
             LineError(
                 "invalid_request",
                 f"the line is longer than {self.limits.max_row_bytes} bytes",
                 None,
-                self._line + 1,
+                number,
             )
         )
 
@@ -152,8 +114,8 @@ class LineReader:
         if len(self.errors) < MAX_LINE_ERRORS:
             self.errors.append(error)
 
-    def _take(self, raw: bytes, rows: list[tuple[int, str, str]]) -> None:
-        stripped = raw.removeprefix(BOM).strip() if self._line == 1 else raw.strip()
+    def _take(self, number: int, raw: bytes, rows: list[tuple[int, str, str]]) -> None:
+        stripped = raw.strip()
         if not stripped:
             return
         self.requests += 1
@@ -164,7 +126,7 @@ class LineReader:
                         "too_many_tasks",
                         f"the file holds more than {self.limits.max_rows} requests",
                         None,
-                        self._line,
+                        number,
                     )
                 )
             return
@@ -174,13 +136,13 @@ class LineReader:
         try:
             row = line_row(index, stripped, self.limits, self.known_models)
         except RowRejected as exc:
-            self._error(_line_error(exc.error, self._line))
+            self._error(_line_error(exc.error, number))
             return
         if self.errors:
             return
         if self.model is None:
             self.model = row.model
-        self.lines.append(self._line)
+        self.lines.append(number)
         rows.append((index, row.custom_id, row.request_json))
 
     def duplicate(self, custom_id: str, row_index: int) -> None:
