@@ -1,8 +1,11 @@
-"""The dialects' request rows, translated into Relay's stored chat request.
+"""The dialects' request rows, checked and stored as Relay's chat request: the pure
+translation is each dialect's own (:mod:`relay_batches.dialects.openai.batch_file`,
+:mod:`relay_batches.dialects.anthropic.rows`); here it meets the row rules.
 
 :func:`openai_line_row`: one line of an OpenAI Batch input file,
 ``{custom_id, method: "POST", url: "/v1/chat/completions", body}``, whose ``body`` is a
-chat request (checked by :class:`.chat_rows.ChatRequest`, ``body.model`` required).
+chat request (checked by :class:`relay_batches.dialects.chat.ChatRequest`, ``body.model``
+required).
 
 :func:`anthropic_request_row`: one ``{custom_id, params}`` of an Anthropic Message
 Batches create, whose ``params`` are Messages API parameters (the models below),
@@ -42,6 +45,12 @@ from relay_batches.dialects.chat import (
     plain_params,
     stored_request,
 )
+from relay_batches.dialects.openai.batch_file import (
+    LINE_FIELDS,
+    chat_request,
+    target_problem,
+    unknown_field,
+)
 from relay_batches.dialects.shapes import (
     first_error,
     is_unicode,
@@ -55,37 +64,7 @@ from relay_batches.services.ingest_api.rows.validation import (
     check_unique_ids,
 )
 
-OPENAI_URL = "/v1/chat/completions"
 ANTHROPIC_CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-# OpenAI body fields Relay cannot honour: the value that changes nothing, and why not.
-_OPENAI_OFF: dict[str, tuple[object, str]] = {
-    "n": (1, "must be 1: Relay runs one completion per row"),
-    "stream": (False, "must be false: batch rows are not streamed"),
-    "logprobs": (False, "must be false: Relay does not return log probabilities"),
-    "parallel_tool_calls": (True, "must be true: Relay cannot turn off parallel tool calls"),
-    "store": (False, "must be false: Relay does not store completions at the provider"),
-}
-_OPENAI_REFUSED = {
-    key: "is not supported by Relay (its providers cannot all honour it)"
-    for key in (
-        "audio",
-        "frequency_penalty",
-        "function_call",
-        "functions",
-        "logit_bias",
-        "metadata",
-        "modalities",
-        "prediction",
-        "presence_penalty",
-        "reasoning_effort",
-        "service_tier",
-        "stream_options",
-        "top_logprobs",
-        "user",
-        "web_search_options",
-    )
-}
-_LINE_FIELDS = ("body", "custom_id", "method", "url")
 _PLAIN_CHAT = frozenset({"messages", "model"})
 
 
@@ -161,28 +140,15 @@ def openai_line_row(
 ) -> RowInput:
     """One decoded line of an OpenAI Batch input file, as a row (module docstring)."""
     line = _object(index, line, "{custom_id, method, url, body}")
-    for key in line:
-        if key not in _LINE_FIELDS:
-            known = ", ".join(_LINE_FIELDS)
-            raise _reject(index, str(key), f"is not a field of a batch line (fields: {known})")
+    if (unknown := unknown_field(line)) is not None:
+        known = ", ".join(LINE_FIELDS)
+        raise _reject(index, unknown, f"is not a field of a batch line (fields: {known})")
     custom_id = _custom_id(index, line.get("custom_id"), anthropic=False)
-    if line.get("method") != "POST":
-        raise _reject(index, "method", "must be POST")
-    if line.get("url") != OPENAI_URL:
-        raise _reject(index, "url", f"must be {OPENAI_URL} (the only endpoint Relay runs)")
-    body = line.get("body")
-    if type(body) is not dict:
-        raise _reject(index, "body", "is required" if body is None else "must be an object")
-    chat: dict[str, Any] = {}
-    for key, value in body.items():
-        if key in _OPENAI_OFF:
-            off, reason = _OPENAI_OFF[key]
-            if value is not None and (type(value) is not type(off) or value != off):
-                raise _reject(index, f"body.{key}", reason)
-        elif key in _OPENAI_REFUSED:
-            raise _reject(index, f"body.{key}", _OPENAI_REFUSED[key])
-        else:
-            chat[key] = value
+    if (problem := target_problem(line)) is not None:
+        raise _reject(index, *problem)
+    chat, refused = chat_request(line["body"])
+    if refused is not None:
+        raise _reject(index, *refused)
     return _chat_row(index, custom_id, chat, "body", limits, known_models)
 
 

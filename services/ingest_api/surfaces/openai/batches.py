@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from relay_batches.dialects.openai.render import ERROR, OUTPUT
 from relay_batches.dialects.openai.shapes import (
     CHAT_ENDPOINT,
     BatchStatus,
@@ -59,8 +60,6 @@ from relay_batches.services.ingest_api.submit import (
 )
 from relay_batches.services.ingest_api.surfaces.openai.files import FILE_PREFIX, file_hex
 from relay_batches.services.ingest_api.surfaces.openai.output import (
-    ERROR,
-    OUTPUT,
     output_file,
     output_files,
 )
