@@ -1,7 +1,7 @@
 """Job-level model parameters (``params`` of ``POST /v1/batches``), applied to every row.
 
 They are the parameters a row may carry itself, under the same rules: one model,
-:class:`.chat_rows.Params`. Only parameters every provider can honour (or that translate
+:class:`dialects.chat.Params`. Only parameters every provider can honour (or that translate
 cleanly) are accepted; an unknown key is a 400 so a typo never silently changes nothing.
 """
 

@@ -83,7 +83,7 @@ class RowInput:
     """One validated request row.
 
     ``request_json`` is the row's chat request as ``batch_rows.request`` stores it
-    (:func:`.chat_rows.stored_request`): for a row of ``{role, content: str}`` messages
+    (:func:`dialects.chat.stored_request`): for a row of ``{role, content: str}`` messages
     only, its messages list re-encoded compactly by orjson with sorted keys,
     ``[{"content":"…","role":"user"}]``; else the object ``{"messages": […], …}``.
     ``model`` is the row's own alias (None: the job's).
@@ -281,8 +281,8 @@ def request_rows(
     custom ids do not repeat to the caller (who sees every chunk).
 
     A plain row (``custom_id?`` and ``{role, content: str}`` messages, perhaps scalar
-    parameters) is checked here and by :func:`.chat_rows.plain_messages` and
-    :func:`.chat_rows.plain_params`, a subset of what :class:`.chat_rows.RequestRow`
+    parameters) is checked here and by :func:`dialects.chat.plain_messages` and
+    :func:`dialects.chat.plain_params`, a subset of what :class:`dialects.chat.RequestRow`
     accepts; any other row, or a plain one failing that check, goes to the model itself,
     which accepts it or gives the precise error.
     """
@@ -333,7 +333,7 @@ def request_rows(
 
 
 def _fast_row(index: int, req: dict[str, object], max_bytes: int) -> RowInput | None:
-    """A row of plain messages and scalar parameters (:func:`.chat_rows.plain_params`),
+    """A row of plain messages and scalar parameters (:func:`dialects.chat.plain_params`),
     stored as the model path stores it; None when the fast check does not hold."""
     custom_id = req.get("custom_id")
     if custom_id is None:
@@ -357,7 +357,7 @@ def _fast_row(index: int, req: dict[str, object], max_bytes: int) -> RowInput | 
 
 
 def _model_row(index: int, req: object, max_bytes: int, known_models: Container[str]) -> RowInput:
-    """A row checked by :class:`.chat_rows.RequestRow`: stored, or :class:`RowRejected`."""
+    """A row checked by :class:`dialects.chat.RequestRow`: stored, or :class:`RowRejected`."""
     problem = check_row(RequestRow, req, max_bytes, known_models)
     if problem is not None:
         raise RowRejected(RowError(index, *problem))

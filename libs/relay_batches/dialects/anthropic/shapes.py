@@ -1,8 +1,10 @@
-"""The shapes of the Anthropic-compatible Message Batches surface, as pydantic models.
+"""The shapes of Anthropic's Message Batches API, as pydantic models: the Messages
+parameters a batch request carries, and the objects the Anthropic-compatible surface
+answers.
 
-Written once: the handlers build their answers from them (or, for the results lines,
-plain dicts of exactly these shapes, checked against them by the tests) and the OpenAPI
-document takes its schemas from them (:func:`.openapi.model_schemas`). Field names, types
+Written once: the surface validates requests and builds its answers from them (or, for
+the results lines, plain dicts of exactly these shapes, checked against them by the
+tests) and its OpenAPI document takes its schemas from them. Field names, types
 and literals follow Anthropic's Message Batches API, so the official SDK's own types
 validate every object. Class names carry an ``Anthropic`` prefix: they are the schema
 names in the one document every surface shares.
@@ -219,7 +221,7 @@ class AnthropicBatchRequest(BaseModel):
 
 class AnthropicCreateBatch(BaseModel):
     """The body of ``POST /anthropic/v1/messages/batches`` (documented by this model;
-    scanned request by request by :mod:`.anthropic_create`)."""
+    scanned request by request by the ingest-api's Anthropic surface)."""
 
     model_config = ConfigDict(extra="forbid")
 

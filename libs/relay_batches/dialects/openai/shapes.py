@@ -1,6 +1,6 @@
 """The OpenAI-compatible surface's shapes, written once as pydantic models: the requests
 it validates and the objects it answers (files, batches, lists, errors), from which the
-OpenAPI document's schemas are generated (:mod:`.openai_openapi`).
+OpenAPI document's schemas are generated (the ingest-api's OpenAI surface).
 
 The objects follow OpenAI's own definitions field for field (the ``openai`` SDK's
 ``OpenAIFile``, ``Batch`` and ``OpenAIFileDeleted`` read them strictly in the tests).

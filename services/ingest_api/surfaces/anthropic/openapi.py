@@ -1,5 +1,5 @@
 """The Anthropic-compatible surface's part of the OpenAPI document: its paths, with the
-schemas of :mod:`.anthropic_models` (the Messages params those of :mod:`.row_formats`)."""
+schemas of :mod:`relay_batches.dialects.anthropic.shapes`."""
 
 from __future__ import annotations
 

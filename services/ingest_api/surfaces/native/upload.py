@@ -11,7 +11,7 @@ The handler is three steps, with the ``Idempotency-Key`` replay checked before t
 2. :func:`form_options` validates the job-level fields (the rules of
    ``POST /v1/batches``, in :mod:`.submit`);
 3. :func:`store_upload` reads every file a chunk of validated rows at a time (in the
-   parser executor, :class:`.upload_formats.FileReader`) and COPYs each chunk before it
+   parser executor, :class:`..rows.files.FileReader`) and COPYs each chunk before it
    reads the next, all the jobs in one transaction: one bad line rolls it back, so it
    creates no job, and memory stays bounded by a chunk (and one row by
    ``RELAY_MAX_ROW_BYTES``) whatever the files' sizes. The jobs' ``batches`` rows go in

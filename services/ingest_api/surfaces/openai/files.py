@@ -8,7 +8,7 @@ ends, however it ends), so a slow or stalled client holds no ledger connection. 
 it is stored in one transaction (at 1,000,000 lines it lasts seconds to tens of
 seconds; what it blocks and what not: :mod:`relay_batches.ledger.files`): its bytes as
 stored parts (so ``content`` returns the file as uploaded) and each line parsed into a
-request row under the file's id (:mod:`.openai_lines`), :data:`STEP_BYTES` at a time,
+request row under the file's id (:mod:`..rows.openai_file`), :data:`STEP_BYTES` at a time,
 parsed off the event loop; at most ``MAX_LONG_STORES`` long stores (these and native
 uploads together) hold a connection at once. Memory stays bounded by a
 step, whatever the file's size. The body policy is the native upload's (:mod:`.body`:
@@ -17,7 +17,7 @@ timeouts, 413, 415).
 
 A file is ``file-<32 hex>``; an id that does not parse, or belongs to another
 workspace, is a 404. A batch's output and error files (``purpose: batch_output``) are
-files too, rendered from its outcomes (:mod:`.openai_output`).
+files too, rendered from its outcomes (:mod:`.output`).
 """
 
 from __future__ import annotations
