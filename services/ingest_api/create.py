@@ -83,7 +83,8 @@ async def create(request: web.Request, how: Creation[Body, Plan, Stored]) -> web
         with ExitStack() as resources:  # whatever the body was spooled to
             body = await how.read(request, deps, ticket, resources)
             claim = claim_for(request, workspace_id, how.claimed(body))
-            if claim is not None and (replayed := await how.replay(request, deps, claim)):
+            replayed = None if claim is None else await how.replay(request, deps, claim)
+            if replayed is not None:
                 return replayed
             now = datetime.now(UTC)
             loop = asyncio.get_running_loop()
@@ -95,7 +96,10 @@ async def create(request: web.Request, how: Creation[Body, Plan, Stored]) -> web
                 stored = await how.store(deps, planned, claim, ticket.large)
             except KeyTaken:
                 assert claim is not None  # only a claimed key is ever taken
-                return await how.raced(request, deps, claim) or _held_by_twin()
+                raced = await how.raced(request, deps, claim)
+                if raced is None:
+                    raise ApiError(409, "a concurrent request holds this key", HEADER) from None
+                return raced
     for job in how.jobs(stored):
         await announce_created(deps, job)
     return how.answer(request, stored)
@@ -116,7 +120,3 @@ def as_read(body: bytearray) -> bytearray:
 def one_job(job: Job) -> Sequence[Job]:
     """The one job a create stored, to announce."""
     return (job,)
-
-
-def _held_by_twin() -> web.Response:
-    raise ApiError(409, "a concurrent request holds this key", HEADER)
