@@ -165,8 +165,8 @@ def test_the_wheel_carries_migrations_the_panel_and_the_openapi_document(
     assert (api / "openapi.json").read_bytes() == (
         ROOT / "services" / "ingest_api" / "openapi.json"
     ).read_bytes()
-    static = ROOT / "services" / "ingest_api" / "static"
-    assert sorted(p.name for p in (api / "static").iterdir()) == sorted(
+    static = ROOT / "services" / "ingest_api" / "panel" / "static"
+    assert sorted(p.name for p in (api / "panel" / "static").iterdir()) == sorted(
         p.name for p in static.iterdir()
     )
 

@@ -1,4 +1,4 @@
-"""The aiohttp names :mod:`relay_batches.services.ingest_api.protocol` relies on.
+"""The aiohttp names :mod:`relay_batches.services.ingest_api.edge.protocol` relies on.
 
 aiohttp has no supported way to render the requests its parser refuses, so ``ApiRunner``
 keeps one hook: after aiohttp's ``AppRunner.setup`` it gives ``runner.server`` the class
@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadStatusLine, ContentEncodingError, LineTooLong
 from aiohttp.test_utils import make_mocked_request
 
-from relay_batches.services.ingest_api.protocol import (
+from relay_batches.services.ingest_api.edge.protocol import (
     ApiRequestHandler,
     ApiRunner,
     ApiServer,

@@ -18,7 +18,7 @@ import tracemalloc
 import orjson
 import pytest
 
-from relay_batches.services.ingest_api.scan import WINDOW_BYTES, JsonScanner, NotJson
+from relay_batches.services.ingest_api.rows.scan import WINDOW_BYTES, JsonScanner, NotJson
 
 WINDOWS = [1, 2, 3, 5, 7, 16, WINDOW_BYTES]
 at_every_window = pytest.mark.parametrize("window", WINDOWS)
