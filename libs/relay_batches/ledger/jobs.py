@@ -17,6 +17,7 @@ from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
 from relay_batches.ledger.job_retry import RetryRows, insert_retry
 from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.pool import Connection, translated
+from relay_batches.ledger.row_model import ROW_COLUMNS, with_models
 from relay_batches.model import PAUSABLE, Job, JobStatus, allowed_from
 
 RESULT_PAGE_ROWS = 5000
@@ -282,8 +283,10 @@ class JobWriter:
         async with translated():
             await self._conn.copy_records_to_table(
                 "batch_rows",
-                records=((batch_id, start + n, cid, req) for n, (cid, req) in enumerate(rows)),
-                columns=("batch_id", "row_index", "custom_id", "request"),
+                records=with_models(
+                    (batch_id, start + n, cid, req) for n, (cid, req) in enumerate(rows)
+                ),
+                columns=ROW_COLUMNS,
             )
 
     async def first_duplicate(self, batch_id: str) -> tuple[str, int, int] | None:
@@ -559,10 +562,8 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
         return job
     await conn.copy_records_to_table(
         "batch_rows",
-        records=(
-            (new.id, index, custom_id, request) for index, (custom_id, request) in enumerate(rows)
-        ),
-        columns=("batch_id", "row_index", "custom_id", "request"),
+        records=with_models((new.id, n, cid, req) for n, (cid, req) in enumerate(rows)),
+        columns=ROW_COLUMNS,
     )
     return job
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-import asyncpg
-
 from relay_batches.ledger.offload.records import (
     ANALYZE_AFTER_ROWS,
     DROP_WITHIN_S,
@@ -62,15 +60,7 @@ class Intake(PoolStore):
                 taken.append(batch_id)
                 end = min(upto, start + step)
                 args = (batch_id, rows_batch_id, start, end, model, aliases, deployments)
-                try:
-                    async with conn.transaction():  # a savepoint: the job's lock is kept
-                        status = await conn.execute(_INTAKE_ROWS, *args)
-                except asyncpg.DataError as exc:
-                    log.warning(
-                        "offload_intake_unread",
-                        extra={"batch_id": batch_id, "from": start, "error": repr(exc)},
-                    )
-                    status = await conn.execute(_INTAKE_UNREAD, *args)
+                status = await conn.execute(_INTAKE_ROWS, *args)
                 await conn.execute(_INTAKE_ADVANCE, batch_id, end)
                 recorded += int(status.split()[-1])
         self._unanalyzed += recorded
@@ -133,33 +123,23 @@ _INTAKE_LOCK = (
 )
 
 # $1 job, $2 its rows' batch, $3..$4 the rows, $5 the job's alias, $6/$7 alias → lead.
-# A row's own alias is the "model" of its request object (rows stored as a bare
-# messages array, or without a model, run under the job's). Rows with an outcome are
-# left out (a job offloaded after a crash of its first release may have some). A stored
-# request may hold the escape \u0000 (a NUL in a string), which json refuses to turn
-# into text anywhere in the document, even to read another key: it is read as \u0020
-# (the same length, still valid JSON; an alias never holds either).
-_INTAKE_INSERT = (
+# A row's own alias is batch_rows.model (read from its request when it was stored: see
+# ledger/row_model.py); rows naming none run under the job's, and a row whose request
+# could not be read names '' (no lead: it goes realtime). Rows with an outcome are left
+# out (a job offloaded after a crash of its first release may have some).
+_INTAKE_ROWS = (
     "INSERT INTO offload_rows (batch_id, row_index, deployment, state, bytes)"
     " SELECT $1, r.row_index, COALESCE(l.deployment, ''),"
     f"  CASE WHEN l.deployment IS NULL THEN '{RowState.FORWARD}' ELSE '{RowState.PENDING}' END,"
     "  octet_length(r.request)"
     " FROM batch_rows r"
-    " LEFT JOIN unnest($6::text[], $7::text[]) AS l(alias, deployment) ON l.alias = {alias}"
+    " LEFT JOIN unnest($6::text[], $7::text[]) AS l(alias, deployment)"
+    "  ON l.alias = COALESCE(r.model, $5)"
     " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
     " AND NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1"
     "  AND o.row_index = r.row_index AND o.row_index >= $3 AND o.row_index < $4)"
     " ON CONFLICT (batch_id, row_index) DO NOTHING"
 )
-_INTAKE_ROWS = _INTAKE_INSERT.replace(
-    "{alias}",
-    "COALESCE(CASE WHEN left(r.request, 1) = '{'"
-    " THEN replace(r.request, '\\u0000', '\\u0020')::json ->> 'model' END, $5)",
-)
-# The same rows when their requests could not be read (no stored row should fail that
-# way): every one goes realtime, where the router reads each row's own alias (the alias
-# is NULL; the job's still names $5, so both take the same arguments).
-_INTAKE_UNREAD = _INTAKE_INSERT.replace("{alias}", "NULLIF($5::text, $5)")
 # $1 the batch deployments, $2 rows at most: pending rows of any other deployment (it
 # left the routes file, or runs realtime now) go realtime (dropped if their job ended).
 # The deployments holding pending rows are found by a skip scan of index

@@ -1,0 +1,58 @@
+"""Migrations 0024 and 0025 on a ledger holding rows stored before them: every row gets
+the model the ledger reads from its request when it stores one (row_model.py), rows that
+name none are left NULL, and no row the backfill cannot read stops the migration."""
+
+from __future__ import annotations
+
+import asyncpg
+import orjson
+
+from relay_batches.ledger.migrate import apply_migrations, migration_files
+from relay_batches.ledger.row_model import row_model
+from tests.helpers.support import create_isolation, drop_isolation
+
+STORED = [
+    '[{"content":"a \\"model\\"","role":"user"}]',
+    '{"messages":[{"content":"hi","role":"user"}]}',
+    '{"messages":[{"content":"the \\"model\\" word","role":"user"}]}',
+    '{"max_tokens":5,"messages":[],"model":"gpt-x"}',
+    '{"messages":[],"model":"\\u00e9t\\u00e9"}',
+    orjson.dumps({"messages": [{"content": "a\x00b"}], "model": "with-nul-text"}).decode(),
+    orjson.dumps({"messages": [], "model": "half\x00"}).decode(),
+    '{"messages":[],"model":null}',
+    '{"messages":[],"model":5}',
+    '{"messages": [ "model"',
+]
+
+
+async def test_the_backfill_gives_each_stored_row_the_model_the_ledger_reads() -> None:
+    iso = await create_isolation("rowmodel", migrated=False)
+    conn = await asyncpg.connect(iso.database_url, timeout=10)
+    try:
+        await conn.execute(
+            "CREATE TABLE schema_migrations (name text PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for name, sql in migration_files():
+            if name >= "0024":
+                break
+            async with conn.transaction():
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
+        await conn.executemany(
+            "INSERT INTO batch_rows (batch_id, row_index, custom_id, request)"
+            " VALUES ('old', $1, $2, $3)",
+            [(i, f"c-{i}", text) for i, text in enumerate(STORED)],
+        )
+        applied = await apply_migrations(conn)
+        assert applied[:2] == ["0024_row_model.sql", "0025_row_model_backfill.sql"]
+        found = await conn.fetch(
+            "SELECT row_index, model FROM batch_rows WHERE batch_id = 'old' ORDER BY row_index"
+        )
+        assert [r["model"] for r in found] == [row_model(text) for text in STORED]
+        assert [r["model"] for r in found] == [
+            None, None, None, "gpt-x", "été", "with-nul-text", "", None, "", ""
+        ]  # fmt: skip
+    finally:
+        await conn.close()
+        await drop_isolation(iso)
