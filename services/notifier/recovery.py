@@ -10,17 +10,13 @@ import logging
 from relay_batches.ledger.deliveries import Claim
 from relay_batches.metrics import WEBHOOK_DELIVERIES
 from relay_batches.model import DeliveryStatus, Job
+from relay_batches.services.notifier import core
 from relay_batches.services.notifier.core import (
     DEFAULT_RETRY,
     Post,
     RecoveryStore,
     RetryPolicy,
     Store,
-    cancel_all,
-    post_claimed,
-    record,
-    record_outcome,
-    start_delivery,
 )
 from relay_batches.services.notifier.receivers import Hold, ReceiverGate
 
@@ -58,7 +54,7 @@ async def recover_deliveries(
             claim = claims[0]
             job = await store.job(claim.batch_id)
             if job is None or not job.webhook_url:
-                await record(
+                await core.record(
                     store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone"
                 )
                 continue
@@ -72,11 +68,11 @@ async def recover_deliveries(
                 extra={"batch_id": claim.batch_id, "claim": claim.number},
             )
             running.append(
-                start_delivery(_take_over(job, claim, store, post, (gate, hold), policy))
+                core.start_delivery(_take_over(job, claim, store, post, (gate, hold), policy))
             )
         done = await asyncio.gather(*running, return_exceptions=True)
     finally:
-        await cancel_all({t for t in running if not t.done()})
+        await core.cancel_all({t for t in running if not t.done()})
     for failure in (d for d in done if isinstance(d, BaseException)):
         raise failure
     recovered = sum(1 for d in done if d is True)
@@ -96,11 +92,11 @@ async def _take_over(
     assert job.webhook_url is not None
     gate, hold = slot
     try:
-        result = await post_claimed(job, job.webhook_url, claim, store, post)
+        result = await core.post_claimed(job, job.webhook_url, claim, store, post)
     finally:
         if gate is not None and hold is not None:
             gate.release(hold)
     if result is None:
         return False
-    await record_outcome(job, claim, store, result, policy)
+    await core.record_outcome(job, claim, store, result, policy)
     return True

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncpg
 import orjson
 
-from relay_batches.ledger.migrate import apply_migrations, migration_files
+from relay_batches.ledger.migrate import apply_migrations
 from relay_batches.ledger.row_model import row_model
 from tests.helpers.support import create_isolation, drop_isolation
 
+NEW = ["0024_row_model.sql", "0025_row_model_backfill.sql"]
 STORED = [
     '[{"content":"a \\"model\\"","role":"user"}]',
     '{"messages":[{"content":"hi","role":"user"}]}',
@@ -26,26 +27,18 @@ STORED = [
 
 
 async def test_the_backfill_gives_each_stored_row_the_model_the_ledger_reads() -> None:
-    iso = await create_isolation("rowmodel", migrated=False)
+    iso = await create_isolation("rowmodel")
     conn = await asyncpg.connect(iso.database_url, timeout=10)
     try:
-        await conn.execute(
-            "CREATE TABLE schema_migrations (name text PRIMARY KEY,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for name, sql in migration_files():
-            if name >= "0024":
-                break
-            async with conn.transaction():
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
+        # The ledger as it was before 0024 (later migrations do not touch batch_rows).
+        await conn.execute("ALTER TABLE batch_rows DROP COLUMN model")
+        await conn.execute("DELETE FROM schema_migrations WHERE name = ANY($1::text[])", NEW)
         await conn.executemany(
             "INSERT INTO batch_rows (batch_id, row_index, custom_id, request)"
             " VALUES ('old', $1, $2, $3)",
             [(i, f"c-{i}", text) for i, text in enumerate(STORED)],
         )
-        applied = await apply_migrations(conn)
-        assert applied[:2] == ["0024_row_model.sql", "0025_row_model_backfill.sql"]
+        assert await apply_migrations(conn) == NEW
         found = await conn.fetch(
             "SELECT row_index, model FROM batch_rows WHERE batch_id = 'old' ORDER BY row_index"
         )
