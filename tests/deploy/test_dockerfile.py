@@ -9,6 +9,7 @@ hashed lock, and the deployment page's `docker run` example carries what a servi
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -195,3 +196,32 @@ def test_the_documented_docker_run_example_has_everything_the_service_needs() ->
     assert target == _image_env()["RELAY_ROUTES_FILE"] and mode == "ro"
     routes = source.replace("$PWD", str(ROOT))
     assert load_aliases(routes, {}).names() == ["gpt-4o-mini", "sim-claude"]
+
+
+def _stage(name: str) -> list[tuple[str, str]]:
+    """The instructions of the stage named ``name``, its FROM first."""
+    instructions = _instructions()
+    starts = [i for i, (op, _) in enumerate(instructions) if op == "FROM"] + [len(instructions)]
+    for start, end in itertools.pairwise(starts):
+        if instructions[start][1].split()[-1] == name:
+            return instructions[start:end]
+    raise AssertionError(f"no stage {name}")
+
+
+def test_the_image_carries_no_dev_only_code_and_the_simulator_has_a_stage_of_its_own() -> None:
+    """The default target (the final stage) takes only the build's virtualenv, whose wheel
+    leaves the simulator and ``relay dev`` out (tests/deploy/test_packaging.py); the
+    simulator is added by the ``upstream-sim`` stage alone, which compose and the dev
+    overlay build with ``--target``."""
+    final = _final_stage()
+    assert final[0][1].split()[-1] == "runtime"
+    copies = [args for op, args in final if op == "COPY"]
+    assert copies == ["--from=build /opt/relay /opt/relay"]
+    assert not [args for op, args in final if "upstream" in args or "relay_dev" in args]
+    sim = _stage("upstream-sim")
+    assert sim[0][1] == "build AS upstream-sim"
+    assert any("services/upstream_sim" in args for op, args in sim if op == "RUN")
+    (cmd,) = [args for op, args in sim if op == "CMD"]
+    assert json.loads(cmd) == ["relay-upstream-sim"]
+    users = [args for op, args in sim if op == "USER"]
+    assert users == ["10001:10001"]

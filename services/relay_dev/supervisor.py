@@ -1,6 +1,6 @@
 """The local supervisor behind ``make run``: every service as its own process.
 
-It starts the children :mod:`relay_batches.services.relay_cli.dev` describes (the upstream
+It starts the children :mod:`relay_batches.services.relay_dev.dev` describes (the upstream
 simulator and every service), says where each one listens, restarts a child that dies (as
 Kubernetes would, with one log line saying which and why), and on SIGINT/SIGTERM stops
 them with SIGTERM in the order work flows (:data:`STOP_STAGES`), waiting for each stage
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from relay_batches.services.relay_cli.ports import HealthPort
+from relay_batches.services.relay_dev.ports import HealthPort
 
 RESTART_PAUSE_S = 1.0
 MAX_RESTART_PAUSE_S = 30.0

@@ -24,12 +24,13 @@ from pathlib import Path
 
 from relay_batches.router.aliases import BATCH_PROVIDERS
 from relay_batches.services.relay_cli import admin
-from relay_batches.services.relay_cli.ports import HealthPort, free_ports, is_free, url_host
-from relay_batches.services.relay_cli.supervisor import Child, say, supervise
+from relay_batches.services.relay_dev.ports import HealthPort, free_ports, is_free, url_host
+from relay_batches.services.relay_dev.supervisor import Child, say, supervise
 from relay_batches.settings import ConfigError, DevSettings, Settings, SimSettings
 from relay_batches.settings.declare import read_one
 
 DEV_WORKSPACE = "dev"
+SIM_MODULE = "relay_batches.services.upstream_sim"
 DEV_WEBHOOK_ALLOW = "127.0.0.0/8,::1/128"
 LOCAL_ROUTES = Settings().routes_file
 LOCAL_SIM_URL = "http://127.0.0.1:8090/v1"
@@ -234,6 +235,8 @@ def dev_children(
     bindir = Path(sys.executable).parent
 
     def cmd(name: str) -> list[str]:
+        if name == "upstream-sim":  # dev-only: a module of the source tree, no console script
+            return [sys.executable, "-m", SIM_MODULE]
         script = "row-worker" if name.startswith("row-worker") else name
         return [str(bindir / f"relay-{script}")]
 
