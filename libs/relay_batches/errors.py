@@ -1,7 +1,7 @@
 """The small error tree shared by every service.
 
-``ApiError`` is what the HTTP edge turns into API.md's error object; ``TransientError``
-and ``PermanentError`` classify failures inside the pipeline (retry vs give up).
+``ApiError`` is what the HTTP edge turns into a surface's error object (docs/api/index.md);
+``TransientError`` and ``PermanentError`` classify failures inside the pipeline (retry vs give up).
 """
 
 from __future__ import annotations
@@ -65,11 +65,11 @@ class ApiError(RelayError):
 
     @property
     def type(self) -> str:
-        """The API.md error ``type`` for this status."""
+        """The native error ``type`` for this status (docs/api/index.md)."""
         return ERROR_TYPES.get(self.status, "invalid_request_error")
 
     def body(self) -> dict[str, dict[str, str | None]]:
-        """The error object of API.md."""
+        """The native error object (docs/api/index.md)."""
         return {"error": {"type": self.type, "message": self.message, "param": self.param}}
 
 

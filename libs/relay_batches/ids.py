@@ -1,4 +1,4 @@
-"""Identifiers: 32-character lowercase hex strings, as API.md specifies."""
+"""Identifiers: 32-character lowercase hex strings, as docs/api/index.md specifies."""
 
 import re
 import secrets

@@ -233,7 +233,8 @@ class Job:
         return math.ceil(max(0, self.total - self.done) / rate)
 
     def to_api(self, now: datetime | None = None) -> dict[str, Any]:
-        """The batch object of API.md (rate and ETA as of ``now``, one instant for both)."""
+        """The native batch object of docs/api/native.md (rate and ETA as of ``now``, one
+        instant for both)."""
         now = now or datetime.now(UTC)
         return {
             "id": self.id,
@@ -269,7 +270,7 @@ class Job:
         }
 
     def webhook_body(self) -> dict[str, Any]:
-        """The completion webhook payload of API.md."""
+        """The completion webhook payload (docs/guides/webhooks.md)."""
         return {
             "id": self.id,
             "name": self.name,

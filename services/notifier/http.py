@@ -97,7 +97,8 @@ def guarded_poster(
     allow: Sequence[IPNetwork], timeout_s: float, lookup: Lookup = system_lookup
 ) -> Post:
     """A :data:`Post` that applies the SSRF guard, then POSTs; resolving the host and the
-    whole request share one deadline of ``timeout_s`` (API.md's webhook timeout)."""
+    whole request share one deadline of ``timeout_s`` (the webhook timeout of
+    docs/guides/webhooks.md)."""
 
     async def post(url: str, body: bytes, headers: dict[str, str]) -> PostResult:
         try:

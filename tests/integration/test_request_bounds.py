@@ -65,7 +65,8 @@ async def post(
 
 
 def assert_error(status: int, data: Any, expected: int, param: str | None = None) -> None:
-    """``data`` is API.md's error object with ``expected`` status and ``param``."""
+    """``data`` is the native error object (docs/api/index.md) with ``expected`` status and
+    ``param``."""
     assert status == expected, (status, data)
     assert set(data) == {"error"} and set(data["error"]) == {"type", "message", "param"}, data
     assert data["error"]["param"] == param, data

@@ -1,6 +1,6 @@
-"""What of API.md's submit contract needs HTTP, against the real ingest-api: status
-codes, the error object's exact shape, content types, body sizes, authentication, the
-configured limits, and a few representative rules end to end.
+"""What of the native submit contract (docs/api/native.md) needs HTTP, against the real
+ingest-api: status codes, the error object's exact shape, content types, body sizes,
+authentication, the configured limits, and a few representative rules end to end.
 
 Each submit rule itself is tested once, on the validation functions, in
 ``tests/unit/test_validation.py``.
@@ -66,7 +66,7 @@ def assert_error(
     param: str | None,
     fragment: str | None = None,
 ) -> None:
-    """``data`` is exactly API.md's error object with these values."""
+    """``data`` is exactly the native error object with these values."""
     assert status == expected_status, (status, data)
     assert isinstance(data, dict) and set(data) == {"error"}, data
     error = data["error"]
@@ -105,7 +105,7 @@ REPRESENTATIVE_RULES = [
     pytest.param(
         body(requests=[*good_rows(3), {"custom_id": "r-3"}]),
         "requests[3].messages",
-        "requests[3].messages must be a non-empty array",  # API.md's example
+        "requests[3].messages must be a non-empty array",  # docs/api/native.md
         id="row-field-path",
     ),
     pytest.param(
@@ -331,7 +331,7 @@ async def test_key_that_is_not_utf8_is_401(api_server: TestServer) -> None:
 
 
 def assert_created(data: dict[str, Any]) -> None:
-    """The five fields API.md promises on every 201, with the right shapes."""
+    """The five fields docs/api/native.md promises on every 201, with the right shapes."""
     assert set(data) >= {"id", "object", "status", "total", "next_run_at"}, data
     assert ID_RE.match(data["id"]), data
     assert data["object"] == "batch"

@@ -1,4 +1,4 @@
-"""The submission rules of API.md ("Submit a batch"), each tested once, on the pure
+"""The submission rules of docs/api/native.md ("Submit a batch"), each tested once, on the pure
 validation functions. ``tests/integration/test_submit_validation.py`` covers only what
 needs HTTP (status codes, error object, content types, sizes, auth) and a few of these
 rules end to end."""
@@ -294,7 +294,7 @@ def test_messages_must_be_a_non_empty_array(row: dict[str, object]) -> None:
     err = assert_invalid(
         rows({"messages": HI}, {"messages": HI}, {"messages": HI}, row), "requests[3].messages", ""
     )
-    assert err.message == "requests[3].messages must be a non-empty array"  # API.md's example
+    assert err.message == "requests[3].messages must be a non-empty array"  # docs/api/native.md
 
 
 @pytest.mark.parametrize("message", ["hi", None, 5, [], ["user", "hi"]])

@@ -1,4 +1,5 @@
-"""The job-level fields of a submission (API.md, "Submit a batch"): everything but its rows.
+"""The job-level fields of a submission (docs/api/native.md, "Submit a batch"): everything
+but its rows.
 
 Every surface that creates a job checks them with :func:`validate_batch_options` (a
 multipart upload converts its form fields first: :func:`parse_priority_field` for

@@ -211,7 +211,7 @@ class _Response(BaseModel):
 
 class AnthropicBatchRequest(BaseModel):
     """One request of a batch: the caller's id and Messages API parameters (``model`` a
-    Relay alias), translated into a row by :func:`.row_formats.anthropic_request_row`."""
+    Relay alias), translated into a stored row (a chat-completions request)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -5,7 +5,7 @@
 -- string messages) or an object with "messages" and the row's own fields (model, tools,
 -- tool_choice, response_format, max_tokens, …). The rename takes ACCESS EXCLUSIVE on
 -- batch_rows and scans nothing. Code of an earlier release reads and writes "messages":
--- its pods must be stopped before this migration runs (README, "Upgrading").
+-- its pods must be stopped before this migration runs (docs/operations/deployment.md, upgrading).
 --
 -- row_results keeps what the dialects render: the assistant's tool calls (JSON, the
 -- chat-completions shape), the finish reason (chat-completions vocabulary) and the model

@@ -10,6 +10,6 @@
 -- transaction), so the rows stored before are filled in 0025, a transaction of its own
 -- that takes no lock stronger than ROW EXCLUSIVE (reads and inserts go on meanwhile).
 -- Code of an earlier release stores rows without a model: its pods must be stopped
--- before this migration runs (README, "Upgrading"), as for 0010.
+-- before this migration runs (docs/operations/deployment.md, upgrading), as for 0010.
 
 ALTER TABLE batch_rows ADD COLUMN IF NOT EXISTS model text;

@@ -1,5 +1,5 @@
 // The public API, seen from the browser: the key in sessionStorage, JSON calls with a
-// timeout, API.md's error object turned into ApiError, and streamed ndjson results.
+// timeout, the native error object (docs/api/index.md) turned into ApiError, and streamed ndjson results.
 
 const KEY_NAME = "relay.apiKey";
 const TIMEOUT_MS = 30_000;
