@@ -192,44 +192,27 @@ def _one_batch() -> dict[str, dict[str, Any]]:
             ),
         },
         "/results": {
-            "get": operation(
+            "get": _streamed(
                 "getResults",
                 "Results in submission order (streamed)",
-                {
-                    "200": {
-                        "description": "The results.",
-                        "content": {
-                            "application/json": {"schema": schema(outcomes.Results)},
-                            "application/x-ndjson": ndjson(outcomes.ResultRow),
-                        },
-                    }
-                },
-                (400, 404),
-                description="`data` is empty until the job is terminal (completed, failed,"
-                " canceled or expired); then it holds one row per outcome, in submission"
-                " order. With `partial=true` it holds every row finished so far, whatever the"
-                " status, and the head says `partial: true`. With `include=details` every row"
-                " carries its details.",
-                parameters=[ref("parameters", "Partial"), ref("parameters", "Include")],
+                ("The results.", outcomes.Results, outcomes.ResultRow),
+                "`data` is empty until the job is terminal (completed, failed, canceled or"
+                " expired); then it holds one row per outcome, in submission order. With"
+                " `partial=true` it holds every row finished so far, whatever the status, and"
+                " the head says `partial: true`. With `include=details` every row carries its"
+                " details.",
+                "Partial",
+                "Include",
             )
         },
         "/dead_letter": {
-            "get": operation(
+            "get": _streamed(
                 "getDeadLetters",
                 "Failed rows worth replaying (streamed)",
-                {
-                    "200": {
-                        "description": "The dead-letter list.",
-                        "content": {
-                            "application/json": {"schema": schema(outcomes.DeadLetters)},
-                            "application/x-ndjson": ndjson(outcomes.DeadLetterRow),
-                        },
-                    }
-                },
-                (400, 404),
-                description="Rows whose last failure was transient and outlived every retry"
-                " and fallback, in row order.",
-                parameters=[ref("parameters", "Include")],
+                ("The dead-letter list.", outcomes.DeadLetters, outcomes.DeadLetterRow),
+                "Rows whose last failure was transient and outlived every retry and fallback,"
+                " in row order.",
+                "Include",
             )
         },
         "/stats": {
@@ -251,6 +234,33 @@ def _one_batch() -> dict[str, dict[str, Any]]:
         f"/v1/batches/{{id}}{tail}": {"parameters": [ref("parameters", "BatchId")], **item}
         for tail, item in paths.items()
     }
+
+
+def _streamed(
+    operation_id: str,
+    summary: str,
+    answer: tuple[str, type, type],
+    description: str,
+    *parameters: str,
+) -> dict[str, Any]:
+    """A listing of rows answered as one JSON object (``answer``: its description, its
+    model, its row's model) or, asked for, as NDJSON lines of rows."""
+    said, envelope, row = answer
+    ok = {
+        "description": said,
+        "content": {
+            "application/json": {"schema": schema(envelope)},
+            "application/x-ndjson": ndjson(row),
+        },
+    }
+    return operation(
+        operation_id,
+        summary,
+        {"200": ok},
+        (400, 404),
+        description=description,
+        parameters=[ref("parameters", name) for name in parameters],
+    )
 
 
 def _transitions() -> dict[str, dict[str, Any]]:

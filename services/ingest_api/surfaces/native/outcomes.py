@@ -40,7 +40,7 @@ class _RowUsage(Closed):
 
 
 class _RowDetails(Closed):
-    """What every result row carries with ``include=details``."""
+    """What every result row carries with `include=details`."""
 
     usage: _RowUsage = Field(ABSENT, description=f"{_DETAILS}: the row's tokens.")
     deployment: str | None = Field(
@@ -105,7 +105,7 @@ class ResultRow(RootModel[Any]):
 
 
 class Results(Closed):
-    """``GET /v1/batches/{id}/results``."""
+    """`GET /v1/batches/{id}/results`."""
 
     id: Id
     status: Status
@@ -124,7 +124,7 @@ class DeadLetterRow(_RowDetails):
 
 
 class DeadLetters(Closed):
-    """``GET /v1/batches/{id}/dead_letter``."""
+    """`GET /v1/batches/{id}/dead_letter`."""
 
     id: Id
     data: list[DeadLetterRow]
@@ -136,7 +136,7 @@ class _Model(Closed):
 
 
 class ModelList(Closed):
-    """``GET /v1/models``: the aliases batches can name."""
+    """`GET /v1/models`: the aliases batches can name."""
 
     object: Literal["list"]
     data: list[_Model]
@@ -171,7 +171,7 @@ class _Latency(Closed):
 
 
 class BatchStats(Closed):
-    """``GET /v1/batches/{id}/stats``."""
+    """`GET /v1/batches/{id}/stats`."""
 
     id: Id
     object: Literal["batch.stats"]
@@ -228,7 +228,7 @@ class WebhookAttempt(Closed):
 
 
 class WebhookDeliveries(Closed):
-    """``GET /v1/batches/{id}/webhook_deliveries``."""
+    """`GET /v1/batches/{id}/webhook_deliveries`."""
 
     object: Literal["list"]
     batch_id: Id
@@ -247,7 +247,7 @@ class WebhookDeliveries(Closed):
 
 
 class WebhookRedelivery(Closed):
-    """``POST /v1/batches/{id}/webhook_deliveries``."""
+    """`POST /v1/batches/{id}/webhook_deliveries`."""
 
     object: Literal["webhook_delivery.scheduled"]
     batch_id: Id

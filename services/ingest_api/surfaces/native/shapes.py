@@ -234,7 +234,7 @@ class UploadForm(BaseModel):
 
 
 class RetryBatch(Closed):
-    """``POST /v1/batches/{id}/retry``'s optional body."""
+    """`POST /v1/batches/{id}/retry`'s optional body."""
 
     rows: Literal["failed", "dead_letter"] = Field(
         "failed",
@@ -252,7 +252,7 @@ class _Usage(Closed):
 
 
 class Batch(Closed):
-    """A batch (``Job.to_api``)."""
+    """A batch, as every endpoint answers it."""
 
     id: Id
     object: Literal["batch"]
@@ -312,7 +312,7 @@ class Batch(Closed):
 
 
 class BatchList(Closed):
-    """``GET /v1/batches``: a page of batches, newest first."""
+    """`GET /v1/batches`: a page of batches, newest first."""
 
     object: Literal["list"]
     data: list[Batch]
@@ -320,14 +320,14 @@ class BatchList(Closed):
 
 
 class BatchCreatedList(Closed):
-    """``POST /v1/batches/upload``: the batches created, one per file."""
+    """`POST /v1/batches/upload`: the batches created, one per file."""
 
     object: Literal["list"]
     data: list[Batch] = Field(min_length=1)
 
 
 class BatchDeleted(Closed):
-    """``DELETE /v1/batches/{id}``."""
+    """`DELETE /v1/batches/{id}`."""
 
     id: Id
     object: Literal["batch.deleted"]
