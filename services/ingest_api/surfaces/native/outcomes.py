@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, RootModel, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag
 
 from relay_batches.ledger.job_stats import LATENCY_BOUNDS_MS, MAX_INTERVALS
 from relay_batches.model import DeliveryStatus
@@ -39,8 +39,21 @@ class _RowUsage(Closed):
     completion_tokens: Count
 
 
+def _details_last(schema: dict[str, Any]) -> None:
+    """A row's own properties first, then the details (which pydantic puts first: they are
+    the base class's)."""
+    properties = schema.get("properties", {})
+    details = [name for name in _RowDetails.model_fields if name in properties]
+    schema["properties"] = {
+        **{k: v for k, v in properties.items() if k not in details},
+        **{k: properties[k] for k in details},
+    }
+
+
 class _RowDetails(Closed):
     """What every result row carries with `include=details`."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_details_last)
 
     usage: _RowUsage = Field(ABSENT, description=f"{_DETAILS}: the row's tokens.")
     deployment: str | None = Field(
