@@ -25,9 +25,7 @@ def _listing(operations: set[tuple[str, str]]) -> str:
 def test_every_registered_route_is_documented(api_server: TestServer) -> None:
     missing = registered_operations(api_server.app) - documented_operations(load_document())
 
-    assert not missing, (
-        f"routes of the app missing from services/ingest_api/openapi.json: {_listing(missing)}"
-    )
+    assert not missing, f"routes of the app missing from the OpenAPI document: {_listing(missing)}"
 
 
 def test_every_documented_operation_is_registered(api_server: TestServer) -> None:
