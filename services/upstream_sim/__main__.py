@@ -1,4 +1,4 @@
-"""``relay-upstream-sim``: read ``RELAY_SIM_*`` from the environment and serve the simulator.
+"""The upstream simulator (``python -m relay_batches.services.upstream_sim``): read ``RELAY_SIM_*`` from the environment and serve the simulator.
 
 The variables (latency, error rate, rate limits, provider batch delays, host and port) are
 declared in :class:`relay_batches.settings.SimSettings` and listed, with their defaults and
@@ -71,7 +71,7 @@ async def serve(options: SimOptions, log: logging.Logger) -> None:
 
 
 def main() -> None:
-    """Entry point of ``relay-upstream-sim``."""
+    """Entry point of the upstream simulator."""
     answer_help(
         "relay-upstream-sim",
         "A local OpenAI-compatible model for development and tests (RELAY_SIM_*).",

@@ -257,12 +257,18 @@ async def test_unstorable_outcomes_are_dead_lettered_and_the_rest_of_the_chunk_i
 ) -> None:
     """A row index out of the ledger's range (2**31) and one past its job's rows can never
     be stored: their messages go to ``<ns>.results.dead`` (counted, logged) once, while
-    the good outcomes of the same chunk, and of the same messages, are recorded."""
+    the good outcomes of the same chunk, and of the same messages, are recorded.
+
+    The row past its job's rows belongs to a job that stays running: an outcome of a job
+    that has already ended is dropped as late, whatever its row, so aimed at ``poisoned``
+    (which ends with its one row) it was dead-lettered only when it shared a chunk with
+    the others, and the test raced the aggregator's chunking."""
     poisoned, other = await running_batch(pool, 1), await running_batch(pool, 2)
+    unended = await running_batch(pool, 2)
     bodies = [
         OutcomesMessage((outcome(poisoned, 2**31), outcome(other, 0))).encode(),
         OutcomesMessage((outcome(other, 1), outcome(poisoned, 0))).encode(),
-        OutcomesMessage((outcome(poisoned, 7),)).encode(),
+        OutcomesMessage((outcome(unended, 7),)).encode(),
     ]
     dead_queue = bus.names.results_dead
     before = REGISTRY.get_sample_value(DEAD_LETTERED_SAMPLE, {"queue": dead_queue}) or 0.0

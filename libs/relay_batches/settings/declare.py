@@ -60,7 +60,8 @@ DEV = Section(
 )
 SIMULATOR = Section(
     "Development only: the upstream simulator",
-    "Read by `relay-upstream-sim`, the local stand-in for a provider (development and tests).",
+    "Read by the upstream simulator (`python -m relay_batches.services.upstream_sim`), the local"
+    " stand-in for a provider in development and tests.",
 )
 SECTIONS = (ESSENTIALS, LIMITS, CAPACITY, UPSTREAM, TUNING, CLIENT, DEV, SIMULATOR)
 

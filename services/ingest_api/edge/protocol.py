@@ -7,7 +7,7 @@ application and its middlewares never see those requests, and aiohttp offers no
 setting, signal or middleware for them (aio-libs/aiohttp#3287, open since 2018).
 
 So the one hook left is that method: :class:`ApiRequestHandler` overrides it to render
-API.md's error object. aiohttp builds each connection's handler from arguments it keeps
+the native error object (docs/api/native.md). aiohttp builds each connection's handler from arguments it keeps
 private, so :class:`ApiServer` takes the handler aiohttp built and gives it this class
 (a subclass adding no state: only the one method differs), and :class:`ApiRunner` is
 the ``AppRunner`` whose server (``runner.server``, public) is an :class:`ApiServer`.

@@ -1,4 +1,4 @@
-"""The native error object (API.md): ``{error: {type, message, param}}``.
+"""The native error object (docs/api/native.md): ``{error: {type, message, param}}``.
 
 It is also the server's own, for what no surface serves: the probes, the panel, the
 document, an unknown path and a request aiohttp cannot parse.

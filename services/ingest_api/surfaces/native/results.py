@@ -68,7 +68,7 @@ def details_object(details: RowDetails, failed: bool) -> dict[str, Any]:
 
 
 def row_object(row: ResultRow) -> dict[str, Any]:
-    """API.md's per-row result: ``{custom_id, content}`` or ``{custom_id, error}``, a
+    """The native per-row result (docs/api/native.md): ``{custom_id, content}`` or ``{custom_id, error}``, a
     success with ``tool_calls`` (the chat-completions array) when the model called tools.
     The stored tool calls are read back (their well-formed calls only), never spliced in
     as text, so a bad stored value cannot make the document invalid JSON."""
@@ -84,7 +84,7 @@ def row_object(row: ResultRow) -> dict[str, Any]:
 
 
 def dead_letter_object(row: DeadLetterRow) -> dict[str, Any]:
-    """API.md's dead-letter row: ``{custom_id, error, attempts}``, and its details when
+    """The native dead-letter row (docs/api/native.md): ``{custom_id, error, attempts}``, and its details when
     they were asked for."""
     shown = {"custom_id": row.custom_id, "error": row.error, "attempts": row.attempts}
     if row.details is not None:

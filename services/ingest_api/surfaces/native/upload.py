@@ -1,4 +1,4 @@
-"""``POST /v1/batches/upload``: multipart files, one job per file (API.md, "Panel upload").
+"""``POST /v1/batches/upload``: multipart files, one job per file (docs/api/native.md).
 
 The form carries every job-level field of ``POST /v1/batches`` (:data:`JOB_FIELDS`) as a
 text part: ``priority`` as decimal digits, ``budget_usd`` a decimal number, ``params``
