@@ -1,4 +1,5 @@
-"""The upstream simulator (``python -m relay_batches.services.upstream_sim``): read ``RELAY_SIM_*`` from the environment and serve the simulator.
+"""The upstream simulator (``python -m relay_batches.services.upstream_sim``): read
+``RELAY_SIM_*`` from the environment and serve the simulator.
 
 The variables (latency, error rate, rate limits, provider batch delays, host and port) are
 declared in :class:`relay_batches.settings.SimSettings` and listed, with their defaults and

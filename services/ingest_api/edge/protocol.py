@@ -7,10 +7,11 @@ application and its middlewares never see those requests, and aiohttp offers no
 setting, signal or middleware for them (aio-libs/aiohttp#3287, open since 2018).
 
 So the one hook left is that method: :class:`ApiRequestHandler` overrides it to render
-the native error object (docs/api/native.md). aiohttp builds each connection's handler from arguments it keeps
-private, so :class:`ApiServer` takes the handler aiohttp built and gives it this class
-(a subclass adding no state: only the one method differs), and :class:`ApiRunner` is
-the ``AppRunner`` whose server (``runner.server``, public) is an :class:`ApiServer`.
+the native error object (docs/api/native.md). aiohttp builds each connection's handler
+from arguments it keeps private, so :class:`ApiServer` takes the handler aiohttp built
+and gives it this class (a subclass adding no state: only the one method differs), and
+:class:`ApiRunner` is the ``AppRunner`` whose server (``runner.server``, public) is an
+:class:`ApiServer`.
 Only public aiohttp names are used; ``tests/unit/test_protocol.py`` checks each of
 them, so an aiohttp release that changed one fails there rather than in production.
 """

@@ -68,10 +68,11 @@ def details_object(details: RowDetails, failed: bool) -> dict[str, Any]:
 
 
 def row_object(row: ResultRow) -> dict[str, Any]:
-    """The native per-row result (docs/api/native.md): ``{custom_id, content}`` or ``{custom_id, error}``, a
-    success with ``tool_calls`` (the chat-completions array) when the model called tools.
-    The stored tool calls are read back (their well-formed calls only), never spliced in
-    as text, so a bad stored value cannot make the document invalid JSON."""
+    """The native per-row result (docs/api/native.md): ``{custom_id, content}`` or
+    ``{custom_id, error}``, a success with ``tool_calls`` (the chat-completions array)
+    when the model called tools. The stored tool calls are read back (their well-formed
+    calls only), never spliced in as text, so a bad stored value cannot make the document
+    invalid JSON."""
     if row.error is not None:
         shown: dict[str, Any] = {"custom_id": row.custom_id, "error": row.error}
     else:
@@ -84,8 +85,8 @@ def row_object(row: ResultRow) -> dict[str, Any]:
 
 
 def dead_letter_object(row: DeadLetterRow) -> dict[str, Any]:
-    """The native dead-letter row (docs/api/native.md): ``{custom_id, error, attempts}``, and its details when
-    they were asked for."""
+    """The native dead-letter row (docs/api/native.md): ``{custom_id, error, attempts}``,
+    and its details when they were asked for."""
     shown = {"custom_id": row.custom_id, "error": row.error, "attempts": row.attempts}
     if row.details is not None:
         shown.update(details_object(row.details, True))
