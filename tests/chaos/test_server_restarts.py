@@ -15,7 +15,7 @@ from relay_batches.services.relay_cli import admin
 from tests.chaos.driver import ChaosSettings, assert_killed_and_clean, chaos_system, run_chaos
 from tests.chaos.servers import restart_faults, sever_faults
 from tests.chaos.settings import SERVERS_MODE
-from tests.helpers.faults import TcpProxy
+from tests.helpers.faults import TcpProxy, server_proxies
 from tests.helpers.processes import SERVICES
 from tests.helpers.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
 
@@ -23,12 +23,8 @@ from tests.helpers.support import ApiClient, WebhookReceiver, create_isolation, 
 @pytest.fixture
 async def proxies() -> AsyncIterator[tuple[TcpProxy, TcpProxy]]:
     """Proxies in front of RabbitMQ and Postgres (used by the ``sever`` mode only)."""
-    amqp, pg = TcpProxy("127.0.0.1", 5672), TcpProxy("127.0.0.1", 5432)
-    await amqp.start()
-    await pg.start()
-    yield amqp, pg
-    await amqp.stop()
-    await pg.stop()
+    async with server_proxies() as both:
+        yield both
 
 
 @pytest.mark.timeout(900)

@@ -6,27 +6,18 @@ them with its webhook, and a service started with the other setting stops with o
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aio_pika
 import aiohttp
-import pytest
 
 from relay_batches.bus.topology import Names, declare_queue
 from relay_batches.services.relay_cli import admin
 from relay_batches.settings import ConfigError
-from tests.helpers.processes import BIN, System, running_system
+from tests.helpers.processes import BIN, System, system_fixture
 from tests.helpers.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until
 
-
-@pytest.fixture(scope="module")
-async def quorum(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    """A system on a namespace declared with RELAY_QUEUE_TYPE=quorum."""
-    async with running_system(
-        "quorum", output_dir / "e2e-quorum", http, RELAY_QUEUE_TYPE="quorum"
-    ) as system:
-        yield system
+# A system on a namespace declared with RELAY_QUEUE_TYPE=quorum.
+quorum = system_fixture("quorum", RELAY_QUEUE_TYPE="quorum")
 
 
 async def _declared_type(names: Names, queue: str) -> str | None:

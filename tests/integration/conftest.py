@@ -3,6 +3,7 @@ on a real port, wired to the real Postgres and RabbitMQ."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -12,12 +13,23 @@ from aiohttp.test_utils import TestServer
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import Names
+from relay_batches.kit.base import BusService
 from relay_batches.ledger.jobs import JobStore
+from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import create_pool
 from relay_batches.router.aliases import AliasTable
+from relay_batches.services.aggregator.core import Aggregator
+from relay_batches.services.aggregator.service import aggregator_service
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import start_api, test_aliases
-from tests.helpers.support import AMQP_URL, ApiClient, Isolation, create_isolation, drop_isolation
+from tests.helpers.support import (
+    AMQP_URL,
+    ApiClient,
+    Isolation,
+    create_isolation,
+    drop_isolation,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="session")
@@ -89,3 +101,27 @@ async def client_b(
 ) -> ApiClient:
     """A client signed in to workspace B."""
     return await _client(iso, api_server, http, "workspace-b")
+
+
+async def _always_ready() -> bool:
+    return True
+
+
+@pytest.fixture
+async def aggregator(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[BusService]:
+    """The aggregator service consuming the real results queue."""
+    service = aggregator_service(
+        bus,
+        Aggregator(OutcomeStore(pool), bus.publish_event),
+        _always_ready,
+        prefetch=16,
+        chunk=8,
+        outbox_every_s=0.2,
+        grace_s=5,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    await wait_until(service.ready, 10, "the aggregator to consume")
+    yield service
+    stop.set()
+    await asyncio.wait_for(task, 10)
