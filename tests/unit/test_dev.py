@@ -23,6 +23,7 @@ from relay_batches.services.relay_dev.dev import (
 )
 from relay_batches.services.relay_dev.ports import HealthPort, is_free
 from relay_batches.settings import ConfigError, Settings
+from tests.helpers.processes import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,15 +67,7 @@ def test_a_bad_row_worker_count_is_one_line_naming_the_variable(raw: str) -> Non
 
 
 def test_several_row_workers_are_numbered() -> None:
-    assert health_names(1) == [
-        "ingest-api",
-        "scheduler",
-        "dispatcher",
-        "row-worker",
-        "aggregator",
-        "notifier",
-        "offloader",
-    ]
+    assert health_names(1) == list(SERVICES)
     assert health_names(2)[3:5] == ["row-worker-1", "row-worker-2"]
 
 
