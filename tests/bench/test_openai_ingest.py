@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 
-from tests.bench.harness import MIB, Bench, Figure, RssSampler, bench_system
+from tests.bench.harness import MIB, Bench, Figure, RssSampler, bench_system, openai_chat_file
 
 LINES = 50_000
 LINE_BYTES = 4_000  # about 200 MB in all
@@ -22,22 +21,7 @@ RUNS = 2
 
 def input_file(lines: int = LINES) -> bytes:
     """An OpenAI batch file of ``lines`` chat requests of about ``LINE_BYTES`` each."""
-    pad = "x" * (LINE_BYTES - 160)
-    return b"".join(
-        orjson.dumps(
-            {
-                "custom_id": f"r-{i}",
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {
-                    "model": "gpt-4o-mini",
-                    "messages": [{"role": "user", "content": f"row {i} {pad}"}],
-                },
-            }
-        )
-        + b"\n"
-        for i in range(lines)
-    )
+    return openai_chat_file(lines, "x" * (LINE_BYTES - 160))
 
 
 async def upload(bench: Bench, data: bytes) -> dict[str, Any]:
