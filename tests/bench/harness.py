@@ -355,3 +355,17 @@ async def upload_jsonl(
         assert response.status == 201, text
     answer: dict[str, Any] = orjson.loads(text)
     return answer
+
+
+async def create_openai_batch(bench: Bench, input_file_id: str) -> tuple[int, Any]:
+    """``POST /openai/v1/batches`` of an uploaded file, chat completions within 24h; the
+    status and the answer."""
+    return await bench.api.request(
+        "POST",
+        "/openai/v1/batches",
+        json={
+            "input_file_id": input_file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )

@@ -37,6 +37,7 @@ from tests.bench.harness import (
     RssSampler,
     bench_system,
     busy_share,
+    create_openai_batch,
     machine_ticks,
     openai_chat_file,
     process_cpu_s,
@@ -94,15 +95,7 @@ async def openai_ingest(bench: Bench, report: dict[str, Any]) -> None:
 
     async def ingest() -> dict[str, Any]:
         stored = await upload_openai_file(bench, data)
-        status, batch = await bench.api.request(
-            "POST",
-            "/openai/v1/batches",
-            json={
-                "input_file_id": stored["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-        )
+        status, batch = await create_openai_batch(bench, stored["id"])
         assert status == 200, batch
         return batch
 

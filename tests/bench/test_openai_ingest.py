@@ -12,7 +12,15 @@ from typing import Any
 
 import aiohttp
 
-from tests.bench.harness import MIB, Bench, Figure, RssSampler, bench_system, openai_chat_file
+from tests.bench.harness import (
+    MIB,
+    Bench,
+    Figure,
+    RssSampler,
+    bench_system,
+    create_openai_batch,
+    openai_chat_file,
+)
 
 LINES = 50_000
 LINE_BYTES = 4_000  # about 200 MB in all
@@ -51,15 +59,7 @@ async def test_openai_file_ingest_rows_per_second(
             with RssSampler({"ingest-api": api_pid}) as sampler:
                 started = time.perf_counter()
                 stored = await upload(bench, data)
-                status, batch = await bench.api.request(
-                    "POST",
-                    "/openai/v1/batches",
-                    json={
-                        "input_file_id": stored["id"],
-                        "endpoint": "/v1/chat/completions",
-                        "completion_window": "24h",
-                    },
-                )
+                status, batch = await create_openai_batch(bench, stored["id"])
                 figure.samples.append(LINES / (time.perf_counter() - started))
             assert status == 200 and batch["request_counts"]["total"] == LINES, batch
             assert stored["bytes"] == len(data)
