@@ -274,3 +274,19 @@ async def run_relay(*args: str, env: dict[str, str], timeout_s: float) -> tuple[
         raise
     assert process.returncode is not None
     return process.returncode, out, err
+
+
+async def rows_naming(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
+    """How many rows of each table name ``batch_id`` (``keys``: stored idempotent answers
+    that mention it)."""
+    row = await pool.fetchrow(
+        "SELECT (SELECT count(*) FROM batches WHERE id = $1) AS batches,"
+        " (SELECT count(*) FROM batch_rows WHERE batch_id = $1) AS batch_rows,"
+        " (SELECT count(*) FROM row_results WHERE batch_id = $1) AS row_results,"
+        " (SELECT count(*) FROM webhook_deliveries WHERE batch_id = $1) AS deliveries,"
+        " (SELECT count(*) FROM webhook_attempts WHERE batch_id = $1) AS attempts,"
+        " (SELECT count(*) FROM idempotency_keys WHERE strpos(response_body, $1) > 0) AS keys",
+        batch_id,
+    )
+    assert row is not None
+    return dict(row)
