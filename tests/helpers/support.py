@@ -290,3 +290,23 @@ async def rows_naming(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
     )
     assert row is not None
     return dict(row)
+
+
+async def expire_delivery_claim(pool: asyncpg.Pool, batch_id: str) -> None:
+    """Make the current claim of ``batch_id``'s webhook delivery look like its holder went
+    silent long ago."""
+    await pool.execute(
+        "UPDATE webhook_deliveries SET claim_expires_at = now() - interval '1s'"
+        " WHERE batch_id = $1",
+        batch_id,
+    )
+
+
+async def drop_names(names: Names) -> None:
+    """Delete the durable queues and the events exchange of ``names``."""
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        for queue in names.durable_queues():
+            await channel.queue_delete(queue)
+        await channel.exchange_delete(names.events)

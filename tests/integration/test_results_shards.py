@@ -23,7 +23,7 @@ from relay_batches.services.dispatcher.__main__ import results_state
 from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
 from relay_batches.settings import ConfigError
-from tests.helpers.support import AMQP_URL, Isolation, wait_until
+from tests.helpers.support import AMQP_URL, Isolation, drop_names, wait_until
 from tests.integration.test_aggregator import counters, outcome, running_batch
 
 ROWS = 12
@@ -107,12 +107,7 @@ async def names(iso: Isolation) -> AsyncIterator[Names]:
     """A namespace of its own (its shard queues start empty), deleted afterwards."""
     created = Names(f"{iso.namespace}sh")
     yield created
-    connection = await aio_pika.connect(AMQP_URL, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        for queue in created.durable_queues():
-            await channel.queue_delete(queue)
-        await channel.exchange_delete(created.events)
+    await drop_names(created)
 
 
 async def ready_per_shard(bus: Bus) -> list[int]:
