@@ -18,9 +18,8 @@ from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import create_pool
 from relay_batches.router.aliases import AliasTable
-from relay_batches.services.aggregator.core import Aggregator
-from relay_batches.services.aggregator.service import aggregator_service
 from relay_batches.services.relay_cli import admin
+from tests.helpers.aggregating import start_aggregating
 from tests.helpers.api import start_api, test_aliases
 from tests.helpers.support import (
     AMQP_URL,
@@ -28,7 +27,6 @@ from tests.helpers.support import (
     Isolation,
     create_isolation,
     drop_isolation,
-    wait_until,
 )
 
 
@@ -103,25 +101,12 @@ async def client_b(
     return await _client(iso, api_server, http, "workspace-b")
 
 
-async def _always_ready() -> bool:
-    return True
-
-
 @pytest.fixture
 async def aggregator(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[BusService]:
     """The aggregator service consuming the real results queue."""
-    service = aggregator_service(
-        bus,
-        Aggregator(OutcomeStore(pool), bus.publish_event),
-        _always_ready,
-        prefetch=16,
-        chunk=8,
-        outbox_every_s=0.2,
-        grace_s=5,
+    running = await start_aggregating(
+        bus, OutcomeStore(pool), chunk=8, outbox_every_s=0.2, grace_s=5
     )
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-    await wait_until(service.ready, 10, "the aggregator to consume")
-    yield service
-    stop.set()
-    await asyncio.wait_for(task, 10)
+    yield running.service
+    running.stop.set()
+    await asyncio.wait_for(running.task, 10)
