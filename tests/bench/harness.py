@@ -314,3 +314,58 @@ async def repeat(runs: int, measure: Callable[[], Awaitable[float]]) -> Figure:
     for _ in range(runs):
         figure.samples.append(await measure())
     return figure
+
+
+def openai_chat_file(rows: int, pad: str, **body: Any) -> bytes:
+    """An OpenAI batch input file of ``rows`` ``/v1/chat/completions`` lines, row ``i``
+    saying ``row i <pad>``, with ``body`` in each request body."""
+    return b"".join(
+        orjson.dumps(
+            {
+                "custom_id": f"r-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "gpt-4o-mini",
+                    "messages": [{"role": "user", "content": f"row {i} {pad}"}],
+                    **body,
+                },
+            }
+        )
+        + b"\n"
+        for i in range(rows)
+    )
+
+
+async def upload_jsonl(
+    bench: Bench, data: bytes, filename: str, timeout: aiohttp.ClientTimeout | None = None
+) -> dict[str, Any]:
+    """``POST /v1/batches/upload`` of ``data`` as one .jsonl file; insists on 201; the
+    answer."""
+    form = aiohttp.FormData()
+    form.add_field("model", "gpt-4o-mini")
+    form.add_field("file", io.BytesIO(data), filename=filename, content_type="application/x-ndjson")
+    async with bench.http.post(
+        f"{bench.api.base_url}/v1/batches/upload",
+        data=form,
+        headers={"Authorization": f"Bearer {bench.api.key}"},
+        timeout=timeout or bench.http.timeout,
+    ) as response:
+        text = await response.text()
+        assert response.status == 201, text
+    answer: dict[str, Any] = orjson.loads(text)
+    return answer
+
+
+async def create_openai_batch(bench: Bench, input_file_id: str) -> tuple[int, Any]:
+    """``POST /openai/v1/batches`` of an uploaded file, chat completions within 24h; the
+    status and the answer."""
+    return await bench.api.request(
+        "POST",
+        "/openai/v1/batches",
+        json={
+            "input_file_id": input_file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )

@@ -20,7 +20,7 @@ import aiohttp
 import orjson
 
 from relay_batches.services.relay_cli import admin
-from tests.bench.harness import MIB, Bench, bench_system
+from tests.bench.harness import MIB, Bench, bench_system, upload_jsonl
 
 POLL_S = 0.05
 TARGET_MIB = 100
@@ -104,17 +104,7 @@ async def post_until_created(bench: Bench, body: bytes, key: str | None = None) 
 
 async def upload(bench: Bench, data: bytes) -> None:
     """Upload ``data`` as one .jsonl file; insist on 201."""
-    form = aiohttp.FormData()
-    form.add_field("model", "gpt-4o-mini")
-    form.add_field(
-        "file", io.BytesIO(data), filename="big.jsonl", content_type="application/x-ndjson"
-    )
-    async with bench.http.post(
-        f"{bench.api.base_url}/v1/batches/upload",
-        data=form,
-        headers={"Authorization": f"Bearer {bench.api.key}"},
-    ) as response:
-        assert response.status == 201, await response.text()
+    await upload_jsonl(bench, data, "big.jsonl")
 
 
 async def measured(bench: Bench, work: Awaitable[Any]) -> tuple[float, float, Any]:

@@ -23,7 +23,6 @@ Not part of ``make test`` (``make bench``).
 
 from __future__ import annotations
 
-import io
 import os
 import time
 from pathlib import Path
@@ -38,8 +37,11 @@ from tests.bench.harness import (
     RssSampler,
     bench_system,
     busy_share,
+    create_openai_batch,
     machine_ticks,
+    openai_chat_file,
     process_cpu_s,
+    upload_jsonl,
 )
 from tests.bench.test_ingest_bounds import measured
 from tests.bench.test_openai_ingest import upload as upload_openai_file
@@ -73,41 +75,15 @@ def native_file(rows: int) -> bytes:
 
 def openai_file(rows: int) -> bytes:
     """An OpenAI batch input file of ``rows`` full ``/v1/chat/completions`` lines."""
-    return b"".join(
-        orjson.dumps(
-            {
-                "custom_id": f"r-{i}",
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {
-                    "model": "gpt-4o-mini",
-                    "messages": [{"role": "user", "content": f"row {i} {OPENAI_PAD}"}],
-                    "max_tokens": 16,
-                },
-            }
-        )
-        + b"\n"
-        for i in range(rows)
-    )
+    return openai_chat_file(rows, OPENAI_PAD, max_tokens=16)
 
 
 async def upload_native(bench: Bench, data: bytes) -> dict[str, Any]:
     """``POST /v1/batches/upload`` of one file; insists on 201 with one job."""
-    form = aiohttp.FormData()
-    form.add_field("model", "gpt-4o-mini")
-    form.add_field(
-        "file", io.BytesIO(data), filename="million.jsonl", content_type="application/x-ndjson"
-    )
-    async with bench.http.post(
-        f"{bench.api.base_url}/v1/batches/upload",
-        data=form,
-        headers={"Authorization": f"Bearer {bench.api.key}"},
-        timeout=LONG,
-    ) as response:
-        body: dict[str, Any] = await response.json()
-        assert response.status == 201, body
+    body = await upload_jsonl(bench, data, "million.jsonl", timeout=LONG)
     (created,) = body["data"]
-    return created
+    created_job: dict[str, Any] = created
+    return created_job
 
 
 async def openai_ingest(bench: Bench, report: dict[str, Any]) -> None:
@@ -119,15 +95,7 @@ async def openai_ingest(bench: Bench, report: dict[str, Any]) -> None:
 
     async def ingest() -> dict[str, Any]:
         stored = await upload_openai_file(bench, data)
-        status, batch = await bench.api.request(
-            "POST",
-            "/openai/v1/batches",
-            json={
-                "input_file_id": stored["id"],
-                "endpoint": "/v1/chat/completions",
-                "completion_window": "24h",
-            },
-        )
+        status, batch = await create_openai_batch(bench, stored["id"])
         assert status == 200, batch
         return batch
 

@@ -11,9 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 
-from tests.bench.harness import MIB, Bench, Figure, RssSampler, bench_system
+from tests.bench.harness import (
+    MIB,
+    Bench,
+    Figure,
+    RssSampler,
+    bench_system,
+    create_openai_batch,
+    openai_chat_file,
+)
 
 LINES = 50_000
 LINE_BYTES = 4_000  # about 200 MB in all
@@ -22,22 +29,7 @@ RUNS = 2
 
 def input_file(lines: int = LINES) -> bytes:
     """An OpenAI batch file of ``lines`` chat requests of about ``LINE_BYTES`` each."""
-    pad = "x" * (LINE_BYTES - 160)
-    return b"".join(
-        orjson.dumps(
-            {
-                "custom_id": f"r-{i}",
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {
-                    "model": "gpt-4o-mini",
-                    "messages": [{"role": "user", "content": f"row {i} {pad}"}],
-                },
-            }
-        )
-        + b"\n"
-        for i in range(lines)
-    )
+    return openai_chat_file(lines, "x" * (LINE_BYTES - 160))
 
 
 async def upload(bench: Bench, data: bytes) -> dict[str, Any]:
@@ -67,15 +59,7 @@ async def test_openai_file_ingest_rows_per_second(
             with RssSampler({"ingest-api": api_pid}) as sampler:
                 started = time.perf_counter()
                 stored = await upload(bench, data)
-                status, batch = await bench.api.request(
-                    "POST",
-                    "/openai/v1/batches",
-                    json={
-                        "input_file_id": stored["id"],
-                        "endpoint": "/v1/chat/completions",
-                        "completion_window": "24h",
-                    },
-                )
+                status, batch = await create_openai_batch(bench, stored["id"])
                 figure.samples.append(LINES / (time.perf_counter() - started))
             assert status == 200 and batch["request_counts"]["total"] == LINES, batch
             assert stored["bytes"] == len(data)

@@ -29,7 +29,5 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 @pytest.fixture
 async def webhooks() -> AsyncIterator[WebhookReceiver]:
     """A webhook receiver for one chaos run."""
-    receiver = WebhookReceiver()
-    await receiver.start()
-    yield receiver
-    await receiver.stop()
+    async with WebhookReceiver() as receiver:
+        yield receiver

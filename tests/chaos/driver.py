@@ -12,12 +12,13 @@ from the previous one. The batch is then checked by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,8 +28,15 @@ import orjson
 
 from tests.chaos.settings import CHAOS_ENV
 from tests.helpers.checks import Verdict, assert_exactly_once, services_of, wait_terminal
-from tests.helpers.processes import System, build_system
-from tests.helpers.support import ApiClient, Isolation, WebhookReceiver, rows, wait_until
+from tests.helpers.processes import System, build_system, signed_in
+from tests.helpers.support import (
+    ApiClient,
+    Isolation,
+    WebhookReceiver,
+    drop_isolation,
+    rows,
+    wait_until,
+)
 
 KILLABLE = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier", "offloader")
 RESTART_READY_TIMEOUT_S = 60
@@ -242,3 +250,26 @@ async def run_chaos(
     )
     report.verdict = asdict(verdict)
     return report
+
+
+@dataclass
+class ChaosRun:
+    """A started chaos system's client (workspace ``chaos``) and, once stopped, the exit
+    code of each of its processes."""
+
+    api: ApiClient
+    codes: dict[str, int | None] = field(default_factory=dict)
+
+
+@contextlib.asynccontextmanager
+async def chaos_started(system: System, http: aiohttp.ClientSession) -> AsyncIterator[ChaosRun]:
+    """Start every process of ``system``; on leaving, stop them all (their exit codes in
+    the run) and drop its isolation, however the block ended."""
+    codes: dict[str, int | None] = {}
+    try:
+        await system.start_all(http)
+        run = ChaosRun(await signed_in(system, http, "chaos"), codes)
+        yield run
+    finally:
+        codes.update(await asyncio.to_thread(system.stop_all))
+        await drop_isolation(system.iso)

@@ -4,7 +4,6 @@ counted twice, one webhook. And a batch paused and resumed between kills: the sa
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from dataclasses import asdict
@@ -13,12 +12,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from relay_batches.services.relay_cli import admin
 from tests.chaos.driver import (
     ChaosReport,
     ChaosSettings,
     Fault,
     assert_killed_and_clean,
+    chaos_started,
     chaos_system,
     kill_and_restart,
     run_chaos,
@@ -30,7 +29,6 @@ from tests.helpers.support import (
     ApiClient,
     WebhookReceiver,
     create_isolation,
-    drop_isolation,
     rows,
 )
 
@@ -46,15 +44,9 @@ async def test_kill_9_of_every_service_mid_batch_loses_nothing_and_counts_nothin
     settings = ChaosSettings.from_env(rows=5000, latency_ms=40, extra_worker_kills=3)
     iso = await create_isolation("chaos")
     system = chaos_system(iso, output_dir / "chaos-kills", settings)
-    try:
-        await system.start_all(http)
-        key = await admin.create_key(iso.database_url, "chaos")
-        api = ApiClient(system.api_url, key.key, http)
-        report = await run_chaos("kills", system, api, http, webhooks, settings, [])
-    finally:
-        codes = await asyncio.to_thread(system.stop_all)
-        await drop_isolation(iso)
-    report.exit_codes = codes
+    async with chaos_started(system, http) as run:
+        report = await run_chaos("kills", system, run.api, http, webhooks, settings, [])
+    report.exit_codes = run.codes
     report.write(output_dir / "chaos")
 
     assert_killed_and_clean(report, SERVICES, settings)
@@ -69,10 +61,8 @@ async def test_a_batch_paused_and_resumed_between_kills_ends_with_every_row_once
     iso = await create_isolation("chaospause")
     system = chaos_system(iso, output_dir / "chaos-pause", settings)
     report = ChaosReport("pause", settings.seed, settings.rows, settings.latency_ms)
-    try:
-        await system.start_all(http)
-        key = await admin.create_key(iso.database_url, "chaos")
-        api = ApiClient(system.api_url, key.key, http)
+    async with chaos_started(system, http) as run:
+        api = run.api
         batch = await api.submit(
             {"model": "gpt-4o-mini", "requests": rows(settings.rows), "webhookUrl": webhooks.url}
         )
@@ -83,10 +73,7 @@ async def test_a_batch_paused_and_resumed_between_kills_ends_with_every_row_once
         ids = [f"r-{i}" for i in range(settings.rows)]
         verdict = await assert_exactly_once(api, iso.database_url, batch["id"], ids, webhooks)
         report.verdict = asdict(verdict)
-    finally:
-        codes = await asyncio.to_thread(system.stop_all)
-        await drop_isolation(iso)
-    report.exit_codes = codes
+    report.exit_codes = codes = run.codes
     report.write(output_dir / "chaos")
     assert all(code == 0 for code in codes.values()), f"unclean exits after chaos: {codes}"
 

@@ -4,31 +4,31 @@ connections dropped and refused (``sever``). Collected only when that variable i
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from relay_batches.services.relay_cli import admin
-from tests.chaos.driver import ChaosSettings, assert_killed_and_clean, chaos_system, run_chaos
+from tests.chaos.driver import (
+    ChaosSettings,
+    assert_killed_and_clean,
+    chaos_started,
+    chaos_system,
+    run_chaos,
+)
 from tests.chaos.servers import restart_faults, sever_faults
 from tests.chaos.settings import SERVERS_MODE
-from tests.helpers.faults import TcpProxy
+from tests.helpers.faults import TcpProxy, server_proxies
 from tests.helpers.processes import SERVICES
-from tests.helpers.support import ApiClient, WebhookReceiver, create_isolation, drop_isolation
+from tests.helpers.support import WebhookReceiver, create_isolation
 
 
 @pytest.fixture
 async def proxies() -> AsyncIterator[tuple[TcpProxy, TcpProxy]]:
     """Proxies in front of RabbitMQ and Postgres (used by the ``sever`` mode only)."""
-    amqp, pg = TcpProxy("127.0.0.1", 5672), TcpProxy("127.0.0.1", 5432)
-    await amqp.start()
-    await pg.start()
-    yield amqp, pg
-    await amqp.stop()
-    await pg.stop()
+    async with server_proxies() as both:
+        yield both
 
 
 @pytest.mark.timeout(900)
@@ -48,20 +48,14 @@ async def test_kills_and_server_disruptions_mid_batch_lose_nothing(
             "RELAY_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{pg.port}/{iso.database}",
         }
     system = chaos_system(iso, output_dir / f"chaos-{SERVERS_MODE}", settings, **servers)
-    try:
-        await system.start_all(http)
-        key = await admin.create_key(iso.database_url, "chaos")
-        api = ApiClient(system.api_url, key.key, http)
+    async with chaos_started(system, http) as run:
         faults = (
             restart_faults() if SERVERS_MODE == "restart" else sever_faults(system, amqp, pg, http)
         )
         report = await run_chaos(
-            f"full-{SERVERS_MODE}", system, api, http, webhooks, settings, faults
+            f"full-{SERVERS_MODE}", system, run.api, http, webhooks, settings, faults
         )
-    finally:
-        codes = await asyncio.to_thread(system.stop_all)
-        await drop_isolation(iso)
-    report.exit_codes = codes
+    report.exit_codes = run.codes
     report.write(output_dir / "chaos")
 
     assert_killed_and_clean(report, SERVICES, settings)

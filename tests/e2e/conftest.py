@@ -45,7 +45,5 @@ async def api(system: System, api_key: str, http: aiohttp.ClientSession) -> ApiC
 @pytest.fixture(scope="session")
 async def webhooks() -> AsyncIterator[WebhookReceiver]:
     """A local webhook receiver for the session."""
-    receiver = WebhookReceiver()
-    await receiver.start()
-    yield receiver
-    await receiver.stop()
+    async with WebhookReceiver() as receiver:
+        yield receiver

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +15,10 @@ from tests.helpers.support import (
     ApiClient,
     WebhookReceiver,
     past_redelivery_cooldown,
+    run_relay,
     wait_until,
 )
 
-RELAY = str(Path(sys.executable).parent / "relay")
 ID_LINE = re.compile(r"^([0-9a-f]{32})  (queued|scheduled)  (\d+) rows  (.+)$")
 CLI_TIMEOUT_S = 90
 
@@ -37,23 +35,8 @@ class Run:
 async def relay(system: System, key: str, *args: str) -> Run:
     """Run ``relay batch ARGS`` against the e2e system with ``key``; wait for it to exit."""
     env = {**os.environ, "RELAY_URL": system.api_url, "RELAY_API_KEY": key}
-    process = await asyncio.create_subprocess_exec(
-        RELAY,
-        "batch",
-        *args,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    assert process.returncode is not None
-    return Run(process.returncode, out.decode(), err.decode())
+    code, out, err = await run_relay("batch", *args, env=env, timeout_s=CLI_TIMEOUT_S)
+    return Run(code, out.decode(), err.decode())
 
 
 def created_ids(run: Run) -> list[str]:

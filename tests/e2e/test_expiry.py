@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import aio_pika
 import aiohttp
 
-from relay_batches.bus.topology import Names
 from tests.helpers.processes import System, sim_calls
-from tests.helpers.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until
+from tests.helpers.support import (
+    ApiClient,
+    WebhookReceiver,
+    rows,
+    rows_queue_depth,
+    wait_until,
+)
 
 ROWS = 3000
 ROW_DELAY_MS = 300  # 8 slots: about 27 rows a second, far from all 3000 in the window
@@ -21,14 +25,6 @@ SLOTS = 8  # RELAY_BATCH_CONCURRENCY of the e2e system
 
 def _instant(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-
-
-async def _rows_queue_depth(namespace: str) -> int:
-    connection = await aio_pika.connect(AMQP_URL, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(Names(namespace).rows, passive=True)
-        return int(queue.declaration_result.message_count or 0)
 
 
 async def test_a_job_past_its_completion_window_ends_expired_keeping_what_finished(
@@ -59,7 +55,7 @@ async def test_a_job_past_its_completion_window_ends_expired_keeping_what_finish
     assert 0 < kept < ROWS
 
     async def drained() -> bool:
-        return await _rows_queue_depth(system.iso.namespace) == 0
+        return await rows_queue_depth(system.iso.namespace) == 0
 
     await wait_until(drained, 30, "the expired job's rows to leave the broker")
     await wait_until(lambda: _some(webhooks.for_batch(batch_id)), 15, "the expiry webhook")

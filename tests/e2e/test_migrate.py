@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
-from pathlib import Path
 
 import asyncpg
 
 from relay_batches.ids import new_id
 from relay_batches.ledger.migrate import migration_files
-from tests.helpers.support import PG_ADMIN_URL
+from tests.helpers.support import PG_ADMIN_URL, run_relay
 
-RELAY = str(Path(sys.executable).parent / "relay")
 RUNS = 4
 RUN_TIMEOUT_S = 120
 
@@ -21,22 +18,8 @@ RUN_TIMEOUT_S = 120
 async def migrate(database_url: str) -> tuple[int, str]:
     """Run ``relay migrate`` against ``database_url``; its exit code and stderr."""
     env = {**os.environ, "RELAY_DATABASE_URL": database_url}
-    process = await asyncio.create_subprocess_exec(
-        RELAY,
-        "migrate",
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        _, err = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    assert process.returncode is not None
-    return process.returncode, err.decode()
+    code, _, err = await run_relay("migrate", env=env, timeout_s=RUN_TIMEOUT_S)
+    return code, err.decode()
 
 
 async def test_concurrent_first_migrations_all_exit_zero_and_apply_the_schema_once() -> None:

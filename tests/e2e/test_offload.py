@@ -12,8 +12,6 @@ the provider batch runs ends the job canceled with the late outcomes discarded.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,7 +19,7 @@ import asyncpg
 import pytest
 
 from relay_batches.services.relay_cli import admin
-from tests.helpers.processes import System, running_system, sim_stats
+from tests.helpers.processes import System, sim_stats, system_fixture
 from tests.helpers.support import ApiClient, WebhookReceiver, wait_until
 
 HALF = {"prompt": 500.0, "completion": 1000.0}
@@ -34,30 +32,15 @@ EXPIRE_ROWS = {9, 999, 1_998}
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-async def offload_system(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    """A system whose offloader runs its passes every 0.2 s."""
-    async with running_system(
-        "offload",
-        output_dir / "e2e-offload",
-        http,
-        RELAY_BATCH_CONCURRENCY="8",
-        RELAY_OFFLOAD_INTERVAL_S="0.2",
-    ) as system:
-        yield system
+# A system whose offloader runs its passes every 0.2 s.
+offload_system = system_fixture(
+    "offload", RELAY_BATCH_CONCURRENCY="8", RELAY_OFFLOAD_INTERVAL_S="0.2"
+)
 
-
-@pytest.fixture(scope="module")
-async def slow_system(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    """A system whose simulated provider batches take 8 s (a cancel lands meanwhile)."""
-    async with running_system(
-        "offload-slow",
-        output_dir / "e2e-offload-slow",
-        http,
-        sim_env={"RELAY_SIM_BATCH_DELAY_S": "8"},
-        RELAY_OFFLOAD_INTERVAL_S="0.2",
-    ) as system:
-        yield system
+# A system whose simulated provider batches take 8 s (a cancel lands meanwhile).
+slow_system = system_fixture(
+    "offload-slow", sim_env={"RELAY_SIM_BATCH_DELAY_S": "8"}, RELAY_OFFLOAD_INTERVAL_S="0.2"
+)
 
 
 async def client(system: System, http: aiohttp.ClientSession, workspace: str) -> ApiClient:

@@ -5,15 +5,13 @@ batch their sum, the webhook carries it, and a small budget stops a 200-row job.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from relay_batches.services.relay_cli import admin
-from tests.helpers.processes import System, running_system
+from tests.helpers.processes import System, system_fixture
 from tests.helpers.support import ApiClient, WebhookReceiver, rows, wait_until
 
 PRICED = "sim-priced"
@@ -21,20 +19,12 @@ PROMPT_PER_MTOK, COMPLETION_PER_MTOK = 1000.0, 2000.0
 WINDOW = 32  # the budget test's dispatch window: rows released ahead of the outcomes
 
 
-@pytest.fixture(scope="module")
-async def small_window(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    """A system whose dispatcher keeps at most ``WINDOW`` rows of a workspace in flight
-    (the session system's 256 would release a 200-row job whole before any outcome, and
-    a budget withholds only rows not yet released)."""
-    async with running_system(
-        "cost",
-        output_dir / "e2e-cost",
-        http,
-        RELAY_BATCH_CONCURRENCY="4",
-        RELAY_DISPATCH_WINDOW=str(WINDOW),
-        RELAY_SLICE_ROWS="4",
-    ) as system:
-        yield system
+# A system whose dispatcher keeps at most ``WINDOW`` rows of a workspace in flight (the
+# session system's 256 would release a 200-row job whole before any outcome, and a budget
+# withholds only rows not yet released).
+small_window = system_fixture(
+    "cost", RELAY_BATCH_CONCURRENCY="4", RELAY_DISPATCH_WINDOW=str(WINDOW), RELAY_SLICE_ROWS="4"
+)
 
 
 async def detailed_rows(api: ApiClient, batch_id: str) -> list[dict[str, Any]]:

@@ -6,10 +6,7 @@ receiver's webhook retried until it answers."""
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -19,9 +16,8 @@ from relay_batches.services.relay_cli import admin
 from relay_batches.webhooks import verify
 from tests.helpers.processes import System
 from tests.helpers.receivers import Receiver, serving
-from tests.helpers.support import ApiClient, past_redelivery_cooldown, rows, wait_until
+from tests.helpers.support import ApiClient, past_redelivery_cooldown, rows, run_relay, wait_until
 
-RELAY = str(Path(sys.executable).parent / "relay")
 RETRY_WORKSPACE = "webhook-retries-e2e"
 
 
@@ -119,20 +115,9 @@ async def test_a_500_is_logged_and_a_redelivery_reaches_the_receiver_once_more(
 
 async def set_retries(system: System, workspace: str, attempts: int) -> str:
     """``relay workspaces webhook-retries`` as an operator runs it; its stdout."""
-    process = await asyncio.create_subprocess_exec(
-        RELAY,
-        "workspaces",
-        "webhook-retries",
-        workspace,
-        "--max-attempts",
-        str(attempts),
-        env={**system.base_env},
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 30)
-    assert process.returncode == 0, err.decode()
+    args = ("workspaces", "webhook-retries", workspace, "--max-attempts", str(attempts))
+    code, out, err = await run_relay(*args, env={**system.base_env}, timeout_s=30)
+    assert code == 0, err.decode()
     return out.decode()
 
 

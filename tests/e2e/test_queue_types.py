@@ -6,27 +6,18 @@ them with its webhook, and a service started with the other setting stops with o
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aio_pika
 import aiohttp
-import pytest
 
 from relay_batches.bus.topology import Names, declare_queue
 from relay_batches.services.relay_cli import admin
 from relay_batches.settings import ConfigError
-from tests.helpers.processes import BIN, System, running_system
+from tests.helpers.processes import BIN, System, system_fixture
 from tests.helpers.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until
 
-
-@pytest.fixture(scope="module")
-async def quorum(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    """A system on a namespace declared with RELAY_QUEUE_TYPE=quorum."""
-    async with running_system(
-        "quorum", output_dir / "e2e-quorum", http, RELAY_QUEUE_TYPE="quorum"
-    ) as system:
-        yield system
+# A system on a namespace declared with RELAY_QUEUE_TYPE=quorum.
+quorum = system_fixture("quorum", RELAY_QUEUE_TYPE="quorum")
 
 
 async def _declared_type(names: Names, queue: str) -> str | None:
@@ -81,14 +72,21 @@ async def test_a_job_runs_through_quorum_queues_with_its_webhook(
         assert "'quorum'" in error and "\n" not in error
 
 
-def test_a_service_with_the_other_queue_type_stops_with_one_line(quorum: System) -> None:
-    env = {**quorum.base_env, "RELAY_QUEUE_TYPE": "classic", "RELAY_HEALTH_PORT": "0"}
+def refused_aggregator(system: System, env: dict[str, str]) -> str:
+    """Start ``relay-aggregator`` on ``system`` with ``env`` added: it must stop with exit
+    code 2 and one line on stderr, returned."""
+    env = {**system.base_env, **env, "RELAY_HEALTH_PORT": "0"}
     done = subprocess.run(
         [str(BIN / "relay-aggregator")], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2, done.stderr
-    results = Names(quorum.iso.namespace).results
     [line] = done.stderr.strip().splitlines()
+    return line
+
+
+def test_a_service_with_the_other_queue_type_stops_with_one_line(quorum: System) -> None:
+    line = refused_aggregator(quorum, {"RELAY_QUEUE_TYPE": "classic"})
+    results = Names(quorum.iso.namespace).results
     assert line.startswith(
         f"relay-aggregator: configuration error: queue {results} exists on the broker with "
         "other arguments than this service's type classic (RELAY_QUEUE_TYPE=classic): "
@@ -99,13 +97,8 @@ def test_a_service_with_the_other_queue_type_stops_with_one_line(quorum: System)
 
 
 def test_a_service_with_fewer_results_shards_stops_with_one_line(quorum: System) -> None:
-    env = {**quorum.base_env, "RELAY_RESULTS_SHARDS": "2", "RELAY_HEALTH_PORT": "0"}
-    done = subprocess.run(
-        [str(BIN / "relay-aggregator")], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 2, done.stderr
+    line = refused_aggregator(quorum, {"RELAY_RESULTS_SHARDS": "2"})
     results = Names(quorum.iso.namespace).results
-    [line] = done.stderr.strip().splitlines()
     assert line == (
         f"relay-aggregator: configuration error: RELAY_RESULTS_SHARDS=2 but queue {results}.2 "
         "exists on the broker: some process of this namespace runs with a larger "

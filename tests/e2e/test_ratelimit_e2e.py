@@ -11,15 +11,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay_batches.services.relay_cli import admin
-from tests.helpers.processes import System, running_system
+from tests.helpers.processes import System, signed_in, system_fixture
 from tests.helpers.support import ApiClient, rows, wait_until
 
 WORKERS = ("row-worker", "row-worker#2", "row-worker#3")
@@ -27,25 +24,20 @@ THROTTLED_SHARE = 0.05  # of the calls, at most
 TAKE_OVER_S = 10.0  # a new leader within
 
 
-@pytest.fixture(scope="module")
-async def limited(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    async with running_system(
-        "rlim",
-        output_dir / "e2e-ratelimit",
-        http,
-        workers=3,
-        sim_env={"RELAY_SIM_RPM": "600"},
-        limits={"rpm": 600},
-        RELAY_BATCH_CONCURRENCY="16",
-        RELAY_DISPATCH_WINDOW="256",
-    ) as system:
-        yield system
+limited = system_fixture(
+    "ratelimit",
+    workers=3,
+    sim_env={"RELAY_SIM_RPM": "600"},
+    limits={"rpm": 600},
+    RELAY_BATCH_CONCURRENCY="16",
+    RELAY_DISPATCH_WINDOW="256",
+)
 
 
 @pytest.fixture(scope="module")
 async def api(limited: System, http: aiohttp.ClientSession) -> ApiClient:
-    key = (await admin.create_key(limited.iso.database_url, "ratelimit")).key
-    return ApiClient(limited.api_url, key, http)
+    """A client of this module's API."""
+    return await signed_in(limited, http, "ratelimit")
 
 
 async def sim_stats(http: aiohttp.ClientSession, system: System) -> dict[str, int]:

@@ -30,7 +30,12 @@ from tests.helpers.checks import (
     wait_all_ready,
     wait_terminal,
 )
-from tests.helpers.faults import TcpProxy, close_broker_connections, terminate_db_backends
+from tests.helpers.faults import (
+    TcpProxy,
+    close_broker_connections,
+    server_proxies,
+    terminate_db_backends,
+)
 from tests.helpers.processes import ServiceProcess, System, build_system
 from tests.helpers.support import (
     AMQP_URL,
@@ -49,12 +54,8 @@ GRACE_S = 10  # RELAY_SHUTDOWN_GRACE_S of build_system
 @pytest.fixture(scope="module")
 async def proxies() -> AsyncIterator[tuple[TcpProxy, TcpProxy]]:
     """A proxy in front of RabbitMQ and one in front of Postgres, for this module only."""
-    amqp, pg = TcpProxy("127.0.0.1", 5672), TcpProxy("127.0.0.1", 5432)
-    await amqp.start()
-    await pg.start()
-    yield amqp, pg
-    await amqp.stop()
-    await pg.stop()
+    async with server_proxies() as both:
+        yield both
 
 
 @pytest.fixture(scope="module")

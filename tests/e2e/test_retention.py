@@ -9,38 +9,26 @@ its upstream 30 s, and it is canceled at the end.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
-import pytest
 
-from relay_batches.services.relay_cli import admin
-from tests.helpers.processes import System, running_system
-from tests.helpers.support import ApiClient, rows, wait_until
+from tests.helpers.processes import System, signed_in, system_fixture
+from tests.helpers.support import rows, wait_until
 
 RETENTION_S = 5.0
 INTERVAL_S = 0.5
 
 
-@pytest.fixture(scope="module")
-async def retained(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    """Every service as its own process; ended jobs are kept 5 s."""
-    async with running_system(
-        "retain",
-        output_dir / "e2e-retention",
-        http,
-        RELAY_RETENTION="5s",
-        RELAY_RETENTION_INTERVAL_S=str(INTERVAL_S),
-    ) as system:
-        yield system
+# Every service as its own process; ended jobs are kept 5 s.
+retained = system_fixture(
+    "retention", RELAY_RETENTION="5s", RELAY_RETENTION_INTERVAL_S=str(INTERVAL_S)
+)
 
 
 async def test_a_finished_job_is_purged_after_the_retention_and_a_running_one_stays(
     retained: System, http: aiohttp.ClientSession
 ) -> None:
-    created = await admin.create_key(retained.iso.database_url, "retain-a")
-    api = ApiClient(retained.api_url, created.key, http)
+    api = await signed_in(retained, http, "retain-a")
     slow = await api.submit({"model": "gpt-4o-mini", "requests": rows(1, "[sim:delay-ms=30000]")})
     await api.wait_status(slow["id"], {"running"}, timeout=30)
     quick = await api.submit({"model": "gpt-4o-mini", "requests": rows(2)})

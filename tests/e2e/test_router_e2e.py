@@ -3,14 +3,10 @@ flaky upstream that the retries absorb."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import aiohttp
 import pytest
 
-from relay_batches.services.relay_cli import admin
-from tests.helpers.processes import running_system
+from tests.helpers.processes import System, signed_in, system_fixture
 from tests.helpers.support import ApiClient, rows
 
 
@@ -43,21 +39,21 @@ async def test_attempts_dead_letters_failures_and_usage(api: ApiClient) -> None:
     assert dead["data"][0]["error"] == data["down"]["error"]
 
 
+# A second system whose simulator answers 503 to 30% of all calls at random.
+flaky_system = system_fixture(
+    "flaky",
+    sim_env={"RELAY_SIM_ERROR_RATE": "0.3"},
+    max_retries=12,
+    RELAY_BATCH_CONCURRENCY="16",
+    RELAY_RETRY_BASE_MS="5",
+    RELAY_RETRY_CAP_S="0.2",
+)
+
+
 @pytest.fixture(scope="module")
-async def flaky_api(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[ApiClient]:
-    """A second system whose simulator answers 503 to 30% of all calls at random."""
-    async with running_system(
-        "flaky",
-        output_dir / "e2e-flaky",
-        http,
-        sim_env={"RELAY_SIM_ERROR_RATE": "0.3"},
-        max_retries=12,
-        RELAY_BATCH_CONCURRENCY="16",
-        RELAY_RETRY_BASE_MS="5",
-        RELAY_RETRY_CAP_S="0.2",
-    ) as system:
-        key = (await admin.create_key(system.iso.database_url, "flaky")).key
-        yield ApiClient(system.api_url, key, http)
+async def flaky_api(flaky_system: System, http: aiohttp.ClientSession) -> ApiClient:
+    """A client of the flaky system."""
+    return await signed_in(flaky_system, http, "flaky")
 
 
 async def test_a_thousand_rows_survive_a_30_percent_error_rate(flaky_api: ApiClient) -> None:

@@ -7,38 +7,23 @@ A system of its own with ``RELAY_MAX_RUNNING_JOBS=2`` (one dispatcher, one row-w
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
-from relay_batches.services.relay_cli import admin
-from tests.helpers.processes import System, running_system
+from tests.helpers.processes import System, signed_in, system_fixture
 from tests.helpers.support import ApiClient, rows, wait_until
 
 DELAY = "[sim:delay-ms=20]"
 
 
-@pytest.fixture(scope="module")
-async def slots2(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    """Every service as its own process; the dispatcher runs at most two jobs."""
-    async with running_system(
-        "sched",
-        output_dir / "e2e-scheduling",
-        http,
-        RELAY_BATCH_CONCURRENCY="8",
-        RELAY_DISPATCH_WINDOW="64",
-        RELAY_MAX_RUNNING_JOBS="2",
-    ) as system:
-        yield system
-
-
-async def client(system: System, http: aiohttp.ClientSession, workspace: str) -> ApiClient:
-    """A client signed in to ``workspace`` (created on first use)."""
-    created = await admin.create_key(system.iso.database_url, workspace)
-    return ApiClient(system.api_url, created.key, http)
+# Every service as its own process; the dispatcher runs at most two jobs.
+slots2 = system_fixture(
+    "scheduling",
+    RELAY_BATCH_CONCURRENCY="8",
+    RELAY_DISPATCH_WINDOW="64",
+    RELAY_MAX_RUNNING_JOBS="2",
+)
 
 
 def batch(n: int, priority: int = 0) -> dict[str, Any]:
@@ -60,8 +45,8 @@ async def cancel_unfinished(api: ApiClient, batch_ids: list[str]) -> None:
 async def test_a_small_job_of_another_workspace_finishes_while_most_of_a_long_queue_waits(
     slots2: System, http: aiohttp.ClientSession
 ) -> None:
-    api_a = await client(slots2, http, "sched-a")
-    api_b = await client(slots2, http, "sched-b")
+    api_a = await signed_in(slots2, http, "sched-a")
+    api_b = await signed_in(slots2, http, "sched-b")
     queue_a = [(await api_a.submit(batch(200)))["id"] for _ in range(12)]
 
     async def a_running() -> bool:
@@ -80,7 +65,7 @@ async def test_a_small_job_of_another_workspace_finishes_while_most_of_a_long_qu
 async def test_a_high_priority_job_runs_at_once_beside_its_workspace_s_running_low_ones(
     slots2: System, http: aiohttp.ClientSession
 ) -> None:
-    api = await client(slots2, http, "sched-prio")
+    api = await signed_in(slots2, http, "sched-prio")
     lows = [(await api.submit(batch(1500, priority=0)))["id"] for _ in range(2)]
 
     async def lows_running() -> bool:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-import aio_pika
 import aiohttp
 
-from relay_batches.bus.topology import Names
 from tests.helpers.processes import System, sim_calls
-from tests.helpers.support import AMQP_URL, ApiClient, WebhookReceiver, rows, wait_until
+from tests.helpers.support import (
+    ApiClient,
+    WebhookReceiver,
+    rows,
+    rows_queue_depth,
+    wait_until,
+)
 
 API_EXAMPLE = {
     "name": "Review sentiment — October",
@@ -111,14 +115,6 @@ async def test_permanent_row_failures_leave_the_job_completed(api: ApiClient) ->
         assert data[i] == {"custom_id": f"r-{i}", "content": f"echo: row {i}"}
 
 
-async def _rows_queue_depth(namespace: str) -> int:
-    connection = await aio_pika.connect(AMQP_URL, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(Names(namespace).rows, passive=True)
-        return int(queue.declaration_result.message_count or 0)
-
-
 async def test_cancel_of_a_running_batch_stops_its_rows(
     api: ApiClient, system: System, http: aiohttp.ClientSession, webhooks: WebhookReceiver
 ) -> None:
@@ -146,7 +142,7 @@ async def test_cancel_of_a_running_batch_stops_its_rows(
     assert (await api.get(batch_id))["status"] == "canceled"
 
     async def drained() -> bool:
-        return await _rows_queue_depth(system.iso.namespace) == 0
+        return await rows_queue_depth(system.iso.namespace) == 0
 
     await wait_until(drained, 30, "the canceled job's rows to leave the broker")
     await wait_until(lambda: _some(webhooks.for_batch(batch_id)), 15, "the cancel webhook")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aio_pika
 import aiohttp
@@ -23,11 +21,12 @@ from relay_batches.bus.topology import Names
 from relay_batches.messages import SliceMessage
 from relay_batches.services.relay_cli import admin
 from tests.helpers.checks import assert_exactly_once, wait_terminal
-from tests.helpers.processes import ServiceProcess, System, running_system, sim_calls
+from tests.helpers.processes import ServiceProcess, System, signed_in, sim_calls, system_fixture
 from tests.helpers.support import (
     AMQP_URL,
     ApiClient,
     rows,
+    rows_queue_depth,
     wait_until,
 )
 
@@ -35,29 +34,23 @@ STALL_S = 3.0
 GRACE_S = 10  # RELAY_SHUTDOWN_GRACE_S of build_system
 
 
-@pytest.fixture(scope="module")
-async def ssystem(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
-    """Every service as its own process, two row-workers."""
-    async with running_system(
-        "stall",
-        output_dir / "e2e-stall",
-        http,
-        fresh_logs=True,
-        workers=2,
-        RELAY_BATCH_CONCURRENCY="4",
-        RELAY_SLICE_ROWS="4",
-        RELAY_DISPATCH_WINDOW="64",
-        RELAY_STALL_SECONDS=str(STALL_S),
-        RELAY_HEARTBEAT_SECONDS="0.5",
-    ) as system:
-        yield system
+# Every service as its own process, two row-workers.
+ssystem = system_fixture(
+    "stall",
+    fresh_logs=True,
+    workers=2,
+    RELAY_BATCH_CONCURRENCY="4",
+    RELAY_SLICE_ROWS="4",
+    RELAY_DISPATCH_WINDOW="64",
+    RELAY_STALL_SECONDS=str(STALL_S),
+    RELAY_HEARTBEAT_SECONDS="0.5",
+)
 
 
 @pytest.fixture(scope="module")
 async def sapi(ssystem: System, http: aiohttp.ClientSession) -> ApiClient:
     """A client of this module's API."""
-    created = await admin.create_key(ssystem.iso.database_url, "stall")
-    return ApiClient(ssystem.api_url, created.key, http)
+    return await signed_in(ssystem, http, "stall")
 
 
 async def submit(api: ApiClient, n: int, delay_ms: int) -> str:
@@ -102,15 +95,6 @@ async def drop_ready_rows(namespace: str) -> dict[str, int]:
     return dropped
 
 
-async def ready_rows(namespace: str) -> int:
-    """Task messages waiting in the rows queue."""
-    connection = await aio_pika.connect(AMQP_URL, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(Names(namespace).rows, passive=True)
-        return int(queue.declaration_result.message_count or 0)
-
-
 def logged(system: System, action: str, batch_id: str) -> bool:
     """Whether the dispatcher logged ``action`` for ``batch_id``."""
     return any(
@@ -141,7 +125,7 @@ async def test_lost_rows_of_one_job_are_resent_under_steady_load_from_others(
 
     await wait_terminal(xapi, lost, 60)
     recovered_s = time.monotonic() - started
-    waiting = await ready_rows(ssystem.iso.namespace)
+    waiting = await rows_queue_depth(ssystem.iso.namespace)
     assert (await sapi.get(more))["status"] == "running"
     assert waiting > 0, "the queue should still hold rows of the other jobs"
     assert recovered_s < 4 * STALL_S, f"X took {recovered_s:.1f} s to recover"

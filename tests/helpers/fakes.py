@@ -7,10 +7,12 @@ import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from relay_batches.errors import TransientError
 from relay_batches.ledger.deliveries import Attempt, Claim, Deferred, Probe
 from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
+from relay_batches.ledger.result_pages import AnsweredRow
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.model import DeliveryStatus, Job, JobStatus
 from relay_batches.services.notifier.core import PostResult
@@ -41,6 +43,37 @@ BATCH = Job(
 )
 
 EVENT = JobEvent(BATCH.id, JobStatus.COMPLETED, 3, 2, 1)
+
+# Stored tool calls (rows recorded before replies were checked may hold them) that show
+# no tool call at all.
+UNUSABLE_STORED_TOOL_CALLS = (
+    "[1]",
+    "not json",
+    '{"id":"call_1"}',
+    '[{"function":"x"}]',
+    '[{"id":7,"type":"function","function":{"name":"f","arguments":"{}"}}]',
+    '[{"id":"c","type":"function","function":{"name":9,"arguments":"{}"}}]',
+)
+
+OUTCOME_FIELDS = (
+    "content",
+    "error",
+    "tool_calls",
+    "finish_reason",
+    "model",
+    "prompt_tokens",
+    "completion_tokens",
+    "attempts",
+    "dead_letter",
+    "deployment",
+)
+
+
+def answered_row(index: int, custom_id: str, **outcome: Any) -> AnsweredRow:
+    """An input row whose outcome holds ``outcome`` (and ``done``), every other outcome
+    field None; not done unless told."""
+    values: dict[str, Any] = {**dict.fromkeys(OUTCOME_FIELDS), "done": False, **outcome}
+    return AnsweredRow(index, custom_id, **values)
 
 
 @dataclass

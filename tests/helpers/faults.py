@@ -155,3 +155,16 @@ async def terminate_db_backends(database: str) -> int:
         )
     finally:
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def server_proxies() -> AsyncIterator[tuple[TcpProxy, TcpProxy]]:
+    """A started proxy in front of RabbitMQ and one in front of Postgres, stopped on leaving."""
+    amqp, pg = TcpProxy("127.0.0.1", 5672), TcpProxy("127.0.0.1", 5432)
+    await amqp.start()
+    await pg.start()
+    try:
+        yield amqp, pg
+    finally:
+        await amqp.stop()
+        await pg.stop()

@@ -11,10 +11,14 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import pytest
 
+from relay_batches.services.relay_cli import admin
 from tests.helpers.support import (
+    ApiClient,
     Isolation,
     create_isolation,
     drop_isolation,
@@ -307,3 +311,21 @@ async def running_system(
         codes = system.stop_all()
         await drop_isolation(iso)
     assert all(code == 0 for code in codes.values()), f"unclean exits: {codes}"
+
+
+def system_fixture(tag: str, *, fresh_logs: bool = False, **options: object) -> Any:
+    """A module-scoped fixture: a :func:`running_system` tagged ``tag`` with ``options``,
+    its logs in ``e2e-<tag>`` of the output folder; the module names it by assignment."""
+
+    async def fixture(output_dir: Path, http: aiohttp.ClientSession) -> AsyncIterator[System]:
+        log_dir = output_dir / f"e2e-{tag}"
+        async with running_system(tag, log_dir, http, fresh_logs=fresh_logs, **options) as system:
+            yield system
+
+    return pytest.fixture(scope="module")(fixture)
+
+
+async def signed_in(system: System, http: aiohttp.ClientSession, workspace: str) -> ApiClient:
+    """A client of ``system``'s API signed in to ``workspace`` (created on first use)."""
+    created = await admin.create_key(system.iso.database_url, workspace)
+    return ApiClient(system.api_url, created.key, http)

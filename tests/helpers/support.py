@@ -4,11 +4,12 @@ free ports, a webhook receiver and a client for the public API."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,15 @@ class WebhookReceiver:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    async def __aenter__(self) -> WebhookReceiver:
+        """Listening, until the block ends."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Stop listening."""
+        await self.stop()
+
     def for_batch(self, batch_id: str) -> list[dict[str, Any]]:
         """The bodies received for ``batch_id``."""
         return [b for b in self.bodies if b.get("id") == batch_id]
@@ -217,3 +227,86 @@ async def relay_admin(iso: Isolation, *args: str) -> subprocess.CompletedProcess
         timeout=60,
         check=False,
     )
+
+
+@contextlib.asynccontextmanager
+async def watching(names: Names, *keys: str) -> AsyncIterator[aio_pika.abc.AbstractQueue]:
+    """An exclusive queue bound to the events exchange of ``names`` under each of ``keys``,
+    on a connection of its own closed on leaving (the queue's ``channel`` stays usable)."""
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        events = await channel.get_exchange(names.events)
+        queue = await channel.declare_queue("", exclusive=True)
+        for key in keys:
+            await queue.bind(events, key)
+        yield queue
+
+
+async def rows_queue_depth(namespace: str) -> int:
+    """Task messages waiting in the rows queue of ``namespace``."""
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(Names(namespace).rows, passive=True)
+        return int(queue.declaration_result.message_count or 0)
+
+
+RELAY = str(Path(sys.executable).parent / "relay")
+
+
+async def run_relay(*args: str, env: dict[str, str], timeout_s: float) -> tuple[int, bytes, bytes]:
+    """Run ``relay ARGS`` with ``env`` and no stdin; its exit code, stdout and stderr. Past
+    ``timeout_s`` the process is killed and the timeout raised."""
+    process = await asyncio.create_subprocess_exec(
+        RELAY,
+        *args,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    assert process.returncode is not None
+    return process.returncode, out, err
+
+
+async def rows_naming(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
+    """How many rows of each table name ``batch_id`` (``keys``: stored idempotent answers
+    that mention it)."""
+    row = await pool.fetchrow(
+        "SELECT (SELECT count(*) FROM batches WHERE id = $1) AS batches,"
+        " (SELECT count(*) FROM batch_rows WHERE batch_id = $1) AS batch_rows,"
+        " (SELECT count(*) FROM row_results WHERE batch_id = $1) AS row_results,"
+        " (SELECT count(*) FROM webhook_deliveries WHERE batch_id = $1) AS deliveries,"
+        " (SELECT count(*) FROM webhook_attempts WHERE batch_id = $1) AS attempts,"
+        " (SELECT count(*) FROM idempotency_keys WHERE strpos(response_body, $1) > 0) AS keys",
+        batch_id,
+    )
+    assert row is not None
+    return dict(row)
+
+
+async def expire_delivery_claim(pool: asyncpg.Pool, batch_id: str) -> None:
+    """Make the current claim of ``batch_id``'s webhook delivery look like its holder went
+    silent long ago."""
+    await pool.execute(
+        "UPDATE webhook_deliveries SET claim_expires_at = now() - interval '1s'"
+        " WHERE batch_id = $1",
+        batch_id,
+    )
+
+
+async def drop_names(names: Names) -> None:
+    """Delete the durable queues and the events exchange of ``names``."""
+    connection = await aio_pika.connect(AMQP_URL, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        for queue in names.durable_queues():
+            await channel.queue_delete(queue)
+        await channel.exchange_delete(names.events)

@@ -3,6 +3,7 @@ on a real port, wired to the real Postgres and RabbitMQ."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -12,12 +13,21 @@ from aiohttp.test_utils import TestServer
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import Names
+from relay_batches.kit.base import BusService
 from relay_batches.ledger.jobs import JobStore
+from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import create_pool
 from relay_batches.router.aliases import AliasTable
 from relay_batches.services.relay_cli import admin
+from tests.helpers.aggregating import start_aggregating
 from tests.helpers.api import start_api, test_aliases
-from tests.helpers.support import AMQP_URL, ApiClient, Isolation, create_isolation, drop_isolation
+from tests.helpers.support import (
+    AMQP_URL,
+    ApiClient,
+    Isolation,
+    create_isolation,
+    drop_isolation,
+)
 
 
 @pytest.fixture(scope="session")
@@ -89,3 +99,14 @@ async def client_b(
 ) -> ApiClient:
     """A client signed in to workspace B."""
     return await _client(iso, api_server, http, "workspace-b")
+
+
+@pytest.fixture
+async def aggregator(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[BusService]:
+    """The aggregator service consuming the real results queue."""
+    running = await start_aggregating(
+        bus, OutcomeStore(pool), chunk=8, outbox_every_s=0.2, grace_s=5
+    )
+    yield running.service
+    running.stop.set()
+    await asyncio.wait_for(running.task, 10)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import aio_pika
 import asyncpg
@@ -83,30 +83,6 @@ async def test_outcomes_after_cancel_are_discarded(pool: asyncpg.Pool) -> None:
     await JobStore(pool).cancel(workspace, batch_id)
     assert await store.record([outcome(batch_id, 1), outcome(batch_id, 2)]) == []
     assert await counters(pool, batch_id) == ("canceled", 1, 0, 1)
-
-
-@pytest.fixture
-async def aggregator(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[BusService]:
-    """The aggregator service consuming the real results queue."""
-
-    async def db_ready() -> bool:
-        return True
-
-    service = aggregator_service(
-        bus,
-        Aggregator(OutcomeStore(pool), bus.publish_event),
-        db_ready,
-        prefetch=16,
-        chunk=8,
-        outbox_every_s=0.2,
-        grace_s=5,
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-    await wait_until(service.ready, 10, "the aggregator to consume")
-    yield service
-    stop.set()
-    await asyncio.wait_for(task, 10)
 
 
 async def test_a_chunk_holding_one_row_twice_stores_its_first_outcome(

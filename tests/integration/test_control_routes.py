@@ -15,18 +15,13 @@ from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_PROGRESS
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import JobEvent, RowOutcome
-from tests.helpers.support import AMQP_URL, ApiClient, rows
+from tests.helpers.support import ApiClient, rows, watching
 
 
 @pytest.fixture
 async def progress_events(bus: Bus) -> AsyncIterator[aio_pika.abc.AbstractQueue]:
     """An exclusive queue bound to ``job.progress``."""
-    connection = await aio_pika.connect(AMQP_URL, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        events = await channel.get_exchange(bus.names.events)
-        queue = await channel.declare_queue("", exclusive=True)
-        await queue.bind(events, EVENT_PROGRESS)
+    async with watching(bus.names, EVENT_PROGRESS) as queue:
         yield queue
 
 

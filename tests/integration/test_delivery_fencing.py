@@ -21,6 +21,7 @@ from relay_batches.messages import JobEvent
 from relay_batches.model import DeliveryStatus
 from relay_batches.services.notifier.core import PostResult, deliver_webhook
 from relay_batches.services.notifier.recovery import recover_deliveries
+from tests.helpers.support import expire_delivery_claim
 
 NAME = "fence"  # every job of this module, so its deliveries are found and removed
 
@@ -50,15 +51,6 @@ async def new_batch(pool: asyncpg.Pool, workspace: str | None = None) -> str:
     return batch.id
 
 
-async def expire(pool: asyncpg.Pool, batch_id: str) -> None:
-    """Make the current claim look like its notifier died long ago."""
-    await pool.execute(
-        "UPDATE webhook_deliveries SET claim_expires_at = now() - interval '1 second'"
-        " WHERE batch_id = $1",
-        batch_id,
-    )
-
-
 async def delivery(pool: asyncpg.Pool, batch_id: str) -> tuple[str, int | None, int]:
     row = await pool.fetchrow(
         "SELECT status, status_code, claims FROM webhook_deliveries WHERE batch_id = $1",
@@ -74,7 +66,7 @@ async def test_claims_are_numbered_and_a_stale_finish_is_fenced_out(pool: asyncp
     first = await store.claim(batch_id, HOOK, f"msg_{batch_id}")
     assert first == Claim(batch_id, 1)
     assert await store.claim(batch_id, HOOK, f"msg_{batch_id}") is None
-    await expire(pool, batch_id)
+    await expire_delivery_claim(pool, batch_id)
     assert await store.reclaim_expired() == [Claim(batch_id, 2)]
 
     # The first notifier was only slow: it may not POST, and its late record must not land.
@@ -119,7 +111,7 @@ class SlowPost:
 
     async def __call__(self, url: str, body: bytes, headers: dict[str, str]) -> PostResult:
         self.bodies.append(body)
-        await expire(self._pool, self._batch_id)
+        await expire_delivery_claim(self._pool, self._batch_id)
         assert await recover_deliveries(self._store, self._takeover) == 0
         self.during = await delivery(self._pool, self._batch_id)
         return PostResult(500)
@@ -182,7 +174,7 @@ async def test_a_claim_handed_back_keeps_its_number_so_an_old_holder_stays_fence
     batch_id = await new_batch(pool)
     first = await store.claim(batch_id, HOOK, f"msg_{batch_id}")
     assert first == Claim(batch_id, 1)
-    await expire(pool, batch_id)
+    await expire_delivery_claim(pool, batch_id)
     (taken,) = [c for c in await store.reclaim_expired() if c.batch_id == batch_id]
     assert taken == Claim(batch_id, 2)
     assert await store.hand_back(taken)

@@ -20,7 +20,7 @@ from relay_batches.ledger.delivery_log import DeliveryLog, Scheduled
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.model import DeliveryStatus, Job
-from tests.helpers.support import ApiClient, Isolation, relay_admin
+from tests.helpers.support import ApiClient, Isolation, expire_delivery_claim, relay_admin
 
 NAME = "delivery-log"  # every job of this module, so its deliveries are found and removed
 HOOK = "http://127.0.0.1:9/hook"  # never connected to: nothing here POSTs
@@ -78,14 +78,6 @@ async def delivery(pool: asyncpg.Pool, batch_id: str) -> tuple[str, int, int]:
 async def make_due(pool: asyncpg.Pool, batch_id: str) -> None:
     await pool.execute(
         "UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1s' WHERE batch_id = $1",
-        batch_id,
-    )
-
-
-async def expire(pool: asyncpg.Pool, batch_id: str) -> None:
-    await pool.execute(
-        "UPDATE webhook_deliveries SET claim_expires_at = now() - interval '1s'"
-        " WHERE batch_id = $1",
         batch_id,
     )
 
@@ -151,7 +143,7 @@ async def test_an_attempt_whose_holder_went_silent_is_logged_unknown_and_its_lat
     store = DeliveryStore(pool, claim_s=30)
     claim = await store.claim(job.id, HOOK, f"msg_{job.id}")
     assert claim is not None and await store.start_post(claim)
-    await expire(pool, job.id)
+    await expire_delivery_claim(pool, job.id)
     assert job.id in await store.mark_unknown()
     [(number, status, *_)] = await attempt_rows(pool, job.id)
     assert (number, status) == (1, "unknown")
@@ -181,7 +173,7 @@ async def test_a_retrying_delivery_is_claimed_once_when_due_and_counts_its_own_t
         assert await store.claim_deferred(job.id) is None
         assert not await store.start_post(stale), "an earlier claim may not POST again"
     # Claim 4 is the first of its attempt: its notifier dying is a first takeover.
-    await expire(pool, job.id)
+    await expire_delivery_claim(pool, job.id)
     assert Claim(job.id, 5) in await store.reclaim_expired()
     assert not await store.start_post(claim)
     assert await delivery(pool, job.id) == ("sending", 3, 5)
@@ -238,7 +230,7 @@ async def test_a_redelivery_re_arms_an_unknown_attempt_and_fences_its_silent_hol
     store, log = DeliveryStore(pool, claim_s=30), DeliveryLog(pool)
     silent = await store.claim(job.id, HOOK, f"msg_{job.id}")
     assert silent is not None and await store.start_post(silent)
-    await expire(pool, job.id)
+    await expire_delivery_claim(pool, job.id)
     await store.mark_unknown()
     await log.request_redelivery(job)
     assert not await store.finish(silent, DeliveryStatus.DELIVERED, 204, None)

@@ -28,11 +28,9 @@ from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.ledger.pool import create_pool
 from relay_batches.ledger.schedule import ScheduleStore, SpawnedRun
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
-from relay_batches.services.aggregator.core import Aggregator
-from relay_batches.services.aggregator.service import aggregator_service
 from relay_batches.services.scheduler.core import Reaper, Scheduler
 from relay_batches.services.scheduler.service import scheduler_service
-from tests.helpers.support import AMQP_URL, ApiClient, Isolation, wait_until
+from tests.helpers.support import ApiClient, Isolation, wait_until, watching
 
 ROW = '[{"content":"x","role":"user"}]'
 
@@ -89,13 +87,7 @@ async def events_for(
 @pytest.fixture
 async def watch(bus: Bus) -> AsyncIterator[aio_pika.abc.AbstractQueue]:
     """An exclusive queue bound to ``job.canceled`` and ``job.finished``."""
-    connection = await aio_pika.connect(AMQP_URL, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        events = await channel.get_exchange(bus.names.events)
-        queue = await channel.declare_queue("", exclusive=True)
-        await queue.bind(events, EVENT_CANCELED)
-        await queue.bind(events, EVENT_FINISHED)
+    async with watching(bus.names, EVENT_CANCELED, EVENT_FINISHED) as queue:
         yield queue
 
 
@@ -183,26 +175,6 @@ async def test_two_reapers_at_once_expire_each_due_job_once_and_announce_it_once
         "SELECT count(*) FROM batches WHERE id = ANY($1::text[]) AND lease_owner IS NOT NULL", due
     )
     assert leases == 0
-
-
-@pytest.fixture
-async def aggregator(pool: asyncpg.Pool, bus: Bus) -> AsyncIterator[BusService]:
-    """The aggregator service consuming the real results queue."""
-    service = aggregator_service(
-        bus,
-        Aggregator(OutcomeStore(pool), bus.publish_event),
-        _always_ready,
-        prefetch=16,
-        chunk=8,
-        outbox_every_s=0.2,
-        grace_s=5,
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-    await wait_until(service.ready, 10, "the aggregator to consume")
-    yield service
-    stop.set()
-    await asyncio.wait_for(task, 10)
 
 
 async def test_outcomes_after_expiry_are_discarded_and_repeat_the_cancel_as_expired(

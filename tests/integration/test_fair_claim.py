@@ -176,19 +176,25 @@ async def statuses(ledger: Ledger) -> dict[str, str]:
     return {ledger.names[r["id"]]: r["status"] for r in records}
 
 
-async def test_a_workspace_raising_its_priorities_never_keeps_another_out_of_the_slots(
-    fresh: asyncpg.Pool,
-) -> None:
-    ledger = Ledger(fresh)
+async def two_slots_running_a(ledger: Ledger) -> tuple[Releases, DispatchConfig, Dispatcher]:
+    """A dispatcher of two slots (a window of 8 rows) running A's jobs a0 and a1, each
+    longer than the window: they still have rows to release when outranked."""
     releases = Releases()
     config = DispatchConfig("d1", window=8, slice_rows=2, max_running_jobs=2, lease_s=LEASE_S)
     dispatcher = Dispatcher(
         ledger.store, releases.publish, releases.announce, lambda _: True, config
     )
-    # Jobs longer than the window: they still have rows to release when outranked.
     await ledger.queue("A", "a0", total=40)
     await ledger.queue("A", "a1", total=40)
     await dispatcher.claim()
+    return releases, config, dispatcher
+
+
+async def test_a_workspace_raising_its_priorities_never_keeps_another_out_of_the_slots(
+    fresh: asyncpg.Pool,
+) -> None:
+    ledger = Ledger(fresh)
+    releases, config, dispatcher = await two_slots_running_a(ledger)
     b0 = await ledger.queue("B", "b0", total=40)
     await dispatcher.claim()
     assert (await statuses(ledger))["b0"] == "queued"  # both slots run A's jobs
@@ -230,14 +236,7 @@ async def test_a_job_that_would_park_at_once_is_not_claimed_into_a_slot(
     which frees a slot as they park. A's next priority-0 job would only park too, taking
     room and releasing nothing, so it stays queued; B, arriving later, gets the slot."""
     ledger = Ledger(fresh)
-    releases = Releases()
-    config = DispatchConfig("d1", window=8, slice_rows=2, max_running_jobs=2, lease_s=LEASE_S)
-    dispatcher = Dispatcher(
-        ledger.store, releases.publish, releases.announce, lambda _: True, config
-    )
-    await ledger.queue("A", "a0", total=40)
-    await ledger.queue("A", "a1", total=40)
-    await dispatcher.claim()
+    releases, _, dispatcher = await two_slots_running_a(ledger)
     await ledger.queue("A", "a-top", priority=50, total=400)
     await ledger.queue("A", "a2", total=40)
     await dispatcher.claim()

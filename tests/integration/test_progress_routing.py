@@ -25,7 +25,7 @@ from relay_batches.services.dispatcher.__main__ import results_state
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.dispatcher.service import dispatcher_service
-from tests.helpers.support import AMQP_URL, Isolation, wait_until
+from tests.helpers.support import AMQP_URL, Isolation, drop_names, wait_until
 
 
 class Watched(Dispatcher):
@@ -238,13 +238,3 @@ async def delete_queue(queue: str) -> None:
     async with connection:
         channel = await connection.channel()
         await channel.queue_delete(queue)
-
-
-async def drop_names(names: Names) -> None:
-    """Delete the durable queues and the events exchange of ``names``."""
-    connection = await aio_pika.connect(AMQP_URL, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        for queue in names.durable_queues():
-            await channel.queue_delete(queue)
-        await channel.exchange_delete(names.events)

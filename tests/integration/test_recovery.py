@@ -128,10 +128,8 @@ async def test_a_stalled_job_gets_its_unfinished_rows_again_once_per_stall(
 @pytest.fixture
 async def receiver() -> AsyncIterator[WebhookReceiver]:
     """A local webhook receiver."""
-    created = WebhookReceiver()
-    await created.start()
-    yield created
-    await created.stop()
+    async with WebhookReceiver() as created:
+        yield created
 
 
 async def finished_batch(pool: asyncpg.Pool, url: str) -> str:

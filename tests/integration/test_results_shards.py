@@ -17,13 +17,12 @@ from relay_batches.bus.topology import Names, results_shard
 from relay_batches.errors import TransientError
 from relay_batches.ledger.outcomes import JobProgress, OutcomeStore
 from relay_batches.messages import RowOutcome
-from relay_batches.services.aggregator.core import Aggregator
-from relay_batches.services.aggregator.service import aggregator_service
 from relay_batches.services.dispatcher.__main__ import results_state
 from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
 from relay_batches.settings import ConfigError
-from tests.helpers.support import AMQP_URL, Isolation, wait_until
+from tests.helpers.aggregating import start_aggregating
+from tests.helpers.support import AMQP_URL, Isolation, drop_names, wait_until
 from tests.integration.test_aggregator import counters, outcome, running_batch
 
 ROWS = 12
@@ -71,29 +70,15 @@ class Running:
     task: asyncio.Task[None]
 
 
-async def db_ready() -> bool:
-    return True
-
-
 async def start_aggregator(
     names: Names, pool: asyncpg.Pool, label: str, store: RecordingStore | None = None
 ) -> Running:
     bus = Bus(AMQP_URL, names, label)
     await bus.connect()
     store = store or RecordingStore(pool)
-    service = aggregator_service(
-        bus,
-        Aggregator(store, bus.publish_event),
-        db_ready,
-        prefetch=16,
-        chunk=4,
-        outbox_every_s=60,
-        grace_s=1,
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-    await wait_until(service.ready, 10, f"aggregator {label} to consume")
-    return Running(bus, store, stop, task)
+    what = f"aggregator {label}"
+    running = await start_aggregating(bus, store, chunk=4, outbox_every_s=60, grace_s=1, what=what)
+    return Running(bus, store, running.stop, running.task)
 
 
 async def halt(running: Running) -> None:
@@ -107,12 +92,7 @@ async def names(iso: Isolation) -> AsyncIterator[Names]:
     """A namespace of its own (its shard queues start empty), deleted afterwards."""
     created = Names(f"{iso.namespace}sh")
     yield created
-    connection = await aio_pika.connect(AMQP_URL, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        for queue in created.durable_queues():
-            await channel.queue_delete(queue)
-        await channel.exchange_delete(created.events)
+    await drop_names(created)
 
 
 async def ready_per_shard(bus: Bus) -> list[int]:

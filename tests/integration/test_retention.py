@@ -27,7 +27,7 @@ from relay_batches.ledger.retention import (
 from relay_batches.messages import RowOutcome
 from relay_batches.services.scheduler.retention import Purger
 from tests.helpers.offload import ended_provider_batch
-from tests.helpers.support import Isolation, relay_admin
+from tests.helpers.support import Isolation, relay_admin, rows_naming
 
 ROW = '[{"content":"x","role":"user"}]'
 # Far longer than any other test's jobs have been ended: only this file's (dated back
@@ -80,17 +80,7 @@ async def ended(pool: asyncpg.Pool, ws: str, days_ago: float, rows: int = 3) -> 
 
 async def counts(pool: asyncpg.Pool, batch_id: str) -> dict[str, int]:
     """How many rows of each table name ``batch_id``."""
-    row = await pool.fetchrow(
-        "SELECT (SELECT count(*) FROM batches WHERE id = $1) AS batches,"
-        " (SELECT count(*) FROM batch_rows WHERE batch_id = $1) AS batch_rows,"
-        " (SELECT count(*) FROM row_results WHERE batch_id = $1) AS row_results,"
-        " (SELECT count(*) FROM webhook_deliveries WHERE batch_id = $1) AS deliveries,"
-        " (SELECT count(*) FROM webhook_attempts WHERE batch_id = $1) AS attempts,"
-        " (SELECT count(*) FROM idempotency_keys WHERE strpos(response_body, $1) > 0) AS keys",
-        batch_id,
-    )
-    assert row is not None
-    return dict(row)
+    return await rows_naming(pool, batch_id)
 
 
 NOTHING = {

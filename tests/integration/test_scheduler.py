@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import aio_pika
 import aiohttp
 import asyncpg
 import pytest
@@ -28,7 +27,7 @@ from relay_batches.messages import TemplateCreated
 from relay_batches.services.scheduler.core import Scheduler, TickResult
 from relay_batches.services.scheduler.service import scheduler_service
 from tests.helpers.processes import ServiceProcess
-from tests.helpers.support import AMQP_URL, ApiClient, Isolation, wait_until
+from tests.helpers.support import ApiClient, Isolation, wait_until, watching
 
 T0 = datetime(2030, 1, 1, 0, 0, 30, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
@@ -311,12 +310,7 @@ async def _always_ready() -> bool:
 
 
 async def test_create_publishes_template_created(bus: Bus, client_a: ApiClient) -> None:
-    connection = await aio_pika.connect(AMQP_URL, timeout=10)
-    async with connection:
-        channel = await connection.channel()
-        events = await channel.get_exchange(bus.names.events)
-        watch = await channel.declare_queue("", exclusive=True)
-        await watch.bind(events, EVENT_TEMPLATE_CREATED)
+    async with watching(bus.names, EVENT_TEMPLATE_CREATED) as watch:
         created = await client_a.submit(
             {"model": "gpt-4o-mini", "cron": "0 3 * * *", "requests": [{"messages": _hello()}]}
         )

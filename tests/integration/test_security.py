@@ -140,10 +140,8 @@ async def test_a_bad_idempotency_key_is_400(client_a: ApiClient) -> None:
 @pytest.fixture
 async def receiver() -> AsyncIterator[WebhookReceiver]:
     """A local receiver."""
-    created = WebhookReceiver()
-    await created.start()
-    yield created
-    await created.stop()
+    async with WebhookReceiver() as created:
+        yield created
 
 
 async def _finished_batch(pool: asyncpg.Pool, url: str) -> tuple[str, str]:

@@ -31,6 +31,7 @@ from relay_batches.model import (
     DeliveryStatus,
     JobStatus,
 )
+from tests.helpers.support import expire_delivery_claim
 
 HOOK = "http://127.0.0.1:9/hook"  # never connected to
 FAR = datetime(2100, 1, 1, tzinfo=UTC)
@@ -206,7 +207,7 @@ async def test_every_delivery_transition_is_made_by_a_ledger_function(
             await seen.delivery(batch_id, store.claim(batch_id, HOOK, f"msg_{batch_id}"))
             await seen.delivery(batch_id, store.start_post(claim))
             if lost:
-                await expire_claim(pool, batch_id)
+                await expire_delivery_claim(pool, batch_id)
                 await seen.delivery(batch_id, store.mark_unknown())
                 assert await delivery_status(pool, batch_id) == DeliveryStatus.UNKNOWN
             await seen.delivery(batch_id, store.finish(claim, end, None, None))
@@ -228,7 +229,7 @@ async def test_every_delivery_transition_is_made_by_a_ledger_function(
     unknown = await new_job(pool, workspace)
     await store.claim(unknown, HOOK, f"msg_{unknown}")
     await store.start_post(Claim(unknown, 1))
-    await expire_claim(pool, unknown)
+    await expire_delivery_claim(pool, unknown)
     await store.mark_unknown()
     unknown_job = await store.job(unknown)
     assert unknown_job is not None
@@ -254,7 +255,7 @@ async def test_every_delivery_transition_is_made_by_a_ledger_function(
     await pool.execute(
         "UPDATE webhook_deliveries SET claims = $2 WHERE batch_id = $1", hopeless, MAX_CLAIMS
     )
-    await expire_claim(pool, hopeless)
+    await expire_delivery_claim(pool, hopeless)
     await seen.delivery(hopeless, store.reclaim_expired())
     assert await delivery_status(pool, hopeless) == DeliveryStatus.FAILED
 
@@ -265,15 +266,6 @@ async def test_every_delivery_transition_is_made_by_a_ledger_function(
         "DELETE FROM webhook_deliveries WHERE batch_id IN"
         " (SELECT id FROM batches WHERE workspace_id = $1)",
         workspace,
-    )
-
-
-async def expire_claim(pool: asyncpg.Pool, batch_id: str) -> None:
-    """Make a delivery's claim look like its holder went silent long ago."""
-    await pool.execute(
-        "UPDATE webhook_deliveries SET claim_expires_at = now() - interval '1s'"
-        " WHERE batch_id = $1",
-        batch_id,
     )
 
 

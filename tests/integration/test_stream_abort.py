@@ -7,10 +7,8 @@ results -o``) must see an incomplete transfer, never a clean 200 with a cut body
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +24,8 @@ from relay_batches.model import Job
 from relay_batches.router.aliases import AliasTable
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import start_api
-from tests.helpers.support import ApiClient, Isolation
+from tests.helpers.support import ApiClient, Isolation, run_relay
 
-RELAY = str(Path(sys.executable).parent / "relay")
 CLI_TIMEOUT_S = 60
 ROW = {"role": "user", "content": "hi"}
 
@@ -113,25 +110,10 @@ async def test_relay_batch_results_fails_on_a_broken_transfer(
     batch_id = await canceled_batch(broken_api)
     out = tmp_path / "out.jsonl"
     env = {**os.environ, "RELAY_URL": broken_api.base_url, "RELAY_API_KEY": broken_api.key}
-    process = await asyncio.create_subprocess_exec(
-        RELAY,
-        "batch",
-        "results",
-        batch_id,
-        "-o",
-        str(out),
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    code, _, err = await run_relay(
+        "batch", "results", batch_id, "-o", str(out), env=env, timeout_s=CLI_TIMEOUT_S
     )
-    try:
-        _, err = await asyncio.wait_for(process.communicate(), CLI_TIMEOUT_S)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
-    assert process.returncode == 1, err
+    assert code == 1, err
     assert b"incomplete" in err, err
     assert not out.exists()
     assert not (tmp_path / "out.jsonl.part").exists()

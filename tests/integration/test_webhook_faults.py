@@ -43,6 +43,7 @@ from tests.helpers.support import (
     Isolation,
     create_isolation,
     drop_isolation,
+    expire_delivery_claim,
     wait_until,
 )
 
@@ -137,11 +138,7 @@ async def test_a_claim_taken_over_before_its_post_is_posted_once_by_the_taker(
         taker = DeliveryStore(pool, claim_s=30)
         claim = await holder.claim(batch_id, receiver.url, f"msg_{batch_id}")
         assert claim is not None
-        await pool.execute(
-            "UPDATE webhook_deliveries SET claim_expires_at = now() - interval '1s'"
-            " WHERE batch_id = $1",
-            batch_id,
-        )
+        await expire_delivery_claim(pool, batch_id)
         post = guarded_poster(LOOPBACK, 5.0)
         assert await recover_deliveries(taker, post) == 1
         assert not await holder.start_post(claim)

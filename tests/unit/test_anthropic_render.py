@@ -40,6 +40,7 @@ from relay_batches.services.ingest_api.rows.validation import (
 )
 from relay_batches.services.ingest_api.surfaces.anthropic.create import scan_requests
 from relay_batches.services.ingest_api.surfaces.anthropic.errors import anthropic_error
+from tests.helpers.fakes import UNUSABLE_STORED_TOOL_CALLS, answered_row
 
 JOB_ID = "0123456789abcdef0123456789abcdef"
 CREATED = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -76,22 +77,10 @@ def job(status: JobStatus, total: int = 10, completed: int = 0, failed: int = 0)
 
 
 def row(index: int = 0, **outcome: Any) -> AnsweredRow:
-    values: dict[str, Any] = {
-        "content": None,
-        "error": None,
-        "tool_calls": None,
-        "finish_reason": None,
-        "model": None,
-        "prompt_tokens": None,
-        "completion_tokens": None,
-        "attempts": None,
-        "dead_letter": None,
-        "deployment": None,
-        "done": False,
-    }
+    """An input row; one given an outcome is done after one attempt, not dead-lettered."""
     if outcome:
-        values.update({"attempts": 1, "dead_letter": False, "done": True}, **outcome)
-    return AnsweredRow(row_index=index, custom_id=f"req-{index}", **values)
+        outcome = {"attempts": 1, "dead_letter": False, "done": True, **outcome}
+    return answered_row(index, f"req-{index}", **outcome)
 
 
 def as_sdk_line(line: dict[str, Any]) -> MessageBatchIndividualResponse:
@@ -458,13 +447,7 @@ def test_the_documented_error_responses_are_the_error_object_the_middleware_send
 
 # Stored tool calls that rows recorded before replies were checked may hold, and the
 # tool_use blocks each shows.
-BAD_STORED_TOOL_CALLS = [
-    ("[1]", []),
-    ("not json", []),
-    ('{"id":"call_1"}', []),
-    ('[{"function":"x"}]', []),
-    ('[{"id":7,"type":"function","function":{"name":"f","arguments":"{}"}}]', []),
-    ('[{"id":"c","type":"function","function":{"name":9,"arguments":"{}"}}]', []),
+BAD_STORED_TOOL_CALLS = [(stored, []) for stored in UNUSABLE_STORED_TOOL_CALLS] + [
     (
         '[{"id":"c","type":"function","function":{"name":"f","arguments":{"a":1}}}]',
         [{"type": "tool_use", "id": "c", "name": "f", "input": {"a": 1}}],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from relay_batches.settings import ConfigError, Settings, pool_bounds
+from tests.helpers.config import config_error
 
 
 def test_unset_keeps_each_services_own_maximum() -> None:
@@ -43,9 +44,7 @@ def test_the_statement_cache_can_be_turned_off_for_pgbouncer() -> None:
     ],
 )
 def test_bad_values_stop_the_start_with_one_line(env: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env(env)
-    assert str(err.value) == message
+    assert config_error(Settings.from_env, env) == message
 
 
 def test_a_minimum_above_a_services_own_maximum_is_an_error() -> None:

@@ -23,6 +23,8 @@ from relay_batches.services.relay_dev.dev import (
 )
 from relay_batches.services.relay_dev.ports import HealthPort, is_free
 from relay_batches.settings import ConfigError, Settings
+from tests.helpers.config import config_error
+from tests.helpers.processes import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,23 +60,13 @@ def test_the_defaults_start_one_row_worker_and_the_simulator_on_8090() -> None:
 
 @pytest.mark.parametrize("raw", ["0", "33", "two", "-1", "1.5"])
 def test_a_bad_row_worker_count_is_one_line_naming_the_variable(raw: str) -> None:
-    with pytest.raises(ConfigError) as caught:
-        DevOptions.from_env({"RELAY_DEV_ROW_WORKERS": raw})
-    assert str(caught.value) == (
+    assert config_error(DevOptions.from_env, {"RELAY_DEV_ROW_WORKERS": raw}) == (
         f"RELAY_DEV_ROW_WORKERS must be a whole number from 1 to 32, got {raw!r}"
     )
 
 
 def test_several_row_workers_are_numbered() -> None:
-    assert health_names(1) == [
-        "ingest-api",
-        "scheduler",
-        "dispatcher",
-        "row-worker",
-        "aggregator",
-        "notifier",
-        "offloader",
-    ]
+    assert health_names(1) == list(SERVICES)
     assert health_names(2)[3:5] == ["row-worker-1", "row-worker-2"]
 
 
@@ -157,9 +149,10 @@ def test_dev_rate_limits_are_read_from_relay_dev_rpm_and_tpm() -> None:
 def test_a_bad_dev_rate_limit_is_one_line_naming_the_variable(
     variable: str, raw: str, most: str
 ) -> None:
-    with pytest.raises(ConfigError) as caught:
-        DevOptions.from_env({variable: raw})
-    assert str(caught.value) == f"{variable} must be a whole number from 1 to {most}, got {raw!r}"
+    assert (
+        config_error(DevOptions.from_env, {variable: raw})
+        == f"{variable} must be a whole number from 1 to {most}, got {raw!r}"
+    )
 
 
 def test_limits_go_on_every_deployment_table_and_replace_its_own() -> None:

@@ -35,16 +35,6 @@ from tests.helpers.fakes import (
 )
 
 
-@pytest.fixture
-def store() -> FakeDispatchStore:
-    return FakeDispatchStore()
-
-
-@pytest.fixture
-def recorder() -> Recorder:
-    return Recorder()
-
-
 def make_dispatcher(
     store: FakeDispatchStore,
     recorder: Recorder,

@@ -119,7 +119,9 @@ def test_a_heartbeat_carries_the_worker_concurrency_and_an_old_one_decodes_with_
     assert HoldingReport.decode(old).concurrency == 0
 
 
-async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window() -> None:
+def grown_window_dispatcher() -> tuple[FakeDispatchStore, Recorder, InFlight, Dispatcher]:
+    """A dispatcher of a base window of 20 rows that the fleet's holdings can grow to 1,000,
+    with its store, recorder and in-flight view."""
     store, recorder, mono = FakeDispatchStore(), Recorder(), Clock()
     config = DispatchConfig(
         OWNER, 20, 4, 8, LEASE_S, window_bytes=1_000_000, window_max=1000, window_max_bytes=10**8
@@ -134,6 +136,11 @@ async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window(
         inflight=inflight,
         clock=mono,
     )
+    return store, recorder, inflight, dispatcher
+
+
+async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window() -> None:
+    store, recorder, inflight, dispatcher = grown_window_dispatcher()
     await inflight.on_report(HoldingReport("w1", 6.0, (), (), 50))
     store.queued.append(job(total=500))
     await dispatcher.claim()
@@ -144,20 +151,7 @@ async def test_a_dispatcher_with_a_big_fleet_releases_more_than_its_base_window(
 async def test_a_top_up_reads_the_bytes_in_flight_once() -> None:
     """A grown window fills in many releases of a few slices: only the first reads the
     rows in flight from the ledger, the others only the sizes of the rows to come."""
-    store, recorder, mono = FakeDispatchStore(), Recorder(), Clock()
-    config = DispatchConfig(
-        OWNER, 20, 4, 8, LEASE_S, window_bytes=1_000_000, window_max=1000, window_max_bytes=10**8
-    )
-    inflight = InFlight(OWNER, mono)
-    dispatcher = Dispatcher(
-        store,
-        recorder.publish,
-        recorder.announce,
-        {"gpt-4o-mini"}.__contains__,
-        config,
-        inflight=inflight,
-        clock=mono,
-    )
+    store, recorder, inflight, dispatcher = grown_window_dispatcher()
     await inflight.on_report(HoldingReport("w1", 6.0, (), (), 500))
     store.queued.append(job(total=5000, dispatched_upto=100, completed=100))
     await dispatcher.claim()

@@ -21,6 +21,7 @@ from relay_batches.services.ingest_api.openapi import load_document
 from relay_batches.services.ingest_api.surfaces.openai.batches import batch_object
 from relay_batches.services.ingest_api.surfaces.openai.files import DownloadGate
 from relay_batches.services.ingest_api.surfaces.openai.output import output_files
+from tests.helpers.fakes import UNUSABLE_STORED_TOOL_CALLS, answered_row
 
 CREATED = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 ENDED = CREATED + timedelta(minutes=5)
@@ -112,21 +113,7 @@ def test_files_exist_once_ended_for_what_happened() -> None:
 
 def answered(index: int, **outcome: object) -> AnsweredRow:
     """An input row with the given outcome fields (none: no outcome)."""
-    fields: dict[str, object] = {
-        "content": None,
-        "error": None,
-        "tool_calls": None,
-        "finish_reason": None,
-        "model": None,
-        "prompt_tokens": None,
-        "completion_tokens": None,
-        "attempts": None,
-        "dead_letter": None,
-        "deployment": None,
-        "done": bool(outcome),
-    }
-    fields.update(outcome)
-    return AnsweredRow(index, f"r{index}", **fields)  # type: ignore[arg-type]
+    return answered_row(index, f"r{index}", **{"done": bool(outcome), **outcome})
 
 
 def test_output_lines_are_chat_completions_with_tool_calls() -> None:
@@ -217,13 +204,7 @@ def test_every_openai_operation_answers_errors_in_openai_shape() -> None:
 
 GOOD_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 # Stored tool calls that rows recorded before replies were checked may hold.
-BAD_STORED_TOOL_CALLS = [
-    ("[1]", []),
-    ("not json", []),
-    ('{"id":"call_1"}', []),
-    ('[{"function":"x"}]', []),
-    ('[{"id":7,"type":"function","function":{"name":"f","arguments":"{}"}}]', []),
-    ('[{"id":"c","type":"function","function":{"name":9,"arguments":"{}"}}]', []),
+BAD_STORED_TOOL_CALLS = [(stored, []) for stored in UNUSABLE_STORED_TOOL_CALLS] + [
     (
         '[{"id":"c","type":"function","function":{"name":"f","arguments":{"a":1}}}]',
         [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}],

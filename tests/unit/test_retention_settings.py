@@ -19,6 +19,7 @@ from relay_batches.metrics import (
 from relay_batches.services.relay_cli.__main__ import _retention
 from relay_batches.services.scheduler.retention import KEYS_PAGE, Purger
 from relay_batches.settings import ConfigError, Settings
+from tests.helpers.config import config_error
 
 
 @pytest.mark.parametrize(
@@ -71,9 +72,7 @@ def test_retention_and_its_interval_are_read() -> None:
 
 @pytest.mark.parametrize("raw", ["3w", "0s", "30", "-1d", "1234567d"])
 def test_a_bad_retention_stops_start_up_with_one_line(raw: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({"RELAY_RETENTION": raw})
-    assert str(err.value) == (
+    assert config_error(Settings.from_env, {"RELAY_RETENTION": raw}) == (
         f"RELAY_RETENTION must be a duration above 0 (<n>s, <n>m, <n>h or <n>d), got {raw!r}"
     )
 

@@ -17,10 +17,7 @@ from relay_batches.services.ingest_api.rows.validation import (
     RowRejected,
     SubmitLimits,
 )
-
-MODELS = frozenset({"gpt-4o-mini", "claude-haiku"})
-LIMITS = SubmitLimits()
-HI = {"role": "user", "content": "hi"}
+from tests.helpers.rows import HI, LIMITS, MODELS
 
 
 def line(**body: Any) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import pytest
 
 from relay_batches.services.ingest_api.__main__ import check_ingest_settings
 from relay_batches.settings import ConfigError, Settings, check_spool_dir
+from tests.helpers.config import config_error
 
 
 def test_defaults_with_an_empty_environment() -> None:
@@ -98,30 +99,30 @@ def test_other_bounded_integers(name: str, attr: str, raw: str, expected: int) -
 @pytest.mark.parametrize("name", ["RELAY_BATCH_CONCURRENCY", "RELAY_MAX_ROWS", "RELAY_SLICE_ROWS"])
 @pytest.mark.parametrize("raw", ["four", "1.5", "0x10"])
 def test_bad_integer_names_the_variable(name: str, raw: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({name: raw})
-    assert str(err.value) == f"{name} must be an integer, got {raw!r}"
+    assert config_error(Settings.from_env, {name: raw}) == f"{name} must be an integer, got {raw!r}"
 
 
 @pytest.mark.parametrize("name", ["RELAY_API_PORT", "RELAY_HEALTH_PORT"])
 @pytest.mark.parametrize("raw", ["four", "1.5", "0x10", "-1", "65536"])
 def test_bad_port_names_the_variable(name: str, raw: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({name: raw})
-    assert str(err.value) == f"{name} must be a port number 0..65535, got {raw!r}"
+    assert (
+        config_error(Settings.from_env, {name: raw})
+        == f"{name} must be a port number 0..65535, got {raw!r}"
+    )
 
 
 def test_bad_number_names_the_variable() -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({"RELAY_LEASE_SECONDS": "soon"})
-    assert str(err.value) == "RELAY_LEASE_SECONDS must be a number, got 'soon'"
+    assert (
+        config_error(Settings.from_env, {"RELAY_LEASE_SECONDS": "soon"})
+        == "RELAY_LEASE_SECONDS must be a number, got 'soon'"
+    )
 
 
 @pytest.mark.parametrize("raw", ["relay.prod", "a b", "ns/1", "ns*", "-_"])
 def test_bad_namespace(raw: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({"RELAY_NAMESPACE": raw})
-    assert str(err.value) == (f"RELAY_NAMESPACE may hold letters, digits, '-' and '_', got {raw!r}")
+    assert config_error(Settings.from_env, {"RELAY_NAMESPACE": raw}) == (
+        f"RELAY_NAMESPACE may hold letters, digits, '-' and '_', got {raw!r}"
+    )
 
 
 @pytest.mark.parametrize("raw", ["relay", "t_abc-123", "X9"])
@@ -184,9 +185,10 @@ POSITIVE_DURATIONS = [
 @pytest.mark.parametrize("raw", ["0", "-1", "-0.5", "nan"])
 def test_durations_must_be_above_zero(name: str, attr: str, raw: str) -> None:
     # 0 would disable an aiohttp timeout or spin a loop; a negative one is meaningless.
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({name: raw})
-    assert str(err.value) == f"{name} must be a number above 0, got {raw!r}"
+    assert (
+        config_error(Settings.from_env, {name: raw})
+        == f"{name} must be a number above 0, got {raw!r}"
+    )
 
 
 @pytest.mark.parametrize(("name", "attr"), POSITIVE_DURATIONS)
@@ -212,14 +214,13 @@ def test_integer_defaults_come_from_the_dataclass() -> None:
 def test_the_expiry_interval_defaults_to_one_second_and_must_be_finite() -> None:
     assert Settings.from_env({}).expiry_interval_s == 1.0
     for raw in ("inf", "Infinity"):
-        with pytest.raises(ConfigError) as err:
-            Settings.from_env({"RELAY_EXPIRY_INTERVAL_S": raw})
-        assert str(err.value) == (
+        assert config_error(Settings.from_env, {"RELAY_EXPIRY_INTERVAL_S": raw}) == (
             f"RELAY_EXPIRY_INTERVAL_S must be a finite number above 0, got {raw!r}"
         )
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({"RELAY_EXPIRY_INTERVAL_S": "1s"})
-    assert str(err.value) == "RELAY_EXPIRY_INTERVAL_S must be a number, got '1s'"
+    assert (
+        config_error(Settings.from_env, {"RELAY_EXPIRY_INTERVAL_S": "1s"})
+        == "RELAY_EXPIRY_INTERVAL_S must be a number, got '1s'"
+    )
 
 
 @pytest.mark.parametrize(
@@ -240,24 +241,24 @@ def test_public_base_url(raw: str, kept: str) -> None:
     ["relay.example.com", "ftp://relay.example.com", "https://", "https://h/?a=1", "https://h#x"],
 )
 def test_bad_public_base_url(raw: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({"RELAY_PUBLIC_BASE_URL": raw})
-    assert str(err.value) == (
+    assert config_error(Settings.from_env, {"RELAY_PUBLIC_BASE_URL": raw}) == (
         f"RELAY_PUBLIC_BASE_URL must be an http(s) URL like https://relay.example.com, got {raw!r}"
     )
 
 
 def test_public_base_url_with_a_bad_port() -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({"RELAY_PUBLIC_BASE_URL": "https://h:99999"})
-    assert str(err.value) == "RELAY_PUBLIC_BASE_URL has an invalid port, got 'https://h:99999'"
+    assert (
+        config_error(Settings.from_env, {"RELAY_PUBLIC_BASE_URL": "https://h:99999"})
+        == "RELAY_PUBLIC_BASE_URL has an invalid port, got 'https://h:99999'"
+    )
 
 
 def test_the_webhook_retry_base_defaults_to_thirty_seconds_and_must_be_finite() -> None:
     assert Settings.from_env({}).webhook_retry_base_s == 30.0
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({"RELAY_WEBHOOK_RETRY_BASE_S": "inf"})
-    assert str(err.value) == "RELAY_WEBHOOK_RETRY_BASE_S must be a finite number above 0, got 'inf'"
+    assert (
+        config_error(Settings.from_env, {"RELAY_WEBHOOK_RETRY_BASE_S": "inf"})
+        == "RELAY_WEBHOOK_RETRY_BASE_S must be a finite number above 0, got 'inf'"
+    )
 
 
 @pytest.mark.parametrize("raw", ["classic", "quorum"])
@@ -268,9 +269,10 @@ def test_the_queue_type_is_read(raw: str) -> None:
 
 @pytest.mark.parametrize("raw", ["Quorum", "stream", "qourum"])
 def test_a_bad_queue_type_names_the_variable(raw: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({"RELAY_QUEUE_TYPE": raw})
-    assert str(err.value) == f"RELAY_QUEUE_TYPE must be one of classic, quorum, got {raw!r}"
+    assert (
+        config_error(Settings.from_env, {"RELAY_QUEUE_TYPE": raw})
+        == f"RELAY_QUEUE_TYPE must be one of classic, quorum, got {raw!r}"
+    )
 
 
 def test_body_and_row_limits_are_read() -> None:
@@ -288,9 +290,7 @@ def test_body_and_row_limits_are_read() -> None:
 
 def test_a_json_body_limit_above_the_body_limit_is_refused() -> None:
     env = {"RELAY_MAX_BODY_BYTES": "1000", "RELAY_MAX_JSON_BODY_BYTES": "1001"}
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env(env)
-    assert str(err.value) == (
+    assert config_error(Settings.from_env, env) == (
         "RELAY_MAX_JSON_BODY_BYTES (1001) exceeds RELAY_MAX_BODY_BYTES (1000)"
     )
 
@@ -301,9 +301,7 @@ def test_a_json_body_limit_above_the_body_limit_is_refused() -> None:
 )
 @pytest.mark.parametrize("raw", ["0", "-5"])
 def test_a_body_or_row_limit_below_one_is_refused(name: str, raw: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        Settings.from_env({name: raw})
-    assert str(err.value) == f"{name} must be 1 or more, got {raw!r}"
+    assert config_error(Settings.from_env, {name: raw}) == f"{name} must be 1 or more, got {raw!r}"
 
 
 def test_the_spool_dir_must_be_a_writable_directory(tmp_path: Path) -> None:

@@ -37,16 +37,6 @@ class Waiting:
         return self.count
 
 
-@pytest.fixture
-def store() -> FakeDispatchStore:
-    return FakeDispatchStore()
-
-
-@pytest.fixture
-def recorder() -> Recorder:
-    return Recorder()
-
-
 def make(
     store: FakeDispatchStore, recorder: Recorder, waiting: Waiting, wall: Clock, mono: Clock
 ) -> Dispatcher:

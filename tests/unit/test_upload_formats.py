@@ -28,6 +28,7 @@ from relay_batches.services.ingest_api.surfaces.native.upload import (
     form_payload,
     job_name,
 )
+from tests.helpers.rows import MODELS
 
 LIMITS = SubmitLimits(max_rows=5, max_content_bytes=64)
 
@@ -283,8 +284,6 @@ def test_csv_from_a_bytearray_with_emoji_and_a_quoted_newline() -> None:
 
 
 # --- dialect .jsonl files ---------------------------------------------------------------
-
-MODELS = frozenset({"gpt-4o-mini", "claude-haiku"})
 
 
 def openai_line(custom_id: str, content: str, model: str = "gpt-4o-mini") -> bytes:

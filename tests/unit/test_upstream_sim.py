@@ -8,6 +8,7 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -25,6 +26,17 @@ CHAT = "/v1/chat/completions"
 NO_BATCHES = {"batches_created": 0, "batch_rows": 0, "batch_rows_repeated": 0}
 Client = TestClient[aiohttp.web.Request, aiohttp.web.Application]
 MakeClient = Callable[..., Awaitable[Client]]
+
+
+def calls_counted(calls: int, *, ok: int, errors: int, throttled: int) -> dict[str, int]:
+    """The simulator's ``/stats`` after ``calls`` chat calls and no batch."""
+    return {"calls": calls, "ok": ok, "errors": errors, "throttled": throttled, **NO_BATCHES}
+
+
+async def call_stats(client: Client) -> Any:
+    """The simulator's ``/stats``."""
+    async with client.get("/stats") as response:
+        return await response.json()
 
 
 class SleepRecorder:
@@ -302,14 +314,7 @@ async def test_invalid_body_is_400(client: Client, payload: bytes, message: str)
         assert await response.json() == {
             "error": {"message": message, "type": "invalid_request_error"}
         }
-    async with client.get("/stats") as response:
-        assert await response.json() == {
-            "calls": 1,
-            "ok": 0,
-            "errors": 1,
-            "throttled": 0,
-            **NO_BATCHES,
-        }
+    assert await call_stats(client) == calls_counted(1, ok=0, errors=1, throttled=0)
 
 
 # --- triggers ----------------------------------------------------------------------------
@@ -413,14 +418,7 @@ async def test_hang_is_cancelled_when_the_client_gives_up(make_client: MakeClien
             await response.read()
     await asyncio.wait_for(state.wait_idle(), timeout=5)
     assert state.in_flight == 0
-    async with client.get("/stats") as response:
-        assert await response.json() == {
-            "calls": 1,
-            "ok": 0,
-            "errors": 0,
-            "throttled": 0,
-            **NO_BATCHES,
-        }
+    assert await call_stats(client) == calls_counted(1, ok=0, errors=0, throttled=0)
 
 
 # --- error rate --------------------------------------------------------------------------
@@ -451,35 +449,14 @@ async def test_error_rate_is_seeded_and_reset_reseeds(make_client: MakeClient) -
 
 
 async def test_stats_count_calls_and_reset_zeroes_everything(client: Client) -> None:
-    async with client.get("/stats") as response:
-        assert await response.json() == {
-            "calls": 0,
-            "ok": 0,
-            "errors": 0,
-            "throttled": 0,
-            **NO_BATCHES,
-        }
+    assert await call_stats(client) == calls_counted(0, ok=0, errors=0, throttled=0)
     assert await post_statuses(client, chat("[sim:fail-first=1]"), 2) == [503, 200]
     assert await post_statuses(client, chat("ok"), 1) == [200]
-    async with client.get("/stats") as response:
-        assert await response.json() == {
-            "calls": 3,
-            "ok": 2,
-            "errors": 1,
-            "throttled": 0,
-            **NO_BATCHES,
-        }
+    assert await call_stats(client) == calls_counted(3, ok=2, errors=1, throttled=0)
     async with client.post("/reset") as response:
         assert response.status == 200
         assert await response.json() == {"ok": True}
-    async with client.get("/stats") as response:
-        assert await response.json() == {
-            "calls": 0,
-            "ok": 0,
-            "errors": 0,
-            "throttled": 0,
-            **NO_BATCHES,
-        }
+    assert await call_stats(client) == calls_counted(0, ok=0, errors=0, throttled=0)
     assert client.app[STATE_KEY].tracked_contents == 0
     assert await post_statuses(client, chat("[sim:fail-first=1]"), 2) == [503, 200]
 

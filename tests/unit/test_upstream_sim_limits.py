@@ -11,9 +11,10 @@ from relay_batches.services.upstream_sim.openai_chat import parse_chat_request
 from relay_batches.services.upstream_sim.rate_limits import RateWindows, per_second
 from tests.unit.test_upstream_sim import (
     CHAT,
-    NO_BATCHES,
     MakeClient,
     SleepRecorder,
+    call_stats,
+    calls_counted,
     chat,
     make_client,
     post_statuses,
@@ -91,14 +92,7 @@ async def test_over_the_rpm_a_call_answers_429_with_retry_after_at_once(
         assert (await response.json())["error"]["type"] == "rate_limit_error"
     clock.now = 51.0
     assert await post_statuses(client, chat("c"), 1) == [200]
-    async with client.get("/stats") as response:
-        assert await response.json() == {
-            "calls": 6,
-            "ok": 3,
-            "errors": 3,
-            "throttled": 3,
-            **NO_BATCHES,
-        }
+    assert await call_stats(client) == calls_counted(6, ok=3, errors=3, throttled=3)
 
 
 async def test_over_the_tpm_a_call_answers_429(make_client: MakeClient) -> None:

@@ -29,9 +29,8 @@ from relay_batches.services.ingest_api.rows.validation import (
     scan_submit,
     validate_submit,
 )
+from tests.helpers.rows import LIMITS, MODELS
 
-MODELS = frozenset({"gpt-4o-mini", "claude-haiku"})
-LIMITS = SubmitLimits()
 HI = [{"role": "user", "content": "hi"}]
 HI_JSON = '[{"content":"hi","role":"user"}]'
 ROW_FIELDS = (

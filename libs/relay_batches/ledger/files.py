@@ -328,15 +328,7 @@ class FileStore:
 
     async def batch(self, workspace_id: str, batch_id: str) -> LinkedBatch | None:
         """The OpenAI batch ``batch_id`` of ``workspace_id``."""
-        async with translated():
-            record = await self._pool.fetchrow(
-                f"SELECT b.*, {_LINK_COLUMNS} FROM openai_batches o"
-                " JOIN batches b ON b.id = o.batch_id"
-                " WHERE o.batch_id = $1 AND o.workspace_id = $2",
-                batch_id,
-                workspace_id,
-            )
-        return None if record is None else _linked(record)
+        return await self._one_linked("o.batch_id = $1", batch_id, workspace_id)
 
     async def batch_page(
         self, workspace_id: str, limit: int, after: str | None
@@ -358,12 +350,16 @@ class FileStore:
 
     async def batch_of_output(self, workspace_id: str, file_id: str) -> LinkedBatch | None:
         """The batch whose output or error file ``file_id`` is."""
+        where = "(o.output_file_id = $1 OR o.error_file_id = $1)"
+        return await self._one_linked(where, file_id, workspace_id)
+
+    async def _one_linked(self, where: str, value: str, workspace_id: str) -> LinkedBatch | None:
+        """The OpenAI batch of ``workspace_id`` (``$2``) that ``where`` picks by ``$1``."""
         async with translated():
             record = await self._pool.fetchrow(
                 f"SELECT b.*, {_LINK_COLUMNS} FROM openai_batches o"
-                " JOIN batches b ON b.id = o.batch_id WHERE o.workspace_id = $2"
-                " AND (o.output_file_id = $1 OR o.error_file_id = $1)",
-                file_id,
+                f" JOIN batches b ON b.id = o.batch_id WHERE {where} AND o.workspace_id = $2",
+                value,
                 workspace_id,
             )
         return None if record is None else _linked(record)

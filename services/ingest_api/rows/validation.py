@@ -128,7 +128,7 @@ class RowRejected(Exception):
 # --- body --------------------------------------------------------------------------
 
 
-def decode_json_object(raw: bytes) -> dict[str, object]:
+def decode_json_object(raw: bytes | bytearray) -> dict[str, object]:
     """Decode a request body that must be one JSON object."""
     try:
         payload = orjson.loads(raw)

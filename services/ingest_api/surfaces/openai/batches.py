@@ -54,6 +54,7 @@ from relay_batches.services.ingest_api.rows.job_fields import (
     completion_window,
     validate_metadata,
 )
+from relay_batches.services.ingest_api.rows.validation import decode_json_object
 from relay_batches.services.ingest_api.submit import (
     job_fields,
     plan_stored_job,
@@ -150,12 +151,7 @@ def _answer(linked: LinkedBatch) -> web.Response:
 
 def parse_create(raw: bytes | bytearray) -> OpenAICreateBatch:
     """The ``POST /batches`` body, validated; a 400 naming the field otherwise."""
-    try:
-        payload = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise invalid("request body must be JSON") from None
-    if type(payload) is not dict:
-        raise invalid("request body must be a JSON object")
+    payload = decode_json_object(raw)
     if "output_expires_after" in payload:
         raise invalid(
             "output_expires_after is not supported: output files are kept until deleted",

@@ -279,15 +279,22 @@ def _printable(text: str, limit: int = 200) -> str:
 # --- read -------------------------------------------------------------------------
 
 
+def _path_file_id(request: web.Request) -> tuple[str, str]:
+    """The path's ``file_id`` as given and the hex id the ledger keeps it under; not found
+    when it is no file id of ours."""
+    raw = request.match_info["file_id"]
+    hex_id = file_hex(raw)
+    if hex_id is None:
+        raise _not_found(raw)
+    return raw, hex_id
+
+
 async def _find(request: web.Request) -> StoredFile:
     """The live file of the path's ``file_id`` in the caller's workspace; an output or
     error file is registered here the first time it is asked for."""
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
-    raw = request.match_info["file_id"]
-    hex_id = file_hex(raw)
-    if hex_id is None:
-        raise _not_found(raw)
+    raw, hex_id = _path_file_id(request)
     stored = await deps.files.get(workspace_id, hex_id)
     if stored is None:
         linked = await deps.files.batch_of_output(workspace_id, hex_id)
@@ -426,10 +433,7 @@ async def delete_file(request: web.Request) -> web.Response:
     input file keeps running its rows)."""
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
-    raw = request.match_info["file_id"]
-    hex_id = file_hex(raw)
-    if hex_id is None:
-        raise _not_found(raw)
+    raw, hex_id = _path_file_id(request)
     if not await deps.files.delete(workspace_id, hex_id):
         linked = await deps.files.batch_of_output(workspace_id, hex_id)
         kind = None if linked is None else kind_of(linked, hex_id)
