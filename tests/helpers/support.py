@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import subprocess
 import sys
@@ -80,11 +81,28 @@ async def wait_until(
         await asyncio.sleep(every)
 
 
+# Ports handed out below the kernel's ephemeral range (32768-60999 here): a port the
+# kernel picked for ``bind(0)`` is one it may also pick for any outbound connection (to
+# Postgres, RabbitMQ, the services) between the pick and the service's own bind, so a
+# service started on it now and then failed to bind and exited 1.
+_PORTS_LOW, _PORTS_HIGH = 20_000, 32_000
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port that is free on loopback right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that is free on loopback right now, outside the ephemeral range and
+    never handed out before by this process."""
+    while True:
+        port = random.randrange(_PORTS_LOW, _PORTS_HIGH)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 @dataclass
