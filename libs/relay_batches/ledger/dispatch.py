@@ -11,6 +11,7 @@ import asyncpg
 from relay_batches.ledger.lock_order import update_jobs_in_id_order
 from relay_batches.ledger.pool import translated
 from relay_batches.ledger.status_sql import status_in
+from relay_batches.ledger.unfinished import no_outcome, unfinished_in, without_outcome
 from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
@@ -182,20 +183,7 @@ class DispatchStore:
         resumes or re-publishes after a stall skips them).
         """
         async with translated():
-            records = await self._pool.fetch(
-                "SELECT r.row_index, r.request FROM batch_rows r"
-                " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
-                " AND NOT EXISTS (SELECT 1 FROM row_results o"
-                "   WHERE o.batch_id = $1 AND o.row_index = r.row_index"
-                # The range again, so even a generic plan reads only this slice's
-                # outcomes through the primary key (never all of the job's results).
-                "   AND o.row_index >= $3 AND o.row_index < $4)"
-                " ORDER BY r.row_index",
-                job_id,
-                rows_batch_id,
-                start,
-                end,
-            )
+            records = await self._pool.fetch(_ROWS, job_id, rows_batch_id, start, end)
         return [(r[0], r[1]) for r in records]
 
     async def claim_stalled(
@@ -234,8 +222,12 @@ class DispatchStore:
         self, job_id: str, rows_batch_id: str, indexes: list[int]
     ) -> list[tuple[int, str]]:
         """The input rows at ``indexes`` that still have no outcome, in index order."""
+        if not indexes:
+            return []
         async with translated():
-            records = await self._pool.fetch(_ROWS_AT, job_id, rows_batch_id, indexes)
+            records = await self._pool.fetch(
+                _ROWS_AT, job_id, rows_batch_id, indexes, min(indexes), max(indexes) + 1
+            )
         return [(r[0], r[1]) for r in records]
 
     async def advance(self, owner: str, job_id: str, upto: int) -> bool:
@@ -439,8 +431,7 @@ _CLAIM_STALLED = update_jobs_in_id_order(
     " < now() - make_interval(secs => $3)",
     "last_progress_at = now()",
     "b.id, (SELECT min(r.row_index) FROM batch_rows r"
-    " WHERE r.batch_id = b.rows_batch_id AND NOT EXISTS ("
-    " SELECT 1 FROM row_results o WHERE o.batch_id = b.id AND o.row_index = r.row_index))",
+    f" WHERE r.batch_id = b.rows_batch_id AND {no_outcome('b.id', 'r.row_index')})",
 )
 
 # --- reads of stall recovery ----------------------------------------------------------
@@ -454,32 +445,32 @@ _RECORDING_SILENCES = (
 
 # $1 job id, $2 start, $3 end: the indexes of the range without an outcome.
 _UNFINISHED = (
-    "SELECT i FROM generate_series($2::int, $3::int - 1) AS i"
-    " WHERE NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1 AND o.row_index = i)"
-    " ORDER BY i"
+    "SELECT w.row_index FROM ("
+    + without_outcome("SELECT i, 1 FROM generate_series($2::int, $3::int - 1) AS i", "$2", "$3")
+    + ") w ORDER BY w.row_index"
 )
 
-# $1 job id, $2 rows batch id, $3 indexes.
+# $1 job id, $2 rows batch id, $3 indexes, $4..$5 a range that holds them.
 _ROWS_AT = (
-    "SELECT r.row_index, r.request FROM batch_rows r"
-    " WHERE r.batch_id = $2 AND r.row_index = ANY($3::int[])"
-    " AND NOT EXISTS (SELECT 1 FROM row_results o"
-    "   WHERE o.batch_id = $1 AND o.row_index = r.row_index)"
-    " ORDER BY r.row_index"
+    f"SELECT w.row_index, w.value FROM ({unfinished_in('r.request', '$4', '$5')}) w"
+    " WHERE w.row_index = ANY($3::int[]) ORDER BY w.row_index"
+)
+
+# --- the release ----------------------------------------------------------------------
+
+# $1 job id, $2 rows batch id, $3..$4 the rows.
+_ROWS = (
+    f"SELECT w.row_index, w.value FROM ({unfinished_in('r.request', '$3', '$4')}) w"
+    " ORDER BY w.row_index"
 )
 
 # --- the byte window ----------------------------------------------------------------
 
 # $1 job, $2 the batch whose rows it uses, $3..$4 rows in flight, $4..$5 rows to come.
-_UNFINISHED_SIZED = (
-    "SELECT r.row_index, octet_length(r.request) AS size FROM batch_rows r"
-    " WHERE r.batch_id = $2 AND r.row_index >= {low} AND r.row_index < {high}"
-    " AND NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1"
-    "   AND o.row_index = r.row_index AND o.row_index >= {low} AND o.row_index < {high})"
-)
+_UNFINISHED_SIZED = unfinished_in("octet_length(r.request)", "{low}", "{high}")
 _BYTE_WINDOW = (
-    f"WITH flying AS ({_UNFINISHED_SIZED.format(low='$3', high='$4')}),"
-    f" coming AS ({_UNFINISHED_SIZED.format(low='$4', high='$5')})"
+    f"WITH flying (row_index, size) AS ({_UNFINISHED_SIZED.format(low='$3', high='$4')}),"
+    f" coming (row_index, size) AS ({_UNFINISHED_SIZED.format(low='$4', high='$5')})"
     " SELECT (SELECT COALESCE(sum(size), 0)::bigint FROM flying),"
     " (SELECT min(row_index) FROM flying),"
     " ARRAY(SELECT row_index FROM coming ORDER BY row_index),"
