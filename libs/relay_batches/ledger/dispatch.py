@@ -452,16 +452,20 @@ _UNFINISHED = (
 
 # $1 job id, $2 rows batch id, $3 indexes, $4..$5 a range that holds them.
 _ROWS_AT = (
-    f"SELECT w.row_index, w.value FROM ({unfinished_in('r.request', '$4', '$5')}) w"
-    " WHERE w.row_index = ANY($3::int[]) ORDER BY w.row_index"
+    "SELECT r.row_index, r.request FROM batch_rows r"
+    " WHERE r.batch_id = $2 AND r.row_index >= $4 AND r.row_index < $5"
+    f" AND r.row_index = ANY($3::int[]) AND {no_outcome('$1', 'r.row_index')}"
+    " ORDER BY r.row_index"
 )
 
 # --- the release ----------------------------------------------------------------------
 
-# $1 job id, $2 rows batch id, $3..$4 the rows.
+# $1 job id, $2 rows batch id, $3..$4 the rows: a few slices, read at every release, so
+# probed (no aggregate of their text, which the planner would run in parallel workers).
 _ROWS = (
-    f"SELECT w.row_index, w.value FROM ({unfinished_in('r.request', '$3', '$4')}) w"
-    " ORDER BY w.row_index"
+    "SELECT r.row_index, r.request FROM batch_rows r"
+    " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
+    f" AND {no_outcome('$1', 'r.row_index')} ORDER BY r.row_index"
 )
 
 # --- the byte window ----------------------------------------------------------------

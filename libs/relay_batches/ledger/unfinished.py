@@ -11,10 +11,12 @@ over a minute at 300,000), and reads by index as a hash of every outcome of the 
 and the same range of ``row_results``, each read on its own primary key, grouped by row
 index; a row is unfinished when its group has no outcome. Whatever the estimates, each
 side reads only its range and the grouping (sorted or hashed) is linear in it, so the
-cost follows the range and never the table, nor the job's other rows.
+cost follows the range and never the table, nor the job's other rows: the shape for
+ranges that may be long (the rows in flight, stall recovery's reads).
 :func:`no_outcome` is a scalar subquery, which Postgres never turns into a join or a
-hashed subplan: one probe of ``row_results``' primary key per row that reaches it, for
-a walk that stops at its first hit.
+hashed subplan: one probe of ``row_results``' primary key per row that reaches it. The
+shape for a few slices' rows read with their text (a release), for a walk that stops at
+its first hit, and for rows picked by index.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 def unfinished_in(value: str, low: str, high: str) -> str:
     """SQL of the rows ``low <= row_index < high`` of job ``$1`` (its input stored under
     batch ``$2``) that have no outcome, as ``(row_index, value)``, in no order; ``value``
-    is an expression over ``batch_rows r`` that is never NULL (e.g. ``r.request``)."""
+    is an expression over ``batch_rows r`` that is never NULL (e.g. ``octet_length(r.request)``)."""
     return without_outcome(
         f"SELECT r.row_index, {value} FROM batch_rows r"
         f" WHERE r.batch_id = $2 AND r.row_index >= {low} AND r.row_index < {high}",
