@@ -16,8 +16,9 @@ def usage(prog: str, summary: str) -> str:
     """The help text of command ``prog``."""
     return (
         f"usage: {prog}\n\n{summary}\n\n"
-        "Takes no arguments: every setting is a RELAY_* environment variable (README,\n"
-        "Configuration). SIGTERM or SIGINT drains in-flight work and exits 0.\n"
+        "Takes no arguments: every setting is a RELAY_* environment variable (see\n"
+        "docs/operations/configuration.md). SIGTERM or SIGINT drains in-flight work and\n"
+        "exits 0.\n"
     )
 
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
-from relay_batches.kit.consumer import STEP_ASIDE_S, ConsumeChunks, DeadLetter
+from relay_batches.kit.chunks import STEP_ASIDE_S, ConsumeChunks, DeadLetter
 from relay_batches.kit.periodic import every
 from relay_batches.messages import OutcomesMessage
 from relay_batches.services.aggregator.core import Aggregator

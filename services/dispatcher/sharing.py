@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from relay_batches.ledger.dispatch import RunningJob
 
 if TYPE_CHECKING:
-    from relay_batches.services.dispatcher.core import OwnedJob
+    from relay_batches.services.dispatcher.state import OwnedJob
 
 
 FLEET_FACTOR = 2  # rows in the broker per row the live row-workers run at once
@@ -87,7 +87,7 @@ def byte_share(window_bytes: int, workspace_jobs: list[OwnedJob]) -> int:
     """One releasing job's part of its workspace's byte window: the workspace's jobs that
     still release rows split ``RELAY_DISPATCH_WINDOW_BYTES`` between them (a job with
     nothing in flight still sends one row, however small its part, see
-    :func:`~relay_batches.services.dispatcher.core.byte_window_end`)."""
+    :func:`~relay_batches.services.dispatcher.state.byte_window_end`)."""
     sharing = sum(1 for o in releasing(workspace_jobs) if not o.exhausted)
     return max(1, window_bytes // max(1, sharing))
 

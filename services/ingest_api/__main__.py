@@ -18,11 +18,13 @@ from relay_batches.ledger.schema import ledger_readiness, schema_gate
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.ingest_api.app import build_app
-from relay_batches.services.ingest_api.body import BodyGate
 from relay_batches.services.ingest_api.deps import ApiDeps
-from relay_batches.services.ingest_api.protocol import ApiRunner
+from relay_batches.services.ingest_api.edge.body import BodyGate
+from relay_batches.services.ingest_api.edge.protocol import ApiRunner
 from relay_batches.services.ingest_api.publishing import publisher_for
-from relay_batches.services.ingest_api.validation import SubmitLimits
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+)
 from relay_batches.settings import ConfigError, Settings, check_spool_dir, pool_bounds
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus, open_pool

@@ -15,8 +15,10 @@ from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job
-from relay_batches.services.ingest_api.body import BodyGate
-from relay_batches.services.ingest_api.validation import SubmitLimits
+from relay_batches.services.ingest_api.edge.body import BodyGate
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+)
 
 
 @dataclass(frozen=True)

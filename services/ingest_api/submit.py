@@ -4,7 +4,8 @@ wake-up, whichever surface it came from.
 A surface translates its request into job-level fields and request rows; here the fields
 are validated (:func:`job_fields`, the rules of ``POST /v1/batches`` for every surface),
 the job is built (:func:`plan_job`), stored with its ``Idempotency-Key`` claim in one
-transaction (:func:`submit_one`) and a dispatcher is woken.
+transaction (:func:`store_one`) and a dispatcher is woken (:func:`announce_created`). The
+order of those steps, the same for every surface, is :func:`.create.create`'s.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from relay_batches.ledger.jobs import NewJob
 from relay_batches.metrics import JOB_TRANSITIONS
 from relay_batches.model import Job, JobStatus
 from relay_batches.services.ingest_api.deps import ApiDeps
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.job_fields import (
     BatchOptions,
+    validate_batch_options,
+)
+from relay_batches.services.ingest_api.rows.validation import (
     KnownModels,
     RowInput,
     scan_submit,
-    validate_batch_options,
 )
 
 log = logging.getLogger("relay.ingest_api")
@@ -108,19 +111,20 @@ def plan_stored_job(
     return PlannedJob(replace(planned.new, total=total, rows_batch_id=rows_batch_id), [])
 
 
-async def submit_one(deps: ApiDeps, planned: PlannedJob, claim: IdempotencyClaim | None) -> Job:
-    """Store one job (recording its 201 for ``claim``), then wake its dispatcher.
+async def store_one(
+    deps: ApiDeps, planned: PlannedJob, claim: IdempotencyClaim | None, large: bool = False
+) -> Job:
+    """Store one job with its rows (recording its 201 for ``claim``); announcing it is
+    the create sequence's last step (:func:`announce_created`).
 
     :class:`KeyTaken` if a concurrent request with the same key stored first.
     """
-    job = await deps.jobs.create(planned.new, _row_pairs(planned), claim)
-    await _created(deps, [job])
-    return job
+    return await deps.jobs.create(planned.new, _row_pairs(planned), claim)
 
 
 async def announce_created(deps: ApiDeps, job: Job) -> None:
-    """Count and announce a job a surface stored itself (one that ended at once, as a
-    batch whose input failed validation): the metrics and wake-up of :func:`submit_one`."""
+    """Count, log and announce a job just stored: wake a dispatcher (or the schedulers
+    for a cron template)."""
     await _created(deps, [job])
 
 

@@ -6,7 +6,8 @@ a failed POST is never retried ("once, no retry"). Each attempt is at most once,
 exactly once whenever the notifier that POSTs lives to record it:
 
 - a notifier that dies after its claim and before its POST leaves the claim
-  ``sending``; once it expires, :func:`recover_deliveries` takes it over and POSTs;
+  ``sending``; once it expires, the recovery pass
+  (:mod:`~relay_batches.services.notifier.recovery`) takes it over and POSTs;
 - right before the POST the claim becomes ``posting`` (committed first: no commit, no
   POST), and a ``posting`` delivery is never POSTed again by anyone;
 - after the POST the holder records the outcome, retrying through a database outage
@@ -19,9 +20,9 @@ exactly once whenever the notifier that POSTs lives to record it:
 A workspace may opt into automatic retries (``webhook_max_attempts`` above 1): an attempt
 that failed (not delivered, not refused by the URL guard) is recorded ``retrying``,
 due after :meth:`RetryPolicy.retry_in`, while attempts remain and before the delivery's
-``retry_until``; the deferred pass claims it when due and POSTs the next attempt through
-the same claim protocol. A redelivery asked for through the API is one attempt, never
-retried.
+``retry_until``; the deferred pass (:mod:`~relay_batches.services.notifier.deferred`)
+claims it when due and POSTs the next attempt through the same claim protocol. A
+redelivery asked for through the API is one attempt, never retried.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Protocol
 
 import orjson
@@ -44,7 +45,7 @@ from relay_batches.ledger.deliveries import Attempt, Claim, Deferred, Probe
 from relay_batches.messages import JobEvent
 from relay_batches.metrics import WEBHOOK_DELIVERIES
 from relay_batches.model import DeliveryStatus, Job
-from relay_batches.services.notifier.receivers import Hold, ReceiverBusy, ReceiverGate
+from relay_batches.services.notifier.receivers import ReceiverBusy, ReceiverGate
 from relay_batches.webhooks import signed_headers
 
 log = logging.getLogger("relay.notifier")
@@ -54,14 +55,8 @@ log = logging.getLogger("relay.notifier")
 RECORD_BUDGET_S = 600.0
 RECORD_RETRY_S = 1.0
 CLAIM_MARGIN_S = 20.0
-RECOVER_PASS = 20  # expired claims taken over per recovery pass
-DEFERRED_PASS = 64  # deferred deliveries in flight at once in a deferred pass
-REFILL_S = 0.5  # while POSTs are in flight, look for more deferred deliveries this often
 RETRY_CAP_S = 3600.0  # the longest wait between two automatic attempts
 ERROR_CHARS = 500  # of a POST's error, kept in the delivery log (bounded per attempt)
-# A probe looks this far back before the listing it follows: a delivery deferred (or
-# re-armed) in a transaction that had not committed when that listing read is still seen.
-PROBE_OVERLAP_S = 1.0
 
 
 def claim_seconds(webhook_timeout_s: float) -> float:
@@ -228,11 +223,11 @@ async def deliver_webhook(
         return "no_webhook"
     url, message_id = job.webhook_url, f"msg_{job.id}"
     try:
-        async with _receiver_slot(gate, job.workspace_id, url, wait=True):
+        async with receiver_slot(gate, job.workspace_id, url, wait=True):
             claim = await store.claim(job.id, url, message_id)
             if claim is None:
                 return "already_delivered"
-            result = await _post(job, url, claim, store, post)
+            result = await post_claimed(job, url, claim, store, post)
     except ReceiverBusy as busy:
         if not await store.defer(job.id, url, message_id):
             return "already_delivered"
@@ -240,229 +235,32 @@ async def deliver_webhook(
         return "deferred"
     if result is None:
         return "taken_over"
-    return await _record_outcome(job, claim, store, result, policy)
+    return await record_outcome(job, claim, store, result, policy)
 
 
-def _never() -> bool:
-    return False
-
-
-class DueWatch:
-    """When the deferred pass lists the waiting deliveries (a read of all of them): at
-    least every ``full_every_s``, and between those only when :meth:`DeferredStore.probe`
-    finds one deferred, or come due, since the last listing (less ``PROBE_OVERLAP_S``)
-    of a receiver not busy here. A backlog of a busy (hanging) receiver is thus read
-    every ``full_every_s``, not at every poll; one that waited for a receiver busy here
-    goes out at the next listing (a slot freed in the pass, or the timer)."""
-
-    def __init__(self, full_every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.full_every_s = full_every_s
-        self._clock = clock
-        self._since: datetime | None = None
-        self._listed_at: float | None = None
-
-    async def listing_due(self, store: DeferredStore, gate: ReceiverGate) -> bool:
-        """Ask the probe (cheap); True when the caller should list now (and it records
-        the listing as made)."""
-        probe = await store.probe(self._since, gate.full_workspaces(), gate.busy_receivers())
-        now = self._clock()
-        timer = self._listed_at is None or now - self._listed_at >= self.full_every_s
-        if not (timer or probe.due):
-            return False
-        self._since = probe.at - timedelta(seconds=PROBE_OVERLAP_S)
-        self._listed_at = now
-        return True
-
-
-async def deliver_deferred(
-    store: DeferredStore,
-    post: Post,
-    gate: ReceiverGate,
-    stopping: Callable[[], bool] = _never,
-    policy: RetryPolicy = DEFAULT_RETRY,
-    watch: DueWatch | None = None,
-) -> int:
-    """Deliver deferred deliveries, and retrying ones that are due, whose receiver has a
-    free slot, concurrently, oldest first; return how many were POSTed.
-
-    The listing leaves out the receivers and workspaces that are busy here, so a backlog
-    of busy receivers never hides the others'. Up to ``DEFERRED_PASS`` run at once, and
-    the pass looks for more whenever one ends and every ``REFILL_S`` meanwhile: a hanging
-    POST holds only its own slot, never the others' turn. With a ``watch``, a look that
-    does not follow a POST's end lists only when :meth:`DueWatch.listing_due` says so
-    (otherwise each one lists). The pass ends when nothing is in flight and nothing more
-    can start; once ``stopping()``, it starts nothing more and ends with the POSTs in
-    flight (each within the webhook timeout).
-    """
-    running: set[asyncio.Task[bool]] = set()
-    delivered = 0
-    failure: BaseException | None = None
-    slot_freed = False
-    try:
-        while True:
-            if (
-                failure is None
-                and not stopping()
-                and len(running) < DEFERRED_PASS
-                and (slot_freed or watch is None or await watch.listing_due(store, gate))
-            ):
-                waiting = await store.deferred(
-                    DEFERRED_PASS - len(running),
-                    gate.slots,
-                    gate.full_workspaces(),
-                    gate.busy_receivers(),
-                )
-                for item in waiting:
-                    hold = gate.reserve(item.workspace_id, item.url)
-                    if hold is not None:
-                        running.add(
-                            _start(_deliver_one_deferred(item, store, post, gate, hold, policy))
-                        )
-            if not running:
-                break
-            done, _ = await asyncio.wait(
-                running, timeout=REFILL_S, return_when=asyncio.FIRST_COMPLETED
-            )
-            slot_freed = bool(done)
-            for task in done:
-                running.discard(task)
-                # Every delivery runs to its end before a failure, e.g. a record that
-                # outlasted its budget, ends the pass.
-                if task.exception() is not None:
-                    failure = failure or task.exception()
-                elif task.result():
-                    delivered += 1
-    finally:
-        await _cancel_all(running)
-    if failure is not None:
-        raise failure
-    return delivered
-
-
-def _start(work: Coroutine[object, object, bool]) -> asyncio.Task[bool]:
+def start_delivery(work: Coroutine[object, object, bool]) -> asyncio.Task[bool]:
+    """Run one delivery (a deferred one, or a takeover) in a task of its own."""
     return asyncio.create_task(work, name="webhook-delivery")
 
 
-async def _cancel_all(tasks: set[asyncio.Task[bool]]) -> None:
+async def cancel_all(tasks: set[asyncio.Task[bool]]) -> None:
     """Cancel what is still running (only when the pass itself is cancelled or failed)."""
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _deliver_one_deferred(
-    waiting: Deferred,
-    store: DeferredStore,
-    post: Post,
-    gate: ReceiverGate,
-    hold: Hold,
-    policy: RetryPolicy,
-) -> bool:
-    """Claim and POST one deferred (or due retrying) delivery in the slot ``hold``; True
-    if POSTed."""
-    job: Job | None = None
-    try:
-        claim = await store.claim_deferred(waiting.batch_id)
-        if claim is None:
-            return False
-        job = await store.job(waiting.batch_id)
-        result = None
-        if job is not None and job.webhook_url:
-            result = await _post(job, job.webhook_url, claim, store, post)
-    finally:
-        gate.release(hold)
-    if job is None or not job.webhook_url:
-        await _record(store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone")
-        return False
-    if result is None:
-        return False
-    await _record_outcome(job, claim, store, result, policy)
-    return True
-
-
-def _receiver_slot(
+def receiver_slot(
     gate: ReceiverGate | None, workspace_id: str, url: str, *, wait: bool
 ) -> contextlib.AbstractAsyncContextManager[None]:
+    """A slot of the receiver of ``url`` for ``workspace_id`` (nothing to hold without
+    a ``gate``)."""
     if gate is None:
         return contextlib.nullcontext()
     return gate.slot(workspace_id, url, wait=wait)
 
 
-async def recover_deliveries(
-    store: RecoveryStore,
-    post: Post,
-    gate: ReceiverGate | None = None,
-    limit: int = RECOVER_PASS,
-    policy: RetryPolicy = DEFAULT_RETRY,
-) -> int:
-    """POST the deliveries whose claim expired before their POST (their notifier died);
-    mark ``unknown`` those whose claim expired while ``posting`` (never POSTed again).
-
-    Each claim is taken over right before its own POST (a claim taken with others would
-    run down its clock while they are POSTed), and the POSTs run concurrently, each in
-    a slot of its receiver: a takeover whose receiver (or workspace) is busy is handed
-    back as a deferred delivery rather than waiting, so a hanging receiver delays only
-    its own deliveries.
-    """
-    for batch_id in await store.mark_unknown():
-        WEBHOOK_DELIVERIES.labels(DeliveryStatus.UNKNOWN).inc()
-        log.warning("webhook_outcome_unknown", extra={"batch_id": batch_id})
-    running: list[asyncio.Task[bool]] = []
-    try:
-        for _ in range(limit):
-            claims = await store.reclaim_expired(1)
-            if not claims:
-                break
-            claim = claims[0]
-            job = await store.job(claim.batch_id)
-            if job is None or not job.webhook_url:
-                await _record(
-                    store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone"
-                )
-                continue
-            hold = None if gate is None else gate.reserve(job.workspace_id, job.webhook_url)
-            if gate is not None and hold is None:
-                await store.hand_back(claim)
-                log.info("webhook_takeover_deferred", extra={"batch_id": claim.batch_id})
-                continue
-            log.warning(
-                "webhook_claim_taken_over",
-                extra={"batch_id": claim.batch_id, "claim": claim.number},
-            )
-            running.append(_start(_take_over(job, claim, store, post, (gate, hold), policy)))
-        done = await asyncio.gather(*running, return_exceptions=True)
-    finally:
-        await _cancel_all({t for t in running if not t.done()})
-    for failure in (d for d in done if isinstance(d, BaseException)):
-        raise failure
-    recovered = sum(1 for d in done if d is True)
-    if recovered:
-        log.info("deliveries_recovered", extra={"deliveries": recovered})
-    return recovered
-
-
-async def _take_over(
-    job: Job,
-    claim: Claim,
-    store: Store,
-    post: Post,
-    slot: tuple[ReceiverGate | None, Hold | None],
-    policy: RetryPolicy,
-) -> bool:
-    assert job.webhook_url is not None
-    gate, hold = slot
-    try:
-        result = await _post(job, job.webhook_url, claim, store, post)
-    finally:
-        if gate is not None and hold is not None:
-            gate.release(hold)
-    if result is None:
-        return False
-    await _record_outcome(job, claim, store, result, policy)
-    return True
-
-
-async def _post(job: Job, url: str, claim: Claim, store: Store, post: Post) -> Posted | None:
+async def post_claimed(job: Job, url: str, claim: Claim, store: Store, post: Post) -> Posted | None:
     """Sign, mark ``posting``, POST; None (nothing sent) if the claim was taken over."""
     body = orjson.dumps(job.webhook_body())
     secret = await store.signing_secret(job.workspace_id)
@@ -476,9 +274,11 @@ async def _post(job: Job, url: str, claim: Claim, store: Store, post: Post) -> P
     return Posted(result, attempt, marked_at, duration_ms)
 
 
-async def _record_outcome(
+async def record_outcome(
     job: Job, claim: Claim, store: Store, posted: Posted, policy: RetryPolicy
 ) -> str:
+    """Record what a POST gave (``retrying`` when the policy allows another attempt),
+    count and log it; return the outcome."""
     result = posted.result
     outcome = _outcome(result)
     retry_in_s = None
@@ -487,7 +287,7 @@ async def _record_outcome(
         if retry_in_s is not None:
             outcome = DeliveryStatus.RETRYING
     error = None if result.error is None else result.error[:ERROR_CHARS]
-    await _record(store, claim, outcome, result.status_code, error, posted.duration_ms, retry_in_s)
+    await record(store, claim, outcome, result.status_code, error, posted.duration_ms, retry_in_s)
     WEBHOOK_DELIVERIES.labels(outcome).inc()
     log.info(
         "webhook_" + outcome,
@@ -508,7 +308,7 @@ def _outcome(result: PostResult) -> DeliveryStatus:
     return DeliveryStatus.REFUSED if result.refused else DeliveryStatus.FAILED
 
 
-async def _record(
+async def record(
     store: Store,
     claim: Claim,
     outcome: DeliveryStatus,

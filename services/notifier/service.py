@@ -28,16 +28,10 @@ from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
 from relay_batches.kit.consumer import Consume
 from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import JobEvent
-from relay_batches.services.notifier.core import (
-    DueWatch,
-    Post,
-    RecoveryStore,
-    RetryPolicy,
-    deliver_deferred,
-    deliver_webhook,
-    recover_deliveries,
-)
+from relay_batches.services.notifier.core import Post, RecoveryStore, RetryPolicy, deliver_webhook
+from relay_batches.services.notifier.deferred import DueWatch, deliver_deferred
 from relay_batches.services.notifier.receivers import ReceiverGate
+from relay_batches.services.notifier.recovery import recover_deliveries
 
 NOTIFY_PREFETCH = 64
 RECEIVER_SLOTS = 4

@@ -31,36 +31,33 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 import asyncpg
-import orjson
 
-from relay_batches.bus.topology import results_shard
 from relay_batches.errors import PermanentError, TransientError
 from relay_batches.ledger.offload import (
     BatchState,
-    ForwardRow,
     Gathering,
     OffloadBatch,
     OffloadStore,
-    RowState,
 )
-from relay_batches.messages import OutcomesMessage, RowOutcome, SliceMessage, SliceRow
 from relay_batches.metrics import OFFLOAD_BATCHES, OFFLOAD_POLLS, OFFLOAD_ROWS
-from relay_batches.offload.lines import BatchClient, ProviderError, ProviderState, ResultLine
-from relay_batches.outcome import to_outcome
+from relay_batches.offload.lines import BatchClient, ProviderError, ProviderState
 from relay_batches.router.aliases import AliasTable, Price
-from relay_batches.router.types import RowResult
 from relay_batches.services.offloader.inputs import build_input
+from relay_batches.services.offloader.publishing import (
+    GATHER_ROUNDS,
+    Publishing,
+    PublishOutcomes,
+    PublishSlice,
+)
 
 log = logging.getLogger("relay.offloader")
 
-PublishOutcomes = Callable[[int, bytes], Awaitable[None]]  # (results shard, message body)
-PublishSlice = Callable[[SliceMessage], Awaitable[None]]
 Step = Callable[[OffloadBatch, BatchClient], Coroutine[Any, Any, None]]  # one record's step
 
 CLAIM_LIMIT = 4
@@ -75,12 +72,6 @@ STEP_FAILURES: tuple[type[BaseException], ...] = (
     TransientError,
     PermanentError,
 )
-FORWARD_ROWS = 500
-FORWARD_SLICE_ROWS = 50
-FORWARD_BYTES = 8 * 1024 * 1024  # of row requests taken at once (a row larger goes alone)
-MAX_SLICE_BYTES = 4 * 1024 * 1024  # a forwarded slice's requests, as the dispatcher's
-OUTCOME_ROWS = 200
-OUTCOME_BYTES = 256 * 1024
 MAX_POLL_FACTOR = 10
 RETRY_S = 5.0
 # A batch the provider holds whose polls it keeps refusing (401/403/400) ends after so
@@ -88,7 +79,6 @@ RETRY_S = 5.0
 MAX_REFUSALS = 10
 MAX_TRACKED = 10_000  # records whose refusals one offloader counts at once
 WINDOW_SLACK_S = 3600.0
-GATHER_ROUNDS = 16
 # Of a deployment's max_bytes, what its gathered rows' sizes (each with a fixed envelope)
 # may fill: the rest is room for what a provider's request format adds to a row (an
 # Anthropic translation's content blocks), so an input never crosses the provider's cap.
@@ -106,7 +96,7 @@ class OffloadConfig:
     margin_s: float = 3600.0  # RELAY_OFFLOAD_MARGIN: gather's deadline check, as the dispatcher's
 
 
-class Offloader:
+class Offloader(Publishing):
     """The passes over the ledger, one provider client per batch deployment."""
 
     def __init__(
@@ -287,69 +277,6 @@ class Offloader:
             },
         )
 
-    async def _publish_results(self, lines: AsyncIterator[ResultLine], batch: OffloadBatch) -> int:
-        """Publish every answered line as an outcome (chunks per results shard, each
-        confirmed, then its rows marked done); mark the unanswered ones forward."""
-        chunks = _Chunks(self._config.shards)
-        price = self._prices.get(batch.deployment)
-        refused: list[tuple[str, int]] = []
-        answered = 0
-        async for line in lines:
-            if line.reply is None or line.reply.completion is None:
-                refused.append((line.batch_id, line.row_index))
-                if len(refused) >= OUTCOME_ROWS:
-                    await self._store.mark_rows(refused, RowState.FORWARD)
-                    refused = []
-                continue
-            result = RowResult(line.reply.completion, None, 1, batch.deployment)
-            full = chunks.add(to_outcome(line.batch_id, line.row_index, result, None, price))
-            if full is not None:
-                answered += await self._flush(chunks, full)
-        await self._store.mark_rows(refused, RowState.FORWARD)
-        for shard in chunks.shards():
-            answered += await self._flush(chunks, shard)
-        return answered
-
-    async def _flush(self, chunks: _Chunks, shard: int) -> int:
-        outcomes, parts = chunks.take(shard)
-        if not outcomes:
-            return 0
-        await self._publish_outcomes(shard, OutcomesMessage.encode_parts(parts))
-        _, late = await self._store.mark_done([(o.batch_id, o.row_index) for o in outcomes])
-        OFFLOAD_ROWS.labels("late").inc(late)
-        return len(outcomes)
-
-    # --- 4. forward --------------------------------------------------------------------
-
-    async def forward_pass(self) -> None:
-        """Publish the rows waiting to go realtime, a bounded batch per transaction."""
-        for _ in range(GATHER_ROUNDS):
-            moved = await self._store.forward(FORWARD_ROWS, FORWARD_BYTES, self._forward)
-            OFFLOAD_ROWS.labels("forwarded").inc(moved)
-            if moved < FORWARD_ROWS:
-                return
-
-    async def _forward(self, rows: list[ForwardRow]) -> None:
-        """Slices of consecutive rows of one job, confirmed together."""
-        slices: list[SliceMessage] = []
-        run: list[ForwardRow] = []
-        size = 0
-        for row in rows:
-            if run and (
-                row.batch_id != run[0].batch_id
-                or row.row_index != run[-1].row_index + 1
-                or len(run) >= FORWARD_SLICE_ROWS
-                or size + len(row.request) > MAX_SLICE_BYTES
-            ):
-                slices.append(_slice(run, self._config.owner))
-                run, size = [], 0
-            run.append(row)
-            size += len(row.request)
-        if run:
-            slices.append(_slice(run, self._config.owner))
-        await asyncio.gather(*(self._publish_slice(s) for s in slices))
-        log.info("offload_forwarded", extra={"rows": len(rows), "slices": len(slices)})
-
     # --- helpers -----------------------------------------------------------------------
 
     async def _each_claimed(
@@ -489,51 +416,3 @@ def _ended(batch: OffloadBatch, state: ProviderState) -> OffloadBatch:
         error_file_id=state.errors,
         error=state.failed,
     )
-
-
-def _slice(run: list[ForwardRow], owner: str) -> SliceMessage:
-    """A slice of ``run`` at the broker's base level, as the dispatcher publishes a job's
-    rows (only its short-lived boost over a workspace's lower jobs goes higher): a job's
-    priority orders it within its workspace, and a level from it would put these rows
-    ahead of every other workspace's, against the fair share."""
-    first = run[0]
-    return SliceMessage(
-        first.batch_id,
-        first.model,
-        tuple(SliceRow(r.row_index, r.request) for r in run),
-        first.params,
-        0,
-        0.0,
-        owner,
-        first.expires_at.timestamp() if first.expires_at else 0.0,
-    )
-
-
-class _Chunks:
-    """Outcomes waiting to be published, per results shard, each shard's chunk bounded
-    in rows and encoded bytes."""
-
-    def __init__(self, shards: int) -> None:
-        self._shards = max(1, shards)
-        self._pending: dict[int, tuple[list[RowOutcome], list[bytes], int]] = {}
-
-    def add(self, outcome: RowOutcome) -> int | None:
-        """Queue ``outcome``; the shard whose chunk is now full, if any."""
-        shard = results_shard(outcome.batch_id, self._shards)
-        outcomes, parts, size = self._pending.setdefault(shard, ([], [], 0))
-        encoded = orjson.dumps(outcome.as_list())
-        outcomes.append(outcome)
-        parts.append(encoded)
-        size += len(encoded) + 1
-        self._pending[shard] = (outcomes, parts, size)
-        full = len(outcomes) >= OUTCOME_ROWS or size >= OUTCOME_BYTES
-        return shard if full else None
-
-    def take(self, shard: int) -> tuple[list[RowOutcome], list[bytes]]:
-        """The shard's chunk, removed."""
-        outcomes, parts, _ = self._pending.pop(shard, ([], [], 0))
-        return outcomes, parts
-
-    def shards(self) -> list[int]:
-        """The shards with outcomes waiting."""
-        return sorted(self._pending)

@@ -1,1 +1,2 @@
-"""``relay``: the admin command line (migrations, keys, the local dev supervisor)."""
+"""``relay``: the admin command line (migrations, keys, workspaces, ``batch …``; ``dev``
+runs :mod:`relay_batches.services.relay_dev` where it is installed)."""

@@ -1,4 +1,5 @@
-"""``relay``: migrations, workspaces, keys, ``dev`` (the local system of ``make run``) and
+"""``relay``: migrations, workspaces, keys, ``dev`` (the local system of ``make run``, in a
+source checkout only: :mod:`relay_batches.services.relay_dev`) and
 ``batch …`` (the public API from a terminal, see :mod:`relay_batches.services.relay_cli.batch`)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from datetime import timedelta
 
 from relay_batches.durations import SPELLING, format_duration, parse_duration
 from relay_batches.model import iso
-from relay_batches.services.relay_cli import admin, dev
+from relay_batches.services.relay_cli import admin
 from relay_batches.services.relay_cli.batch import add_batch_parser, run_batch
 from relay_batches.settings import RETENTION_MAX_DIGITS, ConfigError, Settings
 
@@ -62,7 +63,10 @@ def _parser() -> argparse.ArgumentParser:
         help="a duration such as 7d, 12h or 30m; 'default' for RELAY_RETENTION",
     )
 
-    sub.add_parser("dev", help="run every service and the simulator locally (make run)")
+    sub.add_parser(
+        "dev",
+        help="run every service and the simulator locally (make run; a source checkout only)",
+    )
     add_batch_parser(sub)
     return parser
 
@@ -162,7 +166,21 @@ def _workspaces_retention(settings: Settings, args: argparse.Namespace) -> None:
     print(f"workspace {args.name}: ended jobs kept for {kept}, then purged")
 
 
+# What ``relay dev`` says where it is not installed: the image and a wheel carry neither
+# it nor the simulator (pyproject.toml, [tool.relay] dev-packages).
+DEV_MISSING = (
+    "relay: `relay dev` is not in this build: it and the upstream simulator are dev-only"
+    " and left out of the wheel and the image; run it from a source checkout (make run)"
+)
+
+
 def _dev_command(settings: Settings, _: argparse.Namespace) -> None:
+    try:
+        from relay_batches.services.relay_dev import dev
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not exc.name.startswith("relay_batches.services.relay_dev"):
+            raise
+        sys.exit(DEV_MISSING)
     asyncio.run(dev.run(settings, dev.DevOptions.from_env(os.environ), os.environ))
 
 

@@ -33,9 +33,13 @@ class Router(Protocol):
     """What the runner needs of the model router."""
 
     async def complete(
-        self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+        self,
+        alias: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        workspace: str = "",
     ) -> RowResult:
-        """Run one row through its alias."""
+        """Run one row through its alias, over connections of ``workspace``'s own."""
 
 
 OutcomeSink = Callable[[RowOutcome], Awaitable[None]]
@@ -251,7 +255,7 @@ class RowRunner:
         alias = request.model or job_slice.model
         params = job_slice.params if not request.params else {**job_slice.params, **request.params}
         try:
-            return await self._router.complete(alias, request.messages, params)
+            return await self._router.complete(alias, request.messages, params, job_slice.tenant)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

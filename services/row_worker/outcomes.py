@@ -28,13 +28,14 @@ import orjson
 
 from relay_batches.bus.topology import results_shard
 from relay_batches.messages import OutcomesMessage, RowOutcome
+from relay_batches.settings import Settings
 
 log = logging.getLogger("relay.row_worker.outcomes")
 
 Publish = Callable[[int, bytes], Awaitable[None]]  # (results shard, message body)
 
 PUBLISH_ATTEMPTS = 20
-MAX_MESSAGE_BYTES = 256 * 1024  # the default of RELAY_RESULTS_MESSAGE_BYTES
+MAX_MESSAGE_BYTES = Settings.results_message_bytes  # RELAY_RESULTS_MESSAGE_BYTES's default
 ENVELOPE_BYTES = 64  # a message's bytes around its outcomes: kind, keys, brackets
 PUBLISH_RETRY_S = 0.5
 RATE_TAU_S = 1.0  # the rate meter's memory: older arrivals weigh e-fold less per second

@@ -1,13 +1,9 @@
 """``relay-upstream-sim``: read ``RELAY_SIM_*`` from the environment and serve the simulator.
 
-``RELAY_SIM_LATENCY_MS`` (default 0), ``RELAY_SIM_ERROR_RATE`` (fraction 0..1, default 0),
-``RELAY_SIM_RPM`` and ``RELAY_SIM_TPM`` (rate limits enforced per second, default 0: off),
-``RELAY_SIM_BATCH_DELAY_S`` (seconds a provider batch takes at least, default 0: done at its
-first poll), ``RELAY_SIM_BATCH_INPUT_DELAY_S`` (seconds a batch input, upload or create,
-waits for its answer, default 0) and ``RELAY_SIM_BATCH_RESULTS_PAUSE_S`` (seconds a results
-download stops halfway, default 0),
-``RELAY_SIM_HOST`` (default 127.0.0.1) and ``RELAY_SIM_PORT`` (default 8090; 0 picks a
-free port). A bad value exits 2; SIGTERM or SIGINT stops the server and exits 0.
+The variables (latency, error rate, rate limits, provider batch delays, host and port) are
+declared in :class:`relay_batches.settings.SimSettings` and listed, with their defaults and
+bounds, in docs/operations/configuration.md. A bad value exits 2; SIGTERM or SIGINT stops
+the server and exits 0.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import uvloop
 from aiohttp import web
@@ -26,10 +22,11 @@ from aiohttp import web
 from relay_batches.logging import setup_logging
 from relay_batches.services.upstream_sim.app import build_app
 from relay_batches.services.upstream_sim.config import SimConfig
-from relay_batches.settings import ConfigError, port_setting
+from relay_batches.settings import ConfigError, SimSettings
 from relay_batches.usage import answer_help
 
 SERVICE = "upstream-sim"
+LISTENER = ("host", "port")  # the settings that are not SimConfig's
 SHUTDOWN_GRACE_S = 1.0  # in-flight calls get this long after a signal; hung ones are cut
 
 
@@ -42,32 +39,12 @@ class SimOptions:
     port: int = 8090
 
 
-def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if not low <= value <= high:
-        raise ConfigError(f"{name} must be within {low:g}..{high:g}, got {raw!r}")
-    return value
-
-
 def options_from_env(env: Mapping[str, str]) -> SimOptions:
     """Read the ``RELAY_SIM_*`` variables; raise :class:`ConfigError` on a bad value."""
-    config = SimConfig(
-        latency_ms=_number(env, "RELAY_SIM_LATENCY_MS", 0.0, 0.0, 3_600_000.0),
-        error_rate=_number(env, "RELAY_SIM_ERROR_RATE", 0.0, 0.0, 1.0),
-        rpm=int(_number(env, "RELAY_SIM_RPM", 0, 0, 1e9)),
-        tpm=int(_number(env, "RELAY_SIM_TPM", 0, 0, 1e12)),
-        batch_delay_s=_number(env, "RELAY_SIM_BATCH_DELAY_S", 0.0, 0.0, 86_400.0),
-        batch_input_delay_s=_number(env, "RELAY_SIM_BATCH_INPUT_DELAY_S", 0.0, 0.0, 3_600.0),
-        batch_results_pause_s=_number(env, "RELAY_SIM_BATCH_RESULTS_PAUSE_S", 0.0, 0.0, 3_600.0),
-    )
-    host = env.get("RELAY_SIM_HOST", "").strip() or "127.0.0.1"
-    return SimOptions(config=config, host=host, port=port_setting(env, "RELAY_SIM_PORT", 8090))
+    read = SimSettings.from_env(env)
+    # Every setting but the listener is a SimConfig field of the same name.
+    given = {f.name: getattr(read, f.name) for f in fields(read) if f.name not in LISTENER}
+    return SimOptions(config=SimConfig(**given), host=read.host, port=read.port)
 
 
 async def serve(options: SimOptions, log: logging.Logger) -> None:

@@ -1,4 +1,4 @@
-"""What one row costs end to end (``make bench``; the figures behind docs/capacity.md).
+"""What one row costs end to end (``make bench``; the figures behind docs/operations/capacity.md).
 
 One job of ``RELAY_BENCH_COST_ROWS`` rows (default 100,000) runs through the whole system
 (every service an OS process, the simulator answering at once), and the run's deltas are

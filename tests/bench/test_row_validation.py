@@ -21,9 +21,12 @@ from typing import Any
 
 import orjson
 
-from relay_batches.services.ingest_api.anthropic_create import scan_requests
-from relay_batches.services.ingest_api.upload_formats import parse_upload_file
-from relay_batches.services.ingest_api.validation import SubmitLimits, scan_submit
+from relay_batches.services.ingest_api.rows.files import parse_upload_file
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+    scan_submit,
+)
+from relay_batches.services.ingest_api.surfaces.anthropic.create import scan_requests
 from tests.bench.harness import RUNS, Figure, busy_share, machine_ticks
 
 ROWS = 50_000

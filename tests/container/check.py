@@ -5,17 +5,19 @@ With podman (root) on this machine, against its Postgres and RabbitMQ:
 1. podman, runc and mmdebstrap are installed with apt when missing; a Debian bookworm
    base with Python 3.11 is built locally unless ``RELAY_BASE_IMAGE`` names one (a real
    user passes ``docker.io/library/python:3.11-slim-bookworm``); the image is built from
-   ``deploy/docker/Dockerfile`` and must hold exactly the lock's packages.
+   ``deploy/docker/Dockerfile`` and must hold exactly the lock's packages, and neither the
+   upstream simulator nor ``relay dev`` (dev-only: ``relay dev`` says it is not there).
 2. ``relay migrate`` and every service run from the image on the host's network, on a
-   fresh database and bus namespace; each container runs as uid 10001 with a read-only
+   fresh database and bus namespace, with the simulator run from the host's virtualenv
+   (tests/container/sim.py); each container runs as uid 10001 with a read-only
    root, no capabilities and no-new-privileges, answers ``/healthz`` ``/readyz``
    ``/metrics``; a batch submitted through the containerised ingest-api completes with
    exact results and its webhook; SIGTERM stops each container with exit 0 within the
    grace period its Deployment gives it.
-3. the dev overlay, rendered and adapted (tests/container/kube.py says how and why), runs
-   under ``podman kube play``: the migration Pod, then every Deployment, each pod ready,
-   with its ConfigMap and Secret env and its security context; a batch completes through
-   it, with its webhook.
+3. the dev overlay, rendered and adapted (tests/container/kube.py says how and why; its
+   simulator is again the host's), runs under ``podman kube play``: the migration Pod,
+   then every Deployment, each pod ready, with its ConfigMap and Secret env and its
+   security context; a batch completes through it, with its webhook.
 
 Every listener is on a free port of 127.0.0.1. Every container, pod, volume and secret
 is named with the run's prefix and removed at the end, failed or not, with the databases
@@ -55,6 +57,7 @@ from tests.container.podman import (
     install_tools,
     missing_tools,
 )
+from tests.container.sim import HostSimulator, check_image_has_no_dev_code
 from tests.deploy.manifests import K8S, ROOT, kustomize
 from tests.helpers.processes import SERVICES
 from tests.helpers.support import (
@@ -337,7 +340,14 @@ class Run:
         self.podman = Podman(workdir, OUTPUT / "podman.log")
         self.isolations: list[Isolation] = []
         self.secrets: list[str] = []
+        self.simulators: list[HostSimulator] = []
         self.steps = Steps()
+
+    def simulator(self, port: int, phase: str) -> HostSimulator:
+        """The host's simulator for ``phase`` (stopped by the cleanup if still running)."""
+        sim = HostSimulator(port, OUTPUT / phase / "upstream-sim.log", SIM_LATENCY_MS)
+        self.simulators.append(sim)
+        return sim
 
     def name(self, what: str) -> str:
         """A container or pod name of this run."""
@@ -409,6 +419,8 @@ class Run:
             )
             return listed.split()
 
+        for sim in self.simulators:
+            sim.stop(5)
         if pods := named(("pod", "ls"), "{{.Name}}"):
             attempt("remove pods", "pod", "rm", "--force", "--time", "0", *pods)
         if containers := named(("ps", "--all"), "{{.Names}}"):
@@ -494,6 +506,8 @@ async def prepare(run: Run) -> str:
     with steps.step("image holds exactly the lock") as notes:
         held = check_image_holds_the_lock(podman, run.image)
         notes.append(f"{held} locked packages, pip, relay-batches")
+    with steps.step("image holds no dev-only code") as notes:
+        notes.append(check_image_has_no_dev_code(podman, run.image))
     return base
 
 
@@ -532,26 +546,18 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
         "RELAY_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8",
     }
     names: dict[str, str] = {}
-    with steps.step(f"start {len(SERVICES) + 1} containers, all ready") as notes:
-        names["upstream-sim"] = run.container(
-            "upstream-sim",
-            ["relay-upstream-sim"],
-            {
-                "RELAY_SIM_HOST": "127.0.0.1",
-                "RELAY_SIM_PORT": str(sim_port),
-                "RELAY_SIM_LATENCY_MS": str(SIM_LATENCY_MS),
-            },
-            tmp=False,
-        )
+    sim = run.simulator(sim_port, "containers")
+    with steps.step(f"start {len(SERVICES)} containers and the simulator") as notes:
+        sim.start()
         for name in SERVICES:
             env = {**base_env, "RELAY_HEALTH_PORT": str(health[name])}
             names[name] = run.container(
                 name, [f"relay-{name}"], env, f"{routes}:/etc/relay/routes.toml:ro"
             )
-        await wait_ready(http, podman, names["upstream-sim"], sim_port, "/healthz")
+        await sim.wait_ready(http, READY_TIMEOUT_S)
         for name in SERVICES:
             await wait_ready(http, podman, names[name], health[name], "/readyz")
-        notes.append(f"upstream-sim /healthz, {len(SERVICES)} services /readyz")
+        notes.append(f"host's upstream-sim /healthz, {len(SERVICES)} services /readyz")
     with steps.step("non-root, read-only root, no caps") as notes:
         for container in names.values():
             check_hardened(podman, container)
@@ -579,22 +585,24 @@ async def containers_phase(run: Run, http: aiohttp.ClientSession, hooks: Webhook
 
         await wait_until(working, 60, "rows of the busy batch to complete", every=0.1)
         slowest = 0.0
-        for group in (SERVICES, ("upstream-sim",)):
-            # One kill for the whole group: on a loaded machine each podman call takes a
-            # while, and the batch must still be in flight when the row-worker stops.
-            podman.run("kill", "--signal", "TERM", *(names[name] for name in group))
-            began = time.monotonic()
-            for name in group:
-                code = await _wait_exit(podman, names[name], began + graces[name])
-                slowest = max(slowest, time.monotonic() - began)
-                assert code == 0, (name, code, podman.run("logs", names[name], check=False))
+        # One kill for the whole group: on a loaded machine each podman call takes a
+        # while, and the batch must still be in flight when the row-worker stops.
+        podman.run("kill", "--signal", "TERM", *(names[name] for name in SERVICES))
+        began = time.monotonic()
+        for name in SERVICES:
+            code = await _wait_exit(podman, names[name], began + graces[name])
+            slowest = max(slowest, time.monotonic() - began)
+            assert code == 0, (name, code, podman.run("logs", names[name], check=False))
+        sim_code = sim.stop(graces["upstream-sim"])
+        assert sim_code == 0, (sim_code, sim.log.read_text()[-2000:])
         done = await _completed_rows(iso.database_url, busy["id"])
         assert done < DRAIN_ROWS, "the batch ended before the stop: nothing was in flight"
         notes.append(
-            f"{len(names)} exit 0 with {done}/{DRAIN_ROWS} rows done;"
+            f"{len(names)} exit 0 with {done}/{DRAIN_ROWS} rows done, then the simulator;"
             f" slowest {slowest:.1f}s (grace 10-45 s)"
         )
     with steps.step("logs: no error, no traceback") as notes:
+        assert not sim.errors(), sim.errors()
         notes.append(f"{save_logs(podman, names, 'containers')} lines")
         podman.run("rm", *names.values())
 
@@ -679,16 +687,16 @@ async def kube_phase(run: Run, http: aiohttp.ClientSession, hooks: WebhookReceiv
         )
         for d in adapted.deployments
     }
+    sim = run.simulator(adapted.ports["upstream-sim"]["http"], "kube")
     with steps.step("kube play: Deployments before migrating") as notes:
+        sim.start()
+        await sim.wait_ready(http, READY_TIMEOUT_S)
         # As `kubectl apply -k` does: the Deployments start with the Job, not after it.
         podman.run("kube", "play", str(deployments_yaml), timeout=300)
         for name, container in pods.items():
             ports = adapted.ports[name]
-            if name == "upstream-sim":
-                await wait_ready(http, podman, container, ports["http"], "/healthz")
-                continue
             status = await wait_answer(http, podman, container, ports["health"], "/readyz")
-            # README, Kubernetes: not ready until the migration ran, but the row-worker,
+            # docs/operations/deployment.md: not ready until the migration ran, but the row-worker,
             # which never opens the ledger.
             assert status == (200 if name == "row-worker" else 503), (name, status)
         async with http.post(
@@ -709,9 +717,8 @@ async def kube_phase(run: Run, http: aiohttp.ClientSession, hooks: WebhookReceiv
     with steps.step("kube play: every pod ready, no restart") as notes:
         for name, container in pods.items():
             ports = adapted.ports[name]
-            if name != "upstream-sim":
-                await wait_ready(http, podman, container, ports["health"], "/readyz")
-                await check_probes(http, name, ports["health"], ports.get("http"))
+            await wait_ready(http, podman, container, ports["health"], "/readyz")
+            await check_probes(http, name, ports["health"], ports.get("http"))
             restarts = podman.out("inspect", "--format", "{{.RestartCount}}", container)
             assert restarts == "0", (container, restarts)
             check_hardened(podman, container)
@@ -745,9 +752,14 @@ async def kube_phase(run: Run, http: aiohttp.ClientSession, hooks: WebhookReceiv
             code = await _wait_exit(podman, container, time.monotonic() + 5)
             assert code == 0, (container, code, podman.run("logs", container, check=False))
         took = time.monotonic() - began
+        sim_code = sim.stop(_grace_periods()["upstream-sim"])
+        assert sim_code == 0 and not sim.errors(), (sim_code, sim.errors())
         save_logs(podman, containers, "kube")
         podman.run("kube", "down", str(deployments_yaml), timeout=300)
-        notes.append(f"{len(graces)} pods stopped in {took:.1f}s, every container exit 0; removed")
+        notes.append(
+            f"{len(graces)} pods stopped in {took:.1f}s, every container exit 0, then the"
+            " simulator; removed"
+        )
 
 
 def _write_yaml(path: Path, docs: list[dict[str, Any]]) -> Path:
@@ -762,8 +774,6 @@ def _check_kube_env(podman: Podman, container: str, name: str, iso: Isolation) -
         for line in podman.out("exec", container, "env").splitlines()
         if "=" in line
     )
-    if name == "upstream-sim":
-        return
     assert env["RELAY_BATCH_CONCURRENCY"] == "4" and env["RELAY_LOG_LEVEL"] == "DEBUG", env
     assert env["RELAY_NAMESPACE"] == iso.namespace, env
     assert env["RELAY_DATABASE_URL"] == iso.database_url, name

@@ -6,6 +6,9 @@ What podman cannot run, and what takes its place (each a change to the rendered 
   KEDA's kinds are dropped: podman skips them silently anyway. Without Services there is
   no cluster DNS, so every pod runs on the host's network (``hostNetwork``), and the dev
   routes' ``upstream-sim:8090`` becomes the simulator's address on loopback.
+- the upstream-sim Deployment goes: its image (the Dockerfile's upstream-sim stage) is not
+  the one under test, which carries no simulator; the check runs the simulator from the
+  host's virtualenv on the port the routes name (``ports["upstream-sim"]``).
 - no host ports: podman publishes every ``containerPort`` on the host, so the ``ports``
   lists go; every service binds its API and health ports on 127.0.0.1, each a free port
   chosen for the run, set in each container's ``env``. podman 4.3 lets ``envFrom`` win
@@ -165,14 +168,13 @@ def adapt(
         name = deployment["metadata"]["name"]
         spec = deployment["spec"]["template"]["spec"]
         if name == "upstream-sim":
-            ports = {"http": sim_port}
-            env = {"RELAY_SIM_HOST": "127.0.0.1", "RELAY_SIM_PORT": str(sim_port)}
-        else:
-            ports = {"health": free_port()}
-            env = {"RELAY_HEALTH_HOST": "127.0.0.1", "RELAY_HEALTH_PORT": str(ports["health"])}
-            if name == "ingest-api":
-                ports["http"] = free_port()
-                env |= {"RELAY_API_HOST": "127.0.0.1", "RELAY_API_PORT": str(ports["http"])}
+            adapted.ports[name] = {"http": sim_port}  # the host's simulator listens there
+            continue
+        ports = {"health": free_port()}
+        env = {"RELAY_HEALTH_HOST": "127.0.0.1", "RELAY_HEALTH_PORT": str(ports["health"])}
+        if name == "ingest-api":
+            ports["http"] = free_port()
+            env |= {"RELAY_API_HOST": "127.0.0.1", "RELAY_API_PORT": str(ports["http"])}
         _adapt_pod_spec(spec, rename(name), rename, env)
         deployment["metadata"]["name"] = rename(name)
         deployment["metadata"].pop("namespace", None)

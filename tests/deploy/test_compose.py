@@ -118,6 +118,9 @@ def test_the_image_builds_from_the_repository_root() -> None:
 def test_the_routes_file_points_at_the_simulator_service_by_name(tmp_path: Path) -> None:
     sim = _services()["upstream-sim"]
     assert sim["command"] == ["relay-upstream-sim"]
+    # The Relay image carries no simulator: it runs from the Dockerfile's own stage.
+    assert sim["build"]["target"] == "upstream-sim"
+    assert sim["image"] != _services()["migrate"]["image"]
     assert sim["environment"]["RELAY_SIM_HOST"] == "0.0.0.0"
     for service in SERVICES:
         env = _env(service)

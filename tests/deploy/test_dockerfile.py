@@ -3,12 +3,13 @@
 Checks in the spirit of hadolint: multi-stage on a pinned slim base, runs as a numeric
 non-root user, exec-form command naming a real console script, nothing secret baked in,
 the build context admits only what the image copies, dependencies come only from the
-hashed lock, and the README's `docker run` example carries what a service needs to start.
+hashed lock, and the deployment page's `docker run` example carries what a service needs to start.
 ``make container-check`` builds and runs the image for real.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -20,7 +21,7 @@ from tests.deploy.manifests import DEPLOY, ROOT, console_scripts, render
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 SECRET_WORDS = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|PRIVATE", re.IGNORECASE)
-README = ROOT / "README.md"
+DEPLOYMENT_DOC = ROOT / "docs" / "operations" / "deployment.md"
 
 
 def _instructions() -> list[tuple[str, str]]:
@@ -158,9 +159,9 @@ def test_dependencies_come_only_from_the_hashed_lock_and_the_project_without_the
     assert ["deploy/docker/requirements.lock", "./"] in copies
 
 
-def _readme_docker_run(service: str) -> list[str]:
-    """The README's ``docker run`` command for ``service``, as argv."""
-    text = README.read_text().replace("\\\n", " ")
+def _documented_docker_run(service: str) -> list[str]:
+    """The deployment page's ``docker run`` command for ``service``, as argv."""
+    text = DEPLOYMENT_DOC.read_text().replace("\\\n", " ")
     (line,) = [
         line
         for line in text.splitlines()
@@ -177,10 +178,12 @@ def _image_env() -> dict[str, str]:
     return env
 
 
-def test_the_readme_docker_run_example_has_everything_the_service_needs() -> None:
-    argv = _readme_docker_run("relay-row-worker")
+def test_the_documented_docker_run_example_has_everything_the_service_needs() -> None:
+    argv = _documented_docker_run("relay-row-worker")
     assert argv[:3] == ["docker", "run", "--rm"]
-    tag = re.search(r"docker build -f deploy/docker/Dockerfile -t (\S+) \.", README.read_text())
+    tag = re.search(
+        r"docker build -f deploy/docker/Dockerfile -t (\S+) \.", DEPLOYMENT_DOC.read_text()
+    )
     assert tag is not None and argv[-2:] == [tag[1], "relay-row-worker"]
     assert argv[-1] in console_scripts()
     assert "--network" in argv and argv[argv.index("--network") + 1] == "host"
@@ -193,3 +196,32 @@ def test_the_readme_docker_run_example_has_everything_the_service_needs() -> Non
     assert target == _image_env()["RELAY_ROUTES_FILE"] and mode == "ro"
     routes = source.replace("$PWD", str(ROOT))
     assert load_aliases(routes, {}).names() == ["gpt-4o-mini", "sim-claude"]
+
+
+def _stage(name: str) -> list[tuple[str, str]]:
+    """The instructions of the stage named ``name``, its FROM first."""
+    instructions = _instructions()
+    starts = [i for i, (op, _) in enumerate(instructions) if op == "FROM"] + [len(instructions)]
+    for start, end in itertools.pairwise(starts):
+        if instructions[start][1].split()[-1] == name:
+            return instructions[start:end]
+    raise AssertionError(f"no stage {name}")
+
+
+def test_the_image_carries_no_dev_only_code_and_the_simulator_has_a_stage_of_its_own() -> None:
+    """The default target (the final stage) takes only the build's virtualenv, whose wheel
+    leaves the simulator and ``relay dev`` out (tests/deploy/test_packaging.py); the
+    simulator is added by the ``upstream-sim`` stage alone, which compose and the dev
+    overlay build with ``--target``."""
+    final = _final_stage()
+    assert final[0][1].split()[-1] == "runtime"
+    copies = [args for op, args in final if op == "COPY"]
+    assert copies == ["--from=build /opt/relay /opt/relay"]
+    assert not [args for op, args in final if "upstream" in args or "relay_dev" in args]
+    sim = _stage("upstream-sim")
+    assert sim[0][1] == "build AS upstream-sim"
+    assert any("services/upstream_sim" in args for op, args in sim if op == "RUN")
+    (cmd,) = [args for op, args in sim if op == "CMD"]
+    assert json.loads(cmd) == ["relay-upstream-sim"]
+    users = [args for op, args in sim if op == "USER"]
+    assert users == ["10001:10001"]

@@ -182,9 +182,9 @@ def test_the_hpa_component_replaces_keda_with_the_rows_queues_whole_depth(
     assert rendered.get("HorizontalPodAutoscaler", "ingest-api")
 
 
-def test_the_readme_creates_every_secret_key_keda_reads() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    created = readme.split("create secret generic relay-connections", 1)[1].split("\n\n", 1)[0]
+def test_the_deployment_page_creates_every_secret_key_keda_reads() -> None:
+    page = (ROOT / "docs" / "operations" / "deployment.md").read_text(encoding="utf-8")
+    created = page.split("create secret generic relay-connections", 1)[1].split("\n\n", 1)[0]
     auth = render("prod").get("TriggerAuthentication", "relay-postgres")
     for ref in auth["spec"]["secretTargetRef"]:
         assert f"--from-literal={ref['key']}=" in created, ref["key"]

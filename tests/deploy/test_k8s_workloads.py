@@ -53,6 +53,23 @@ def test_one_deployment_per_service_running_its_console_script(overlay: str) -> 
         assert container["command"][0] in scripts
 
 
+def test_only_the_dev_overlay_runs_the_simulator_and_from_its_own_image(overlay: str) -> None:
+    """The Relay image carries no simulator (deploy/docker/Dockerfile): the dev overlay's
+    simulator runs the image of the Dockerfile's upstream-sim stage, nothing else does."""
+    rendered = render(overlay)
+    images = {
+        component(workload): {c["image"] for c in pod_spec(workload)["containers"]}
+        for workload in rendered.workloads()
+    }
+    sims = {name for name, found in images.items() if any("-sim" in i for i in found)}
+    assert sims == ({"upstream-sim"} if overlay == "dev" else set())
+    if overlay == "dev":
+        assert images["upstream-sim"] == {"relay-batches-sim:dev"}
+        assert all(
+            found == {"relay-batches:dev"} for name, found in images.items() if name not in sims
+        )
+
+
 def test_the_settings_configmap_is_valid_and_listens_in_cluster(overlay: str) -> None:
     settings = render(overlay).settings()
     assert settings.health_host == "0.0.0.0"

@@ -3,24 +3,28 @@
 The slow test builds the wheel from exactly what the Docker image copies (pyproject.toml,
 libs/, services/), installs it into a fresh virtualenv and checks from there: the generic
 names (``scheduler``, ``relay``, …) are not importable, every service is importable as
-``relay_batches.services.<name>``, the package data is inside, and every console script
-answers ``--help``. The fresh virtualenv sees the dependencies of the dev virtualenv
-through a ``.pth`` line (no download), never the project itself.
+``relay_batches.services.<name>``, the package data is inside, every console script
+answers ``--help``, and the dev-only packages (the upstream simulator, ``relay dev``) are
+not in it, where ``relay dev`` says so. The fresh virtualenv sees the dependencies of the
+dev virtualenv through a ``.pth`` line (no download), never the project itself.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tomllib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from relay_batches.services.relay_cli.__main__ import DEV_MISSING
 from tests.deploy.manifests import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -31,10 +35,11 @@ SERVICES = (
     "notifier",
     "row_worker",
     "ingest_api",
-    "upstream_sim",
     "relay_cli",
 )
-FOREIGN_NAMES = (*SERVICES, "relay")
+# In the source tree and its editable install, never in the wheel.
+DEV_PACKAGES = tuple(PYPROJECT["tool"]["relay"]["dev-packages"])
+FOREIGN_NAMES = (*SERVICES, "upstream_sim", "relay_dev", "relay")
 
 PROBE = """
 import importlib, importlib.metadata, json, sys
@@ -69,7 +74,19 @@ def packages_on_disk() -> set[str]:
 def test_the_packages_list_names_every_package_on_disk() -> None:
     listed = PYPROJECT["tool"]["setuptools"]["packages"]
     assert len(listed) == len(set(listed))
-    assert set(listed) == packages_on_disk()
+    assert set(listed) | set(DEV_PACKAGES) == packages_on_disk()
+    assert not set(listed) & set(DEV_PACKAGES)
+    assert DEV_PACKAGES == (
+        "relay_batches.services.relay_dev",
+        "relay_batches.services.upstream_sim",
+    )
+
+
+def test_the_editable_install_runs_the_dev_only_packages() -> None:
+    """``make run`` and the tests run them from the tree, as the module they are."""
+    assert all(importlib.util.find_spec(name) is not None for name in DEV_PACKAGES)
+    scripts = PYPROJECT["project"]["scripts"]
+    assert not [s for s, target in scripts.items() if target.startswith(DEV_PACKAGES)]
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,7 @@ class Install:
 
     venv: Path
     work: Path
+    wheel: Path
 
     @property
     def bin(self) -> Path:
@@ -127,7 +145,7 @@ def _build(tmp: Path) -> Install:
     (Path(site) / "dev-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     work = tmp / "elsewhere"
     work.mkdir()
-    return Install(venv, work)
+    return Install(venv, work, wheel)
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +183,8 @@ def test_the_wheel_carries_migrations_the_panel_and_the_openapi_document(
     assert (api / "openapi.json").read_bytes() == (
         ROOT / "services" / "ingest_api" / "openapi.json"
     ).read_bytes()
-    static = ROOT / "services" / "ingest_api" / "static"
-    assert sorted(p.name for p in (api / "static").iterdir()) == sorted(
+    static = ROOT / "services" / "ingest_api" / "panel" / "static"
+    assert sorted(p.name for p in (api / "panel" / "static").iterdir()) == sorted(
         p.name for p in static.iterdir()
     )
 
@@ -177,3 +195,16 @@ def test_every_console_script_answers_help(install: Install) -> None:
         result = install.run(str(install.bin / script), "--help")
         assert (result.returncode, result.stderr) == (0, ""), script
         assert result.stdout.startswith(f"usage: {script}"), script
+
+
+def test_the_wheel_carries_neither_the_simulator_nor_relay_dev(install: Install) -> None:
+    folders = [name.replace(".", "/") + "/" for name in DEV_PACKAGES]
+    names = zipfile.ZipFile(install.wheel).namelist()
+    assert not [n for n in names if n.startswith(tuple(folders))]
+    assert [n for n in names if n.startswith("relay_batches/services/relay_cli/")]
+    probe = "import importlib.util, sys; print([importlib.util.find_spec(n) for n in sys.argv[1:]])"
+    found = install.run(str(install.bin / "python"), "-c", probe, *DEV_PACKAGES)
+    assert (found.returncode, found.stdout.strip()) == (0, "[None, None]"), found.stderr
+    assert not (install.bin / "relay-upstream-sim").exists()
+    dev = install.run(str(install.bin / "relay"), "dev")
+    assert (dev.returncode, dev.stdout, dev.stderr.strip()) == (1, "", DEV_MISSING)

@@ -15,11 +15,13 @@ from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.router.aliases import AliasTable, parse_aliases
 from relay_batches.services.ingest_api.app import build_app
-from relay_batches.services.ingest_api.body import BodyGate
 from relay_batches.services.ingest_api.deps import ApiDeps
-from relay_batches.services.ingest_api.protocol import ApiRunner
+from relay_batches.services.ingest_api.edge.body import BodyGate
+from relay_batches.services.ingest_api.edge.protocol import ApiRunner
 from relay_batches.services.ingest_api.publishing import publisher_for
-from relay_batches.services.ingest_api.validation import SubmitLimits
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+)
 
 TEST_LIMITS = SubmitLimits(max_rows=50, max_content_bytes=1024, max_row_bytes=160 * 1024)
 TEST_MAX_BODY = 1024 * 1024  # uploads, and OpenAI files

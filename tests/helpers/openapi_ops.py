@@ -25,14 +25,16 @@ def is_undocumented(resource: web.AbstractResource) -> bool:
 
 
 def registered_operations(app: web.Application) -> set[Operation]:
-    """Every (method, path) ``app`` routes, HEAD and the undocumented routes left out."""
+    """Every (method, path) ``app`` and its sub-applications route, HEAD and the
+    undocumented routes left out."""
     found: set[Operation] = set()
     for resource in app.router.resources():
-        if is_undocumented(resource):
-            continue
-        for route in resource:
+        for route in resource:  # a sub-application's resource yields its routes
+            owner = route.resource
+            if owner is None or is_undocumented(owner):
+                continue
             if route.method != "HEAD":  # aiohttp adds HEAD to every GET
-                found.add((route.method, resource.canonical))
+                found.add((route.method, owner.canonical))
     return found
 
 

@@ -45,12 +45,19 @@ class ServiceProcess:
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
+    def command(self) -> list[str]:
+        """How it starts: its console script; the simulator (dev-only, no console
+        script) as the module it is."""
+        if self.name == "upstream-sim":
+            return [sys.executable, "-m", "relay_batches.services.upstream_sim"]
+        return [str(BIN / f"relay-{self.name.split('#')[0]}")]
+
     def start(self) -> None:
         """Start (or restart) the process, appending to its log."""
         self.starts += 1
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [str(BIN / f"relay-{self.name.split('#')[0]}")],
+            self.command(),
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

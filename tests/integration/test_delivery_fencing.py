@@ -19,7 +19,8 @@ from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.messages import JobEvent
 from relay_batches.model import DeliveryStatus
-from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
+from relay_batches.services.notifier.core import PostResult, deliver_webhook
+from relay_batches.services.notifier.recovery import recover_deliveries
 
 NAME = "fence"  # every job of this module, so its deliveries are found and removed
 

@@ -169,6 +169,21 @@ async def test_a_retry_is_a_new_job_of_exactly_the_failed_rows_in_order(
     assert listed is not None and listed.retries == (failed.id, dead.id)
 
 
+async def test_a_retry_keeps_each_rows_own_model(pool: asyncpg.Pool) -> None:
+    """batch_rows.model is copied with the row (the offload intake routes by it)."""
+    space = await workspace(pool)
+    original = await ended_with_failures(pool, space)
+    await pool.execute(
+        "UPDATE batch_rows SET model = 'own-alias' WHERE batch_id = $1 AND row_index = 3",
+        original.rows_batch_id,
+    )
+    retry = await JobStore(pool).create_retry(space, original, "failed", new_id())
+    models = await pool.fetch(
+        "SELECT model FROM batch_rows WHERE batch_id = $1 ORDER BY row_index", retry.id
+    )
+    assert [r[0] for r in models] == [None, "own-alias", None]
+
+
 async def test_a_retry_refuses_a_live_job_and_one_without_such_rows(pool: asyncpg.Pool) -> None:
     space = await workspace(pool)
     jobs = JobStore(pool)

@@ -1,6 +1,7 @@
 """The unreleased migrations that scan a large table (webhook_deliveries from 0006,
-batches from 0010: both only grow) do so without an ACCESS EXCLUSIVE lock on it or on
-the tables changed alongside, and the status CHECKs end up validated. The released ones
+batches from 0010, batch_rows from 0024: all only grow) do so without an ACCESS
+EXCLUSIVE lock on it or on the tables changed alongside, and the status CHECKs end up
+validated. The released ones
 (0003, 0005) ran long ago and are left as they are."""
 
 from __future__ import annotations
@@ -17,17 +18,20 @@ from tests.helpers.support import create_isolation, drop_isolation
 LARGE = {
     "webhook_deliveries": (6, "webhook_deliveries_status_check"),
     "batches": (10, "batches_status_check"),
+    "batch_rows": (24, None),  # 0025 fills the model of the rows stored before (no CHECK)
 }
 # Tables whose ACCESS EXCLUSIVE lock stops every job's work (read by every service).
 GUARDED = ("webhook_deliveries", "batches", "batch_rows")
 
 
 def _scans(table: str) -> re.Pattern[str]:
-    """Statements that read every row of ``table``: building an index on it, or adding a
-    CHECK that is validated at once (without NOT VALID) or validating one."""
+    """Statements that read every row of ``table``: building an index on it, adding a
+    CHECK that is validated at once (without NOT VALID) or validating one, or updating
+    its rows."""
     return re.compile(
         rf"CREATE\s+INDEX[^;]*\bON\s+{table}\b"
         rf"|ALTER\s+TABLE\s+{table}\s+VALIDATE\s+CONSTRAINT"
+        rf"|UPDATE\s+{table}\b"
         rf"|ALTER\s+TABLE\s+{table}\s+ADD\s+CONSTRAINT\s+\w+\s+CHECK\s*\((?:(?!NOT\s+VALID)[^;])*;",
         re.I,
     )
@@ -80,6 +84,8 @@ async def test_scans_of_large_tables_never_hold_an_exclusive_lock() -> None:
         }
         assert exclusive == set()
         for _, check in LARGE.values():
+            if check is None:
+                continue
             assert await conn.fetchval(
                 "SELECT convalidated FROM pg_constraint WHERE conname = $1", check
             ), check

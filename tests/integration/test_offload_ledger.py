@@ -26,6 +26,7 @@ from relay_batches.ledger.offload import (
     OffloadStore,
     RowState,
 )
+from relay_batches.ledger.row_model import row_model
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from tests.helpers.offload import (
@@ -300,12 +301,14 @@ async def test_a_dispatcher_offloads_a_patient_job_and_runs_a_hurried_one_realti
 
 
 async def set_request(pool: asyncpg.Pool, batch_id: str, row_index: int, text: str) -> None:
+    """Store ``text`` as the row's request, with the model the ledger reads from it."""
     await pool.execute(
-        "UPDATE batch_rows SET request = $3 WHERE row_index = $2"
+        "UPDATE batch_rows SET request = $3, model = $4 WHERE row_index = $2"
         " AND batch_id = (SELECT rows_batch_id FROM batches WHERE id = $1)",
         batch_id,
         row_index,
         text,
+        row_model(text),
     )
 
 
@@ -320,15 +323,45 @@ async def test_intake_reads_a_row_holding_a_nul_and_an_unreadable_row_blocks_no_
     model_nul = orjson.dumps({"messages": [], "model": "half\x00"}).decode()
     await set_request(pool, nul, 1, model_nul)
     broken, _ = await offloaded_job(pool, 2, "ob-nul", models={1: "other-half"})
-    await set_request(pool, broken, 0, '{"messages": [')
+    await set_request(pool, broken, 0, '{"messages": [], "model": "half"')
     fine, _ = await offloaded_job(pool, 2, "ob-nul")
     await intake_all(store, leads("ob-nul"))
     # A NUL in a model is no alias: that row goes realtime like any unknown alias.
     assert await pool.fetch(
         "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index", nul
     ) == [(0, "pending"), (1, "forward"), (2, "forward")]
-    assert await row_states(pool, broken) == {"forward": 2}, "unread: its rows go realtime"
+    # Unread: that row goes realtime (the router fails it there); the intake reads no
+    # request, so its job's other row is offloaded as any other.
+    assert await pool.fetch(
+        "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index", broken
+    ) == [(0, "forward"), (1, "pending")]
     assert await row_states(pool, fine) == {"pending": 2}
+
+
+async def test_intake_routes_each_row_by_its_stored_model_column(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    batch_id, _ = await offloaded_job(
+        pool, 4, "ob-column", models={1: "other-half", 2: "realtime-only"}
+    )
+    stored = await pool.fetch(
+        "SELECT r.model FROM batch_rows r JOIN batches b ON r.batch_id = b.rows_batch_id"
+        " WHERE b.id = $1 ORDER BY r.row_index",
+        batch_id,
+    )
+    assert [r[0] for r in stored] == [None, "other-half", "realtime-only", None]
+    # The column decides, not the request: row 0 (a bare array) names realtime-only
+    # there, row 2 (whose request names realtime-only) names none.
+    await pool.execute(
+        "UPDATE batch_rows SET model = CASE row_index WHEN 0 THEN 'realtime-only' END"
+        " WHERE row_index IN (0, 2)"
+        " AND batch_id = (SELECT rows_batch_id FROM batches WHERE id = $1)",
+        batch_id,
+    )
+    await intake_all(store, leads("ob-column"))
+    assert await pool.fetch(
+        "SELECT row_index, state FROM offload_rows WHERE batch_id = $1 ORDER BY row_index",
+        batch_id,
+    ) == [(0, "forward"), (1, "pending"), (2, "pending"), (3, "pending")]
 
 
 async def taken_in(store: OffloadStore, pool: asyncpg.Pool, total: int, deployment: str) -> str:

@@ -27,8 +27,9 @@ from relay_batches.ledger.pool import create_pool
 from relay_batches.messages import RowOutcome
 from relay_batches.model import Job
 from relay_batches.router.aliases import AliasTable
-from relay_batches.services.ingest_api import openai_files, openai_output
 from relay_batches.services.ingest_api.deps import ApiDeps
+from relay_batches.services.ingest_api.surfaces.openai import files as openai_files
+from relay_batches.services.ingest_api.surfaces.openai import output as openai_output
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import TEST_LIMITS, TEST_MAX_BODY, start_api
 from tests.helpers.support import ApiClient, Isolation

@@ -19,7 +19,8 @@ from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import JobEvent, RowOutcome, SliceMessage
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
-from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
+from relay_batches.services.notifier.core import PostResult, deliver_webhook
+from relay_batches.services.notifier.recovery import recover_deliveries
 from tests.helpers.support import WebhookReceiver
 
 WINDOW, SLICE = 20, 4

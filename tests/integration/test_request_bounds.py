@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestServer
 from relay_batches.ids import new_id
 from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
-from relay_batches.services.ingest_api.body import BodyGate
 from relay_batches.services.ingest_api.deps import DEPS
+from relay_batches.services.ingest_api.edge.body import BodyGate
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import (
     TEST_LARGE_BODY,

@@ -167,7 +167,7 @@ async def _delivery(pool: asyncpg.Pool, batch_id: str) -> asyncpg.Record:
 
 
 def readme_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
-    """The verification recipe the README documents, verbatim in spirit."""
+    """The verification recipe docs/guides/webhooks.md documents, verbatim in spirit."""
     key = base64.b64decode(secret.removeprefix("whsec_"))
     signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
     expected = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 
 from relay_batches.ids import new_id
 from relay_batches.ledger.jobs import JobWriter
-from relay_batches.services.ingest_api import upload_formats
+from relay_batches.services.ingest_api.rows import files as upload_formats
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import TEST_LIMITS, TEST_MAX_BODY
 from tests.helpers.support import ApiClient, Isolation

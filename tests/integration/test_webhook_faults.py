@@ -24,10 +24,11 @@ from relay_batches.ledger.pool import create_pool
 from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.messages import JobEvent
 from relay_batches.model import JobStatus
-from relay_batches.services.notifier import core
-from relay_batches.services.notifier.core import deliver_webhook, recover_deliveries
+from relay_batches.services.notifier import core, deferred
+from relay_batches.services.notifier.core import deliver_webhook
 from relay_batches.services.notifier.http import guarded_poster
 from relay_batches.services.notifier.receivers import ReceiverGate
+from relay_batches.services.notifier.recovery import recover_deliveries
 from relay_batches.services.notifier.service import (
     NOTIFY_PREFETCH,
     RECEIVER_SLOTS,
@@ -312,7 +313,7 @@ async def test_deferred_deliveries_of_busy_receivers_do_not_hide_the_others(
     store = DeliveryStore(pool, claim_s=core.claim_seconds(10.0))
     try:
         async with serving(Receiver()) as healthy:
-            busy_receivers = core.DEFERRED_PASS // RECEIVER_SLOTS + 1
+            busy_receivers = deferred.DEFERRED_PASS // RECEIVER_SLOTS + 1
             for n in range(busy_receivers):
                 # Another notifier task of ours holds every slot of these receivers.
                 url = f"http://127.0.0.1:{40000 + n}/hook"
@@ -324,7 +325,7 @@ async def test_deferred_deliveries_of_busy_receivers_do_not_hide_the_others(
             (fine,) = await defer_batches(pool, "fine", healthy.url, 1)
             post = guarded_poster(LOOPBACK, 10.0)
             async with asyncio.timeout(30):
-                assert await core.deliver_deferred(store, post, gate) == 1
+                assert await deferred.deliver_deferred(store, post, gate) == 1
             assert healthy.ids == [f"msg_{fine}"]
             assert await delivery(pool, fine) == ("delivered", 204, 1)
     finally:
@@ -343,7 +344,7 @@ async def test_a_hanging_deferred_post_does_not_hold_up_the_others(
         async with serving(Receiver(hang=True)) as hanging, serving(Receiver()) as healthy:
             await defer_batches(pool, "slow", hanging.url, 1)
             post = guarded_poster(LOOPBACK, 10.0)
-            passing = asyncio.create_task(core.deliver_deferred(store, post, gate))
+            passing = asyncio.create_task(deferred.deliver_deferred(store, post, gate))
 
             async def hanging_open() -> bool:
                 return hanging.open_now == 1

@@ -6,8 +6,10 @@ import orjson
 import pytest
 
 from relay_batches.errors import ApiError
-from relay_batches.services.ingest_api.anthropic_create import scan_requests
-from relay_batches.services.ingest_api.validation import SubmitLimits
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+)
+from relay_batches.services.ingest_api.surfaces.anthropic.create import scan_requests
 
 
 def body(*contents: str) -> bytes:

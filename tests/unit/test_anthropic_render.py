@@ -18,26 +18,28 @@ from anthropic.types.messages import (
 )
 from anthropic.types.shared import ErrorResponse
 
-from relay_batches.errors import ApiError
-from relay_batches.ledger.jobs import AnsweredRow
-from relay_batches.model import Job, JobStatus
-from relay_batches.services.ingest_api.anthropic_create import scan_requests
-from relay_batches.services.ingest_api.anthropic_models import (
-    AnthropicDeletedMessageBatch,
-    AnthropicError,
-    AnthropicErrorDetail,
-    AnthropicResultLine,
-)
-from relay_batches.services.ingest_api.anthropic_render import (
+from relay_batches.dialects.anthropic.render import (
     batch_object,
     job_id_of,
     message_id,
     public_id,
     result_line,
 )
-from relay_batches.services.ingest_api.middleware import error_body
+from relay_batches.dialects.anthropic.shapes import (
+    AnthropicDeletedMessageBatch,
+    AnthropicError,
+    AnthropicErrorDetail,
+    AnthropicResultLine,
+)
+from relay_batches.errors import ApiError
+from relay_batches.ledger.jobs import AnsweredRow
+from relay_batches.model import Job, JobStatus
 from relay_batches.services.ingest_api.openapi import load_document
-from relay_batches.services.ingest_api.validation import SubmitLimits
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+)
+from relay_batches.services.ingest_api.surfaces.anthropic.create import scan_requests
+from relay_batches.services.ingest_api.surfaces.anthropic.errors import anthropic_error
 
 JOB_ID = "0123456789abcdef0123456789abcdef"
 CREATED = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -172,7 +174,7 @@ def test_the_deleted_answer_and_the_error_object_are_the_sdk_types() -> None:
     deleted = AnthropicDeletedMessageBatch(id=public_id(JOB_ID)).model_dump(mode="json")
     assert DeletedMessageBatch.model_validate(deleted).type == "message_batch_deleted"
     for status in (400, 401, 404, 409, 503):
-        body = error_body("/anthropic/v1/messages/batches", status, "nope")
+        body = anthropic_error(status, "nope")
         assert ErrorResponse.model_validate(body).error.message == "nope"
         AnthropicError(error=AnthropicErrorDetail.model_validate(body["error"]))
 
@@ -446,7 +448,7 @@ def test_the_documented_error_responses_are_the_error_object_the_middleware_send
             assert schema["application/json"]["schema"] == {
                 "$ref": "#/components/schemas/AnthropicError"
             }, (method, path, code)
-            body = error_body(path, int(code), "x")
+            body = anthropic_error(int(code), "x")
             AnthropicError.model_validate(body)
             if int(code) == 413:  # Anthropic's documented type, missing from the SDK's union
                 assert body["error"]["type"] == "request_too_large"  # type: ignore[index]

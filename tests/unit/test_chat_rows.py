@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
+from relay_batches.dialects.chat import RequestRow, check_row, stored_request
 from relay_batches.errors import ApiError
-from relay_batches.services.ingest_api.chat_rows import RequestRow, check_row, stored_request
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.validation import (
     RowInput,
     SubmitLimits,
     scan_submit,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from relay_batches.router.aliases import load_aliases
-from relay_batches.services.relay_cli.dev import (
+from relay_batches.services.relay_dev.dev import (
     LOCAL_ROUTES,
     DevOptions,
     dev_children,
@@ -21,7 +21,7 @@ from relay_batches.services.relay_cli.dev import (
     routes_file_for,
     with_limits,
 )
-from relay_batches.services.relay_cli.ports import HealthPort, is_free
+from relay_batches.services.relay_dev.ports import HealthPort, is_free
 from relay_batches.settings import ConfigError, Settings
 
 ROOT = Path(__file__).resolve().parents[2]

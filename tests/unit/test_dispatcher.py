@@ -86,6 +86,7 @@ async def test_claim_publishes_one_window_in_consecutive_slices(
         0,
         first.sent_at,
         OWNER,
+        workspace="ws-job1",
     )
     assert first.sent_at > 0, "stamped with the time it went out, on our own clock"
     assert store.advanced == [("job1", 20)]

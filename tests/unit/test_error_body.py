@@ -6,14 +6,17 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from relay_batches.services.ingest_api.middleware import error_body, error_response
+from relay_batches.services.ingest_api.edge.middleware import ErrorShape, error_response
+from relay_batches.services.ingest_api.surfaces.anthropic.errors import anthropic_error
+from relay_batches.services.ingest_api.surfaces.native.errors import native_error
+from relay_batches.services.ingest_api.surfaces.openai.errors import openai_error
 
 
 @pytest.mark.parametrize(
-    ("path", "expected"),
+    ("shape", "expected"),
     [
         (
-            "/v1/batches",
+            native_error,
             {
                 "error": {
                     "type": "invalid_request_error",
@@ -23,7 +26,7 @@ from relay_batches.services.ingest_api.middleware import error_body, error_respo
             },
         ),
         (
-            "/openai/v1/batches",
+            openai_error,
             {
                 "error": {
                     "message": "'\\udc00' é is bad",
@@ -34,7 +37,7 @@ from relay_batches.services.ingest_api.middleware import error_body, error_respo
             },
         ),
         (
-            "/anthropic/v1/messages/batches",
+            anthropic_error,
             {
                 "type": "error",
                 "error": {"type": "invalid_request_error", "message": "'\\udc00' é is bad"},
@@ -43,9 +46,9 @@ from relay_batches.services.ingest_api.middleware import error_body, error_respo
     ],
 )
 def test_a_lone_surrogate_is_escaped_in_every_surfaces_error(
-    path: str, expected: dict[str, object]
+    shape: ErrorShape, expected: dict[str, object]
 ) -> None:
-    response = error_response(400, "'\udc00' é is bad", "a.\udc00", path)
+    response = error_response(400, "'\udc00' é is bad", "a.\udc00", shape)
 
     assert (response.status, response.content_type) == (400, "application/json")
     assert response.body is not None
@@ -53,7 +56,7 @@ def test_a_lone_surrogate_is_escaped_in_every_surfaces_error(
 
 
 def test_text_that_encodes_is_echoed_unchanged() -> None:
-    body = error_body("/v1/", 400, "name 'é😀\\u' must be short", "name")
+    body = native_error(400, "name 'é😀\\u' must be short", "name")
     assert body == {
         "error": {
             "type": "invalid_request_error",

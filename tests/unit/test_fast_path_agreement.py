@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
-from relay_batches.services.ingest_api import row_formats, validation
-from relay_batches.services.ingest_api.row_formats import anthropic_request_row, openai_line_row
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows import row_formats, validation
+from relay_batches.services.ingest_api.rows.row_formats import (
+    anthropic_request_row,
+    openai_line_row,
+)
+from relay_batches.services.ingest_api.rows.validation import (
     RowInput,
     RowRejected,
     SubmitLimits,
@@ -81,7 +84,7 @@ def both_ways(monkeypatch: pytest.MonkeyPatch, make: Callable[[], list[RowInput]
         for module in (validation, row_formats):
             forced.setattr(module, "plain_params", lambda *_: False)
             forced.setattr(module, "plain_messages", lambda *_: False)
-        forced.setattr(row_formats, "_simple_translation", lambda _: None)
+        forced.setattr(row_formats, "simple_translation", lambda _: None)
         slow = outcome(make)
     assert fast == slow
 

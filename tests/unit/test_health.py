@@ -1,4 +1,4 @@
-"""The service endpoints' contract as the README documents it."""
+"""The service endpoints' contract as docs/api/index.md documents it."""
 
 from __future__ import annotations
 

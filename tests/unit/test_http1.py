@@ -11,23 +11,23 @@ import shutil
 import ssl
 import subprocess
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import uvloop
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from relay_batches.router.http1 import (
+from relay_batches.router.http1 import Http1Client
+from relay_batches.router.http_reply import (
     MAX_HEAD_BYTES,
     BadReply,
     ConnectFailed,
-    Http1Client,
     ReplyReader,
     ServerDisconnected,
     encode_head,
 )
+from tests.helpers.raw_upstream import on_both_loops, raw_server, read_request, serving
 
 LIMIT = 1000
 
@@ -224,13 +224,6 @@ def test_the_request_head_refuses_injection_and_frames_itself() -> None:
 
 # --- calls against servers, on both loops ------------------------------------------------
 
-Scenario = Callable[[], Awaitable[None]]
-
-
-def on_both_loops(scenario: Scenario) -> None:
-    asyncio.run(scenario())
-    uvloop.run(scenario())
-
 
 @contextlib.asynccontextmanager
 async def served(
@@ -351,24 +344,6 @@ def test_a_cancelled_call_aborts_its_connection() -> None:
                 assert client.idle_connections() == 0
 
     on_both_loops(scenario)
-
-
-async def raw_server(
-    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-) -> tuple[asyncio.Server, str]:
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}/v1"
-
-
-async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1])
-        for line in head.split(b"\r\n")
-        if line.startswith(b"Content-Length")
-    )
-    return head + await reader.readexactly(length)
 
 
 def test_misbehaving_servers() -> None:
@@ -609,5 +584,60 @@ def test_an_idle_connection_past_keepalive_is_not_reused() -> None:
                 await asyncio.sleep(0.1)
                 await client.post(url, {}, b"", 5, LIMIT)
                 assert peers[0] != peers[1]
+
+    on_both_loops(scenario)
+
+
+def test_workspaces_use_connections_of_their_own() -> None:
+    async def scenario() -> None:
+        peers: list[object] = []
+        async with served(echo_app(peers)) as server, Http1Client() as client:
+            url = str(server.make_url("/echo"))
+            for workspace in ("ws-a", "ws-b", "ws-a", "ws-b"):
+                reply = await client.post(url, {}, workspace.encode(), 5, LIMIT, workspace)
+                assert reply.body == workspace.encode()
+            assert peers[0] == peers[2] and peers[1] == peers[3]  # each its own, reused
+            assert peers[0] != peers[1]
+            assert (client.pools(), client.idle_connections()) == (2, 2)
+
+    on_both_loops(scenario)
+
+
+def test_idle_connections_are_closed_after_keepalive_and_their_pools_dropped() -> None:
+    async def scenario() -> None:
+        closed = asyncio.Event()
+
+        async def one_connection(
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        ) -> None:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await reader.read()  # until the client closes the idle connection
+            closed.set()
+            writer.close()
+
+        async with serving(one_connection) as served, Http1Client(keepalive_s=0.05) as client:
+            assert (await client.post(served.url, {}, b"{}", 5, LIMIT, "ws-a")).body == b"ok"
+            assert (client.pools(), client.idle_connections()) == (1, 1)
+            await asyncio.wait_for(closed.wait(), 5)  # closed by the client, unused
+            assert (client.pools(), client.idle_connections()) == (0, 0)
+
+    on_both_loops(scenario)
+
+
+def test_idle_connections_are_bounded_across_workspaces() -> None:
+    # However many workspaces a worker serves, at most max_idle connections wait (the
+    # oldest closed first) and a pool lives only while it holds a connection.
+    async def scenario() -> None:
+        peers: list[object] = []
+        async with served(echo_app(peers)) as server, Http1Client(max_idle=3) as client:
+            url = str(server.make_url("/echo"))
+            for n in range(10):
+                await client.post(url, {}, b"x", 5, LIMIT, f"ws-{n}")
+                assert client.idle_connections() == min(n + 1, 3)
+            await asyncio.sleep(0.05)  # the closed connections' ends are seen
+            assert (client.pools(), client.idle_connections()) == (3, 3)
+            await client.post(url, {}, b"x", 5, LIMIT, "ws-9")  # the newest is kept
+            assert peers[-1] == peers[9] and len(set(peers)) == 10
 
     on_both_loops(scenario)

@@ -1,4 +1,4 @@
-"""The job-level ``completion_window`` and ``metadata`` rules (README, "Submit a batch"),
+"""The job-level ``completion_window`` and ``metadata`` rules (docs/api/native.md),
 on the pure validation functions, and what they become: a job's ``expires_at`` (a cron
 template's window per run) and ``metadata``, shown on the batch object."""
 
@@ -11,17 +11,19 @@ import pytest
 
 from relay_batches.errors import ApiError
 from relay_batches.model import Job, JobStatus
-from relay_batches.services.ingest_api.submit import plan_job
-from relay_batches.services.ingest_api.upload import form_payload
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.job_fields import (
     BatchOptions,
-    SubmitLimits,
     completion_window,
-    scan_submit,
     validate_batch_options,
     validate_metadata,
+)
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+    scan_submit,
     validate_submit,
 )
+from relay_batches.services.ingest_api.submit import plan_job
+from relay_batches.services.ingest_api.surfaces.native.upload import form_payload
 
 
 @pytest.mark.parametrize(

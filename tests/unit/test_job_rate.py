@@ -1,6 +1,6 @@
-"""A running job's recent rate and ETA on the batch object (README, "Operating a running
-batch"): the aggregator's last measured window, or the rate since the current window
-began when that measurement is missing or stale; nothing while the job is not running."""
+"""A running job's recent rate and ETA on the batch object (docs/guides/operating.md):
+the aggregator's last measured window, or the rate since the current window began when
+that measurement is missing or stale; nothing while the job is not running."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 from relay_batches.errors import ApiError
 from relay_batches.ledger.job_stats import INTERVALS_S, MAX_INTERVALS, interval_for
 from relay_batches.ledger.jobs import DeadLetterRow, ResultRow, RowDetails
-from relay_batches.services.ingest_api.results import (
+from relay_batches.services.ingest_api.surfaces.native.results import (
     dead_letter_object,
     partial_flag,
     row_object,

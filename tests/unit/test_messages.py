@@ -157,6 +157,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         sent_at=1700000000.25,
         owner="dispatcher-1",
         expires_at=1700000060.5,
+        workspace="ws-1",
     )
     encoded = task.encode()
     # The row messages travel as the very JSON text they were given, not re-serialised.
@@ -173,6 +174,7 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         "sent_at": 1700000000.25,
         "owner": "dispatcher-1",
         "expires_at": 1700000060.5,
+        "workspace": "ws-1",
     }
     decoded = SliceMessage.decode(encoded)
     assert decoded == DecodedSlice(
@@ -184,8 +186,18 @@ def test_row_task_embeds_messages_raw_and_decodes_to_lists() -> None:
         1700000000.25,
         "dispatcher-1",
         1700000060.5,
+        "ws-1",
     )
     assert all(isinstance(request.messages, list) for _, request in decoded.rows)
+    assert decoded.tenant == "ws-1"
+    assert decoded.with_rows(decoded.rows).workspace == "ws-1"
+
+
+def test_a_slice_without_a_workspace_keeps_to_its_job() -> None:
+    # A slice that names no workspace (one the offloader forwards) has its calls made over
+    # connections of its job's own: never those of another workspace's jobs.
+    decoded = SliceMessage.decode(SliceMessage("b1", "m", (SliceRow(0, MESSAGES_1),)).encode())
+    assert (decoded.workspace, decoded.tenant) == ("", "job:b1")
 
 
 def test_row_task_default_params() -> None:

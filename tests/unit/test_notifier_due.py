@@ -13,8 +13,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from relay_batches.ledger.deliveries import Deferred, Probe
-from relay_batches.services.notifier import core
-from relay_batches.services.notifier.core import DueWatch, PostResult, deliver_deferred
+from relay_batches.services.notifier import deferred
+from relay_batches.services.notifier.core import PostResult
+from relay_batches.services.notifier.deferred import DueWatch, deliver_deferred
 from relay_batches.services.notifier.receivers import ReceiverGate
 from tests.helpers.fakes import BATCH, HOOK, FakeDeliveryStore, FakePost
 from tests.helpers.support import wait_until
@@ -69,14 +70,16 @@ async def test_the_watch_lists_first_then_on_a_probe_hit_or_the_timer_only() -> 
     clock.now += 0.5
     assert not await watch.listing_due(store, gate), "nothing new, timer not up"
     # Since the probe before the listing, less the overlap (a late commit is still seen).
-    assert store.asked[-1][0] == AT + timedelta(seconds=1) - timedelta(seconds=core.PROBE_OVERLAP_S)
+    assert store.asked[-1][0] == AT + timedelta(seconds=1) - timedelta(
+        seconds=deferred.PROBE_OVERLAP_S
+    )
     store.due = True
     clock.now += 0.5
     assert await watch.listing_due(store, gate), "something came due"
     store.due = False
     clock.now += 0.5
     assert not await watch.listing_due(store, gate)
-    assert store.asked[-1][0] == AT + timedelta(seconds=3 - core.PROBE_OVERLAP_S)
+    assert store.asked[-1][0] == AT + timedelta(seconds=3 - deferred.PROBE_OVERLAP_S)
     clock.now += 1.5
     assert await watch.listing_due(store, gate), "2 s after the last listing"
 
@@ -106,7 +109,7 @@ async def test_a_hanging_post_does_not_make_every_refill_list_the_backlog(
 ) -> None:
     # One receiver hangs (one slot); its backlog waits. While the POST hangs the pass
     # only probes; when it ends a slot is free, so the pass lists and starts the next.
-    monkeypatch.setattr(core, "REFILL_S", 0.01)
+    monkeypatch.setattr(deferred, "REFILL_S", 0.01)
     second = replace(BATCH, id="b" * 32)
     store = ProbedStore(
         batches={BATCH.id: BATCH, second.id: second},

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from relay_batches.services.notifier import core
-from relay_batches.services.notifier.core import PostResult, deliver_deferred, deliver_webhook
+from relay_batches.services.notifier.core import PostResult, deliver_webhook
+from relay_batches.services.notifier.deferred import deliver_deferred
 from relay_batches.services.notifier.receivers import ReceiverBusy, ReceiverGate, receiver_key
 from tests.helpers.fakes import BATCH, EVENT, FakeDeliveryStore, FakePost
 

@@ -17,8 +17,9 @@ from relay_batches.ledger.deliveries import Claim
 from relay_batches.model import Job
 from relay_batches.services.notifier import __main__ as notifier_main
 from relay_batches.services.notifier import core
-from relay_batches.services.notifier.core import PostResult, deliver_webhook, recover_deliveries
+from relay_batches.services.notifier.core import PostResult, deliver_webhook
 from relay_batches.services.notifier.receivers import ReceiverGate, receiver_key
+from relay_batches.services.notifier.recovery import recover_deliveries
 from relay_batches.settings import Settings
 from tests.helpers.fakes import BATCH, EVENT, HOOK, FakeDeliveryStore, FakePost
 from tests.helpers.support import wait_until

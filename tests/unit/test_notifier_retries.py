@@ -13,9 +13,9 @@ from relay_batches.services.notifier.core import (
     ERROR_CHARS,
     PostResult,
     RetryPolicy,
-    deliver_deferred,
     deliver_webhook,
 )
+from relay_batches.services.notifier.deferred import deliver_deferred
 from relay_batches.services.notifier.receivers import ReceiverGate
 from relay_batches.services.notifier.service import notifier_service
 from relay_batches.webhooks import verify

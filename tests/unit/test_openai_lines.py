@@ -9,8 +9,10 @@ from typing import Any
 import orjson
 import pytest
 
-from relay_batches.services.ingest_api.openai_lines import LineError, LineReader
-from relay_batches.services.ingest_api.validation import SubmitLimits
+from relay_batches.services.ingest_api.rows.openai_file import LineError, LineReader
+from relay_batches.services.ingest_api.rows.validation import (
+    SubmitLimits,
+)
 
 LIMITS = SubmitLimits(max_rows=5, max_content_bytes=64)
 MODELS = {"gpt-4o-mini", "other"}

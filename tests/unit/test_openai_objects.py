@@ -12,19 +12,15 @@ from openai.types import Batch
 from openai.types.chat import ChatCompletion
 from openai.types.shared import ErrorObject
 
+from relay_batches.dialects.openai.render import ERROR, OUTPUT, render_page
 from relay_batches.errors import ApiError
 from relay_batches.ledger.files import BatchLink, LinkedBatch
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import Job, JobStatus
-from relay_batches.services.ingest_api.openai_batches import batch_object
-from relay_batches.services.ingest_api.openai_files import DownloadGate
-from relay_batches.services.ingest_api.openai_output import (
-    ERROR,
-    OUTPUT,
-    output_files,
-    render_page,
-)
 from relay_batches.services.ingest_api.openapi import load_document
+from relay_batches.services.ingest_api.surfaces.openai.batches import batch_object
+from relay_batches.services.ingest_api.surfaces.openai.files import DownloadGate
+from relay_batches.services.ingest_api.surfaces.openai.output import output_files
 
 CREATED = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 ENDED = CREATED + timedelta(minutes=5)

@@ -15,19 +15,17 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
 from relay_batches.errors import ERROR_TYPES, ApiError
 from relay_batches.model import Job, JobStatus
-from relay_batches.services.ingest_api import params, validation
-from relay_batches.services.ingest_api.middleware import (
-    ANTHROPIC_PREFIX,
-    AUTHENTICATED_PREFIXES,
-    OPENAI_PREFIX,
-)
+from relay_batches.services.ingest_api.app import AUTHENTICATED_PREFIXES
 from relay_batches.services.ingest_api.openapi import load_document
-from relay_batches.services.ingest_api.routes import DEFAULT_PAGE, MAX_PAGE
+from relay_batches.services.ingest_api.rows import job_fields, params, validation
+from relay_batches.services.ingest_api.surfaces.anthropic import PREFIX as ANTHROPIC_PREFIX
+from relay_batches.services.ingest_api.surfaces.native.batches import DEFAULT_PAGE, MAX_PAGE
+from relay_batches.services.ingest_api.surfaces.openai import PREFIX as OPENAI_PREFIX
 from tests.helpers.openapi_ops import component_validator, documented_operations
 
 DOC = load_document()
 SCHEMAS = DOC["components"]["schemas"]
-DIALECT_PREFIXES = (OPENAI_PREFIX, ANTHROPIC_PREFIX)
+DIALECT_PREFIXES = (f"{OPENAI_PREFIX}/", f"{ANTHROPIC_PREFIX}/")
 CREATE = SCHEMAS["CreateBatch"]["properties"]
 PARAMS = SCHEMAS["Params"]["properties"]
 EXAMPLE = DOC["paths"]["/v1/batches"]["post"]["requestBody"]["content"]["application/json"][
@@ -106,13 +104,13 @@ def test_error_responses_name_the_type_the_code_sends_for_their_status() -> None
 
 def test_submission_limits_are_the_validation_constants() -> None:
     row = SCHEMAS["RequestRow"]["properties"]
-    assert CREATE["name"]["maxLength"] == validation.MAX_NAME_CHARS
+    assert CREATE["name"]["maxLength"] == job_fields.MAX_NAME_CHARS
     assert row["custom_id"]["anyOf"][0]["maxLength"] == validation.MAX_CUSTOM_ID_CHARS
-    assert CREATE["webhookUrl"]["maxLength"] == validation.MAX_WEBHOOK_URL_CHARS
-    assert CREATE["cron"]["maxLength"] == validation.MAX_CRON_CHARS
+    assert CREATE["webhookUrl"]["maxLength"] == job_fields.MAX_WEBHOOK_URL_CHARS
+    assert CREATE["cron"]["maxLength"] == job_fields.MAX_CRON_CHARS
     assert (CREATE["priority"]["minimum"], CREATE["priority"]["maximum"]) == (
-        validation.PRIORITY_MIN,
-        validation.PRIORITY_MAX,
+        job_fields.PRIORITY_MIN,
+        job_fields.PRIORITY_MAX,
     )
     roles = [
         SCHEMAS[m["$ref"].rsplit("/", 1)[-1]]["properties"]["role"]["const"]
@@ -160,8 +158,8 @@ def test_documented_params_are_exactly_the_accepted_ones() -> None:
 
 def test_the_upload_form_documents_every_job_level_field_of_the_json_create() -> None:
     form = SCHEMAS["UploadForm"]["properties"]
-    assert set(CREATE) - {"requests"} == set(validation.JOB_FIELDS)
-    assert set(form) - {"file"} == set(validation.JOB_FIELDS)
+    assert set(CREATE) - {"requests"} == set(job_fields.JOB_FIELDS)
+    assert set(form) - {"file"} == set(job_fields.JOB_FIELDS)
     assert form["params"]["$ref"] == "#/components/schemas/Params"
     encoding = DOC["paths"]["/v1/batches/upload"]["post"]["requestBody"]["content"][
         "multipart/form-data"

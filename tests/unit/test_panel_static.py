@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from relay_batches.services.ingest_api.panel import STATIC_DIR, load_static
+from relay_batches.services.ingest_api.panel.routes import STATIC_DIR, load_static
 
 HTML_SINKS = ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(")
 IMPORT = re.compile(r"""^\s*import\b[^;]*?from\s+["']([^"']+)["']""", re.M | re.S)

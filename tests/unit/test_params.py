@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from relay_batches.errors import ApiError
-from relay_batches.services.ingest_api.params import validate_params
+from relay_batches.services.ingest_api.rows.params import validate_params
 
 
 def test_absent_params_are_an_empty_object() -> None:

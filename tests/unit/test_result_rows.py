@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from relay_batches.ledger.jobs import ResultRow
-from relay_batches.services.ingest_api.results import row_object
+from relay_batches.services.ingest_api.surfaces.native.results import row_object
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 

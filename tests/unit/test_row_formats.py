@@ -7,11 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
-from relay_batches.services.ingest_api.row_formats import (
+from relay_batches.services.ingest_api.rows.row_formats import (
     anthropic_request_row,
     openai_line_row,
 )
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.validation import (
     RowError,
     RowInput,
     RowRejected,

@@ -59,6 +59,7 @@ class FakeRouter:
     cancelled: list[tuple[str, int]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    workspaces: list[str] = field(default_factory=list)
 
     def gate(self, batch_id: str, index: int) -> asyncio.Event:
         return self.gates.setdefault((batch_id, index), asyncio.Event())
@@ -70,9 +71,14 @@ class FakeRouter:
         return await asyncio.wait_for(self.started.get(), WAIT_S)
 
     async def complete(
-        self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+        self,
+        alias: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        workspace: str = "",
     ) -> RowResult:
         index = index_of(messages)
+        self.workspaces.append(workspace)
         batch_id = str(params.get("batch", alias))
         self.calls.append((alias, index, dict(params)))
         self.in_flight += 1
@@ -130,6 +136,16 @@ async def test_every_row_gets_one_outcome_with_its_index() -> None:
         for i in range(10, 20)
     ]
     assert all(call == ("m", call[1], {"temperature": 0}) for call in router.calls)
+
+
+async def test_each_call_names_the_workspace_of_its_slice() -> None:
+    # The router pools connections per workspace: a slice's calls name its workspace, and
+    # a slice that names none its job (never a connection another workspace used).
+    router, sink = FakeRouter(), Sink()
+    runner = RowRunner(router, sink, concurrency=4)
+    await runner.handle_slice(replace(make_task("b1", range(3)), workspace="ws-a"))
+    await runner.handle_slice(make_task("b2", range(2)))
+    assert router.workspaces == ["ws-a"] * 3 + ["job:b2"] * 2
 
 
 async def test_never_more_than_concurrency_calls_in_flight() -> None:

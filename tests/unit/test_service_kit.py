@@ -16,14 +16,8 @@ from relay_batches.bus.client import MessageCallback
 from relay_batches.bus.topology import Names
 from relay_batches.errors import HandBack, TransientError, UnstorableError
 from relay_batches.kit.base import BusService, Readiness
-from relay_batches.kit.consumer import (
-    ChunkInbox,
-    Consume,
-    ConsumeChunks,
-    DeadLetter,
-    Intake,
-    Subscribe,
-)
+from relay_batches.kit.chunks import ChunkInbox, ConsumeChunks, DeadLetter
+from relay_batches.kit.consumer import Consume, Intake, Subscribe
 from relay_batches.kit.periodic import Periodic
 from relay_batches.ledger.schema import SchemaGate, expected_migrations, migration_version
 from relay_batches.messages import MessageError

@@ -152,7 +152,7 @@ def test_a_job_event_decodes_to_the_enum_and_refuses_an_unknown_status() -> None
 
 
 def test_the_panel_uses_the_model_terminal_and_cancelable_sets() -> None:
-    dom = (Path(__file__).parents[2] / "services/ingest_api/static/dom.js").read_text()
+    dom = (Path(__file__).parents[2] / "services/ingest_api/panel/static/dom.js").read_text()
     sets = {
         name: set(re.findall(r'"(\w+)"', values))
         for name, values in re.findall(r"export const (\w+) = new Set\(\[([^\]]*)\]\)", dom)

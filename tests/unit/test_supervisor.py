@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from relay_batches.services.relay_cli import supervisor
-from relay_batches.services.relay_cli.supervisor import Child, exit_reason, restart_pause, supervise
+from relay_batches.services.relay_dev import supervisor
+from relay_batches.services.relay_dev.supervisor import Child, exit_reason, restart_pause, supervise
 from tests.helpers.support import wait_until
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]

@@ -9,18 +9,24 @@ import orjson
 import pytest
 
 from relay_batches.errors import ApiError
-from relay_batches.services.ingest_api import upload_formats
-from relay_batches.services.ingest_api.upload import clean_filename, form_payload, job_name
-from relay_batches.services.ingest_api.upload_formats import (
+from relay_batches.services.ingest_api.rows import files as upload_formats
+from relay_batches.services.ingest_api.rows.files import (
     FileReader,
     LineError,
     file_format,
     parse_upload_file,
 )
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.job_fields import (
+    validate_batch_options,
+)
+from relay_batches.services.ingest_api.rows.validation import (
     RowInput,
     SubmitLimits,
-    validate_batch_options,
+)
+from relay_batches.services.ingest_api.surfaces.native.upload import (
+    clean_filename,
+    form_payload,
+    job_name,
 )
 
 LIMITS = SubmitLimits(max_rows=5, max_content_bytes=64)

@@ -9,8 +9,14 @@ import orjson
 import pytest
 
 from relay_batches.errors import ApiError
-from relay_batches.services.ingest_api.validation import (
+from relay_batches.services.ingest_api.rows.job_fields import (
     BatchOptions,
+    parse_budget_field,
+    parse_priority_field,
+    validate_budget,
+    validate_cron,
+)
+from relay_batches.services.ingest_api.rows.validation import (
     BatchSpec,
     KnownModels,
     RowError,
@@ -18,13 +24,9 @@ from relay_batches.services.ingest_api.validation import (
     RowRejected,
     SubmitLimits,
     decode_json_object,
-    parse_budget_field,
-    parse_priority_field,
     request_rows,
     row_api_error,
     scan_submit,
-    validate_budget,
-    validate_cron,
     validate_submit,
 )
 
@@ -809,7 +811,10 @@ def test_known_models_is_a_container_of_the_routers_aliases() -> None:
 
 
 def test_ingest_api_builds_jobs_in_one_place() -> None:
-    from relay_batches.services.ingest_api import models, routes, submit, upload
+    from relay_batches.services.ingest_api import submit
+    from relay_batches.services.ingest_api.surfaces.native import aliases as models
+    from relay_batches.services.ingest_api.surfaces.native import batches as routes
+    from relay_batches.services.ingest_api.surfaces.native import upload
 
     assert submit.KnownModels is KnownModels
     for handlers in (models, routes, upload):

@@ -4,7 +4,7 @@ After the broker restarts (or closes the connection), aio-pika reconnects and re
 every channel, queue, binding and consumer this bus declared; :meth:`Bus.ready` is
 False from the moment the connection drops until that restore is complete.
 
-Settling deliveries (the ack policy) is :mod:`relay_batches.kit.consumer`'s job.
+Settling deliveries (the ack policy) is :mod:`relay_batches.kit.settle`'s job.
 """
 
 from __future__ import annotations

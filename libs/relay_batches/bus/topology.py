@@ -8,7 +8,7 @@ first rows only to overtake lower jobs of its own workspace (``dispatcher/sharin
 
 Queue types: ``dispatch`` and ``rows`` are always classic queues (their ten priority
 levels exist only there); the other durable queues take ``RELAY_QUEUE_TYPE`` (classic or
-quorum), see :meth:`Names.quorum_capable` and the README's "Queue types".
+quorum), see :meth:`Names.quorum_capable` and docs/operations/queue-types.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, 
 from aiormq.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 from pamqp.common import FieldTable
 
-from relay_batches.settings import ConfigError
+from relay_batches.settings import ConfigError, Settings
 
 MAX_PRIORITY = 9
 
@@ -36,9 +36,9 @@ def rows_prefetch(concurrency: int, slice_rows: int) -> int:
     return math.ceil(2 * concurrency / slice_rows) + 1
 
 
-DEAD_MAX_LENGTH = 10_000  # the default of RELAY_RESULTS_DEAD_MAX_LENGTH
+DEAD_MAX_LENGTH = Settings.results_dead_max_length  # RELAY_RESULTS_DEAD_MAX_LENGTH's default
 QUEUE_TYPES = ("classic", "quorum")  # RELAY_QUEUE_TYPE's values, the first the default
-RESULTS_SHARDS = 4  # the default of RELAY_RESULTS_SHARDS
+RESULTS_SHARDS = Settings.results_shards  # RELAY_RESULTS_SHARDS's default
 
 EVENT_PROGRESS = "job.progress"
 EVENT_FINISHED = "job.finished"

@@ -36,6 +36,7 @@ from relay_batches.ledger.jobs import (
 )
 from relay_batches.ledger.jobs import _insert_job as insert_job
 from relay_batches.ledger.pool import Connection, translated
+from relay_batches.ledger.row_model import ROW_COLUMNS, with_models
 from relay_batches.model import Job, JobStatus
 
 INPUT_PURPOSE = "batch"
@@ -135,8 +136,8 @@ class FileUpload:
         async with translated():
             await self._conn.copy_records_to_table(
                 "batch_rows",
-                records=((self.file_id, i, custom_id, req) for i, custom_id, req in rows),
-                columns=("batch_id", "row_index", "custom_id", "request"),
+                records=with_models((self.file_id, i, cid, req) for i, cid, req in rows),
+                columns=ROW_COLUMNS,
             )
 
     async def duplicate_ids(self, limit: int) -> list[tuple[str, int]]:

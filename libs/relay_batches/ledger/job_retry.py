@@ -41,8 +41,9 @@ _LOCK_ORIGINAL = (
 # copied under the new id, numbered from 0 in the original's row order; how many.
 _COPY_ROWS = (
     "WITH copied AS ("
-    " INSERT INTO batch_rows (batch_id, row_index, custom_id, request)"
-    " SELECT $1, (row_number() OVER (ORDER BY o.row_index) - 1)::int, r.custom_id, r.request"
+    " INSERT INTO batch_rows (batch_id, row_index, custom_id, request, model)"
+    " SELECT $1, (row_number() OVER (ORDER BY o.row_index) - 1)::int, r.custom_id, r.request,"
+    "  r.model"
     " FROM row_results o JOIN batch_rows r ON r.batch_id = $3 AND r.row_index = o.row_index"
     " WHERE o.batch_id = $2 AND {chosen}"
     " RETURNING 1)"

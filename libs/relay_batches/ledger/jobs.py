@@ -1,13 +1,14 @@
-"""Jobs as the ingest-api sees them: create (COPY), read, list, cancel, stream results."""
+"""Jobs as the ingest-api sees them: create (COPY), read, list, cancel, stream results
+(the result pages are :mod:`~relay_batches.ledger.result_pages`'; their row types are
+imported from here too)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
 
 import asyncpg
 import orjson
@@ -17,17 +18,48 @@ from relay_batches.ledger.idempotency import IdempotencyClaim, record_response
 from relay_batches.ledger.job_retry import RetryRows, insert_retry
 from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.pool import Connection, translated
+from relay_batches.ledger.result_pages import (
+    DETAIL_BYTES,
+    RESULT_PAGE_BYTES,
+    RESULT_PAGE_ROWS,
+    ROW_SELECTIONS,
+    AnsweredRow,
+    DeadLetterRow,
+    ResultPages,
+    ResultRow,
+    RowDetails,
+)
+from relay_batches.ledger.row_model import ROW_COLUMNS, with_models
 from relay_batches.model import PAUSABLE, Job, JobStatus, allowed_from
 
-RESULT_PAGE_ROWS = 5000
-RESULT_PAGE_BYTES = 4 * 1024 * 1024
+__all__ = [
+    "DETAIL_BYTES",
+    "EXPIRES_AT",
+    "FIRST_REPEATS",
+    "HAS_REPEAT",
+    "LONG_STORE_WAIT_S",
+    "MAX_LONG_STORES",
+    "RESULT_PAGE_BYTES",
+    "RESULT_PAGE_ROWS",
+    "ROW_SELECTIONS",
+    "AnsweredRow",
+    "DeadLetterRow",
+    "JobStore",
+    "JobWriter",
+    "NewJob",
+    "ResultRow",
+    "RowDetails",
+    "first_repeats",
+    "long_store_slot",
+    "long_store_slots",
+]
+
 # Long stores (a native upload's files, an OpenAI input file) holding a pooled connection
 # at once, across JobStore and FileStore: they share one semaphore (long_store_slots()),
 # so the rest of the pool always serves short queries (the ingest-api checks its pool
 # holds at least this many + 2 at start-up).
 MAX_LONG_STORES = 2
 LONG_STORE_WAIT_S = 60.0  # a store waits this long for a slot, then is answered 503
-T = TypeVar("T")
 
 # Whether a batch's rows repeat a custom id: one scan into a hash aggregate (no sort of
 # the batch's rows; it reads them all before HAVING can answer). Only when there is a
@@ -74,96 +106,6 @@ async def first_repeats(conn: Connection, batch_id: str, limit: int) -> list[asy
     return list(await conn.fetch(FIRST_REPEATS, batch_id, limit))
 
 
-# A page is cut at $4 rows or $5 bytes of text, whichever comes first; its first row
-# goes out even when it alone is larger. The cut is computed over sizes only
-# (octet_length reads a stored value's length without detoasting it), then only the
-# rows of the page are read in full.
-# $1 batch id, $2 the batch whose rows it uses, $3 last row index seen, $4 rows, $5 bytes.
-# The page's rows are read again within its span (past $3, up to its last row): without
-# statistics the unbounded join was planned as a sort of every outcome of the job (0.3 s
-# a page at 300,000 outcomes, growing with the job).
-_PAGE_END = "(SELECT max(row_index) FROM sized)"
-_PAGE_CUT = (
-    "WITH sized AS ("
-    "  SELECT o.row_index, row_number() OVER w AS n,"
-    "   sum(octet_length(r.custom_id) + {size}) OVER w AS upto"
-    "  FROM row_results o JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = o.row_index"
-    "   AND r.row_index > $3"
-    "  WHERE o.batch_id = $1 AND o.row_index > $3 {only}"
-    "  WINDOW w AS (ORDER BY o.row_index ROWS UNBOUNDED PRECEDING)"
-    "  ORDER BY o.row_index LIMIT $4)"
-    " SELECT o.row_index, r.custom_id, {columns}"
-    " FROM sized s JOIN row_results o ON o.batch_id = $1 AND o.row_index = s.row_index"
-    f"  AND o.row_index > $3 AND o.row_index <= {_PAGE_END}"
-    " JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = s.row_index"
-    f"  AND r.row_index > $3 AND r.row_index <= {_PAGE_END}"
-    " WHERE s.n = 1 OR s.upto <= $5 ORDER BY s.row_index"
-)
-_RESULT_SIZE = (
-    "octet_length(COALESCE(o.content, o.error)) + COALESCE(octet_length(o.tool_calls), 0)"
-)
-_RESULTS_PAGE = _PAGE_CUT.format(
-    size=_RESULT_SIZE, only="", columns="o.content, o.error, o.tool_calls"
-)
-_DEAD_LETTER_PAGE = _PAGE_CUT.format(
-    size="octet_length(o.error)", only="AND o.dead_letter", columns="o.error, o.attempts"
-)
-# A row's details (RowDetails' fields, in order) and what they add to a page: their text
-# and about DETAIL_BYTES of keys and numbers as the API writes them.
-DETAIL_BYTES = 160
-_DETAIL_COLUMNS = (
-    "o.prompt_tokens, o.completion_tokens, o.attempts, o.deployment, o.latency_ms,"
-    " o.finish_reason, o.cost_usd"
-)
-_DETAIL_SIZE = (
-    f" + {DETAIL_BYTES} + COALESCE(octet_length(o.deployment), 0)"
-    " + COALESCE(octet_length(o.finish_reason), 0)"
-)
-_RESULTS_DETAIL_PAGE = _PAGE_CUT.format(
-    size=_RESULT_SIZE + _DETAIL_SIZE,
-    only="",
-    columns=f"o.content, o.error, o.tool_calls, {_DETAIL_COLUMNS}",
-)
-_DEAD_LETTER_DETAIL_PAGE = _PAGE_CUT.format(
-    size="octet_length(o.error)" + _DETAIL_SIZE,
-    only="AND o.dead_letter",
-    columns=f"o.error, o.attempts, {_DETAIL_COLUMNS}",
-)
-
-
-# Every row of a job's input with its outcome, if any, for the dialects' renderers
-# (OpenAI output and error files, Anthropic results), which show rows without an outcome
-# of an ended job as canceled or expired. Pages are cut like _PAGE_CUT's; {only} keeps
-# the rows with content (a success) or those without.
-# $1 batch id, $2 the batch whose rows it uses, $3 last row index seen, $4 rows, $5 bytes.
-_ROW_PAGE = (
-    "WITH sized AS ("
-    "  SELECT r.row_index, row_number() OVER w AS n,"
-    "   sum(octet_length(r.custom_id) + COALESCE(octet_length(o.content), 0)"
-    "       + COALESCE(octet_length(o.error), 0) + COALESCE(octet_length(o.tool_calls), 0))"
-    "     OVER w AS upto"
-    "  FROM batch_rows r LEFT JOIN row_results o"
-    "    ON o.batch_id = $1 AND o.row_index = r.row_index AND o.row_index > $3"
-    "  WHERE r.batch_id = $2 AND r.row_index > $3 {only}"
-    "  WINDOW w AS (ORDER BY r.row_index ROWS UNBOUNDED PRECEDING)"
-    "  ORDER BY r.row_index LIMIT $4)"
-    " SELECT r.row_index, r.custom_id, o.content, o.error, o.tool_calls, o.finish_reason,"
-    "  o.model, o.prompt_tokens, o.completion_tokens, o.attempts, o.dead_letter, o.deployment,"
-    "  o.row_index IS NOT NULL AS done"
-    " FROM sized s JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = s.row_index"
-    f"  AND r.row_index > $3 AND r.row_index <= {_PAGE_END}"
-    " LEFT JOIN row_results o ON o.batch_id = $1 AND o.row_index = s.row_index"
-    f"  AND o.row_index > $3 AND o.row_index <= {_PAGE_END}"
-    " WHERE s.n = 1 OR s.upto <= $5 ORDER BY s.row_index"
-)
-ROW_SELECTIONS = {
-    "all": "",
-    "succeeded": "AND o.content IS NOT NULL",
-    "unsucceeded": "AND o.content IS NULL",
-}
-_ROW_PAGES = {name: _ROW_PAGE.format(only=only) for name, only in ROW_SELECTIONS.items()}
-
-
 @dataclass(frozen=True)
 class NewJob:
     """Everything needed to insert a batch; ``rows`` yields ``(custom_id, request_json)``.
@@ -195,85 +137,6 @@ class NewJob:
     retry_of: str | None = None
 
 
-@dataclass(frozen=True)
-class RowDetails:
-    """What an outcome records beside its answer: tokens, attempts, the deployment that
-    answered (None if none did), latency and cost (None when unknown or unpriced)."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    attempts: int
-    deployment: str | None
-    latency_ms: int | None
-    finish_reason: str | None
-    cost_usd: float | None
-
-
-@dataclass(frozen=True)
-class ResultRow:
-    """One row of a job's results; ``tool_calls`` is the JSON text of the answer's
-    chat-completions tool calls (None when the model called none); ``details`` is there
-    when the page was asked for with them."""
-
-    row_index: int
-    custom_id: str
-    content: str | None
-    error: str | None
-    tool_calls: str | None = None
-    details: RowDetails | None = None
-
-    @classmethod
-    def with_details(
-        cls,
-        row_index: int,
-        custom_id: str,
-        content: str | None,
-        error: str | None,
-        tool_calls: str | None,
-        *details: Any,
-    ) -> ResultRow:
-        """From a row of the results-with-details page: the row's fields, then details'."""
-        return cls(row_index, custom_id, content, error, tool_calls, RowDetails(*details))
-
-
-@dataclass(frozen=True)
-class AnsweredRow:
-    """One row of a job's input with its whole outcome; ``done`` is False (and every
-    outcome field None) for a row without one."""
-
-    row_index: int
-    custom_id: str
-    content: str | None
-    error: str | None
-    tool_calls: str | None
-    finish_reason: str | None
-    model: str | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    attempts: int | None
-    dead_letter: bool | None
-    deployment: str | None
-    done: bool
-
-
-@dataclass(frozen=True)
-class DeadLetterRow:
-    """One row on a job's dead-letter list."""
-
-    row_index: int
-    custom_id: str
-    error: str
-    attempts: int
-    details: RowDetails | None = None
-
-    @classmethod
-    def with_details(
-        cls, row_index: int, custom_id: str, error: str, attempts: int, *details: Any
-    ) -> DeadLetterRow:
-        """From a row of the dead-letter-with-details page: the row's fields, then details'."""
-        return cls(row_index, custom_id, error, attempts, RowDetails(*details))
-
-
 class JobWriter:
     """Jobs being stored a chunk of rows at a time, inside one transaction
     (:meth:`JobStore.streaming`): every job's rows first, then all the jobs' batches at
@@ -291,8 +154,10 @@ class JobWriter:
         async with translated():
             await self._conn.copy_records_to_table(
                 "batch_rows",
-                records=((batch_id, start + n, cid, req) for n, (cid, req) in enumerate(rows)),
-                columns=("batch_id", "row_index", "custom_id", "request"),
+                records=with_models(
+                    (batch_id, start + n, cid, req) for n, (cid, req) in enumerate(rows)
+                ),
+                columns=ROW_COLUMNS,
             )
 
     async def first_duplicate(self, batch_id: str) -> tuple[str, int, int] | None:
@@ -314,7 +179,7 @@ class JobWriter:
             await record_response(self._conn, claim, 201, orjson.dumps(body).decode())
 
 
-class JobStore:
+class JobStore(ResultPages):
     """The ``batches``/``batch_rows``/``row_results`` queries of the public API."""
 
     def __init__(
@@ -323,8 +188,7 @@ class JobStore:
         page_bytes: int = RESULT_PAGE_BYTES,
         long_stores: asyncio.Semaphore | None = None,
     ) -> None:
-        self._pool = pool
-        self._page_bytes = page_bytes
+        super().__init__(pool, page_bytes)
         self._streaming = long_store_slots() if long_stores is None else long_stores
 
     @property
@@ -471,83 +335,6 @@ class JobStore:
                 await record_response(conn, claim, 201, orjson.dumps(job.to_api()).decode())
         return job
 
-    def result_pages(
-        self,
-        job: Job,
-        page_rows: int = RESULT_PAGE_ROWS,
-        page_bytes: int | None = None,
-    ) -> AsyncIterator[list[ResultRow]]:
-        """The job's outcomes in row order, a keyset page at a time: at most ``page_rows``
-        rows and ``page_bytes`` of text (the store's budget by default) per page, unless
-        one row alone is larger (it then goes out alone, whole)."""
-        return self._pages(_RESULTS_PAGE, job, page_rows, page_bytes, ResultRow)
-
-    def dead_letter_pages(
-        self,
-        job: Job,
-        page_rows: int = RESULT_PAGE_ROWS,
-        page_bytes: int | None = None,
-    ) -> AsyncIterator[list[DeadLetterRow]]:
-        """The job's dead-letter rows in row order, pages bounded as :meth:`result_pages`."""
-        return self._pages(_DEAD_LETTER_PAGE, job, page_rows, page_bytes, DeadLetterRow)
-
-    def detailed_result_pages(
-        self,
-        job: Job,
-        page_rows: int = RESULT_PAGE_ROWS,
-        page_bytes: int | None = None,
-    ) -> AsyncIterator[list[ResultRow]]:
-        """:meth:`result_pages` with every row's :class:`RowDetails` (counted in the
-        page's bytes)."""
-        return self._pages(_RESULTS_DETAIL_PAGE, job, page_rows, page_bytes, ResultRow.with_details)
-
-    def detailed_dead_letter_pages(
-        self,
-        job: Job,
-        page_rows: int = RESULT_PAGE_ROWS,
-        page_bytes: int | None = None,
-    ) -> AsyncIterator[list[DeadLetterRow]]:
-        """:meth:`dead_letter_pages` with every row's :class:`RowDetails`."""
-        return self._pages(
-            _DEAD_LETTER_DETAIL_PAGE, job, page_rows, page_bytes, DeadLetterRow.with_details
-        )
-
-    def answered_pages(
-        self,
-        job: Job,
-        select: str = "all",
-        page_rows: int = RESULT_PAGE_ROWS,
-        page_bytes: int | None = None,
-    ) -> AsyncIterator[list[AnsweredRow]]:
-        """Every row of the job's input in row order with its outcome, if any, pages
-        bounded as :meth:`result_pages`; ``select`` is a key of :data:`ROW_SELECTIONS`
-        (``succeeded``: rows with content; ``unsucceeded``: rows with an error or none)."""
-        return self._pages(_ROW_PAGES[select], job, page_rows, page_bytes, AnsweredRow)
-
-    async def _pages(
-        self,
-        sql: str,
-        job: Job,
-        page_rows: int,
-        page_bytes: int | None,
-        factory: Callable[..., T],
-    ) -> AsyncIterator[list[T]]:
-        budget = self._page_bytes if page_bytes is None else page_bytes
-        last, limit = -1, page_rows
-        while True:
-            async with translated():
-                records = await self._pool.fetch(
-                    sql, job.id, job.rows_batch_id, last, limit, budget
-                )
-            if not records:
-                return
-            yield [factory(*r) for r in records]
-            last = records[-1][0]
-            # A short page was cut by bytes or is the last (only an empty one says which).
-            # Sizes are looked at for about twice the rows the last page held, so pages of
-            # big rows do not each measure thousands of rows they will never hold.
-            limit = min(page_rows, 2 * len(records) + 16)
-
     async def mark_finished_published(self, batch_ids: list[str]) -> None:
         """Record that ``job.finished`` went out for these jobs."""
         await mark_finished_published(self._pool, batch_ids)
@@ -568,10 +355,8 @@ async def _insert_job(conn: Connection, new: NewJob, rows: Iterable[tuple[str, s
         return job
     await conn.copy_records_to_table(
         "batch_rows",
-        records=(
-            (new.id, index, custom_id, request) for index, (custom_id, request) in enumerate(rows)
-        ),
-        columns=("batch_id", "row_index", "custom_id", "request"),
+        records=with_models((new.id, n, cid, req) for n, (cid, req) in enumerate(rows)),
+        columns=ROW_COLUMNS,
     )
     return job
 

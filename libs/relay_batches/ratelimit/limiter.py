@@ -39,8 +39,9 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from relay_batches.bus.client import MessageCallback
 from relay_batches.bus.topology import EVENT_THROTTLED, Names
-from relay_batches.kit.consumer import Subscription, ack, reject
+from relay_batches.kit.consumer import Subscription
 from relay_batches.kit.periodic import ordinary_error
+from relay_batches.kit.settle import ack, reject
 from relay_batches.messages import GrantMessage, MessageError, ThrottledEvent
 from relay_batches.metrics import RATELIMIT_USED_REQUESTS, RATELIMIT_USED_TOKENS, RATELIMIT_WAIT
 from relay_batches.ratelimit.budget import Budget

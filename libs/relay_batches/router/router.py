@@ -108,9 +108,14 @@ class ModelRouter:
         self._realtime: dict[str, tuple[Deployment, ...]] = {}
 
     async def complete(
-        self, alias: str, messages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
+        self,
+        alias: str,
+        messages: Sequence[Mapping[str, Any]],
+        params: Mapping[str, Any],
+        workspace: str = "",
     ) -> RowResult:
-        """Run one row through its alias's deployments."""
+        """Run one row through its alias's deployments, its calls over connections of
+        ``workspace``'s own (see :mod:`relay_batches.router.http1`)."""
         deployments = self._realtime_of(alias)
         if deployments is None:
             return RowResult(None, f"upstream_error: unknown model alias {alias!r}", 0, None)
@@ -123,7 +128,7 @@ class ModelRouter:
             if position:
                 UPSTREAM_FALLBACKS.labels(alias).inc()
             has_next = position + 1 < len(deployments)
-            result = await self._try_deployment(deployment, messages, params, has_next)
+            result = await self._try_deployment(deployment, messages, params, has_next, workspace)
             attempts += result.calls
             if result.reply.completion is not None:
                 return RowResult(result.reply.completion, None, attempts, deployment.name)
@@ -167,6 +172,7 @@ class ModelRouter:
         messages: Sequence[Mapping[str, Any]],
         params: Mapping[str, Any],
         has_next: bool,
+        workspace: str,
     ) -> _DeploymentResult:
         """Call one deployment with retries until success, a permanent error or give-up."""
         provider = PROVIDERS[deployment.provider]
@@ -182,7 +188,7 @@ class ModelRouter:
         while True:
             if limited:
                 await self._limiter.acquire(deployment.name, estimate)
-            attempt = await self._call(deployment, provider, request)
+            attempt = await self._call(deployment, provider, request, workspace)
             calls += 1
             if limited or attempt.throttled:
                 await self._account(deployment.name, attempt, cap, estimate, limited)
@@ -234,13 +240,14 @@ class ModelRouter:
         deployment: Deployment,
         provider: ModuleType,
         request: tuple[str, dict[str, str], bytes],
+        workspace: str,
     ) -> _Attempt:
         url, headers, body = request
         latency = self._latency_of(deployment)
         started = time.perf_counter()
         try:
             reply = await self._client.post(
-                url, headers, body, deployment.timeout_s, MAX_REPLY_BYTES
+                url, headers, body, deployment.timeout_s, MAX_REPLY_BYTES, workspace
             )
         except TimeoutError:
             return _Attempt(error=f"timed out after {deployment.timeout_s:g}s", retryable=True)

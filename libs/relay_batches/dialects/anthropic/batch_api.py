@@ -15,7 +15,7 @@ Message Batches carry no metadata: a record resumed after a crash between its cr
 call and the ledger's note of it looks for a batch created since the record (less a
 minute of clock skew) with exactly its number of requests that no other record holds.
 Two records of the same size created within that minute, both crashed there, could
-each take the other's batch; both then still answer every row once (README).
+each take the other's batch; both then still answer every row once (docs/guides/offload.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,267 @@
+"""The bus messages that carry rows: slices of rows to run (with each row's chat
+request) and the outcomes row-workers send back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from relay_batches.messages.codec import MessageError, dump, load
+
+# A results body up to its outcomes list (see :meth:`OutcomesMessage.encode_parts`).
+_RESULTS_HEAD = dump("results", {"outcomes": []})[: -len(b"[]}")]
+
+
+@dataclass(frozen=True)
+class SliceRow:
+    """One row of a slice: its index in the job and its chat request (raw JSON text).
+
+    ``request_json`` is as ``batch_rows.request`` stores it: the row's messages array,
+    or an object with ``messages`` and the row's own fields (see :class:`RowRequest`).
+    """
+
+    index: int
+    request_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class RowRequest:
+    """One row's chat request as a worker runs it.
+
+    ``model`` is the row's own alias (None: the job's); ``params`` are the row's own
+    request fields (tools, tool_choice, max_tokens, …), which override the job's.
+    """
+
+    messages: list[Any]
+    model: str | None = None
+    params: dict[str, Any] | None = None
+
+
+def request_json(request: RowRequest) -> str:
+    """The JSON text :func:`row_request` reads back as ``request`` (a row's stored
+    ``request``: its messages array, or an object with them and its own fields)."""
+    if request.model is None and not request.params:
+        return orjson.dumps(request.messages).decode()
+    fields: dict[str, Any] = {**(request.params or {}), "messages": request.messages}
+    if request.model is not None:
+        fields["model"] = request.model
+    return orjson.dumps(fields).decode()
+
+
+def row_request(value: Any) -> RowRequest:
+    """A decoded ``request_json``: a messages array, or an object holding ``messages``."""
+    if isinstance(value, list):
+        return RowRequest(value)
+    if not isinstance(value, dict):
+        raise TypeError(f"row request is not an array or object: {type(value).__name__}")
+    fields = dict(value)
+    messages = _message_list(fields.pop("messages", None))
+    model = fields.pop("model", None)
+    if model is not None and not isinstance(model, str):
+        raise TypeError("row model is not a string")
+    return RowRequest(messages, model, fields or None)
+
+
+@dataclass(frozen=True)
+class SliceMessage:
+    """`<ns>.rows`: a slice of consecutive rows of one job for a row-worker."""
+
+    batch_id: str
+    model: str
+    rows: tuple[SliceRow, ...]
+    params_json: str = "{}"
+    level: int = 0  # the broker priority the slice is published at
+    sent_at: float = 0.0  # on the publishing dispatcher's own clock
+    owner: str = ""  # the publishing dispatcher, whose clock ``sent_at`` reads
+    expires_at: float = 0.0  # the job's deadline, Unix seconds (0: none): no row starts after
+    # The job's workspace: its calls go over connections of that workspace's own. Empty
+    # (a slice the offloader forwards): the job's own connections.
+    workspace: str = ""
+
+    KIND = "rows"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus; row messages are embedded as raw JSON fragments."""
+        return dump(
+            self.KIND,
+            {
+                "batch_id": self.batch_id,
+                "model": self.model,
+                "params": orjson.Fragment(self.params_json),
+                "rows": [[r.index, orjson.Fragment(r.request_json)] for r in self.rows],
+                "level": self.level,
+                "sent_at": self.sent_at,
+                "owner": self.owner,
+                "expires_at": self.expires_at,
+                "workspace": self.workspace,
+            },
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> DecodedSlice:
+        """Parse a bus body into a slice whose row requests are already decoded."""
+        d = load(body, cls.KIND)
+        try:
+            rows = tuple((int(i), row_request(m)) for i, m in d["rows"])
+            params = d.get("params") or {}
+            if not isinstance(params, dict):
+                raise TypeError("params is not an object")
+            return DecodedSlice(
+                str(d["batch_id"]),
+                str(d["model"]),
+                rows,
+                params,
+                int(d.get("level", 0)),
+                float(d.get("sent_at", 0.0)),
+                str(d.get("owner", "")),
+                float(d.get("expires_at") or 0.0),
+                str(d.get("workspace") or ""),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+
+
+def _message_list(value: Any) -> list[Any]:
+    """A row's messages as decoded; anything but a JSON array is malformed."""
+    if not isinstance(value, list):
+        raise TypeError(f"row messages are not an array: {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class DecodedSlice:
+    """A :class:`SliceMessage` as a worker sees it: rows are ``(index, request)`` pairs."""
+
+    batch_id: str
+    model: str
+    rows: tuple[tuple[int, RowRequest], ...]
+    params: dict[str, Any] = field(default_factory=dict)
+    level: int = 0
+    sent_at: float = 0.0
+    owner: str = ""
+    expires_at: float = 0.0
+    workspace: str = ""
+
+    @property
+    def tenant(self) -> str:
+        """Whose connections the slice's calls use: its workspace's, or (a slice that
+        names none) its job's own, never another tenant's."""
+        return self.workspace or f"job:{self.batch_id}"
+
+    def with_rows(self, rows: Sequence[tuple[int, RowRequest]]) -> SliceMessage:
+        """A slice message of this one's job, level, marks and deadline holding ``rows``
+        (a stopping worker hands the rows it did not start back this way)."""
+        return SliceMessage(
+            self.batch_id,
+            self.model,
+            tuple(SliceRow(index, request_json(request)) for index, request in rows),
+            orjson.dumps(self.params).decode(),
+            self.level,
+            self.sent_at,
+            self.owner,
+            self.expires_at,
+            self.workspace,
+        )
+
+
+@dataclass(frozen=True)
+class RowOutcome:
+    """The outcome of one row: content or error, with attempts and usage.
+
+    With content, the whole answer: ``tool_calls`` (JSON text of the chat-completions
+    ``tool_calls`` array, None when the model called none), ``finish_reason``
+    (chat-completions vocabulary: stop, length, tool_calls, content_filter) and
+    ``model`` (the model that answered, as its provider named it). ``latency_ms`` is
+    the row's time in the router (every attempt and backoff included), ``cost_usd``
+    what the answering deployment's ``price`` makes of its tokens (None: unpriced).
+    """
+
+    batch_id: str
+    row_index: int
+    content: str | None
+    error: str | None
+    attempts: int
+    dead_letter: bool = False
+    deployment: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_calls: str | None = None
+    finish_reason: str | None = None
+    model: str | None = None
+    latency_ms: int | None = None
+    cost_usd: float | None = None
+
+    def as_list(self) -> list[Any]:
+        """Compact positional form used on the wire."""
+        return [
+            self.batch_id,
+            self.row_index,
+            self.content,
+            self.error,
+            self.attempts,
+            self.dead_letter,
+            self.deployment,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.tool_calls,
+            self.finish_reason,
+            self.model,
+            self.latency_ms,
+            self.cost_usd,
+        ]
+
+
+@dataclass(frozen=True)
+class OutcomesMessage:
+    """`<ns>.results`: several row outcomes published together by one worker."""
+
+    outcomes: tuple[RowOutcome, ...]
+
+    KIND = "results"
+
+    def encode(self) -> bytes:
+        """Serialise for the bus."""
+        return dump(self.KIND, {"outcomes": [o.as_list() for o in self.outcomes]})
+
+    @classmethod
+    def encode_parts(cls, parts: Sequence[bytes]) -> bytes:
+        """The bus body of outcomes already encoded one by one (``orjson.dumps`` of each
+        one's :meth:`RowOutcome.as_list`): the same bytes as :meth:`encode`, without
+        encoding any outcome twice (a worker measures each one's size as it comes)."""
+        return b"".join((_RESULTS_HEAD, b"[", b",".join(parts), b"]}"))
+
+    @classmethod
+    def decode(cls, body: bytes) -> OutcomesMessage:
+        """Parse a bus body; raise :class:`MessageError` if it is not one."""
+        d = load(body, cls.KIND)
+        try:
+            outcomes = tuple(_outcome(o) for o in d["outcomes"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MessageError(f"{cls.KIND}: {exc!r}") from exc
+        return cls(outcomes)
+
+
+def _outcome(value: Any) -> RowOutcome:
+    """One outcome of the wire's positional form; the last five fields are optional
+    (a worker from before whole answers sends nine, one from before details twelve)."""
+    b, i, c, e, a, dl, dep, pt, ct, *answer = value
+    tool_calls, finish_reason, model, latency_ms, cost_usd = (*answer, *[None] * 5)[:5]
+    return RowOutcome(
+        batch_id=str(b),
+        row_index=int(i),
+        content=c,
+        error=e,
+        attempts=int(a),
+        dead_letter=bool(dl),
+        deployment=dep,
+        prompt_tokens=int(pt),
+        completion_tokens=int(ct),
+        tool_calls=tool_calls,
+        finish_reason=finish_reason,
+        model=model,
+        latency_ms=None if latency_ms is None else int(latency_ms),
+        cost_usd=None if cost_usd is None else float(cost_usd),
+    )

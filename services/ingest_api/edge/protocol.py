@@ -1,0 +1,88 @@
+"""Requests aiohttp refuses before any handler runs, answered with the API's error object.
+
+aiohttp's parser answers a malformed request itself (a request line or header over its
+size limits, a bad method or request line, an invalid header, a ``Content-Encoding``
+it cannot inflate) through ``RequestHandler.handle_error``, in plain text. The
+application and its middlewares never see those requests, and aiohttp offers no
+setting, signal or middleware for them (aio-libs/aiohttp#3287, open since 2018).
+
+So the one hook left is that method: :class:`ApiRequestHandler` overrides it to render
+API.md's error object. aiohttp builds each connection's handler from arguments it keeps
+private, so :class:`ApiServer` takes the handler aiohttp built and gives it this class
+(a subclass adding no state: only the one method differs), and :class:`ApiRunner` is
+the ``AppRunner`` whose server (``runner.server``, public) is an :class:`ApiServer`.
+Only public aiohttp names are used; ``tests/unit/test_protocol.py`` checks each of
+them, so an aiohttp release that changed one fails there rather than in production.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError, LineTooLong
+from aiohttp.web_request import BaseRequest
+
+from relay_batches.services.ingest_api.surfaces.native.errors import error_response
+
+log = logging.getLogger("relay.ingest_api")
+
+
+def protocol_error(status: int, exc: BaseException | None) -> web.Response:
+    """The error object answering a request aiohttp could not parse (or a 500)."""
+    if isinstance(exc, ContentEncodingError):
+        return error_response(
+            415, "Content-Encoding must be gzip, deflate or identity", "Content-Encoding"
+        )
+    if isinstance(exc, LineTooLong):
+        return error_response(400, "request line or header too long")
+    if isinstance(exc, HttpProcessingError):
+        return error_response(status, f"malformed HTTP request: {_printable(exc.message)}")
+    return error_response(500 if status >= 500 else status, "internal error")
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    return "".join(ch for ch in text[:limit] if ch.isprintable())
+
+
+class ApiRequestHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering its own errors as the API's error object."""
+
+    __slots__ = ()  # aiohttp's handler with one method changed, never more state
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """The error object for ``exc``; the connection is closed after it."""
+        if request.writer.output_size > 0:  # a response has begun: only a reset is left
+            return super().handle_error(request, status, exc, message)
+        log.warning("protocol_error", extra={"status": status, "error": repr(exc)[:300]})
+        response = protocol_error(status, exc)
+        response.force_close()
+        return response
+
+
+class ApiServer(web.Server):
+    """aiohttp's server, whose connections are :class:`ApiRequestHandler` s."""
+
+    def __call__(self) -> web.RequestHandler:
+        """A connection's handler, built by aiohttp as usual (its arguments, its checks)."""
+        handler = super().__call__()
+        handler.__class__ = ApiRequestHandler
+        return handler
+
+
+class ApiRunner(web.AppRunner):
+    """``AppRunner`` whose server answers protocol errors with the API's error object."""
+
+    async def setup(self) -> None:
+        """aiohttp's setup (the application started, its server built), then that
+        server made an :class:`ApiServer`."""
+        await super().setup()
+        server = self.server
+        assert server is not None  # set by a setup that returned
+        server.__class__ = ApiServer

@@ -1,0 +1,1 @@
+"""The panel at ``/panel``: static pages over the native API."""

@@ -1,0 +1,1 @@
+"""The three API surfaces, each an aiohttp sub-application with its own error object."""

@@ -1,0 +1,3 @@
+"""The Anthropic-compatible surface: message batches."""
+
+PREFIX = "/anthropic/v1"  # where the application mounts this surface (see ..app)
