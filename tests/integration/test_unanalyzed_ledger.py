@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from relay_batches.ids import new_id
-from relay_batches.ledger import dispatch, jobs
+from relay_batches.ledger import dispatch, result_pages
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.pool import create_pool
 from tests.helpers.support import Isolation, create_isolation, drop_isolation
@@ -200,7 +200,7 @@ async def test_a_results_page_reads_only_its_span_without_statistics(
     async with pool.acquire() as conn:
         await conn.execute(f"SET plan_cache_mode = {mode}")
         try:
-            for sql in (jobs._RESULTS_PAGE, jobs._RESULTS_DETAIL_PAGE):
+            for sql in (result_pages._RESULTS_PAGE, result_pages._RESULTS_DETAIL_PAGE):
                 for after in (-1, DONE // 2):
                     plan = await conn.fetchval(
                         f"EXPLAIN (FORMAT JSON) {sql}", job, job, after, 1000, 4 << 20
