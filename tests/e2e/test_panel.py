@@ -326,6 +326,36 @@ async def test_the_csv_download_neutralises_cells_a_spreadsheet_would_run_as_for
     assert [orjson.loads(line)["custom_id"] for line in jsonl.splitlines()] == FORMULA_IDS
 
 
+# Issue 27: a spreadsheet skips leading blanks (ASCII or Unicode spaces, zero-width
+# characters) and reads full-width ＝ ＋ － ＠ as their ASCII forms, so these run as formulas too.
+HIDDEN_FORMULAS = [
+    " =1+1",
+    '\u200b=HYPERLINK("http://example.invalid","x")',
+    "＝1+1",
+    "＋1",
+    "－2",
+    "＠SUM(A1)",
+    "\u00a0\u3000+1",
+    " \u200c\u200d\u2060\ufeff-2",
+    "\n@SUM(A1)",
+    "\u200b ＝1",
+]
+HARMLESS = ["", "hello", " hello", "\u200bhello", "   ", "1-2", "a=b", "ok ＝", "１２"]
+
+
+async def test_the_csv_cell_text_neutralises_formulas_behind_blanks_and_full_width_signs(
+    page: Page,
+) -> None:
+    cells = await page.evaluate(
+        """async (values) => {
+            const { csvText } = await import("/panel/static/export.js");
+            return values.map(csvText);
+        }""",
+        FORMULA_IDS + HIDDEN_FORMULAS + HARMLESS,
+    )
+    assert cells == ["'" + v for v in FORMULA_IDS + HIDDEN_FORMULAS] + HARMLESS
+
+
 async def test_an_expired_job_shows_as_ended_with_its_deadline_metadata_and_kept_results(
     page: Page, panel_key: str, api: ApiClient, shots: Path
 ) -> None:

@@ -6,7 +6,10 @@ const CSV_COLUMNS = ["custom_id", "content", "error"];
 
 // A cell starting with one of these is run as a formula by spreadsheets (OWASP's CSV
 // injection guide): such a cell gets a leading single quote, so it is shown as text.
-const FORMULA_START = /^[=+\-@\t\r]/;
+// Spreadsheets skip leading blanks (ASCII and Unicode spaces, \s, and the zero-width
+// characters it leaves out) and read the full-width signs as the ASCII ones, so a sign
+// behind blanks, or a full-width one, counts too.
+const FORMULA_START = /^[\s\u180e\u200b-\u200d\u2060\ufeff]*[=+\-@\t\r\uff1d\uff0b\uff0d\uff20]/;
 
 /** A cell's text with formula-starting text neutralised. */
 export function csvText(value) {
