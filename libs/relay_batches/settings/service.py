@@ -271,10 +271,12 @@ class Settings:
         "Large-body slots (at most one per workspace); past them, 503 with `Retry-After`.",
     )  # fmt: skip
     header_timeout_s: float = setting(
-        "RELAY_HEADER_TIMEOUT_S", POSITIVE, 20.0, LIMITS, (INGEST_API,),
+        "RELAY_HEADER_TIMEOUT_S", POSITIVE, 75.0, LIMITS, (INGEST_API,),
         "A connection whose request line and headers are not complete this long after it "
         "opens (or after its previous response) is closed; it is also how long an idle "
-        "kept-alive connection stays open.",
+        "kept-alive connection stays open, so keep it above the idle timeout of any proxy "
+        "or load balancer that reuses connections to the API (or it may send a request on "
+        "a connection being closed).",
     )  # fmt: skip
     max_connections: int = setting(
         "RELAY_MAX_CONNECTIONS", AT_LEAST_ONE, 10_000, LIMITS, (INGEST_API,),

@@ -76,7 +76,7 @@ class ApiRequestHandler(web.RequestHandler):
         return response
 
 
-DEFAULT_HEADER_TIMEOUT_S = 20.0  # over aiohttp clients' 15 s idle: they close first
+DEFAULT_HEADER_TIMEOUT_S = 75.0  # aiohttp's own keep-alive default; services pass the setting
 DEFAULT_MAX_CONNECTIONS = 10_000
 
 
