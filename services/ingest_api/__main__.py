@@ -100,7 +100,13 @@ async def build(
     gate = schema_gate(pool)
     readiness = Readiness(bus, ledger_readiness(pool, gate))
     app = build_app(deps, KeyStore(pool).workspace_for_key, readiness, gate.current)
-    runner = ApiRunner(app, access_log=None, shutdown_timeout=settings.shutdown_grace_s)
+    runner = ApiRunner(
+        app,
+        header_timeout_s=settings.header_timeout_s,
+        max_connections=settings.max_connections,
+        access_log=None,
+        shutdown_timeout=settings.shutdown_grace_s,
+    )
     await runner.setup()
     await web.TCPSite(runner, settings.api_host, settings.api_port).start()
     log.info("listening", extra={"host": settings.api_host, "port": settings.api_port})

@@ -56,9 +56,15 @@ class ApiTestServer(TestServer):
 
 
 async def start_api(
-    pool: asyncpg.Pool, bus: Bus, aliases: AliasTable, jobs: JobStore, public_base_url: str = ""
+    pool: asyncpg.Pool,
+    bus: Bus,
+    aliases: AliasTable,
+    jobs: JobStore,
+    public_base_url: str = "",
+    **runner_args: Any,
 ) -> TestServer:
-    """Start the ingest-api application, on ``jobs``, on a real loopback port."""
+    """Start the ingest-api application, on ``jobs``, on a real loopback port
+    (``runner_args`` go to its :class:`ApiRunner`)."""
     deps = ApiDeps(
         jobs=jobs,
         idempotency=IdempotencyStore(pool),
@@ -78,5 +84,5 @@ async def start_api(
         return True
 
     server = ApiTestServer(build_app(deps, KeyStore(pool).workspace_for_key, ready))
-    await server.start_server()
+    await server.start_server(**runner_args)
     return server

@@ -33,6 +33,10 @@ def test_the_hooked_names_still_exist_with_the_shapes_used() -> None:
     handle_error = inspect.signature(web.RequestHandler.handle_error).parameters
     assert list(handle_error) == ["self", "request", "status", "exc", "message"]
     assert ApiRequestHandler.__slots__ == ()  # a class change keeps every slot
+    connection_made = inspect.signature(web.Server.connection_made).parameters
+    assert list(connection_made) == ["self", "handler", "transport"]
+    assert isinstance(inspect.getattr_static(web.Server, "connections"), property)
+    assert isinstance(inspect.getattr_static(web.RequestHandler, "keepalive_timeout"), property)
 
 
 async def test_the_runner_serves_with_the_api_request_handler() -> None:
@@ -46,6 +50,17 @@ async def test_the_runner_serves_with_the_api_request_handler() -> None:
         assert handler.handle_error.__func__ is ApiRequestHandler.handle_error  # type: ignore[attr-defined]
         # aiohttp built it with the runner's arguments, as it does without the hook
         assert handler.access_logger is None
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_runner_sets_the_header_deadline_and_the_connection_bound() -> None:
+    runner = ApiRunner(web.Application(), header_timeout_s=7.5, max_connections=3)
+    await runner.setup()
+    try:
+        server = runner.server
+        assert isinstance(server, ApiServer) and server.max_connections == 3
+        assert server().keepalive_timeout == 7.5  # the timer that closes unfinished headers
     finally:
         await runner.cleanup()
 

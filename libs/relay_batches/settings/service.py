@@ -270,6 +270,19 @@ class Settings:
         "RELAY_MAX_LARGE_BODIES", AT_LEAST_ONE, 2, LIMITS, (INGEST_API,),
         "Large-body slots (at most one per workspace); past them, 503 with `Retry-After`.",
     )  # fmt: skip
+    header_timeout_s: float = setting(
+        "RELAY_HEADER_TIMEOUT_S", POSITIVE, 75.0, LIMITS, (INGEST_API,),
+        "A connection whose request line and headers are not complete this long after it "
+        "opens (or after its previous response) is closed; it is also how long an idle "
+        "kept-alive connection stays open, so keep it above the idle timeout of any proxy "
+        "or load balancer that reuses connections to the API (or it may send a request on "
+        "a connection being closed).",
+    )  # fmt: skip
+    max_connections: int = setting(
+        "RELAY_MAX_CONNECTIONS", AT_LEAST_ONE, 10_000, LIMITS, (INGEST_API,),
+        "Connections one ingest-api process holds open; past them, a new one is closed as "
+        "it is accepted.",
+    )  # fmt: skip
     upload_spool_dir: str | None = setting(
         "RELAY_UPLOAD_SPOOL_DIR", Text(), None, ESSENTIALS, (INGEST_API,),
         "Where uploaded files are received before they are stored; an existing writable "

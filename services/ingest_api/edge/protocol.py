@@ -12,13 +12,22 @@ from arguments it keeps private, so :class:`ApiServer` takes the handler aiohttp
 and gives it this class (a subclass adding no state: only the one method differs), and
 :class:`ApiRunner` is the ``AppRunner`` whose server (``runner.server``, public) is an
 :class:`ApiServer`.
+Two bounds are set here too. The header deadline is aiohttp's ``keepalive_timeout``:
+its timer starts when a connection opens and when a response ends, and closes the
+connection if no complete request line and headers have arrived by then (bytes
+trickling in do not move it); so it bounds slow headers and idle kept-alive connections
+alike. The connection bound is :meth:`ApiServer.connection_made`: past
+``max_connections`` a new connection is closed as it is accepted, before any byte is read.
+
 Only public aiohttp names are used; ``tests/unit/test_protocol.py`` checks each of
 them, so an aiohttp release that changed one fails there rather than in production.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError, LineTooLong
@@ -67,8 +76,23 @@ class ApiRequestHandler(web.RequestHandler):
         return response
 
 
+DEFAULT_HEADER_TIMEOUT_S = 75.0  # aiohttp's own keep-alive default; services pass the setting
+DEFAULT_MAX_CONNECTIONS = 10_000
+
+
 class ApiServer(web.Server):
-    """aiohttp's server, whose connections are :class:`ApiRequestHandler` s."""
+    """aiohttp's server, whose connections are :class:`ApiRequestHandler` s, at most
+    ``max_connections`` of them."""
+
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
+        """Count the connection in, or close it when ``max_connections`` are open."""
+        if len(self.connections) >= self.max_connections:
+            log.warning("connection_refused", extra={"open": self.max_connections})
+            transport.close()
+            return
+        super().connection_made(handler, transport)
 
     def __call__(self) -> web.RequestHandler:
         """A connection's handler, built by aiohttp as usual (its arguments, its checks)."""
@@ -78,7 +102,20 @@ class ApiServer(web.Server):
 
 
 class ApiRunner(web.AppRunner):
-    """``AppRunner`` whose server answers protocol errors with the API's error object."""
+    """``AppRunner`` whose server answers protocol errors with the API's error object,
+    closes a connection whose headers take over ``header_timeout_s`` and holds at most
+    ``max_connections``."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(app, keepalive_timeout=header_timeout_s, **kwargs)
+        self._max_connections = max_connections
 
     async def setup(self) -> None:
         """aiohttp's setup (the application started, its server built), then that
@@ -87,3 +124,5 @@ class ApiRunner(web.AppRunner):
         server = self.server
         assert server is not None  # set by a setup that returned
         server.__class__ = ApiServer
+        assert isinstance(server, ApiServer)
+        server.max_connections = self._max_connections
