@@ -3,6 +3,8 @@
 - 415 unless the body has the endpoint's ``Content-Type`` and an encoding we inflate
   (none, ``identity``, ``gzip`` or ``deflate``; aiohttp inflates those incrementally as
   the body is read, and every byte counted here is an inflated one);
+- 415 naming it for a JSON body declaring a ``charset`` other than UTF-8 (JSON is read
+  as UTF-8, RFC 8259 section 8.1; a body declared UTF-16 is refused, never misread);
 - 413 past the body limit, declared or found while reading, so a small gzip of a huge
   body stops at the limit;
 - 400 for a corrupt encoding (bad gzip, bad chunked framing);
@@ -28,6 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from relay_batches.errors import ApiError, invalid
 
 ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+UTF_8 = frozenset({"utf-8", "utf8"})  # the charset names a JSON body may declare
 RETRY_AFTER_S = 2
 T = TypeVar("T")
 
@@ -148,6 +151,16 @@ def check_body(request: web.Request, content_type: str, max_bytes: int) -> None:
         raise too_large(max_bytes)
 
 
+def check_charset(request: web.Request) -> None:
+    """415 naming the ``charset`` parameter of the ``Content-Type`` unless it is absent
+    or UTF-8 (any case, quoted or not, or ``utf8``): the body is read as UTF-8."""
+    charset = request.charset
+    if charset is not None and charset.strip().lower() not in UTF_8:
+        raise ApiError(
+            415, f"charset {_printable(charset)} is not supported: send UTF-8", "Content-Type"
+        )
+
+
 @contextmanager
 def body_errors() -> Iterator[None]:
     """Translate what reading a body may raise into the API's 400."""
@@ -177,9 +190,10 @@ async def read_chunk(request: web.Request, ticket: BodyTicket) -> bytes:
 async def read_body(
     request: web.Request, content_type: str, max_bytes: int, ticket: BodyTicket
 ) -> bytearray:
-    """The whole inflated body, checked by :func:`check_body` and bounded by
-    ``max_bytes`` as it arrives."""
+    """The whole inflated body, checked by :func:`check_body` and :func:`check_charset`
+    and bounded by ``max_bytes`` as it arrives."""
     check_body(request, content_type, max_bytes)
+    check_charset(request)
     ticket.grow(request.content_length or 0)
     buffer = bytearray()
     while chunk := await read_chunk(request, ticket):

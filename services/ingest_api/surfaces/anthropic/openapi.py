@@ -80,7 +80,10 @@ def _create() -> dict[str, Any]:
             "408": _error("The body arrived too slowly."),
             "409": _error("The Idempotency-Key was used with a different request."),
             "413": _error("The body exceeds the configured limit."),
-            "415": _error("The body is not `application/json` (or not in an encoding we inflate)."),
+            "415": _error(
+                "The body is not `application/json` (or not in an encoding we inflate), or"
+                " declares a `charset` other than UTF-8."
+            ),
         },
         parameters=[
             _VERSION,

@@ -135,8 +135,9 @@ RESPONSES = {
     ),
     "UnsupportedMediaType": (
         415,
-        "The Content-Type is not the one this endpoint takes, or the Content-Encoding is not"
-        ' `gzip`, `deflate` or `identity` (`param: "Content-Encoding"`).',
+        "The Content-Type is not the one this endpoint takes, a JSON body declares a"
+        ' `charset` other than UTF-8 (`param: "Content-Type"`, the message names it), or the'
+        ' Content-Encoding is not `gzip`, `deflate` or `identity` (`param: "Content-Encoding"`).',
     ),
     "Unavailable": (
         503,

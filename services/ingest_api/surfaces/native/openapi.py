@@ -103,7 +103,7 @@ def _batches() -> dict[str, Any]:
                 "required": True,
                 "description": "Limits: body ≤ `RELAY_MAX_JSON_BODY_BYTES` (413, default 100"
                 " MiB; a larger job goes as an upload); a body that is not JSON, or not an"
-                " object, is 400; another Content-Type is 415.",
+                " object, is 400; another Content-Type, or a `charset` other than UTF-8, is 415.",
                 "content": {
                     "application/json": {
                         "schema": schema(shapes.CreateBatch),
@@ -328,7 +328,7 @@ def _retry() -> dict[str, Any]:
         requestBody={
             "required": False,
             "description": "Optional: an empty body retries the `failed` rows. Another key is"
-            " 400 naming it; another Content-Type is 415; at most"
+            " 400 naming it; another Content-Type, or a `charset` other than UTF-8, is 415; at most"
             f" {RETRY_BODY_BYTES} bytes (413).",
             "content": {
                 "application/json": {

@@ -25,7 +25,8 @@ _ERRORS = {
     408: "The body stalled or arrived too slowly.",
     409: "The batch already ended otherwise (cancel), or the Idempotency-Key was reused.",
     413: "The body exceeds the endpoint's limit (a file: 256 MiB).",
-    415: "The Content-Type or Content-Encoding is not one this endpoint takes.",
+    415: "The Content-Type or Content-Encoding is not one this endpoint takes, or a JSON body"
+    " declares a `charset` other than UTF-8.",
     503: "The ledger is briefly unavailable, or every large-body slot is busy; retry later.",
 }
 
