@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from aiohttp import web
@@ -78,6 +79,7 @@ class ApiRequestHandler(web.RequestHandler):
 
 DEFAULT_HEADER_TIMEOUT_S = 75.0  # aiohttp's own keep-alive default; services pass the setting
 DEFAULT_MAX_CONNECTIONS = 10_000
+REFUSED_LOG_EVERY_S = 1.0
 
 
 class ApiServer(web.Server):
@@ -85,12 +87,22 @@ class ApiServer(web.Server):
     ``max_connections`` of them."""
 
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    # Refusals since the last log line: a flood of connections is one line a second.
+    refused: int = 0
+    refused_logged_at: float = 0.0
 
     def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
         """Count the connection in, or close it when ``max_connections`` are open."""
         if len(self.connections) >= self.max_connections:
-            log.warning("connection_refused", extra={"open": self.max_connections})
             transport.close()
+            self.refused += 1
+            now = time.monotonic()
+            if now - self.refused_logged_at >= REFUSED_LOG_EVERY_S:
+                log.warning(
+                    "connection_refused",
+                    extra={"open": self.max_connections, "refused": self.refused},
+                )
+                self.refused, self.refused_logged_at = 0, now
             return
         super().connection_made(handler, transport)
 
