@@ -103,6 +103,7 @@ async def build(
     runner = ApiRunner(
         app,
         header_timeout_s=settings.header_timeout_s,
+        keepalive_s=settings.keepalive_s,
         max_connections=settings.max_connections,
         access_log=None,
         shutdown_timeout=settings.shutdown_grace_s,

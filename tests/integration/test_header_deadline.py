@@ -1,5 +1,6 @@
-"""A connection whose request line and headers never complete is closed after the header
-deadline (``RELAY_HEADER_TIMEOUT_S``), and one process holds at most
+"""A new connection whose request line and headers never complete is closed after the
+header deadline (``RELAY_HEADER_TIMEOUT_S``), a kept-alive one after the keep-alive time
+(``RELAY_KEEPALIVE_S``) from its previous response, and one process holds at most
 ``RELAY_MAX_CONNECTIONS`` connections: a trickle of header bytes cannot hold the API."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.helpers.api import start_api
 from tests.helpers.support import wait_until
 
 DEADLINE_S = 1.0
+KEEPALIVE_S = 3.0
 MARGIN_S = 1.5
 MAX_CONNECTIONS = 4
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -35,6 +37,7 @@ async def short_server(
         aliases,
         JobStore(pool),
         header_timeout_s=DEADLINE_S,
+        keepalive_s=KEEPALIVE_S,
         max_connections=MAX_CONNECTIONS,
     )
     yield server
@@ -85,6 +88,45 @@ async def test_headers_unfinished_at_the_deadline_are_closed(
         sender.cancel()
         writer.close()
     assert elapsed >= DEADLINE_S - 0.2, elapsed
+
+
+async def read_response(reader: asyncio.StreamReader) -> bytes:
+    """One whole response (status line, headers and its ``Content-Length`` body); its
+    status code is returned."""
+    async with asyncio.timeout(5):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+    return head.split()[1]
+
+
+async def test_a_kept_alive_connection_outlives_the_header_deadline(
+    short_server: TestServer,
+) -> None:
+    reader, writer = await connect(short_server)
+    try:
+        writer.write(REQUEST)
+        assert await read_response(reader) == b"200"
+        await asyncio.sleep(DEADLINE_S + 0.5)  # idle past the first request's deadline
+        writer.write(REQUEST)
+        assert await read_response(reader) == b"200"
+    finally:
+        writer.close()
+
+
+async def test_trickled_headers_of_a_kept_alive_connection_are_closed_after_keepalive(
+    short_server: TestServer,
+) -> None:
+    reader, writer = await connect(short_server)
+    writer.write(REQUEST)
+    assert await read_response(reader) == b"200"
+    sender = asyncio.create_task(trickle(writer, REQUEST[:-2] + b"X-Slow: " + b"a" * 100, 0.3))
+    try:
+        elapsed = await closed_after(reader, KEEPALIVE_S + MARGIN_S)
+    finally:
+        sender.cancel()
+        writer.close()
+    assert elapsed >= KEEPALIVE_S - 0.3, elapsed
 
 
 async def test_slow_headers_complete_within_the_deadline_are_served(

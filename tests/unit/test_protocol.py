@@ -55,12 +55,14 @@ async def test_the_runner_serves_with_the_api_request_handler() -> None:
 
 
 async def test_the_runner_sets_the_header_deadline_and_the_connection_bound() -> None:
-    runner = ApiRunner(web.Application(), header_timeout_s=7.5, max_connections=3)
+    runner = ApiRunner(web.Application(), header_timeout_s=7.5, keepalive_s=30.0, max_connections=3)
     await runner.setup()
     try:
         server = runner.server
         assert isinstance(server, ApiServer) and server.max_connections == 3
-        assert server().keepalive_timeout == 7.5  # the timer that closes unfinished headers
+        assert server.header_timeout_s == 7.5  # a new connection's first headers
+        # later requests' headers, and idle kept-alive connections
+        assert server().keepalive_timeout == 30.0
     finally:
         await runner.cleanup()
 

@@ -271,10 +271,14 @@ class Settings:
         "Large-body slots (at most one per workspace); past them, 503 with `Retry-After`.",
     )  # fmt: skip
     header_timeout_s: float = setting(
-        "RELAY_HEADER_TIMEOUT_S", POSITIVE, 75.0, LIMITS, (INGEST_API,),
-        "A connection whose request line and headers are not complete this long after it "
-        "opens (or after its previous response) is closed; it is also how long an idle "
-        "kept-alive connection stays open, so keep it above the idle timeout of any proxy "
+        "RELAY_HEADER_TIMEOUT_S", POSITIVE, 10.0, LIMITS, (INGEST_API,),
+        "A new connection whose request line and headers are not complete this long after "
+        "it opens is closed (bytes trickling in do not extend it).",
+    )  # fmt: skip
+    keepalive_s: float = setting(
+        "RELAY_KEEPALIVE_S", POSITIVE, 75.0, LIMITS, (INGEST_API,),
+        "How long a kept-alive connection may stay idle, or take over its next request's "
+        "line and headers, after a response; keep it above the idle timeout of any proxy "
         "or load balancer that reuses connections to the API (or it may send a request on "
         "a connection being closed).",
     )  # fmt: skip

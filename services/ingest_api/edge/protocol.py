@@ -12,12 +12,16 @@ from arguments it keeps private, so :class:`ApiServer` takes the handler aiohttp
 and gives it this class (a subclass adding no state: only the one method differs), and
 :class:`ApiRunner` is the ``AppRunner`` whose server (``runner.server``, public) is an
 :class:`ApiServer`.
-Two bounds are set here too. The header deadline is aiohttp's ``keepalive_timeout``:
-its timer starts when a connection opens and when a response ends, and closes the
-connection if no complete request line and headers have arrived by then (bytes
-trickling in do not move it); so it bounds slow headers and idle kept-alive connections
-alike. The connection bound is :meth:`ApiServer.connection_made`: past
-``max_connections`` a new connection is closed as it is accepted, before any byte is read.
+Three bounds are set here too. The header deadline (:class:`ApiServer`): a new
+connection whose request line and headers are not complete ``header_timeout_s`` after it
+opened is closed (a timer armed at accept, disarmed when aiohttp builds the request from
+complete headers, through the server's public ``request_factory``; bytes trickling in do
+not move it). Later requests on a kept-alive connection are bounded by aiohttp's
+``keepalive_timeout`` (``keepalive_s``), whose timer starts when a response ends and
+closes the connection if no complete request line and headers arrived by then; to get
+there a client must have sent a whole request. The connection bound is
+:meth:`ApiServer.connection_made`: past ``max_connections`` a new connection is closed as
+it is accepted, before any byte is read.
 
 Only public aiohttp names are used; ``tests/unit/test_protocol.py`` checks each of
 them, so an aiohttp release that changed one fails there rather than in production.
@@ -77,16 +81,22 @@ class ApiRequestHandler(web.RequestHandler):
         return response
 
 
-DEFAULT_HEADER_TIMEOUT_S = 75.0  # aiohttp's own keep-alive default; services pass the setting
+DEFAULT_HEADER_TIMEOUT_S = 10.0  # services pass the settings
+DEFAULT_KEEPALIVE_S = 75.0  # aiohttp's own keep-alive default
 DEFAULT_MAX_CONNECTIONS = 10_000
 REFUSED_LOG_EVERY_S = 1.0
 
 
 class ApiServer(web.Server):
     """aiohttp's server, whose connections are :class:`ApiRequestHandler` s, at most
-    ``max_connections`` of them."""
+    ``max_connections`` of them, each closed if its first request's headers are not
+    complete ``header_timeout_s`` after it opened."""
 
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    # Connections whose first request's headers are not complete yet, and their timers.
+    header_deadlines: dict[web.RequestHandler, asyncio.TimerHandle]
+    make_request: Any  # aiohttp's own request factory, wrapped by :meth:`headers_complete`
     # Refusals since the last log line: a flood of connections is one line a second.
     refused: int = 0
     refused_logged_at: float = 0.0
@@ -105,6 +115,31 @@ class ApiServer(web.Server):
                 self.refused, self.refused_logged_at = 0, now
             return
         super().connection_made(handler, transport)
+        self.header_deadlines[handler] = asyncio.get_running_loop().call_later(
+            self.header_timeout_s, self._header_deadline_passed, handler
+        )
+
+    def connection_lost(
+        self, handler: web.RequestHandler, exc: BaseException | None = None
+    ) -> None:
+        """Forget the connection's header deadline, then aiohttp's own bookkeeping."""
+        deadline = self.header_deadlines.pop(handler, None)
+        if deadline is not None:
+            deadline.cancel()
+        super().connection_lost(handler, exc)
+
+    def _header_deadline_passed(self, handler: web.RequestHandler) -> None:
+        if self.header_deadlines.pop(handler, None) is not None:
+            log.info("header_deadline_passed", extra={"after_s": self.header_timeout_s})
+            handler.force_close()
+
+    def headers_complete(self, message: Any, payload: Any, protocol: Any, *args: Any) -> Any:
+        """aiohttp's request factory, called once a request's line and headers are
+        parsed: the connection's header deadline is met."""
+        deadline = self.header_deadlines.pop(protocol, None)
+        if deadline is not None:
+            deadline.cancel()
+        return self.make_request(message, payload, protocol, *args)
 
     def __call__(self) -> web.RequestHandler:
         """A connection's handler, built by aiohttp as usual (its arguments, its checks)."""
@@ -115,19 +150,22 @@ class ApiServer(web.Server):
 
 class ApiRunner(web.AppRunner):
     """``AppRunner`` whose server answers protocol errors with the API's error object,
-    closes a connection whose headers take over ``header_timeout_s`` and holds at most
-    ``max_connections``."""
+    closes a new connection whose headers take over ``header_timeout_s`` (a kept-alive one
+    whose next request's headers are not complete ``keepalive_s`` after the previous
+    response) and holds at most ``max_connections``."""
 
     def __init__(
         self,
         app: web.Application,
         *,
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         **kwargs: Any,
     ) -> None:
-        super().__init__(app, keepalive_timeout=header_timeout_s, **kwargs)
+        super().__init__(app, keepalive_timeout=keepalive_s, **kwargs)
         self._max_connections = max_connections
+        self._header_timeout_s = header_timeout_s
 
     async def setup(self) -> None:
         """aiohttp's setup (the application started, its server built), then that
@@ -138,3 +176,7 @@ class ApiRunner(web.AppRunner):
         server.__class__ = ApiServer
         assert isinstance(server, ApiServer)
         server.max_connections = self._max_connections
+        server.header_timeout_s = self._header_timeout_s
+        server.header_deadlines = {}
+        server.make_request = server.request_factory
+        server.request_factory = server.headers_complete
