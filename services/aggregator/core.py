@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from relay_batches.announce import announce_finished
-from relay_batches.bus.topology import EVENT_CANCELED, progress_key
+from relay_batches.bus.topology import EVENT_BUDGET_STOPPED, EVENT_CANCELED, progress_key
 from relay_batches.errors import PermanentError, UnstorableError
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
@@ -55,6 +55,9 @@ class Store(Protocol):
 
     async def settle_budget_stops(self) -> list[JobProgress]:
         """One budget settle step: withhold never-released rows of one stopped job."""
+
+    async def record_returned(self, returned: Sequence[tuple[str, int]]) -> int:
+        """Record rows handed back unstarted (a pause) for their job's next release."""
 
 
 class Aggregator:
@@ -97,6 +100,9 @@ class Aggregator:
         outcomes are known, else outcome by outcome), so one unstorable reply cannot hold
         back (or requeue) the rest forever; then :class:`UnstorableError` names the
         messages holding outcomes that can never be stored (for a dead-letter queue)."""
+        returned = [row for message in messages for row in message.returned]
+        if returned:
+            log.info("rows_returned", extra={"rows": await self._store.record_returned(returned)})
         outcomes = [outcome for message in messages for outcome in message.outcomes]
         try:
             return await self.record(outcomes)
@@ -212,7 +218,17 @@ class Aggregator:
 
     async def _announce(self, progress: list[JobProgress]) -> None:
         await asyncio.gather(
-            *(self._publish(progress_key(j.owner), _event(j).encode()) for j in progress if j.owner)
+            *(
+                self._publish(progress_key(j.owner), _event(j).encode())
+                for j in progress
+                if j.owner
+            ),
+            # Row-workers withhold the rows they hold and have not started of these.
+            *(
+                self._publish(EVENT_BUDGET_STOPPED, _event(j).encode())
+                for j in progress
+                if j.budget_stopped
+            ),
         )
         finished = [job for job in progress if job.terminal]
         for job in finished:

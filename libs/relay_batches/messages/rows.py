@@ -80,6 +80,7 @@ class SliceMessage:
     # The job's workspace: its calls go over connections of that workspace's own. Empty
     # (a slice the offloader forwards): the job's own connections.
     workspace: str = ""
+    pauses: int = 0  # the job's pause count when it was released (see row_worker.controls)
 
     KIND = "rows"
 
@@ -97,6 +98,7 @@ class SliceMessage:
                 "owner": self.owner,
                 "expires_at": self.expires_at,
                 "workspace": self.workspace,
+                **({"pauses": self.pauses} if self.pauses else {}),
             },
         )
 
@@ -119,6 +121,7 @@ class SliceMessage:
                 str(d.get("owner", "")),
                 float(d.get("expires_at") or 0.0),
                 str(d.get("workspace") or ""),
+                int(d.get("pauses") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
@@ -144,6 +147,7 @@ class DecodedSlice:
     owner: str = ""
     expires_at: float = 0.0
     workspace: str = ""
+    pauses: int = 0
 
     @property
     def tenant(self) -> str:
@@ -164,6 +168,7 @@ class DecodedSlice:
             self.owner,
             self.expires_at,
             self.workspace,
+            self.pauses,
         )
 
 
@@ -216,15 +221,21 @@ class RowOutcome:
 
 @dataclass(frozen=True)
 class OutcomesMessage:
-    """`<ns>.results`: several row outcomes published together by one worker."""
+    """`<ns>.results`: several row outcomes published together by one worker, or the
+    ``(batch_id, row_index)`` of rows it hands back unstarted (``returned``: their job
+    was paused; the aggregator records them for the job's next release)."""
 
     outcomes: tuple[RowOutcome, ...]
+    returned: tuple[tuple[str, int], ...] = ()
 
     KIND = "results"
 
     def encode(self) -> bytes:
         """Serialise for the bus."""
-        return dump(self.KIND, {"outcomes": [o.as_list() for o in self.outcomes]})
+        payload: dict[str, Any] = {"outcomes": [o.as_list() for o in self.outcomes]}
+        if self.returned:
+            payload["returned"] = [list(r) for r in self.returned]
+        return dump(self.KIND, payload)
 
     @classmethod
     def encode_parts(cls, parts: Sequence[bytes]) -> bytes:
@@ -239,9 +250,10 @@ class OutcomesMessage:
         d = load(body, cls.KIND)
         try:
             outcomes = tuple(_outcome(o) for o in d["outcomes"])
+            returned = tuple((str(b), int(i)) for b, i in d.get("returned") or ())
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
-        return cls(outcomes)
+        return cls(outcomes, returned)
 
 
 def _outcome(value: Any) -> RowOutcome:
