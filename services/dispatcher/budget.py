@@ -58,12 +58,13 @@ def rows_within_budget(
         assert price is not None
         return row_estimate(size, price)
 
+    budget = job.budget_usd * (1 + 1e-9)  # sums of float costs: no row lost to rounding
     ahead = max(0, dispatched_upto - job.done)  # released, cost not recorded yet
     spent = job.cost_usd + ahead * estimate(sizes[0])
     allowed = 0
     for size in sizes:
         cost = estimate(size)
-        if spent + cost > job.budget_usd and (allowed > 0 or in_flight > 0):
+        if spent + cost > budget and (allowed > 0 or in_flight > 0):
             break
         spent += cost
         allowed += 1
