@@ -7,7 +7,9 @@ released before the pause (a lower count) are **handed back**: published, confir
 the job's results shard as returned rows, which the aggregator records in the ledger
 (``returned_rows``) and the job's dispatcher releases again first once the job is
 resumed and claimed. Slices released after the resume carry the new count and run, so
-no resume event is needed and a worker that missed the pause simply runs its rows.
+no resume event is needed and a worker that missed the pause simply runs its rows. A
+slice the offloader forwards (count ``UNPAUSED``) is never handed back: no dispatcher
+would release its rows again.
 ``job.budget_stopped`` (the aggregator recorded the cost that reached the job's
 budget) makes the rows not started of any slice of that job **withheld**: each gets
 the error outcome :data:`~relay_batches.model.BUDGET_HELD_ERROR` (0 attempts), so the
@@ -69,7 +71,7 @@ class JobControls:
         """Why the slice's next row may not start, or None."""
         if job_slice.batch_id in self._stopped:
             return Halt.BUDGET
-        if job_slice.pauses < self._pauses.get(job_slice.batch_id, 0):
+        if 0 <= job_slice.pauses < self._pauses.get(job_slice.batch_id, 0):
             return Halt.PAUSED
         return None
 

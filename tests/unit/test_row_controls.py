@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import replace
 
 from relay_batches.bus.topology import results_shard
-from relay_batches.messages import OutcomesMessage
+from relay_batches.messages import UNPAUSED, OutcomesMessage, SliceMessage
 from relay_batches.model import BUDGET_HELD_ERROR
 from relay_batches.services.row_worker.controls import Halt, JobControls
 from relay_batches.services.row_worker.core import RowRunner
@@ -112,3 +112,11 @@ def test_returned_rows_survive_the_wire() -> None:
     message = OutcomesMessage((), (("b1", 3), ("b2", 0)))
     assert OutcomesMessage.decode(message.encode()) == message
     assert b"returned" not in OutcomesMessage(()).encode()
+
+
+def test_a_slice_the_offloader_forwards_is_never_handed_back_on_a_pause() -> None:
+    controls = JobControls(Published(), SHARDS)
+    controls.pause("b1", 3)
+    forwarded = replace(tagged("b1", [0]), pauses=UNPAUSED)
+    assert controls.halt(forwarded) is None
+    assert SliceMessage.decode(forwarded.with_rows(forwarded.rows).encode()).pauses == UNPAUSED

@@ -11,6 +11,7 @@ import orjson
 
 from relay_batches.messages.codec import MessageError, dump, load
 
+UNPAUSED = -1
 # A results body up to its outcomes list (see :meth:`OutcomesMessage.encode_parts`).
 _RESULTS_HEAD = dump("results", {"outcomes": []})[: -len(b"[]}")]
 
@@ -80,7 +81,9 @@ class SliceMessage:
     # The job's workspace: its calls go over connections of that workspace's own. Empty
     # (a slice the offloader forwards): the job's own connections.
     workspace: str = ""
-    pauses: int = 0  # the job's pause count when it was released (see row_worker.controls)
+    # The job's pause count when it was released (see row_worker.controls); UNPAUSED: a
+    # slice the offloader forwards, whose rows a pause never hands back.
+    pauses: int = 0
 
     KIND = "rows"
 
