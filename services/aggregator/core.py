@@ -56,7 +56,7 @@ class Store(Protocol):
     async def settle_budget_stops(self) -> list[JobProgress]:
         """One budget settle step: withhold never-released rows of one stopped job."""
 
-    async def record_returned(self, returned: Sequence[tuple[str, int]]) -> int:
+    async def record_returned(self, returned: Sequence[tuple[str, int, int]]) -> int:
         """Record rows handed back unstarted (a pause) for their job's next release."""
 
 

@@ -203,7 +203,7 @@ class Release(DispatcherState):
 
     async def _release_returned(self, owned: OwnedJob) -> None:
         """Release again, first, the rows row-workers handed back unstarted (the job was
-        paused): taken off the ledger's ``returned_rows`` in one statement, then
+        paused): marked taken in the ledger's ``returned_rows`` in one statement, then
         published. They are below ``dispatched_upto`` and already count in the window."""
         rows = await self._store.take_returned(self._config.owner, owned.job.id)
         owned.job = replace(owned.job, returned=False)

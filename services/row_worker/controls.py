@@ -82,7 +82,8 @@ class JobControls:
             return
         batch_id = job_slice.batch_id
         if halt is Halt.PAUSED:
-            message = OutcomesMessage((), tuple((batch_id, index) for index in rows))
+            returned = tuple((batch_id, index, job_slice.pauses) for index in rows)
+            message = OutcomesMessage((), returned)
         else:
             message = OutcomesMessage(
                 tuple(RowOutcome(batch_id, index, None, BUDGET_HELD_ERROR, 0) for index in rows)

@@ -32,7 +32,7 @@ async def test_rows_handed_back_on_a_pause_go_out_again_once_after_the_resume(
     paused = await jobs.pause(workspace, batch_id)
     assert paused.pauses == 1
     # rows 4..7 handed back; 1 has an outcome and 9 was never released: neither is kept
-    handed = [(batch_id, i) for i in (1, 4, 5, 6, 7, 9)]
+    handed = [(batch_id, i, 0) for i in (1, 4, 5, 6, 7, 9)]
     assert await store.record_returned(handed) == 4
     assert await store.record_returned(handed) == 0  # a redelivered hand-back
     # not ours while paused: nothing is taken
@@ -51,12 +51,24 @@ async def test_rows_handed_back_on_a_pause_go_out_again_once_after_the_resume(
     [renewed] = await dispatch.renew(OWNER, [batch_id], 30)
     assert renewed.returned is False
     assert await dispatch.unfinished_rows(batch_id, 0, 8) == [2, 3, 4, 5, 6, 7]
+    # the hand-back delivered again once they went out again: nothing goes out twice
+    assert await store.record_returned(handed) == 0
+    [renewed] = await dispatch.renew(OWNER, [batch_id], 30)
+    assert renewed.returned is False
+
+    # a second pause hands row 4 back from the release after the first: it goes out again
+    await jobs.pause(workspace, batch_id)
+    assert await store.record_returned([(batch_id, 4, 1)]) == 1
+    await jobs.resume(workspace, batch_id)
+    [claimed] = [j for j in await dispatch.claim_queued(OWNER, 100, 30) if j.id == batch_id]
+    assert (claimed.pauses, claimed.returned) == (2, True)
+    assert [i for i, _ in await dispatch.take_returned(OWNER, batch_id)] == [4]
 
 
 async def test_rows_of_an_ended_job_are_not_kept(pool: asyncpg.Pool) -> None:
     batch_id = await running_job(pool, 4, released=4)
     await JobStore(pool).cancel(await workspace_of(pool, batch_id), batch_id)
-    assert await OutcomeStore(pool).record_returned([(batch_id, 2)]) == 0
+    assert await OutcomeStore(pool).record_returned([(batch_id, 2, 0)]) == 0
 
 
 async def test_withheld_rows_end_a_budget_stopped_job_failed(pool: asyncpg.Pool) -> None:

@@ -76,7 +76,7 @@ async def test_a_paused_jobs_rows_not_started_are_handed_back_and_the_started_fi
     [(shard, message)] = published.messages
     assert shard == results_shard("b1", SHARDS)
     assert message.outcomes == ()
-    assert message.returned == tuple(("b1", i) for i in range(2, 6))
+    assert message.returned == tuple(("b1", i, 0) for i in range(2, 6))
 
 
 async def test_a_slice_of_a_paused_job_delivered_later_is_handed_back_whole() -> None:
@@ -86,7 +86,7 @@ async def test_a_slice_of_a_paused_job_delivered_later_is_handed_back_whole() ->
 
     assert await asyncio.wait_for(runner.handle_slice(tagged("b1", range(3))), WAIT_S) == 0
     assert router.calls == [] and sink.outcomes == []
-    assert [m.returned for _, m in published.messages] == [(("b1", 0), ("b1", 1), ("b1", 2))]
+    assert [m.returned for _, m in published.messages] == [tuple(("b1", i, 0) for i in range(3))]
 
 
 async def test_a_budget_stopped_jobs_rows_not_started_are_withheld() -> None:
@@ -109,7 +109,7 @@ async def test_a_budget_stopped_jobs_rows_not_started_are_withheld() -> None:
 
 
 def test_returned_rows_survive_the_wire() -> None:
-    message = OutcomesMessage((), (("b1", 3), ("b2", 0)))
+    message = OutcomesMessage((), (("b1", 3, 0), ("b2", 0, 2)))
     assert OutcomesMessage.decode(message.encode()) == message
     assert b"returned" not in OutcomesMessage(()).encode()
 

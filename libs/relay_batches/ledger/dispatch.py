@@ -19,7 +19,10 @@ _JOB_COLUMNS = (
     " pauses"
 )
 # Whether rows a row-worker handed back (a pause) wait to be released again.
-_RETURNED = "EXISTS (SELECT 1 FROM returned_rows x WHERE x.batch_id = {alias}id) AS returned"
+_RETURNED = (
+    "EXISTS (SELECT 1 FROM returned_rows x WHERE x.batch_id = {alias}id AND NOT x.taken)"
+    " AS returned"
+)
 
 
 @dataclass(frozen=True)
@@ -266,8 +269,8 @@ class DispatchStore:
 
     async def take_returned(self, owner: str, job_id: str) -> list[tuple[int, str]]:
         """The rows of ``job_id`` that row-workers handed back unstarted (a pause) and
-        that still have no outcome, in index order, taken off ``returned_rows`` in the
-        same statement (so each goes out again once); nothing while the job is not ours
+        that still have no outcome, in index order, marked taken in ``returned_rows`` in
+        the same statement (so each goes out again once); nothing while the job is not ours
         and running. Like :meth:`advance`, taking comes before the publish: a row taken
         that never goes out (a crash in between) is lost, and stall recovery re-sends it.
         A job its budget stopped takes them too: they were released before the stop, and
@@ -476,7 +479,8 @@ _UNFINISHED = (
     "SELECT i FROM generate_series($2::int, $3::int - 1) AS i"
     " WHERE NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1 AND o.row_index = i)"
     # A row handed back unstarted is not lost: the next top-up releases it again.
-    " AND NOT EXISTS (SELECT 1 FROM returned_rows x WHERE x.batch_id = $1 AND x.row_index = i)"
+    " AND NOT EXISTS (SELECT 1 FROM returned_rows x"
+    "   WHERE x.batch_id = $1 AND x.row_index = i AND NOT x.taken)"
     " ORDER BY i"
 )
 
@@ -507,12 +511,12 @@ _BYTE_WINDOW = (
     " ARRAY(SELECT size FROM coming ORDER BY row_index)"
 )
 
-# $1 owner, $2 job, $3 running: the job's returned rows, deleted, with their input.
+# $1 owner, $2 job, $3 running: the job's returned rows, marked taken, with their input.
 _TAKE_RETURNED = (
     "WITH job AS (SELECT id, rows_batch_id FROM batches"
     "  WHERE id = $2 AND lease_owner = $1 AND status = $3),"
-    " taken AS (DELETE FROM returned_rows x USING job WHERE x.batch_id = job.id"
-    "  RETURNING x.row_index)"
+    " taken AS (UPDATE returned_rows x SET taken = true FROM job"
+    "  WHERE x.batch_id = job.id AND NOT x.taken RETURNING x.row_index)"
     " SELECT r.row_index, r.request FROM batch_rows r JOIN job ON r.batch_id = job.rows_batch_id"
     " WHERE r.row_index IN (SELECT row_index FROM taken)"
     " AND NOT EXISTS (SELECT 1 FROM row_results o"

@@ -258,20 +258,22 @@ class OutcomeStore:
         assert record is not None
         return [_progress(record)]
 
-    async def record_returned(self, returned: Sequence[tuple[str, int]]) -> int:
+    async def record_returned(self, returned: Sequence[tuple[str, int, int]]) -> int:
         """Record rows row-workers handed back unstarted (their job was paused), so the
         job's dispatcher releases them again; return how many are new. Only rows of live
         jobs (queued, running, paused), released (below ``dispatched_upto``) and without an
-        outcome are kept; a row already recorded is ignored (a redelivered hand-back).
+        outcome are kept; a row already recorded from the same release is ignored (a
+        redelivered hand-back, even once the row went out again: it stays, taken).
         One statement, its jobs' rows key-share locked in id order (the foreign key)."""
         if not returned:
             return 0
         async with translated():
             status = await self._pool.execute(
                 _RETURNED,
-                [b for b, _ in returned],
-                [i for _, i in returned],
+                [b for b, _, _ in returned],
+                [i for _, i, _ in returned],
                 allowed_from(JobStatus.COMPLETED),
+                [p for _, _, p in returned],
             )
         return int(status.split()[-1])
 
@@ -351,14 +353,15 @@ def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
     )
 
 
-# $1 batch ids, $2 row indexes, $3 live statuses.
+# $1 batch ids, $2 row indexes, $3 live statuses, $4 the pause counts of their release.
 _RETURNED = (
-    "INSERT INTO returned_rows (batch_id, row_index)"
-    " SELECT t.batch_id, t.row_index FROM unnest($1::text[], $2::int[]) AS t(batch_id, row_index)"
+    "INSERT INTO returned_rows (batch_id, row_index, pauses)"
+    " SELECT t.batch_id, t.row_index, t.pauses"
+    " FROM unnest($1::text[], $2::int[], $4::int[]) AS t(batch_id, row_index, pauses)"
     " JOIN batches b ON b.id = t.batch_id"
     " WHERE b.status = ANY($3::text[]) AND t.row_index >= 0 AND t.row_index < b.dispatched_upto"
     " AND NOT EXISTS (SELECT 1 FROM row_results o"
     "   WHERE o.batch_id = t.batch_id AND o.row_index = t.row_index)"
     " ORDER BY t.batch_id, t.row_index"
-    " ON CONFLICT (batch_id, row_index) DO NOTHING"
+    " ON CONFLICT (batch_id, row_index, pauses) DO NOTHING"
 )

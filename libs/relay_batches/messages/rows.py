@@ -225,11 +225,12 @@ class RowOutcome:
 @dataclass(frozen=True)
 class OutcomesMessage:
     """`<ns>.results`: several row outcomes published together by one worker, or the
-    ``(batch_id, row_index)`` of rows it hands back unstarted (``returned``: their job
-    was paused; the aggregator records them for the job's next release)."""
+    ``(batch_id, row_index, pauses)`` of rows it hands back unstarted (``returned``: their
+    job was paused; ``pauses`` is the count of the release they came from; the aggregator
+    records them for the job's next release)."""
 
     outcomes: tuple[RowOutcome, ...]
-    returned: tuple[tuple[str, int], ...] = ()
+    returned: tuple[tuple[str, int, int], ...] = ()
 
     KIND = "results"
 
@@ -253,7 +254,7 @@ class OutcomesMessage:
         d = load(body, cls.KIND)
         try:
             outcomes = tuple(_outcome(o) for o in d["outcomes"])
-            returned = tuple((str(b), int(i)) for b, i in d.get("returned") or ())
+            returned = tuple((str(b), int(i), int(p)) for b, i, p in d.get("returned") or ())
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
         return cls(outcomes, returned)
