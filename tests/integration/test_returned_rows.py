@@ -14,7 +14,7 @@ from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.outcomes import OutcomeStore
 from relay_batches.messages import RowOutcome
 from relay_batches.model import BUDGET_HELD_ERROR
-from tests.integration.test_budget import OWNER, answer, job, results, running_job
+from tests.integration.test_budget import OWNER, answer, job, results, running_job, settle_all
 
 
 async def workspace_of(pool: asyncpg.Pool, batch_id: str) -> str:
@@ -92,3 +92,26 @@ async def test_withheld_rows_end_a_budget_stopped_job_failed(pool: asyncpg.Pool)
     assert stored.error is not None and stored.error.startswith("budget_exceeded")
     assert "not yet started" in stored.error
     assert (await results(pool, batch_id))[5] == (BUDGET_HELD_ERROR, 0)
+
+
+async def test_rows_handed_back_of_a_job_its_budget_stopped_while_paused_are_settled(
+    pool: asyncpg.Pool,
+) -> None:
+    batch_id = await running_job(pool, 4, budget_usd=1.0, released=4)
+    jobs, store = JobStore(pool), OutcomeStore(pool)
+    await jobs.pause(await workspace_of(pool, batch_id), batch_id)
+    assert await store.record_returned([(batch_id, 2, 0), (batch_id, 3, 0)]) == 2
+
+    # the rows started before the pause reach the budget while the job is paused
+    [stopped] = await store.record([answer(batch_id, 0, 0.5), answer(batch_id, 1, 0.5)])
+    assert (stopped.status, stopped.budget_stopped) == ("paused", True)
+    [settled] = [step for step in await settle_all(store) if step.id == batch_id]
+
+    assert (settled.id, settled.status, settled.failed, settled.new_failed) == (
+        batch_id,
+        "failed",
+        2,
+        2,
+    )
+    assert {i for i, (error, _) in (await results(pool, batch_id)).items() if error} == {2, 3}
+    assert [step for step in await settle_all(store) if step.id == batch_id] == []

@@ -126,26 +126,35 @@ RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad, c.owner,
 """.format(held_error=_BUDGET_JOB_ERROR.format(what="started"))
 
 # The budget settle, one step: one job its budget stopped, that has rows never released
-# and is still live (queued, running or paused, before its deadline), locked SKIP LOCKED
+# or handed back by a row-worker (a pause: rows of returned_rows not taken) and is still
+# live (queued, running or paused, before its deadline), locked SKIP LOCKED
 # so aggregators settling at once take different jobs. _SETTLE_LOCK names its statuses so
 # it reads the partial index batches_budget_stopped (0016).
 _SETTLE_LOCK = (
     "SELECT id, rows_batch_id, dispatched_upto, total FROM batches"
     f" WHERE budget_exceeded_at IS NOT NULL AND {status_in(allowed_from(JobStatus.COMPLETED))}"
-    " AND dispatched_upto < total AND (expires_at IS NULL OR expires_at > now())"
+    " AND (dispatched_upto < total OR EXISTS (SELECT 1 FROM returned_rows x"
+    "   WHERE x.batch_id = batches.id AND NOT x.taken))"
+    " AND (expires_at IS NULL OR expires_at > now())"
     " ORDER BY budget_exceeded_at, id LIMIT 1 FOR UPDATE SKIP LOCKED"
 )
 
-# Rows $3 <= index < $4 of the locked job $1 (its input in batch $2) get the error
+# Rows $3 <= index < $4 of the locked job $1 (its input in batch $2), and the rows
+# handed back that wait to go out again (marked taken here), get the error
 # outcome $5 (0 attempts) unless they have one, ``dispatched_upto`` moves past them (rows
 # below it are released: none of these ever is), ``failed`` grows by what was inserted
 # and the job's error says the budget withheld rows. Once every row has an outcome the
 # job ends: $6 (failed) if its budget withheld a row, else $7 (completed).
 _SETTLE = """
-WITH ins AS (
+WITH back AS (
+    UPDATE returned_rows x SET taken = true WHERE x.batch_id = $1 AND NOT x.taken
+    RETURNING x.row_index
+),
+ins AS (
     INSERT INTO row_results (batch_id, row_index, error, attempts)
     SELECT $1, r.row_index, $5, 0 FROM batch_rows r
-    WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4
+    WHERE r.batch_id = $2 AND ((r.row_index >= $3 AND r.row_index < $4)
+                               OR r.row_index IN (SELECT row_index FROM back))
     ON CONFLICT (batch_id, row_index) DO NOTHING
     RETURNING 1
 ),
