@@ -81,7 +81,7 @@ async def test_withheld_rows_end_a_budget_stopped_job_failed(pool: asyncpg.Pool)
     assert (under.budget_stopped, tripped.budget_stopped, again.budget_stopped) == (
         False,
         True,
-        False,
+        True,
     )
 
     held = [RowOutcome(batch_id, i, None, BUDGET_HELD_ERROR, 0) for i in (4, 5)]

@@ -80,7 +80,6 @@ counts AS (
 ),
 moved AS (
     SELECT c.*, b.lease_owner AS owner, b.completed + c.ok + b.failed + c.bad AS done,
-           b.budget_exceeded_at IS NULL AS unstopped,
            b.completed + c.ok + b.failed + c.bad >= b.total AS ends,
            COALESCE(b.rate_window_at, b.started_at, now()) AS window_at,
            now() - COALESCE(b.rate_window_at, b.started_at, now())
@@ -122,7 +121,7 @@ UPDATE batches b SET
     lease_owner = CASE WHEN c.ends THEN NULL ELSE b.lease_owner END
 FROM moved c WHERE b.id = c.batch_id
 RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad, c.owner,
-          c.unstopped AND b.budget_exceeded_at IS NOT NULL
+          b.budget_exceeded_at IS NOT NULL
 """.format(held_error=_BUDGET_JOB_ERROR.format(what="started"))
 
 # The budget settle, one step: one job its budget stopped, that has rows never released
@@ -191,7 +190,7 @@ class JobProgress:
     new_completed: int = 0
     new_failed: int = 0
     owner: str | None = None  # the dispatcher whose lease the job was under, if any
-    budget_stopped: bool = False  # this chunk's cost reached the job's budget
+    budget_stopped: bool = False  # its budget stopped it (this chunk's cost, or before)
 
     @property
     def terminal(self) -> bool:
