@@ -181,6 +181,9 @@ class Release(DispatcherState):
         """Release rows from ``dispatched_upto`` to ``end`` (a few slices): record the
         release in the ledger, then publish them. False, with nothing published, if the
         ledger refused (the job is no longer ours and running, or its budget stopped it).
+        A job with a budget releases only the rows its budget left pays for at the
+        estimated cost per row (:mod:`~relay_batches.services.dispatcher.budget`): maybe
+        fewer, or none (True, nothing released: it waits for outcomes).
 
         If the publish fails the rows stay released: stall recovery re-sends them (their
         send stamp is taken before the publish, so a slice of ours delivered after it
