@@ -15,7 +15,12 @@ from dataclasses import replace
 from typing import Protocol
 
 from relay_batches.announce import announce_finished
-from relay_batches.bus.topology import EVENT_BUDGET_STOPPED, EVENT_CANCELED, progress_key
+from relay_batches.bus.topology import (
+    EVENT_BUDGET_STOPPED,
+    EVENT_CANCELED,
+    EVENT_PAUSED,
+    progress_key,
+)
 from relay_batches.errors import PermanentError, UnstorableError
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
@@ -79,6 +84,7 @@ class Aggregator:
         self._clock = clock
         self._cancel_sent = Repeats()
         self._stop_sent = Repeats()
+        self._pause_sent = Repeats()
 
     async def record(self, outcomes: Sequence[RowOutcome]) -> list[JobProgress]:
         """Record one chunk and announce its effect; return the jobs' new counters."""
@@ -173,6 +179,18 @@ class Aggregator:
             await self._publish(EVENT_CANCELED, event.encode())
             log.info("cancel_repeated", extra={"batch_id": batch_id})
 
+    async def _repeat_pauses(self, progress: list[JobProgress]) -> None:
+        """``job.paused`` again, at most once per :data:`CANCEL_REPEAT_S` per job, for
+        paused jobs whose outcomes keep coming: a row-worker that missed the pause (it
+        started later, was reconnecting, or the API could not publish it) hands back the
+        rows it has not started then."""
+        now = self._clock()
+        paused = {j.id: j for j in progress if j.status == JobStatus.PAUSED}
+        for batch_id in self._pause_sent.due(sorted(paused), now):
+            self._pause_sent.mark(batch_id, now)
+            await self._publish(EVENT_PAUSED, _event(paused[batch_id]).encode())
+            log.info("pause_repeated", extra={"batch_id": batch_id})
+
     async def _announce_budget_stops(self, progress: list[JobProgress]) -> None:
         """``job.budget_stopped`` for the jobs whose budget stopped them, when it is
         reached and again at most once per :data:`CANCEL_REPEAT_S` while their outcomes
@@ -233,6 +251,7 @@ class Aggregator:
             ),
             # Row-workers withhold the rows they hold and have not started of these.
             self._announce_budget_stops(progress),
+            self._repeat_pauses(progress),
         )
         finished = [job for job in progress if job.terminal]
         for job in finished:
@@ -298,4 +317,4 @@ def unstorable(outcome: RowOutcome) -> RowOutcome:
 
 
 def _event(job: JobProgress) -> JobEvent:
-    return JobEvent(job.id, job.status, job.total, job.completed, job.failed)
+    return JobEvent(job.id, job.status, job.total, job.completed, job.failed, job.pauses)

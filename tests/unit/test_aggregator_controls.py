@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from relay_batches.bus.topology import EVENT_BUDGET_STOPPED
+from relay_batches.bus.topology import EVENT_BUDGET_STOPPED, EVENT_PAUSED
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
 from relay_batches.model import JobStatus
@@ -71,3 +71,23 @@ async def test_rows_handed_back_are_recorded_with_the_chunk() -> None:
     aggregator = Aggregator(store, publish, clock)
     await aggregator.record_messages([OutcomesMessage((), (("b1", 4, 0), ("b1", 5, 0)))])
     assert store.returned == [("b1", 4, 0), ("b1", 5, 0)]
+
+
+async def test_a_pause_is_repeated_while_outcomes_of_the_paused_job_keep_coming() -> None:
+    clock, published = Clock(), []
+
+    async def publish(key: str, body: bytes) -> None:
+        published.append((key, JobEvent.decode(body)))
+
+    paused = JobProgress("b1", JobStatus.PAUSED, 10, 3, 0, 1, 0, None, pauses=2)
+    aggregator = Aggregator(ControlStore(clock, [paused, paused, paused]), publish, clock)
+    outcome = RowOutcome("b1", 0, "ok", None, 1)
+
+    await aggregator.record([outcome])
+    clock.now += CANCEL_REPEAT_S / 2
+    await aggregator.record([outcome])
+    clock.now += CANCEL_REPEAT_S
+    await aggregator.record([outcome])
+
+    pauses = [(e.batch_id, e.pauses) for key, e in published if key == EVENT_PAUSED]
+    assert pauses == [("b1", 2), ("b1", 2)]

@@ -121,7 +121,7 @@ UPDATE batches b SET
     lease_owner = CASE WHEN c.ends THEN NULL ELSE b.lease_owner END
 FROM moved c WHERE b.id = c.batch_id
 RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad, c.owner,
-          b.budget_exceeded_at IS NOT NULL
+          b.budget_exceeded_at IS NOT NULL, b.pauses
 """.format(held_error=_BUDGET_JOB_ERROR.format(what="started"))
 
 # The budget settle, one step: one job its budget stopped, that has rows never released
@@ -173,7 +173,7 @@ UPDATE batches b SET
     completed_at = CASE WHEN m.ends THEN now() ELSE b.completed_at END,
     lease_owner = CASE WHEN m.ends THEN NULL ELSE b.lease_owner END
 FROM moved m WHERE b.id = $1
-RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad, m.owner, false
+RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad, m.owner, false, b.pauses
 """.format(withheld_error=_BUDGET_JOB_ERROR.format(what="released"))
 SETTLE_STEP_ROWS = 10_000
 
@@ -191,6 +191,7 @@ class JobProgress:
     new_failed: int = 0
     owner: str | None = None  # the dispatcher whose lease the job was under, if any
     budget_stopped: bool = False  # its budget stopped it (this chunk's cost, or before)
+    pauses: int = 0  # how many times it was paused
 
     @property
     def terminal(self) -> bool:
@@ -327,8 +328,8 @@ class OutcomeStore:
 
 def _progress(record: asyncpg.Record) -> JobProgress:
     """A :class:`JobProgress` from ``(id, status, total, completed, failed[, ok, bad,
-    owner, budget_stopped])``."""
-    return JobProgress(record[0], JobStatus(record[1]), *record[2:9])
+    owner, budget_stopped, pauses])``."""
+    return JobProgress(record[0], JobStatus(record[1]), *record[2:10])
 
 
 def _refuse_out_of_range(outcomes: Sequence[RowOutcome], totals: dict[str, int]) -> None:
