@@ -116,6 +116,10 @@ def delivery_allowed_from(target: DeliveryStatus) -> list[DeliveryStatus]:
 
 
 CANCELABLE: frozenset[JobStatus] = frozenset(allowed_from(JobStatus.CANCELED))
+# The error of a row a budget kept from running: one never released (the aggregator's
+# budget settle), or one released that no row-worker had started (it withholds them).
+BUDGET_ROW_ERROR = "budget_exceeded: the batch reached its budget before this row was released"
+BUDGET_HELD_ERROR = "budget_exceeded: the batch reached its budget before this row started"
 PAUSABLE: frozenset[JobStatus] = frozenset(allowed_from(JobStatus.PAUSED))
 # The ends that stop a job's rows where they are (rows without an outcome never run, and
 # outcomes arriving later are discarded): each is announced with ``job.canceled``.
@@ -201,6 +205,7 @@ class Job:
     rate_rows_per_s: float | None = None
     rate_window_at: datetime | None = None
     rate_window_done: int = 0
+    pauses: int = 0  # how many times it was paused (slices carry it, see row_worker.controls)
 
     @classmethod
     def from_record(cls, record: Any) -> Job:

@@ -15,7 +15,12 @@ from dataclasses import replace
 from typing import Protocol
 
 from relay_batches.announce import announce_finished
-from relay_batches.bus.topology import EVENT_CANCELED, progress_key
+from relay_batches.bus.topology import (
+    EVENT_BUDGET_STOPPED,
+    EVENT_CANCELED,
+    EVENT_PAUSED,
+    progress_key,
+)
 from relay_batches.errors import PermanentError, UnstorableError
 from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
@@ -56,6 +61,9 @@ class Store(Protocol):
     async def settle_budget_stops(self) -> list[JobProgress]:
         """One budget settle step: withhold never-released rows of one stopped job."""
 
+    async def record_returned(self, returned: Sequence[tuple[str, int, int]]) -> int:
+        """Record rows handed back unstarted (a pause) for their job's next release."""
+
 
 class Aggregator:
     """Records outcomes, then publishes ``job.progress.<owner>`` to the dispatcher whose
@@ -74,7 +82,9 @@ class Aggregator:
         self._store = store
         self._publish = publish_event
         self._clock = clock
-        self._cancel_sent: OrderedDict[str, float] = OrderedDict()
+        self._cancel_sent = Repeats()
+        self._stop_sent = Repeats()
+        self._pause_sent = Repeats()
 
     async def record(self, outcomes: Sequence[RowOutcome]) -> list[JobProgress]:
         """Record one chunk and announce its effect; return the jobs' new counters."""
@@ -97,6 +107,9 @@ class Aggregator:
         outcomes are known, else outcome by outcome), so one unstorable reply cannot hold
         back (or requeue) the rest forever; then :class:`UnstorableError` names the
         messages holding outcomes that can never be stored (for a dead-letter queue)."""
+        returned = [row for message in messages for row in message.returned]
+        if returned:
+            log.info("rows_returned", extra={"rows": await self._store.record_returned(returned)})
         outcomes = [outcome for message in messages for outcome in message.outcomes]
         try:
             return await self.record(outcomes)
@@ -157,21 +170,40 @@ class Aggregator:
 
     async def _repeat_cancels(self, batch_ids: list[str]) -> None:
         now = self._clock()
-        due = [
-            b
-            for b in batch_ids
-            if now - self._cancel_sent.get(b, -CANCEL_REPEAT_S) >= CANCEL_REPEAT_S
-        ]
+        due = self._cancel_sent.due(batch_ids, now)
         if not due:
             return
         for batch_id, status in await self._store.canceled_among(due):
-            self._cancel_sent[batch_id] = now
-            self._cancel_sent.move_to_end(batch_id)
+            self._cancel_sent.mark(batch_id, now)
             event = JobEvent(batch_id, status, 0, 0, 0)
             await self._publish(EVENT_CANCELED, event.encode())
             log.info("cancel_repeated", extra={"batch_id": batch_id})
-        while len(self._cancel_sent) > CANCEL_MEMORY:
-            self._cancel_sent.popitem(last=False)
+
+    async def _repeat_pauses(self, progress: list[JobProgress]) -> None:
+        """``job.paused`` again, at most once per :data:`CANCEL_REPEAT_S` per job, for
+        paused jobs whose outcomes keep coming: a row-worker that missed the pause (it
+        started later, was reconnecting, or the API could not publish it) hands back the
+        rows it has not started then."""
+        now = self._clock()
+        paused = {j.id: j for j in progress if j.status == JobStatus.PAUSED}
+        for batch_id in self._pause_sent.due(sorted(paused), now):
+            self._pause_sent.mark(batch_id, now)
+            await self._publish(EVENT_PAUSED, _event(paused[batch_id]).encode())
+            log.info("pause_repeated", extra={"batch_id": batch_id})
+
+    async def _announce_budget_stops(self, progress: list[JobProgress]) -> None:
+        """``job.budget_stopped`` for the jobs whose budget stopped them, when it is
+        reached and again at most once per :data:`CANCEL_REPEAT_S` while their outcomes
+        keep coming (a row-worker that missed it, started later or was reconnecting,
+        withholds the rest then)."""
+        now = self._clock()
+        stopped = {j.id: j for j in progress if j.budget_stopped and not j.terminal}
+        due = self._stop_sent.due(sorted(stopped), now)
+        for batch_id in due:
+            self._stop_sent.mark(batch_id, now)
+        await asyncio.gather(
+            *(self._publish(EVENT_BUDGET_STOPPED, _event(stopped[b]).encode()) for b in due)
+        )
 
     async def outbox_pass(self, older_than_s: float) -> None:
         """The periodic pass: announce the ends nobody announced, then settle budget stops
@@ -212,7 +244,14 @@ class Aggregator:
 
     async def _announce(self, progress: list[JobProgress]) -> None:
         await asyncio.gather(
-            *(self._publish(progress_key(j.owner), _event(j).encode()) for j in progress if j.owner)
+            *(
+                self._publish(progress_key(j.owner), _event(j).encode())
+                for j in progress
+                if j.owner
+            ),
+            # Row-workers withhold the rows they hold and have not started of these.
+            self._announce_budget_stops(progress),
+            self._repeat_pauses(progress),
         )
         finished = [job for job in progress if job.terminal]
         for job in finished:
@@ -227,6 +266,27 @@ class Aggregator:
         await announce_finished(
             self._publish, self._store.mark_finished_published, [_event(j) for j in jobs]
         )
+
+
+class Repeats:
+    """When an event was last sent for each job (the latest :data:`CANCEL_MEMORY` jobs),
+    so it is repeated at most once per :data:`CANCEL_REPEAT_S`."""
+
+    def __init__(self) -> None:
+        self._sent: OrderedDict[str, float] = OrderedDict()
+
+    def due(self, batch_ids: Sequence[str], now: float) -> list[str]:
+        """The jobs of ``batch_ids`` whose event may go out at ``now``."""
+        return [
+            b for b in batch_ids if now - self._sent.get(b, -CANCEL_REPEAT_S) >= CANCEL_REPEAT_S
+        ]
+
+    def mark(self, batch_id: str, now: float) -> None:
+        """The event of ``batch_id`` went out at ``now``."""
+        self._sent[batch_id] = now
+        self._sent.move_to_end(batch_id)
+        while len(self._sent) > CANCEL_MEMORY:
+            self._sent.popitem(last=False)
 
 
 def _observe_transaction(outcomes: Sequence[RowOutcome], elapsed_s: float) -> None:
@@ -257,4 +317,4 @@ def unstorable(outcome: RowOutcome) -> RowOutcome:
 
 
 def _event(job: JobProgress) -> JobEvent:
-    return JobEvent(job.id, job.status, job.total, job.completed, job.failed)
+    return JobEvent(job.id, job.status, job.total, job.completed, job.failed, job.pauses)

@@ -17,6 +17,7 @@ from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.router.aliases import AliasTable, load_aliases
 from relay_batches.runtime import Service, run_service
+from relay_batches.services.dispatcher.budget import alias_price
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.dispatcher.service import dispatcher_service
@@ -67,6 +68,7 @@ async def build(
         rows_waiting=lambda: bus.ready_count(bus.names.rows),
         results_state=lambda: results_state(bus),
         offload_lead=lambda alias: offload_lead(aliases, alias),
+        price_of=lambda alias: alias_price(aliases, alias),
     )
     log.info("configured", extra={"owner": owner, "aliases": aliases.names()})
     return dispatcher_service(

@@ -9,8 +9,11 @@ rows (confirmed), so a row is never out while the ledger holds it unreleased, an
 release the ledger refuses (the job was paused, canceled, taken over or stopped by its
 budget) publishes nothing. A restart resumes where it left off; rows recorded as
 released that never went out (a crash or a failed publish in between) are re-sent by
-stall recovery. A job its budget stopped releases no more rows; it is kept (and re-sent
-from, if rows it released are lost) until it ends.
+stall recovery. A job with a budget releases only the rows what is left of it pays for
+at an estimated cost per row (see :mod:`~relay_batches.services.dispatcher.budget`); a
+job its budget stopped releases no more rows; it is kept (and re-sent from, if rows it
+released are lost) until it ends. Rows that row-workers handed back unstarted (a pause,
+see :mod:`relay_batches.services.row_worker.controls`) go out again first, once.
 
 Fair and prompt (see :mod:`relay_batches.services.dispatcher.sharing`): workspaces take
 turns for slots, each workspace's releasing jobs share one window, and within a

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.model import TERMINAL, JobStatus
+from relay_batches.services.dispatcher.budget import rows_within_budget
 from relay_batches.services.dispatcher.sharing import (
     byte_share,
     releasing,
@@ -129,6 +131,8 @@ class Release(DispatcherState):
         budget = byte_share(bytes_window, workspace_jobs)
         step = max(self._config.slice_rows, window // TOP_UP_FRACTION)
         async with owned.lock:
+            if owned.job.returned:
+                await self._release_returned(owned)
             while not owned.exhausted and owned.job.id in self.jobs:
                 room = owned.done + window - owned.dispatched_upto
                 if room < min(step, owned.job.total - owned.dispatched_upto):
@@ -136,9 +140,12 @@ class Release(DispatcherState):
                 end = await self._window_end(owned, room, budget)
                 if end <= owned.dispatched_upto:
                     return  # the job's byte window is full
+                upto = owned.dispatched_upto
                 if not await self._release_rows(owned, end):
                     self.forget(owned.job.id)
                     return
+                if owned.dispatched_upto == upto:
+                    return  # its budget pays for no more rows now
 
     async def _window_end(self, owned: OwnedJob, room: int, budget: int) -> int:
         """Where the next release stops: ``room`` rows at most (a few whole slices), and
@@ -174,17 +181,38 @@ class Release(DispatcherState):
         """Release rows from ``dispatched_upto`` to ``end`` (a few slices): record the
         release in the ledger, then publish them. False, with nothing published, if the
         ledger refused (the job is no longer ours and running, or its budget stopped it).
+        A job with a budget releases only the rows its budget left pays for at the
+        estimated cost per row (:mod:`~relay_batches.services.dispatcher.budget`): maybe
+        fewer, or none (True, nothing released: it waits for outcomes).
 
         If the publish fails the rows stay released: stall recovery re-sends them (their
         send stamp is taken before the publish, so a slice of ours delivered after it
         shows they are not queued)."""
         job, start = owned.job, owned.dispatched_upto
         rows = await self._store.fetch_rows(job.id, job.rows_batch_id, start, end)
+        if job.budget_usd is not None:
+            allowed = rows_within_budget(
+                job, start, owned.in_flight, [len(r) for _, r in rows], self._price_of(job.model)
+            )
+            if allowed < len(rows):
+                rows, end = rows[:allowed], (rows[allowed][0] if allowed else start)
+            if end <= start:
+                return True
         if not await self._store.advance(self._config.owner, job.id, end):
             return False
         owned.dispatched_upto = end
         await self._publish_rows(owned, rows)
         return True
+
+    async def _release_returned(self, owned: OwnedJob) -> None:
+        """Release again, first, the rows row-workers handed back unstarted (the job was
+        paused): marked taken in the ledger's ``returned_rows`` in one statement, then
+        published. They are below ``dispatched_upto`` and already count in the window."""
+        rows = await self._store.take_returned(self._config.owner, owned.job.id)
+        owned.job = replace(owned.job, returned=False)
+        if rows:
+            log.info("returned_rows_released", extra={"batch_id": owned.job.id, "rows": len(rows)})
+            await self._publish_rows(owned, rows)
 
     async def _publish_rows(self, owned: OwnedJob, rows: list[tuple[int, str]]) -> None:
         """Publish ``rows`` of a job as slices (confirmed), stamped with our owner id and
@@ -212,6 +240,7 @@ class Release(DispatcherState):
                         self._config.owner,
                         job.expires_at.timestamp() if job.expires_at else 0.0,
                         job.workspace_id,
+                        job.pauses,
                     ),
                     level,
                 )

@@ -15,14 +15,12 @@ from typing import Protocol
 
 from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage
+from relay_batches.services.dispatcher.budget import PriceOf
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog
 from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.dispatcher.sharing import (
     Windows,
 )
-
-log = logging.getLogger("relay.dispatcher")
-
 
 log = logging.getLogger("relay.dispatcher")
 
@@ -143,6 +141,9 @@ class Store(Protocol):
     async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
         """Mark a job offloaded and release all its rows (once, before any release)."""
 
+    async def take_returned(self, owner: str, job_id: str) -> list[tuple[int, str]]:
+        """Take the rows row-workers handed back unstarted, to release them again."""
+
 
 def offload_target(
     job: RunningJob, lead: OffloadLead, margin: timedelta, now: datetime
@@ -235,8 +236,10 @@ class DispatcherState:
         results_state: QueueState | None = None,
         offload_lead: OffloadLead | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        price_of: PriceOf = lambda alias: None,
     ) -> None:
         self._store = store
+        self._price_of = price_of
         self._offload_lead = offload_lead
         self._wall_clock = wall_clock
         self._publish_slice = publish_slice

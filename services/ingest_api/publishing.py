@@ -7,6 +7,7 @@ from relay_batches.announce import announce_finished, wake_dispatcher
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import (
     EVENT_CANCELED,
+    EVENT_PAUSED,
     EVENT_PROGRESS,
     EVENT_TEMPLATE_CREATED,
 )
@@ -34,7 +35,10 @@ def publisher_for(bus: Bus, jobs: JobStore) -> Announcer:
     async def job_paused(job: Job) -> None:
         # A progress event whose status is paused: the dispatcher that owns the job
         # stops releasing its rows at once (it forgets any job that is not running).
-        event = JobEvent(job.id, job.status, job.total, job.completed, job.failed)
+        # And ``job.paused`` with its pause count: row-workers hand back the rows of it
+        # they hold and have not started.
+        event = JobEvent(job.id, job.status, job.total, job.completed, job.failed, job.pauses)
         await bus.publish_event(EVENT_PROGRESS, event.encode())
+        await bus.publish_event(EVENT_PAUSED, event.encode())
 
     return Announcer(wake, job_canceled, template_created, job_paused)

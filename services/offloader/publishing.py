@@ -19,7 +19,7 @@ from relay_batches.ledger.offload import (
     OffloadStore,
     RowState,
 )
-from relay_batches.messages import OutcomesMessage, RowOutcome, SliceMessage, SliceRow
+from relay_batches.messages import UNPAUSED, OutcomesMessage, RowOutcome, SliceMessage, SliceRow
 from relay_batches.metrics import OFFLOAD_ROWS
 from relay_batches.offload.lines import ResultLine
 from relay_batches.outcome import to_outcome
@@ -122,7 +122,8 @@ def _slice(run: list[ForwardRow], owner: str) -> SliceMessage:
     """A slice of ``run`` at the broker's base level, as the dispatcher publishes a job's
     rows (only its short-lived boost over a workspace's lower jobs goes higher): a job's
     priority orders it within its workspace, and a level from it would put these rows
-    ahead of every other workspace's, against the fair share."""
+    ahead of every other workspace's, against the fair share. Its rows are never handed
+    back on a pause (:data:`UNPAUSED`): no dispatcher releases an offloaded job's rows."""
     first = run[0]
     return SliceMessage(
         first.batch_id,
@@ -133,6 +134,7 @@ def _slice(run: list[ForwardRow], owner: str) -> SliceMessage:
         0.0,
         owner,
         first.expires_at.timestamp() if first.expires_at else 0.0,
+        pauses=UNPAUSED,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import MAX_QUEUE_NAME_BYTES, rows_prefetch
@@ -18,6 +19,7 @@ from relay_batches.router.http1 import Http1Client
 from relay_batches.router.policy import BackoffPolicy
 from relay_batches.router.router import ModelRouter
 from relay_batches.runtime import Service, run_service
+from relay_batches.services.row_worker.controls import JobControls
 from relay_batches.services.row_worker.core import RowRunner
 from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
@@ -53,8 +55,12 @@ async def build(
         ),
         limiter=limiter,
     )
+
+    def publish_results(shard: int, body: bytes) -> Awaitable[None]:
+        return bus.publish(bus.names.results_shard(shard), body, kind="results")
+
     outcomes = OutcomePublisher(
-        lambda shard, body: bus.publish(bus.names.results_shard(shard), body, kind="results"),
+        publish_results,
         max_rows=outcome_batch_rows(
             settings.results_flush_rows, settings.batch_concurrency, settings.slice_rows
         ),
@@ -73,6 +79,7 @@ async def build(
         hand_over=lambda rest: bus.publish(
             bus.names.rows, rest.encode(), kind="rows", priority=hand_over_priority(rest.level)
         ),
+        controls=JobControls(publish_results, bus.names.shards),
     )
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info(

@@ -20,6 +20,7 @@ from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
 from relay_batches.outcome import to_outcome
 from relay_batches.router.aliases import Price
 from relay_batches.router.types import RowResult
+from relay_batches.services.row_worker.controls import Halt, JobControls
 from relay_batches.services.row_worker.holdings import Holdings
 
 log = logging.getLogger("relay.row_worker")
@@ -92,8 +93,10 @@ class RowRunner:
         monotonic: Callable[[], float] = time.monotonic,
         flush: Flush | None = None,
         hand_over: HandOver | None = None,
+        controls: JobControls | None = None,
     ) -> None:
         self._router = router
+        self.controls = controls  # pauses and budget stops (see .controls)
         self._clock = clock
         self._prices: Mapping[str, Price] = prices or {}
         self._monotonic = monotonic
@@ -152,14 +155,22 @@ class RowRunner:
         started: list[asyncio.Task[None]] = []
         progress = _SliceProgress()
         hand_over = self._hand_over  # tried at most once per slice
+        halted: tuple[int, Halt] | None = None  # from where, and why, the rest is set aside
         async with self._starting:
             for position, (index, request) in enumerate(job_slice.rows):
                 if self._dropped(job_slice):  # without waiting for a slot
                     continue
+                if (halt := self._halt(job_slice)) is not None:
+                    halted = (position, halt)
+                    break
                 await self._slots.acquire()
                 if self._dropped(job_slice):  # canceled while it waited
                     self._slots.release()
                     continue
+                if (halt := self._halt(job_slice)) is not None:  # paused while it waited
+                    self._slots.release()
+                    halted = (position, halt)
+                    break
                 if self._stopping and not started:
                     self._slots.release()
                     raise HandBack(f"stopping: slice of {job_slice.batch_id} not started")
@@ -185,7 +196,15 @@ class RowRunner:
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:
             raise failures[0]
+        if halted is not None and self.controls is not None:
+            position, halt = halted
+            rest = [i for i, _ in job_slice.rows[position:]]
+            await self.controls.set_aside(job_slice, rest, halt)
         return sum(1 for r in results if r is None)
+
+    def _halt(self, job_slice: DecodedSlice) -> Halt | None:
+        """Why the slice's next row may not start (its job paused or budget-stopped)."""
+        return None if self.controls is None else self.controls.halt(job_slice)
 
     async def _handed_over(
         self, hand_over: HandOver, job_slice: DecodedSlice, position: int

@@ -1,14 +1,17 @@
 """The row-worker: ``rows`` tasks, each acked once every row's outcome is confirmed on
 its job's results shard; ``job.canceled`` events (a cancel, or an expiry: status ``expired``) abort
-that job's calls in flight and drop its rows still to come."""
+that job's calls in flight and drop its rows still to come; ``job.paused`` and
+``job.budget_stopped`` set its rows not started aside (see :mod:`.controls`)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
 from relay_batches.bus.topology import (
+    EVENT_BUDGET_STOPPED,
     EVENT_CANCELED,
     EVENT_HOLDING,
+    EVENT_PAUSED,
     MAX_PRIORITY,
     rows_prefetch,
 )
@@ -72,7 +75,22 @@ def row_worker_service(
     async def on_canceled(event: JobEvent) -> None:
         runner.cancel_job(event.batch_id)
 
-    canceled = Subscribe({EVENT_CANCELED: on_canceled}, JobEvent.decode)
+    async def on_paused(event: JobEvent) -> None:
+        if runner.controls is not None:
+            runner.controls.pause(event.batch_id, event.pauses)
+
+    async def on_budget_stopped(event: JobEvent) -> None:
+        if runner.controls is not None:
+            runner.controls.budget_stop(event.batch_id)
+
+    canceled = Subscribe(
+        {
+            EVENT_CANCELED: on_canceled,
+            EVENT_PAUSED: on_paused,
+            EVENT_BUDGET_STOPPED: on_budget_stopped,
+        },
+        JobEvent.decode,
+    )
     rows = Consume(
         bus.names.rows, "rows", SliceMessage.decode, runner.handle_slice, prefetch, retry_pause_s=0
     )

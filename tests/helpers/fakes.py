@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -275,6 +275,7 @@ class FakeDispatchStore:
     byte_reads: list[tuple[int, int, int]] = field(default_factory=list)  # flying, coming
     # Per running job with an outcome recorded, seconds since the aggregator recorded one.
     silences: dict[str, float] = field(default_factory=dict)
+    returned: dict[str, list[int]] = field(default_factory=dict)  # rows handed back
 
     def _take(
         self, pool: list[RunningJob], limit: int, source: list[RunningJob] | None = None
@@ -380,6 +381,14 @@ class FakeDispatchStore:
     async def fail(self, job_id: str, error: str) -> bool:
         self.failed.append((job_id, error))
         return True
+
+    async def take_returned(self, owner: str, job_id: str) -> list[tuple[int, str]]:
+        self.calls.append(("take_returned", owner, job_id))
+        done = self.outcomes.get(job_id, set())
+        rows = sorted(i for i in self.returned.pop(job_id, []) if i not in done)
+        if job_id in self.alive:  # the ledger says none wait any more
+            self.alive[job_id] = replace(self.alive[job_id], returned=False)
+        return [(i, messages_json(i)) for i in rows]
 
     async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
         assert owner == OWNER

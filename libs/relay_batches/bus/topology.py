@@ -43,6 +43,10 @@ RESULTS_SHARDS = Settings.results_shards  # RELAY_RESULTS_SHARDS's default
 EVENT_PROGRESS = "job.progress"
 EVENT_FINISHED = "job.finished"
 EVENT_CANCELED = "job.canceled"
+# Row-workers hand back the unstarted rows of a paused job (see row_worker.controls) and
+# withhold those of a job its budget stopped.
+EVENT_PAUSED = "job.paused"
+EVENT_BUDGET_STOPPED = "job.budget_stopped"
 EVENT_TEMPLATE_CREATED = "template.created"
 EVENT_HOLDING = "worker.holding"
 EVENT_THROTTLED = "ratelimit.throttled"

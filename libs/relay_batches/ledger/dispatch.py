@@ -15,7 +15,13 @@ from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
     "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params,"
-    " workspace_id, expires_at, budget_exceeded_at, offload_deployment, budget_usd"
+    " workspace_id, expires_at, budget_exceeded_at, offload_deployment, budget_usd, cost_usd,"
+    " pauses"
+)
+# Whether rows a row-worker handed back (a pause) wait to be released again.
+_RETURNED = (
+    "EXISTS (SELECT 1 FROM returned_rows x WHERE x.batch_id = {alias}id AND NOT x.taken)"
+    " AS returned"
 )
 
 
@@ -38,6 +44,9 @@ class RunningJob:
     budget_exceeded_at: datetime | None = None  # its budget stop: no row is released after
     offload_deployment: str | None = None  # the batch deployment it was offloaded to
     budget_usd: float | None = None  # its budget, if any (such a job is never offloaded)
+    cost_usd: float = 0.0  # the cost of its outcomes recorded so far
+    pauses: int = 0  # how many times it was paused: its slices carry it
+    returned: bool = False  # rows handed back unstarted wait to be released again
 
     @property
     def done(self) -> int:
@@ -258,6 +267,18 @@ class DispatchStore:
             )
         return value is not None
 
+    async def take_returned(self, owner: str, job_id: str) -> list[tuple[int, str]]:
+        """The rows of ``job_id`` that row-workers handed back unstarted (a pause) and
+        that still have no outcome, in index order, marked taken in ``returned_rows`` in
+        the same statement (so each goes out again once); nothing while the job is not ours
+        and running. Like :meth:`advance`, taking comes before the publish: a row taken
+        that never goes out (a crash in between) is lost, and stall recovery re-sends it.
+        A job its budget stopped takes them too: they were released before the stop, and
+        the row-workers withhold them."""
+        async with translated():
+            records = await self._pool.fetch(_TAKE_RETURNED, owner, job_id, JobStatus.RUNNING)
+        return [(r[0], r[1]) for r in records]
+
     async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
         """Mark a job we own offloaded to ``deployment`` and release all its rows, in one
         statement: only while it is running, ours, without a budget (a budget stops
@@ -307,7 +328,8 @@ class DispatchStore:
 
 
 def _prefixed(alias: str) -> str:
-    return ", ".join(f"{alias}.{c.strip()}" for c in _JOB_COLUMNS.split(","))
+    columns = ", ".join(f"{alias}.{c.strip()}" for c in _JOB_COLUMNS.split(","))
+    return f"{columns}, {_RETURNED.format(alias=alias + '.')}"
 
 
 def _running(record: asyncpg.Record) -> RunningJob:
@@ -371,7 +393,7 @@ _CLAIM_QUEUED = (
     " served AS ("
     "  UPDATE workspaces SET last_claim_at = now()"
     "  WHERE id IN (SELECT workspace_id FROM claimed))"
-    f" SELECT {_JOB_COLUMNS} FROM claimed"
+    f" SELECT {_JOB_COLUMNS}, returned FROM claimed"
 )
 
 # $1 owner, $2 limit, $3 lease seconds, $4 running, $5/$6 workspaces and the highest
@@ -456,6 +478,9 @@ _RECORDING_SILENCES = (
 _UNFINISHED = (
     "SELECT i FROM generate_series($2::int, $3::int - 1) AS i"
     " WHERE NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1 AND o.row_index = i)"
+    # A row handed back unstarted is not lost: the next top-up releases it again.
+    " AND NOT EXISTS (SELECT 1 FROM returned_rows x"
+    "   WHERE x.batch_id = $1 AND x.row_index = i AND NOT x.taken)"
     " ORDER BY i"
 )
 
@@ -484,4 +509,17 @@ _BYTE_WINDOW = (
     " (SELECT min(row_index) FROM flying),"
     " ARRAY(SELECT row_index FROM coming ORDER BY row_index),"
     " ARRAY(SELECT size FROM coming ORDER BY row_index)"
+)
+
+# $1 owner, $2 job, $3 running: the job's returned rows, marked taken, with their input.
+_TAKE_RETURNED = (
+    "WITH job AS (SELECT id, rows_batch_id FROM batches"
+    "  WHERE id = $2 AND lease_owner = $1 AND status = $3),"
+    " taken AS (UPDATE returned_rows x SET taken = true FROM job"
+    "  WHERE x.batch_id = job.id AND NOT x.taken RETURNING x.row_index)"
+    " SELECT r.row_index, r.request FROM batch_rows r JOIN job ON r.batch_id = job.rows_batch_id"
+    " WHERE r.row_index IN (SELECT row_index FROM taken)"
+    " AND NOT EXISTS (SELECT 1 FROM row_results o"
+    "   WHERE o.batch_id = $2 AND o.row_index = r.row_index)"
+    " ORDER BY r.row_index"
 )

@@ -280,11 +280,12 @@ class JobStore(ResultPages):
 
     async def pause(self, workspace_id: str, batch_id: str) -> Job:
         """Guarded transition of a queued or running job to ``paused``; its lease goes, so
-        no dispatcher releases its rows (those already released finish and count).
-        :class:`ConflictError` from any other status."""
+        no dispatcher releases its rows, and its pause count grows: row-workers told of
+        the pause hand back the rows they hold and have not started (those started
+        finish and count). :class:`ConflictError` from any other status."""
         async with translated():
             record = await self._pool.fetchrow(
-                "UPDATE batches SET status = $4, lease_owner = NULL"
+                "UPDATE batches SET status = $4, lease_owner = NULL, pauses = pauses + 1"
                 " WHERE id = $1 AND workspace_id = $2 AND status = ANY($3::text[]) RETURNING *",
                 batch_id,
                 workspace_id,

@@ -13,7 +13,21 @@ from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.pool import translated
 from relay_batches.ledger.status_sql import status_in
 from relay_batches.messages import RowOutcome
-from relay_batches.model import RATE_WINDOW_S, STOPPED, TERMINAL, JobStatus, allowed_from
+from relay_batches.model import (
+    BUDGET_HELD_ERROR,
+    BUDGET_ROW_ERROR,
+    RATE_WINDOW_S,
+    STOPPED,
+    TERMINAL,
+    JobStatus,
+    allowed_from,
+)
+
+# The error of a job whose budget kept rows from running (rows not yet {what}).
+_BUDGET_JOB_ERROR = (
+    "'budget_exceeded: the recorded cost reached the budget of '"
+    " || b.budget_usd || ' USD; rows not yet {what} were not run'"
+)
 
 # $1 batch ids, $2 the statuses a job may complete from: only those accept outcomes,
 # and only before their deadline (reaped or not: the reaper may not have run yet).
@@ -51,7 +65,7 @@ ins AS (
     WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
     ON CONFLICT (batch_id, row_index) DO NOTHING
     RETURNING batch_id, error IS NULL AS ok, dead_letter, prompt_tokens, completion_tokens,
-              cost_usd
+              cost_usd, error = $19 AS held
 ),
 counts AS (
     SELECT batch_id,
@@ -60,7 +74,8 @@ counts AS (
            count(*) FILTER (WHERE dead_letter) AS dl,
            sum(prompt_tokens) AS pt,
            sum(completion_tokens) AS ct,
-           COALESCE(sum(cost_usd), 0) AS cost
+           COALESCE(sum(cost_usd), 0) AS cost,
+           count(*) FILTER (WHERE held) AS held
     FROM ins GROUP BY batch_id
 ),
 moved AS (
@@ -94,37 +109,51 @@ UPDATE batches b SET
     budget_exceeded_at = CASE WHEN b.budget_exceeded_at IS NULL AND b.budget_usd IS NOT NULL
                                    AND b.cost_usd + c.cost >= b.budget_usd AND NOT c.ends
                               THEN now() ELSE b.budget_exceeded_at END,
-    -- A job whose budget stop withheld a row (its error says so, see _SETTLE) ends failed.
-    status = CASE WHEN c.ends AND b.budget_exceeded_at IS NOT NULL AND b.error IS NOT NULL
+    -- A row-worker withheld rows it had not started (their error is $19): the job's
+    -- error says so, as the settle's does for rows never released.
+    error = CASE WHEN b.error IS NULL AND c.held > 0 THEN {held_error} ELSE b.error END,
+    -- A job whose budget stop withheld a row (its error says so) ends failed.
+    status = CASE WHEN c.ends AND b.budget_exceeded_at IS NOT NULL
+                       AND (b.error IS NOT NULL OR c.held > 0)
                   THEN $18::text
                   WHEN c.ends THEN $11::text ELSE b.status END,
     completed_at = CASE WHEN c.ends THEN now() ELSE b.completed_at END,
     lease_owner = CASE WHEN c.ends THEN NULL ELSE b.lease_owner END
 FROM moved c WHERE b.id = c.batch_id
-RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad, c.owner
-"""
+RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad, c.owner,
+          b.budget_exceeded_at IS NOT NULL, b.pauses
+""".format(held_error=_BUDGET_JOB_ERROR.format(what="started"))
 
 # The budget settle, one step: one job its budget stopped, that has rows never released
-# and is still live (queued, running or paused, before its deadline), locked SKIP LOCKED
+# or handed back by a row-worker (a pause: rows of returned_rows not taken) and is still
+# live (queued, running or paused, before its deadline), locked SKIP LOCKED
 # so aggregators settling at once take different jobs. _SETTLE_LOCK names its statuses so
 # it reads the partial index batches_budget_stopped (0016).
 _SETTLE_LOCK = (
     "SELECT id, rows_batch_id, dispatched_upto, total FROM batches"
     f" WHERE budget_exceeded_at IS NOT NULL AND {status_in(allowed_from(JobStatus.COMPLETED))}"
-    " AND dispatched_upto < total AND (expires_at IS NULL OR expires_at > now())"
+    " AND (dispatched_upto < total OR EXISTS (SELECT 1 FROM returned_rows x"
+    "   WHERE x.batch_id = batches.id AND NOT x.taken))"
+    " AND (expires_at IS NULL OR expires_at > now())"
     " ORDER BY budget_exceeded_at, id LIMIT 1 FOR UPDATE SKIP LOCKED"
 )
 
-# Rows $3 <= index < $4 of the locked job $1 (its input in batch $2) get the error
+# Rows $3 <= index < $4 of the locked job $1 (its input in batch $2), and the rows
+# handed back that wait to go out again (marked taken here), get the error
 # outcome $5 (0 attempts) unless they have one, ``dispatched_upto`` moves past them (rows
 # below it are released: none of these ever is), ``failed`` grows by what was inserted
 # and the job's error says the budget withheld rows. Once every row has an outcome the
 # job ends: $6 (failed) if its budget withheld a row, else $7 (completed).
 _SETTLE = """
-WITH ins AS (
+WITH back AS (
+    UPDATE returned_rows x SET taken = true WHERE x.batch_id = $1 AND NOT x.taken
+    RETURNING x.row_index
+),
+ins AS (
     INSERT INTO row_results (batch_id, row_index, error, attempts)
     SELECT $1, r.row_index, $5, 0 FROM batch_rows r
-    WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4
+    WHERE r.batch_id = $2 AND ((r.row_index >= $3 AND r.row_index < $4)
+                               OR r.row_index IN (SELECT row_index FROM back))
     ON CONFLICT (batch_id, row_index) DO NOTHING
     RETURNING 1
 ),
@@ -138,18 +167,14 @@ UPDATE batches b SET
     failed = b.failed + m.bad,
     dispatched_upto = GREATEST(b.dispatched_upto, $4),
     last_progress_at = CASE WHEN m.bad > 0 THEN now() ELSE b.last_progress_at END,
-    error = CASE WHEN m.bad > 0 AND b.error IS NULL
-        THEN 'budget_exceeded: the recorded cost reached the budget of '
-             || b.budget_usd || ' USD; rows not yet released were not run'
-        ELSE b.error END,
+    error = CASE WHEN m.bad > 0 AND b.error IS NULL THEN {withheld_error} ELSE b.error END,
     status = CASE WHEN m.ends AND m.withheld THEN $6::text
                   WHEN m.ends THEN $7::text ELSE b.status END,
     completed_at = CASE WHEN m.ends THEN now() ELSE b.completed_at END,
     lease_owner = CASE WHEN m.ends THEN NULL ELSE b.lease_owner END
 FROM moved m WHERE b.id = $1
-RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad, m.owner
-"""
-BUDGET_ROW_ERROR = "budget_exceeded: the batch reached its budget before this row was released"
+RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad, m.owner, false, b.pauses
+""".format(withheld_error=_BUDGET_JOB_ERROR.format(what="released"))
 SETTLE_STEP_ROWS = 10_000
 
 
@@ -165,6 +190,8 @@ class JobProgress:
     new_completed: int = 0
     new_failed: int = 0
     owner: str | None = None  # the dispatcher whose lease the job was under, if any
+    budget_stopped: bool = False  # its budget stopped it (this chunk's cost, or before)
+    pauses: int = 0  # how many times it was paused
 
     @property
     def terminal(self) -> bool:
@@ -206,6 +233,7 @@ class OutcomeStore:
                 *columns[9:],
                 RATE_WINDOW_S,
                 JobStatus.FAILED,
+                BUDGET_HELD_ERROR,
             )
         return [_progress(r) for r in records]
 
@@ -238,6 +266,25 @@ class OutcomeStore:
             )
         assert record is not None
         return [_progress(record)]
+
+    async def record_returned(self, returned: Sequence[tuple[str, int, int]]) -> int:
+        """Record rows row-workers handed back unstarted (their job was paused), so the
+        job's dispatcher releases them again; return how many are new. Only rows of live
+        jobs (queued, running, paused), released (below ``dispatched_upto``) and without an
+        outcome are kept; a row already recorded from the same release is ignored (a
+        redelivered hand-back, even once the row went out again: it stays, taken).
+        One statement, its jobs' rows key-share locked in id order (the foreign key)."""
+        if not returned:
+            return 0
+        async with translated():
+            status = await self._pool.execute(
+                _RETURNED,
+                [b for b, _, _ in returned],
+                [i for _, i, _ in returned],
+                allowed_from(JobStatus.COMPLETED),
+                [p for _, _, p in returned],
+            )
+        return int(status.split()[-1])
 
     async def canceled_among(self, batch_ids: list[str]) -> list[tuple[str, JobStatus]]:
         """Which of ``batch_ids`` were stopped, canceled or expired, with that status
@@ -281,8 +328,8 @@ class OutcomeStore:
 
 def _progress(record: asyncpg.Record) -> JobProgress:
     """A :class:`JobProgress` from ``(id, status, total, completed, failed[, ok, bad,
-    owner])``."""
-    return JobProgress(record[0], JobStatus(record[1]), *record[2:8])
+    owner, budget_stopped, pauses])``."""
+    return JobProgress(record[0], JobStatus(record[1]), *record[2:10])
 
 
 def _refuse_out_of_range(outcomes: Sequence[RowOutcome], totals: dict[str, int]) -> None:
@@ -313,3 +360,17 @@ def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
         [o.latency_ms for o in outcomes],
         [o.cost_usd for o in outcomes],
     )
+
+
+# $1 batch ids, $2 row indexes, $3 live statuses, $4 the pause counts of their release.
+_RETURNED = (
+    "INSERT INTO returned_rows (batch_id, row_index, pauses)"
+    " SELECT t.batch_id, t.row_index, t.pauses"
+    " FROM unnest($1::text[], $2::int[], $4::int[]) AS t(batch_id, row_index, pauses)"
+    " JOIN batches b ON b.id = t.batch_id"
+    " WHERE b.status = ANY($3::text[]) AND t.row_index >= 0 AND t.row_index < b.dispatched_upto"
+    " AND NOT EXISTS (SELECT 1 FROM row_results o"
+    "   WHERE o.batch_id = t.batch_id AND o.row_index = t.row_index)"
+    " ORDER BY t.batch_id, t.row_index"
+    " ON CONFLICT (batch_id, row_index, pauses) DO NOTHING"
+)

@@ -23,6 +23,7 @@ from relay_batches.messages.control import (
     ThrottledEvent,
 )
 from relay_batches.messages.rows import (
+    UNPAUSED,
     DecodedSlice,
     OutcomesMessage,
     RowOutcome,
@@ -35,6 +36,7 @@ from relay_batches.messages.rows import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "UNPAUSED",
     "DecodedSlice",
     "DispatchWakeup",
     "GrantMessage",

@@ -43,6 +43,7 @@ class JobEvent:
     total: int
     completed: int
     failed: int
+    pauses: int = 0  # how many times the job was paused (``job.paused`` says which pause)
 
     KIND = "job"
 
@@ -56,6 +57,7 @@ class JobEvent:
                 "total": self.total,
                 "completed": self.completed,
                 "failed": self.failed,
+                **({"pauses": self.pauses} if self.pauses else {}),
             },
         )
 
@@ -70,6 +72,7 @@ class JobEvent:
                 total=int(d["total"]),
                 completed=int(d["completed"]),
                 failed=int(d["failed"]),
+                pauses=int(d.get("pauses") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc

@@ -11,6 +11,7 @@ import orjson
 
 from relay_batches.messages.codec import MessageError, dump, load
 
+UNPAUSED = -1
 # A results body up to its outcomes list (see :meth:`OutcomesMessage.encode_parts`).
 _RESULTS_HEAD = dump("results", {"outcomes": []})[: -len(b"[]}")]
 
@@ -80,6 +81,9 @@ class SliceMessage:
     # The job's workspace: its calls go over connections of that workspace's own. Empty
     # (a slice the offloader forwards): the job's own connections.
     workspace: str = ""
+    # The job's pause count when it was released (see row_worker.controls); UNPAUSED: a
+    # slice the offloader forwards, whose rows a pause never hands back.
+    pauses: int = 0
 
     KIND = "rows"
 
@@ -97,6 +101,7 @@ class SliceMessage:
                 "owner": self.owner,
                 "expires_at": self.expires_at,
                 "workspace": self.workspace,
+                **({"pauses": self.pauses} if self.pauses else {}),
             },
         )
 
@@ -119,6 +124,7 @@ class SliceMessage:
                 str(d.get("owner", "")),
                 float(d.get("expires_at") or 0.0),
                 str(d.get("workspace") or ""),
+                int(d.get("pauses") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
@@ -144,6 +150,7 @@ class DecodedSlice:
     owner: str = ""
     expires_at: float = 0.0
     workspace: str = ""
+    pauses: int = 0
 
     @property
     def tenant(self) -> str:
@@ -164,6 +171,7 @@ class DecodedSlice:
             self.owner,
             self.expires_at,
             self.workspace,
+            self.pauses,
         )
 
 
@@ -216,15 +224,22 @@ class RowOutcome:
 
 @dataclass(frozen=True)
 class OutcomesMessage:
-    """`<ns>.results`: several row outcomes published together by one worker."""
+    """`<ns>.results`: several row outcomes published together by one worker, or the
+    ``(batch_id, row_index, pauses)`` of rows it hands back unstarted (``returned``: their
+    job was paused; ``pauses`` is the count of the release they came from; the aggregator
+    records them for the job's next release)."""
 
     outcomes: tuple[RowOutcome, ...]
+    returned: tuple[tuple[str, int, int], ...] = ()
 
     KIND = "results"
 
     def encode(self) -> bytes:
         """Serialise for the bus."""
-        return dump(self.KIND, {"outcomes": [o.as_list() for o in self.outcomes]})
+        payload: dict[str, Any] = {"outcomes": [o.as_list() for o in self.outcomes]}
+        if self.returned:
+            payload["returned"] = [list(r) for r in self.returned]
+        return dump(self.KIND, payload)
 
     @classmethod
     def encode_parts(cls, parts: Sequence[bytes]) -> bytes:
@@ -239,9 +254,10 @@ class OutcomesMessage:
         d = load(body, cls.KIND)
         try:
             outcomes = tuple(_outcome(o) for o in d["outcomes"])
+            returned = tuple((str(b), int(i), int(p)) for b, i, p in d.get("returned") or ())
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
-        return cls(outcomes)
+        return cls(outcomes, returned)
 
 
 def _outcome(value: Any) -> RowOutcome:

@@ -279,8 +279,10 @@ def _transitions() -> dict[str, dict[str, Any]]:
             "pause",
             "Pause a queued or running batch",
             "The paused batch (`status: paused`).",
-            "No more rows are released; the rows already released still finish and count (so"
-            " a paused batch may still complete, or fail on its budget). A paused batch holds"
+            "Within about a second no more rows start: rows not released stay, rows released"
+            " and not started go back and run after the resume; the rows already started"
+            " still finish and count (so a paused batch may still complete, or fail on its"
+            " budget). A paused batch holds"
             " no running slot. It can be resumed, canceled, or expire past its completion"
             " window. 409 from any other status.",
         ),

@@ -59,8 +59,8 @@ class Timestamp(RootModel[str]):
 
 
 class Status(RootModel[str]):
-    """`scheduled` is a cron template; `paused` releases no rows until resumed (the rows
-    already released still finish); `completed`, `failed`, `canceled` and `expired` (past
+    """`scheduled` is a cron template; `paused` starts no rows until resumed (the rows
+    already started still finish); `completed`, `failed`, `canceled` and `expired` (past
     its completion window) are terminal."""
 
     root: Annotated[str, enum(*JobStatus)]
