@@ -1,0 +1,97 @@
+"""One job through a rate-limited system, measured as the upstream sees it: how many calls
+a second the simulator answered 200 while the job ran, and what share of its calls it
+answered 429 (shared by the e2e and bench tests of the limiter)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from tests.helpers.support import ApiClient, rows
+
+SAMPLE_EVERY_S = 0.05
+FINISHED = {"completed", "failed", "canceled", "expired"}
+
+
+@dataclass(frozen=True)
+class Paced:
+    """One job's figures: ``ok_per_s`` is the 200s a second from the first to the last
+    (the simulator's counter sampled every :data:`SAMPLE_EVERY_S`), the job's start and
+    tail left out; ``seconds`` is submit to the job's end."""
+
+    rows: int
+    completed: int
+    calls: int
+    throttled: int
+    ok_per_s: float
+    seconds: float
+
+    @property
+    def throttled_share(self) -> float:
+        """The share of the calls answered 429."""
+        return self.throttled / max(self.calls, 1)
+
+    def line(self, label: str, limit_per_s: float) -> str:
+        """The figures as one printed line."""
+        return (
+            f"{label}: {self.rows} rows in {self.seconds:.1f} s, {self.ok_per_s:.2f} calls/s "
+            f"= {self.ok_per_s / limit_per_s:.3f} of the limit; {self.throttled} of "
+            f"{self.calls} calls 429 = {self.throttled_share:.2%}"
+        )
+
+
+async def sim_stats(http: aiohttp.ClientSession, sim_url: str) -> dict[str, int]:
+    """The simulator's counters."""
+    async with http.get(f"{sim_url}/stats") as response:
+        assert response.status == 200, await response.text()
+        return dict(await response.json())
+
+
+async def run_paced(
+    http: aiohttp.ClientSession,
+    sim_url: str,
+    api: ApiClient,
+    n: int,
+    *,
+    timeout_s: float,
+    template: str = "paced {i}",
+) -> Paced:
+    """Submit an ``n``-row job, wait until it ends, and measure it (:class:`Paced`)."""
+    before = await sim_stats(http, sim_url)
+    samples: list[tuple[float, int]] = []
+
+    async def sample() -> None:
+        while True:
+            ok = (await sim_stats(http, sim_url))["ok"] - before["ok"]
+            samples.append((time.monotonic(), ok))
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+    sampler = asyncio.ensure_future(sample())
+    started = time.monotonic()
+    try:
+        created = await api.submit({"model": "gpt-4o-mini", "requests": rows(n, template)})
+        batch: dict[str, Any] = await api.wait_status(created["id"], FINISHED, timeout=timeout_s)
+        seconds = time.monotonic() - started
+        await asyncio.sleep(2 * SAMPLE_EVERY_S)  # the last answers are sampled
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    after = await sim_stats(http, sim_url)
+    final = after["ok"] - before["ok"]
+    # From the first sample with an answer to the first with every answer.
+    t0, ok0 = next((t, ok) for t, ok in samples if ok > 0)
+    t1, ok1 = next((t, ok) for t, ok in samples if ok >= final)
+    return Paced(
+        rows=n,
+        completed=int(batch["completed"]),
+        calls=after["calls"] - before["calls"],
+        throttled=after["throttled"] - before["throttled"],
+        ok_per_s=(ok1 - ok0) / max(t1 - t0, 1e-9),
+        seconds=seconds,
+    )
