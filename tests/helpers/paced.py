@@ -30,6 +30,7 @@ class Paced:
     throttled: int
     ok_per_s: float
     seconds: float
+    middle_per_s: float  # the same between the answers of 10 % and 90 % of the rows
 
     @property
     def throttled_share(self) -> float:
@@ -40,7 +41,8 @@ class Paced:
         """The figures as one printed line."""
         return (
             f"{label}: {self.rows} rows in {self.seconds:.1f} s, {self.ok_per_s:.2f} calls/s "
-            f"= {self.ok_per_s / limit_per_s:.3f} of the limit; {self.throttled} of "
+            f"= {self.ok_per_s / limit_per_s:.3f} of the limit (the middle 80 %: "
+            f"{self.middle_per_s / limit_per_s:.3f}); {self.throttled} of "
             f"{self.calls} calls 429 = {self.throttled_share:.2%}"
         )
 
@@ -87,6 +89,8 @@ async def run_paced(
     # From the first sample with an answer to the first with every answer.
     t0, ok0 = next((t, ok) for t, ok in samples if ok > 0)
     t1, ok1 = next((t, ok) for t, ok in samples if ok >= final)
+    m0, okm0 = next((t, ok) for t, ok in samples if ok >= 0.1 * final)
+    m1, okm1 = next((t, ok) for t, ok in samples if ok >= 0.9 * final)
     return Paced(
         rows=n,
         completed=int(batch["completed"]),
@@ -94,4 +98,5 @@ async def run_paced(
         throttled=after["throttled"] - before["throttled"],
         ok_per_s=(ok1 - ok0) / max(t1 - t0, 1e-9),
         seconds=seconds,
+        middle_per_s=(okm1 - okm0) / max(m1 - m0, 1e-9),
     )

@@ -13,8 +13,8 @@ rejected without requeue (the kit's policy for a poison message).
 A grant is stamped with its slot (``start_at``): it counts from then on (the budget keeps
 it pending, and a timer serves the waiters at that moment), so calls start as evenly
 spaced as the leader issued the slots, whenever the grants arrived. A worker whose
-pending grants already pay for all its waiting calls hands a new one back to the queue
-once, for another worker.
+pending grants already pay for all its waiting calls hands a new one back to the queue,
+for another worker, as long as its slot is more than :data:`PASS_ON_S` ahead.
 
 A waiting call holds no upstream connection (the router acquires before it takes one)
 and can be cancelled: it leaves no waiter behind, and budget handed to it just as it was
@@ -58,6 +58,7 @@ log = logging.getLogger("relay.ratelimit")
 
 GRANTS_PREFETCH = 2
 IDLE_S = 1.0  # without waiters this long, a deployment's grants consumer is cancelled
+PASS_ON_S = 0.025  # a grant not needed here goes back to the queue while its slot is this far
 RESUBSCRIBE_S = 1.0  # a waiter retries a failed subscribe this often
 THROTTLE_EVENT_EVERY_S = 0.1  # at most one throttled event per deployment per worker
 CLOCK_SAMPLES = 32  # grants whose delivery delay estimates the leader's clock offset
@@ -299,17 +300,21 @@ class SharedLimiter:
 
     def _on_grant(self, lane: _Lane) -> MessageCallback:
         async def on_message(message: AbstractIncomingMessage) -> None:
-            if not message.redelivered and lane.budget.held(self._now()) >= len(lane.waiters):
-                # Nobody here needs it (the consumer lingers a second after the last
-                # waiter, and the grants held already pay for every waiting call): back to
-                # the queue for a worker whose calls wait; one that comes back is kept.
-                await reject(message, requeue=True)
-                return
             try:
                 grant = GrantMessage.decode(message.body)
             except MessageError as exc:
                 log.error("message_rejected", extra={"kind": "grant", "error": str(exc)})
                 await reject(message, requeue=False)  # the kit's policy for a poison message
+                return
+            now = self._now()
+            if lane.budget.held(now) >= len(lane.waiters) and (
+                not message.redelivered or grant.start_at - now > PASS_ON_S
+            ):
+                # Nobody here needs it (the consumer lingers a second after the last
+                # waiter, and the grants held already pay for every waiting call): back to
+                # the queue for a worker whose calls wait, while its slot is ahead (a grant
+                # that comes back too late to pass on is kept).
+                await reject(message, requeue=True)
                 return
             self._observe_clock(grant.issued_at, grant.leader)
             if grant.call_tokens > 0:
