@@ -44,7 +44,7 @@ async def test_the_limit_holds_however_the_provider_counts(
         limits={"rpm": rpm},
     ) as bench:
         rows = int(SECONDS * per_s)
-        paced = await run_paced(http, bench.system.sim_url, bench.api, rows, timeout_s=4 * SECONDS)
+        paced = await run_paced(http, bench.system, bench.api, rows, timeout_s=4 * SECONDS)
     prefix = f"ratelimit_{counting}_{rpm}"
     report[f"{prefix}_efficiency"] = round(paced.ok_per_s / per_s, 3)
     report[f"{prefix}_429_share"] = round(paced.throttled_share, 4)

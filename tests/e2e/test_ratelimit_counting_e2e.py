@@ -47,7 +47,7 @@ async def test_the_limit_holds_at_full_speed_with_few_429s(
     limited: System, http: aiohttp.ClientSession, request: pytest.FixtureRequest
 ) -> None:
     api = await signed_in(limited, http, "counting")
-    paced = await run_paced(http, limited.sim_url, api, ROWS, timeout_s=120)
+    paced = await run_paced(http, limited, api, ROWS, timeout_s=120)
     print("\n" + paced.line(f"e2e {request.node.callspec.id}", RPM / 60))
     assert paced.completed == ROWS
     assert paced.ok_per_s >= LEAST_SHARE * RPM / 60

@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.helpers.processes import System, sim_stats
 from tests.helpers.support import ApiClient, rows
 
 SAMPLE_EVERY_S = 0.05
@@ -47,16 +48,9 @@ class Paced:
         )
 
 
-async def sim_stats(http: aiohttp.ClientSession, sim_url: str) -> dict[str, int]:
-    """The simulator's counters."""
-    async with http.get(f"{sim_url}/stats") as response:
-        assert response.status == 200, await response.text()
-        return dict(await response.json())
-
-
 async def run_paced(
     http: aiohttp.ClientSession,
-    sim_url: str,
+    system: System,
     api: ApiClient,
     n: int,
     *,
@@ -64,12 +58,12 @@ async def run_paced(
     template: str = "paced {i}",
 ) -> Paced:
     """Submit an ``n``-row job, wait until it ends, and measure it (:class:`Paced`)."""
-    before = await sim_stats(http, sim_url)
+    before = await sim_stats(http, system)
     samples: list[tuple[float, int]] = []
 
     async def sample() -> None:
         while True:
-            ok = (await sim_stats(http, sim_url))["ok"] - before["ok"]
+            ok = (await sim_stats(http, system))["ok"] - before["ok"]
             samples.append((time.monotonic(), ok))
             await asyncio.sleep(SAMPLE_EVERY_S)
 
@@ -84,7 +78,7 @@ async def run_paced(
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
-    after = await sim_stats(http, sim_url)
+    after = await sim_stats(http, system)
     final = after["ok"] - before["ok"]
     # From the first sample with an answer to the first with every answer.
     t0, ok0 = next((t, ok) for t, ok in samples if ok > 0)

@@ -93,6 +93,22 @@ async def until(check: object) -> None:
     raise AssertionError("condition not reached")
 
 
+async def one_waiting() -> tuple[FakeBus, SharedLimiter, asyncio.Task[None]]:
+    """A limiter of 600 rpm on a fake bus, with one call waiting for budget."""
+    bus = FakeBus()
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    return bus, limiter, call
+
+
+async def cancelled(call: asyncio.Task[None]) -> None:
+    """Cancel a waiting call and see it end so."""
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
 async def test_waiters_are_served_in_order_and_a_cancelled_one_leaves_nothing() -> None:
     bus = FakeBus()
     limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
@@ -114,24 +130,16 @@ async def test_waiters_are_served_in_order_and_a_cancelled_one_leaves_nothing() 
 
 
 async def test_an_expired_grant_is_acked_and_dropped() -> None:
-    bus = FakeBus()
-    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
-    call = asyncio.create_task(limiter.acquire("d", 0))
-    await until(lambda: bus.active)
+    bus, _, call = await one_waiting()
     delivery = await bus.grant(5, expires_at=1.0)
     assert delivery.acked
     await asyncio.sleep(0)
     assert not call.done()
-    call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await call
+    await cancelled(call)
 
 
 async def test_a_call_starts_at_its_grants_slot_not_when_the_grant_arrives() -> None:
-    bus = FakeBus()
-    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
-    call = asyncio.create_task(limiter.acquire("d", 0))
-    await until(lambda: bus.active)
+    bus, limiter, call = await one_waiting()
     slot = time.time() + 0.08
     delivery = await bus.grant(1, start_at=slot, expires_at=slot + 0.5)
     assert delivery.acked
@@ -149,16 +157,11 @@ async def test_a_call_starts_at_its_grants_slot_not_when_the_grant_arrives() -> 
     await until(lambda: limiter.waiting("d") == 1)
     await asyncio.sleep(0.02)
     assert not late.done()  # no grant left: nothing banked from the last one
-    late.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await late
+    await cancelled(late)
 
 
 async def test_a_grant_not_needed_here_is_passed_on_while_its_slot_is_ahead() -> None:
-    bus = FakeBus()
-    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
-    call = asyncio.create_task(limiter.acquire("d", 0))
-    await until(lambda: bus.active)
+    bus, _, call = await one_waiting()
     ahead = time.time() + 0.2
     first = await bus.grant(1, start_at=ahead, expires_at=ahead + 0.03)
     assert first.acked  # one call waits: kept for its slot
