@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +57,10 @@ async def run_paced(
     *,
     timeout_s: float,
     template: str = "paced {i}",
+    params: Mapping[str, Any] | None = None,
 ) -> Paced:
-    """Submit an ``n``-row job, wait until it ends, and measure it (:class:`Paced`)."""
+    """Submit an ``n``-row job (``params`` its parameters), wait until it ends, and
+    measure it (:class:`Paced`)."""
     before = await sim_stats(http, system)
     samples: list[tuple[float, int]] = []
 
@@ -70,7 +73,10 @@ async def run_paced(
     sampler = asyncio.ensure_future(sample())
     started = time.monotonic()
     try:
-        created = await api.submit({"model": "gpt-4o-mini", "requests": rows(n, template)})
+        job: dict[str, Any] = {"model": "gpt-4o-mini", "requests": rows(n, template)}
+        if params:
+            job["params"] = dict(params)
+        created = await api.submit(job)
         batch: dict[str, Any] = await api.wait_status(created["id"], FINISHED, timeout=timeout_s)
         seconds = time.monotonic() - started
         await asyncio.sleep(2 * SAMPLE_EVERY_S)  # the last answers are sampled
