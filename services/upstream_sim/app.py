@@ -182,7 +182,7 @@ def build_app(
     app[STATE_KEY] = state
     openai_batches = OpenAIBatches(config, state, clock, sleep)
     anthropic_batches = AnthropicBatches(config, state, clock, sleep)
-    windows = RateWindows(config.rpm, config.tpm, clock)
+    windows = RateWindows(config.rpm, config.tpm, clock, config.rate_counting)
     resets = (openai_batches.reset, anthropic_batches.reset)
     routes = _Routes(config, state, sleep, windows, resets)
     app.router.add_post("/v1/chat/completions", routes.chat_completions)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from relay_batches.settings.tools import RATE_COUNTINGS as COUNTINGS
+
 Sleep = Callable[[float], Awaitable[None]]
 
 HANG_SECONDS = 3600.0
@@ -23,6 +25,8 @@ class SimConfig:
     seed: int | None = None
     rpm: int = 0  # requests per minute, enforced per second (0: unlimited)
     tpm: int = 0  # tokens per minute, enforced per second (0: unlimited)
+    # How rpm and tpm count their second: calendar, sliding or bucket (RELAY_SIM_RATE_COUNTING).
+    rate_counting: str = "calendar"
     batch_delay_s: float = 0  # a provider batch ends at the first poll this long after creation
     # A provider batch's input (OpenAI's file upload, Anthropic's create) is answered this
     # long after it is read, before the file or batch is made.
@@ -37,6 +41,10 @@ class SimConfig:
             raise ValueError(f"error_rate must be within 0..1, got {self.error_rate!r}")
         if self.rpm < 0 or self.tpm < 0:
             raise ValueError(f"rpm and tpm must be >= 0, got {self.rpm!r} and {self.tpm!r}")
+        if self.rate_counting not in COUNTINGS:
+            raise ValueError(
+                f"rate_counting must be one of {', '.join(COUNTINGS)}, got {self.rate_counting!r}"
+            )
         for name in ("batch_delay_s", "batch_input_delay_s", "batch_results_pause_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")

@@ -5,6 +5,7 @@ deployment without a limit, and the grants consumer only while calls wait."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,10 +71,15 @@ class FakeBus:
         self.events.append((routing_key, body))
 
     async def grant(
-        self, requests: int, expires_at: float = 1e12, redelivered: bool = False
+        self,
+        requests: int,
+        expires_at: float = 1e12,
+        redelivered: bool = False,
+        start_at: float = 0.0,
     ) -> Delivery:
         assert self.callback is not None and self.active
-        delivery = Delivery(GrantMessage("d", requests, 0, expires_at).encode())
+        message = GrantMessage("d", requests, 0, expires_at, start_at=start_at)
+        delivery = Delivery(message.encode())
         delivery.redelivered = redelivered
         await self.callback(delivery)  # type: ignore[arg-type]
         return delivery
@@ -85,6 +91,22 @@ async def until(check: object) -> None:
             return
         await asyncio.sleep(0)
     raise AssertionError("condition not reached")
+
+
+async def one_waiting() -> tuple[FakeBus, SharedLimiter, asyncio.Task[None]]:
+    """A limiter of 600 rpm on a fake bus, with one call waiting for budget."""
+    bus = FakeBus()
+    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
+    call = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: bus.active)
+    return bus, limiter, call
+
+
+async def cancelled(call: asyncio.Task[None]) -> None:
+    """Cancel a waiting call and see it end so."""
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
 
 
 async def test_waiters_are_served_in_order_and_a_cancelled_one_leaves_nothing() -> None:
@@ -108,17 +130,49 @@ async def test_waiters_are_served_in_order_and_a_cancelled_one_leaves_nothing() 
 
 
 async def test_an_expired_grant_is_acked_and_dropped() -> None:
-    bus = FakeBus()
-    limiter = SharedLimiter(bus, {"d": RateLimit(rpm=600)})
-    call = asyncio.create_task(limiter.acquire("d", 0))
-    await until(lambda: bus.active)
+    bus, _, call = await one_waiting()
     delivery = await bus.grant(5, expires_at=1.0)
     assert delivery.acked
     await asyncio.sleep(0)
     assert not call.done()
-    call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await call
+    await cancelled(call)
+
+
+async def test_a_call_starts_at_its_grants_slot_not_when_the_grant_arrives() -> None:
+    bus, limiter, call = await one_waiting()
+    slot = time.time() + 0.08
+    delivery = await bus.grant(1, start_at=slot, expires_at=slot + 0.5)
+    assert delivery.acked
+    await asyncio.sleep(0.04)
+    assert not call.done()  # held until its slot
+    await asyncio.wait_for(call, 1.0)
+    assert time.time() >= slot
+    later = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: limiter.waiting("d") == 1)
+    gone = time.time() + 0.01
+    await bus.grant(1, start_at=gone - 0.02, expires_at=gone)  # its slot passed: expires soon
+    await asyncio.sleep(0.02)
+    assert limiter.waiting("d") == 0 and later.done()  # taken at once, within its life
+    late = asyncio.create_task(limiter.acquire("d", 0))
+    await until(lambda: limiter.waiting("d") == 1)
+    await asyncio.sleep(0.02)
+    assert not late.done()  # no grant left: nothing banked from the last one
+    await cancelled(late)
+
+
+async def test_a_grant_not_needed_here_is_passed_on_while_its_slot_is_ahead() -> None:
+    bus, _, call = await one_waiting()
+    ahead = time.time() + 0.2
+    first = await bus.grant(1, start_at=ahead, expires_at=ahead + 0.03)
+    assert first.acked  # one call waits: kept for its slot
+    extra = await bus.grant(1, start_at=ahead + 0.1, expires_at=ahead + 0.13)
+    assert extra.requeued  # the call is paid for already: for another worker
+    again = await bus.grant(1, start_at=ahead + 0.1, expires_at=ahead + 0.13, redelivered=True)
+    assert again.requeued  # back again, still well ahead: passed on again
+    near = time.time() + 0.01
+    kept = await bus.grant(1, start_at=near, expires_at=near + 0.03, redelivered=True)
+    assert kept.acked  # too near its slot to pass on
+    await asyncio.wait_for(call, 1.0)
 
 
 async def test_unlimited_deployment_costs_nothing_and_idle_consumer_goes() -> None:

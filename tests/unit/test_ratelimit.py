@@ -1,10 +1,11 @@
 """Unit tests of the rate-limit arithmetic: routes keys, estimates, the Pacer, the Budget,
-and the keeper on a fake bus with its real interface (grants split per call, a failing
+and the keeper on a fake bus with its real interface (a slot a message, a failing
 deployment alone, the tick through the drain)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from relay_batches.bus.topology import GRANT_MESSAGES_PER_TICK, Names
+from relay_batches.bus.topology import GRANT_MESSAGES_PER_TICK, GRANTS_MAX_LENGTH, Names
 from relay_batches.dialects.anthropic import upstream as anthropic
 from relay_batches.dialects.openai import upstream as openai
 from relay_batches.kit.periodic import Periodic
@@ -25,9 +26,17 @@ from relay_batches.ratelimit.estimate import (
     counted_tokens,
     estimate_tokens,
 )
-from relay_batches.ratelimit.keeper import Keeper, split_grant
+from relay_batches.ratelimit.keeper import Keeper
 from relay_batches.ratelimit.limits import RateLimit
-from relay_batches.ratelimit.pacing import F_MIN, Grant, Pacer, quantum_of
+from relay_batches.ratelimit.pacing import (
+    F_MIN,
+    LATE_S,
+    LEAD_S,
+    MIN_LEAD_S,
+    Grant,
+    Pacer,
+    quantum_of,
+)
 from relay_batches.ratelimit.parts import DrainingTicks
 from relay_batches.router.aliases import Deployment, load_aliases
 from relay_batches.settings import ConfigError
@@ -116,7 +125,9 @@ def test_the_cap_is_the_one_the_provider_call_sends() -> None:
     assert anthropic.token_cap(claude_capped, {"max_completion_tokens": 20}) == 20
 
 
-def run_pacer(pacer: Pacer, seconds: float, rng: random.Random) -> list[tuple[float, Grant]]:
+def run_pacer(
+    pacer: Pacer, seconds: float, rng: random.Random, tokens_per_call: int = 1
+) -> list[tuple[float, Grant]]:
     """Ticks every 100 ms in the middle of each tenth of a second, as the keeper's, each
     up to 45 ms early or late, and now and then one missed (a stalled loop)."""
     issued = []
@@ -124,100 +135,95 @@ def run_pacer(pacer: Pacer, seconds: float, rng: random.Random) -> list[tuple[fl
         if rng.random() < 0.02:
             continue
         now = 1000.05 + 0.1 * k + rng.uniform(-0.045, 0.045)
-        grant = pacer.issue(now)
-        if grant is not None:
-            issued.append((now, grant))
+        issued.extend((now, grant) for grant in pacer.issue(now, tokens_per_call))
     return issued
 
 
-def max_in_window(issued: list[tuple[float, Grant]], key: str) -> int:
-    """The most issued in one calendar second (what providers count)."""
-    seconds: dict[int, int] = {}
-    for at, grant in issued:
-        seconds[int(at)] = seconds.get(int(at), 0) + getattr(grant, key)
-    return max(seconds.values())
+def late_calls_stay_within(issued: list[tuple[float, Grant]], most: int) -> bool:
+    """Whether calls started anywhere between their slot and its expiry keep every window
+    of one second (wherever it starts: a calendar second, a sliding one) to ``most``
+    slots: any ``most + 1`` consecutive slots span more than a second and the lateness."""
+    slots = sorted(g.at for _, g in issued)
+    return all(b - a >= 1.0 + LATE_S - 1e-9 for a, b in zip(slots, slots[most:], strict=False))
 
 
-def test_pacer_spreads_600_rpm_evenly_over_a_minute() -> None:
+def test_pacer_spaces_600_rpm_so_no_second_anywhere_holds_more_than_10() -> None:
     for seed in range(5):
         issued = run_pacer(Pacer(RateLimit(rpm=600)), 60.0, random.Random(seed))
         total = sum(g.requests for _, g in issued)
-        assert 594 <= total <= 601  # held back past a second's edge: late, not lost
-        assert max_in_window(issued, "requests") == 10
-        # a missed tick's due comes with the next ones, never more than the second's quantum
-        assert max(g.requests for _, g in issued) <= 10
-        assert all(g.tokens == 0 for _, g in issued)
+        assert 0.97 * 600 - 5 <= total <= 0.97 * 600 + 3  # the margin, and the lead at the end
+        assert {g.requests for _, g in issued} == {1} and all(g.tokens == 0 for _, g in issued)
+        assert late_calls_stay_within(issued, 10)
+        # ahead of its time, never too little (a worker has it before the slot comes)
+        assert all(MIN_LEAD_S - 1e-9 <= g.at - now <= LEAD_S + 0.1 + 1e-9 for now, g in issued)
+        assert all(g.expires_at == pytest.approx(g.at + LATE_S) for _, g in issued)
 
 
-def test_pacer_spreads_the_remainder_of_a_limit_over_the_minute() -> None:
+def test_the_same_pacing_at_3000_rpm_and_past_the_messages_a_tick() -> None:
+    issued = run_pacer(Pacer(RateLimit(rpm=3000)), 30.0, random.Random(3))
+    assert late_calls_stay_within(issued, 50)
+    assert 0.97 * 1500 - 10 <= sum(g.requests for _, g in issued) <= 0.97 * 1500 + 15
+    fast = run_pacer(Pacer(RateLimit(rpm=60_000)), 10.0, random.Random(4))  # 100 a tick
+    assert {g.requests for _, g in fast} == {5}  # 20 messages a tick
+    ticks: dict[float, int] = {}
+    for now, _ in fast:
+        ticks[now] = ticks.get(now, 0) + 1
+    # a tick issues a tick's worth, or the whole lead (the first, and after a missed tick):
+    # never more than a grants queue holds
+    assert max(ticks.values()) <= GRANT_MESSAGES_PER_TICK * (LEAD_S + 0.1) / 0.1 < GRANTS_MAX_LENGTH
+    assert 0.97 * 10_000 - 120 <= sum(g.requests for _, g in fast) <= 0.97 * 10_000 + 300
+
+
+def test_pacer_keeps_each_calendar_second_to_its_share_of_the_minute() -> None:
     for rpm in (90, 119, 650):
         issued = run_pacer(Pacer(RateLimit(rpm=rpm)), 60.0, random.Random(rpm))
         total = sum(g.requests for _, g in issued)
-        assert rpm * 0.99 - 1 <= total <= rpm + 1, (rpm, total)  # held back: late, not lost
+        assert rpm * 0.97 - 3 <= total <= rpm + 1, (rpm, total)
         seconds: dict[int, int] = {}
-        for at, grant in issued:
-            seconds[int(at)] = seconds.get(int(at), 0) + grant.requests
+        for _, grant in issued:  # a call up to LATE_S late stays in its slot's second
+            assert int(grant.at) == int(grant.expires_at)
+            seconds[int(grant.at)] = seconds.get(int(grant.at), 0) + grant.requests
         assert all(n <= quantum_of(rpm, second) for second, n in seconds.items())
     assert [quantum_of(90, k) for k in range(4)] == [1, 2, 1, 2]
     assert sum(quantum_of(119, k) for k in range(60)) == 119
 
 
-def test_pacer_spreads_tokens_evenly() -> None:
-    issued = run_pacer(Pacer(RateLimit(tpm=60_000)), 60.0, random.Random(7))
-    total = sum(g.tokens for _, g in issued)
-    assert 59_900 <= total <= 60_100
-    assert max_in_window(issued, "tokens") == 1000
+def test_pacer_spaces_tokens_in_whole_typical_calls() -> None:
+    issued = run_pacer(Pacer(RateLimit(tpm=36_000)), 10.0, random.Random(7), 100)  # 6 calls/s
+    assert {g.tokens for _, g in issued} == {100} and {g.requests for _, g in issued} == {0}
+    assert 0.97 * 6000 - 300 <= sum(g.tokens for _, g in issued) <= 0.97 * 6000 + 300
+    assert late_calls_stay_within(issued, 6)
+    unknown = run_pacer(Pacer(RateLimit(rpm=600, tpm=60_000)), 2.0, random.Random(8), 0)
+    assert {g.tokens for _, g in unknown} == {100}  # no typical call known: a request's share
+    both = run_pacer(Pacer(RateLimit(rpm=600, tpm=30_000)), 10.0, random.Random(9), 100)
+    assert late_calls_stay_within(both, 5)  # the tokens bind: 5 calls a second
 
 
-def test_pacer_issues_tokens_in_whole_calls() -> None:
-    pacer = Pacer(RateLimit(tpm=36_000))  # 600 a second, 60 a tick
-    issued = []
-    for k in range(101):
-        grant = pacer.issue(0.05 + 0.1 * k, tokens_per_call=100)
-        if grant is not None:
-            issued.append((0.05 + 0.1 * k, grant))
-    assert all(g.tokens % 100 == 0 for _, g in issued)  # whole calls only
-    assert sum(g.tokens for _, g in issued) == 6000  # 10 s at 600 a second
-    assert max_in_window(issued, "tokens") == 600
-
-
-def test_grants_expire_within_their_calendar_second() -> None:
-    pacer = Pacer(RateLimit(rpm=600))
-    pacer.issue(7.05)
-    early = pacer.issue(7.15)
-    late = pacer.issue(7.85)
-    assert early is not None and early.expires_at == pytest.approx(7.65)
-    assert late is not None and late.expires_at == pytest.approx(7.95)
-    assert pacer.issue(7.96) is None  # it would be born expired: held for the next second
-
-
-def test_a_new_leader_skips_the_rest_of_the_second() -> None:
-    pacer = Pacer(RateLimit(rpm=600))
-    pacer.issue(3.05)
-    pacer.restart(3.4)
-    assert [pacer.issue(3.05 + 0.1 * k) for k in range(4, 10)] == [None] * 6
-    grant = pacer.issue(4.05)
-    assert grant is not None and grant.requests == 1  # no credit from the skipped rest
-    stale = Pacer(RateLimit(rpm=600))
-    stale.issue(1.05)  # leader once, then not for a minute
-    stale.restart(60.4)
-    assert [stale.issue(60.45 + 0.1 * k) for k in range(5)] == [None] * 5
-    assert [g.requests for g in (stale.issue(61.05), stale.issue(61.15)) if g] == [1, 1]
-
-
-def test_a_slow_tick_still_issues_the_whole_rate() -> None:
-    pacer = Pacer(RateLimit(rpm=600))  # a tick every 0.25 s (slow confirms), not 0.1 s
-    issued = [(at, g) for k in range(241) if (g := pacer.issue(at := 1000.05 + 0.25 * k))]
-    assert 598 <= sum(g.requests for _, g in issued) <= 601
-    assert max_in_window(issued, "requests") == 10
+def test_a_new_leader_starts_after_the_second_and_its_predecessors_slots() -> None:
+    old, new = Pacer(RateLimit(rpm=600)), Pacer(RateLimit(rpm=600))
+    issued = [(3.05, g) for g in old.issue(3.05)]
+    issued += [(3.35, g) for g in old.issue(3.35)]
+    new.restart(3.4)  # the old one died after its tick at 3.35
+    assert new.issue(3.45) == []
+    first = new.issue(3.95)
+    assert min(g.at for g in first) >= 4.0  # not before the next second
+    issued += [(3.95, g) for g in first]
+    issued += [(now, g) for now in (4.05, 4.15, 4.25) for g in new.issue(now)]
+    assert late_calls_stay_within(issued, 10)
+    late = Pacer(RateLimit(rpm=600))
+    late.restart(60.9)  # won late in a second: after the old one's lead, a spacing on
+    first = late.issue(61.25)
+    assert first and first[0].at >= 60.9 + LEAD_S + 0.1 + 0.1
 
 
 def test_pacer_banks_nothing_while_idle() -> None:
     pacer = Pacer(RateLimit(rpm=600))
     pacer.issue(0.05)
-    grant = pacer.issue(30.05)
-    assert grant is not None and grant.requests == 10  # a second's worth at most
-    assert grant.expires_at == pytest.approx(30.55)
+    grants = pacer.issue(30.05)
+    assert [g.at for g in grants] == pytest.approx(
+        [30.1 + k / (0.97 * 10) for k in range(len(grants))]
+    )
+    assert len(grants) == 3  # slots from 30.1 to the horizon 30.35: spaced, no burst
 
 
 def test_pacer_decreases_once_per_second_and_recovers() -> None:
@@ -240,12 +246,9 @@ def test_pacer_rate_follows_the_fraction() -> None:
     pacer = Pacer(RateLimit(rpm=600))
     pacer.issue(0.05)
     pacer.throttled(0.05, None)  # 0.8, recovering 0.05/s
-    total = 0
-    for k in range(1, 41):
-        grant = pacer.issue(0.05 + 0.1 * k)
-        total += 0 if grant is None else grant.requests
-    # mean fraction over 4 s is 0.9: 36 requests
-    assert 35 <= total <= 37
+    slots = [g.at for k in range(1, 41) for g in pacer.issue(0.05 + 0.1 * k)]
+    # from 0.4 s on, fraction 0.8 growing 0.05 a second, less the margin: 32 slots
+    assert 31 <= len([at for at in slots if at < 4.05]) <= 34
 
 
 def test_pacer_under_throttles_every_second_settles_above_the_floor() -> None:
@@ -261,12 +264,12 @@ def test_retry_after_pauses_issuing_until_then() -> None:
     pacer = Pacer(RateLimit(rpm=600))
     pacer.issue(0.05)
     pacer.throttled(1.0, 5.0)
-    assert [pacer.issue(1.05 + 0.1 * k) for k in range(0, 50)] == [None] * 50
-    after = pacer.issue(6.05)  # the pause banked nothing: one tick's accrual
-    assert after is not None and after.requests == 1
+    assert [pacer.issue(1.05 + 0.1 * k) for k in range(0, 50)] == [[]] * 50
+    after = pacer.issue(6.05)  # the pause banked nothing: spaced slots from then on
+    assert after and after[0].at >= 6.0 and len(after) <= 4
     pacer.throttled(20.0, 3600.0)
-    assert pacer.issue(79.95) is None
-    assert pacer.issue(80.05) is not None  # capped at 60 s
+    assert pacer.issue(79.95) == []
+    assert pacer.issue(80.05) != []  # capped at 60 s
 
 
 def test_budget_takes_requests_and_expires_positive_balances() -> None:
@@ -302,16 +305,20 @@ def test_budget_with_both_limits_needs_both() -> None:
     assert (budget.requests, budget.tokens) == (0, 40)
 
 
-def test_a_grant_is_split_into_messages_of_about_one_call() -> None:
-    assert split_grant(Grant(9, 0, 5.0), 0) == [Grant(1, 0, 5.0)] * 9
-    assert split_grant(Grant(0, 1000, 5.0), 300) == [Grant(0, 400, 5.0)] + [Grant(0, 300, 5.0)] * 2
-    # both limited: as many messages as the scarcer pays for, the rest spread on them
-    assert split_grant(Grant(8, 900, 5.0), 300) == [Grant(3, 300, 5.0)] * 2 + [Grant(2, 300, 5.0)]
-    assert split_grant(Grant(2, 50, 5.0), 300) == [Grant(1, 50, 5.0), Grant(1, 0, 5.0)]
-    assert split_grant(Grant(0, 1000, 5.0), 0) == [Grant(0, 1000, 5.0)]  # no typical call
-    assert split_grant(Grant(2, 1001, 5.0), 0) == [Grant(1, 501, 5.0), Grant(1, 500, 5.0)]
-    many = split_grant(Grant(1000, 0, 5.0), 1)
-    assert len(many) == GRANT_MESSAGES_PER_TICK and sum(g.requests for g in many) == 1000
+def test_a_grant_counts_from_its_slot_until_it_expires() -> None:
+    budget = Budget(RateLimit(rpm=600))
+    assert budget.add(Grant(1, 0, 5.03, at=5.0), 4.8)
+    assert budget.add(Grant(1, 0, 5.13, at=5.1), 4.8)
+    assert (budget.next_at(), budget.held(4.8)) == (5.0, 2)
+    assert not budget.take(0, 4.99)  # pending: not before its slot
+    assert budget.take(0, 5.0) and not budget.take(0, 5.01)
+    assert budget.next_at() == 5.1
+    assert not budget.take(0, 5.14)  # its slot came and went: expired unused
+    assert (budget.held(5.14), budget.next_at()) == (0, None)
+    budget.add(Grant(1, 0, 6.03, at=6.0), 5.5)
+    budget.add(Grant(1, 0, 6.13, at=6.1), 5.5)
+    assert budget.take(0, 6.11) and not budget.take(0, 6.11)  # each request expires with
+    # its own grant: the one of 6.0 does not live on with the newer one (no banking)
 
 
 class KeeperBus:
@@ -350,9 +357,13 @@ async def test_a_message_per_call_where_consumed_and_a_bad_deployment_alone_fail
         clock[0] = 101.05 + 0.1 * k
         await keeper.tick()
     assert {m.deployment for m in bus.published} == {"good"}
-    # 100 a second, one a message; the tick at .95 is within SECOND_EDGE_S of the second's
-    # end, so its 10 wait for the next second
-    assert [m.requests for m in bus.published] == [1] * 90
+    # a slot a message, one call each, 97 a second from the second after the election,
+    # each stamped with its slot ahead of its issue
+    starts = [m.start_at for m in bus.published]
+    assert {m.requests for m in bus.published} == {1} and starts == sorted(starts)
+    assert starts[0] >= 101.0 and all(m.start_at > m.issued_at for m in bus.published)
+    assert all(b - a >= 1 / 97 - 1e-9 for a, b in itertools.pairwise(starts))
+    assert 0.97 * 100 <= len(starts) <= 0.97 * 130  # a second, and the lead
     assert {(m.call_tokens, m.leader) for m in bus.published} == {(250, "w1")}
 
 

@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from relay_batches.services.upstream_sim.config import SimConfig
 from relay_batches.services.upstream_sim.echo import call_tokens, estimate_tokens
 from relay_batches.services.upstream_sim.openai_chat import parse_chat_request
-from relay_batches.services.upstream_sim.rate_limits import RateWindows, per_second
+from relay_batches.services.upstream_sim.rate_limits import (
+    RateWindows,
+    per_second,
+    sliding_span,
+)
 from tests.unit.test_upstream_sim import (
     CHAT,
     MakeClient,
@@ -44,9 +49,10 @@ def test_rate_windows_admit_rpm_over_60_calls_per_second_then_the_next_second() 
     assert windows.admit(1)
 
 
-def test_rate_windows_count_tokens_and_a_refused_call_costs_nothing() -> None:
+@pytest.mark.parametrize("counting", ["calendar", "sliding", "bucket"])
+def test_rate_windows_count_tokens_and_a_refused_call_costs_nothing(counting: str) -> None:
     clock = Clock(5.0)
-    windows = RateWindows(rpm=0, tpm=6000, clock=clock)  # 100 tokens a second
+    windows = RateWindows(rpm=0, tpm=6000, clock=clock, counting=counting)  # 100 a second
     assert windows.admit(60)
     assert not windows.admit(41)  # refused: not counted
     assert windows.admit(40)
@@ -65,6 +71,61 @@ def test_rate_windows_spread_the_remainder_over_the_minute() -> None:
     assert [windows.admit(1) for _ in range(3)] == [True, True, False]
     clock.now = 8.0
     assert [windows.admit(1) for _ in range(2)] == [True, False]
+
+
+def test_a_sliding_window_admits_the_limit_in_any_second_wherever_it_starts() -> None:
+    clock = Clock(100.5)
+    windows = RateWindows(rpm=600, tpm=0, clock=clock, counting="sliding")
+    assert [windows.admit(1) for _ in range(11)] == [True] * 10 + [False]
+    clock.now = 101.2  # a new calendar second, but the ten of 100.5 are within one second
+    assert not windows.admit(1)
+    clock.now = 101.5  # (100.5, 101.5] no longer holds them
+    assert [windows.admit(1) for _ in range(11)] == [True] * 10 + [False]
+
+
+def test_a_sliding_window_refuses_ten_late_calls_and_ten_early_ones() -> None:
+    clock = Clock(10.9)  # the pattern a calendar second admits: 10 at its end, 10 at the next start
+    sliding = RateWindows(rpm=600, tpm=0, clock=clock, counting="sliding")
+    calendar = RateWindows(rpm=600, tpm=0, clock=clock)
+    assert all(sliding.admit(1) and calendar.admit(1) for _ in range(10))
+    clock.now = 11.05
+    assert [calendar.admit(1) for _ in range(10)] == [True] * 10
+    assert [sliding.admit(1) for _ in range(10)] == [False] * 10
+    clock.now = 11.9  # 10.9 has left the window
+    assert sliding.admit(1)
+
+
+def test_a_sliding_window_spans_the_time_a_burst_takes_to_earn() -> None:
+    assert (sliding_span(600), sliding_span(3000), sliding_span(90)) == (1.0, 1.0, 4 / 3)
+    clock = Clock(0.0)
+    windows = RateWindows(rpm=90, tpm=0, clock=clock, counting="sliding")  # 2 per 1.33 s
+    assert [windows.admit(1) for _ in range(3)] == [True, True, False]
+    clock.now = 1.3
+    assert not windows.admit(1)
+    clock.now = 1.34
+    assert windows.admit(1)
+
+
+def test_a_token_bucket_holds_a_second_and_refills_evenly() -> None:
+    clock = Clock(50.0)
+    windows = RateWindows(rpm=600, tpm=0, clock=clock, counting="bucket")
+    assert [windows.admit(1) for _ in range(11)] == [True] * 10 + [False]  # full at first
+    clock.now = 50.25  # 2.5 calls refilled
+    assert [windows.admit(1) for _ in range(3)] == [True, True, False]
+    clock.now = 60.0  # never more than a second's worth
+    assert [windows.admit(1) for _ in range(11)] == [True] * 10 + [False]
+    # Even spacing at the limit never runs dry.
+    paced = RateWindows(rpm=600, tpm=0, clock=clock, counting="bucket")
+    for i in range(100):
+        clock.now = 70.0 + i / 10
+        assert paced.admit(1)
+
+
+def test_an_unknown_counting_is_refused() -> None:
+    with pytest.raises(ValueError, match="calendar, sliding, bucket"):
+        RateWindows(rpm=60, tpm=0, counting="hourly")
+    with pytest.raises(ValueError, match="rate_counting"):
+        SimConfig(rate_counting="hourly")
 
 
 def test_call_tokens_are_the_prompt_plus_max_tokens_or_the_reply() -> None:
@@ -99,6 +160,19 @@ async def test_over_the_tpm_a_call_answers_429(make_client: MakeClient) -> None:
     client = await make_client(SimConfig(tpm=60 * 60), sleep=SleepRecorder(), clock=Clock())
     body = {**chat("abcd"), "max_tokens": 29}  # 1 + 29 tokens: two fit in a second's 60
     assert await post_statuses(client, body, 3) == [200, 200, 429]
+
+
+async def test_a_sliding_simulator_answers_429_to_a_burst_across_seconds(
+    make_client: MakeClient,
+) -> None:
+    clock = Clock(20.7)
+    config = SimConfig(rpm=120, rate_counting="sliding")  # 2 calls in any second
+    client = await make_client(config, sleep=SleepRecorder(), clock=clock)
+    assert await post_statuses(client, chat("a"), 2) == [200, 200]
+    clock.now = 21.1
+    assert await post_statuses(client, chat("b"), 1) == [429]
+    clock.now = 21.71
+    assert await post_statuses(client, chat("c"), 3) == [200, 200, 429]
 
 
 async def test_a_status_trigger_answers_before_the_rate_limit(make_client: MakeClient) -> None:

@@ -57,7 +57,7 @@ TICKS_PER_SECOND = 10  # the rate-limit keeper's ticks: a grants queue holds one
 GRANT_MESSAGES_PER_TICK = 20
 GRANTS_MAX_LENGTH = TICKS_PER_SECOND * GRANT_MESSAGES_PER_TICK
 MAX_QUEUE_NAME_BYTES = 255  # AMQP's short string
-GRANT_TTL_MS = 500  # a grant's lifetime (pacing.GRANT_LIFETIME_S): none older is delivered
+GRANT_TTL_MS = 500  # none older is delivered: past its slot (pacing.LEAD_S + TICK_S ahead)
 GRANTS_EXPIRE_MS = 3_600_000  # a grants queue unused for an hour is deleted
 _ROUTING_WORD = re.compile(r"[^A-Za-z0-9_-]")
 

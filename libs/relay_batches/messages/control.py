@@ -191,6 +191,7 @@ class GrantMessage:
     issued_at: float = 0.0  # 0: not given (read on the worker's clock as it is)
     call_tokens: int = 0
     leader: str = ""
+    start_at: float = 0.0
 
     KIND = "grant"
 
@@ -206,6 +207,7 @@ class GrantMessage:
                 "issued_at": self.issued_at,
                 "call_tokens": self.call_tokens,
                 "leader": self.leader,
+                "start_at": self.start_at,
             },
         )
 
@@ -222,6 +224,7 @@ class GrantMessage:
                 issued_at=float(d.get("issued_at") or 0.0),
                 call_tokens=max(0, int(d.get("call_tokens") or 0)),
                 leader=str(d.get("leader") or ""),
+                start_at=float(d.get("start_at") or 0.0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc

@@ -11,11 +11,12 @@ have no other leader to wait for) and resigns (deletes the queue) in its close, 
 another takes over without waiting for its connection to close.
 
 Each tick (:meth:`Keeper.tick`, every :data:`TICK_S`, in the middle of each tenth of a
-wall-clock second) the leader asks each limited deployment's :class:`Pacer` for a grant
-and publishes it, confirmed and non-persistent, to ``<ns>.ratelimit.grants.<name>``, cut
-into messages of about one call each (:func:`split_grant`): a worker takes a message
-per call it has waiting, so a tick's grant is shared by as many workers as need it
-instead of mostly expiring in one. Tokens go out in whole typical calls
+wall-clock second) the leader asks each limited deployment's :class:`Pacer` for the
+slots due before the next tick's, a little ahead of their time, and publishes each as a
+message, confirmed and non-persistent, to ``<ns>.ratelimit.grants.<name>``: one call
+each, stamped with its slot (``start_at``), at which the worker that takes it starts the
+call; a worker takes a message per call it has waiting, so the slots are shared by as
+many workers as need them. Tokens go out in whole typical calls
 (``tokens_per_call``: a moving average of this worker's calls' estimates and of the
 units of the grants it saw, see :meth:`SharedLimiter.typical_tokens`, so a new leader
 inherits the fleet's). Each deployment's queue is declared, and its failures handled,
@@ -36,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from relay_batches.bus.topology import GRANT_MESSAGES_PER_TICK, Names
+from relay_batches.bus.topology import Names
 from relay_batches.ids import new_id
 from relay_batches.kit.periodic import ordinary_error
 from relay_batches.messages import GrantMessage, ThrottledEvent
@@ -85,31 +86,6 @@ def next_tick_delay(now: float, tick_s: float = TICK_S) -> float:
     if target <= now + tick_s * 0.25:
         target += tick_s
     return target - now
-
-
-def _spread(total: int, parts: int) -> list[int]:
-    """``total`` in ``parts`` as even as whole numbers go (the larger first)."""
-    each, rest = divmod(total, parts)
-    return [each + 1] * rest + [each] * (parts - rest)
-
-
-def split_grant(grant: Grant, unit: int, most: int = GRANT_MESSAGES_PER_TICK) -> list[Grant]:
-    """``grant`` cut into messages of about one call each (a request and ``unit`` tokens;
-    with both limited, as many messages as the scarcer of the two pays for), at most
-    ``most`` of them; the parts add up to ``grant`` exactly and expire with it. With no
-    typical call known (``unit`` under 2) the tokens cut nothing: spread over the
-    requests, or one message."""
-    known = unit > 1
-    unit = max(1, unit)
-    calls = [n for n in (grant.requests, grant.tokens // unit if known else 0) if n > 0]
-    parts = max(1, min(min(calls, default=1), most))
-    units = _spread(grant.tokens // unit, parts)
-    units_tokens = [n * unit for n in units]
-    units_tokens[0] += grant.tokens % unit
-    return [
-        Grant(requests, tokens, grant.expires_at)
-        for requests, tokens in zip(_spread(grant.requests, parts), units_tokens, strict=True)
-    ]
 
 
 class Keeper:
@@ -188,13 +164,11 @@ class Keeper:
         for name, pacer in self.pacers.items():
             if not await self._declared(name, now):
                 continue  # tried again later; the other deployments' grants go out
-            unit = self._tokens_per_call(name)
-            grant = pacer.issue(now, unit)
-            if grant is not None:
-                messages.extend((name, part) for part in split_grant(grant, unit))
+            grants = pacer.issue(now, self._tokens_per_call(name))
+            messages.extend((name, grant) for grant in grants)
         messages = await self._consumed(messages)
         # Every message at once, each confirmed: a tick waits one round trip, not one
-        # per message (a slow tick's due comes with the next, see MAX_GAP_TICKS).
+        # per message (its slots are LEAD_S ahead, so a slow confirm delays no call).
         results = await asyncio.gather(
             *(self._publish(name, part, now) for name, part in messages), return_exceptions=True
         )
@@ -255,6 +229,7 @@ class Keeper:
             now,
             call_tokens=self._tokens_per_call(name),
             leader=self.ident,
+            start_at=grant.at,
         )
         await self._bus.publish(
             self._bus.names.ratelimit_grants(name), message.encode(), kind="grant", persistent=False

@@ -10,6 +10,12 @@ acked: its effect lives in memory only, so a worker that dies loses at most what
 held. A grant that arrives expired is acked and dropped; one that does not decode is
 rejected without requeue (the kit's policy for a poison message).
 
+A grant is stamped with its slot (``start_at``): it counts from then on (the budget keeps
+it pending, and a timer serves the waiters at that moment), so calls start as evenly
+spaced as the leader issued the slots, whenever the grants arrived. A worker whose
+pending grants already pay for all its waiting calls hands a new one back to the queue,
+for another worker, as long as its slot is more than :data:`PASS_ON_S` ahead.
+
 A waiting call holds no upstream connection (the router acquires before it takes one)
 and can be cancelled: it leaves no waiter behind, and budget handed to it just as it was
 cancelled goes back; the subscribe it started runs on as the lane's own task, so a
@@ -52,6 +58,7 @@ log = logging.getLogger("relay.ratelimit")
 
 GRANTS_PREFETCH = 2
 IDLE_S = 1.0  # without waiters this long, a deployment's grants consumer is cancelled
+PASS_ON_S = 0.025  # a grant not needed here goes back to the queue while its slot is this far
 RESUBSCRIBE_S = 1.0  # a waiter retries a failed subscribe this often
 THROTTLE_EVENT_EVERY_S = 0.1  # at most one throttled event per deployment per worker
 CLOCK_SAMPLES = 32  # grants whose delivery delay estimates the leader's clock offset
@@ -134,6 +141,8 @@ class _Lane:
     idle_since: float = -math.inf
     throttle_sent_at: float = -math.inf
     typical_tokens: float = 0.0  # moving average of the calls' estimates (0: none yet)
+    wake: asyncio.TimerHandle | None = None  # serves the waiters at the next pending slot
+    wake_at: float = math.inf
 
 
 class SharedLimiter:
@@ -228,6 +237,7 @@ class SharedLimiter:
         started = self._monotonic()
         waiter = _Waiter(tokens, asyncio.get_running_loop().create_future())
         lane.waiters.append(waiter)
+        self._wake(lane, self._now())  # a grant may be pending for its slot already
         try:
             while not waiter.future.done():
                 await self._subscribe(lane)
@@ -290,22 +300,26 @@ class SharedLimiter:
 
     def _on_grant(self, lane: _Lane) -> MessageCallback:
         async def on_message(message: AbstractIncomingMessage) -> None:
-            if not lane.waiters and not message.redelivered:
-                # Nobody here needs it (the consumer lingers a second after the last
-                # waiter): back to the queue for a worker whose calls wait; a grant that
-                # comes back a second time is kept.
-                await reject(message, requeue=True)
-                return
             try:
                 grant = GrantMessage.decode(message.body)
             except MessageError as exc:
                 log.error("message_rejected", extra={"kind": "grant", "error": str(exc)})
                 await reject(message, requeue=False)  # the kit's policy for a poison message
                 return
+            now = self._now()
+            if lane.budget.held(now) >= len(lane.waiters) and (
+                not message.redelivered or grant.start_at - now > PASS_ON_S
+            ):
+                # Nobody here needs it (the consumer lingers a second after the last
+                # waiter, and the grants held already pay for every waiting call): back to
+                # the queue for a worker whose calls wait, while its slot is ahead (a grant
+                # that comes back too late to pass on is kept).
+                await reject(message, requeue=True)
+                return
             self._observe_clock(grant.issued_at, grant.leader)
             if grant.call_tokens > 0:
                 _average_in(lane, grant.call_tokens)
-            budget = Grant(grant.requests, grant.tokens, grant.expires_at)
+            budget = Grant(grant.requests, grant.tokens, grant.expires_at, grant.start_at)
             lane.budget.add(budget, self._now())
             self._serve(lane)
             await ack(message)
@@ -314,7 +328,7 @@ class SharedLimiter:
 
     def _serve(self, lane: _Lane) -> None:
         """Hand the budget to the waiters in order, as far as it goes (the last one
-        served starts the lane's idle time)."""
+        served starts the lane's idle time); wake again at the next pending slot."""
         if not lane.waiters:
             return
         now = self._now()
@@ -324,10 +338,26 @@ class SharedLimiter:
                 lane.waiters.popleft()
                 continue
             if not lane.budget.take(head.tokens, now):
+                self._wake(lane, now)
                 return
             lane.waiters.popleft()
             head.future.set_result(None)
         lane.idle_since = self._monotonic()
+
+    def _wake(self, lane: _Lane, now: float) -> None:
+        """Serve ``lane`` again when its next pending grant's slot comes (one timer a
+        lane, moved earlier when an earlier slot arrives)."""
+        at = lane.budget.next_at()
+        if at is None or (lane.wake is not None and lane.wake_at <= at):
+            return
+        if lane.wake is not None:
+            lane.wake.cancel()
+        lane.wake_at = at
+        lane.wake = asyncio.get_running_loop().call_later(max(0.0, at - now), self._woken, lane)
+
+    def _woken(self, lane: _Lane) -> None:
+        lane.wake, lane.wake_at = None, math.inf
+        self._serve(lane)
 
     def settle(self, deployment: str, estimated: int, used: int) -> None:
         """Correct the budget by what a finished call counted (tokens, by its usage); a

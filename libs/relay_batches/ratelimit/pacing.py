@@ -1,25 +1,34 @@
 """The grant issuer's arithmetic for one deployment (pure: the clock is passed in).
 
-A :class:`Pacer` accrues credit at ``fraction × limit / 60`` per second (requests and
-tokens alike), counted in whole ticks of the wall clock's tenths of a second (so a tick
-a few milliseconds late or early accrues the same), and hands out the whole units
-accrued as a :class:`Grant`. Three bounds
-keep the issue even within the minute:
+A :class:`Pacer` keeps a schedule of *slots*, one call each, spaced evenly at
+``fraction × (1 - MARGIN) × limit`` (requests and tokens alike: a slot pays for a request
+and a typical call's tokens, and the scarcer limit spaces them), and each tick hands out
+the slots due before the next tick's, :data:`LEAD_S` ahead of their time, as
+:class:`Grant`\\ s stamped with it (``at``). A worker starts a call on a grant at its slot,
+not when the grant arrives, and not later than :data:`LATE_S` after it (it expires then):
+so the calls reach the provider spaced as the slots are, whatever the delivery took, and
+*no* window of a second, however the provider places it, sees more than the limit:
 
-- a call accrues at most :data:`MAX_GAP_TICKS` ticks' worth (a second), so an idle
-  stretch banks nothing more that could come out as a burst (a late tick still gets its
-  due), and the calendar-second quantum caps what any second gets;
+- a calendar second (the provider resets its count each second) and a sliding second
+  (any second, wherever it starts) hold at most ``limit / 60`` slots, with
+  :data:`MARGIN` of a second to spare for calls a little late (a call late by under
+  ``MARGIN`` seconds still falls in a second with room for it); measured without it,
+  three workers met 429s against a sliding window;
+- a token bucket holding a second's worth never runs dry at an even rate under its refill.
+
+Bounds that keep the schedule honest:
+
+- a slot is never issued less than :data:`MIN_LEAD_S` ahead (so it reaches a worker in
+  time), and the schedule never goes back: an idle stretch banks nothing, the next slot
+  comes a spacing after the last or :data:`MIN_LEAD_S` from now, whichever is later;
 - in a calendar second ``k`` no more than its quantum is issued, ``limit / 60`` with the
   remainder spread over the minute (:func:`quantum_of`: 90 rpm is 1, 2, 1, 2, … calls a
-  second, 30 rpm one call every other second), as providers (and the simulator) enforce
-  it, however the ticks jitter; credit held back by it is late, not lost (the keeper
-  ticks in the middle of each tenth of a second, so a grant and its call land in the
-  second it was issued);
-- a grant expires :data:`GRANT_LIFETIME_S` after issue, and at the latest just before
-  its calendar second ends: a worker cannot hoard it, and grants left in the queue
-  while nobody consumed it cannot come out on top of the next second's;
-- a new leader issues nothing for the rest of the second it won in
-  (:meth:`Pacer.skip_second`): its predecessor may have issued all of it.
+  second), and no slot falls in its last :data:`LATE_S` (a late call still lands in it):
+  such a slot moves to the start of the next second;
+- past :data:`~relay_batches.bus.topology.GRANT_MESSAGES_PER_TICK` slots a tick (12,000
+  rpm) a slot carries several calls (they start together, a few milliseconds late);
+- a new leader issues nothing before the next second, nor before every slot its
+  predecessor can have issued (:meth:`Pacer.restart`).
 
 AIMD (shared by every worker through ``ratelimit.throttled`` events):
 :meth:`Pacer.throttled` multiplies the fraction by :data:`DECREASE` at most once per
@@ -33,20 +42,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from relay_batches.bus.topology import GRANT_MESSAGES_PER_TICK
 from relay_batches.ratelimit.limits import RateLimit
 
 TICK_S = 0.1
-GRANT_LIFETIME_S = 0.5
+LEAD_S = 0.2  # slots are issued up to this far (plus a tick) ahead of their time
+MIN_LEAD_S = 0.05  # and never less than this ahead: a worker has them before their time
+LATE_S = 0.03  # a grant expires this long after its slot: a late call is at most this late
+MARGIN = 0.03  # of the limit left unissued: calls late by under MARGIN seconds stay within
 F_MIN = 0.05
 DECREASE = 0.8
 INCREASE_PER_S = 0.05
 DECREASE_EVERY_S = 1.0
 MAX_PAUSE_S = 60.0
-MAX_GAP_TICKS = 10  # a slow tick (late confirms) still gets a second's due
-MIN_LIFE_S = 0.025  # a grant is not issued with less life left than this
-SECOND_EDGE_S = 0.05  # a grant expires this long before its calendar second ends: a call it
-# starts may reach the provider that much later (event-loop lag on a busy worker) and still
-# land in the second it was issued for
 
 
 def quantum_of(per_minute: int, second: int) -> int:
@@ -58,68 +66,33 @@ def quantum_of(per_minute: int, second: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """Budget for one worker: ``requests`` calls and ``tokens`` tokens, usable until
-    ``expires_at`` (Unix seconds)."""
+    """Budget for one worker: ``requests`` calls and ``tokens`` tokens, to start at
+    ``at`` (0: at once) and usable until ``expires_at`` (Unix seconds)."""
 
     requests: int
     tokens: int
     expires_at: float
-
-
-class _Dimension:
-    """Credit of one dimension (requests or tokens) at ``per_minute``.
-
-    Each call accrues at most :data:`MAX_GAP_TICKS` ticks' worth (a late tick still
-    gets its due, an idle stretch banks nothing more), and credit never exceeds that
-    plus one unit (a request, or one call's tokens): held back by the calendar-second
-    quantum, it comes out a little late, never as a burst.
-    """
-
-    def __init__(self, per_minute: int, tick_s: float) -> None:
-        self.per_minute = per_minute
-        self.per_second = per_minute / 60
-        self.peak = -(-per_minute // 60)  # the largest quantum of any second
-        self.max_gap_s = tick_s * MAX_GAP_TICKS
-        self.credit = 0.0
-
-    def quantum(self, second: int) -> int:
-        """The most calendar second ``second`` may be issued (:func:`quantum_of`)."""
-        return quantum_of(self.per_minute, second)
-
-    def accrue(self, fraction: float, elapsed: float, unit: int = 1) -> None:
-        gained = fraction * self.per_second * min(elapsed, self.max_gap_s)
-        most = self.per_second * self.max_gap_s + max(1, min(unit, self.peak))
-        self.credit = min(self.credit + gained, most)
-
-    def take(self, second: int, issued_in_window: int, unit: int = 1) -> int:
-        unit = max(1, min(unit, self.peak))
-        room = min(self.credit, self.quantum(second) - issued_in_window)
-        amount = max(0, math.floor(room / unit) * unit)
-        self.credit -= amount
-        return amount
-
-    def reset(self) -> None:
-        self.credit = 0.0
+    at: float = 0.0
 
 
 class Pacer:
-    """Issues one deployment's grants at ``fraction × limit`` (see the module doc)."""
+    """Issues one deployment's grants, slot by slot, at ``fraction × (1 - MARGIN) ×
+    limit`` (see the module doc)."""
 
-    def __init__(
-        self, limit: RateLimit, tick_s: float = TICK_S, lifetime_s: float = GRANT_LIFETIME_S
-    ) -> None:
+    def __init__(self, limit: RateLimit, tick_s: float = TICK_S) -> None:
         self.limit = limit
         self.fraction = 1.0
-        self._lifetime_s = lifetime_s
-        self._requests = None if limit.rpm is None else _Dimension(limit.rpm, tick_s)
-        self._tokens = None if limit.tpm is None else _Dimension(limit.tpm, tick_s)
         self._tick_s = tick_s
+        self._rps = None if limit.rpm is None else limit.rpm / 60
+        self._tps = None if limit.tpm is None else limit.tpm / 60
+        # Calls a slot carries: past GRANT_MESSAGES_PER_TICK slots a tick, several.
+        per_tick = (self._rps or 0.0) * tick_s
+        self._calls = max(1, math.ceil(per_tick / GRANT_MESSAGES_PER_TICK))
         self._last: float | None = None
-        self._last_slot: int | None = None
         self._last_decrease = -math.inf
         self._paused_until = -math.inf
-        self._second = -1  # the calendar second of the grants counted in ``_issued``
-        self._issued = (0, 0)  # requests and tokens issued in that second
+        self._next = -math.inf  # the schedule's next slot
+        self._issued: dict[int, tuple[int, int]] = {}  # second -> requests, tokens issued
 
     def _advance(self, now: float) -> None:
         """Move the clock to ``now``: the additive increase of the time elapsed."""
@@ -127,54 +100,72 @@ class Pacer:
         self._last = now if self._last is None else max(self._last, now)
         self.fraction = min(1.0, self.fraction + INCREASE_PER_S * elapsed)
 
-    def issue(self, now: float, tokens_per_call: int = 1) -> Grant | None:
-        """The whole requests and tokens accrued since the last call, or None; tokens
-        in whole multiples of ``tokens_per_call`` (a typical call's estimate, at most
-        the quantum), so a grant pays for whole calls: a grant of a fraction of a call
-        lets some worker start one on credit, and a few workers doing so at once put a
-        second over the provider's quantum."""
+    def _slot_tokens(self, tokens_per_call: int) -> int:
+        """A slot's tokens: its calls' typical estimate (at most a second's quantum); with
+        none known, a request's share of the tokens, or a tick's worth."""
+        if self._tps is None:
+            return 0
+        if tokens_per_call >= 1:
+            unit = float(tokens_per_call)
+        elif self._rps is not None:
+            unit = self._tps / self._rps
+        else:
+            unit = self._tps * self._tick_s
+        return max(1, min(round(unit * self._calls), math.ceil(self._tps)))
+
+    def spacing(self, requests: int, tokens: int) -> float:
+        """Seconds from a slot of ``requests`` and ``tokens`` to the next one: what the
+        scarcer limit earns them in, at ``fraction × (1 - MARGIN)``."""
+        rate = self.fraction * (1.0 - MARGIN)
+        by_requests = 0.0 if self._rps is None else requests / (rate * self._rps)
+        by_tokens = 0.0 if self._tps is None else tokens / (rate * self._tps)
+        return max(by_requests, by_tokens, 1e-6)
+
+    def issue(self, now: float, tokens_per_call: int = 1) -> list[Grant]:
+        """The slots due before the next tick's (:data:`LEAD_S` ahead), a grant each;
+        tokens in whole typical calls of ``tokens_per_call``, so a grant pays for whole
+        calls (a grant of a fraction of one lets a worker start a call on credit)."""
         self._advance(now)
-        slot = math.floor(now / self._tick_s)  # accrue by whole ticks: jitter changes nothing
-        ticks = 0 if self._last_slot is None else max(0, slot - self._last_slot)
-        self._last_slot = slot if self._last_slot is None else max(self._last_slot, slot)
         if now < self._paused_until:
-            return None
-        if self._requests is not None:
-            self._requests.accrue(self.fraction, ticks * self._tick_s)
-        if self._tokens is not None:
-            self._tokens.accrue(self.fraction, ticks * self._tick_s, tokens_per_call)
-        second = math.floor(now)
-        if now + SECOND_EDGE_S + MIN_LIFE_S >= second + 1.0:
-            return None  # too late in the second: a grant would live too little to use
-        if second != self._second:
-            self._second, self._issued = second, (0, 0)
-        requests = self._take(self._requests, second, self._issued[0])
-        tokens = self._take(self._tokens, second, self._issued[1], tokens_per_call)
-        if requests <= 0 and tokens <= 0:
-            return None
-        self._issued = (self._issued[0] + requests, self._issued[1] + tokens)
-        return Grant(requests, tokens, self._expiry(now))
+            return []
+        requests = 0 if self._rps is None else self._calls
+        tokens = self._slot_tokens(tokens_per_call)
+        horizon = now + LEAD_S + self._tick_s
+        at = max(self._next, now + MIN_LEAD_S)
+        grants: list[Grant] = []
+        while True:
+            at = self._fit(at, requests, tokens)
+            if at >= horizon:
+                break
+            second = math.floor(at)
+            issued = self._issued.get(second, (0, 0))
+            self._issued[second] = (issued[0] + requests, issued[1] + tokens)
+            grants.append(Grant(requests, tokens, at + LATE_S, at))
+            at += self.spacing(requests, tokens)
+        self._next = at
+        for second in [s for s in self._issued if s < math.floor(now)]:
+            del self._issued[second]
+        return grants
 
-    def _expiry(self, now: float) -> float:
-        """When a grant issued at ``now`` expires: after its lifetime, but never past
-        its calendar second (less :data:`SECOND_EDGE_S`), so what is spent in a second
-        was issued in it, whoever held it and however late they subscribed."""
-        return max(now, min(now + self._lifetime_s, math.floor(now) + 1.0 - SECOND_EDGE_S))
+    def _fit(self, at: float, requests: int, tokens: int) -> float:
+        """``at``, or the start of the first later second whose quantum has room for the
+        slot and whose end is not within :data:`LATE_S` of it."""
+        for _ in range(3):  # a slot too big for a second's quantum goes out anyway
+            second = math.floor(at)
+            issued_requests, issued_tokens = self._issued.get(second, (0, 0))
+            fits = (
+                at + LATE_S < second + 1.0
+                and (self._rps is None or issued_requests + requests <= self._quantum(second))
+                and (self._tps is None or issued_tokens + tokens <= self._quantum(second, True))
+            )
+            if fits:
+                return at
+            at = second + 1.0
+        return at
 
-    def skip_second(self, now: float) -> None:
-        """Issue nothing more in ``now``'s calendar second (a new leader: its
-        predecessor may have issued the whole quantum of it already)."""
-        self._second = second = math.floor(now)
-        self._issued = (
-            0 if self._requests is None else self._requests.quantum(second),
-            0 if self._tokens is None else self._tokens.quantum(second),
-        )
-
-    @staticmethod
-    def _take(
-        dimension: _Dimension | None, second: int, issued_in_window: int, unit: int = 1
-    ) -> int:
-        return 0 if dimension is None else dimension.take(second, issued_in_window, unit)
+    def _quantum(self, second: int, tokens: bool = False) -> int:
+        limit = self.limit.tpm if tokens else self.limit.rpm
+        return 0 if limit is None else quantum_of(limit, second)
 
     def throttled(self, now: float, retry_after: float | None) -> bool:
         """A call got a 429 (or a Retry-After): decrease at most once per second; a
@@ -190,16 +181,14 @@ class Pacer:
             until = now + min(retry_after, MAX_PAUSE_S)
             changed = changed or until > self._paused_until + DECREASE_EVERY_S
             self._paused_until = max(self._paused_until, until)
-            for dimension in (self._requests, self._tokens):
-                if dimension is not None:
-                    dimension.reset()
+            self._next = max(self._next, self._paused_until)
         return changed
 
     def restart(self, now: float) -> None:
-        """A new leader: nothing more in ``now``'s second (:meth:`skip_second`), and no
-        credit from before the next one (the time until then was another leader's)."""
-        self._last_slot = math.floor((math.floor(now) + 1.0) / self._tick_s + 0.5) - 1
-        for dimension in (self._requests, self._tokens):
-            if dimension is not None:
-                dimension.reset()
-        self.skip_second(now)
+        """A new leader: its first slot comes after the next second starts and after every
+        slot a predecessor can have issued (up to a tick and :data:`LEAD_S` ahead), a
+        spacing later, so the slots of the two stay spaced."""
+        requests = 0 if self._rps is None else self._calls
+        after = now + LEAD_S + self._tick_s + self.spacing(requests, self._slot_tokens(0))
+        self._next = max(math.floor(now) + 1.0, after)
+        self._issued.clear()

@@ -17,11 +17,13 @@ from relay_batches.settings.declare import (
     load,
     setting,
 )
-from relay_batches.settings.kinds import Number, Port, Stripped, Text, Whole, Within
+from relay_batches.settings.kinds import Choice, Number, Port, Stripped, Text, Whole, Within
 
 MAX_ROW_WORKERS = 32
 MAX_RPM = 1_000_000_000  # the simulator's own bounds (RELAY_SIM_RPM, RELAY_SIM_TPM)
 MAX_TPM = 1_000_000_000_000
+# How the simulator's limits count a second (RELAY_SIM_RATE_COUNTING; upstream_sim.rate_limits).
+RATE_COUNTINGS = ("calendar", "sliding", "bucket")
 SIM = (UPSTREAM_SIM, RELAY_DEV)  # relay dev reads the simulator's listener to reach it
 
 
@@ -102,6 +104,11 @@ class SimSettings:
     tpm: int = setting(
         "RELAY_SIM_TPM", Within(0, MAX_TPM, whole=True), 0, SIMULATOR, (UPSTREAM_SIM,),
         "Tokens per minute enforced per second (`0`: off).",
+    )  # fmt: skip
+    rate_counting: str = setting(
+        "RELAY_SIM_RATE_COUNTING", Choice(RATE_COUNTINGS), "calendar", SIMULATOR, (UPSTREAM_SIM,),
+        "How the limits count a second: per calendar second, over any sliding second, or"
+        " as a token bucket of a second's worth.",
     )  # fmt: skip
     batch_delay_s: float = setting(
         "RELAY_SIM_BATCH_DELAY_S", Within(0, 86_400), 0.0, SIMULATOR, (UPSTREAM_SIM,),
