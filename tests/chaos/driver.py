@@ -28,7 +28,7 @@ import orjson
 
 from tests.chaos.settings import CHAOS_ENV
 from tests.helpers.checks import Verdict, assert_exactly_once, services_of, wait_terminal
-from tests.helpers.processes import System, build_system, signed_in
+from tests.helpers.processes import System, build_system, signed_in, sim_answers
 from tests.helpers.support import (
     ApiClient,
     Isolation,
@@ -92,6 +92,8 @@ class ChaosReport:
     faults: list[Fault] = field(default_factory=list)
     elapsed_s: float = 0.0
     verdict: dict[str, object] = field(default_factory=dict)
+    # The simulator's answers per row (tests.helpers.processes.sim_answers): what was paid.
+    paid: dict[str, int] = field(default_factory=dict)
     exit_codes: dict[str, int | None] = field(default_factory=dict)
 
     @property
@@ -249,6 +251,7 @@ async def run_chaos(
         api, url, batch["id"], [f"r-{i}" for i in range(settings.rows)], webhooks
     )
     report.verdict = asdict(verdict)
+    report.paid = await sim_answers(http, system)
     return report
 
 
