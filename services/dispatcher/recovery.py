@@ -123,5 +123,5 @@ class Recovery(Release):
                 rows = await self._store.fetch_rows_at(
                     job.id, job.rows_batch_id, lost[at : at + step]
                 )
-                await self._publish_rows(owned, rows)
+                await self._publish_rows(owned, rows, resent=True)
         return len(lost)

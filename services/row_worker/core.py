@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest, SliceMessage
-from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
+from relay_batches.metrics import DELIVERIES_LOST, ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
 from relay_batches.outcome import to_outcome
 from relay_batches.router.aliases import Price
 from relay_batches.router.types import RowResult
@@ -135,20 +135,24 @@ class RowRunner:
         log.info("job_canceled", extra={"batch_id": batch_id, "aborted": len(tasks)})
         return len(tasks)
 
-    async def handle_slice(self, job_slice: DecodedSlice) -> int:
+    async def handle_slice(
+        self, job_slice: DecodedSlice, live: Callable[[], bool] = lambda: True
+    ) -> int:
         """Run every row of ``job_slice``; return once each has a confirmed outcome (or was
         dropped).
 
         Returns the number of rows that got an outcome. The slice's rows count as held
-        by this worker (its heartbeat says so) until then.
+        by this worker (its heartbeat says so) until then. Once ``live()`` is False (its
+        delivery's channel closed: the broker gives the slice to another worker) no
+        further row starts; those started finish.
         """
         token = self._holdings.take(job_slice)
         try:
-            return await self._run_slice(job_slice)
+            return await self._run_slice(job_slice, live)
         finally:
             self._holdings.leave(token)
 
-    async def _run_slice(self, job_slice: DecodedSlice) -> int:
+    async def _run_slice(self, job_slice: DecodedSlice, live: Callable[[], bool]) -> int:
         started: list[asyncio.Task[None]] = []
         progress = _SliceProgress()
         hand_over = self._hand_over  # tried at most once per slice
@@ -160,6 +164,11 @@ class RowRunner:
                 if self._dropped(job_slice):  # canceled while it waited
                     self._slots.release()
                     continue
+                if not live():  # its rows are the broker's again: another worker runs them
+                    self._slots.release()
+                    DELIVERIES_LOST.inc()
+                    log.warning("delivery_lost", extra={"batch_id": job_slice.batch_id})
+                    break
                 if self._stopping and not started:
                     self._slots.release()
                     raise HandBack(f"stopping: slice of {job_slice.batch_id} not started")

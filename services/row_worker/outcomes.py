@@ -34,7 +34,11 @@ log = logging.getLogger("relay.row_worker.outcomes")
 
 Publish = Callable[[int, bytes], Awaitable[None]]  # (results shard, message body)
 
-PUBLISH_ATTEMPTS = 20
+# An outcome is retried this long while the broker is away (a restart, an outage): it
+# is held in memory meanwhile, bounded by the rows the worker holds (its prefetch).
+PUBLISH_RETRY_FOR_S = 300.0
+DRAIN_RETRY_S = 5.0  # once the service is stopping
+RETRY_LOG_EVERY = 20  # one warning per this many failed attempts of a message
 MAX_MESSAGE_BYTES = Settings.results_message_bytes  # RELAY_RESULTS_MESSAGE_BYTES's default
 ENVELOPE_BYTES = 64  # a message's bytes around its outcomes: kind, keys, brackets
 PUBLISH_RETRY_S = 0.5
@@ -91,8 +95,11 @@ class OutcomePublisher:
         flush_s: float,
         max_bytes: int = MAX_MESSAGE_BYTES,
         shards: int = 1,
+        retry_for_s: float = PUBLISH_RETRY_FOR_S,
     ) -> None:
         self._publish = publish
+        self._retry_for_s = retry_for_s
+        self._stop_by = math.inf
         self._max_rows = max_rows
         self._max_bytes = max_bytes
         self._flush_s = flush_s
@@ -143,9 +150,15 @@ class OutcomePublisher:
         task.add_done_callback(self._flushes.discard)
 
     async def _send(self, shard: int, items: list[tuple[bytes, asyncio.Future[None]]]) -> None:
+        """Publish one message, retrying every :data:`PUBLISH_RETRY_S` while the broker is
+        away, for up to ``retry_for_s`` (its rows' answers are paid for: an outcome given
+        up is a row run again); then settle each outcome's confirm."""
         body = OutcomesMessage.encode_parts([encoded for encoded, _ in items])
         error: BaseException | None = None
-        for attempt in range(PUBLISH_ATTEMPTS):
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._retry_for_s
+        attempt = 0
+        while True:
             try:
                 await self._publish(shard, body)
                 error = None
@@ -155,9 +168,14 @@ class OutcomePublisher:
                 break
             except Exception as exc:
                 error = exc
-                log.warning(
-                    "outcome_publish_failed", extra={"attempt": attempt, "error": repr(exc)}
-                )
+                if attempt % RETRY_LOG_EVERY == 0:
+                    log.warning(
+                        "outcome_publish_failed",
+                        extra={"attempt": attempt, "outcomes": len(items), "error": repr(exc)},
+                    )
+                attempt += 1
+                if loop.time() + PUBLISH_RETRY_S >= min(give_up, self._stop_by):
+                    break
                 await asyncio.sleep(PUBLISH_RETRY_S)
         for _, future in items:
             if future.done():
@@ -168,7 +186,10 @@ class OutcomePublisher:
                 future.set_exception(RuntimeError(f"outcome publish failed: {error!r}"))
 
     async def drain(self) -> None:
-        """Publish whatever is pending and wait for every flush in progress."""
+        """Publish whatever is pending and wait for every flush in progress (a publish
+        still failing is retried for :data:`DRAIN_RETRY_S` more at most: the service is
+        stopping)."""
+        self._stop_by = asyncio.get_running_loop().time() + DRAIN_RETRY_S
         for shard in range(len(self._pending)):
             self._flush_now(shard)
         if self._flushes:

@@ -88,6 +88,17 @@ async def test_an_empty_queue_means_every_unheld_unfinished_row_is_lost(
     assert ("claim_stalled", OWNER, ["job1"], 120.0) in store.calls
     assert recorder.flat() == [10, 11, *range(14, 20)]
     assert dispatcher.jobs["job1"].dispatched_upto == 20, "the window is not rewound"
+    # Marked: the worker that takes them first drops those that got an outcome meanwhile.
+    assert all(task.resent for task, _ in recorder.tasks)
+
+
+async def test_first_sends_are_not_marked_resent(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    dispatcher = make(store, recorder, Waiting(0), Clock(), Clock())
+    store.queued.append(job(total=100))
+    await dispatcher.claim()
+    assert recorder.tasks and not any(task.resent for task, _ in recorder.tasks)
 
 
 async def test_rows_a_live_worker_holds_are_not_sent_again(

@@ -80,6 +80,9 @@ class SliceMessage:
     # The job's workspace: its calls go over connections of that workspace's own. Empty
     # (a slice the offloader forwards): the job's own connections.
     workspace: str = ""
+    # Re-sent by stall recovery: some of its rows may have an outcome by the time a
+    # worker takes it (recorded since, or on its way), so the worker checks first.
+    resent: bool = False
 
     KIND = "rows"
 
@@ -97,6 +100,7 @@ class SliceMessage:
                 "owner": self.owner,
                 "expires_at": self.expires_at,
                 "workspace": self.workspace,
+                **({"resent": True} if self.resent else {}),  # absent: a first send
             },
         )
 
@@ -119,6 +123,7 @@ class SliceMessage:
                 str(d.get("owner", "")),
                 float(d.get("expires_at") or 0.0),
                 str(d.get("workspace") or ""),
+                bool(d.get("resent", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
@@ -144,6 +149,7 @@ class DecodedSlice:
     owner: str = ""
     expires_at: float = 0.0
     workspace: str = ""
+    resent: bool = False
 
     @property
     def tenant(self) -> str:
@@ -164,6 +170,7 @@ class DecodedSlice:
             self.owner,
             self.expires_at,
             self.workspace,
+            self.resent,
         )
 
 
