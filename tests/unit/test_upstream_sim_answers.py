@@ -54,6 +54,7 @@ async def test_a_request_answered_twice_counts_one_extra_answer(client: Client) 
     assert answers["rows_answered_twice"] == 1
     assert answers["most_answers"] == 3
     assert answers["extra_begun"] == 2
+    assert len(answers["repeated_first_answered_at"]) == 1
 
 
 async def test_errors_are_not_answers_and_reset_forgets(client: Client) -> None:
@@ -71,10 +72,11 @@ async def test_errors_are_not_answers_and_reset_forgets(client: Client) -> None:
 
 
 def test_counts_stop_growing_at_capacity_but_keep_counting_known_requests() -> None:
-    counts = AnswerCounts(capacity=1)
+    counts = AnswerCounts(capacity=1, clock=lambda: 12.5)
     one, two = ChatRequest("m", ("a",), "a"), ChatRequest("m", ("b",), "b")
     for chat in (one, two, one):
         counts.begin(chat)
         counts.answer(chat)
     summary = counts.summary()
     assert (summary["requests_answered"], summary["answers"], summary["extra_answers"]) == (1, 2, 1)
+    assert summary["repeated_first_answered_at"] == [12.5]

@@ -1,0 +1,72 @@
+"""What "nothing paid twice" means in a chaos run, read from the simulator's answers per
+row (``GET /stats/answers``; every chaos row has its own content).
+
+A row is paid twice when the simulator answered its request twice. One case is left by
+design, the residual window of a row-worker's ``kill -9``: a call it had in flight (the
+simulator may finish the answer before it notices the connection is gone: paid, never
+received), or an answer it received whose outcome the broker had not confirmed yet (its
+linger, ``RELAY_RESULTS_FLUSH_MS``, and a publish round trip). Nothing durable knows of
+either, so the row runs again. Such a row's first answer came at most
+:data:`RESIDUAL_BEFORE_S` before the kill or :data:`RESIDUAL_AFTER_S` after it (the
+chaos calls take 40–80 ms; margins for a loaded machine). Every other row answered twice
+is a defect; so is any row answered three times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+RESIDUAL_BEFORE_S = 0.5
+RESIDUAL_AFTER_S = 0.25
+
+
+@dataclass(frozen=True)
+class PaidCheck:
+    """Rows answered twice: ``in_window`` of them first answered within the residual
+    window of a row-worker kill, ``outside`` not; ``closest_s`` for each of the former,
+    how long before the kill (negative: after it) its first answer came."""
+
+    extra_answers: int
+    rows_answered_twice: int
+    most_answers: int
+    in_window: int
+    outside: list[float]
+    closest_s: list[float]
+
+
+def paid_check(paid: Mapping[str, Any], worker_kills: Sequence[float]) -> PaidCheck:
+    """Sort the rows a run paid twice (``paid``: the simulator's answers) by whether the
+    residual window of one of ``worker_kills`` (Unix seconds) explains them."""
+    outside: list[float] = []
+    closest: list[float] = []
+    for first in paid["repeated_first_answered_at"]:
+        gaps = [
+            kill - first
+            for kill in worker_kills
+            if -RESIDUAL_AFTER_S <= kill - first <= RESIDUAL_BEFORE_S
+        ]
+        if gaps:
+            closest.append(round(min(gaps, key=abs), 3))
+        else:
+            outside.append(first)
+    return PaidCheck(
+        int(paid["extra_answers"]),
+        int(paid["rows_answered_twice"]),
+        int(paid["most_answers"]),
+        len(closest),
+        outside,
+        sorted(closest),
+    )
+
+
+def assert_paid_once(check: Mapping[str, Any], faults: object = None) -> None:
+    """No row answered twice but in the residual window of a row-worker kill, none three
+    times (``check``: a :class:`PaidCheck` as a dict, as the report holds it)."""
+    most, outside = check["most_answers"], check["outside"]
+    assert most <= 2, f"a row was paid {most} times: {check}; faults {faults}"
+    assert not outside, (
+        f"{len(outside)} rows paid twice outside the residual window: first answered at "
+        f"{outside[:20]}; faults {faults}"
+    )
