@@ -234,8 +234,11 @@ async def run_chaos(
     webhooks: WebhookReceiver,
     settings: ChaosSettings,
     server_faults: list[tuple[str, ServerFault]],
+    *,
+    kills: bool = True,
 ) -> ChaosReport:
-    """Submit the batch, run the plan, wait for the end, check it; return the report."""
+    """Submit the batch, run the plan (the kills, unless ``kills`` is False, then the
+    server faults), wait for the end, check it; return the report."""
     rng = random.Random(settings.seed)
     report = ChaosReport(variant, settings.seed, settings.rows, settings.latency_ms)
     started = time.monotonic()
@@ -243,7 +246,7 @@ async def run_chaos(
         {"model": "gpt-4o-mini", "requests": rows(settings.rows), "webhookUrl": webhooks.url}
     )
     url = system.iso.database_url
-    plan = kill_plan(system, rng, settings.extra_worker_kills)
+    plan = kill_plan(system, rng, settings.extra_worker_kills) if kills else []
     done = await run_kills(system, http, [batch["id"]], plan, rng, settings, report)
     for target, fault in server_faults:
         step = rng.randint(settings.min_step, settings.max_step)
