@@ -38,9 +38,7 @@ def request_key(chat: ChatRequest) -> bytes:
 class AnswerCounts:
     """Calls begun and answered per distinct request, up to ``capacity`` requests."""
 
-    def __init__(
-        self, capacity: int = MAX_TRACKED, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, capacity: int = MAX_TRACKED, clock: Callable[[], float] = time.time) -> None:
         self._capacity = capacity
         self._clock = clock
         self.begun: Counter[bytes] = Counter()
