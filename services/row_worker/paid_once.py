@@ -11,7 +11,8 @@ running such a slice, :class:`PaidOnce` drops the rows that have an outcome:
 2. rows this worker answered lately (:class:`AnsweredRows`: confirmed, remembered up to
    a bound, or being published, waited for);
 3. after :data:`REDELIVERY_WAIT_S` (so the outcomes another holder confirmed just
-   before it died, still on the results queue, get recorded), rows with an outcome in
+   before it died, still on the results queue, get recorded, and one that lost its
+   connection can reconnect and publish the answers it kept), rows with an outcome in
    the ledger: one primary-key query for the slice
    (:func:`~relay_batches.ledger.answered.answered_rows`), retried while the ledger is
    away for up to :data:`LEDGER_WAIT_S`, after which the slice runs whole (a row may then
@@ -26,8 +27,11 @@ outcomes are published once the broker is back (the publisher retries for
 What is left (the residual window): a row answered and whose outcome is not yet
 confirmed by the broker when its worker dies (the outcome's linger, at most
 ``RELAY_RESULTS_FLUSH_MS``, plus one publish round trip; ``relay_outcome_unconfirmed_seconds``
-measures it) is run again; so is a row still in flight at another worker that lost its
-channel, when that call outlasts the outage and the redelivery wait.
+measures it), or whose call was in flight then, is run again; so is a row still in
+flight at another worker that lost its channel, when that call outlasts the outage and
+the redelivery wait, or whose outcome reaches the ledger only after the wait.
+A slice handed back untouched (a stopping worker's) comes back flagged too: it waits
+and asks like any other.
 """
 
 from __future__ import annotations
@@ -46,7 +50,10 @@ from relay_batches.metrics import OUTCOME_UNCONFIRMED, ROWS_ALREADY_ANSWERED
 
 log = logging.getLogger("relay.row_worker")
 
-REDELIVERY_WAIT_S = 1.5
+# Long enough for a former holder that lost its connection to reconnect (clients retry
+# every RECONNECT_INTERVAL_S, 2 s), publish the answers it kept and the aggregator to
+# record them; a redelivered slice's rows start that much later.
+REDELIVERY_WAIT_S = 4.0
 LEDGER_WAIT_S = 60.0
 LEDGER_RETRY_S = 1.0
 ANSWERED_MEMORY = 50_000  # rows (a key each, ~150 bytes): the worker's recent answers
