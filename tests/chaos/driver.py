@@ -26,7 +26,7 @@ import aiohttp
 import asyncpg
 import orjson
 
-from tests.chaos.paid import assert_paid_once, paid_check
+from tests.chaos.paid import assert_paid_once, paid_check, unconfirmed_shares
 from tests.chaos.settings import CHAOS_ENV
 from tests.helpers.checks import Verdict, assert_exactly_once, services_of, wait_terminal
 from tests.helpers.processes import System, build_system, signed_in, sim_answers
@@ -274,6 +274,13 @@ async def check_paid(report: ChaosReport, http: aiohttp.ClientSession, system: S
     report.paid = await sim_answers(http, system)
     kills = [f.at for f in report.kills if f.target.startswith("row-worker")]
     report.verdict["paid"] = asdict(paid_check(report.paid, kills))
+    pages = []
+    for proc in system.processes.values():
+        port = proc.health_port()
+        if proc.name.startswith("row-worker") and port is not None and proc.alive():
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                pages.append(await response.text())
+    report.verdict["unconfirmed_within"] = unconfirmed_shares(pages)
 
 
 def assert_paid_once_in(report: ChaosReport) -> None:

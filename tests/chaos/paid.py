@@ -64,6 +64,23 @@ def paid_check(paid: Mapping[str, Any], worker_kills: Sequence[float]) -> PaidCh
     )
 
 
+UNCONFIRMED = "relay_outcome_unconfirmed_seconds_bucket"
+
+
+def unconfirmed_shares(metrics_pages: Sequence[str]) -> dict[str, float]:
+    """From row-workers' ``/metrics`` pages, the share of outcomes confirmed within each
+    bucket of ``relay_outcome_unconfirmed_seconds`` (answer to confirm: the residual
+    window of a crash), over every worker together."""
+    counts: dict[str, float] = {}
+    for page in metrics_pages:
+        for line in page.splitlines():
+            if line.startswith(UNCONFIRMED + "{"):
+                bound = line.split('le="', 1)[1].split('"', 1)[0]
+                counts[bound] = counts.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    total = counts.get("+Inf", 0.0)
+    return {bound: round(n / total, 4) for bound, n in counts.items()} if total else {}
+
+
 def assert_paid_once(check: Mapping[str, Any], faults: object = None) -> None:
     """No row answered twice but in the residual window of a row-worker kill, none three
     times (``check``: a :class:`PaidCheck` as a dict, as the report holds it)."""
