@@ -67,7 +67,9 @@ async def build(
         rows_waiting=lambda: bus.ready_count(bus.names.rows),
         results_state=lambda: results_state(bus),
         offload_lead=lambda alias: offload_lead(aliases, alias),
+        connected=bus.ready,
     )
+    bus.on_connection_lost(dispatcher.sight_lost)
     log.info("configured", extra={"owner": owner, "aliases": aliases.names()})
     return dispatcher_service(
         bus,
