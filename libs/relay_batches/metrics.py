@@ -23,8 +23,8 @@ DELIVERIES_LOST = Counter(
 )
 OUTCOME_UNCONFIRMED = Histogram(
     "relay_outcome_unconfirmed_seconds",
-    "From a row's answer to the broker's confirm of its outcome: a crash in between costs "
-    "the row a second call",
+    "From a row's answer to the broker's confirm of its outcome, the oldest of each results "
+    "message: a crash in between costs the row a second call",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
 )
 ROWS_IN_FLIGHT = Gauge("relay_rows_in_flight", "Rows this row-worker is calling a model for")

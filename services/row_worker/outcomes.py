@@ -28,6 +28,7 @@ import orjson
 
 from relay_batches.bus.topology import results_shard
 from relay_batches.messages import OutcomesMessage, RowOutcome
+from relay_batches.metrics import OUTCOME_UNCONFIRMED
 from relay_batches.settings import Settings
 
 log = logging.getLogger("relay.row_worker.outcomes")
@@ -82,6 +83,7 @@ class _Pending:
         self.bytes = 0
         self.timer: asyncio.TimerHandle | None = None
         self.meter = RateMeter()
+        self.since = 0.0  # when its oldest pending outcome came (the loop's clock)
 
 
 class OutcomePublisher:
@@ -112,11 +114,14 @@ class OutcomePublisher:
         future: asyncio.Future[None] = loop.create_future()
         shard = results_shard(outcome.batch_id, len(self._pending))
         pending = self._pending[shard]
-        pending.meter.tick(loop.time())
+        now = loop.time()
+        pending.meter.tick(now)
         encoded = orjson.dumps(outcome.as_list())
         size = len(encoded) + 1  # and its comma
         if pending.items and ENVELOPE_BYTES + pending.bytes + size > self._max_bytes:
             self._flush_now(shard)  # it would cross the cap: what is pending goes first
+        if not pending.items:
+            pending.since = now
         pending.items.append((encoded, future))
         pending.bytes += size
         if (
@@ -145,14 +150,18 @@ class OutcomePublisher:
             return
         items, pending.items = pending.items, []
         pending.bytes = 0
-        task = asyncio.create_task(self._send(shard, items), name="outcome-flush")
+        task = asyncio.create_task(self._send(shard, items, pending.since), name="outcome-flush")
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
-    async def _send(self, shard: int, items: list[tuple[bytes, asyncio.Future[None]]]) -> None:
+    async def _send(
+        self, shard: int, items: list[tuple[bytes, asyncio.Future[None]]], since: float
+    ) -> None:
         """Publish one message, retrying every :data:`PUBLISH_RETRY_S` while the broker is
         away, for up to ``retry_for_s`` (its rows' answers are paid for: an outcome given
-        up is a row run again); then settle each outcome's confirm."""
+        up is a row run again); then settle each outcome's confirm. Once confirmed, how
+        long its oldest outcome waited since ``since`` is observed: the residual window
+        of a crash (``relay_outcome_unconfirmed_seconds``)."""
         body = OutcomesMessage.encode_parts([encoded for encoded, _ in items])
         error: BaseException | None = None
         loop = asyncio.get_running_loop()
@@ -162,6 +171,7 @@ class OutcomePublisher:
             try:
                 await self._publish(shard, body)
                 error = None
+                OUTCOME_UNCONFIRMED.observe(loop.time() - since)
                 break
             except asyncio.CancelledError as exc:
                 error = exc

@@ -46,7 +46,7 @@ from dataclasses import replace
 from relay_batches.errors import TransientError
 from relay_batches.kit.consumer import Delivery
 from relay_batches.messages import DecodedSlice, RowOutcome
-from relay_batches.metrics import OUTCOME_UNCONFIRMED, ROWS_ALREADY_ANSWERED
+from relay_batches.metrics import ROWS_ALREADY_ANSWERED
 
 log = logging.getLogger("relay.row_worker")
 
@@ -74,11 +74,9 @@ class AnsweredRows:
         self._pending: dict[Key, asyncio.Future[bool]] = {}
 
     def sink(self, inner: OutcomeSink) -> OutcomeSink:
-        """``inner`` (the outcome publisher's ``add``), remembering each outcome and
-        timing it to its confirm (``relay_outcome_unconfirmed_seconds``)."""
+        """``inner`` (the outcome publisher's ``add``), remembering each outcome."""
 
         async def add(outcome: RowOutcome) -> None:
-            answered_at = time.monotonic()
             key = (outcome.batch_id, outcome.row_index)
             landed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._pending[key] = landed
@@ -86,7 +84,6 @@ class AnsweredRows:
             try:
                 await inner(outcome)
                 confirmed = True
-                OUTCOME_UNCONFIRMED.observe(time.monotonic() - answered_at)
             finally:
                 if self._pending.get(key) is landed:
                     del self._pending[key]
@@ -97,8 +94,7 @@ class AnsweredRows:
         return add
 
     def _remember(self, key: Key) -> None:
-        self._confirmed[key] = None
-        self._confirmed.move_to_end(key)
+        self._confirmed[key] = None  # a row is answered once here: no need to move it
         while len(self._confirmed) > self._capacity:
             self._confirmed.popitem(last=False)
 

@@ -68,9 +68,9 @@ UNCONFIRMED = "relay_outcome_unconfirmed_seconds_bucket"
 
 
 def unconfirmed_shares(metrics_pages: Sequence[str]) -> dict[str, float]:
-    """From row-workers' ``/metrics`` pages, the share of outcomes confirmed within each
-    bucket of ``relay_outcome_unconfirmed_seconds`` (answer to confirm: the residual
-    window of a crash), over every worker together."""
+    """From row-workers' ``/metrics`` pages, the share of results messages whose oldest
+    outcome was confirmed within each bucket of ``relay_outcome_unconfirmed_seconds``
+    (answer to confirm: the residual window of a crash), every worker together."""
     counts: dict[str, float] = {}
     for page in metrics_pages:
         for line in page.splitlines():
