@@ -167,15 +167,14 @@ class PaidOnce:
         """``job_slice`` without the rows that have an outcome (module doc, steps 1–3)."""
         batch_id = job_slice.batch_id
         indexes = [index for index, _ in job_slice.rows]
-        earlier = {self._running[k] for k in ((batch_id, i) for i in indexes) if k in self._running}
-        if earlier:  # this worker still runs them, under a delivery whose channel closed
-            await asyncio.gather(*(asyncio.shield(f) for f in earlier))
-        mine = await self._answered.answered(batch_id, indexes)
+        mine = await self._answered_here(batch_id, indexes)
         rest = [index for index in indexes if index not in mine]
         recorded: set[int] = set()
         if rest and self._ledger is not None:
             await self._sleep(self._wait_s)
             recorded = await self._recorded(batch_id, rest)
+            # Another delivery of them may have started here meanwhile (a re-sent copy).
+            mine |= await self._answered_here(batch_id, [i for i in rest if i not in recorded])
         if not (mine or recorded):
             return job_slice
         ROWS_ALREADY_ANSWERED.labels("worker").inc(len(mine))
@@ -187,6 +186,15 @@ class PaidOnce:
         )  # fmt: skip
         skip = mine | recorded
         return replace(job_slice, rows=tuple(row for row in job_slice.rows if row[0] not in skip))
+
+    async def _answered_here(self, batch_id: str, indexes: Sequence[int]) -> set[int]:
+        """Those of ``indexes`` this worker answered, once the runs of them it still has
+        under other deliveries (one whose channel closed) are over."""
+        keys = ((batch_id, index) for index in indexes)
+        earlier = {self._running[key] for key in keys if key in self._running}
+        if earlier:
+            await asyncio.gather(*(asyncio.shield(f) for f in earlier))
+        return await self._answered.answered(batch_id, indexes)
 
     async def _recorded(self, batch_id: str, indexes: Sequence[int]) -> set[int]:
         """Rows of ``indexes`` with an outcome in the ledger; none if it stays away."""

@@ -118,6 +118,23 @@ async def test_a_redelivery_waits_for_this_workers_run_of_a_closed_delivery() ->
     assert worker.called() == [0, 1, 2], "each row called once"
 
 
+async def test_two_copies_of_a_slice_that_came_back_to_one_worker_run_each_row_once() -> None:
+    # A redelivered slice and a re-sent copy of it reach the same worker together:
+    # both wait, neither finds an outcome in the ledger; the second to start drops the
+    # rows the first runs.
+    worker = Worker(Ledger())
+    copy = replace(tagged("b", [0, 1, 2]), resent=True)
+    got = await asyncio.wait_for(
+        asyncio.gather(
+            worker.paid_once.handle(delivery(tagged("b", [0, 1, 2]), True)),
+            worker.paid_once.handle(delivery(copy)),
+        ),
+        WAIT_S,
+    )
+    assert sorted(got) == [0, 3]
+    assert worker.called() == [0, 1, 2]
+
+
 async def test_a_row_whose_outcome_is_being_published_counts_once_confirmed() -> None:
     confirm = asyncio.Event()
     published: list[RowOutcome] = []
