@@ -11,6 +11,22 @@ ROWS_RECORDED = Counter(
     "relay_rows_recorded_total", "Row outcomes newly recorded in the ledger", ["outcome"]
 )
 ROWS_DROPPED = Counter("relay_rows_dropped_total", "Rows dropped because their job was canceled")
+ROWS_ALREADY_ANSWERED = Counter(
+    "relay_rows_already_answered_total",
+    "Rows of redelivered or re-sent slices not run again: this worker or the ledger had "
+    "their outcome",
+    ["source"],
+)
+DELIVERIES_LOST = Counter(
+    "relay_deliveries_lost_total",
+    "Slices whose channel closed before every row started (the rest left to the broker)",
+)
+OUTCOME_UNCONFIRMED = Histogram(
+    "relay_outcome_unconfirmed_seconds",
+    "From a row's answer to the broker's confirm of its outcome, the oldest of each results "
+    "message: a crash in between costs the row a second call",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
+)
 ROWS_IN_FLIGHT = Gauge("relay_rows_in_flight", "Rows this row-worker is calling a model for")
 UPSTREAM_LATENCY = Histogram(
     "relay_upstream_latency_seconds",

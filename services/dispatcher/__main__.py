@@ -69,7 +69,9 @@ async def build(
         results_state=lambda: results_state(bus),
         offload_lead=lambda alias: offload_lead(aliases, alias),
         price_of=lambda alias: alias_price(aliases, alias),
+        connected=bus.ready,
     )
+    bus.on_connection_lost(dispatcher.sight_lost)
     log.info("configured", extra={"owner": owner, "aliases": aliases.names()})
     return dispatcher_service(
         bus,

@@ -40,6 +40,8 @@ class Recovery(Release):
         cfg = self._config
         if not self.jobs:
             return 0
+        if self._sight_lost:
+            return await self._regain_sight()
         was_held = held_back(self.jobs, self._behind, self._behind_count)
         await self._probe_results()
         held = held_back(self.jobs, self._behind, self._behind_count)
@@ -61,6 +63,24 @@ class Recovery(Release):
                 await self._resend_lost(owned, first, queue_empty)
                 await self.top_up(owned)
         return len(stalled)
+
+    def sight_lost(self) -> None:
+        """Our broker connection dropped (called synchronously as it drops)."""
+        self._sight_lost = True
+
+    async def _regain_sight(self) -> int:
+        """After our broker connection dropped nothing is judged: no heartbeat reached
+        us meanwhile, and the broker put the slices its workers held back in the queue,
+        from which they go out again as soon as the workers reconnect (neither held
+        nor queued for a moment). So once we are connected again every job's stall
+        clock restarts, and rows are judged a stall period later, on fresh heartbeats;
+        re-sent at once, a row merely in transit would be paid for twice."""
+        if not self._connected():
+            return 0
+        self._sight_lost = False
+        await self._store.claim_stalled(self._config.owner, list(self.jobs), 0.0)
+        log.info("stall_clocks_restarted", extra={"jobs": len(self.jobs)})
+        return 0
 
     async def _probe_results(self) -> None:
         """Read which results queues are behind, those where outcomes may wait
@@ -123,5 +143,5 @@ class Recovery(Release):
                 rows = await self._store.fetch_rows_at(
                     job.id, job.rows_batch_id, lost[at : at + step]
                 )
-                await self._publish_rows(owned, rows)
+                await self._publish_rows(owned, rows, resent=True)
         return len(lost)

@@ -214,8 +214,12 @@ class Release(DispatcherState):
             log.info("returned_rows_released", extra={"batch_id": owned.job.id, "rows": len(rows)})
             await self._publish_rows(owned, rows)
 
-    async def _publish_rows(self, owned: OwnedJob, rows: list[tuple[int, str]]) -> None:
-        """Publish ``rows`` of a job as slices (confirmed), stamped with our owner id and
+    async def _publish_rows(
+        self, owned: OwnedJob, rows: list[tuple[int, str]], *, resent: bool = False
+    ) -> None:
+        """Publish ``rows`` of a job as slices (confirmed), marked ``resent`` when stall
+        recovery sends them again (a worker then first drops those that got an outcome
+        meanwhile), stamped with our owner id and
         the time they went out on our clock (what stall recovery compares with the
         workers' delivery marks of our own slices). The send log takes the stamp before
         the publish: a row whose publish failed (never out) then counts as lost once a
@@ -240,7 +244,8 @@ class Release(DispatcherState):
                         self._config.owner,
                         job.expires_at.timestamp() if job.expires_at else 0.0,
                         job.workspace_id,
-                        job.pauses,
+                        pauses=job.pauses,
+                        resent=resent,
                     ),
                     level,
                 )

@@ -237,9 +237,14 @@ class DispatcherState:
         offload_lead: OffloadLead | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         price_of: PriceOf = lambda alias: None,
+        connected: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
         self._price_of = price_of
+        # Whether our broker connection is up (consumers restored), and whether it
+        # dropped since stall recovery last judged (see Recovery.sight_lost).
+        self._connected = connected
+        self._sight_lost = False
         self._offload_lead = offload_lead
         self._wall_clock = wall_clock
         self._publish_slice = publish_slice

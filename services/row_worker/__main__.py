@@ -10,6 +10,8 @@ from collections.abc import Awaitable
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import MAX_QUEUE_NAME_BYTES, rows_prefetch
 from relay_batches.ids import new_id
+from relay_batches.ledger.answered import answered_rows
+from relay_batches.ledger.pool import create_pool
 from relay_batches.ratelimit.keeper import Keeper
 from relay_batches.ratelimit.limiter import SharedLimiter
 from relay_batches.ratelimit.parts import rate_limit_parts
@@ -23,6 +25,7 @@ from relay_batches.services.row_worker.controls import JobControls
 from relay_batches.services.row_worker.core import RowRunner
 from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
+from relay_batches.services.row_worker.paid_once import AnsweredRows, PaidOnce
 from relay_batches.services.row_worker.service import (
     hand_over_priority,
     holding_heartbeat,
@@ -32,6 +35,11 @@ from relay_batches.services.row_worker.service import (
 from relay_batches.settings import ConfigError, Settings
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus
+
+# One query per slice that comes back: one connection, opened on demand and closed once
+# idle, so a fleet of workers holds none at rest.
+LEDGER_POOL_SIZE = 1
+LEDGER_IDLE_S = 10.0
 
 
 async def build(
@@ -69,9 +77,10 @@ async def build(
         shards=bus.names.shards,
     )
     holdings = Holdings(worker, settings.heartbeat_seconds, settings.batch_concurrency)
+    answered = AnsweredRows()
     runner = RowRunner(
         router,
-        outcomes.add,
+        answered.sink(outcomes.add),
         settings.batch_concurrency,
         holdings,
         prices=aliases.prices(),
@@ -80,6 +89,21 @@ async def build(
             bus.names.rows, rest.encode(), kind="rows", priority=hand_over_priority(rest.level)
         ),
         controls=JobControls(publish_results, bus.names.shards),
+    )
+    # Read-only, for redelivered and re-sent slices only; opened lazily (min size 0): a
+    # row-worker starts, and runs first sends, with the ledger away.
+    ledger = await create_pool(
+        settings.database_url,
+        min_size=0,
+        max_size=LEDGER_POOL_SIZE,
+        max_inactive_s=LEDGER_IDLE_S,
+        statement_cache_size=settings.db_statement_cache_size,
+    )
+    resources.push_async_callback(ledger.close)
+    paid_once = PaidOnce(
+        runner.handle_slice,
+        answered,
+        lambda batch_id, indexes: answered_rows(ledger, batch_id, indexes),
     )
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info(
@@ -99,6 +123,7 @@ async def build(
         heartbeat=holding_heartbeat(holdings, bus.publish_event, settings.heartbeat_seconds),
         keeper=keeper,
         ratelimit=rate_limit_parts(keeper, limiter),
+        paid_once=paid_once,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest, SliceMessage
-from relay_batches.metrics import ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
+from relay_batches.metrics import DELIVERIES_LOST, ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
 from relay_batches.outcome import to_outcome
 from relay_batches.router.aliases import Price
 from relay_batches.router.types import RowResult
@@ -138,20 +138,24 @@ class RowRunner:
         log.info("job_canceled", extra={"batch_id": batch_id, "aborted": len(tasks)})
         return len(tasks)
 
-    async def handle_slice(self, job_slice: DecodedSlice) -> int:
+    async def handle_slice(
+        self, job_slice: DecodedSlice, live: Callable[[], bool] = lambda: True
+    ) -> int:
         """Run every row of ``job_slice``; return once each has a confirmed outcome (or was
         dropped).
 
         Returns the number of rows that got an outcome. The slice's rows count as held
-        by this worker (its heartbeat says so) until then.
+        by this worker (its heartbeat says so) until then. Once ``live()`` is False (its
+        delivery's channel closed: the broker gives the slice to another worker) no
+        further row starts; those started finish.
         """
         token = self._holdings.take(job_slice)
         try:
-            return await self._run_slice(job_slice)
+            return await self._run_slice(job_slice, live)
         finally:
             self._holdings.leave(token)
 
-    async def _run_slice(self, job_slice: DecodedSlice) -> int:
+    async def _run_slice(self, job_slice: DecodedSlice, live: Callable[[], bool]) -> int:
         started: list[asyncio.Task[None]] = []
         progress = _SliceProgress()
         hand_over = self._hand_over  # tried at most once per slice
@@ -167,9 +171,12 @@ class RowRunner:
                 if self._dropped(job_slice):  # canceled while it waited
                     self._slots.release()
                     continue
-                if (halt := self._halt(job_slice)) is not None:  # paused while it waited
+                # Its delivery lost (its rows are the broker's again: another worker runs
+                # them), or its job paused or budget-stopped while it waited.
+                lost, halt = self._may_not_start(job_slice, live)
+                if lost or halt is not None:
                     self._slots.release()
-                    halted = (position, halt)
+                    halted = None if halt is None else (position, halt)
                     break
                 if self._stopping and not started:
                     self._slots.release()
@@ -201,6 +208,17 @@ class RowRunner:
             rest = [i for i, _ in job_slice.rows[position:]]
             await self.controls.set_aside(job_slice, rest, halt)
         return sum(1 for r in results if r is None)
+
+    def _may_not_start(
+        self, job_slice: DecodedSlice, live: Callable[[], bool]
+    ) -> tuple[bool, Halt | None]:
+        """``(lost, halt)``: whether the slice's delivery is lost (its channel closed: the
+        broker gives its rows to another worker), else why its next row may not start."""
+        if not live():
+            DELIVERIES_LOST.inc()
+            log.warning("delivery_lost", extra={"batch_id": job_slice.batch_id})
+            return True, None
+        return False, self._halt(job_slice)
 
     def _halt(self, job_slice: DecodedSlice) -> Halt | None:
         """Why the slice's next row may not start (its job paused or budget-stopped)."""

@@ -28,13 +28,18 @@ import orjson
 
 from relay_batches.bus.topology import results_shard
 from relay_batches.messages import OutcomesMessage, RowOutcome
+from relay_batches.metrics import OUTCOME_UNCONFIRMED
 from relay_batches.settings import Settings
 
 log = logging.getLogger("relay.row_worker.outcomes")
 
 Publish = Callable[[int, bytes], Awaitable[None]]  # (results shard, message body)
 
-PUBLISH_ATTEMPTS = 20
+# An outcome is retried this long while the broker is away (a restart, an outage): it
+# is held in memory meanwhile, bounded by the rows the worker holds (its prefetch).
+PUBLISH_RETRY_FOR_S = 300.0
+DRAIN_RETRY_S = 5.0  # once the service is stopping
+RETRY_LOG_EVERY = 20  # one warning per this many failed attempts of a message
 MAX_MESSAGE_BYTES = Settings.results_message_bytes  # RELAY_RESULTS_MESSAGE_BYTES's default
 ENVELOPE_BYTES = 64  # a message's bytes around its outcomes: kind, keys, brackets
 PUBLISH_RETRY_S = 0.5
@@ -78,6 +83,7 @@ class _Pending:
         self.bytes = 0
         self.timer: asyncio.TimerHandle | None = None
         self.meter = RateMeter()
+        self.since = 0.0  # when its oldest pending outcome came (the loop's clock)
 
 
 class OutcomePublisher:
@@ -91,8 +97,11 @@ class OutcomePublisher:
         flush_s: float,
         max_bytes: int = MAX_MESSAGE_BYTES,
         shards: int = 1,
+        retry_for_s: float = PUBLISH_RETRY_FOR_S,
     ) -> None:
         self._publish = publish
+        self._retry_for_s = retry_for_s
+        self._stop_by = math.inf
         self._max_rows = max_rows
         self._max_bytes = max_bytes
         self._flush_s = flush_s
@@ -105,11 +114,14 @@ class OutcomePublisher:
         future: asyncio.Future[None] = loop.create_future()
         shard = results_shard(outcome.batch_id, len(self._pending))
         pending = self._pending[shard]
-        pending.meter.tick(loop.time())
+        now = loop.time()
+        pending.meter.tick(now)
         encoded = orjson.dumps(outcome.as_list())
         size = len(encoded) + 1  # and its comma
         if pending.items and ENVELOPE_BYTES + pending.bytes + size > self._max_bytes:
             self._flush_now(shard)  # it would cross the cap: what is pending goes first
+        if not pending.items:
+            pending.since = now
         pending.items.append((encoded, future))
         pending.bytes += size
         if (
@@ -138,26 +150,42 @@ class OutcomePublisher:
             return
         items, pending.items = pending.items, []
         pending.bytes = 0
-        task = asyncio.create_task(self._send(shard, items), name="outcome-flush")
+        task = asyncio.create_task(self._send(shard, items, pending.since), name="outcome-flush")
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
-    async def _send(self, shard: int, items: list[tuple[bytes, asyncio.Future[None]]]) -> None:
+    async def _send(
+        self, shard: int, items: list[tuple[bytes, asyncio.Future[None]]], since: float
+    ) -> None:
+        """Publish one message, retrying every :data:`PUBLISH_RETRY_S` while the broker is
+        away, for up to ``retry_for_s`` (its rows' answers are paid for: an outcome given
+        up is a row run again); then settle each outcome's confirm. Once confirmed, how
+        long its oldest outcome waited since ``since`` is observed: the residual window
+        of a crash (``relay_outcome_unconfirmed_seconds``)."""
         body = OutcomesMessage.encode_parts([encoded for encoded, _ in items])
         error: BaseException | None = None
-        for attempt in range(PUBLISH_ATTEMPTS):
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._retry_for_s
+        attempt = 0
+        while True:
             try:
                 await self._publish(shard, body)
                 error = None
+                OUTCOME_UNCONFIRMED.observe(loop.time() - since)
                 break
             except asyncio.CancelledError as exc:
                 error = exc
                 break
             except Exception as exc:
                 error = exc
-                log.warning(
-                    "outcome_publish_failed", extra={"attempt": attempt, "error": repr(exc)}
-                )
+                if attempt % RETRY_LOG_EVERY == 0:
+                    log.warning(
+                        "outcome_publish_failed",
+                        extra={"attempt": attempt, "outcomes": len(items), "error": repr(exc)},
+                    )
+                attempt += 1
+                if loop.time() + PUBLISH_RETRY_S >= min(give_up, self._stop_by):
+                    break
                 await asyncio.sleep(PUBLISH_RETRY_S)
         for _, future in items:
             if future.done():
@@ -168,7 +196,10 @@ class OutcomePublisher:
                 future.set_exception(RuntimeError(f"outcome publish failed: {error!r}"))
 
     async def drain(self) -> None:
-        """Publish whatever is pending and wait for every flush in progress."""
+        """Publish whatever is pending and wait for every flush in progress (a publish
+        still failing is retried for :data:`DRAIN_RETRY_S` more at most: the service is
+        stopping)."""
+        self._stop_by = asyncio.get_running_loop().time() + DRAIN_RETRY_S
         for shard in range(len(self._pending)):
             self._flush_now(shard)
         if self._flushes:

@@ -1,6 +1,8 @@
 """The row-worker: ``rows`` tasks, each acked once every row's outcome is confirmed on
-its job's results shard; ``job.canceled`` events (a cancel, or an expiry: status ``expired``) abort
-that job's calls in flight and drop its rows still to come; ``job.paused`` and
+its job's results shard (a redelivered or re-sent one first loses its rows that have an
+outcome, and one whose channel closed starts no more rows: :mod:`.paid_once`);
+``job.canceled`` events (a cancel, or an expiry: status ``expired``) abort that job's
+calls in flight and drop its rows still to come; ``job.paused`` and
 ``job.budget_stopped`` set its rows not started aside (see :mod:`.controls`)."""
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from relay_batches.bus.topology import (
     rows_prefetch,
 )
 from relay_batches.kit.base import BusService, ServiceBus
-from relay_batches.kit.consumer import Consume, Subscribe
+from relay_batches.kit.consumer import ConsumeDeliveries, Subscribe
 from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.ratelimit.keeper import Keeper
@@ -24,6 +26,7 @@ from relay_batches.ratelimit.parts import RateLimitParts, rate_limit_parts
 from relay_batches.services.row_worker.core import RowRunner
 from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.outcomes import OutcomePublisher
+from relay_batches.services.row_worker.paid_once import AnsweredRows, PaidOnce
 
 
 def hand_over_priority(level: int) -> int:
@@ -54,12 +57,15 @@ def row_worker_service(
     heartbeat: Periodic | None = None,
     keeper: Keeper | None = None,
     ratelimit: RateLimitParts | None = None,
+    paid_once: PaidOnce | None = None,
 ) -> BusService:
-    """The row-worker's declaration (no ledger: it only talks to the bus and the models);
-    ``heartbeat`` reports the rows it holds (see :mod:`.holdings`); ``ratelimit`` the
-    shared rate limits' election, ticks and throttled events (:func:`rate_limit_parts`;
-    none without a limited deployment), whose ``keeper`` goes on issuing through the
-    drain and resigns in the close (after it)."""
+    """The row-worker's declaration (its readiness needs no ledger: it reads one only
+    for a redelivered or re-sent slice, through ``paid_once``, which by default checks
+    only what this worker answered); ``heartbeat`` reports the rows it holds (see
+    :mod:`.holdings`); ``ratelimit`` the shared rate limits' election, ticks and
+    throttled events (:func:`rate_limit_parts`; none without a limited deployment),
+    whose ``keeper`` goes on issuing through the drain and resigns in the close (after
+    it)."""
     parts = ratelimit or rate_limit_parts(None, None)
 
     def stopping() -> None:
@@ -91,8 +97,9 @@ def row_worker_service(
         },
         JobEvent.decode,
     )
-    rows = Consume(
-        bus.names.rows, "rows", SliceMessage.decode, runner.handle_slice, prefetch, retry_pause_s=0
+    handler = paid_once or PaidOnce(runner.handle_slice, AnsweredRows())
+    rows = ConsumeDeliveries(
+        bus.names.rows, "rows", SliceMessage.decode, handler.handle, prefetch, retry_pause_s=0
     )
     return BusService(
         bus,

@@ -15,7 +15,8 @@ in :mod:`.batches`): OpenAI's ``/v1/files`` and ``/v1/batches`` and Anthropic's
 ``/v1/messages/batches``, each batched request answered exactly as its realtime call would
 be.
 
-``GET /stats`` serves the counters of :class:`~.state.SimState`; ``POST /reset`` zeroes
+``GET /stats`` serves the counters of :class:`~.state.SimState`, ``GET /stats/answers``
+the calls answered per distinct request (:mod:`.answers`); ``POST /reset`` zeroes
 them and forgets every file and batch; ``GET /v1/models`` names the one model,
 ``GET /healthz`` is always healthy.
 """
@@ -136,12 +137,15 @@ class _Routes:
                 self._state.throttled += 1
                 message = "rate limit reached (simulated requests or tokens per minute)"
                 return dialect.error(429, message, "rate_limit_error", THROTTLE_RETRY_AFTER_S)
+        if outcome.status == 200:
+            self._state.answers.begin(chat)
         await self._pause(self._config.latency_ms + (triggers.delay_ms or 0))
         if triggers.hang:
             await self._sleep(HANG_SECONDS)
         if outcome.status != 200:
             message = f"simulated status {outcome.status}"
             return dialect.error(outcome.status, message, "sim_error", outcome.retry_after)
+        self._state.answers.answer(chat)
         return json_response(dialect.success(chat, triggers.reply_bytes))
 
     async def _pause(self, milliseconds: float) -> None:
@@ -151,6 +155,10 @@ class _Routes:
     async def stats(self, _request: web.Request) -> web.Response:
         """``GET /stats``: call counters."""
         return json_response(self._state.stats())
+
+    async def answers(self, _request: web.Request) -> web.Response:
+        """``GET /stats/answers``: calls answered and begun per distinct request."""
+        return json_response(self._state.answers.summary())
 
     async def reset(self, _request: web.Request) -> web.Response:
         """``POST /reset``: zero every counter and forget every file and batch."""
@@ -189,6 +197,7 @@ def build_app(
     app.router.add_post("/v1/messages", routes.messages)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/stats", routes.stats)
+    app.router.add_get("/stats/answers", routes.answers)
     app.router.add_post("/reset", routes.reset)
     app.router.add_get("/healthz", routes.healthz)
     openai_batches.add_routes(app.router)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+from relay_batches.services.upstream_sim.answers import AnswerCounts
+
 
 class SimState:
     """Call counters, fail-first counters and the error-rate dice of one simulator."""
@@ -25,6 +27,7 @@ class SimState:
         self.batch_rows = 0  # lines / requests submitted in them
         self.batch_rows_repeated = 0  # of those: custom_ids submitted in an earlier batch
         self._batch_ids: set[str] = set()
+        self.answers = AnswerCounts()  # calls begun and answered per request
 
     def stats(self) -> dict[str, int]:
         """The counters served by ``GET /stats``."""
@@ -51,6 +54,7 @@ class SimState:
         self.calls = self.ok = self.errors = self.throttled = 0
         self.batches_created = self.batch_rows = self.batch_rows_repeated = 0
         self._batch_ids.clear()
+        self.answers.reset()
         self._failures.clear()
         self._rng = random.Random(self._seed)
 

@@ -26,9 +26,10 @@ import aiohttp
 import asyncpg
 import orjson
 
+from tests.chaos.paid import assert_paid_once, paid_check, unconfirmed_shares
 from tests.chaos.settings import CHAOS_ENV
 from tests.helpers.checks import Verdict, assert_exactly_once, services_of, wait_terminal
-from tests.helpers.processes import System, build_system, signed_in
+from tests.helpers.processes import System, build_system, signed_in, sim_answers
 from tests.helpers.support import (
     ApiClient,
     Isolation,
@@ -72,13 +73,16 @@ class ChaosSettings:
 
 @dataclass
 class Fault:
-    """One fault as it happened."""
+    """One fault as it happened (``at``: when it struck, Unix seconds; ``until``: when a
+    server came back)."""
 
     kind: str
     target: str
     rows_done: int
     recovered_s: float
     detail: str = ""
+    at: float = 0.0
+    until: float = 0.0
 
 
 @dataclass
@@ -92,6 +96,8 @@ class ChaosReport:
     faults: list[Fault] = field(default_factory=list)
     elapsed_s: float = 0.0
     verdict: dict[str, object] = field(default_factory=dict)
+    # The simulator's answers per row (tests.helpers.processes.sim_answers): what was paid.
+    paid: dict[str, object] = field(default_factory=dict)
     exit_codes: dict[str, int | None] = field(default_factory=dict)
 
     @property
@@ -182,16 +188,21 @@ async def wait_for_progress(
     return int(await wait_until(reached, GATE_TIMEOUT_S, f"{target} rows done", 0.1))
 
 
-async def kill_and_restart(system: System, name: str, http: aiohttp.ClientSession) -> float:
-    """``kill -9`` one process, start it again, wait until ready; seconds to ready."""
+async def kill_and_restart(
+    system: System, name: str, http: aiohttp.ClientSession, rows_done: int = 0
+) -> Fault:
+    """``kill -9`` one process, start it again, wait until ready; the fault, with the
+    seconds to ready."""
     proc = system.processes[name]
+    killed_at = time.time()
     proc.signal(signal.SIGKILL)
     code = await asyncio.to_thread(proc.wait, 10)
     assert code == -signal.SIGKILL, f"{name} exited with {code} instead of being killed"
     started = time.monotonic()
     proc.start()
     await proc.wait_ready(http, RESTART_READY_TIMEOUT_S)
-    return time.monotonic() - started
+    recovered = round(time.monotonic() - started, 2)
+    return Fault("kill -9", name, rows_done, recovered, at=killed_at)
 
 
 async def run_kills(
@@ -211,8 +222,7 @@ async def run_kills(
         done = await wait_for_progress(
             system.iso.database_url, batch_ids, done + step, f"killing {name}"
         )
-        recovered = await kill_and_restart(system, name, http)
-        report.faults.append(Fault("kill -9", name, done, round(recovered, 2)))
+        report.faults.append(await kill_and_restart(system, name, http, done))
     return done
 
 
@@ -224,8 +234,11 @@ async def run_chaos(
     webhooks: WebhookReceiver,
     settings: ChaosSettings,
     server_faults: list[tuple[str, ServerFault]],
+    *,
+    kills: bool = True,
 ) -> ChaosReport:
-    """Submit the batch, run the plan, wait for the end, check it; return the report."""
+    """Submit the batch, run the plan (the kills, unless ``kills`` is False, then the
+    server faults), wait for the end, check it; return the report."""
     rng = random.Random(settings.seed)
     report = ChaosReport(variant, settings.seed, settings.rows, settings.latency_ms)
     started = time.monotonic()
@@ -233,23 +246,49 @@ async def run_chaos(
         {"model": "gpt-4o-mini", "requests": rows(settings.rows), "webhookUrl": webhooks.url}
     )
     url = system.iso.database_url
-    plan = kill_plan(system, rng, settings.extra_worker_kills)
+    plan = kill_plan(system, rng, settings.extra_worker_kills) if kills else []
     done = await run_kills(system, http, [batch["id"]], plan, rng, settings, report)
     for target, fault in server_faults:
         step = rng.randint(settings.min_step, settings.max_step)
         done = await wait_for_progress(url, [batch["id"]], done + step, f"disrupting {target}")
-        at = time.monotonic()
+        at, struck = time.monotonic(), time.time()
         detail = await fault()
+        back = time.time()
         for proc in services_of(system):
             await proc.wait_ready(http, RESTART_READY_TIMEOUT_S)
-        report.faults.append(Fault("server", target, done, round(time.monotonic() - at, 2), detail))
+        recovered = round(time.monotonic() - at, 2)
+        report.faults.append(Fault("server", target, done, recovered, detail, struck, back))
     await wait_terminal(api, batch["id"], 300)
     report.elapsed_s = round(time.monotonic() - started, 1)
     verdict: Verdict = await assert_exactly_once(
         api, url, batch["id"], [f"r-{i}" for i in range(settings.rows)], webhooks
     )
     report.verdict = asdict(verdict)
+    await check_paid(report, http, system)
     return report
+
+
+async def check_paid(report: ChaosReport, http: aiohttp.ClientSession, system: System) -> None:
+    """Read what the simulator was paid (``report.paid``) and sort the rows paid twice
+    (``report.verdict["paid"]``, see :mod:`tests.chaos.paid`)."""
+    report.paid = await sim_answers(http, system)
+    kills = [f.at for f in report.kills if f.target.startswith("row-worker")]
+    report.verdict["paid"] = asdict(paid_check(report.paid, kills))
+    pages = []
+    for proc in system.processes.values():
+        port = proc.health_port()
+        if proc.name.startswith("row-worker") and port is not None and proc.alive():
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                pages.append(await response.text())
+    report.verdict["unconfirmed_within"] = unconfirmed_shares(pages)
+
+
+def assert_paid_once_in(report: ChaosReport) -> None:
+    """The run paid for no row twice but in the residual window of a row-worker kill."""
+    faults = [(f.kind, f.target, round(f.at, 2), round(f.until, 2)) for f in report.faults]
+    check = report.verdict["paid"]
+    assert isinstance(check, dict), report.verdict
+    assert_paid_once(check, faults)
 
 
 @dataclass

@@ -30,6 +30,10 @@ from tests.helpers.processes import System
 from tests.helpers.support import AMQP_URL, PG_ADMIN_URL, wait_until
 
 RESTART_TIMEOUT_S = 180
+# A server stopped for a while (``outage``): the stop and start commands of a restart.
+RABBITMQ_STOP = "rabbitmqctl -q shutdown"
+RABBITMQ_START = "rabbitmq-server -detached"
+PG_CLUSTER = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql | head -n 1) main"
 DB_SERVICES = ("ingest-api", "scheduler", "dispatcher", "aggregator", "notifier", "offloader")
 
 
@@ -108,3 +112,36 @@ def sever_faults(
         return f"terminated {ended} backends, proxy cut {cut}; all not ready"
 
     return [("rabbitmq", rabbitmq), ("postgres", postgres)]
+
+
+def outage_fault(
+    target: str, seconds: float, mode: str, system: System, amqp: TcpProxy, pg: TcpProxy
+) -> ServerFault:
+    """``target`` (``rabbitmq`` or ``postgres``) away for ``seconds``: really stopped and
+    started again (``restart``: everyone's server), or only ``system``'s connections cut
+    and refused meanwhile (``sever``)."""
+    up = _amqp_up if target == "rabbitmq" else _postgres_up
+    stop, start = (
+        (RABBITMQ_STOP, RABBITMQ_START)
+        if target == "rabbitmq"
+        else (f"{PG_CLUSTER} stop", f"{PG_CLUSTER} start")
+    )
+
+    async def restart() -> str:
+        await run_shell(stop)
+        await asyncio.sleep(seconds)
+        await run_shell(start)
+        await wait_until(up, RESTART_TIMEOUT_S, f"{target} to accept connections", 0.5)
+        return f"stopped {seconds:g} s: {stop!r}, then {start!r}"
+
+    async def sever() -> str:
+        proxy = amqp if target == "rabbitmq" else pg
+        async with proxy.outage() as cut:
+            if target == "rabbitmq":
+                await close_broker_connections(system.iso.namespace)
+            else:
+                await terminate_db_backends(system.iso.database)
+            await asyncio.sleep(seconds)
+        return f"proxy cut {cut} connections and refused new ones for {seconds:g} s"
+
+    return restart if mode == "restart" else sever

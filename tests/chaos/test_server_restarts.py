@@ -13,6 +13,7 @@ import pytest
 from tests.chaos.driver import (
     ChaosSettings,
     assert_killed_and_clean,
+    assert_paid_once_in,
     chaos_started,
     chaos_system,
     run_chaos,
@@ -61,3 +62,4 @@ async def test_kills_and_server_disruptions_mid_batch_lose_nothing(
     assert_killed_and_clean(report, SERVICES, settings)
     assert [f.target for f in report.faults if f.kind == "server"] == ["rabbitmq", "postgres"]
     assert len(webhooks.bodies) == 1, "a webhook arrived after the check"
+    assert_paid_once_in(report)

@@ -188,9 +188,12 @@ def test_the_documented_docker_run_example_has_everything_the_service_needs() ->
     assert argv[-1] in console_scripts()
     assert "--network" in argv and argv[argv.index("--network") + 1] == "host"
     env = dict(argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "-e")
-    assert set(env) == {"RELAY_AMQP_URL"}  # a row-worker never opens the ledger
+    # The broker, and the ledger it reads for slices that come back (which rows have an
+    # outcome already).
+    assert set(env) == {"RELAY_AMQP_URL", "RELAY_DATABASE_URL"}
     assert env["RELAY_AMQP_URL"].startswith("amqp://")
-    assert "@127.0.0.1:" in env["RELAY_AMQP_URL"]
+    assert env["RELAY_DATABASE_URL"].startswith("postgresql://")
+    assert all("@127.0.0.1:" in url for url in env.values())
     (mount,) = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-v"]
     source, target, mode = mount.split(":")
     assert target == _image_env()["RELAY_ROUTES_FILE"] and mode == "ro"

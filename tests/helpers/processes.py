@@ -277,6 +277,13 @@ async def sim_stats(http: aiohttp.ClientSession, system: System) -> dict[str, in
         return dict(await response.json())
 
 
+async def sim_answers(http: aiohttp.ClientSession, system: System) -> dict[str, object]:
+    """The simulator's calls answered per distinct request (``extra_answers``: answers
+    paid for a request already answered; ``rows_answered_twice``, ``extra_begun``, …)."""
+    async with http.get(f"{system.sim_url}/stats/answers") as response:
+        return dict(await response.json())
+
+
 async def sim_calls(http: aiohttp.ClientSession, system: System) -> int:
     """How many chat completion calls the simulator has received so far."""
     async with http.get(f"{system.sim_url}/stats") as response:

@@ -200,6 +200,15 @@ def test_a_slice_without_a_workspace_keeps_to_its_job() -> None:
     assert (decoded.workspace, decoded.tenant) == ("", "job:b1")
 
 
+def test_a_slice_resent_by_stall_recovery_says_so_and_keeps_saying_it_when_handed_over() -> None:
+    first = SliceMessage("b1", "m", (SliceRow(0, MESSAGES_1),))
+    assert b"resent" not in first.encode()  # a first send carries no flag
+    assert SliceMessage.decode(first.encode()).resent is False
+    decoded = SliceMessage.decode(SliceMessage("b1", "m", (), resent=True).encode())
+    assert decoded.resent is True
+    assert decoded.with_rows(()).resent is True
+
+
 def test_row_task_default_params() -> None:
     decoded = SliceMessage.decode(SliceMessage("b1", "m", (SliceRow(0, MESSAGES_1),)).encode())
     assert decoded.params == {}

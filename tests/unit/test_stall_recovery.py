@@ -88,6 +88,49 @@ async def test_an_empty_queue_means_every_unheld_unfinished_row_is_lost(
     assert ("claim_stalled", OWNER, ["job1"], 120.0) in store.calls
     assert recorder.flat() == [10, 11, *range(14, 20)]
     assert dispatcher.jobs["job1"].dispatched_upto == 20, "the window is not rewound"
+    # Marked: the worker that takes them first drops those that got an outcome meanwhile.
+    assert all(task.resent for task, _ in recorder.tasks)
+
+
+async def test_nothing_is_judged_until_a_stall_period_after_the_broker_came_back(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    # The broker connection dropped: no heartbeats came meanwhile, and the workers'
+    # slices went back to the queue and out again at the reconnect (held by nobody for
+    # a moment). Judged then, every row would be re-sent and paid for twice.
+    connected = True
+    dispatcher = Dispatcher(
+        store,
+        recorder.publish,
+        recorder.announce,
+        {"gpt-4o-mini"}.__contains__,
+        DispatchConfig(OWNER, 20, 4, 8, LEASE_S),
+        rows_waiting=Waiting(0),
+        inflight=InFlight(OWNER, Clock()),
+        clock=Clock(),
+        connected=lambda: connected,
+    )
+    await stalled_job(store, recorder, dispatcher)
+    dispatcher.sight_lost()
+    connected = False
+    assert await dispatcher.recover_stalled() == 0
+    connected = True
+    assert await dispatcher.recover_stalled() == 0
+    assert ("claim_stalled", OWNER, ["job1"], 0.0) in store.calls, "its stall clock restarts"
+    assert recorder.tasks == []
+    # A stall period later (fresh heartbeats by then) the job is judged as usual.
+    store.stalled["job1"] = 10
+    assert await dispatcher.recover_stalled() == 1
+    assert recorder.flat() == [10, 11, *range(14, 20)]
+
+
+async def test_first_sends_are_not_marked_resent(
+    store: FakeDispatchStore, recorder: Recorder
+) -> None:
+    dispatcher = make(store, recorder, Waiting(0), Clock(), Clock())
+    store.queued.append(job(total=100))
+    await dispatcher.claim()
+    assert recorder.tasks and not any(task.resent for task, _ in recorder.tasks)
 
 
 async def test_rows_a_live_worker_holds_are_not_sent_again(

@@ -8,12 +8,14 @@ one of :mod:`~relay_batches.kit.chunks`) starts on. How a delivery is settled is
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.exceptions import ChannelInvalidStateError
 
 from relay_batches.bus.client import MessageCallback
 from relay_batches.kit.settle import settle_one
@@ -94,6 +96,57 @@ class Consume(Generic[T]):
 
         def decode(message: AbstractIncomingMessage) -> T:
             return self.decode(message.body)
+
+        callback = _spawning(tasks, self.kind, decode, self.handle, self.retry_pause_s)
+        await bus.consume(self.queue, callback, self.prefetch)
+
+
+@dataclass(frozen=True)
+class Delivery(Generic[T]):
+    """A decoded delivery and what the broker says of it: ``redelivered`` (it was
+    delivered before, to a consumer that never settled it: one that died, or whose
+    channel closed) and :meth:`open`."""
+
+    value: T
+    redelivered: bool
+    is_open: Callable[[], bool]
+
+    def open(self) -> bool:
+        """Whether it can still be settled: once its channel closed (the connection
+        dropped) the broker has put it back in the queue for any consumer, so work on
+        it started now may be done twice."""
+        return self.is_open()
+
+
+def channel_open(message: AbstractIncomingMessage) -> bool:
+    """Whether ``message``'s channel is still open (aio-pika's robust reconnect opens a
+    new one; the delivery's stays closed)."""
+    try:
+        return not message.channel.is_closed
+    except ChannelInvalidStateError:
+        return False
+
+
+@dataclass(frozen=True)
+class ConsumeDeliveries(Generic[T]):
+    """A durable queue, as :class:`Consume`, whose ``handle`` gets each decoded body as
+    a :class:`Delivery`: a handler that pays for its work can tell a redelivery, and
+    stop starting work on a delivery that can no longer be acked."""
+
+    queue: str
+    kind: str
+    decode: Callable[[bytes], T]
+    handle: Callable[[Delivery[T]], Awaitable[object]]
+    prefetch: int
+    retry_pause_s: float = RETRY_PAUSE_S
+
+    async def start(self, bus: ConsumingBus, tasks: Tasks, halt: asyncio.Event) -> None:
+        """Consume the queue."""
+
+        def decode(message: AbstractIncomingMessage) -> Delivery[T]:
+            value = self.decode(message.body)
+            is_open = functools.partial(channel_open, message)
+            return Delivery(value, bool(message.redelivered), is_open)
 
         callback = _spawning(tasks, self.kind, decode, self.handle, self.retry_pause_s)
         await bus.consume(self.queue, callback, self.prefetch)

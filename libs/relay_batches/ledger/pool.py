@@ -44,13 +44,16 @@ async def create_pool(
     min_size: int = 1,
     max_size: int = 10,
     statement_cache_size: int = 100,
+    max_inactive_s: float = 300.0,
 ) -> asyncpg.Pool:
     """Open a pool with bounded connect and command timeouts (``statement_cache_size=0``
-    behind a transaction-mode PgBouncer older than 1.21)."""
+    behind a transaction-mode PgBouncer older than 1.21); a connection idle for
+    ``max_inactive_s`` is closed."""
     pool = await asyncpg.create_pool(
         database_url,
         min_size=min_size,
         max_size=max_size,
+        max_inactive_connection_lifetime=max_inactive_s,
         timeout=CONNECT_TIMEOUT_S,
         command_timeout=COMMAND_TIMEOUT_S,
         statement_cache_size=statement_cache_size,

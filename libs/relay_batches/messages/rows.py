@@ -84,6 +84,9 @@ class SliceMessage:
     # The job's pause count when it was released (see row_worker.controls); UNPAUSED: a
     # slice the offloader forwards, whose rows a pause never hands back.
     pauses: int = 0
+    # Re-sent by stall recovery: some of its rows may have an outcome by the time a
+    # worker takes it (recorded since, or on its way), so the worker checks first.
+    resent: bool = False
 
     KIND = "rows"
 
@@ -102,6 +105,7 @@ class SliceMessage:
                 "expires_at": self.expires_at,
                 "workspace": self.workspace,
                 **({"pauses": self.pauses} if self.pauses else {}),
+                **({"resent": True} if self.resent else {}),  # absent: a first send
             },
         )
 
@@ -125,6 +129,7 @@ class SliceMessage:
                 float(d.get("expires_at") or 0.0),
                 str(d.get("workspace") or ""),
                 int(d.get("pauses") or 0),
+                bool(d.get("resent", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
@@ -151,6 +156,7 @@ class DecodedSlice:
     expires_at: float = 0.0
     workspace: str = ""
     pauses: int = 0
+    resent: bool = False
 
     @property
     def tenant(self) -> str:
@@ -172,6 +178,7 @@ class DecodedSlice:
             self.expires_at,
             self.workspace,
             self.pauses,
+            self.resent,
         )
 
 

@@ -74,7 +74,8 @@ AGGREGATOR = "aggregator"
 NOTIFIER = "notifier"
 OFFLOADER = "offloader"
 SERVICES = (INGEST_API, SCHEDULER, DISPATCHER, ROW_WORKER, AGGREGATOR, NOTIFIER, OFFLOADER)
-LEDGER_SERVICES = tuple(s for s in SERVICES if s != ROW_WORKER)  # those with a ledger pool
+# Those whose ledger pool the pool-size settings bound (a row-worker's is fixed and tiny).
+LEDGER_SERVICES = tuple(s for s in SERVICES if s != ROW_WORKER)
 RELAY = "relay CLI"  # the command line's migrate, admin and workspace commands
 RELAY_BATCH = "relay batch"
 RELAY_DEV = "relay dev"

@@ -63,8 +63,9 @@ class Settings:
 
     database_url: str = setting(
         "RELAY_DATABASE_URL", Url(), "postgresql://postgres@127.0.0.1:5432/relay",
-        ESSENTIALS, (*LEDGER_SERVICES, RELAY, RELAY_DEV),
-        "The ledger: a Postgres connection URL.",
+        ESSENTIALS, (*SERVICES, RELAY, RELAY_DEV),
+        "The ledger: a Postgres connection URL (a row-worker only reads which rows of a "
+        "redelivered slice have an outcome).",
     )  # fmt: skip
     amqp_url: str = setting(
         "RELAY_AMQP_URL", Url(), "amqp://guest:guest@127.0.0.1:5672/", ESSENTIALS, ALL,
@@ -367,7 +368,7 @@ class Settings:
     # transaction mode, which cannot keep a prepared statement across transactions.
     db_statement_cache_size: int = setting(
         "RELAY_DB_STATEMENT_CACHE_SIZE", Int(low=0, clamp=False, show_value=True), 100,
-        CAPACITY, LEDGER_SERVICES,
+        CAPACITY, SERVICES,
         "Prepared statements cached per connection; `0` behind a transaction-mode "
         "PgBouncer older than 1.21.",
     )  # fmt: skip
