@@ -49,7 +49,8 @@ class Recovery(Release):
         judged = [job_id for job_id in self.jobs if job_id not in was_held | held]
         if not judged:
             return 0
-        stalled = await self._store.claim_stalled(cfg.owner, judged, cfg.stall_s)
+        settled = {job_id: self.jobs[job_id].settled_below for job_id in judged}
+        stalled = await self._store.claim_stalled(cfg.owner, judged, cfg.stall_s, settled)
         found = [
             (self.jobs[job.id], job.first_unfinished)
             for job in stalled
