@@ -11,9 +11,11 @@ from relay_batches.announce import announce_finished
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import MAX_PRIORITY
 from relay_batches.ids import new_id
+from relay_batches.kit.periodic import every
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.schema import ledger_readiness
+from relay_batches.ledger.statistics import StatisticsKeeper
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.router.aliases import AliasTable, load_aliases
 from relay_batches.runtime import Service, run_service
@@ -79,6 +81,11 @@ async def build(
         ledger_readiness(pool),
         reconcile_s=settings.reconcile_seconds,
         grace_s=settings.shutdown_grace_s,
+        statistics=(
+            every("statistics", settings.statistics_seconds, StatisticsKeeper(pool).refresh)
+            if settings.statistics_seconds > 0
+            else None
+        ),
     )
 
 

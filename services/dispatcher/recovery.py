@@ -45,13 +45,15 @@ class Recovery(Release):
         was_held = held_back(self.jobs, self._behind, self._behind_count)
         await self._probe_results()
         held = held_back(self.jobs, self._behind, self._behind_count)
+        # Where each job's walk to its first unfinished row starts.
+        settled = {job_id: owned.settled_below for job_id, owned in self.jobs.items()}
         resumed = sorted(was_held - held)
         if resumed:
-            await self._store.claim_stalled(cfg.owner, resumed, 0.0)
+            await self._store.claim_stalled(cfg.owner, resumed, 0.0, settled)
         judged = [job_id for job_id in self.jobs if job_id not in was_held | held]
         if not judged:
             return 0
-        stalled = await self._store.claim_stalled(cfg.owner, judged, cfg.stall_s)
+        stalled = await self._store.claim_stalled(cfg.owner, judged, cfg.stall_s, settled)
         found = [
             (self.jobs[job.id], job.first_unfinished)
             for job in stalled

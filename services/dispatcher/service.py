@@ -20,7 +20,7 @@ from relay_batches.bus.topology import (
 )
 from relay_batches.kit.base import BusService, ReadyCheck, ServiceBus
 from relay_batches.kit.consumer import Consume, Subscribe
-from relay_batches.kit.periodic import every
+from relay_batches.kit.periodic import Periodic, every
 from relay_batches.messages import DispatchWakeup, HoldingReport, JobEvent
 from relay_batches.services.dispatcher.core import Dispatcher
 
@@ -34,8 +34,10 @@ def dispatcher_service(
     *,
     reconcile_s: float,
     grace_s: float,
+    statistics: Periodic | None = None,
 ) -> BusService:
-    """The dispatcher's declaration."""
+    """The dispatcher's declaration; ``statistics``: the statistics keeper's periodic
+    pass (:mod:`relay_batches.ledger.statistics`), if it runs."""
 
     async def on_canceled(event: JobEvent) -> None:
         await dispatcher.drop(event.batch_id)
@@ -66,7 +68,10 @@ def dispatcher_service(
     return BusService(
         bus,
         [events, heartbeats, wakeups],
-        periodic=[every("reconcile", reconcile_s, dispatcher.reconcile)],
+        periodic=[
+            every("reconcile", reconcile_s, dispatcher.reconcile),
+            *([statistics] if statistics is not None else []),
+        ],
         ledger=ledger,
         grace_s=grace_s,
         stopping=dispatcher.stop_claiming,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -112,9 +112,14 @@ class Store(Protocol):
         """Read input rows that have no outcome yet."""
 
     async def claim_stalled(
-        self, owner: str, job_ids: list[str], stall_s: float
+        self,
+        owner: str,
+        job_ids: list[str],
+        stall_s: float,
+        settled: Mapping[str, int] | None = None,
     ) -> list[StalledJob]:
-        """Our jobs without progress for ``stall_s`` (their stall clock restarts)."""
+        """Our jobs without progress for ``stall_s`` (their stall clock restarts), each
+        with its first unfinished row, looked for from its row in ``settled``."""
 
     async def recording_silences(self) -> dict[str, float]:
         """Per running job with an outcome recorded, the seconds since its latest."""

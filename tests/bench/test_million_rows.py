@@ -18,19 +18,31 @@
 
 The bounds of issue 15 are asserted: ingest-api ≤ 300 MiB while it ingests and its
 ``/healthz`` answered within 1 s meanwhile, every service ≤ 250 MiB while the job runs.
-Not part of ``make test`` (``make bench``).
+
+The run's curve (issue 27): rows/s in each 30-second window from the upload's ``201``,
+over the first 8 minutes or up to the job's end (``million_run_curve_rows_per_s``),
+every window at least 1,000 rows/s, on a new database where nothing was analyzed by
+hand (this Postgres runs without autovacuum: only Relay's statistics keeper analyzes),
+and again (:func:`test_million_row_job_on_a_ledger_of_ten_million_rows`) on a ledger
+that already holds ``RELAY_BENCH_PRIOR_ROWS`` rows (default 10,000,000) of earlier
+finished jobs, each with its outcome, stored set-based before the upload
+(``million_prior_fill_s``). Not part of ``make test`` (``make bench``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import orjson
 
+from relay_batches.ids import new_id
 from tests.bench.harness import (
     MIB,
     Bench,
@@ -56,6 +68,11 @@ PAD = "p" * 120  # a realistic prompt: each native line about 200 bytes
 # prompt keeps 1,000,000 of them (~260 bytes each) inside the 256 MiB file limit.
 OPENAI_PAD = "p" * 90
 LONG = aiohttp.ClientTimeout(total=3600)
+CURVE_WINDOW_S = 30.0
+CURVE_SPAN_S = 480.0  # the first 8 minutes
+CURVE_FLOOR_ROWS_PER_S = 1_000
+PRIOR_ROWS = int(os.environ.get("RELAY_BENCH_PRIOR_ROWS", "10000000"))
+PRIOR_JOB_ROWS = 1_000_000
 
 
 def native_file(rows: int) -> bytes:
@@ -108,6 +125,88 @@ async def openai_ingest(bench: Bench, report: dict[str, Any]) -> None:
     report["million_openai_ingest_rows_per_s"] = round(ROWS / elapsed)
     report["million_openai_ingest_peak_rss_mib"] = round(max(peak, sampler.peaks["ingest-api"]), 1)
     report["million_openai_ingest_worst_healthz_s"] = round(worst, 3)
+
+
+async def run_curve(bench: Bench, batch_id: str, n: int, since: float) -> list[float]:
+    """Wait until the job completed with its ``n`` rows, reading its progress every
+    half second; the rows/s of each 30 s window from ``since`` (``perf_counter``) over
+    the first 8 minutes, the last window cut at the job's end."""
+    samples = [(since, 0)]
+    while True:
+        batch = await bench.api.get(batch_id)
+        samples.append((time.perf_counter(), batch["completed"] + batch["failed"]))
+        if batch["status"] == "completed":
+            assert batch["completed"] == n, batch
+            break
+        assert batch["status"] in {"queued", "running"}, batch
+        await asyncio.sleep(0.5)
+    return curve(samples, since)
+
+
+def curve(samples: list[tuple[float, int]], since: float) -> list[float]:
+    """Rows/s in each window of :data:`CURVE_WINDOW_S` from ``since``, the rows done at
+    each window's edges interpolated between the ``(time, rows done)`` samples."""
+
+    def done_at(t: float) -> float:
+        for (t0, d0), (t1, d1) in itertools.pairwise(samples):
+            if t0 <= t <= t1:
+                return d0 + (d1 - d0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1.0)
+        return float(samples[-1][1])
+
+    end = min(samples[-1][0], since + CURVE_SPAN_S)
+    rates = []
+    start = since
+    while start < end - 1.0:  # a last sliver of under a second says nothing
+        stop = min(start + CURVE_WINDOW_S, end)
+        rates.append(round((done_at(stop) - done_at(start)) / (stop - start)))
+        start = stop
+    return rates
+
+
+async def fill_prior_jobs(database_url: str, rows: int) -> float:
+    """Store ``rows`` rows of earlier jobs (finished, a million rows each, every row with
+    its outcome) as a bulk upload and the aggregator would, set-based; the seconds."""
+    started = time.perf_counter()
+    conn = await asyncpg.connect(database_url)
+    try:
+        workspace = new_id()
+        await conn.execute("INSERT INTO workspaces (id, name) VALUES ($1, 'earlier')", workspace)
+        for first in range(0, rows, PRIOR_JOB_ROWS):
+            job, size = new_id(), min(PRIOR_JOB_ROWS, rows - first)
+            await conn.execute(
+                "INSERT INTO batches (id, workspace_id, name, model, status, total, completed,"
+                " rows_batch_id, dispatched_upto, started_at, completed_at, finished_published)"
+                " VALUES ($1, $2, 'earlier', 'gpt-4o-mini', 'completed', $3, $3, $1, $3,"
+                " now() - interval '1 day', now() - interval '23 hours', true)",
+                job,
+                workspace,
+                size,
+            )
+            await conn.execute(
+                "INSERT INTO batch_rows (batch_id, row_index, custom_id, request)"
+                ' SELECT $1, i, \'r-\' || i, \'[{"role":"user","content":"row \''
+                " || i || ' ' || $3::text || '\"}]' FROM generate_series(0, $2 - 1) AS i",
+                job,
+                size,
+                PAD,
+            )
+            await conn.execute(
+                "INSERT INTO row_results (batch_id, row_index, content, attempts, deployment,"
+                " prompt_tokens, completion_tokens, finish_reason, model, latency_ms)"
+                " SELECT $1, i, 'echo: row ' || i, 1, 'sim', 40, 8, 'stop', 'gpt-4o-mini', 3"
+                " FROM generate_series(0, $2 - 1) AS i",
+                job,
+                size,
+            )
+    finally:
+        await conn.close()
+    return time.perf_counter() - started
+
+
+def report_curve(report: dict[str, Any], key: str, rates: list[float]) -> None:
+    """Record a run's curve under ``key`` and print it."""
+    report[key] = rates
+    print(f"\n{key} (rows/s per {CURVE_WINDOW_S:g} s window): {rates}")
 
 
 async def count_outcomes(bench: Bench, batch_id: str) -> tuple[int, int]:
@@ -169,7 +268,7 @@ async def test_million_row_job(
         cpu_before = {name: process_cpu_s(pid) for name, pid in every.items()}
         ticks_before = machine_ticks()
         with RssSampler(pids) as run_sampler:
-            await bench.wait_completed(created["id"], ROWS)
+            rates = await run_curve(bench, created["id"], ROWS, uploaded)
             finished = time.perf_counter()
         ticks_after = machine_ticks()
         cpu = {name: process_cpu_s(pid) - cpu_before[name] for name, pid in every.items()}
@@ -184,6 +283,7 @@ async def test_million_row_job(
     report["million_upload_peak_rss_mib"] = round(upload_peak, 1)
     report["million_upload_worst_healthz_s"] = round(worst, 3)
     report["million_run_rows_per_s"] = round(ROWS / (finished - uploaded))
+    report_curve(report, "million_run_curve_rows_per_s", rates)
     report["million_run_peak_rss_mib"] = run_peaks
     report["million_run_max_service_rss_mib"] = max(run_peaks.values())
     report["million_busy_share"] = round(busy_share(ticks_before, ticks_after), 3)
@@ -202,3 +302,33 @@ async def test_million_row_job(
     assert max(run_peaks.values()) <= RUN_BOUND_MIB, run_peaks
     worst_healthz = max(worst, report["million_openai_ingest_worst_healthz_s"])
     assert worst_healthz <= HEALTHZ_BOUND_S, worst_healthz
+    assert min(rates) >= CURVE_FLOOR_ROWS_PER_S, rates
+
+
+async def test_million_row_job_on_a_ledger_of_ten_million_rows(
+    output_dir: Path, http: aiohttp.ClientSession, report: dict[str, Any]
+) -> None:
+    report["million_prior_rows"] = PRIOR_ROWS
+    async with bench_system(
+        output_dir, "million_prior", http, workers=WORKERS, concurrency=32, latency_ms=0
+    ) as bench:
+        report["million_prior_fill_s"] = round(
+            await fill_prior_jobs(bench.database_url, PRIOR_ROWS), 1
+        )
+        data = native_file(ROWS)
+        started = time.perf_counter()
+        created = await upload_native(bench, data)
+        uploaded = time.perf_counter()
+        del data
+        assert created["total"] == ROWS, created
+        rates = await run_curve(bench, created["id"], ROWS, uploaded)
+        finished = time.perf_counter()
+    report["million_prior_upload_rows_per_s"] = round(ROWS / (uploaded - started))
+    report["million_prior_run_rows_per_s"] = round(ROWS / (finished - uploaded))
+    report_curve(report, "million_prior_run_curve_rows_per_s", rates)
+    print(
+        f"prior ledger: {PRIOR_ROWS} rows stored in {report['million_prior_fill_s']} s,"
+        f" upload {report['million_prior_upload_rows_per_s']} rows/s,"
+        f" run {report['million_prior_run_rows_per_s']} rows/s"
+    )
+    assert min(rates) >= CURVE_FLOOR_ROWS_PER_S, rates

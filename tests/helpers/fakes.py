@@ -4,7 +4,7 @@ values the unit tests build them from."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -352,7 +352,11 @@ class FakeDispatchStore:
         return ByteWindow(sum(map(self.size, flying)), min(flying, default=None), coming)
 
     async def claim_stalled(
-        self, owner: str, job_ids: list[str], stall_s: float
+        self,
+        owner: str,
+        job_ids: list[str],
+        stall_s: float,
+        settled: Mapping[str, int] | None = None,
     ) -> list[StalledJob]:
         self.calls.append(("claim_stalled", owner, sorted(job_ids), stall_s))
         # Only the jobs asked about have their stall clock restarted.

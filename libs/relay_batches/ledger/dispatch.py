@@ -3,6 +3,7 @@ find stalled jobs."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -11,6 +12,7 @@ import asyncpg
 from relay_batches.ledger.lock_order import update_jobs_in_id_order
 from relay_batches.ledger.pool import translated
 from relay_batches.ledger.status_sql import status_in
+from relay_batches.ledger.unfinished import no_outcome, without_outcome
 from relay_batches.model import JobStatus, allowed_from
 
 _JOB_COLUMNS = (
@@ -208,13 +210,20 @@ class DispatchStore:
         return [(r[0], r[1]) for r in records]
 
     async def claim_stalled(
-        self, owner: str, job_ids: list[str], stall_s: float
+        self,
+        owner: str,
+        job_ids: list[str],
+        stall_s: float,
+        settled: Mapping[str, int] | None = None,
     ) -> list[StalledJob]:
         """Our running jobs without progress for ``stall_s``, each with its first unfinished row.
 
         Claiming restarts the job's stall clock (``last_progress_at = now()``), so a job
-        is re-published at most once per stall period, by its owner only.
+        is re-published at most once per stall period, by its owner only. ``settled``
+        maps a job to a row below which every row is known to have an outcome: the walk
+        to its first unfinished row starts there (else at row 0).
         """
+        below = dict(settled or {})
         async with translated():
             records = await self._pool.fetch(
                 _CLAIM_STALLED,
@@ -222,6 +231,8 @@ class DispatchStore:
                 job_ids,
                 stall_s,
                 JobStatus.RUNNING,
+                list(below),
+                list(below.values()),
             )
         return [StalledJob(r[0], r[1]) for r in records]
 
@@ -243,6 +254,8 @@ class DispatchStore:
         self, job_id: str, rows_batch_id: str, indexes: list[int]
     ) -> list[tuple[int, str]]:
         """The input rows at ``indexes`` that still have no outcome, in index order."""
+        if not indexes:
+            return []
         async with translated():
             records = await self._pool.fetch(_ROWS_AT, job_id, rows_batch_id, indexes)
         return [(r[0], r[1]) for r in records]
@@ -453,16 +466,21 @@ _RELEASE = update_jobs_in_id_order(
     "id = ANY($2::text[]) AND lease_owner = $1", "lease_expires_at = NULL"
 )
 
-# $1 owner, $2 job ids, $3 stall seconds, $4 running: restarts the stall clock of our
-# jobs without progress and returns each one's first row without an outcome.
+# $1 owner, $2 job ids, $3 stall seconds, $4 running, $5/$6 jobs and a row below which
+# each has every outcome: restarts the stall clock of our jobs without progress and
+# returns each one's first row without an outcome, a walk up the job's rows from there
+# that probes each row's outcome and stops at the first without (an anti-join over the
+# whole job was planned as a nested loop over its outcomes where the statistics knew
+# nothing of them: minutes at a million rows, the job's row locked meanwhile).
 _CLAIM_STALLED = update_jobs_in_id_order(
     "id = ANY($2::text[]) AND lease_owner = $1 AND status = $4"
     " AND COALESCE(last_progress_at, started_at, created_at)"
     " < now() - make_interval(secs => $3)",
     "last_progress_at = now()",
-    "b.id, (SELECT min(r.row_index) FROM batch_rows r"
-    " WHERE r.batch_id = b.rows_batch_id AND NOT EXISTS ("
-    " SELECT 1 FROM row_results o WHERE o.batch_id = b.id AND o.row_index = r.row_index))",
+    "b.id, (SELECT r.row_index FROM batch_rows r WHERE r.batch_id = b.rows_batch_id"
+    " AND r.row_index >= COALESCE((SELECT s.below FROM unnest($5::text[], $6::int[])"
+    "  AS s (id, below) WHERE s.id = b.id), 0)"
+    f" AND {no_outcome('b.id', 'r.row_index')} ORDER BY r.row_index LIMIT 1)",
 )
 
 # --- reads of stall recovery ----------------------------------------------------------
@@ -476,35 +494,46 @@ _RECORDING_SILENCES = (
 
 # $1 job id, $2 start, $3 end: the indexes of the range without an outcome.
 _UNFINISHED = (
-    "SELECT i FROM generate_series($2::int, $3::int - 1) AS i"
-    " WHERE NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1 AND o.row_index = i)"
+    "SELECT w.row_index FROM ("
+    + without_outcome(
+        "SELECT i, 1 FROM generate_series($2::int, $3::int - 1) AS i", "$1", "$2", "$3"
+    )
+    + ") w"
     # A row handed back unstarted is not lost: the next top-up releases it again.
-    " AND NOT EXISTS (SELECT 1 FROM returned_rows x"
-    "   WHERE x.batch_id = $1 AND x.row_index = i AND NOT x.taken)"
-    " ORDER BY i"
+    " WHERE NOT EXISTS (SELECT 1 FROM returned_rows x"
+    "   WHERE x.batch_id = $1 AND x.row_index = w.row_index AND NOT x.taken)"
+    " ORDER BY w.row_index"
 )
 
-# $1 job id, $2 rows batch id, $3 indexes.
+# $1 job id, $2 rows batch id, $3 indexes (a few slices' worth): a probe per row.
 _ROWS_AT = (
     "SELECT r.row_index, r.request FROM batch_rows r"
     " WHERE r.batch_id = $2 AND r.row_index = ANY($3::int[])"
-    " AND NOT EXISTS (SELECT 1 FROM row_results o"
-    "   WHERE o.batch_id = $1 AND o.row_index = r.row_index)"
-    " ORDER BY r.row_index"
+    f" AND {no_outcome('$1', 'r.row_index')} ORDER BY r.row_index"
 )
 
 # --- the byte window ----------------------------------------------------------------
 
 # $1 job, $2 the batch whose rows it uses, $3..$4 rows in flight, $4..$5 rows to come.
-_UNFINISHED_SIZED = (
+# The rows in flight are mostly answered, and their range may be long (all the rows
+# released since the last reading; all of them when a dispatcher takes a job over): a
+# set difference (see ledger/unfinished). The rows to come have no outcome (they are at
+# and past dispatched_upto), so the anti-join's inner side is empty whatever its plan.
+_FLYING = without_outcome(
+    "SELECT r.row_index, octet_length(r.request) FROM batch_rows r"
+    " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4",
+    "$1",
+    "$3",
+    "$4",
+)
+_COMING = (
     "SELECT r.row_index, octet_length(r.request) AS size FROM batch_rows r"
-    " WHERE r.batch_id = $2 AND r.row_index >= {low} AND r.row_index < {high}"
+    " WHERE r.batch_id = $2 AND r.row_index >= $4 AND r.row_index < $5"
     " AND NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1"
-    "   AND o.row_index = r.row_index AND o.row_index >= {low} AND o.row_index < {high})"
+    "   AND o.row_index = r.row_index AND o.row_index >= $4 AND o.row_index < $5)"
 )
 _BYTE_WINDOW = (
-    f"WITH flying AS ({_UNFINISHED_SIZED.format(low='$3', high='$4')}),"
-    f" coming AS ({_UNFINISHED_SIZED.format(low='$4', high='$5')})"
+    f"WITH flying (row_index, size) AS ({_FLYING}), coming AS ({_COMING})"
     " SELECT (SELECT COALESCE(sum(size), 0)::bigint FROM flying),"
     " (SELECT min(row_index) FROM flying),"
     " ARRAY(SELECT row_index FROM coming ORDER BY row_index),"

@@ -310,6 +310,11 @@ class Settings:
         "RELAY_STALL_SECONDS", POSITIVE, 120.0, TUNING, (DISPATCHER,),
         "A running job without a new outcome for this long has its lost rows re-sent.",
     )  # fmt: skip
+    statistics_seconds: float = setting(
+        "RELAY_STATISTICS_SECONDS", Number(), 5.0, TUNING, (DISPATCHER,),
+        "Interval of the dispatcher's statistics keeper, which analyzes the ledger's row "
+        "tables once Relay changed them enough since their last analyze (`0`: off).",
+    )  # fmt: skip
     heartbeat_seconds: float = setting(
         "RELAY_HEARTBEAT_SECONDS", POSITIVE, 2.0, TUNING, (ROW_WORKER,),
         "How often a row-worker reports the rows it holds (a report lasts 3× this).",
