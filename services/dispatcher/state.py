@@ -16,6 +16,7 @@ from typing import Protocol
 from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog
+from relay_batches.services.dispatcher.pacing import Paces
 from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.dispatcher.sharing import (
     Windows,
@@ -245,6 +246,7 @@ class DispatcherState:
         self._config = config
         self._rows_waiting = rows_waiting
         self.inflight = inflight if inflight is not None else InFlight(config.owner)
+        self.paces = Paces()  # each job's time per row, learned from its outcomes
         self._clock = clock
         self._results_state = results_state
         # The results queues behind at the last pass (of ``_behind_count`` shards).

@@ -36,28 +36,32 @@ class DispatchWakeup:
 
 @dataclass(frozen=True)
 class JobEvent:
-    """`<ns>.events` (topic): ``job.progress``, ``job.finished`` or ``job.canceled``."""
+    """`<ns>.events` (topic): ``job.progress``, ``job.finished`` or ``job.canceled``.
+
+    ``latency_ms`` is the mean upstream time of the job's rows whose outcomes the event
+    follows (0: none measured), by which the dispatcher paces the job's releases."""
 
     batch_id: str
     status: JobStatus
     total: int
     completed: int
     failed: int
+    latency_ms: float = 0.0
 
     KIND = "job"
 
     def encode(self) -> bytes:
         """Serialise for the bus."""
-        return dump(
-            self.KIND,
-            {
-                "batch_id": self.batch_id,
-                "status": self.status,
-                "total": self.total,
-                "completed": self.completed,
-                "failed": self.failed,
-            },
-        )
+        body: dict[str, object] = {
+            "batch_id": self.batch_id,
+            "status": self.status,
+            "total": self.total,
+            "completed": self.completed,
+            "failed": self.failed,
+        }
+        if self.latency_ms > 0:
+            body["latency_ms"] = self.latency_ms
+        return dump(self.KIND, body)
 
     @classmethod
     def decode(cls, body: bytes) -> JobEvent:
@@ -70,6 +74,7 @@ class JobEvent:
                 total=int(d["total"]),
                 completed=int(d["completed"]),
                 failed=int(d["failed"]),
+                latency_ms=float(d.get("latency_ms", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
