@@ -83,7 +83,7 @@ class Release(DispatcherState):
             inflight.dispatchers(),
             len(self._busy_workspaces()),
         )
-        if owned is None:
+        if owned is None or not self._config.paced:
             return rows, size
         paced = paced_window(
             self._latency_s(owned),
@@ -101,6 +101,8 @@ class Release(DispatcherState):
     def slice_for(self, owned: OwnedJob) -> int:
         """Rows per slice of ``owned`` now: about a second of work held ahead by a worker
         (:func:`~relay_batches.services.dispatcher.pacing.slice_size`)."""
+        if not self._config.paced:
+            return self._config.slice_rows
         return slice_size(
             self._latency_s(owned),
             self.inflight.concurrencies(),

@@ -178,6 +178,9 @@ class DispatchConfig:
     window_max: int = 0  # 0: ``window`` (the window does not grow with the fleet)
     window_max_bytes: int = 0  # 0: ``window_bytes``
     offload_margin_s: float = 3600.0  # a job offloads only if it may wait window + this
+    # Size each job's slices and window by its pace (dispatcher/pacing.py), as the
+    # service does; off, they are RELAY_SLICE_ROWS and the row window whatever the pace.
+    paced: bool = False
 
     @property
     def windows(self) -> Windows:
