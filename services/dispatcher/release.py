@@ -72,10 +72,10 @@ class Release(DispatcherState):
         owned.held = owned not in releasing(self._workspace_jobs(owned))
         return not owned.held
 
-    def windows(self, owned: OwnedJob | None = None) -> tuple[int, int]:
+    def windows(self, owned: OwnedJob) -> tuple[int, int]:
         """``(rows, bytes)`` of one workspace's window now: our share of the live fleet's
         concurrency (split with the other live dispatchers), split between the
-        workspaces we release for; for ``owned``, no more rows than its pace asks
+        workspaces we release for; when paced, no more rows than ``owned``'s pace asks
         (:func:`~relay_batches.services.dispatcher.pacing.paced_window`)."""
         inflight = self.inflight
         rows, size = self._config.windows.for_fleet(
@@ -83,7 +83,7 @@ class Release(DispatcherState):
             inflight.dispatchers(),
             len(self._busy_workspaces()),
         )
-        if owned is None or not self._config.paced:
+        if not self._config.paced:
             return rows, size
         paced = paced_window(
             self._latency_s(owned),
