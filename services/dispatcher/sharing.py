@@ -100,9 +100,7 @@ def boost_for(new: OwnedJob, workspace_jobs: list[OwnedJob]) -> tuple[int, int]:
     jobs' rows that may still be queued (a job whose boost is spent sends at level 0),
     for as many rows as they have in flight; ``(0, 0)`` when it overtakes nothing."""
     lower = [o for o in workspace_jobs if o.job.priority < new.job.priority and o.in_flight > 0]
-    if not lower:
-        return 0, 0
-    return 1 + max(current_level(o) for o in lower), sum(o.in_flight for o in lower)
+    return above(lower)
 
 
 def newcomer_boost(new: OwnedJob, jobs: Iterable[OwnedJob]) -> tuple[int, int]:
@@ -110,13 +108,18 @@ def newcomer_boost(new: OwnedJob, jobs: Iterable[OwnedJob]) -> tuple[int, int]:
     workspaces have some: one level above their rows that may still be queued, for as
     many rows as they have in flight, so a new tenant's first rows do not queue behind
     another's window; ``(0, 0)`` otherwise."""
-    workspace = new.job.workspace_id
     others = [o for o in jobs if o is not new and o.in_flight > 0]
-    if any(o.job.workspace_id == workspace for o in others):
+    if any(o.job.workspace_id == new.job.workspace_id for o in others):
         return 0, 0
-    if not others:
+    return above(others)
+
+
+def above(jobs: list[OwnedJob]) -> tuple[int, int]:
+    """``(level, rows)`` that overtake ``jobs``' rows in flight: one level above the
+    highest they go at, for as many rows as they have out; ``(0, 0)`` for no job."""
+    if not jobs:
         return 0, 0
-    return 1 + max(current_level(o) for o in others), sum(o.in_flight for o in others)
+    return 1 + max(current_level(o) for o in jobs), sum(o.in_flight for o in jobs)
 
 
 def current_level(owned: OwnedJob) -> int:
