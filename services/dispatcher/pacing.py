@@ -13,7 +13,7 @@ upstream time per row (the mean ``latency_ms`` of its recorded outcomes, carried
   takes at once; never more than ``RELAY_SLICE_ROWS`` (so fast rows keep full slices and
   zero-latency throughput is unchanged), nor fewer than ``widest`` (a worker holding two
   slices of fewer rows than its slots would leave slots idle), nor more than the job's
-  rows left spread over the slices the workers take at once (a small job runs on every
+  rows still to go out spread over the slices the workers take at once (a small job runs on every
   worker at once, and a big one's last rows end on every worker together).
 - **the window** of its workspace: what the workers hold at that slice size plus about
   :data:`WINDOW_AHEAD_S` of the live fleet's throughput, split between the live
@@ -81,7 +81,7 @@ def slice_size(
 ) -> int:
     """Rows per slice for a job whose rows take ``latency_s`` (None: unknown) while live
     row-workers run ``concurrencies`` rows at once each and ``rows_left`` of its rows
-    have no outcome yet; ``base`` is ``RELAY_SLICE_ROWS``. With no worker known, as if
+    are still to go out; ``base`` is ``RELAY_SLICE_ROWS``. With no worker known, as if
     :data:`UNKNOWN_FLEET` ran."""
     concurrencies = concurrencies or UNKNOWN_FLEET
     widest = max(concurrencies)

@@ -98,16 +98,17 @@ class Release(DispatcherState):
         """Seconds per row of ``owned`` as learned from its outcomes (None: not yet)."""
         return self.paces.latency_s(owned.job.id)
 
-    def slice_for(self, owned: OwnedJob) -> int:
+    def slice_for(self, owned: OwnedJob, going: int = 0) -> int:
         """Rows per slice of ``owned`` now: about a second of work held ahead by a worker
-        (:func:`~relay_batches.services.dispatcher.pacing.slice_size`)."""
+        (:func:`~relay_batches.services.dispatcher.pacing.slice_size`), its rows left
+        being those not released yet (and the ``going`` rows being published)."""
         if not self._config.paced:
             return self._config.slice_rows
         return slice_size(
             self._latency_s(owned),
             self.inflight.concurrencies(),
             self._config.slice_rows,
-            owned.job.total - owned.done,
+            owned.job.total - owned.dispatched_upto + going,
         )
 
     def _busy_workspaces(self) -> set[str]:
@@ -227,7 +228,7 @@ class Release(DispatcherState):
         if not rows:
             return
         job, sent_at = owned.job, self._clock()
-        slices = slice_rows(rows, self.slice_for(owned), MAX_SLICE_BYTES)
+        slices = slice_rows(rows, self.slice_for(owned, len(rows)), MAX_SLICE_BYTES)
         level = self._broker_level(owned, len(rows))
         owned.sent.record(rows[0][0], rows[-1][0] + 1, sent_at, level)
         await asyncio.gather(
