@@ -13,8 +13,8 @@ upstream time per row (the mean ``latency_ms`` of its recorded outcomes, carried
   takes at once; never more than ``RELAY_SLICE_ROWS`` (so fast rows keep full slices and
   zero-latency throughput is unchanged), nor fewer than ``widest`` (a worker holding two
   slices of fewer rows than its slots would leave slots idle), nor more than the job's
-  rows still to go out spread over the slices the workers take at once (a small job runs on every
-  worker at once, and a big one's last rows end on every worker together).
+  rows still to go out spread over the workers (a small job runs on every worker at
+  once, and a big one's last rows end on every worker together).
 - **the window** of its workspace: what the workers hold at that slice size plus about
   :data:`WINDOW_AHEAD_S` of the live fleet's throughput, split between the live
   dispatchers, never more than the row window of :mod:`.sharing` (the cap when rows are
@@ -92,9 +92,9 @@ def slice_size(
         prefetch = rows_prefetch(widest, base)
         wanted = math.ceil(widest * (1 + SLICE_AHEAD_S / latency_s) / prefetch)
         size = max(floor, min(base, wanted))
-    # Rows left over every slice the workers take at once: a small job runs on every
-    # worker, and a big one's last rows end on every worker together.
-    spread = math.ceil(rows_left / sum(rows_prefetch(c, base) for c in concurrencies))
+    # Rows left over the workers: a small job runs on every worker, and a big one's last
+    # rows end on every worker together.
+    spread = math.ceil(rows_left / len(concurrencies))
     return max(1, min(size, spread))
 
 

@@ -55,10 +55,10 @@ def test_a_worker_holds_about_a_second_of_work_ahead_and_keeps_its_slots_busy(
 
 
 def test_a_small_job_and_a_big_one_s_last_rows_are_spread_over_the_workers() -> None:
-    # Two workers taking two slices each: 10 rows go in slices of 3, on both.
-    assert slice_size(0.2, (4, 4), BASE, 10) == 3
+    # Two workers: 10 rows go in slices of 5, one on each.
+    assert slice_size(0.2, (4, 4), BASE, 10) == 5
     assert slice_size(0.002, (16, 16), BASE, 1) == 1
-    assert slice_size(0.002, (32,) * 4, BASE, 256) == 32, "the last 256 over 4 x 2 slices"
+    assert slice_size(0.002, (32,) * 4, BASE, 128) == 32, "the last 128 over 4 workers"
     assert slice_size(0.002, (32,) * 4, BASE, 1024) == BASE
 
 
