@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -94,7 +94,7 @@ class Aggregator:
         for job in progress:
             ROWS_RECORDED.labels("content").inc(job.new_completed)
             ROWS_RECORDED.labels("error").inc(job.new_failed)
-        await self._announce(progress)
+        await self._announce(progress, mean_latencies(outcomes))
         recorded = {job.id for job in progress}
         unrecorded = sorted({o.batch_id for o in outcomes} - recorded)
         if unrecorded:
@@ -242,10 +242,13 @@ class Aggregator:
         log.info("outbox_announced", extra={"jobs": len(jobs)})
         return len(jobs)
 
-    async def _announce(self, progress: list[JobProgress]) -> None:
+    async def _announce(
+        self, progress: list[JobProgress], latencies: Mapping[str, float] | None = None
+    ) -> None:
+        paces = latencies or {}
         await asyncio.gather(
             *(
-                self._publish(progress_key(j.owner), _event(j).encode())
+                self._publish(progress_key(j.owner), _event(j, paces.get(j.id, 0.0)).encode())
                 for j in progress
                 if j.owner
             ),
@@ -316,5 +319,18 @@ def unstorable(outcome: RowOutcome) -> RowOutcome:
     )
 
 
-def _event(job: JobProgress) -> JobEvent:
-    return JobEvent(job.id, job.status, job.total, job.completed, job.failed, job.pauses)
+def _event(job: JobProgress, latency_ms: float = 0.0) -> JobEvent:
+    return JobEvent(
+        job.id, job.status, job.total, job.completed, job.failed, job.pauses, latency_ms
+    )
+
+
+def mean_latencies(outcomes: Sequence[RowOutcome]) -> dict[str, float]:
+    """Per job, the mean upstream time (ms) of ``outcomes`` that measured one: what the
+    progress event tells the dispatcher pacing the job's releases."""
+    sums: dict[str, tuple[float, int]] = {}
+    for outcome in outcomes:
+        if outcome.latency_ms is not None:
+            total, count = sums.get(outcome.batch_id, (0.0, 0))
+            sums[outcome.batch_id] = (total + outcome.latency_ms, count + 1)
+    return {batch_id: total / count for batch_id, (total, count) in sums.items()}

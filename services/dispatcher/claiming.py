@@ -16,6 +16,7 @@ from relay_batches.services.dispatcher.inflight import SendLog
 from relay_batches.services.dispatcher.release import Release
 from relay_batches.services.dispatcher.sharing import (
     boost_for,
+    newcomer_boost,
     outranking_floors,
     releasing,
 )
@@ -124,7 +125,10 @@ class Claiming(Release):
             extra={"batch_id": job.id, "total": job.total, "from_row": job.dispatched_upto},
         )
         owned = OwnedJob(job, job.dispatched_upto, job.done, asyncio.Lock(), SendLog(self._clock()))
-        owned.level, owned.boost = boost_for(owned, self._workspace_jobs(owned))
+        owned.level, owned.boost = max(
+            boost_for(owned, self._workspace_jobs(owned)),
+            newcomer_boost(owned, self.jobs.values()),
+        )
         self.jobs[job.id] = owned
         return owned
 

@@ -2,7 +2,9 @@
 
 For every job it owns, the dispatcher keeps ``dispatched_upto - done <= window`` and the
 message text of its rows in flight within ``window_bytes`` (both its part of its
-workspace's windows, which grow with the row-workers' concurrency; one row larger than
+workspace's windows, which grow with the row-workers' concurrency and, paced by the
+job's time per row, hold a few seconds of work, see
+:mod:`~relay_batches.services.dispatcher.pacing`; one row larger than
 that goes out alone, when nothing else of the job is in flight): it records the new
 ``dispatched_upto`` in the ledger and only then publishes those slices of consecutive
 rows (confirmed), so a row is never out while the ledger holds it unreleased, and a

@@ -85,6 +85,13 @@ class InFlight:
         now = self._clock()
         return sum(w.concurrency for w in self._workers.values() if w.expires_at >= now)
 
+    def concurrencies(self) -> tuple[int, ...]:
+        """The concurrency of each live row-worker that reports one."""
+        now = self._clock()
+        return tuple(
+            w.concurrency for w in self._workers.values() if w.expires_at >= now and w.concurrency
+        )
+
     def fed_concurrency(self, slice_rows: int) -> int:
         """What the windows are sized by: each live worker's concurrency, or half the
         rows its prefetch of slices holds when that is more. A window of twice the

@@ -11,6 +11,7 @@ from dataclasses import replace
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.model import TERMINAL, JobStatus
 from relay_batches.services.dispatcher.budget import rows_within_budget
+from relay_batches.services.dispatcher.pacing import paced_window, slice_size
 from relay_batches.services.dispatcher.sharing import (
     byte_share,
     releasing,
@@ -38,6 +39,7 @@ class Release(DispatcherState):
         owned = self.jobs.get(event.batch_id)
         if owned is None:
             return
+        self.paces.observe(event.batch_id, event.latency_ms)
         if event.status != JobStatus.RUNNING:
             await self.drop(event.batch_id)
             if event.status not in TERMINAL:
@@ -72,15 +74,43 @@ class Release(DispatcherState):
         owned.held = owned not in releasing(self._workspace_jobs(owned))
         return not owned.held
 
-    def windows(self) -> tuple[int, int]:
+    def windows(self, owned: OwnedJob) -> tuple[int, int]:
         """``(rows, bytes)`` of one workspace's window now: our share of the live fleet's
         concurrency (split with the other live dispatchers), split between the
-        workspaces we release for."""
+        workspaces we release for; when paced, no more rows than ``owned``'s pace asks
+        (:func:`~relay_batches.services.dispatcher.pacing.paced_window`)."""
         inflight = self.inflight
-        return self._config.windows.for_fleet(
+        rows, size = self._config.windows.for_fleet(
             inflight.fed_concurrency(self._config.slice_rows),
             inflight.dispatchers(),
             len(self._busy_workspaces()),
+        )
+        if not self._config.paced:
+            return rows, size
+        paced = paced_window(
+            self._latency_s(owned),
+            inflight.concurrencies(),
+            self.slice_for(owned),
+            self._config.slice_rows,
+            inflight.dispatchers(),
+        )
+        return min(rows, paced), size
+
+    def _latency_s(self, owned: OwnedJob) -> float | None:
+        """Seconds per row of ``owned`` as learned from its outcomes (None: not yet)."""
+        return self.paces.latency_s(owned.job.id)
+
+    def slice_for(self, owned: OwnedJob, going: int = 0) -> int:
+        """Rows per slice of ``owned`` now: about a second of work held ahead by a worker
+        (:func:`~relay_batches.services.dispatcher.pacing.slice_size`), its rows left
+        being those not released yet (and the ``going`` rows being published)."""
+        if not self._config.paced:
+            return self._config.slice_rows
+        return slice_size(
+            self._latency_s(owned),
+            self.inflight.concurrencies(),
+            self._config.slice_rows,
+            owned.job.total - owned.dispatched_upto + going,
         )
 
     def _busy_workspaces(self) -> set[str]:
@@ -101,6 +131,7 @@ class Release(DispatcherState):
     def forget(self, batch_id: str) -> OwnedJob | None:
         """Stop releasing rows of ``batch_id`` (ended, canceled, paused or no longer ours)."""
         owned = self.jobs.pop(batch_id, None)
+        self.paces.forget(batch_id)
         if owned is not None:
             log.info("job_released", extra={"batch_id": batch_id})
         return owned
@@ -125,11 +156,12 @@ class Release(DispatcherState):
         if not self._may_release(owned):
             return
         # The job's parts of its workspace's windows, once per top-up (not per step).
-        rows_window, bytes_window = self.windows()
+        rows_window, bytes_window = self.windows(owned)
         workspace_jobs = self._workspace_jobs(owned)
-        window = window_share(rows_window, self._config.slice_rows, workspace_jobs)
+        size = self.slice_for(owned)
+        window = window_share(rows_window, size, workspace_jobs)
         budget = byte_share(bytes_window, workspace_jobs)
-        step = max(self._config.slice_rows, window // TOP_UP_FRACTION)
+        step = max(size, window // TOP_UP_FRACTION)
         async with owned.lock:
             if owned.job.returned:
                 await self._release_returned(owned)
@@ -154,7 +186,7 @@ class Release(DispatcherState):
         lets the release through whole; when unknown, or when it would stop the release
         short, they are read from the ledger (the anti-join over the rows in flight).
         ``owned.flying`` then counts the rows up to the stop (what goes out next)."""
-        job, size = owned.job, self._config.slice_rows
+        job, size = owned.job, self.slice_for(owned)
         start = owned.dispatched_upto
         count = min(room, size * FETCH_SLICES)
         if start + count < job.total:
@@ -228,7 +260,7 @@ class Release(DispatcherState):
         if not rows:
             return
         job, sent_at = owned.job, self._clock()
-        slices = slice_rows(rows, self._config.slice_rows, MAX_SLICE_BYTES)
+        slices = slice_rows(rows, self.slice_for(owned, len(rows)), MAX_SLICE_BYTES)
         level = self._broker_level(owned, len(rows))
         owned.sent.record(rows[0][0], rows[-1][0] + 1, sent_at, level)
         await asyncio.gather(

@@ -18,6 +18,9 @@
 - **Within a workspace** priority decides: only the workspace's highest-priority jobs
   that still have rows to release are topped up; lower ones wait, keeping their lease,
   until those have released every row.
+- **A new tenant** (a job of a workspace with no row in flight here while others have
+  some) sends as many rows as they have in flight one level above theirs, so its first
+  rows do not wait behind another workspace's window.
 - **A job that overtakes** lower jobs of its workspace whose rows are still queued in the
   broker sends as many rows one broker level above theirs, so it starts at once instead
   of queueing behind them; afterwards its rows go at the base level, the same for every
@@ -97,9 +100,26 @@ def boost_for(new: OwnedJob, workspace_jobs: list[OwnedJob]) -> tuple[int, int]:
     jobs' rows that may still be queued (a job whose boost is spent sends at level 0),
     for as many rows as they have in flight; ``(0, 0)`` when it overtakes nothing."""
     lower = [o for o in workspace_jobs if o.job.priority < new.job.priority and o.in_flight > 0]
-    if not lower:
+    return above(lower)
+
+
+def newcomer_boost(new: OwnedJob, jobs: Iterable[OwnedJob]) -> tuple[int, int]:
+    """``(level, rows)`` for a job of a workspace with no row in flight here while other
+    workspaces have some: one level above their rows that may still be queued, for as
+    many rows as they have in flight, so a new tenant's first rows do not queue behind
+    another's window; ``(0, 0)`` otherwise."""
+    others = [o for o in jobs if o is not new and o.in_flight > 0]
+    if any(o.job.workspace_id == new.job.workspace_id for o in others):
         return 0, 0
-    return 1 + max(current_level(o) for o in lower), sum(o.in_flight for o in lower)
+    return above(others)
+
+
+def above(jobs: list[OwnedJob]) -> tuple[int, int]:
+    """``(level, rows)`` that overtake ``jobs``' rows in flight: one level above the
+    highest they go at, for as many rows as they have out; ``(0, 0)`` for no job."""
+    if not jobs:
+        return 0, 0
+    return 1 + max(current_level(o) for o in jobs), sum(o.in_flight for o in jobs)
 
 
 def current_level(owned: OwnedJob) -> int:

@@ -17,6 +17,7 @@ from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.services.dispatcher.budget import PriceOf
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog
+from relay_batches.services.dispatcher.pacing import Paces
 from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.dispatcher.sharing import (
     Windows,
@@ -183,6 +184,9 @@ class DispatchConfig:
     window_max: int = 0  # 0: ``window`` (the window does not grow with the fleet)
     window_max_bytes: int = 0  # 0: ``window_bytes``
     offload_margin_s: float = 3600.0  # a job offloads only if it may wait window + this
+    # Size each job's slices and window by its pace (dispatcher/pacing.py), as the
+    # service does; off, they are RELAY_SLICE_ROWS and the row window whatever the pace.
+    paced: bool = False
 
     @property
     def windows(self) -> Windows:
@@ -258,6 +262,7 @@ class DispatcherState:
         self._config = config
         self._rows_waiting = rows_waiting
         self.inflight = inflight if inflight is not None else InFlight(config.owner)
+        self.paces = Paces()  # each job's time per row, learned from its outcomes
         self._clock = clock
         self._results_state = results_state
         # The results queues behind at the last pass (of ``_behind_count`` shards).

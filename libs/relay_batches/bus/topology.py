@@ -4,7 +4,8 @@ Priorities: RabbitMQ delivers the higher number first. On ``dispatch`` a wake-up
 its job's priority clamped onto ``0..MAX_PRIORITY`` (the ledger keeps the exact order).
 On ``rows`` the level is not the job's priority, which only orders jobs within their
 workspace: the dispatcher sends every workspace's rows at level 0 and raises a job's
-first rows only to overtake lower jobs of its own workspace (``dispatcher/sharing.py``).
+first rows only to overtake lower jobs of its own workspace, or, for a workspace with no
+row in flight, the other workspaces' queued rows (``dispatcher/sharing.py``).
 
 Queue types: ``dispatch`` and ``rows`` are always classic queues (their ten priority
 levels exist only there); the other durable queues take ``RELAY_QUEUE_TYPE`` (classic or

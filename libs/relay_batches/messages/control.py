@@ -36,7 +36,10 @@ class DispatchWakeup:
 
 @dataclass(frozen=True)
 class JobEvent:
-    """`<ns>.events` (topic): ``job.progress``, ``job.finished`` or ``job.canceled``."""
+    """`<ns>.events` (topic): ``job.progress``, ``job.finished`` or ``job.canceled``.
+
+    ``latency_ms`` is the mean upstream time of the job's rows whose outcomes the event
+    follows (0: none measured), by which the dispatcher paces the job's releases."""
 
     batch_id: str
     status: JobStatus
@@ -44,22 +47,24 @@ class JobEvent:
     completed: int
     failed: int
     pauses: int = 0  # how many times the job was paused (``job.paused`` says which pause)
+    latency_ms: float = 0.0
 
     KIND = "job"
 
     def encode(self) -> bytes:
         """Serialise for the bus."""
-        return dump(
-            self.KIND,
-            {
-                "batch_id": self.batch_id,
-                "status": self.status,
-                "total": self.total,
-                "completed": self.completed,
-                "failed": self.failed,
-                **({"pauses": self.pauses} if self.pauses else {}),
-            },
-        )
+        body: dict[str, object] = {
+            "batch_id": self.batch_id,
+            "status": self.status,
+            "total": self.total,
+            "completed": self.completed,
+            "failed": self.failed,
+        }
+        if self.pauses:
+            body["pauses"] = self.pauses
+        if self.latency_ms > 0:
+            body["latency_ms"] = self.latency_ms
+        return dump(self.KIND, body)
 
     @classmethod
     def decode(cls, body: bytes) -> JobEvent:
@@ -73,6 +78,7 @@ class JobEvent:
                 completed=int(d["completed"]),
                 failed=int(d["failed"]),
                 pauses=int(d.get("pauses") or 0),
+                latency_ms=float(d.get("latency_ms", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc
