@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
+from relay_batches.ledger.dispatch import RunningJob, StalledJob
+from relay_batches.ledger.released_rows import ByteWindow
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.services.dispatcher.budget import PriceOf
 from relay_batches.services.dispatcher.inflight import InFlight, SendLog

@@ -11,7 +11,8 @@ from typing import Any
 
 from relay_batches.errors import TransientError
 from relay_batches.ledger.deliveries import Attempt, Claim, Deferred, Probe
-from relay_batches.ledger.dispatch import ByteWindow, RunningJob, StalledJob
+from relay_batches.ledger.dispatch import RunningJob, StalledJob
+from relay_batches.ledger.released_rows import ByteWindow
 from relay_batches.ledger.result_pages import AnsweredRow
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.model import DeliveryStatus, Job, JobStatus

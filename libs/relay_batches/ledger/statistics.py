@@ -17,10 +17,13 @@ changed since its last analyze (``n_mod_since_analyze``) reach
 ``max(ANALYZE_AFTER_ROWS, ANALYZE_AFTER_FRACTION x its rows)``; migration 0027 sets the
 same bound for autovacuum on the row tables, so where autovacuum runs it usually gets
 there first. An ``ANALYZE`` samples a bounded number of rows (30,000 at the default
-statistics target): about a tenth of a second at any size. One dispatcher at a time
+statistics target), so its time hardly grows with the table: 0.2–3.6 s each on this
+two-core machine in the million-row benchmark (docs/performance.md), on a new ledger and
+on one of ten million rows alike. One dispatcher at a time
 (an advisory lock, tried, never waited for), within a statement
 timeout, never waiting for a lock (an autovacuum analyzing the table already is left
-to it), on a pool connection of its own periodic task: never in a release's way.
+to it), on one pool connection held by its own periodic task for the pass (a release
+never waits for the analyze, only the pool has one connection fewer meanwhile).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ log = logging.getLogger("relay.statistics")
 KEPT_TABLES = ("batch_rows", "row_results", "batches")
 ANALYZE_AFTER_ROWS = 50_000
 ANALYZE_AFTER_FRACTION = 0.02
-# pg_try_advisory_xact_lock key of the keeper (any constant no other lock uses).
+# pg_try_advisory_lock key of the keeper (any constant no other lock uses).
 LOCK_KEY = 0x5265_6C61_7953_7461  # "RelaySta"
 STATEMENT_TIMEOUT_MS = 20_000  # below the pool's command timeout (30 s)
 LOCK_TIMEOUT_MS = 1_000
