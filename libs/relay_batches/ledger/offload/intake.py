@@ -65,9 +65,9 @@ class Intake(PoolStore):
                 batch_id, rows_batch_id, model, start, upto = job
                 taken.append(batch_id)
                 end = min(upto, start + step)
-                args = (batch_id, rows_batch_id, start, end, model, aliases, deployments)
-                args += (prefixes, prefix_leads)
-                status = await conn.execute(_INTAKE_ROWS, *args)
+                rows = (batch_id, rows_batch_id, start, end, model)
+                routes = (aliases, deployments, prefixes, prefix_leads)
+                status = await conn.execute(_INTAKE_ROWS, *rows, *routes)
                 await conn.execute(_INTAKE_ADVANCE, batch_id, end)
                 recorded += int(status.split()[-1])
         self._unanalyzed += recorded
