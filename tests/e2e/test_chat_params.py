@@ -106,7 +106,9 @@ async def test_the_anthropic_sdk_pages_through_the_aliases(system: System, param
     try:
         models = [model async for model in client.models.list(limit=3)]
         assert [m.id for m in models] == ALIASES
-        assert {(m.type, m.display_name == m.id) for m in models} == {("model", True)}
+        assert {(m.type, m.display_name == m.id, m.lifecycle) for m in models} == {
+            ("model", True, "active")
+        }
         first = await client.models.list(limit=3)
         assert (first.has_more, first.first_id, first.last_id) == (True, ALIASES[0], ALIASES[2])
         back = await client.models.list(limit=2, before_id=ALIASES[3])

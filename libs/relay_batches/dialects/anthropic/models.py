@@ -1,10 +1,11 @@
 """``GET /v1/models`` in Anthropic's shape: the route aliases as model infos.
 
-``{data: [{type: "model", id, display_name, created_at}], has_more, first_id,
-last_id}``, a page of ``limit`` (1 to 1000, default 20) ids in sorted order after
-``after_id`` or before ``before_id`` (ids compare as text, so a cursor need not be an
-id still listed). ``display_name`` is the alias; ``created_at`` when the routes were
-loaded (the routes file's modification time).
+``{data: [{type: "model", id, display_name, created_at, lifecycle: "active", …}],
+has_more, first_id, last_id}`` (what Relay cannot know of a model, its capabilities,
+line, token limits, deprecation and retirement, is null), a page of ``limit`` (1 to
+1000, default 20) ids in sorted order after ``after_id`` or before ``before_id`` (ids
+compare as text, so a cursor need not be an id still listed). ``display_name`` is the
+alias; ``created_at`` when the routes were loaded (the routes file's modification time).
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ class AnthropicModelInfo(_Response):
     id: str
     display_name: str
     created_at: datetime
+    lifecycle: Literal["active"] = "active"
+    capabilities: dict[str, Any] | None = None
+    line: str | None = None
+    max_input_tokens: int | None = None
+    max_tokens: int | None = None
+    deprecated_at: datetime | None = None
+    retires_at: datetime | None = None
 
 
 class AnthropicModelList(_Response):
