@@ -13,6 +13,12 @@ from openai.types.chat import ChatCompletion
 
 from relay_batches.dialects.anthropic import upstream as anthropic
 from relay_batches.dialects.chat import RequestRow, check_row
+from relay_batches.dialects.chat_params import (
+    REASONING_EFFORTS,
+    SERVICE_TIERS,
+    VERBOSITIES,
+    Params,
+)
 from relay_batches.dialects.openai import upstream as openai
 from relay_batches.dialects.openai.render import OUTPUT, render_page
 from relay_batches.model import JobStatus
@@ -168,3 +174,14 @@ def test_log_probabilities_keep_the_body_and_a_plain_answer_keeps_none() -> None
 def test_a_rate_limit_counts_each_choice_at_the_cap() -> None:
     assert openai.token_cap(GPT, {"max_tokens": 100, "n": 3}) == 300
     assert openai.token_cap(GPT, {"max_tokens": 100}) == 100
+
+
+def test_the_fast_checks_enums_are_the_models() -> None:
+    properties = Params.model_json_schema()["properties"]
+    for key, values in (
+        ("reasoning_effort", REASONING_EFFORTS),
+        ("service_tier", SERVICE_TIERS),
+        ("verbosity", VERBOSITIES),
+    ):
+        (schema,) = [s for s in properties[key]["anyOf"] if "enum" in s]
+        assert tuple(schema["enum"]) == values

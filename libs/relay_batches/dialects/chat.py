@@ -36,12 +36,17 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from relay_batches.dialects.chat_params import (
+    MAX_CHOICES,
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
     MAX_TOKENS_LIMIT,
     MAX_TOOLS,
+    MAX_TOP_LOGPROBS,
+    REASONING_EFFORTS,
     RESPONSE_FORMAT_TYPES,
     SEED_RANGE,
+    SERVICE_TIERS,
+    VERBOSITIES,
     FunctionDef,
     Params,
     ResponseFormat,
@@ -359,6 +364,30 @@ def _stop_text(value: object) -> bool:
     return type(value) is str and 0 < len(value) <= MAX_STOP_CHARS
 
 
+def _integer_in(low: int, high: int) -> Callable[[object], bool]:
+    def check(value: object) -> bool:
+        return type(value) is int and low <= value <= high
+
+    return check
+
+
+def _penalty(value: object) -> bool:  # NaN and infinities fail the comparison
+    return (type(value) is float or type(value) is int) and -2 <= value <= 2
+
+
+def _flag(value: object) -> bool:
+    return type(value) is bool
+
+
+def _text(value: object) -> bool:
+    return type(value) is str
+
+
+def _one_of(values: tuple[str, ...]) -> Callable[[object], bool]:
+    allowed = frozenset(values)
+    return lambda value: type(value) is str and value in allowed
+
+
 # The scalar parameters the fast check takes, each with the test the models apply to it.
 FAST_PARAMS: Mapping[str, Callable[[object], bool]] = {
     "max_tokens": _token_count,
@@ -367,6 +396,19 @@ FAST_PARAMS: Mapping[str, Callable[[object], bool]] = {
     "temperature": _number_to(2),
     "top_p": _number_to(1),
     "stop": _stop_text,
+    "n": _integer_in(1, MAX_CHOICES),
+    "top_logprobs": _integer_in(0, MAX_TOP_LOGPROBS),
+    "logprobs": _flag,
+    "store": _flag,
+    "parallel_tool_calls": _flag,
+    "presence_penalty": _penalty,
+    "frequency_penalty": _penalty,
+    "user": _text,
+    "safety_identifier": _text,
+    "prompt_cache_key": _text,
+    "reasoning_effort": _one_of(REASONING_EFFORTS),
+    "verbosity": _one_of(VERBOSITIES),
+    "service_tier": _one_of(SERVICE_TIERS),
 }
 
 

@@ -39,6 +39,7 @@ MAX_METADATA_VALUE_CHARS = 512
 MAX_MODALITIES = 2
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority", "fast")
+VERBOSITIES = ("low", "medium", "high")
 AUDIO_FORMATS = ("wav", "aac", "mp3", "flac", "opus", "pcm16")
 NOT_STREAMED = "batch rows are not streamed"
 
