@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import aiohttp
 import anthropic
 import openai
 import pytest
@@ -19,6 +20,7 @@ from tests.e2e.test_openai_sdk import content_lines, jsonl, line, wait_batch
 from tests.helpers.anthropic_sdk import sdk_client
 from tests.helpers.chat_params import SAMPLES
 from tests.helpers.processes import System
+from tests.helpers.support import ApiClient
 
 ALIASES = [
     "gpt-4o-mini",
@@ -119,3 +121,30 @@ async def test_the_anthropic_sdk_pages_through_the_aliases(system: System, param
             await client.models.retrieve("claude-nowhere")
     finally:
         await client.close()
+
+
+async def test_native_results_show_the_first_choice_and_usage_counts_every_one(
+    system: System, params_key: str, http: aiohttp.ClientSession
+) -> None:
+    api = ApiClient(system.api_url, params_key, http)
+    rows = [
+        {"custom_id": "one", "messages": [{"role": "user", "content": "count me"}]},
+        {"custom_id": "three", "messages": [{"role": "user", "content": "count me"}], "n": 3},
+        {
+            "custom_id": "biased",
+            "model": "sim-claude",
+            "messages": [{"role": "user", "content": "x"}],
+            "logit_bias": {"1": 5},
+        },
+    ]
+    batch = await api.submit({"model": "gpt-4o-mini-2024-07-18", "requests": rows})
+    done = await api.wait_status(batch["id"], {"completed", "failed"}, 60)
+    assert (done["status"], done["completed"], done["failed"]) == ("completed", 2, 1)
+    status, results = await api.request("GET", f"/v1/batches/{batch['id']}/results?include=details")
+    assert status == 200, results
+    one, three, biased = results["data"]
+    assert one["content"] == three["content"] == "echo: count me"
+    assert three["usage"]["completion_tokens"] == 3 * one["usage"]["completion_tokens"]
+    assert biased["error"] == (
+        "upstream_error: sim-claude: anthropic deployments cannot take logit_bias"
+    )
