@@ -160,12 +160,13 @@ class EndpointEvents:
 
     async def fan_out(self, job: Job, now: float | None = None) -> int:
         """Record the event of ``job``'s end for every matching endpoint of its workspace
-        (deferred, for the deferred pass); return how many were new. None for a job
-        that has not ended."""
+        (deferred, for the deferred pass); return how many were new (none for a job that
+        has not ended). The event's ``created_at`` is when the batch ended."""
         event_type = EVENT_TYPES.get(job.status)
         if event_type is None:
             return 0
-        created_at = int(time.time() if now is None else now)
+        ended = job.completed_at.timestamp() if job.completed_at is not None else None
+        created_at = int(ended or (time.time() if now is None else now))
         async with translated():
             matching = await self._pool.fetch(_MATCHING, job.id, event_type)
             if not matching:
