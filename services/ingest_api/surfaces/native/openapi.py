@@ -351,6 +351,13 @@ def _retry() -> dict[str, Any]:
 
 def _webhook_deliveries() -> dict[str, Any]:
     """``/v1/batches/{id}/webhook_deliveries``: the log, and a redelivery."""
+    endpoint = query(
+        "endpoint_id",
+        "A webhook endpoint of the workspace (`we_<32 hex>`): the log (or a redelivery) of"
+        " the event the batch sent it, instead of the batch's own completion webhook; 400"
+        " when malformed; a redelivery for an endpoint the batch sent no event is 409.",
+        {"type": "string", "pattern": endpoints.ENDPOINT_ID},
+    )
     return {
         "get": operation(
             "listWebhookDeliveries",
@@ -381,6 +388,7 @@ def _webhook_deliveries() -> dict[str, Any]:
                         "pattern": rf"^[0-9a-f]{{32}}\.[0-9]{{1,{ATTEMPT_DIGITS}}}$",
                     },
                 ),
+                endpoint,
             ],
         ),
         "post": operation(
@@ -397,7 +405,9 @@ def _webhook_deliveries() -> dict[str, Any]:
             ' deferred and unclaimed) gets its ordinary first delivery (`status: "sending"`,'
             " `redelivery: false`); asking again while it waits answers 202 again, still one"
             " POST. The answer's `status` and `next_attempt_at` are the stored ones that `GET`"
-            " shows.",
+            " shows. With `endpoint_id`, the event the batch sent that webhook endpoint is"
+            " redelivered the same way (same `webhook-id` and body).",
+            parameters=[endpoint],
         ),
     }
 
