@@ -24,7 +24,7 @@ from relay_batches.services.relay_cli import admin
 from tests.helpers.anthropic_sdk import params, sdk_client
 from tests.helpers.processes import System
 from tests.helpers.receivers import Receiver, serving
-from tests.helpers.support import ApiClient, rows, wait_until
+from tests.helpers.support import ApiClient, past_redelivery_cooldown, rows, wait_until
 
 MODEL = "gpt-4o-mini"
 ALL_EVENTS = ["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
@@ -233,3 +233,44 @@ async def test_a_refused_url_and_bad_fields_are_400s_naming_the_field(
         assert (status, answer["error"]["param"]) == (400, param), (body, answer)
     status, listed = await call(http, system, key, "GET", "/v1/webhook_endpoints")
     assert listed["data"] == []
+
+
+async def test_an_endpoints_event_is_in_the_log_and_redelivered_with_the_same_id(
+    system: System, http: aiohttp.ClientSession
+) -> None:
+    key = await workspace(system, "endpoints-redelivery")
+    async with serving(Receiver()) as receiver:
+        endpoint = await new_endpoint(http, system, key, {"url": receiver.url}, "/v1")
+        api = ApiClient(system.api_url, key, http)
+        batch = await api.submit({"model": MODEL, "requests": rows(1)})
+        await received(receiver, 1)
+        path = f"/v1/batches/{batch['id']}/webhook_deliveries?endpoint_id={endpoint['id']}"
+
+        async def logged() -> dict[str, Any] | None:
+            status, log = await call(http, system, key, "GET", path)
+            assert status == 200, log
+            return log if log["status"] == "delivered" else None
+
+        log = await wait_until(logged, 30, "the endpoint's delivery logged", 0.1)
+        assert log["endpoint_id"] == endpoint["id"]
+        assert [(a["attempt"], a["status"], a["response_status"]) for a in log["data"]] == [
+            (1, "delivered", 204)
+        ]
+        status, own = await call(
+            http, system, key, "GET", f"/v1/batches/{batch['id']}/webhook_deliveries"
+        )
+        assert (status, own["status"], own["data"]) == (200, None, [])  # no webhookUrl
+
+        await past_redelivery_cooldown(system.iso.database_url, batch["id"])
+        status, scheduled = await call(http, system, key, "POST", path)
+        assert status == 202 and scheduled["status"] == "retrying", scheduled
+        await received(receiver, 2)
+        status, bad = await call(
+            http, system, key, "GET", f"/v1/batches/{batch['id']}/webhook_deliveries?endpoint_id=x"
+        )
+        assert status == 400 and bad["error"]["param"] == "endpoint_id", bad
+
+    first, again = unwrapped(receiver, endpoint["secret"])
+    assert receiver.bodies[0] == receiver.bodies[1] and first.id == again.id
+    assert receiver.headers[0]["webhook-id"] == receiver.headers[1]["webhook-id"]
+    assert isinstance(again, BatchCompletedWebhookEvent) and again.data.id == batch["id"]
