@@ -22,16 +22,25 @@ ALTER TABLE batches ADD COLUMN IF NOT EXISTS surface text;
 -- A batch's deliveries: its own completion webhook (endpoint_id '') and one event per
 -- webhook endpoint that matched when it ended, whose event body (an OpenAI event) is
 -- fixed when the delivery is recorded so every attempt sends the same bytes and
--- webhook-id. Constant defaults: no rewrite. Each primary key is rebuilt with the
--- endpoint in it (an index build under the table's lock: one row per batch and
--- endpoint, or per attempt).
+-- webhook-id. Constant defaults: the columns rewrite and scan nothing.
+--
+-- Each primary key becomes (batch_id, endpoint_id[, attempt]). The new key's index is
+-- built first, under the SHARE lock of CREATE INDEX (readers go on; writes wait for the
+-- build, as for every index these migrations build; no CONCURRENTLY inside a
+-- transaction); only then is the old key dropped and the index made the key, a change of
+-- the catalog alone (no scan: the columns are NOT NULL already) under a moment's ACCESS
+-- EXCLUSIVE lock right before the commit. A reader waits for that moment, never for the
+-- build.
 ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS endpoint_id text NOT NULL DEFAULT '';
 ALTER TABLE webhook_deliveries ADD COLUMN IF NOT EXISTS body text;
-ALTER TABLE webhook_deliveries DROP CONSTRAINT IF EXISTS webhook_deliveries_pkey;
-ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_pkey
-    PRIMARY KEY (batch_id, endpoint_id);
-
 ALTER TABLE webhook_attempts ADD COLUMN IF NOT EXISTS endpoint_id text NOT NULL DEFAULT '';
-ALTER TABLE webhook_attempts DROP CONSTRAINT IF EXISTS webhook_attempts_pkey;
-ALTER TABLE webhook_attempts ADD CONSTRAINT webhook_attempts_pkey
-    PRIMARY KEY (batch_id, endpoint_id, attempt);
+
+CREATE UNIQUE INDEX IF NOT EXISTS webhook_deliveries_endpoint_key
+    ON webhook_deliveries (batch_id, endpoint_id);
+CREATE UNIQUE INDEX IF NOT EXISTS webhook_attempts_endpoint_key
+    ON webhook_attempts (batch_id, endpoint_id, attempt);
+
+ALTER TABLE webhook_deliveries DROP CONSTRAINT IF EXISTS webhook_deliveries_pkey,
+    ADD CONSTRAINT webhook_deliveries_pkey PRIMARY KEY USING INDEX webhook_deliveries_endpoint_key;
+ALTER TABLE webhook_attempts DROP CONSTRAINT IF EXISTS webhook_attempts_pkey,
+    ADD CONSTRAINT webhook_attempts_pkey PRIMARY KEY USING INDEX webhook_attempts_endpoint_key;
