@@ -15,7 +15,9 @@ import openai
 import orjson
 from openai.types import Batch
 from openai.types.webhooks import (
+    BatchCancelledWebhookEvent,
     BatchCompletedWebhookEvent,
+    BatchExpiredWebhookEvent,
     BatchFailedWebhookEvent,
     UnwrapWebhookEvent,
 )
@@ -274,3 +276,38 @@ async def test_an_endpoints_event_is_in_the_log_and_redelivered_with_the_same_id
     assert receiver.bodies[0] == receiver.bodies[1] and first.id == again.id
     assert receiver.headers[0]["webhook-id"] == receiver.headers[1]["webhook-id"]
     assert isinstance(again, BatchCompletedWebhookEvent) and again.data.id == batch["id"]
+
+
+async def test_a_cancelled_and_an_expired_batch_send_their_typed_events(
+    system: System, http: aiohttp.ClientSession
+) -> None:
+    key = await workspace(system, "endpoints-cancel-expire")
+    slow = [params(f"slow {i} [sim:delay-ms=2000]") for i in range(40)]
+    async with serving(Receiver()) as receiver:
+        endpoint = await new_endpoint(
+            http,
+            system,
+            key,
+            {"url": receiver.url, "events": ["batch.cancelled", "batch.expired"]},
+            "/openai/v1",
+        )
+        async with sdk_client(system.api_url, key) as anthropic_client:
+            created = await anthropic_client.messages.batches.create(
+                requests=[{"custom_id": f"s{i}", "params": p} for i, p in enumerate(slow)]  # type: ignore[misc]
+            )
+            await anthropic_client.messages.batches.cancel(created.id)
+        api = ApiClient(system.api_url, key, http)
+        expiring = await api.submit(
+            {
+                "model": MODEL,
+                "requests": rows(40, "slow {i} [sim:delay-ms=2000]"),
+                "completion_window": "1s",
+            }
+        )
+        await received(receiver, 2)
+
+    by_type = {type(e): e for e in unwrapped(receiver, endpoint["secret"])}
+    assert set(by_type) == {BatchCancelledWebhookEvent, BatchExpiredWebhookEvent}, by_type
+    assert by_type[BatchCancelledWebhookEvent].data.id == created.id
+    assert created.id.startswith("msgbatch_")
+    assert by_type[BatchExpiredWebhookEvent].data.id == expiring["id"]
