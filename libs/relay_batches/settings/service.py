@@ -195,7 +195,8 @@ class Settings:
     )  # fmt: skip
     webhook_timeout_s: float = setting(
         "RELAY_WEBHOOK_TIMEOUT_S", POSITIVE, 10.0, UPSTREAM, (NOTIFIER, INGEST_API),
-        "Deadline of one webhook attempt (resolving the host and the whole POST).",
+        "Deadline of one webhook attempt (resolving the host and the whole POST), and of"
+        " resolving a new webhook endpoint's host at the API.",
     )  # fmt: skip
     webhook_allow_networks: tuple[IPNetwork, ...] = setting(
         "RELAY_WEBHOOK_ALLOW_NETWORKS", Networks(), (), ESSENTIALS, (NOTIFIER, INGEST_API),
