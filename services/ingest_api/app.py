@@ -39,6 +39,7 @@ from relay_batches.services.ingest_api.surfaces.native.upload import add_upload_
 from relay_batches.services.ingest_api.surfaces.openai import batches as openai_batches
 from relay_batches.services.ingest_api.surfaces.openai import files as openai_files
 from relay_batches.services.ingest_api.surfaces.openai.errors import openai_error
+from relay_batches.services.ingest_api.webhook_endpoints import add_webhook_endpoint_routes
 
 BODY_SLACK = 1024
 AddRoutes = Callable[[web.Application], None]
@@ -47,9 +48,23 @@ SURFACES: tuple[tuple[str, ErrorShape, tuple[AddRoutes, ...]], ...] = (
     (
         native.PREFIX,
         native_error,
-        (add_batch_routes, add_delivery_routes, add_upload_routes, add_model_routes),
+        (
+            add_batch_routes,
+            add_delivery_routes,
+            add_upload_routes,
+            add_model_routes,
+            add_webhook_endpoint_routes,
+        ),
     ),
-    (openai.PREFIX, openai_error, (openai_files.add_file_routes, openai_batches.add_batch_routes)),
+    (
+        openai.PREFIX,
+        openai_error,
+        (
+            openai_files.add_file_routes,
+            openai_batches.add_batch_routes,
+            add_webhook_endpoint_routes,
+        ),
+    ),
     (anthropic.PREFIX, anthropic_error, (add_anthropic_routes,)),
 )
 # The paths that need a key: everything under a surface's prefix.
