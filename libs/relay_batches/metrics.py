@@ -17,6 +17,10 @@ ROWS_ALREADY_ANSWERED = Counter(
     "their outcome",
     ["source"],
 )
+ROWS_OVERTAKEN = Counter(
+    "relay_rows_overtaken_total",
+    "Rows a row-worker held, not started, handed back to the broker for higher rows queued",
+)
 DELIVERIES_LOST = Counter(
     "relay_deliveries_lost_total",
     "Slices whose channel closed before every row started (the rest left to the broker)",

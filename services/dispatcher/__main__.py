@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from relay_batches.announce import announce_finished
 from relay_batches.bus.client import Bus
-from relay_batches.bus.topology import MAX_PRIORITY
+from relay_batches.bus.topology import EVENT_OVERTAKING, MAX_PRIORITY
 from relay_batches.ids import new_id
 from relay_batches.kit.periodic import every
 from relay_batches.ledger.dispatch import DispatchStore
@@ -73,6 +73,7 @@ async def build(
         offload_lead=lambda alias: offload_lead(aliases, alias),
         price_of=lambda alias: alias_price(aliases, alias),
         connected=bus.ready,
+        announce_overtaking=lambda event: bus.publish_event(EVENT_OVERTAKING, event.encode()),
     )
     bus.on_connection_lost(dispatcher.sight_lost)
     log.info("configured", extra={"owner": owner, "aliases": aliases.names()})

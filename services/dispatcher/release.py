@@ -284,3 +284,22 @@ class Release(DispatcherState):
                 for part in slices
             )
         )
+        if level > owned.announced_level:
+            await self._announce_overtaken(owned, level)
+
+    async def _announce_overtaken(self, owned: OwnedJob, level: int) -> None:
+        """Tell the row-workers that ``owned``'s rows are queued at ``level``: each hands
+        back the rows it holds, not started, of lower slices, so the broker delivers
+        these at once instead of after a slice it holds ends. Published after the rows
+        (confirmed), so the rows handed back queue behind them. Best effort: if it is
+        lost, the rows start when the workers' held slices end, as without it."""
+        owned.announced_level = level
+        if self._announce_overtaking is None:
+            return
+        event = JobEvent(owned.job.id, JobStatus.RUNNING, owned.job.total, 0, 0, level=level)
+        try:
+            await self._announce_overtaking(event)
+        except Exception as exc:
+            log.warning(
+                "overtaking_not_announced", extra={"batch_id": owned.job.id, "error": repr(exc)}
+            )

@@ -212,6 +212,7 @@ class OwnedJob:
     held: bool = False
     level: int = 0
     boost: int = 0
+    announced_level: int = 0  # the highest level a ``job.overtaking`` announced
     settled_below: int = 0  # every row below has an outcome (where in-flight bytes start)
     # At least the bytes of its rows in flight (a ledger reading plus the rows released
     # since); None until read.
@@ -248,8 +249,10 @@ class DispatcherState:
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         price_of: PriceOf = lambda alias: None,
         connected: Callable[[], bool] = lambda: True,
+        announce_overtaking: Callable[[JobEvent], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
+        self._announce_overtaking = announce_overtaking
         self._price_of = price_of
         # Whether our broker connection is up (consumers restored), and whether it
         # dropped since stall recovery last judged (see Recovery.sight_lost).

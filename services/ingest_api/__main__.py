@@ -16,6 +16,7 @@ from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import MAX_LONG_STORES, JobStore, long_store_slots
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.schema import ledger_readiness, schema_gate
+from relay_batches.netguard import UrlGuard
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.ingest_api.app import build_app
@@ -97,6 +98,7 @@ async def build(
             settings.body_min_rate,
         ),
         spool_dir=settings.upload_spool_dir,
+        url_guard=UrlGuard(settings.webhook_allow_networks, settings.webhook_timeout_s),
     )
 
     gate = schema_gate(pool)

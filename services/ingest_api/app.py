@@ -41,6 +41,7 @@ from relay_batches.services.ingest_api.surfaces.openai import batches as openai_
 from relay_batches.services.ingest_api.surfaces.openai import files as openai_files
 from relay_batches.services.ingest_api.surfaces.openai import models as openai_models
 from relay_batches.services.ingest_api.surfaces.openai.errors import openai_error
+from relay_batches.services.ingest_api.webhook_endpoints import add_webhook_endpoint_routes
 
 BODY_SLACK = 1024
 AddRoutes = Callable[[web.Application], None]
@@ -49,7 +50,13 @@ SURFACES: tuple[tuple[str, ErrorShape, tuple[AddRoutes, ...]], ...] = (
     (
         native.PREFIX,
         native_error,
-        (add_batch_routes, add_delivery_routes, add_upload_routes, add_model_routes),
+        (
+            add_batch_routes,
+            add_delivery_routes,
+            add_upload_routes,
+            add_model_routes,
+            add_webhook_endpoint_routes,
+        ),
     ),
     (
         openai.PREFIX,
@@ -57,6 +64,7 @@ SURFACES: tuple[tuple[str, ErrorShape, tuple[AddRoutes, ...]], ...] = (
         (
             openai_files.add_file_routes,
             openai_batches.add_batch_routes,
+            add_webhook_endpoint_routes,
             openai_models.add_model_routes,
         ),
     ),

@@ -15,7 +15,9 @@ from relay_batches.ledger.delivery_log import DeliveryLog
 from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
+from relay_batches.ledger.webhook_endpoints import WebhookEndpoints
 from relay_batches.model import Job
+from relay_batches.netguard import UrlGuard
 from relay_batches.services.ingest_api.edge.body import BodyGate
 from relay_batches.services.ingest_api.rows.validation import (
     SubmitLimits,
@@ -54,6 +56,9 @@ class ApiDeps:
     public_base_url: str = ""
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
     spool_dir: str | None = None  # where uploads are spooled; None: the system temp dir
+    # The SSRF guard a webhook endpoint's URL must pass when it is created (the
+    # notifier applies it again at every POST).
+    url_guard: UrlGuard = field(default_factory=UrlGuard)
     # Decoding and validating large bodies, one at a time: each thread more would take
     # GIL time from the event loop without adding throughput. Small bodies have their
     # own thread, so they never queue behind a large one's seconds of parsing.
@@ -68,6 +73,11 @@ class ApiDeps:
     def delivery_log(self) -> DeliveryLog:
         """Completion-webhook delivery logs and redeliveries, on :attr:`pool`."""
         return DeliveryLog(self.pool)
+
+    @cached_property
+    def webhook_endpoints(self) -> WebhookEndpoints:
+        """The workspaces' webhook endpoints, on :attr:`pool`."""
+        return WebhookEndpoints(self.pool)
 
     def parser_for(self, large: bool) -> Executor:
         """The executor that decodes and validates a body (large or not)."""

@@ -16,12 +16,19 @@ from typing import Any, Protocol
 
 from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest, SliceMessage
-from relay_batches.metrics import DELIVERIES_LOST, ROWS_DROPPED, ROWS_IN_FLIGHT, ROWS_PROCESSED
+from relay_batches.metrics import (
+    DELIVERIES_LOST,
+    ROWS_DROPPED,
+    ROWS_IN_FLIGHT,
+    ROWS_OVERTAKEN,
+    ROWS_PROCESSED,
+)
 from relay_batches.outcome import to_outcome
 from relay_batches.router.aliases import Price
 from relay_batches.router.types import RowResult
 from relay_batches.services.row_worker.controls import Halt, JobControls
 from relay_batches.services.row_worker.holdings import Holdings
+from relay_batches.services.row_worker.start_gate import StartGate, Turn
 
 log = logging.getLogger("relay.row_worker")
 ROWS_WITH_CONTENT = ROWS_PROCESSED.labels("content")
@@ -103,12 +110,11 @@ class RowRunner:
         self._sink = sink
         self._flush = flush
         self._hand_over = hand_over
-        self._slots = asyncio.Semaphore(concurrency)
-        # Slices start their rows one slice after another: interleaved, the slices a
-        # worker holds would all end together and leave every slot idle until the broker
-        # sends more (no slice comes until one is acked); in order, the first is done and
-        # acked while the next still runs.
-        self._starting = asyncio.Lock()
+        # The slots, given to the held slices best broker level first, and among equals
+        # one slice after another: interleaved, the slices a worker holds would all end
+        # together and leave every slot idle until the broker sends more (no slice comes
+        # until one is acked); in order, the first is done and acked while the next runs.
+        self._slots = StartGate(concurrency)
         self._holdings = holdings if holdings is not None else Holdings("row-worker", 1.0)
         self.canceled = CanceledJobs()
         self._running: dict[str, set[asyncio.Task[None]]] = {}
@@ -160,14 +166,16 @@ class RowRunner:
         progress = _SliceProgress()
         hand_over = self._hand_over  # tried at most once per slice
         halted: tuple[int, Halt] | None = None  # from where, and why, the rest is set aside
-        async with self._starting:
+        turn = self._slots.join(job_slice.level)
+        try:
             for position, (index, request) in enumerate(job_slice.rows):
                 if self._dropped(job_slice):  # without waiting for a slot
                     continue
                 if (halt := self._halt(job_slice)) is not None:
                     halted = (position, halt)
                     break
-                await self._slots.acquire()
+                if not await self._slot_or_handed_back(turn, job_slice, position):
+                    break  # overtaken: its rows not started went back to the broker
                 if self._dropped(job_slice):  # canceled while it waited
                     self._slots.release()
                     continue
@@ -187,18 +195,22 @@ class RowRunner:
                     if handed:
                         self._slots.release()
                         break
-                row = asyncio.create_task(
-                    self._run_row(job_slice, index, request, progress),
-                    name=f"row-{job_slice.batch_id}-{index}",
-                )
-                progress.open += 1
-                self._running.setdefault(job_slice.batch_id, set()).add(row)
-                self._unstarted.add(row)
-                row.add_done_callback(functools.partial(self._forget, job_slice.batch_id))
-                started.append(row)
+                started.append(self._start_row(job_slice, index, request, progress))
+        finally:
+            self._slots.leave(turn)
         progress.starting = False
         if started and progress.open == 0:
             self._flush_soon(job_slice.batch_id)
+        return await self._finish(job_slice, started, halted)
+
+    async def _finish(
+        self,
+        job_slice: DecodedSlice,
+        started: list[asyncio.Task[None]],
+        halted: tuple[int, Halt] | None,
+    ) -> int:
+        """Wait for the rows ``started`` of ``job_slice``, then set the rows a ``halted``
+        kept from starting aside; return how many rows got an outcome."""
         results = await asyncio.gather(*started, return_exceptions=True)
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:
@@ -208,6 +220,43 @@ class RowRunner:
             rest = [i for i, _ in job_slice.rows[position:]]
             await self.controls.set_aside(job_slice, rest, halt)
         return sum(1 for r in results if r is None)
+
+    def _start_row(
+        self, job_slice: DecodedSlice, index: int, request: RowRequest, progress: _SliceProgress
+    ) -> asyncio.Task[None]:
+        """Start row ``index`` of ``job_slice`` on the slot just taken."""
+        row = asyncio.create_task(
+            self._run_row(job_slice, index, request, progress),
+            name=f"row-{job_slice.batch_id}-{index}",
+        )
+        progress.open += 1
+        self._running.setdefault(job_slice.batch_id, set()).add(row)
+        self._unstarted.add(row)
+        row.add_done_callback(functools.partial(self._forget, job_slice.batch_id))
+        return row
+
+    def overtaken_below(self, level: int) -> int:
+        """Rows of ``level`` are queued in the broker (a ``job.overtaking``): the slices
+        held here below it that wait for a slot hand their rows not started back, so the
+        broker can deliver the higher ones at once (without a hand-over, nothing
+        changes). Returns how many slices were told."""
+        if self._hand_over is None:
+            return 0
+        return self._slots.overtake(level)
+
+    async def _slot_or_handed_back(
+        self, turn: Turn, job_slice: DecodedSlice, position: int
+    ) -> bool:
+        """True once ``turn`` holds a slot; False once the slice's rows from
+        ``position`` on were handed back to the broker, overtaken (a failed hand-back
+        waits for a slot again)."""
+        while not await self._slots.acquire(turn):
+            if self._hand_over is None:
+                continue
+            if await self._handed_over(self._hand_over, job_slice, position):
+                ROWS_OVERTAKEN.inc(len(job_slice.rows) - position)
+                return False
+        return True
 
     def _may_not_start(
         self, job_slice: DecodedSlice, live: Callable[[], bool]

@@ -3,7 +3,9 @@ its job's results shard (a redelivered or re-sent one first loses its rows that 
 outcome, and one whose channel closed starts no more rows: :mod:`.paid_once`);
 ``job.canceled`` events (a cancel, or an expiry: status ``expired``) abort that job's
 calls in flight and drop its rows still to come; ``job.paused`` and
-``job.budget_stopped`` set its rows not started aside (see :mod:`.controls`)."""
+``job.budget_stopped`` set its rows not started aside (see :mod:`.controls`);
+``job.overtaking`` hands back the rows not started of held slices below a job's boosted
+rows (see :mod:`.start_gate`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from relay_batches.bus.topology import (
     EVENT_BUDGET_STOPPED,
     EVENT_CANCELED,
     EVENT_HOLDING,
+    EVENT_OVERTAKING,
     EVENT_PAUSED,
     MAX_PRIORITY,
     rows_prefetch,
@@ -85,6 +88,9 @@ def row_worker_service(
         if runner.controls is not None:
             runner.controls.pause(event.batch_id, event.pauses)
 
+    async def on_overtaking(event: JobEvent) -> None:
+        runner.overtaken_below(event.level)
+
     async def on_budget_stopped(event: JobEvent) -> None:
         if runner.controls is not None:
             runner.controls.budget_stop(event.batch_id)
@@ -94,6 +100,7 @@ def row_worker_service(
             EVENT_CANCELED: on_canceled,
             EVENT_PAUSED: on_paused,
             EVENT_BUDGET_STOPPED: on_budget_stopped,
+            EVENT_OVERTAKING: on_overtaking,
         },
         JobEvent.decode,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import random
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from relay_batches.ids import new_id
 from relay_batches.ledger.migrate import ensure_database
 from relay_batches.services.relay_cli import admin
 
+LARGE_BODY = 1 << 20  # bytes: a request body above this is sent from a buffer
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -170,7 +172,9 @@ class ApiClient:
         """Send one request; return (status, decoded JSON body)."""
         headers = {**self._headers(key), **kw.pop("headers", {})}
         if json is not None:
-            kw["data"] = orjson.dumps(json)
+            data = orjson.dumps(json)
+            # aiohttp warns (an error here) about a large body as raw bytes.
+            kw["data"] = io.BytesIO(data) if len(data) > LARGE_BODY else data
             headers.setdefault("Content-Type", "application/json")
         async with self._session.request(
             method, self.base_url + path, headers=headers, timeout=aiohttp.ClientTimeout(60), **kw

@@ -86,10 +86,18 @@ def test_a_pace_is_a_mean_of_readings_per_job_and_goes_with_its_job() -> None:
     assert paces.latency_s("b") is None and paces.latency_s("c") == 0.01
 
 
-def paced_dispatcher() -> tuple[FakeDispatchStore, Recorder, InFlight, Dispatcher]:
+def paced_dispatcher(
+    overtaking: list[tuple[JobEvent, int]] | None = None,
+) -> tuple[FakeDispatchStore, Recorder, InFlight, Dispatcher]:
     """A paced dispatcher of slices up to 64 rows and a window of 1,024, with one live
-    row-worker of 4 slots."""
+    row-worker of 4 slots; ``overtaking`` gathers its ``job.overtaking`` events, each
+    with the slices published before it."""
     store, recorder = FakeDispatchStore(), Recorder()
+
+    async def announce_overtaking(event: JobEvent) -> None:
+        if overtaking is not None:
+            overtaking.append((event, len(recorder.tasks)))
+
     inflight = InFlight(OWNER)
     config = DispatchConfig(OWNER, 1024, BASE, 8, LEASE_S, window_bytes=10**8, paced=True)
     dispatcher = Dispatcher(
@@ -99,6 +107,7 @@ def paced_dispatcher() -> tuple[FakeDispatchStore, Recorder, InFlight, Dispatche
         {"gpt-4o-mini"}.__contains__,
         config,
         inflight=inflight,
+        announce_overtaking=announce_overtaking,
     )
     return store, recorder, inflight, dispatcher
 
@@ -143,6 +152,21 @@ async def test_a_job_of_a_workspace_with_nothing_in_flight_goes_above_the_others
     await dispatcher.claim()
     levels = {task.batch_id: level for task, level in recorder.tasks}
     assert levels == {"big": 0, "again": 0, "new": 1}
+
+
+async def test_a_boosted_job_announces_its_level_once_after_its_rows_are_out() -> None:
+    overtaking: list[tuple[JobEvent, int]] = []
+    store, recorder, inflight, dispatcher = paced_dispatcher(overtaking)
+    await inflight.on_report(HoldingReport("w1", 6.0, (), (), 4))
+    store.queued.append(job("big", total=5000, workspace="ws-a"))
+    await dispatcher.claim()
+    assert overtaking == [], "nothing to overtake"
+    store.queued.append(job("new", total=10, workspace="ws-b"))
+    await dispatcher.claim()
+    ((event, published_before),) = overtaking
+    assert (event.batch_id, event.level) == ("new", 1)
+    assert published_before == len(recorder.tasks), "announced after its slices went out"
+    assert JobEvent.decode(event.encode()) == event
 
 
 def test_progress_events_carry_the_mean_latency_of_the_outcomes_they_follow() -> None:

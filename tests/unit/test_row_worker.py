@@ -679,3 +679,38 @@ def test_a_results_message_waits_for_no_more_outcomes_than_the_worker_holds_beyo
     # One slot, slices of one row: three rows held, two may wait.
     assert outcome_batch_rows(64, 1, 1) == 2
     assert outcome_batch_rows(1, 32, 16) == 1
+
+
+async def test_a_held_slice_overtaken_hands_back_its_rows_and_the_higher_one_runs_first() -> None:
+    router, sink = FakeRouter(gated=True), Sink()
+    handed: list[SliceMessage] = []
+
+    async def hand_over(rest: SliceMessage) -> None:
+        handed.append(rest)
+
+    runner = RowRunner(router, sink, concurrency=2, hand_over=hand_over)
+    running = asyncio.create_task(runner.handle_slice(tagged("big", range(2))))
+    assert {await router.next_started() for _ in range(2)} == {("big", 0), ("big", 1)}
+    held = asyncio.create_task(runner.handle_slice(tagged("big", range(2, 6))))
+    await asyncio.sleep(0.01)  # it waits for a slot
+    assert runner.overtaken_below(1) == 1  # a new tenant's rows are queued at level 1
+    assert await asyncio.wait_for(held, WAIT_S) == 0  # acked: nothing of it started here
+    (rest,) = handed
+    assert [r.index for r in rest.rows] == [2, 3, 4, 5]
+    new = asyncio.create_task(runner.handle_slice(replace(tagged("new", range(2)), level=1)))
+    later = asyncio.create_task(runner.handle_slice(tagged("big", range(6, 8))))
+    await asyncio.sleep(0.01)
+    router.open("big", 0)
+    assert await router.next_started() == ("new", 0), "the higher slice takes the freed slot"
+    router.gated = False
+    for batch_id, index in (("big", 1), ("new", 0)):
+        router.open(batch_id, index)
+    assert await asyncio.wait_for(asyncio.gather(running, new, later), WAIT_S) == [2, 2, 2]
+    assert runner.overtaken_below(1) == 0  # nothing waits any more
+
+
+async def test_without_a_hand_over_a_held_slice_is_not_overtaken() -> None:
+    router, sink = FakeRouter(), Sink()
+    runner = RowRunner(router, sink, concurrency=1)
+    assert runner.overtaken_below(5) == 0
+    assert await asyncio.wait_for(runner.handle_slice(tagged("b1", range(3))), WAIT_S) == 3

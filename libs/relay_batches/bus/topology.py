@@ -48,6 +48,10 @@ EVENT_CANCELED = "job.canceled"
 # withhold those of a job its budget stopped.
 EVENT_PAUSED = "job.paused"
 EVENT_BUDGET_STOPPED = "job.budget_stopped"
+# A job's first rows went out above the base level (a priority or new-tenant boost):
+# row-workers hand back the rows they hold and have not started of lower slices, so the
+# broker can deliver the higher ones at once (see row_worker/start_gate.py).
+EVENT_OVERTAKING = "job.overtaking"
 EVENT_TEMPLATE_CREATED = "template.created"
 EVENT_HOLDING = "worker.holding"
 EVENT_THROTTLED = "ratelimit.throttled"

@@ -39,7 +39,8 @@ class JobEvent:
     """`<ns>.events` (topic): ``job.progress``, ``job.finished`` or ``job.canceled``.
 
     ``latency_ms`` is the mean upstream time of the job's rows whose outcomes the event
-    follows (0: none measured), by which the dispatcher paces the job's releases."""
+    follows (0: none measured), by which the dispatcher paces the job's releases.
+    ``level`` is the broker level of the job's rows a ``job.overtaking`` announces."""
 
     batch_id: str
     status: JobStatus
@@ -48,6 +49,7 @@ class JobEvent:
     failed: int
     pauses: int = 0  # how many times the job was paused (``job.paused`` says which pause)
     latency_ms: float = 0.0
+    level: int = 0
 
     KIND = "job"
 
@@ -64,6 +66,8 @@ class JobEvent:
             body["pauses"] = self.pauses
         if self.latency_ms > 0:
             body["latency_ms"] = self.latency_ms
+        if self.level > 0:
+            body["level"] = self.level
         return dump(self.KIND, body)
 
     @classmethod
@@ -79,6 +83,7 @@ class JobEvent:
                 failed=int(d["failed"]),
                 pauses=int(d.get("pauses") or 0),
                 latency_ms=float(d.get("latency_ms", 0.0)),
+                level=int(d.get("level") or 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MessageError(f"{cls.KIND}: {exc!r}") from exc

@@ -188,16 +188,15 @@ def _priority_range_error() -> ApiError:
     return invalid(f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}", "priority")
 
 
-def validate_webhook_url(url: object) -> str:
-    """An absolute http(s) URL with a host, at most 2048 characters; returned as given."""
+def validate_webhook_url(url: object, param: str = "webhookUrl") -> str:
+    """An absolute http(s) URL with a host, at most 2048 characters; returned as given
+    (a 400 naming ``param`` otherwise)."""
     if type(url) is not str:
-        raise invalid("webhookUrl must be a string", "webhookUrl")
+        raise invalid(f"{param} must be a string", param)
     if len(url) > MAX_WEBHOOK_URL_CHARS:
-        raise invalid(
-            f"webhookUrl must be at most {MAX_WEBHOOK_URL_CHARS} characters", "webhookUrl"
-        )
+        raise invalid(f"{param} must be at most {MAX_WEBHOOK_URL_CHARS} characters", param)
     if not _is_http_url(url):
-        raise invalid("webhookUrl must be an absolute http or https URL", "webhookUrl")
+        raise invalid(f"{param} must be an absolute http or https URL", param)
     return url
 
 

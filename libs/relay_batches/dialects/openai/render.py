@@ -25,6 +25,7 @@ from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import Job, JobStatus
 from relay_batches.tool_calls import stored_finish_reason, stored_tool_calls
 
+BATCH_PREFIX = "batch_"  # a job ``h`` is ``batch_h`` on the OpenAI surface
 OUTPUT = "output"
 ERROR = "error"
 _NOT_RUN: dict[JobStatus, tuple[str, str]] = {

@@ -26,6 +26,10 @@ TAGS = [
     {"name": "batches", "description": "Submit, list, inspect and cancel batches."},
     {"name": "models", "description": "The model aliases batches can name."},
     {
+        "name": "webhooks",
+        "description": "The workspace's webhook endpoints: an OpenAI event when a batch ends.",
+    },
+    {
         "name": "service",
         "description": "Health, readiness and this document (no authentication; metrics are"
         " on the health port).",

@@ -245,6 +245,12 @@ class WebhookDeliveries(Closed):
 
     object: Literal["list"]
     batch_id: Id
+    endpoint_id: str = Field(
+        default=ABSENT,
+        pattern=r"^we_[0-9a-f]{32}$",
+        description="The webhook endpoint asked for (`?endpoint_id=`); absent: the batch's"
+        " own completion webhook.",
+    )
     status: Annotated[
         str | None,
         enum(*DeliveryStatus, None),
@@ -264,6 +270,12 @@ class WebhookRedelivery(Closed):
 
     object: Literal["webhook_delivery.scheduled"]
     batch_id: Id
+    endpoint_id: str = Field(
+        default=ABSENT,
+        pattern=r"^we_[0-9a-f]{32}$",
+        description="The webhook endpoint asked for (`?endpoint_id=`); absent: the batch's"
+        " own completion webhook.",
+    )
     status: Annotated[
         str,
         enum(DeliveryStatus.RETRYING, DeliveryStatus.SENDING),

@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from relay_batches.dialects.openai.render import ERROR, OUTPUT
+from relay_batches.dialects.openai.render import BATCH_PREFIX, ERROR, OUTPUT
 from relay_batches.dialects.openai.shapes import (
     CHAT_ENDPOINT,
     BatchStatus,
@@ -67,7 +67,6 @@ from relay_batches.services.ingest_api.surfaces.openai.output import (
 
 log = logging.getLogger("relay.ingest_api")
 
-BATCH_PREFIX = "batch_"
 JSON = "application/json"
 MAX_CREATE_BYTES = 64 * 1024
 DEFAULT_PAGE = 20
