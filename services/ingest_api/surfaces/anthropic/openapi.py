@@ -115,17 +115,25 @@ def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any
     }
 
 
+def _page_parameters(after: str, before: str) -> list[dict[str, Any]]:
+    """The version header and the cursor parameters of a list (Anthropic's paging)."""
+    return [
+        _VERSION,
+        _query("limit", "1 to 1000, default 20.", {"type": "integer"}),
+        _query("after_id", after, {"type": "string"}),
+        _query("before_id", before, {"type": "string"}),
+    ]
+
+
 def _list() -> dict[str, Any]:
     return _operation(
         "anthropicListMessageBatches",
         "List message batches, newest first (Anthropic-compatible)",
         {"200": _json("A page of batches.", "AnthropicMessageBatchList"), "400": _BAD},
-        parameters=[
-            _VERSION,
-            _query("limit", "1 to 1000, default 20.", {"type": "integer"}),
-            _query("after_id", "The page of older batches after this one.", {"type": "string"}),
-            _query("before_id", "The page of newer batches before this one.", {"type": "string"}),
-        ],
+        parameters=_page_parameters(
+            "The page of older batches after this one.",
+            "The page of newer batches before this one.",
+        ),
     )
 
 
@@ -196,12 +204,9 @@ def _models() -> dict[str, Any]:
             "anthropicListModels",
             "List the models: the route aliases, in id order (Anthropic-compatible)",
             {"200": _json("A page of models.", "AnthropicModelList"), "400": _BAD},
-            parameters=[
-                _VERSION,
-                _query("limit", "1 to 1000, default 20.", {"type": "integer"}),
-                _query("after_id", "The page of ids after this one.", {"type": "string"}),
-                _query("before_id", "The page of ids before this one.", {"type": "string"}),
-            ],
+            parameters=_page_parameters(
+                "The page of ids after this one.", "The page of ids before this one."
+            ),
         )
     }
 
