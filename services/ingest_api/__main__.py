@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -88,6 +89,7 @@ async def build(
         files=FileStore(pool, long_stores),
         pool=pool,
         model_names=aliases.names,
+        routes_loaded_at=datetime.fromtimestamp(os.stat(settings.routes_file).st_mtime, UTC),
         public_base_url=settings.public_base_url,
         body_gate=BodyGate(
             settings.body_read_timeout_s,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
 
 import asyncpg
@@ -47,6 +48,9 @@ class ApiDeps:
     files: FileStore  # the OpenAI surface's files and batch links
     pool: asyncpg.Pool  # the ledger, for the stores a surface builds on it
     model_names: Callable[[], list[str]] = list  # the router's public aliases
+    # When the routes were loaded (the routes file's modification time): the models'
+    # creation time on the OpenAI and Anthropic surfaces' ``GET /models``.
+    routes_loaded_at: datetime = datetime(1970, 1, 1, tzinfo=UTC)
     # RELAY_PUBLIC_BASE_URL: the root of the URLs handed out (results_url); empty for
     # the request's own origin.
     public_base_url: str = ""

@@ -192,7 +192,7 @@ def build_system(
     limit_lines = "".join(f"{key} = {value}\n" for key, value in (limits or {}).items())
     routes = log_dir / "routes.toml"
     routes.write_text(
-        '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\n\n'
+        '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\npatterns = ["gpt-4o-mini-*"]\n\n'
         '[aliases.sim-claude]\ndeployments = ["sim-claude"]\n\n'
         '[aliases.sim-priced]\ndeployments = ["sim-priced"]\n\n'
         "[deployments.sim]\n"

@@ -192,6 +192,8 @@ class RowOutcome:
     ``model`` (the model that answered, as its provider named it). ``latency_ms`` is
     the row's time in the router (every attempt and backoff included), ``cost_usd``
     what the answering deployment's ``price`` makes of its tokens (None: unpriced).
+    ``body`` is the provider's whole reply (JSON text) when it carries more than those
+    fields hold (several choices, log probabilities, audio, …), else None.
     """
 
     batch_id: str
@@ -208,6 +210,7 @@ class RowOutcome:
     model: str | None = None
     latency_ms: int | None = None
     cost_usd: float | None = None
+    body: str | None = None
 
     def as_list(self) -> list[Any]:
         """Compact positional form used on the wire."""
@@ -226,6 +229,7 @@ class RowOutcome:
             self.model,
             self.latency_ms,
             self.cost_usd,
+            *(() if self.body is None else (self.body,)),
         ]
 
 
@@ -268,10 +272,11 @@ class OutcomesMessage:
 
 
 def _outcome(value: Any) -> RowOutcome:
-    """One outcome of the wire's positional form; the last five fields are optional
-    (a worker from before whole answers sends nine, one from before details twelve)."""
+    """One outcome of the wire's positional form; the last six fields are optional
+    (a worker from before whole answers sends nine, one from before details twelve, and
+    an outcome without a ``body`` fourteen)."""
     b, i, c, e, a, dl, dep, pt, ct, *answer = value
-    tool_calls, finish_reason, model, latency_ms, cost_usd = (*answer, *[None] * 5)[:5]
+    tool_calls, finish_reason, model, latency_ms, cost_usd, body = (*answer, *[None] * 6)[:6]
     return RowOutcome(
         batch_id=str(b),
         row_index=int(i),
@@ -287,4 +292,5 @@ def _outcome(value: Any) -> RowOutcome:
         model=model,
         latency_ms=None if latency_ms is None else int(latency_ms),
         cost_usd=None if cost_usd is None else float(cost_usd),
+        body=None if body is None else str(body),
     )

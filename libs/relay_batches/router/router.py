@@ -116,9 +116,11 @@ class ModelRouter:
     ) -> RowResult:
         """Run one row through its alias's deployments, its calls over connections of
         ``workspace``'s own (see :mod:`relay_batches.router.http1`)."""
-        deployments = self._realtime_of(alias)
-        if deployments is None:
+        canonical = self.aliases.alias_of(alias)  # a name a pattern matches: its alias
+        deployments = None if canonical is None else self._realtime_of(canonical)
+        if canonical is None or deployments is None:
             return RowResult(None, f"upstream_error: unknown model alias {alias!r}", 0, None)
+        alias = canonical
         if not deployments:
             return RowResult(None, f"upstream_error: {alias} has no realtime deployment", 0, None)
         attempts = 0

@@ -15,11 +15,12 @@ parts (a base64 image a ``data:`` URL); ``tool_use`` blocks assistant ``tool_cal
 message; ``tools`` function tools; ``tool_choice`` auto/any/tool/none
 auto/required/function/none; ``stop_sequences`` ``stop``.
 
-What either API allows but Relay cannot honour is refused naming the field, never
-dropped: OpenAI's ``n`` above 1, ``stream``, ``logprobs``, penalties, ...; Anthropic's
-``thinking``, ``top_k``, ``cache_control``, documents, ``metadata`` (Relay forwards no
-end-user id to providers), a ``tool_result`` with ``is_error``. A field left at the
-value that means "off" (``n: 1``, ``stream: false``) changes nothing and is accepted.
+Every chat-completions field is accepted (only ``stream: true`` and ``stream_options``
+are refused: batch rows are not streamed); a field one deployment cannot honour fails
+that row there, naming it. What the Anthropic API allows but Relay cannot honour is
+refused naming the field, never dropped: ``thinking``, ``top_k``, ``cache_control``,
+documents, ``metadata`` (Relay forwards no end-user id to providers), a ``tool_result``
+with ``is_error``.
 
 Both raise ``RowRejected(RowError(index, field, message))`` with ``field`` the path in
 the line (``body.messages[0].content``, ``params.messages[0].content``) and return a
@@ -146,9 +147,7 @@ def openai_line_row(
     custom_id = _custom_id(index, line.get("custom_id"), anthropic=False)
     if (problem := target_problem(line)) is not None:
         raise _reject(index, *problem)
-    chat, refused = chat_request(line["body"])
-    if refused is not None:
-        raise _reject(index, *refused)
+    chat = chat_request(line["body"])
     return _chat_row(index, custom_id, chat, "body", limits, known_models)
 
 

@@ -1,10 +1,10 @@
 """The lines of an OpenAI Batch input file, ``{custom_id, method, url, body}``, and the
 chat request (the stored row's vocabulary, :mod:`relay_batches.dialects.chat`) each
-carries: its ``body``, less the fields left at the value that changes nothing.
+carries: its ``body``, as it came.
 
-What OpenAI allows but Relay cannot honour is refused naming the field, never dropped:
-``n`` above 1, ``stream``, ``logprobs``, penalties, ... A field left at the value that
-means "off" (``n: 1``, ``stream: false``) changes nothing and is accepted.
+Every field of the chat-completions request is accepted by the row model
+(:mod:`relay_batches.dialects.chat_params`); what one deployment cannot honour fails that
+row on that deployment (naming the field), never the file.
 """
 
 from __future__ import annotations
@@ -14,34 +14,6 @@ from typing import Any
 
 URL = "/v1/chat/completions"  # the one endpoint a line may name
 LINE_FIELDS = ("body", "custom_id", "method", "url")
-# Body fields Relay cannot honour: the value that changes nothing, and why not.
-OFF: dict[str, tuple[object, str]] = {
-    "n": (1, "must be 1: Relay runs one completion per row"),
-    "stream": (False, "must be false: batch rows are not streamed"),
-    "logprobs": (False, "must be false: Relay does not return log probabilities"),
-    "parallel_tool_calls": (True, "must be true: Relay cannot turn off parallel tool calls"),
-    "store": (False, "must be false: Relay does not store completions at the provider"),
-}
-REFUSED = {
-    key: "is not supported by Relay (its providers cannot all honour it)"
-    for key in (
-        "audio",
-        "frequency_penalty",
-        "function_call",
-        "functions",
-        "logit_bias",
-        "metadata",
-        "modalities",
-        "prediction",
-        "presence_penalty",
-        "reasoning_effort",
-        "service_tier",
-        "stream_options",
-        "top_logprobs",
-        "user",
-        "web_search_options",
-    )
-}
 
 
 def unknown_field(line: Mapping[Any, object]) -> str | None:
@@ -61,19 +33,6 @@ def target_problem(line: Mapping[str, object]) -> tuple[str, str] | None:
     return None
 
 
-def chat_request(
-    body: Mapping[str, object],
-) -> tuple[dict[str, Any], tuple[str, str] | None]:
-    """The chat request of a line's ``body`` and, when a field cannot be honoured, the
-    first such ``(body.<field>, why)``."""
-    chat: dict[str, Any] = {}
-    for key, value in body.items():
-        if key in OFF:
-            off, reason = OFF[key]
-            if value is not None and (type(value) is not type(off) or value != off):
-                return chat, (f"body.{key}", reason)
-        elif key in REFUSED:
-            return chat, (f"body.{key}", REFUSED[key])
-        else:
-            chat[key] = value
-    return chat, None
+def chat_request(body: Mapping[str, object]) -> dict[str, Any]:
+    """The chat request of a line's ``body``: the body itself (the row model checks it)."""
+    return dict(body)

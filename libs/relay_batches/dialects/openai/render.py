@@ -6,7 +6,9 @@ succeeded, each ``response: {status_code: 200, request_id, body}`` with ``body``
 finish reason, usage, the model that answered; only the well-formed stored tool calls and
 a finish reason of the chat vocabulary are shown, so a stored value left by rows
 recorded before replies were checked cannot make a line the SDK rejects; a refusal is
-stored as content with finish reason ``content_filter`` and shows as such). The error
+stored as content with finish reason ``content_filter`` and shows as such); an answer
+whose outcome kept the provider's whole reply (``n`` above 1, ``logprobs``, audio, see
+:mod:`.upstream`) has that reply as its body, every choice included. The error
 file holds every other row,
 ``response: null`` and ``error: {code, message}``: a row that failed with Relay's error
 code (``upstream_error``, ``internal_error``) and message, a row a cancel kept from
@@ -45,7 +47,10 @@ def _line_id(prefix: str, job: Job, row: AnsweredRow) -> str:
 
 
 def success_line(job: Job, row: AnsweredRow, created: int) -> dict[str, object]:
-    """A succeeded row's line: a 200 whose body is a ``chat.completion``."""
+    """A succeeded row's line: a 200 whose body is a ``chat.completion``: the provider's
+    own when the outcome kept it whole (several choices, log probabilities, …)."""
+    if row.body is not None:
+        return _line(job, row, orjson.Fragment(row.body))
     tool_calls = stored_tool_calls(row.tool_calls) or None
     content = None if tool_calls is not None and not row.content else (row.content or "")
     finish_reason = stored_finish_reason(row.finish_reason)
@@ -75,6 +80,10 @@ def success_line(job: Job, row: AnsweredRow, created: int) -> dict[str, object]:
         },
         "system_fingerprint": None,
     }
+    return _line(job, row, body)
+
+
+def _line(job: Job, row: AnsweredRow, body: object) -> dict[str, object]:
     return {
         "id": _line_id("batch_req_", job, row),
         "custom_id": row.custom_id,

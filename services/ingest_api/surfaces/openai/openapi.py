@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relay_batches.dialects.openai.models import OpenAIModel, OpenAIModelList
 from relay_batches.dialects.openai.shapes import (
     OpenAIBatch,
     OpenAIBatchList,
@@ -188,6 +189,22 @@ def _paths() -> dict[str, Any]:
                 "openaiGetBatch", "Retrieve a batch", _json(OpenAIBatch, "The batch."), (404,)
             ),
         },
+        "/openai/v1/models": {
+            "get": _operation(
+                "openaiListModels",
+                "List the models: the route aliases",
+                _json(OpenAIModelList, "Every alias, sorted by id (`owned_by`: `relay`)."),
+                (),
+            ),
+        },
+        "/openai/v1/models/{model}": {
+            "parameters": _path_param(
+                "model", "An alias, or a name one of its patterns matches (a dated snapshot)."
+            ),
+            "get": _operation(
+                "openaiGetModel", "Retrieve a model", _json(OpenAIModel, "The model."), (404,)
+            ),
+        },
         **_webhook_endpoints(),
         "/openai/v1/batches/{batch_id}/cancel": {
             "parameters": batch_id,
@@ -253,6 +270,8 @@ def openai_fragment() -> dict[str, dict[str, Any]]:
         OpenAIBatch,
         OpenAIBatchList,
         OpenAIError,
+        OpenAIModel,
+        OpenAIModelList,
         mode="serialization",
     )
     return {"paths": _paths(), "schemas": {**schemas, **responses}}
