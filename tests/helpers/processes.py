@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS
 from relay_batches.services.relay_cli import admin
 from tests.helpers.support import (
     ApiClient,
@@ -195,15 +196,20 @@ def build_system(
         '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\n\n'
         '[aliases.sim-claude]\ndeployments = ["sim-claude"]\n\n'
         '[aliases.sim-priced]\ndeployments = ["sim-priced"]\n\n'
+        '[aliases."text-embedding-3-small"]\ndeployments = ["sim"]\n\n'
+        # A chat-only deployment first: a row of another endpoint falls through it.
+        '[aliases.sim-fallback]\ndeployments = ["sim-priced", "sim"]\n\n'
         "[deployments.sim]\n"
         'provider = "openai"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
         f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
-        f"{limit_lines}\n"
+        f"endpoints = {list(ALL_ENDPOINTS)!r}\n".replace("'", '"')
+        + f"{limit_lines}\n"
         "[deployments.sim-claude]\n"
         'provider = "anthropic"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
         f'model = "sim-claude"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
+        'endpoints = ["/v1/chat/completions", "/v1/responses"]\n'
         'headers = { "x-api-key" = "sim" }\n\n'
         # A priced alias on the simulator: a few tokens cost a visible fraction of a cent.
         "[deployments.sim-priced]\n"
