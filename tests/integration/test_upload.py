@@ -515,9 +515,16 @@ async def test_a_file_without_row_models_still_needs_the_model_field(fresh: ApiC
             id="broken",
         ),
         pytest.param(
-            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/embeddings"),
-            "'mixed.jsonl' line 1: url must be /v1/chat/completions (the only endpoint Relay runs)",
+            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/audio/speech"),
+            "'mixed.jsonl' line 1: url must be one of /v1/chat/completions, /v1/embeddings,"
+            " /v1/completions, /v1/moderations, /v1/responses (the endpoints Relay runs)",
             id="endpoint",
+        ),
+        pytest.param(
+            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/embeddings"),
+            "'mixed.jsonl' line 1: body.messages is not a field of an embeddings request"
+            " (fields: dimensions, encoding_format, input, model, user)",
+            id="embeddings-body",
         ),
     ],
 )
