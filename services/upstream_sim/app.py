@@ -29,7 +29,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 
@@ -50,6 +49,7 @@ from relay_batches.services.upstream_sim.echo import (
     ChatRequest,
     InvalidRequest,
     call_tokens,
+    json_object,
     json_response,
 )
 from relay_batches.services.upstream_sim.faults import SUCCESS, decide_outcome
@@ -59,16 +59,7 @@ from relay_batches.services.upstream_sim.openai_chat import (
     error_response,
     parse_chat_request,
 )
-from relay_batches.services.upstream_sim.openai_endpoints import (
-    completions_payload,
-    embeddings_payload,
-    moderations_payload,
-    parse_completions,
-    parse_embeddings,
-    parse_moderations,
-    parse_responses,
-    responses_payload,
-)
+from relay_batches.services.upstream_sim.openai_endpoints import ENDPOINTS, Answer, Read
 from relay_batches.services.upstream_sim.rate_limits import THROTTLE_RETRY_AFTER_S, RateWindows
 from relay_batches.services.upstream_sim.state import SimState
 
@@ -90,20 +81,16 @@ CHAT_DIALECT = _Dialect(
 
 
 # The endpoints besides chat (:mod:`.openai_endpoints`), by path, each with OpenAI errors.
-def _body_dialect(
-    read: Callable[[bytes], ChatRequest], answer: Callable[[ChatRequest, int | None], Any]
-) -> _Dialect:
-    return _Dialect(parse=lambda _request, body: read(body), success=answer, error=error_response)
+def _body_dialect(read: Read, answer: Answer) -> _Dialect:
+    return _Dialect(
+        parse=lambda _request, body: read(json_object(body)), success=answer, error=error_response
+    )
 
 
 BODY_DIALECTS = {
     path: _body_dialect(read, answer)
-    for path, read, answer in (
-        ("/v1/embeddings", parse_embeddings, embeddings_payload),
-        ("/v1/completions", parse_completions, completions_payload),
-        ("/v1/moderations", parse_moderations, moderations_payload),
-        ("/v1/responses", parse_responses, responses_payload),
-    )
+    for path, (read, answer) in ENDPOINTS.items()
+    if path != "/v1/chat/completions"
 }
 MESSAGES_DIALECT = _Dialect(
     parse=lambda request, body: parse_messages_request(body, request.headers),

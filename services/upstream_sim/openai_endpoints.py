@@ -24,6 +24,7 @@ import os
 import random
 import struct
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +34,10 @@ from relay_batches.services.upstream_sim.echo import (
     InvalidRequest,
     content_text,
     estimate_tokens,
-    json_object,
     prompt_tokens,
     reply_text,
 )
+from relay_batches.services.upstream_sim.openai_chat import chat_request_from, completion_payload
 
 DEFAULT_DIMENSIONS = 1536
 MAX_DIMENSIONS = 8192
@@ -80,8 +81,7 @@ def _texts(value: Any, name: str) -> tuple[str, ...]:
     raise InvalidRequest(f"'{name}' must be a string or a non-empty list")
 
 
-def _request(body: bytes, key: str) -> BodyRequest:
-    data = json_object(body)
+def _request(data: dict[str, Any], key: str) -> BodyRequest:
     return _read(data, _texts(data.get(key), key))
 
 
@@ -114,9 +114,9 @@ def _response_texts(data: dict[str, Any]) -> tuple[str, ...]:
     return tuple(texts) or ("",)
 
 
-def parse_embeddings(body: bytes) -> BodyRequest:
+def read_embeddings(data: dict[str, Any]) -> BodyRequest:
     """An embeddings body; ``dimensions`` and ``encoding_format`` checked."""
-    request = _request(body, "input")
+    request = _request(data, "input")
     dimensions = request.body.get("dimensions", DEFAULT_DIMENSIONS)
     if isinstance(dimensions, bool) or not isinstance(dimensions, int):
         raise InvalidRequest("'dimensions' must be an integer")
@@ -127,19 +127,18 @@ def parse_embeddings(body: bytes) -> BodyRequest:
     return request
 
 
-def parse_completions(body: bytes) -> BodyRequest:
+def read_completions(data: dict[str, Any]) -> BodyRequest:
     """A (legacy) completions body."""
-    return _request(body, "prompt")
+    return _request(data, "prompt")
 
 
-def parse_moderations(body: bytes) -> BodyRequest:
+def read_moderations(data: dict[str, Any]) -> BodyRequest:
     """A moderations body."""
-    return _request(body, "input")
+    return _request(data, "input")
 
 
-def parse_responses(body: bytes) -> BodyRequest:
+def read_responses(data: dict[str, Any]) -> BodyRequest:
     """A responses body: ``input`` text or message items."""
-    data = json_object(body)
     return _read(data, _response_texts(data))
 
 
@@ -247,3 +246,25 @@ def responses_payload(request: ChatRequest, reply_bytes: int | None = None) -> d
             "total_tokens": prompt + written,
         },
     }
+
+
+Read = Callable[[dict[str, Any]], ChatRequest]
+Answer = Callable[[ChatRequest, int | None], dict[str, Any]]
+# Every OpenAI endpoint the simulator serves: how a decoded body is read, and answered.
+ENDPOINTS: Mapping[str, tuple[Read, Answer]] = {
+    "/v1/chat/completions": (chat_request_from, completion_payload),
+    "/v1/embeddings": (read_embeddings, embeddings_payload),
+    "/v1/completions": (read_completions, completions_payload),
+    "/v1/moderations": (read_moderations, moderations_payload),
+    "/v1/responses": (read_responses, responses_payload),
+}
+
+
+def usage_tokens(body: Mapping[str, Any]) -> tuple[int, int]:
+    """An answer's input and output tokens, whichever endpoint's usage it carries."""
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return 0, 0
+    given = usage.get("prompt_tokens", usage.get("input_tokens"))
+    written = usage.get("completion_tokens", usage.get("output_tokens"))
+    return (given if isinstance(given, int) else 0), (written if isinstance(written, int) else 0)

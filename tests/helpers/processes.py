@@ -250,7 +250,8 @@ def offload_routes(sim_port: int, max_retries: int) -> str:
     ``sim-claude-half`` (Message Batches, then ``sim-claude-priced``). Rows are gathered
     for a second and polled every half second. ``sim-held-half`` gathers exactly 10 rows
     per provider batch and ``sim-pair-half`` exactly 50 (their linger is an hour: a
-    provider batch holds every row a test meant to put in it, however slow the run)."""
+    provider batch holds every row a test meant to put in it, however slow the run).
+    ``sim-endpoints-half`` runs every endpoint through OpenAI Batch, then ``sim``."""
     base = f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
     realtime = f"timeout_s = 30\nmax_retries = {max_retries}\n"
     batch = "timeout_s = 30\nlinger_s = 1\npoll_s = 0.5\n"
@@ -273,7 +274,12 @@ def offload_routes(sim_port: int, max_retries: int) -> str:
         f'model = "sim-echo"\ntimeout_s = 30\nlinger_s = 3600\nmax_rows = 50\npoll_s = 0.5\n'
         f"{half}\n"
         f'[deployments.sim-claude-priced]\nprovider = "anthropic"\n{base}'
-        f'model = "sim-claude"\n{realtime}{full}{claude}'
+        f'model = "sim-claude"\n{realtime}{full}{claude}\n'
+        # Every endpoint through OpenAI's Batch API, the realtime "sim" behind it.
+        '[aliases.sim-endpoints-half]\ndeployments = ["sim-endpoints-batch", "sim"]\n\n'
+        f'[deployments.sim-endpoints-batch]\nprovider = "openai-batch"\n{base}'
+        f'model = "sim-echo"\n{batch}{half}'
+        + f"endpoints = {list(ALL_ENDPOINTS)!r}\n".replace("'", '"')
     )
 
 

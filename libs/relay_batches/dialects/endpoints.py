@@ -261,6 +261,25 @@ def body_reply(endpoint: str, raw: bytes) -> ProviderReply:
     )
 
 
+# An answer's ``object`` → the endpoint that gives it (a moderation has none: its
+# ``results`` tell it).
+ANSWER_OBJECTS = {
+    "chat.completion": CHAT,
+    "list": EMBEDDINGS,
+    "text_completion": COMPLETIONS,
+    "response": RESPONSES,
+}
+
+
+def answer_endpoint(body: Mapping[str, Any]) -> str:
+    """The endpoint whose answer ``body`` is (a provider batch's result line tells only
+    this way): by its ``object``, a moderation by its ``results``; chat otherwise."""
+    endpoint = ANSWER_OBJECTS.get(body.get("object"))  # type: ignore[arg-type]
+    if endpoint is None:
+        return MODERATIONS if "results" in body else CHAT
+    return endpoint
+
+
 def input_estimate(endpoint: str, body: Mapping[str, Any], cap: int) -> int:
     """The tokens a call of ``body`` is expected to count against a tokens-per-minute
     limit: its input text (:func:`input_texts`) plus the completion cap it sends."""
