@@ -11,6 +11,9 @@ all), run end to end with every service's RSS sampled throughout:
    embedding of the asked dimensions (``embed_output_rows_per_s``, ``embed_output_mib``);
 4. the native results streamed as ndjson (``embed_results_rows_per_s``).
 
+``embed_run_cpu_ms_per_row`` is each process's CPU per row while the batch runs (the
+simulator's included: it makes every vector).
+
 ``embed_peak_rss_mib`` is each Relay service's peak over all of it; each must stay
 under 300 MiB. Not part of ``make test`` (``make bench``).
 """
@@ -27,7 +30,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from tests.bench.harness import MIB, Bench, RssSampler, bench_system
+from tests.bench.harness import MIB, Bench, RssSampler, bench_system, process_cpu_s
 
 ROWS = int(os.environ.get("RELAY_BENCH_EMBED_ROWS", "50000"))
 DIMENSIONS = int(os.environ.get("RELAY_BENCH_EMBED_DIMENSIONS", "1536"))
@@ -131,8 +134,11 @@ async def test_embeddings_job_of_a_gigabyte_of_answers(
             batch = await ingest(bench, data)
             ingested = time.perf_counter()
             del data
+            every = {**bench.pids(), "upstream-sim": bench.system.processes["upstream-sim"].pid}
+            cpu_before = {name: process_cpu_s(pid) for name, pid in every.items()}
             done = await wait_done(bench, batch["id"])
             finished = time.perf_counter()
+            cpu = {name: process_cpu_s(pid) - cpu_before[name] for name, pid in every.items()}
 
             seen: set[str] = set()
 
@@ -169,5 +175,6 @@ async def test_embeddings_job_of_a_gigabyte_of_answers(
     report["embed_results_rows_per_s"] = round(ROWS / (streamed - downloaded))
     report["embed_results_mib"] = round(results_size / MIB, 1)
     report["embed_peak_rss_mib"] = peaks
+    report["embed_run_cpu_ms_per_row"] = {k: round(1000 * v / ROWS, 3) for k, v in cpu.items()}
     print(f"\nembeddings ({ROWS} x {DIMENSIONS}): {report}")
     assert max(peaks.values()) <= BOUND_MIB, peaks

@@ -5,7 +5,9 @@ translation is each dialect's own (:mod:`relay_batches.dialects.openai.batch_fil
 :func:`openai_line_row`: one line of an OpenAI Batch input file,
 ``{custom_id, method: "POST", url: "/v1/chat/completions", body}``, whose ``body`` is a
 chat request (checked by :class:`relay_batches.dialects.chat.ChatRequest`, ``body.model``
-required).
+required); a line whose ``url`` is another endpoint Relay runs (embeddings, completions,
+moderations, responses) has that endpoint's body, checked by its model and stored with
+its endpoint (:mod:`relay_batches.dialects.endpoints`).
 
 :func:`anthropic_request_row`: one ``{custom_id, params}`` of an Anthropic Message
 Batches create, whose ``params`` are Messages API parameters (the models below),

@@ -1,6 +1,8 @@
 """The lines of an OpenAI Batch input file, ``{custom_id, method, url, body}``, and the
 chat request (the stored row's vocabulary, :mod:`relay_batches.dialects.chat`) each
-carries: its ``body``, less the fields left at the value that changes nothing.
+carries: its ``body``, less the fields left at the value that changes nothing. A line's
+``url`` is any endpoint Relay runs; a body of another endpoint than chat is checked by
+that endpoint's model (:mod:`relay_batches.dialects.endpoints`), not here.
 
 What OpenAI allows but Relay cannot honour is refused naming the field, never dropped:
 ``n`` above 1, ``stream``, ``logprobs``, penalties, ... A field left at the value that
