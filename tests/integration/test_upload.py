@@ -516,9 +516,16 @@ async def test_a_file_without_row_models_still_needs_the_model_field(fresh: ApiC
             id="broken",
         ),
         pytest.param(
-            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/embeddings"),
-            "'mixed.jsonl' line 1: url must be /v1/chat/completions (the only endpoint Relay runs)",
+            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/audio/speech"),
+            "'mixed.jsonl' line 1: url must be one of /v1/chat/completions, /v1/embeddings,"
+            " /v1/completions, /v1/moderations, /v1/responses (the endpoints Relay runs)",
             id="endpoint",
+        ),
+        pytest.param(
+            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/embeddings"),
+            "'mixed.jsonl' line 1: body.messages is not a field of an embeddings request"
+            " (fields: dimensions, encoding_format, input, model, user)",
+            id="embeddings-body",
         ),
     ],
 )
@@ -650,3 +657,27 @@ async def test_no_lock_on_batches_is_held_while_the_files_stream(
         status, body = await sent
     assert status == 201, body
     assert [job["total"] for job in body["data"]] == [2, 2]
+
+
+async def test_an_upload_runs_the_forms_endpoint_or_its_openai_lines_url(
+    fresh: ApiClient, pool: asyncpg.Pool
+) -> None:
+    native = b'{"custom_id": "e-1", "input": "alpha", "dimensions": 4}\n{"input": ["b", "c"]}\n'
+    status, body = await upload(fresh, form([("embed.jsonl", native)], endpoint="/v1/embeddings"))
+    assert status == 201, body
+    (job,) = body["data"]
+    assert (job["endpoint"], job["total"]) == ("/v1/embeddings", 2)
+    assert await stored_rows(pool, job["id"]) == [
+        ("e-1", {"dimensions": 4, "endpoint": "/v1/embeddings", "input": "alpha"}),
+        ("row-2", {"endpoint": "/v1/embeddings", "input": ["b", "c"]}),
+    ]
+    line = {"custom_id": "o-1", "method": "POST", "url": "/v1/embeddings"}
+    lines = orjson.dumps({**line, "body": {"model": MODEL, "input": "x"}})
+    status, body = await upload(fresh, form([("openai.jsonl", lines)]))
+    assert status == 201, body
+    assert body["data"][0]["endpoint"] == "/v1/embeddings"
+    # A chat row under an embeddings form: 400 naming the file and line.
+    chat = orjson.dumps({"messages": user("hi")})
+    status, body = await upload(fresh, form([("chat.jsonl", chat)], endpoint="/v1/embeddings"))
+    assert status == 400, body
+    assert body["error"]["message"].startswith("'chat.jsonl' line 1: messages is not a field")

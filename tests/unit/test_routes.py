@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT, RESPONSES
 from relay_batches.router.aliases import (
     BatchOptions,
     Deployment,
@@ -90,7 +91,8 @@ def test_valid_file_loads_aliases_in_order(tmp_path: Path) -> None:
 
 def test_local_routes_file_loads() -> None:
     routes = load_aliases(str(REPO / "deploy" / "routes.local.toml"), {})
-    assert routes.names() == ["gpt-4o-mini", "sim-claude"]
+    assert routes.names() == ["gpt-4o-mini", "sim-claude", "text-embedding-3-small"]
+    assert routes.resolve("text-embedding-3-small") == routes.resolve("gpt-4o-mini")
     (sim,) = routes.resolve("gpt-4o-mini") or ()
     assert sim == Deployment(
         name="local-sim",
@@ -100,6 +102,7 @@ def test_local_routes_file_loads() -> None:
         api_key=None,
         timeout_s=30.0,
         max_retries=3,
+        endpoints=frozenset(ALL_ENDPOINTS),
     )
     (claude,) = routes.resolve("sim-claude") or ()
     assert claude == Deployment(
@@ -111,7 +114,19 @@ def test_local_routes_file_loads() -> None:
         timeout_s=30.0,
         max_retries=3,
         headers={"x-api-key": "sim"},
+        endpoints=frozenset({CHAT, RESPONSES}),
     )
+
+
+def test_endpoints_default_to_chat_and_are_checked() -> None:
+    routes = parse_aliases(routes_data(deployment()), {})
+    (only,) = routes.resolve("a") or ()
+    assert only.endpoints == {CHAT}
+    with pytest.raises(ConfigError, match=r"endpoints must be a non-empty list of"):
+        parse_aliases(routes_data(deployment(endpoints=["/v1/audio/speech"])), {})
+    claude = deployment(provider="anthropic", endpoints=[CHAT, "/v1/embeddings"])
+    with pytest.raises(ConfigError, match=r"cannot serve /v1/embeddings"):
+        parse_aliases(routes_data(claude), {})
 
 
 def test_unknown_provider() -> None:

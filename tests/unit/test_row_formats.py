@@ -93,8 +93,13 @@ def test_an_openai_line_keeps_tools_and_tool_turns() -> None:
             {**line(), "method": "GET"}, RowError(4, "method", "must be POST"), id="method"
         ),
         pytest.param(
-            {**line(), "url": "/v1/embeddings"},
-            RowError(4, "url", "must be /v1/chat/completions (the only endpoint Relay runs)"),
+            {**line(), "url": "/v1/images/generations"},
+            RowError(
+                4,
+                "url",
+                "must be one of /v1/chat/completions, /v1/embeddings, /v1/completions,"
+                " /v1/moderations, /v1/responses (the endpoints Relay runs)",
+            ),
             id="url",
         ),
         pytest.param({**line(), "body": None}, RowError(4, "body", "is required"), id="no-body"),

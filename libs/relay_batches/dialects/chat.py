@@ -263,10 +263,16 @@ class ChatRequest(Params):
     @field_validator("model")
     @classmethod
     def _known_model(cls, model: str | None, info: ValidationInfo) -> str | None:
-        known = (info.context or {}).get("known_models")
-        if model is not None and known is not None and model not in known:
-            raise PydanticCustomError("unknown_model", f"{_quote(model)} is unknown")
-        return model
+        return known_model(model, info)
+
+
+def known_model(model: str | None, info: ValidationInfo) -> str | None:
+    """``model`` as given, if the validation context's ``known_models`` (when given)
+    knows it: the rule of a row's ``model`` on every endpoint."""
+    known = (info.context or {}).get("known_models")
+    if model is not None and known is not None and model not in known:
+        raise PydanticCustomError("unknown_model", f"{_quote(model)} is unknown")
+    return model
 
 
 def _custom_id(custom_id: str) -> str:

@@ -12,6 +12,7 @@ import orjson
 from relay_batches.messages.codec import MessageError, dump, load
 
 UNPAUSED = -1
+ENDPOINT_KEY = "endpoint"  # a stored row's endpoint (dialects.endpoints.ENDPOINT_KEY)
 # A results body up to its outcomes list (see :meth:`OutcomesMessage.encode_parts`).
 _RESULTS_HEAD = dump("results", {"outcomes": []})[: -len(b"[]}")]
 
@@ -34,16 +35,24 @@ class RowRequest:
 
     ``model`` is the row's own alias (None: the job's); ``params`` are the row's own
     request fields (tools, tool_choice, max_tokens, …), which override the job's.
+    ``endpoint`` is the row's OpenAI endpoint: None for chat; for another (embeddings,
+    …) ``messages`` is empty and ``params`` is the row's whole body.
     """
 
     messages: list[Any]
     model: str | None = None
     params: dict[str, Any] | None = None
+    endpoint: str | None = None
 
 
 def request_json(request: RowRequest) -> str:
     """The JSON text :func:`row_request` reads back as ``request`` (a row's stored
     ``request``: its messages array, or an object with them and its own fields)."""
+    if request.endpoint is not None:
+        body = {**(request.params or {}), ENDPOINT_KEY: request.endpoint}
+        if request.model is not None:
+            body["model"] = request.model
+        return orjson.dumps(body).decode()
     if request.model is None and not request.params:
         return orjson.dumps(request.messages).decode()
     fields: dict[str, Any] = {**(request.params or {}), "messages": request.messages}
@@ -59,10 +68,15 @@ def row_request(value: Any) -> RowRequest:
     if not isinstance(value, dict):
         raise TypeError(f"row request is not an array or object: {type(value).__name__}")
     fields = dict(value)
-    messages = _message_list(fields.pop("messages", None))
+    endpoint = fields.pop(ENDPOINT_KEY, None)
     model = fields.pop("model", None)
     if model is not None and not isinstance(model, str):
         raise TypeError("row model is not a string")
+    if endpoint is not None:
+        if not isinstance(endpoint, str):
+            raise TypeError("row endpoint is not a string")
+        return RowRequest([], model, fields, endpoint)
+    messages = _message_list(fields.pop("messages", None))
     return RowRequest(messages, model, fields or None)
 
 

@@ -12,6 +12,10 @@ An alias may also list ``patterns``: name prefixes ending in one ``*``
 ``gpt-4o-mini-2024-07-18`` routes to it. An alias's own name always wins; among
 patterns of different aliases that match a name, the longest prefix wins. A malformed
 pattern, or one given twice, is a :class:`ConfigError`.
+
+``endpoints`` lists the OpenAI endpoints a deployment serves (default: chat completions
+only, as before the key existed); an ``anthropic`` deployment serves chat and, translated
+to Messages, ``/v1/responses``, and no other.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT, RESPONSES
 from relay_batches.durations import SPELLING, parse_duration
 from relay_batches.ratelimit.limits import RateLimit
 from relay_batches.settings import ConfigError
@@ -97,6 +102,7 @@ class Deployment:
     price: Price | None = None  # None: unpriced (its rows have no cost)
     limit: RateLimit | None = None  # None: no shared rate limit (rpm, tpm)
     batch: BatchOptions | None = None  # None: a realtime deployment
+    endpoints: frozenset[str] = frozenset({CHAT})  # the endpoints it serves
 
     @property
     def is_batch(self) -> bool:
@@ -281,7 +287,28 @@ def _deployment(name: str, spec: Any, env: Mapping[str, str], where: str) -> Dep
         price=_price(name, spec.get("price"), where),
         limit=_limit(name, spec, where),
         batch=_batch_options(name, provider, spec, where),
+        endpoints=_endpoints(name, provider, spec.get("endpoints"), where),
     )
+
+
+def _endpoints(name: str, provider: str, value: Any, where: str) -> frozenset[str]:
+    """``endpoints``: a non-empty list of the endpoints Relay runs (default: chat); an
+    Anthropic deployment serves chat and ``/v1/responses`` (translated) only."""
+    if value is None:
+        return frozenset({CHAT})
+    if not isinstance(value, list) or not value or not all(v in ALL_ENDPOINTS for v in value):
+        raise ConfigError(
+            where + f"deployment {name!r}: endpoints must be a non-empty list of"
+            f" {', '.join(ALL_ENDPOINTS)}"
+        )
+    if provider.startswith("anthropic"):
+        others = sorted(set(value) - {CHAT, RESPONSES})
+        if others:
+            raise ConfigError(
+                where + f"deployment {name!r}: an Anthropic deployment cannot serve"
+                f" {others[0]} (only {CHAT} and {RESPONSES}, translated to Messages)"
+            )
+    return frozenset(value)
 
 
 def _batch_options(

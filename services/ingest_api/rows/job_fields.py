@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import orjson
 from croniter import CroniterBadDateError, CroniterError, croniter
 
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT
 from relay_batches.dialects.shapes import is_unicode
 from relay_batches.durations import SPELLING, parse_duration
 from relay_batches.errors import ApiError, invalid
@@ -53,6 +54,7 @@ JOB_FIELDS = (
     "completion_window",
     "metadata",
     "budget_usd",
+    "endpoint",
 )
 _QUOTE_CHARS = 64
 
@@ -77,6 +79,7 @@ class BatchOptions:
     completion_window: timedelta | None = None
     metadata_json: str | None = None
     budget_usd: float | None = None
+    endpoint: str = CHAT
 
 
 def validate_batch_options(
@@ -103,9 +106,32 @@ def validate_batch_options(
     window = None if raw_window is None else completion_window(raw_window, "completion_window")
     metadata_json = validate_metadata(payload.get("metadata"))
     budget = validate_budget(payload.get("budget_usd"))
+    endpoint = validate_endpoint(payload.get("endpoint"))
+    if endpoint != CHAT and params_json != "{}":
+        raise invalid(
+            f"params is only for {CHAT} jobs: a row of {endpoint} is its whole body", "params"
+        )
     return BatchOptions(
-        name, model, priority, webhook_url, cron, params_json, window, metadata_json, budget
+        name,
+        model,
+        priority,
+        webhook_url,
+        cron,
+        params_json,
+        window,
+        metadata_json,
+        budget,
+        endpoint,
     )
+
+
+def validate_endpoint(value: object) -> str:
+    """A job's ``endpoint``: one Relay runs (absent or null: chat completions)."""
+    if value is None:
+        return CHAT
+    if type(value) is not str or value not in ALL_ENDPOINTS:
+        raise invalid(f"endpoint must be one of {', '.join(ALL_ENDPOINTS)}", "endpoint")
+    return value
 
 
 def validate_budget(value: object, param: str = "budget_usd") -> float | None:

@@ -1,6 +1,8 @@
 """The lines of an OpenAI Batch input file, ``{custom_id, method, url, body}``, and the
 chat request (the stored row's vocabulary, :mod:`relay_batches.dialects.chat`) each
-carries: its ``body``, as it came.
+carries: its ``body``, as it came. A line's ``url`` is any endpoint Relay runs; a body
+of another endpoint than chat is checked by that endpoint's model
+(:mod:`relay_batches.dialects.endpoints`), not here.
 
 Every field of the chat-completions request is accepted by the row model
 (:mod:`relay_batches.dialects.chat_params`); what one deployment cannot honour fails that
@@ -12,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-URL = "/v1/chat/completions"  # the one endpoint a line may name
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT
+
+URL = CHAT  # the endpoint of a chat line (every line of a file names the same one)
 LINE_FIELDS = ("body", "custom_id", "method", "url")
 
 
@@ -22,11 +26,12 @@ def unknown_field(line: Mapping[Any, object]) -> str | None:
 
 
 def target_problem(line: Mapping[str, object]) -> tuple[str, str] | None:
-    """``(field, message)`` unless ``line`` POSTs a ``body`` to :data:`URL`."""
+    """``(field, message)`` unless ``line`` POSTs a ``body`` to an endpoint Relay runs
+    (:data:`~relay_batches.dialects.endpoints.ALL_ENDPOINTS`)."""
     if line.get("method") != "POST":
         return "method", "must be POST"
-    if line.get("url") != URL:
-        return "url", f"must be {URL} (the only endpoint Relay runs)"
+    if line.get("url") not in ALL_ENDPOINTS:
+        return "url", f"must be one of {', '.join(ALL_ENDPOINTS)} (the endpoints Relay runs)"
     body = line.get("body")
     if type(body) is not dict:
         return "body", "is required" if body is None else "must be an object"

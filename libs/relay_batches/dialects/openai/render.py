@@ -1,6 +1,7 @@
 """A batch's rows as the lines of OpenAI's output and error files (pure rendering).
 
-Each line is ``{id, custom_id, response, error}``. The output file holds the rows that
+Each line is ``{id, custom_id, response, error}`` (a job of another endpoint than chat:
+its output lines' ``body`` is the provider's body as it came). The output file holds the rows that
 succeeded, each ``response: {status_code: 200, request_id, body}`` with ``body`` a
 ``chat.completion`` built from the stored outcome (message content and tool calls,
 finish reason, usage, the model that answered; only the well-formed stored tool calls and
@@ -21,6 +22,7 @@ import re
 
 import orjson
 
+from relay_batches.dialects.endpoints import CHAT
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import Job, JobStatus
 from relay_batches.tool_calls import stored_finish_reason, stored_tool_calls
@@ -83,6 +85,12 @@ def success_line(job: Job, row: AnsweredRow, created: int) -> dict[str, object]:
     return _line(job, row, body)
 
 
+def body_line(job: Job, row: AnsweredRow) -> dict[str, object]:
+    """A succeeded row's line of a job of another endpoint than chat: a 200 whose body
+    is the provider's JSON body as it came (stored only once it parsed as an object)."""
+    return _line(job, row, orjson.Fragment(row.content or "{}"))
+
+
 def _line(job: Job, row: AnsweredRow, body: object) -> dict[str, object]:
     return {
         "id": _line_id("batch_req_", job, row),
@@ -140,6 +148,8 @@ def error_line(job: Job, row: AnsweredRow) -> dict[str, object]:
 def render_page(job: Job, kind: str, rows: list[AnsweredRow]) -> bytes:
     """One page of the file as JSONL bytes."""
     dumps = orjson.dumps
+    if kind == OUTPUT and job.endpoint != CHAT:
+        return b"".join(dumps(body_line(job, r)) + b"\n" for r in rows)
     if kind == OUTPUT:
         created = int((job.completed_at or job.created_at).timestamp())
         return b"".join(dumps(success_line(job, r, created)) + b"\n" for r in rows)
