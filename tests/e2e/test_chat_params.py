@@ -22,14 +22,18 @@ from tests.helpers.chat_params import SAMPLES
 from tests.helpers.processes import System
 from tests.helpers.support import ApiClient
 
+# Every alias of the test routes (tests/helpers/processes.py), sorted as the lists are.
 ALIASES = [
     "gpt-4o-mini",
     "sim-claude",
     "sim-claude-half",
+    "sim-endpoints-half",
+    "sim-fallback",
     "sim-half",
     "sim-held-half",
     "sim-pair-half",
     "sim-priced",
+    "text-embedding-3-small",
 ]
 
 
