@@ -21,8 +21,8 @@ from tests.helpers.support import Isolation
 
 HI = {"role": "user", "content": "hi"}
 NATIVE_FIELDS = (
-    "budget_usd, completion_window, cron, metadata, model, name, params, priority, requests,"
-    " webhookUrl"
+    "budget_usd, completion_window, cron, endpoint, metadata, model, name, params, priority,"
+    " requests, webhookUrl"
 )
 
 
