@@ -1,6 +1,6 @@
 """``relay``: migrations, workspaces, keys, ``dev`` (the local system of ``make run``, in a
-source checkout only: :mod:`relay_batches.services.relay_dev`) and
-``batch …`` (the public API from a terminal, see :mod:`relay_batches.services.relay_cli.batch`)."""
+source checkout only: :mod:`relay_batches.services.relay_dev`), ``batch …`` and
+``models`` (the public API from a terminal, see :mod:`relay_batches.services.relay_cli.batch`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from datetime import timedelta
 from relay_batches.durations import SPELLING, format_duration, parse_duration
 from relay_batches.model import iso
 from relay_batches.services.relay_cli import admin
-from relay_batches.services.relay_cli.batch import add_batch_parser, run_batch
+from relay_batches.services.relay_cli.args import add_batch_parser
+from relay_batches.services.relay_cli.batch import run_batch
 from relay_batches.settings import RETENTION_MAX_DIGITS, ConfigError, Settings
 
 
@@ -92,7 +93,7 @@ def _attempts(raw: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     args = _parser().parse_args(argv)
-    if args.command == "batch":
+    if args.command in ("batch", "models"):
         sys.exit(run_batch(args))
     try:
         settings = Settings.from_env()
