@@ -102,8 +102,8 @@ def test_status_text_and_exit_codes() -> None:
     assert status_text(batch(status="completed", failed=0)) == "completed"
     assert exit_code(batch(status="completed", failed=0)) == EXIT_COMPLETED == 0
     assert exit_code(batch(status="completed", failed=8)) == EXIT_ROWS_FAILED == 3
-    for status in ("failed", "canceled", "expired"):
-        assert exit_code(batch(status=status, failed=0)) == EXIT_JOB_ENDED_OTHERWISE == 4
+    for ended in ("failed", "canceled", "expired"):
+        assert exit_code(batch(status=ended, failed=0)) == EXIT_JOB_ENDED_OTHERWISE == 4
     assert job_duration_s(batch(**ENDED)) == 50.0
     assert job_duration_s(batch(created_at="2030-01-01T12:00:00Z", completed_at=None)) is None
 
