@@ -6,21 +6,21 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from relay_batches.services.ingest_api.rows.csv_columns import CsvColumns
+from relay_batches.services.ingest_api.rows.csv_columns import NO_COLUMNS, CsvColumns
 from relay_batches.services.ingest_api.rows.files import LineError, parse_upload_file
 from relay_batches.services.ingest_api.rows.validation import SubmitLimits
 
 LIMITS = SubmitLimits(max_rows=100, max_content_bytes=1000, max_row_bytes=4000)
 
 
-def rows(data: bytes, columns: CsvColumns = CsvColumns()) -> list[tuple[str, str]]:
+def rows(data: bytes, columns: CsvColumns = NO_COLUMNS) -> list[tuple[str, str]]:
     return [
         (row.custom_id, orjson.loads(row.request_json)[0]["content"])
         for row in parse_upload_file("t.csv", data, LIMITS, columns=columns)
     ]
 
 
-def error(data: bytes, columns: CsvColumns = CsvColumns()) -> LineError:
+def error(data: bytes, columns: CsvColumns = NO_COLUMNS) -> LineError:
     with pytest.raises(LineError) as caught:
         parse_upload_file("t.csv", data, LIMITS, columns=columns)
     return caught.value
