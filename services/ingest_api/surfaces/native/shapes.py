@@ -174,7 +174,8 @@ class UploadForm(BaseModel):
         description="One or more files, one job per file, chosen by extension: `.csv` is one"
         " prompt per record (each a `user` message; quoted fields may hold commas and"
         " newlines; with a header row, see `prompt_column`), `.jsonl` is one request per"
-        " line, every line in the format of the first: a request row `{custom_id?, messages, ...}` as in `POST /v1/batches`, an"
+        " line, every line in the format of the first: a request row"
+        " `{custom_id?, messages, ...}` as in `POST /v1/batches`, an"
         ' OpenAI batch line `{custom_id, method: "POST", url: "/v1/chat/completions",'
         " body}`, or an Anthropic batch request `{custom_id, params}` (Messages parameters,"
         " translated). A line in another format than the first, or an unparsable line is"
