@@ -147,7 +147,7 @@ async def test_watch_of_a_canceled_job_exits_non_zero(
     canceled = await relay(system, api_key, "cancel", batch_id)
     assert (canceled.code, canceled.out) == (0, f"{batch_id}  canceled\n"), canceled
     watched = await relay(system, api_key, "watch", batch_id)
-    assert watched.code == 1, watched
+    assert watched.code == 4, watched
     assert f"{batch_id} canceled:" in watched.err
     results = await relay(system, api_key, "cancel", batch_id)
     assert results.code == 1 and "409 conflict_error" in results.err, results
