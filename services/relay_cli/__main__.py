@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from relay_batches.durations import SPELLING, format_duration, parse_duration
 from relay_batches.model import iso
+from relay_batches.reach import EXIT_UNREACHABLE, Unreachable
 from relay_batches.services.relay_cli import admin
 from relay_batches.services.relay_cli.args import add_batch_parser
 from relay_batches.services.relay_cli.batch import run_batch
@@ -106,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"relay: configuration error: {exc}")
     except admin.AdminError as exc:
         sys.exit(f"relay: {exc}")
+    except Unreachable as exc:
+        print(f"relay: {exc.line()}", file=sys.stderr)
+        sys.exit(EXIT_UNREACHABLE)
     except (OSError, ConnectionError) as exc:
         sys.exit(f"relay: cannot reach a dependency: {exc}")
 

@@ -126,9 +126,9 @@ async def test_an_unknown_model_and_a_bad_line_are_one_readable_line(
     good.write_text("hello\n")
     run = await relay(system, api_key, "submit", str(good), "--model", "no-such-model")
     assert run.code == 1, run
-    assert run.err == (
-        "relay: model 'no-such-model' is unknown (400 invalid_request_error, param model)\n"
-    )
+    assert run.err.startswith("relay: model 'no-such-model' is unknown; known models: "), run
+    assert "gpt-4o-mini" in run.err
+    assert run.err.endswith(" (400 invalid_request_error, param model)\n"), run
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "ok"}]}\n{oops\n')
     run = await relay(system, api_key, "submit", str(good), str(bad), "--model", "gpt-4o-mini")
