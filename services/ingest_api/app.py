@@ -63,8 +63,9 @@ def build_app(
     schema_current: Callable[[], Awaitable[bool]] | None = None,
 ) -> web.Application:
     """The public API: every surface mounted with its error, schema and auth middleware,
-    the panel (``GET /`` redirects to it), and the probes ``/healthz`` and ``/readyz`` (without ``schema_current``, the schema is
-    taken to be current); ``/metrics`` is served on the health port, not here."""
+    the panel (``GET /`` redirects to it), and the probes ``/healthz`` and ``/readyz``
+    (without ``schema_current``, the schema is taken to be current); ``/metrics`` is
+    served on the health port, not here."""
     log_stream_aborts_once()
     app = web.Application(
         middlewares=[timing_middleware, error_middleware(native_error)],
