@@ -62,9 +62,7 @@ __all__ = ["MAX_CUSTOM_ID_CHARS", "ROLES"]  # re-exported: the rules of a row
 class KnownModels:
     """``alias in KnownModels(pred)``: the router's aliases as a container for validation."""
 
-    def __init__(
-        self, known: Callable[[str], bool], names: Callable[[], list[str]] = list
-    ) -> None:
+    def __init__(self, known: Callable[[str], bool], names: Callable[[], list[str]] = list) -> None:
         self._known = known
         self.names = names  # the aliases, for an unknown model's error to list
 
