@@ -65,9 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a duration such as 7d, 12h or 30m; 'default' for RELAY_RETENTION",
     )
 
-    sub.add_parser(
+    dev = sub.add_parser(
         "dev",
         help="run every service and the simulator locally (make run; a source checkout only)",
+    )
+    dev.add_argument(
+        "--verbose", action="store_true", help="services log their settings when they start"
     )
     add_batch_parser(sub)
     return parser
@@ -179,14 +182,15 @@ DEV_MISSING = (
 )
 
 
-def _dev_command(settings: Settings, _: argparse.Namespace) -> None:
+def _dev_command(settings: Settings, args: argparse.Namespace) -> None:
     try:
         from relay_batches.services.relay_dev import dev
     except ModuleNotFoundError as exc:
         if exc.name is None or not exc.name.startswith("relay_batches.services.relay_dev"):
             raise
         sys.exit(DEV_MISSING)
-    asyncio.run(dev.run(settings, dev.DevOptions.from_env(os.environ), os.environ))
+    options = dev.DevOptions.from_env(os.environ, verbose=args.verbose)
+    asyncio.run(dev.run(settings, options, os.environ))
 
 
 _COMMANDS: dict[tuple[str, str | None], Callable[[Settings, argparse.Namespace], None]] = {
