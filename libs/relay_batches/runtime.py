@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from relay_batches.health import bound_port, start_health_server
+from relay_batches.reach import EXIT_UNREACHABLE, Unreachable
 from relay_batches.settings import ConfigError, Settings
 
 # After the grace period a service has this long to cancel what is left and close, then
@@ -86,7 +87,9 @@ def run_loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
 
 
 def run_service(name: str, factory: ServiceFactory, *, env: dict[str, str] | None = None) -> None:
-    """Entry point body for ``relay-<name>``: read settings, set up logging, run, exit."""
+    """Entry point body for ``relay-<name>``: read settings, set up logging, run, exit
+    (2 on a configuration error, or when Postgres or RabbitMQ cannot be reached at
+    start-up: one line on stderr)."""
     from relay_batches.logging import setup_logging
 
     try:
@@ -95,12 +98,17 @@ def run_service(name: str, factory: ServiceFactory, *, env: dict[str, str] | Non
         print(f"relay-{name}: configuration error: {exc}", file=sys.stderr)
         sys.exit(2)
     log = setup_logging(name, settings.log_level)
-    log.info("starting", extra={"settings": settings.describe()})
+    shown = {"settings": settings.describe()} if settings.log_settings == "full" else {}
+    log.info("starting", extra=shown)
     try:
         code = run_loop(_serve(factory, settings, log), settings.event_loop)
     except ConfigError as exc:
         print(f"relay-{name}: configuration error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except Unreachable as exc:
+        # Postgres or RabbitMQ away at start-up: one line naming the variable, no traceback.
+        print(f"relay-{name}: {exc.line()}", file=sys.stderr)
+        sys.exit(EXIT_UNREACHABLE)
     except Exception as exc:
         log.exception("crashed", extra={"error": repr(exc)})
         print(f"relay-{name}: stopped by an error: {exc!r}", file=sys.stderr)

@@ -81,8 +81,9 @@ def build_app(
     schema_current: Callable[[], Awaitable[bool]] | None = None,
 ) -> web.Application:
     """The public API: every surface mounted with its error, schema and auth middleware,
-    and the probes ``/healthz`` and ``/readyz`` (without ``schema_current``, the schema is
-    taken to be current); ``/metrics`` is served on the health port, not here."""
+    the panel (``GET /`` redirects to it), and the probes ``/healthz`` and ``/readyz``
+    (without ``schema_current``, the schema is taken to be current); ``/metrics`` is
+    served on the health port, not here."""
     log_stream_aborts_once()
     app = web.Application(
         middlewares=[timing_middleware, error_middleware(native_error)],
@@ -92,9 +93,15 @@ def build_app(
     for prefix, shape, routes in SURFACES:
         app.add_subapp(prefix, surface_app(deps, shape, resolve_key, schema_current, routes))
     add_panel_routes(app)
+    app.router.add_get("/", to_panel)
     add_health_routes(app, ready, metrics=False)  # /metrics: the health port only
     add_openapi_route(app)
     return app
+
+
+async def to_panel(request: web.Request) -> web.Response:
+    """``GET /``: a browser opening the API's address lands on the panel."""
+    raise web.HTTPFound("/panel")
 
 
 def surface_app(

@@ -45,12 +45,12 @@ class PlannedJob:
 
 def job_fields(fields: Mapping[str, object], deps: ApiDeps) -> BatchOptions:
     """Validate a submission's job-level fields against the router's aliases."""
-    return validate_batch_options(fields, KnownModels(deps.model_known))
+    return validate_batch_options(fields, KnownModels(deps.model_known, deps.model_names))
 
 
 def row_models(deps: ApiDeps) -> KnownModels:
     """The router's aliases, which a row's own ``model`` may name."""
-    return KnownModels(deps.model_known)
+    return KnownModels(deps.model_known, deps.model_names)
 
 
 def plan_submission(
@@ -60,7 +60,7 @@ def plan_submission(
 
     CPU-bound and free of the event loop: callers run it in a worker thread.
     """
-    spec = scan_submit(raw, deps.limits, KnownModels(deps.model_known))
+    spec = scan_submit(raw, deps.limits, KnownModels(deps.model_known, deps.model_names))
     return plan_job(spec.options, spec.rows, workspace_id, now)
 
 

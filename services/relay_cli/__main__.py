@@ -1,6 +1,6 @@
 """``relay``: migrations, workspaces, keys, ``dev`` (the local system of ``make run``, in a
-source checkout only: :mod:`relay_batches.services.relay_dev`) and
-``batch …`` (the public API from a terminal, see :mod:`relay_batches.services.relay_cli.batch`)."""
+source checkout only: :mod:`relay_batches.services.relay_dev`), ``batch …`` and
+``models`` (the public API from a terminal, see :mod:`relay_batches.services.relay_cli.batch`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from datetime import timedelta
 
 from relay_batches.durations import SPELLING, format_duration, parse_duration
 from relay_batches.model import iso
+from relay_batches.reach import EXIT_UNREACHABLE, Unreachable
 from relay_batches.services.relay_cli import admin
-from relay_batches.services.relay_cli.batch import add_batch_parser, run_batch
+from relay_batches.services.relay_cli.args import add_batch_parser
+from relay_batches.services.relay_cli.batch import run_batch
 from relay_batches.settings import RETENTION_MAX_DIGITS, ConfigError, Settings
 
 
@@ -63,9 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a duration such as 7d, 12h or 30m; 'default' for RELAY_RETENTION",
     )
 
-    sub.add_parser(
+    dev = sub.add_parser(
         "dev",
         help="run every service and the simulator locally (make run; a source checkout only)",
+    )
+    dev.add_argument(
+        "--verbose", action="store_true", help="services log their settings when they start"
     )
     add_batch_parser(sub)
     return parser
@@ -92,7 +97,7 @@ def _attempts(raw: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     args = _parser().parse_args(argv)
-    if args.command == "batch":
+    if args.command in ("batch", "models"):
         sys.exit(run_batch(args))
     try:
         settings = Settings.from_env()
@@ -105,6 +110,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"relay: configuration error: {exc}")
     except admin.AdminError as exc:
         sys.exit(f"relay: {exc}")
+    except Unreachable as exc:
+        print(f"relay: {exc.line()}", file=sys.stderr)
+        sys.exit(EXIT_UNREACHABLE)
     except (OSError, ConnectionError) as exc:
         sys.exit(f"relay: cannot reach a dependency: {exc}")
 
@@ -174,14 +182,15 @@ DEV_MISSING = (
 )
 
 
-def _dev_command(settings: Settings, _: argparse.Namespace) -> None:
+def _dev_command(settings: Settings, args: argparse.Namespace) -> None:
     try:
         from relay_batches.services.relay_dev import dev
     except ModuleNotFoundError as exc:
         if exc.name is None or not exc.name.startswith("relay_batches.services.relay_dev"):
             raise
         sys.exit(DEV_MISSING)
-    asyncio.run(dev.run(settings, dev.DevOptions.from_env(os.environ), os.environ))
+    options = dev.DevOptions.from_env(os.environ, verbose=args.verbose)
+    asyncio.run(dev.run(settings, options, os.environ))
 
 
 _COMMANDS: dict[tuple[str, str | None], Callable[[Settings, argparse.Namespace], None]] = {

@@ -17,6 +17,7 @@ from relay_batches.ledger.migrate import (
     ensure_database,
 )
 from relay_batches.ledger.retention import set_workspace_retention
+from relay_batches.reach import DATABASE, reaching
 
 
 class AdminError(Exception):
@@ -27,10 +28,12 @@ async def migrate(database_url: str, retry: LockRetry | None = None) -> list[str
     """Create the database if missing and apply pending migrations; return their names.
 
     A migration that cannot take its table locks (``retry``, see
-    :class:`~relay_batches.ledger.migrate.LockRetry`) is an :class:`AdminError`.
+    :class:`~relay_batches.ledger.migrate.LockRetry`) is an :class:`AdminError`; a
+    database that cannot be reached is :class:`~relay_batches.reach.Unreachable`.
     """
-    await ensure_database(database_url)
-    conn = await asyncpg.connect(database_url, timeout=10)
+    async with reaching(DATABASE, database_url):
+        await ensure_database(database_url)
+        conn = await asyncpg.connect(database_url, timeout=10)
     try:
         return await apply_migrations(conn, retry)
     except MigrationLockError as exc:
@@ -41,7 +44,8 @@ async def migrate(database_url: str, retry: LockRetry | None = None) -> list[str
 
 @asynccontextmanager
 async def _keys(database_url: str) -> AsyncIterator[KeyStore]:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1, timeout=10)
+    async with reaching(DATABASE, database_url):
+        pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1, timeout=10)
     assert pool is not None
     try:
         yield KeyStore(pool)

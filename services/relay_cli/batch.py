@@ -1,11 +1,13 @@
-"""``relay batch submit|status|list|cancel|results|watch|retry|pause|resume|deliveries|
-redeliver|delete``: the public API from a terminal.
+"""``relay batch submit|status|list|cancel|results|dead-letter|watch|retry|pause|resume|
+deliveries|redeliver|delete`` and ``relay models``: the public API from a terminal.
 
 The server URL and key come from ``RELAY_URL`` / ``RELAY_API_KEY`` or ``--url`` /
-``--api-key``. Output for scripts goes to stdout (job ids, results); progress and
-messages go to stderr. Exit codes: 0 success (for ``watch``, ``submit --wait`` and
-``retry --wait``: every job ``completed``), 1 an API or network error or a job that ended
-otherwise, 2 a usage error. An API error is printed as one line: ``relay: invalid API key (401 …)``.
+``--api-key``. Output for scripts goes to stdout (job ids, results; ``--json`` on the
+read commands); progress and messages go to stderr. Exit codes: 0 success (for
+``watch``, ``submit --wait`` and ``retry --wait``: every job ``completed`` without a
+failed row), 1 an API or network error, 2 a usage error, 3 a job completed with failed
+rows, 4 a job failed, was canceled or expired (several jobs: the highest). An API error
+is printed as one line: ``relay: invalid API key (401 …)``.
 """
 
 from __future__ import annotations
@@ -15,107 +17,35 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
 
 from relay_batches.model import TERMINAL, JobStatus
+from relay_batches.services.relay_cli.args import UsageError, pairs
 from relay_batches.services.relay_cli.client import ApiFailure, RelayClient
+from relay_batches.services.relay_cli.outputs import dead_letter, results
 from relay_batches.services.relay_cli.progress import (
+    EXIT_COMPLETED,
+    EXIT_JOB_ENDED_OTHERWISE,
+    EXIT_ROWS_FAILED,
     RateMeter,
     clock,
     cost_text,
     done_rows,
+    exit_code,
     percent_bar,
     progress_line,
+    status_text,
     summary_line,
 )
 from relay_batches.settings import ClientSettings, ConfigError
 
-DEFAULT_INTERVAL_S = 1.0
-RETRY_ROWS = ("failed", "dead_letter")
 DELIVERIES_PAGE = 100
-
-
-class UsageError(Exception):
-    """The command line asks for something that cannot work."""
-
-
-# --- argument parsing -------------------------------------------------------------------
-
-
-def add_batch_parser(sub: Any) -> None:
-    """Add ``relay batch …`` to the top-level subparsers ``sub``."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", help="API base URL (default: $RELAY_URL or 127.0.0.1:8080)")
-    common.add_argument("--api-key", help="API key (default: $RELAY_API_KEY)")
-    common.add_argument("--timeout", type=float, help="seconds to wait for the API to answer")
-    batch = sub.add_parser("batch", help="submit and follow batches through the public API")
-    commands = batch.add_subparsers(dest="batch_command", required=True)
-
-    submit = commands.add_parser(
-        "submit",
-        parents=[common],
-        help="one job per .csv/.jsonl file (.jsonl: Relay, OpenAI batch or Anthropic lines)",
-    )
-    submit.add_argument("files", nargs="+", metavar="FILE", type=Path)
-    submit.add_argument(
-        "--model",
-        help="a public model alias (default: each file's first row's model, which OpenAI"
-        " and Anthropic lines always name)",
-    )
-    submit.add_argument("--priority", help="integer; higher runs first (default 0)")
-    submit.add_argument("--name", help="job name (default: the file name)")
-    submit.add_argument("--webhook", help="completion webhook URL")
-    submit.add_argument("--cron", help="5-field cron expression (UTC): a recurring template")
-    submit.add_argument("--budget", help="USD; no more rows run once their cost reaches it")
-    submit.add_argument("--wait", action="store_true", help="watch the jobs until they end")
-    submit.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="poll seconds")
-
-    status = commands.add_parser("status", parents=[common], help="one job's state")
-    status.add_argument("id")
-    status.add_argument("--json", action="store_true", help="print the batch object as JSON")
-
-    listing = commands.add_parser("list", parents=[common], help="jobs, newest first")
-    listing.add_argument("--status", choices=[s.value for s in JobStatus])
-    listing.add_argument("--limit", type=int, default=20, help="1-100 (default 20)")
-    listing.add_argument("--after", help="the last id of the previous page")
-
-    cancel = commands.add_parser("cancel", parents=[common], help="cancel a job")
-    cancel.add_argument("id")
-
-    results = commands.add_parser("results", parents=[common], help="a finished job's results")
-    results.add_argument("id")
-    results.add_argument("-o", "--output", type=Path, help="write JSONL here (default stdout)")
-
-    watch = commands.add_parser("watch", parents=[common], help="progress bar until the end")
-    watch.add_argument("id")
-    watch.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="poll seconds")
-    _add_operate_parsers(commands, common)
-
-
-def _add_operate_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
-    retry = commands.add_parser(
-        "retry", parents=[common], help="a new job of an ended job's failed rows"
-    )
-    retry.add_argument("id")
-    retry.add_argument(
-        "--rows",
-        choices=RETRY_ROWS,
-        default="failed",
-        help="failed: every row with an error (default); dead_letter: the dead-letter list",
-    )
-    retry.add_argument("--wait", action="store_true", help="watch the new job until it ends")
-    retry.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="poll seconds")
-    for name, text in (
-        ("pause", "stop releasing a queued or running job's rows"),
-        ("resume", "let a paused job run again"),
-        ("redeliver", "POST an ended job's completion webhook again"),
-        ("deliveries", "every attempt of an ended job's completion webhook"),
-        ("delete", "delete an ended job or a cron template and everything stored for it"),
-    ):
-        commands.add_parser(name, parents=[common], help=text).add_argument("id")
+EXIT_MEANINGS = {
+    EXIT_ROWS_FAILED: "the job completed, but rows failed",
+    EXIT_JOB_ENDED_OTHERWISE: "the job failed, was canceled or expired",
+}
 
 
 def run_batch(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
@@ -178,17 +108,7 @@ async def submit(client: RelayClient, args: argparse.Namespace, out: TextIO, err
     for path in args.files:
         if not path.is_file():
             raise UsageError(f"cannot read {path}: no such file")
-    fields: dict[str, str] = {}
-    optional = {
-        "model": args.model,
-        "priority": args.priority,
-        "name": args.name,
-        "webhookUrl": args.webhook,
-        "cron": args.cron,
-        "budget_usd": args.budget,
-    }
-    fields.update({k: v for k, v in optional.items() if v is not None})
-    created = await client.upload(args.files, fields)
+    created = await client.upload(args.files, upload_fields(args))
     for batch in created:
         print(job_line(batch), file=out)
     out.flush()
@@ -198,16 +118,48 @@ async def submit(client: RelayClient, args: argparse.Namespace, out: TextIO, err
     return max(codes)
 
 
+def upload_fields(args: argparse.Namespace) -> dict[str, str]:
+    """The upload's form fields from ``submit``'s options: ``params`` from ``--param``,
+    ``--temperature`` and ``--max-tokens``, ``metadata`` from ``--metadata`` (both
+    JSON-encoded), the rest as given; an option not given is left out."""
+    params = pairs(args.param, "--param", as_json=True)
+    for key, value in (("temperature", args.temperature), ("max_tokens", args.max_tokens)):
+        if value is not None:
+            if key in params:
+                raise UsageError(f"{key} is given twice (--{key.replace('_', '-')} and --param)")
+            params[key] = value
+    metadata = pairs(args.metadata, "--metadata", as_json=False)
+    optional = {
+        "model": args.model,
+        "priority": args.priority,
+        "name": args.name,
+        "webhookUrl": args.webhook,
+        "cron": args.cron,
+        "budget_usd": args.budget,
+        "completion_window": args.completion_window,
+        "params": orjson.dumps(params).decode() if params else None,
+        "metadata": orjson.dumps(metadata).decode() if metadata else None,
+        "prompt_column": args.prompt_column,
+        "id_column": args.id_column,
+    }
+    return {k: v for k, v in optional.items() if v is not None}
+
+
 def job_line(batch: dict[str, Any]) -> str:
     """``<id>  <status>  <n> rows  <name>``: a created job, as ``submit`` and ``retry`` print it."""
     return f"{batch['id']}  {batch['status']}  {batch['total']} rows  {batch['name']}"
+
+
+def print_json(value: Any, out: TextIO) -> None:
+    """``value`` as indented JSON on ``out`` (``--json``)."""
+    out.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 async def status(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Print one job's state (or its batch object with ``--json``)."""
     batch = await client.get(args.id)
     if args.json:
-        out.write(orjson.dumps(batch, option=orjson.OPT_INDENT_2).decode() + "\n")
+        print_json(batch, out)
         return 0
     for label, value in _status_lines(batch):
         print(f"{label:<10}{value}", file=out)
@@ -218,7 +170,7 @@ def _status_lines(batch: dict[str, Any]) -> list[tuple[str, str]]:
     lines = [
         ("id", batch["id"]),
         ("name", batch["name"]),
-        ("status", batch["status"]),
+        ("status", status_text(batch)),
         ("model", batch["model"]),
         ("priority", str(batch["priority"])),
         ("progress", percent_bar(batch)),
@@ -258,12 +210,15 @@ async def list_jobs(client: RelayClient, args: argparse.Namespace, out: TextIO, 
     if not 1 <= args.limit <= 100:
         raise UsageError("--limit must be from 1 to 100")
     page = await client.list_page(args.limit, args.status, args.after)
-    print(f"{'ID':<32}  {'STATUS':<9}  {'DONE':>13}  {'CREATED':<20}  NAME", file=out)
+    if args.json:
+        print_json(page, out)
+        return 0
+    print(f"{'ID':<32}  {'STATUS':<20}  {'DONE':>13}  {'CREATED':<20}  NAME", file=out)
     for batch in page["data"]:
         done = f"{done_rows(batch)}/{batch['total']}"
         print(
-            f"{batch['id']:<32}  {batch['status']:<9}  {done:>13}  {batch['created_at']:<20}"
-            f"  {batch['name']}",
+            f"{batch['id']:<32}  {status_text(batch):<20}  {done:>13}"
+            f"  {batch['created_at']:<20}  {batch['name']}",
             file=out,
         )
     if page["has_more"] and page["data"]:
@@ -278,47 +233,26 @@ async def cancel(client: RelayClient, args: argparse.Namespace, out: TextIO, err
     return 0
 
 
-async def results(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Write a finished job's results as JSONL, one row object per line, in row order."""
-    batch = await client.get(args.id)
-    if batch["status"] not in TERMINAL:
-        raise ApiFailure(
-            f"job {batch['id']} is {batch['status']}; results appear when it ends"
-            f" (relay batch watch {batch['id']})"
-        )
-    if args.output is None:
-        rows = await _copy_results(client, batch["id"], sys.stdout.buffer)
-        return 0
-    partial = args.output.with_name(args.output.name + ".part")
-    try:
-        with partial.open("wb") as target:
-            rows = await _copy_results(client, batch["id"], target)
-        partial.replace(args.output)
-    except OSError as exc:
-        raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-    finally:
-        partial.unlink(missing_ok=True)
-    print(f"wrote {rows} rows of {batch['id']} ({batch['status']}) to {args.output}", file=err)
-    return 0
-
-
-async def _copy_results(client: RelayClient, batch_id: str, target: Any) -> int:
-    rows = 0
-    async for chunk in client.results(batch_id):
-        target.write(chunk)
-        rows += chunk.count(b"\n")
-    target.flush()
-    return rows
-
-
 async def watch(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Show a live progress bar until the job ends; 0 only for ``completed``."""
-    return await watch_job(client, args.id, args.interval, err)
+    """Show a live progress bar until the job ends; the exit code of :func:`exit_code`
+    (``--json``: the ended job's batch object on stdout)."""
+    ended: list[dict[str, Any]] = []
+    code = await watch_job(client, args.id, args.interval, err, ended)
+    if args.json:
+        print_json(ended[-1], out)
+    return code
 
 
-async def watch_job(client: RelayClient, batch_id: str, interval: float, err: TextIO) -> int:
-    """Poll the job every ``interval`` seconds, drawing the progress line on ``err``."""
-    started = time.monotonic()
+async def watch_job(
+    client: RelayClient,
+    batch_id: str,
+    interval: float,
+    err: TextIO,
+    ended: list[dict[str, Any]] | None = None,
+) -> int:
+    """Poll the job every ``interval`` seconds, drawing the progress line on ``err``; at
+    the end its summary (and a hint when rows failed), the ended batch appended to
+    ``ended``; the exit code of :func:`exit_code`."""
     meter = RateMeter()
     live = err.isatty()
     shown: tuple[int, str] | None = None
@@ -339,8 +273,18 @@ async def watch_job(client: RelayClient, batch_id: str, interval: float, err: Te
         await asyncio.sleep(interval)
     if live:
         err.write("\n")
-    print(summary_line(batch, time.monotonic() - started), file=err)
-    return 0 if batch["status"] == JobStatus.COMPLETED else 1
+    print(summary_line(batch), file=err)
+    code = exit_code(batch)
+    if batch["failed"]:
+        print(
+            f"relay: {batch['failed']} row(s) failed: relay batch results {batch_id} --failed",
+            file=err,
+        )
+    if code != EXIT_COMPLETED:
+        print(f"relay: exit {code} ({EXIT_MEANINGS[code]})", file=err)
+    if ended is not None:
+        ended.append(batch)
+    return code
 
 
 async def retry(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -407,14 +351,31 @@ async def deliveries(
     """Every attempt of the job's completion webhook, one line each, oldest first; the
     delivery's state on stderr."""
     after: str | None = None
+    attempts: list[dict[str, Any]] = []
     while True:
         page = await client.deliveries(args.id, DELIVERIES_PAGE, after)
-        for attempt in page["data"]:
-            print(delivery_line(attempt), file=out)
+        attempts += page["data"]
+        if not args.json:
+            for attempt in page["data"]:
+                print(delivery_line(attempt), file=out)
         if not page["has_more"] or not page["data"]:
             break
         after = page["data"][-1]["id"]
+    if args.json:
+        print_json({**page, "data": attempts, "has_more": False}, out)
+        return 0
     print(delivery_state(page), file=err)
+    return 0
+
+
+async def models(client: RelayClient, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The model aliases the key can submit to, one a line (``--json``: the API's list)."""
+    listing = await client.models()
+    if args.json:
+        print_json(listing, out)
+        return 0
+    for model in listing["data"]:
+        print(model["id"], file=out)
     return 0
 
 
@@ -435,6 +396,7 @@ COMMANDS: dict[str, Command] = {
     "list": list_jobs,
     "cancel": cancel,
     "results": results,
+    "dead-letter": dead_letter,
     "watch": watch,
     "retry": retry,
     "pause": pause,
@@ -442,4 +404,5 @@ COMMANDS: dict[str, Command] = {
     "deliveries": deliveries,
     "redeliver": redeliver,
     "delete": delete,
+    "models": models,
 }

@@ -168,9 +168,34 @@ class RelayClient:
         path = f"/v1/batches/{batch_id}/webhook_deliveries"
         return dict(await self._json("POST", path))
 
-    async def results(self, batch_id: str) -> AsyncIterator[bytes]:
-        """The job's results as ndjson bytes, chunk by chunk (one JSON object a line)."""
-        path = f"/v1/batches/{batch_id}/results"
-        async with self._call("GET", path, headers={"Accept": NDJSON}) as response:
+    async def models(self) -> dict[str, Any]:
+        """``GET /v1/models``: ``{object: list, data: [{id, object: model}]}``."""
+        return dict(await self._json("GET", "/v1/models"))
+
+    def results(
+        self,
+        batch_id: str,
+        outcome: str | None = None,
+        partial: bool = False,
+        details: bool = False,
+    ) -> AsyncIterator[bytes]:
+        """The job's results as ndjson bytes, chunk by chunk (one JSON object a line):
+        only the rows of ``outcome`` (``error``, ``content``) when given, those finished
+        so far with ``partial``, each with its details with ``details``."""
+        params = {"outcome": outcome} if outcome else {}
+        if partial:
+            params["partial"] = "true"
+        if details:
+            params["include"] = "details"
+        return self._ndjson(f"/v1/batches/{batch_id}/results", params)
+
+    def dead_letters(self, batch_id: str, details: bool = False) -> AsyncIterator[bytes]:
+        """The job's dead-letter rows as ndjson bytes, chunk by chunk."""
+        params = {"include": "details"} if details else {}
+        return self._ndjson(f"/v1/batches/{batch_id}/dead_letter", params)
+
+    async def _ndjson(self, path: str, params: dict[str, str]) -> AsyncIterator[bytes]:
+        headers = {"Accept": NDJSON}
+        async with self._call("GET", path, headers=headers, params=params) as response:
             async for chunk in response.content.iter_chunked(CHUNK_BYTES):
                 yield chunk

@@ -10,10 +10,47 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 BAR_WIDTH = 30
 RATE_WINDOW_S = 15.0
+
+# The exit codes of ``watch``, ``submit --wait`` and ``retry --wait`` (docs/guides/cli.md);
+# with several jobs the highest wins.
+EXIT_COMPLETED = 0  # every job completed, no row failed
+EXIT_ROWS_FAILED = 3  # every job completed, but some rows failed
+EXIT_JOB_ENDED_OTHERWISE = 4  # a job failed, was canceled or expired
+
+
+def exit_code(batch: dict[str, Any]) -> int:
+    """The exit code a watched job ends with: :data:`EXIT_COMPLETED`,
+    :data:`EXIT_ROWS_FAILED` or :data:`EXIT_JOB_ENDED_OTHERWISE`."""
+    if batch["status"] != "completed":
+        return EXIT_JOB_ENDED_OTHERWISE
+    return EXIT_ROWS_FAILED if int(batch["failed"]) else EXIT_COMPLETED
+
+
+def status_text(batch: dict[str, Any]) -> str:
+    """The status as a person reads it: ``completed``, or ``completed · 8 failed`` when
+    rows failed (whatever the status), so a job with failures never reads as clean."""
+    failed = int(batch.get("failed") or 0)
+    return f"{batch['status']} · {failed} failed" if failed else str(batch["status"])
+
+
+def _moment(text: object) -> datetime | None:
+    return datetime.fromisoformat(text) if isinstance(text, str) and text else None
+
+
+def job_duration_s(batch: dict[str, Any]) -> float | None:
+    """How long the job ran, from its own timestamps: from ``started_at`` (or
+    ``created_at`` for a job that never started) to ``completed_at``; None before it
+    ends."""
+    end = _moment(batch.get("completed_at"))
+    start = _moment(batch.get("started_at")) or _moment(batch.get("created_at"))
+    if end is None or start is None:
+        return None
+    return max(0.0, (end - start).total_seconds())
 
 
 @dataclass
@@ -103,11 +140,11 @@ def progress_line(batch: dict[str, Any], rate: float | None) -> str:
     return f"{percent_bar(batch)}{failed}  {speed}  ETA {eta}  {cost}  {batch['status']}"
 
 
-def summary_line(batch: dict[str, Any], elapsed_s: float) -> str:
-    """The final line: ``completed: 1000 rows, 998 ok, 2 failed, 0 dead letter in 0:42,
-    cost $0.0123``."""
+def summary_line(batch: dict[str, Any]) -> str:
+    """The final line: ``<id> completed · 2 failed: 1000 rows, 998 ok, 2 failed, 0 dead
+    letter in 0:42, cost $0.0123``; the time is the job's own (:func:`job_duration_s`)."""
     return (
-        f"{batch['id']} {batch['status']}: {batch['total']} rows, {batch['completed']} ok,"
-        f" {batch['failed']} failed, {batch['dead_letter']} dead letter in {clock(elapsed_s)},"
-        f" cost {cost_text(batch)}"
+        f"{batch['id']} {status_text(batch)}: {batch['total']} rows, {batch['completed']} ok,"
+        f" {batch['failed']} failed, {batch['dead_letter']} dead letter"
+        f" in {clock(job_duration_s(batch))}, cost {cost_text(batch)}"
     )

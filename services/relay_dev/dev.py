@@ -1,13 +1,13 @@
 """``relay dev`` (``make run``): the upstream simulator and every service on this machine.
 
-The settings only ``relay dev`` has are read here, from the environment ``__main__`` passes
-in: ``RELAY_DEV_ROW_WORKERS``, ``RELAY_DEV_API_KEY``, the simulator's ``RELAY_SIM_HOST``
-/ ``RELAY_SIM_PORT`` (the local routes file follows the simulator) and ``RELAY_DEV_RPM`` /
-``RELAY_DEV_TPM`` (a rate limit the simulator enforces and every deployment of the local
-routes carries, so the shared limiter has one to hold). The API and simulator ports
-must be free; every service gets a health port of its own (free ones, or
-consecutive ones from ``RELAY_HEALTH_PORT``), so two ``make run`` on one machine, or a
-machine with some ports taken, still start.
+The settings only ``relay dev`` has are read here, from the environment ``__main__``
+passes in: ``RELAY_DEV_ROW_WORKERS``, ``RELAY_DEV_API_KEY``, ``RELAY_DEV_KEY_FILE``, the
+simulator's ``RELAY_SIM_HOST`` / ``RELAY_SIM_PORT`` (the local routes file follows the
+simulator) and ``RELAY_DEV_RPM`` / ``RELAY_DEV_TPM`` (a rate limit the simulator
+enforces and every deployment of the local routes carries, so the shared limiter has one
+to hold). The API and simulator ports must be free; every service gets a health port of
+its own (free ones, or consecutive ones from ``RELAY_HEALTH_PORT``), so two ``make run``
+on one machine, or a machine with some ports taken, still start.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from relay_batches.router.aliases import BATCH_PROVIDERS
 from relay_batches.services.relay_cli import admin
+from relay_batches.services.relay_dev.console import check_broker, dev_key, ready_line, wait_ready
 from relay_batches.services.relay_dev.ports import HealthPort, free_ports, is_free, url_host
 from relay_batches.services.relay_dev.supervisor import Child, say, supervise
 from relay_batches.settings import ConfigError, DevSettings, Settings, SimSettings
@@ -51,6 +52,8 @@ class DevOptions:
     routes_file: str | None = None
     rpm: int | None = None
     tpm: int | None = None
+    key_file: str = DevSettings.key_file
+    verbose: bool = False
 
     @property
     def limits(self) -> dict[str, int]:
@@ -59,8 +62,9 @@ class DevOptions:
         return {key: value for key, value in given.items() if value is not None}
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> DevOptions:
-        """Read the variables; raise :class:`ConfigError` on a bad value."""
+    def from_env(cls, env: Mapping[str, str], verbose: bool = False) -> DevOptions:
+        """Read the variables (``verbose``: ``relay dev --verbose``); raise
+        :class:`ConfigError` on a bad value."""
         dev = DevSettings.from_env(env)
         return cls(
             row_workers=dev.row_workers,
@@ -70,6 +74,8 @@ class DevOptions:
             routes_file=read_one(Settings, "routes_file", env),
             rpm=dev.rpm,
             tpm=dev.tpm,
+            key_file=dev.key_file,
+            verbose=verbose,
         )
 
 
@@ -232,6 +238,8 @@ def dev_children(
         "RELAY_SIM_PORT": str(sim_port),
     }
     env.setdefault("RELAY_WEBHOOK_ALLOW_NETWORKS", DEV_WEBHOOK_ALLOW)
+    if not options.verbose:
+        env.setdefault("RELAY_LOG_SETTINGS", "none")  # the settings only with --verbose
     bindir = Path(sys.executable).parent
 
     def cmd(name: str) -> list[str]:
@@ -252,11 +260,17 @@ def dev_children(
 
 
 async def run(settings: Settings, options: DevOptions, environ: Mapping[str, str]) -> None:
-    """Migrate, create the dev key, start everything, and stop it all on SIGINT/SIGTERM."""
+    """Migrate, check the broker, get the dev key (:func:`.console.dev_key`), start
+    everything, say one ready line once every service answers, and stop it all on
+    SIGINT/SIGTERM. Postgres or RabbitMQ out of reach: :class:`~relay_batches.reach.
+    Unreachable` before any service starts."""
     with tempfile.TemporaryDirectory(prefix="relay-dev-") as directory:
         children = dev_children(settings, options, environ, Path(directory))
         await admin.migrate(settings.database_url)
-        created = await admin.create_key(settings.database_url, DEV_WORKSPACE, options.api_key)
+        await check_broker(settings.amqp_url)
+        key = await dev_key(
+            settings.database_url, DEV_WORKSPACE, options.api_key, Path(options.key_file)
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -269,7 +283,21 @@ async def run(settings: Settings, options: DevOptions, environ: Mapping[str, str
             say(line)
         allowed = env["RELAY_WEBHOOK_ALLOW_NETWORKS"]
         say(f"webhooks may go to {allowed} in dev (RELAY_WEBHOOK_ALLOW_NETWORKS)")
-        say(f"dev API key: {created.key}")
-        say(f"export RELAY_API_KEY={created.key}")
-        await supervise(children, stop)
+        if options.api_key is None:
+            say(f"dev key kept in {options.key_file} (RELAY_DEV_API_KEY overrides it)")
+        if not options.verbose:
+            say("services log without their settings (relay dev --verbose shows them)")
+        announce = asyncio.create_task(_announce(children, api, key, stop), name="ready-line")
+        try:
+            await supervise(children, stop)
+        finally:
+            announce.cancel()
+            await asyncio.gather(announce, return_exceptions=True)
     say("stopped")
+
+
+async def _announce(children: list[Child], api: str, key: str, stop: asyncio.Event) -> None:
+    """Say :func:`.console.ready_line` once the API and every health port answer 200."""
+    urls = [f"{api}/readyz", *(c.health.url for c in children if c.health is not None)]
+    if await wait_ready(urls, stop):
+        say(ready_line(api, key))

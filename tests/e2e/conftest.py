@@ -10,7 +10,13 @@ import pytest
 
 from relay_batches.services.relay_cli import admin
 from tests.helpers.processes import System, running_system
-from tests.helpers.support import ApiClient, WebhookReceiver
+from tests.helpers.support import (
+    ApiClient,
+    Isolation,
+    WebhookReceiver,
+    create_isolation,
+    drop_isolation,
+)
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +53,11 @@ async def webhooks() -> AsyncIterator[WebhookReceiver]:
     """A local webhook receiver for the session."""
     async with WebhookReceiver() as receiver:
         yield receiver
+
+
+@pytest.fixture
+async def isolation() -> AsyncIterator[Isolation]:
+    """A database and namespace of the test's own (no other service consumes them)."""
+    iso = await create_isolation("dev")
+    yield iso
+    await drop_isolation(iso)

@@ -23,13 +23,10 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
-import pytest
 
 from tests.helpers.support import (
     ApiClient,
     Isolation,
-    create_isolation,
-    drop_isolation,
     free_port,
     rows,
     wait_until,
@@ -38,7 +35,7 @@ from tests.helpers.support import (
 RELAY = Path(sys.executable).parent / "relay"
 OLD_HEALTH_PORTS = range(9101, 9106)
 STARTED = re.compile(r"\[relay dev\] (\S+) \(pid (\d+)\) started(?:; health (http://\S+/readyz))?")
-KEY_LINE = re.compile(r"\[relay dev\] export RELAY_API_KEY=(\S+)")
+KEY_LINE = re.compile(r"\[relay dev\] ready: .* RELAY_API_KEY=(\S+)")
 
 
 @dataclass
@@ -63,7 +60,7 @@ class DevRun:
         return {int(m[2]) for m in STARTED.finditer(self.output())}
 
     def api_key(self) -> str | None:
-        """The dev key, once printed."""
+        """The dev key, once the ready line printed it."""
         found = KEY_LINE.search(self.output())
         return found[1] if found else None
 
@@ -94,12 +91,14 @@ def _held_ports(ports: range) -> Iterator[None]:
         yield
 
 
-def _spawn(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start ``relay dev`` in a session of its own, output to ``log_path``."""
+def _spawn(
+    env: dict[str, str], log_path: Path, args: tuple[str, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """Start ``relay dev ARGS`` in a session of its own, output to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [str(RELAY), "dev"],
+            [str(RELAY), "dev", *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -123,20 +122,16 @@ def _argv(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
 
 
-@pytest.fixture
-async def isolation() -> AsyncIterator[Isolation]:
-    """A database and namespace of this test's own (no other service consumes them)."""
-    iso = await create_isolation("dev")
-    yield iso
-    await drop_isolation(iso)
-
-
 @contextlib.asynccontextmanager
 async def relay_dev(
-    iso: Isolation, log_path: Path, http: aiohttp.ClientSession, **env: str
+    iso: Isolation,
+    log_path: Path,
+    http: aiohttp.ClientSession,
+    args: tuple[str, ...] = (),
+    **env: str,
 ) -> AsyncIterator[DevRun]:
-    """Run ``relay dev`` until every service is started and the API answers; on leaving,
-    SIGTERM it and insist on exit 0 with no process of its session left."""
+    """Run ``relay dev ARGS`` until every service is started and the API answers; on
+    leaving, SIGTERM it and insist on exit 0 with no process of its session left."""
     api_port, sim_port = free_port(), free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     proc_env = {
@@ -146,9 +141,10 @@ async def relay_dev(
         "RELAY_API_PORT": str(api_port),
         "RELAY_SIM_PORT": str(sim_port),
         "RELAY_SHUTDOWN_GRACE_S": "10",
+        "RELAY_DEV_KEY_FILE": str(log_path.with_suffix(".key")),
         **env,
     }
-    process = _spawn(proc_env, log_path)
+    process = _spawn(proc_env, log_path, args)
     run = DevRun(process, log_path, f"http://127.0.0.1:{api_port}", sim_port)
     try:
         await wait_until(lambda: _api_up(run, http), 60, f"relay dev's API (see {log_path})")
@@ -236,6 +232,7 @@ async def test_a_killed_relay_dev_leaves_no_service_running(
         "RELAY_NAMESPACE": isolation.namespace,
         "RELAY_API_PORT": str(free_port()),
         "RELAY_SIM_PORT": str(free_port()),
+        "RELAY_DEV_KEY_FILE": str(log.with_suffix(".key")),
     }
     process = _spawn(env, log)
     run = DevRun(process, log, f"http://127.0.0.1:{env['RELAY_API_PORT']}", 0)

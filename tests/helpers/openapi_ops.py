@@ -13,14 +13,16 @@ Operation = tuple[str, str]  # (METHOD, path template), e.g. ("GET", "/v1/batche
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 # Not part of the public API, so deliberately left out of the document and of the check:
-# the browser panel under /panel (its pages and their assets) and any static-file route.
+# the browser panel under /panel (its pages and their assets), ``GET /`` (a redirect to
+# it) and any static-file route.
 UNDOCUMENTED_PREFIX = "/panel"
+TO_PANEL = "/"
 
 
 def is_undocumented(resource: web.AbstractResource) -> bool:
     """True for the routes the document leaves out on purpose (panel, static assets)."""
     path = resource.canonical
-    in_panel = path == UNDOCUMENTED_PREFIX or path.startswith(UNDOCUMENTED_PREFIX + "/")
+    in_panel = path in (TO_PANEL, UNDOCUMENTED_PREFIX) or path.startswith(UNDOCUMENTED_PREFIX + "/")
     return in_panel or isinstance(resource, web.StaticResource)
 
 

@@ -276,6 +276,8 @@ async def test_panel_is_served_without_a_key_with_a_strict_policy(
     api_server: TestServer, http: aiohttp.ClientSession
 ) -> None:
     base = str(api_server.make_url("")).rstrip("/")
+    async with http.get(f"{base}/", allow_redirects=False) as response:
+        assert (response.status, response.headers["Location"]) == (302, "/panel")
     async with http.get(f"{base}/panel") as response:
         assert response.status == 200
         assert response.content_type == "text/html"

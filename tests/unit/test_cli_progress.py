@@ -10,12 +10,18 @@ import pytest
 from relay_batches.services.relay_cli.batch import UsageError, status, watch_job
 from relay_batches.services.relay_cli.client import ApiFailure
 from relay_batches.services.relay_cli.progress import (
+    EXIT_COMPLETED,
+    EXIT_JOB_ENDED_OTHERWISE,
+    EXIT_ROWS_FAILED,
     RateMeter,
     bar,
     clock,
     eta_seconds,
+    exit_code,
+    job_duration_s,
     money,
     progress_line,
+    status_text,
     summary_line,
 )
 from relay_batches.settings import ClientSettings, ConfigError
@@ -72,13 +78,34 @@ def test_progress_line() -> None:
     assert " 100%  0/0 " in progress_line(batch(total=0, completed=0, failed=0), None)
 
 
-def test_summary_line() -> None:
-    assert summary_line(batch(status="completed"), 42) == (
-        f"{'a' * 32} completed: 1000 rows, 398 ok, 2 failed, 1 dead letter in 0:42, cost $0.00"
+ENDED = {
+    "created_at": "2030-01-01T12:00:00Z",
+    "started_at": "2030-01-01T12:00:05Z",
+    "completed_at": "2030-01-01T12:00:55Z",
+}
+
+
+def test_summary_line_gives_the_jobs_own_duration_and_its_failed_rows() -> None:
+    assert summary_line(batch(status="completed", **ENDED)) == (
+        f"{'a' * 32} completed · 2 failed: 1000 rows, 398 ok, 2 failed, 1 dead letter in 0:50,"
+        " cost $0.00"
     )
-    assert summary_line(batch(status="failed", cost_usd=2.5, budget_usd=2.5), 1).endswith(
-        "in 0:01, cost $2.50 of $2.50 budget"
-    )
+    never_started = {**ENDED, "started_at": None}
+    line = summary_line(batch(status="failed", cost_usd=2.5, budget_usd=2.5, **never_started))
+    assert line.endswith("in 0:55, cost $2.50 of $2.50 budget")
+    assert summary_line(batch(status="canceled", failed=0)).startswith(f"{'a' * 32} canceled: ")
+    assert " in --:--, " in summary_line(batch(status="canceled", failed=0))
+
+
+def test_status_text_and_exit_codes() -> None:
+    assert status_text(batch(status="completed", failed=8)) == "completed · 8 failed"
+    assert status_text(batch(status="completed", failed=0)) == "completed"
+    assert exit_code(batch(status="completed", failed=0)) == EXIT_COMPLETED == 0
+    assert exit_code(batch(status="completed", failed=8)) == EXIT_ROWS_FAILED == 3
+    for ended in ("failed", "canceled", "expired"):
+        assert exit_code(batch(status=ended, failed=0)) == EXIT_JOB_ENDED_OTHERWISE == 4
+    assert job_duration_s(batch(**ENDED)) == 50.0
+    assert job_duration_s(batch(created_at="2030-01-01T12:00:00Z", completed_at=None)) is None
 
 
 def test_money_shows_cents_or_three_significant_digits_below_a_dollar() -> None:
@@ -145,10 +172,22 @@ async def test_watch_prints_changes_only_off_a_terminal_and_fails_unless_complet
     same = batch(completed=10, failed=0)
     client = FakeClient(same, same, same, batch(status=final, completed=10, failed=0))
     err = io.StringIO()
-    assert await watch_job(client, "a" * 32, 0.001, err) == 1  # type: ignore[arg-type]
+    assert await watch_job(client, "a" * 32, 0.001, err) == 4  # type: ignore[arg-type]
     lines = err.getvalue().splitlines()
-    assert len(lines) == 3  # running once, the final state, the summary
+    assert len(lines) == 4  # running once, the final state, the summary, the exit code
     assert lines[1].endswith(final) and lines[2].startswith(f"{'a' * 32} {final}:")
+    assert lines[3] == "relay: exit 4 (the job failed, was canceled or expired)"
+
+
+async def test_watch_of_a_job_completed_with_failed_rows_exits_3_and_names_them() -> None:
+    client = FakeClient(batch(status="completed", completed=992, failed=8, **ENDED))
+    err = io.StringIO()
+    assert await watch_job(client, "a" * 32, 0.001, err) == 3  # type: ignore[arg-type]
+    lines = err.getvalue().splitlines()
+    assert lines[-3].startswith(f"{'a' * 32} completed · 8 failed: 1000 rows, 992 ok, 8 failed")
+    assert lines[-3].endswith("in 0:50, cost $0.00")
+    assert lines[-2] == f"relay: 8 row(s) failed: relay batch results {'a' * 32} --failed"
+    assert lines[-1] == "relay: exit 3 (the job completed, but rows failed)"
 
 
 async def test_watch_refuses_a_cron_template() -> None:

@@ -20,6 +20,7 @@ from relay_batches.services.ingest_api.openapi import load_document
 from relay_batches.services.ingest_api.rows import job_fields, params, validation
 from relay_batches.services.ingest_api.surfaces.anthropic import PREFIX as ANTHROPIC_PREFIX
 from relay_batches.services.ingest_api.surfaces.native.batches import DEFAULT_PAGE, MAX_PAGE
+from relay_batches.services.ingest_api.surfaces.native.upload import CSV_FIELDS
 from relay_batches.services.ingest_api.surfaces.openai import PREFIX as OPENAI_PREFIX
 from tests.helpers import chat_params
 from tests.helpers.openapi_ops import component_validator, documented_operations
@@ -150,7 +151,8 @@ def test_documented_params_are_exactly_the_accepted_ones() -> None:
 def test_the_upload_form_documents_every_job_level_field_of_the_json_create() -> None:
     form = SCHEMAS["UploadForm"]["properties"]
     assert set(CREATE) - {"requests"} == set(job_fields.JOB_FIELDS)
-    assert set(form) - {"file"} == set(job_fields.JOB_FIELDS)
+    assert set(form) - {"file", *CSV_FIELDS} == set(job_fields.JOB_FIELDS)
+    assert {*CSV_FIELDS} <= set(form)
     assert form["params"]["$ref"] == "#/components/schemas/Params"
     encoding = DOC["paths"]["/v1/batches/upload"]["post"]["requestBody"]["content"][
         "multipart/form-data"

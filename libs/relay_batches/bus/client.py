@@ -35,6 +35,7 @@ from relay_batches.bus.topology import (
     event_kind,
 )
 from relay_batches.metrics import MESSAGE_BYTES_PUBLISHED, MESSAGES_PUBLISHED
+from relay_batches.reach import BROKER, reaching
 
 log = logging.getLogger("relay.bus")
 
@@ -72,17 +73,19 @@ class Bus:
         """Connect (robustly), open the publisher channel and declare the topology.
 
         The connection is named after the service (and carries the namespace), so an
-        operator — or a test — can find and close exactly this service's connection.
+        operator — or a test — can find and close exactly this service's connection. A
+        broker that cannot be reached is :class:`~relay_batches.reach.Unreachable`.
         """
-        connection = await aio_pika.connect_robust(
-            self._url,
-            timeout=CONNECT_TIMEOUT_S,
-            reconnect_interval=RECONNECT_INTERVAL_S,
-            client_properties={
-                "connection_name": self._service,
-                "relay_namespace": self.names.namespace,
-            },
-        )
+        async with reaching(BROKER, self._url):
+            connection = await aio_pika.connect_robust(
+                self._url,
+                timeout=CONNECT_TIMEOUT_S,
+                reconnect_interval=RECONNECT_INTERVAL_S,
+                client_properties={
+                    "connection_name": self._service,
+                    "relay_namespace": self.names.namespace,
+                },
+            )
         connection.close_callbacks.add(self._on_connection_lost)
         connection.reconnect_callbacks.add(self._on_reconnected)
         self._connection = connection

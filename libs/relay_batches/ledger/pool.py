@@ -11,6 +11,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from relay_batches.errors import PermanentError, TransientError
+from relay_batches.reach import DATABASE, reaching
 
 # A connection of our own or one acquired from a pool: ledger helpers take either.
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
@@ -48,8 +49,22 @@ async def create_pool(
 ) -> asyncpg.Pool:
     """Open a pool with bounded connect and command timeouts (``statement_cache_size=0``
     behind a transaction-mode PgBouncer older than 1.21); a connection idle for
-    ``max_inactive_s`` is closed."""
-    pool = await asyncpg.create_pool(
+    ``max_inactive_s`` is closed. :class:`~relay_batches.reach.Unreachable` when the
+    database cannot be reached (or refuses the connection)."""
+    async with reaching(DATABASE, database_url):
+        pool = await _open(database_url, min_size, max_size, statement_cache_size, max_inactive_s)
+    assert pool is not None
+    return pool
+
+
+async def _open(
+    database_url: str,
+    min_size: int,
+    max_size: int,
+    statement_cache_size: int,
+    max_inactive_s: float,
+) -> asyncpg.Pool | None:
+    return await asyncpg.create_pool(
         database_url,
         min_size=min_size,
         max_size=max_size,
@@ -58,8 +73,6 @@ async def create_pool(
         command_timeout=COMMAND_TIMEOUT_S,
         statement_cache_size=statement_cache_size,
     )
-    assert pool is not None
-    return pool
 
 
 @contextlib.asynccontextmanager

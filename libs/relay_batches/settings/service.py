@@ -303,6 +303,11 @@ class Settings:
         "RELAY_LOG_LEVEL", Text(upper=True), "INFO", ESSENTIALS, ALL,
         "Level of the JSON logs on stdout (`DEBUG`, `INFO`, `WARNING`, `ERROR`).",
     )  # fmt: skip
+    log_settings: str = setting(
+        "RELAY_LOG_SETTINGS", Choice(("full", "none")), "full", ESSENTIALS, ALL,
+        "What a service's `starting` log line carries: `full`, every setting (passwords"
+        " masked); `none`, none (`make run` sets it unless `relay dev --verbose`).",
+    )  # fmt: skip
     event_loop: str = setting(
         "RELAY_EVENT_LOOP", Choice(("uvloop", "asyncio")), "uvloop", CAPACITY, ALL,
         "The event loop every service runs on.",

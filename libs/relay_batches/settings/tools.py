@@ -66,7 +66,12 @@ class DevSettings:
     api_key: str | None = setting(
         "RELAY_DEV_API_KEY", Text(), None, DEV, (RELAY_DEV,),
         "The dev workspace's key to create instead of a random one (reused on later runs).",
-        default_doc="a new random key",
+        default_doc="the key kept in `RELAY_DEV_KEY_FILE`, else a new random key",
+    )  # fmt: skip
+    key_file: str = setting(
+        "RELAY_DEV_KEY_FILE", Text(), ".relay/dev-api-key", DEV, (RELAY_DEV,),
+        "Where `relay dev` keeps the dev key it made, so a restart reuses it (unless"
+        " `RELAY_DEV_API_KEY` is set); relative to the directory it runs in.",
     )  # fmt: skip
     rpm: int | None = setting(
         "RELAY_DEV_RPM", Whole(1, MAX_RPM), None, DEV, (RELAY_DEV,),

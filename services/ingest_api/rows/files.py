@@ -5,10 +5,12 @@ time through :class:`FileReader` (tests and benches call :func:`parse_upload_fil
 bytes) and turns a :class:`LineError` into a 400 naming the file and the line.
 
 ``.csv``: one prompt per record, each becoming one ``user`` message; quoted fields may
-hold commas, quotes (doubled) and newlines (the ``csv`` module, strict). A record must
-have exactly one field: a prompt with a comma has to be quoted. Blank lines are skipped.
-A first record whose only field is ``prompt`` (any case) is a header and skipped. Custom
-ids default to ``row-1``, ``row-2``, … by record.
+hold commas, quotes (doubled) and newlines (the ``csv`` module, strict). Without a header
+row a record must have exactly one field: a prompt with a comma has to be quoted. A first
+record naming the prompt column (``prompt``, any case, or the chosen one) is a header
+row: the prompt and custom id are then read from their columns
+(:mod:`.csv_columns`). Blank lines are skipped. Custom ids default to ``row-1``,
+``row-2``, … by record.
 
 ``.jsonl``: one request per line, blank lines skipped, in one of three formats told
 apart by the file's first line (:func:`line_format`), every line then in that format:
@@ -45,6 +47,12 @@ from typing import BinaryIO
 import orjson
 
 from relay_batches.dialects.endpoints import CHAT
+from relay_batches.services.ingest_api.rows.csv_columns import (
+    NO_COLUMNS,
+    CsvColumns,
+    CsvLayout,
+    RecordError,
+)
 from relay_batches.services.ingest_api.rows.jsonl import file_lines
 from relay_batches.services.ingest_api.rows.row_formats import (
     anthropic_request_row,
@@ -70,7 +78,6 @@ _SHAPES = {
 }
 DialectRow = Callable[[int, object, SubmitLimits, Container[str]], RowInput]
 _DIALECT_ROWS: dict[str, DialectRow] = {OPENAI: openai_line_row, ANTHROPIC: anthropic_request_row}
-CSV_HEADER = "prompt"
 CHECK_WINDOW = 1024 * 1024  # bytes decoded at a time to check a file is UTF-8
 CHUNK_ROWS = 5000  # rows validated (and stored by the upload) at a time
 CHUNK_BYTES = 1024 * 1024  # about this much text of them, at most
@@ -114,14 +121,15 @@ def parse_upload_file(
     data: bytes | bytearray,
     limits: SubmitLimits,
     known_models: Container[str] = NO_MODELS,
+    columns: CsvColumns = NO_COLUMNS,
 ) -> list[RowInput]:
     """Validated rows of one uploaded file held in memory; :class:`LineError` on the
     first bad line (a repeated custom id included). ``known_models`` are the aliases a
-    row's own ``model`` may name. The upload endpoint streams a spooled file through
-    :class:`FileReader` instead."""
+    row's own ``model`` may name; ``columns`` a CSV file's prompt and id columns. The
+    upload endpoint streams a spooled file through :class:`FileReader` instead."""
     rows: list[RowInput] = []
     with io.BufferedReader(_ByteReader(data)) as source:
-        reader = FileReader(filename, source, limits, known_models)
+        reader = FileReader(filename, source, limits, known_models, columns)
         while chunk := reader.next_chunk():
             rows += chunk
     try:
@@ -151,6 +159,7 @@ class FileReader:
         limits: SubmitLimits,
         known_models: Container[str] = NO_MODELS,
         endpoint: str | None = None,
+        columns: CsvColumns = NO_COLUMNS,
     ) -> None:
         kind = file_format(filename)
         if kind is None:
@@ -163,7 +172,7 @@ class FileReader:
         self.lines = array("q")  # the line each row starts on, by row index
         self._formats: list[str] = []  # the file's format, once its first line is read
         self._source = (
-            _csv_rows(source, limits)
+            _csv_rows(source, limits, columns)
             if kind == ".csv"
             else _jsonl_rows(source, limits, self._formats)
         )
@@ -279,7 +288,7 @@ def _too_many(limits: SubmitLimits) -> LineError:
     return LineError(None, f"a file may hold at most {limits.max_rows:,} rows (one job each)")
 
 
-def _csv_rows(source: BinaryIO, limits: SubmitLimits) -> Iterator[RawRow]:
+def _csv_rows(source: BinaryIO, limits: SubmitLimits, columns: CsvColumns) -> Iterator[RawRow]:
     """One ``user`` message per CSV record."""
     # The field limit counts characters; content is limited in bytes later, and a
     # character is at least one byte, so this never refuses a prompt that would pass.
@@ -288,7 +297,7 @@ def _csv_rows(source: BinaryIO, limits: SubmitLimits) -> Iterator[RawRow]:
         source, encoding="utf-8-sig", newline=""
     )  # decoded a buffer at a time; lines split as io.StringIO(newline="") splits them
     try:
-        yield from _csv_records(text, limits)
+        yield from _csv_records(text, limits, CsvLayout(columns))
     finally:
         # The caller closes the file. A reader left early is finalised after that
         # (detaching then would raise, unraisably); a closed wrapper's file is left be.
@@ -326,10 +335,13 @@ class _RecordLines:
         return line
 
 
-def _csv_records(text: io.TextIOWrapper, limits: SubmitLimits) -> Iterator[RawRow]:
+def _csv_records(
+    text: io.TextIOWrapper, limits: SubmitLimits, layout: CsvLayout
+) -> Iterator[RawRow]:
     lines = _RecordLines(text, limits.max_row_bytes)
     reader = csv.reader(lines, strict=True)
     count = 0
+    opened = False  # the first record was shown to the layout
     while True:
         line = reader.line_num + 1
         lines.next_record()
@@ -339,24 +351,20 @@ def _csv_records(text: io.TextIOWrapper, limits: SubmitLimits) -> Iterator[RawRo
             return
         except csv.Error as exc:
             raise LineError(line, _csv_reason(str(exc), limits)) from None
-        if not record or (count == 0 and _is_header(record, line)):
+        if not record:
             continue
-        if len(record) != 1:
-            raise LineError(
-                line,
-                f"expected one field (the prompt), found {len(record)};"
-                " put a prompt that holds commas in double quotes",
-            )
-        if not record[0].strip():
-            raise LineError(line, "the prompt is empty")
+        try:
+            if count == 0 and not opened and layout.header(record if line == 1 else None):
+                opened = True
+                continue
+            opened = True
+            request, size = layout.request(record)
+        except RecordError as exc:
+            raise LineError(line, exc.reason) from None
         count += 1
         if count > limits.max_rows:
             raise _too_many(limits)
-        yield RawRow(line, {"messages": [{"role": "user", "content": record[0]}]}, len(record[0]))
-
-
-def _is_header(record: list[str], line: int) -> bool:
-    return line == 1 and len(record) == 1 and record[0].strip().lower() == CSV_HEADER
+        yield RawRow(line, request, size)
 
 
 def _csv_reason(message: str, limits: SubmitLimits) -> str:

@@ -63,8 +63,9 @@ __all__ = ["MAX_CUSTOM_ID_CHARS", "ROLES"]  # re-exported: the rules of a row
 class KnownModels:
     """``alias in KnownModels(pred)``: the router's aliases as a container for validation."""
 
-    def __init__(self, known: Callable[[str], bool]) -> None:
+    def __init__(self, known: Callable[[str], bool], names: Callable[[], list[str]] = list) -> None:
         self._known = known
+        self.names = names  # the aliases, for an unknown model's error to list
 
     def __contains__(self, alias: object) -> bool:
         return isinstance(alias, str) and self._known(alias)

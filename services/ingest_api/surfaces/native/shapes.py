@@ -195,8 +195,9 @@ class UploadForm(BaseModel):
         min_length=1,
         description="One or more files, one job per file, chosen by extension: `.csv` is one"
         " prompt per record (each a `user` message; quoted fields may hold commas and"
-        " newlines), `.jsonl` is one request per line, every line in the format of the"
-        " first: a request row `{custom_id?, messages, ...}` as in `POST /v1/batches`, an"
+        " newlines; with a header row, see `prompt_column`), `.jsonl` is one request per"
+        " line, every line in the format of the first: a request row"
+        " `{custom_id?, messages, ...}` as in `POST /v1/batches`, an"
         ' OpenAI batch line `{custom_id, method: "POST", url: "/v1/chat/completions",'
         " body}`, or an Anthropic batch request `{custom_id, params}` (Messages parameters,"
         " translated). A line in another format than the first, or an unparsable line is"
@@ -258,6 +259,20 @@ class UploadForm(BaseModel):
         description="As in `POST /v1/batches`. Absent: the url of a file's OpenAI lines (every"
         " line must name the same), else chat completions; a row of another endpoint is 400"
         " naming its file and line.",
+    )
+    prompt_column: str = Field(
+        ABSENT,
+        description="A `.csv` file's prompt column, by its header row's name (any case);"
+        " default `prompt`. A file whose first record names the prompt column has a header"
+        " row: every record then has its number of fields and other columns are ignored; a"
+        " file without one holds one prompt per record. A chosen column the header does not"
+        " name is 400 naming the file and line 1. Ignored for `.jsonl` files.",
+    )
+    id_column: str = Field(
+        ABSENT,
+        description="A `.csv` file's custom id column, by its header row's name (any case);"
+        " default `custom_id` when the header has one, else the ids are `row-1`, `row-2`, …"
+        " Needs a header row. Ignored for `.jsonl` files.",
     )
 
 

@@ -2,7 +2,8 @@
 
 The form carries every job-level field of ``POST /v1/batches`` (:data:`JOB_FIELDS`) as a
 text part: ``priority`` as decimal digits, ``budget_usd`` a decimal number, ``params``
-and ``metadata`` JSON-encoded, a blank field absent.
+and ``metadata`` JSON-encoded, a blank field absent; and ``prompt_column`` and
+``id_column``, the columns of a CSV file's header row to read (:mod:`..rows.csv_columns`).
 The handler is three steps, with the ``Idempotency-Key`` replay checked before the last two:
 
 1. :func:`read_upload_form` streams the multipart parts, bounded by the body limit, each
@@ -49,6 +50,7 @@ from relay_batches.services.ingest_api.edge.body import (
     too_large,
 )
 from relay_batches.services.ingest_api.edge.middleware import json_response
+from relay_batches.services.ingest_api.rows.csv_columns import CsvColumns
 from relay_batches.services.ingest_api.rows.files import FileReader, LineError
 from relay_batches.services.ingest_api.rows.job_fields import (
     JOB_FIELDS,
@@ -70,6 +72,7 @@ from relay_batches.services.ingest_api.submit import (
 FILE_FIELD = "file"
 ROW_MODEL = "row model"  # stands for the rows' own model while the other fields are checked
 JSON_FIELDS = frozenset({"params", "metadata"})  # form fields holding a JSON-encoded value
+CSV_FIELDS = ("prompt_column", "id_column")  # a CSV file's columns (header names)
 MAX_FILES = 100
 MAX_PARTS = MAX_FILES + 50
 MAX_FIELD_BYTES = 8 * 1024  # a text field; a JSON field is bounded by the body limit only
@@ -96,6 +99,11 @@ class UploadForm:
 
     files: list[UploadedFile]
     fields: dict[str, str]
+
+    def csv_columns(self) -> CsvColumns:
+        """The CSV columns the form names (a blank field absent)."""
+        prompt, id_ = (self.fields.get(name, "").strip() or None for name in CSV_FIELDS)
+        return CsvColumns(prompt, id_)
 
 
 def add_upload_routes(app: web.Application) -> None:
@@ -221,7 +229,7 @@ async def _read_parts(
         elif part.name in JSON_FIELDS:
             data = await _read_limited(part, budget, too_large(max_bytes), ticket)
             _add_field(fields, part.name, data)
-        elif part.name in JOB_FIELDS:
+        elif part.name in JOB_FIELDS or part.name in CSV_FIELDS:
             name = part.name
             error = invalid(f"{name} is too long", name)
             data = await _read_limited(part, MAX_FIELD_BYTES, error, ticket)
@@ -236,7 +244,7 @@ async def _read_parts(
 
 
 def _unknown_field(name: str | None) -> ApiError:
-    known = ", ".join(sorted({*JOB_FIELDS, FILE_FIELD}))
+    known = ", ".join(sorted({*JOB_FIELDS, *CSV_FIELDS, FILE_FIELD}))
     if not name:
         return invalid(f"every form part needs a name (fields: {known})")
     shown = _printable(name, 64)
@@ -339,7 +347,7 @@ def form_options(form: UploadForm, deps: ApiDeps) -> tuple[dict[str, object], Ba
     (None without a ``model`` field: each job's model is then its file's first row's own
     ``model``, which an OpenAI or Anthropic line always names). Every field but the
     model is checked here either way, so a bad one is a 400 before any row is stored."""
-    payload = form_payload(form.fields)
+    payload = form_payload({k: v for k, v in form.fields.items() if k not in CSV_FIELDS})
     if "model" in payload:
         options: BatchOptions | None = job_fields(payload, deps)
     else:
@@ -368,7 +376,7 @@ async def store_upload(
     for index, upload in enumerate(form.files):
         batch_id = new_id()
         total, first = await _store_rows(
-            writer, batch_id, index, upload, deps, known, large, payload
+            writer, batch_id, index, upload, deps, known, large, payload, form.csv_columns()
         )
         job = options if options is not None else _row_model_options(payload, first, deps)
         job = replace(job, endpoint=first.endpoint)  # the form's, else the file's url
@@ -387,6 +395,7 @@ async def _store_rows(
     known: Container[str],
     large: bool,
     payload: Mapping[str, object],
+    columns: CsvColumns,
 ) -> tuple[int, RowInput]:
     """COPY the file's rows under ``batch_id`` a chunk at a time, each validated in the
     parser executor; how many, and the first. A 400 naming the file and line for the
@@ -404,6 +413,7 @@ async def _store_rows(
             deps.limits,
             known,
             given if isinstance(given, str) else None,
+            columns,
         )
         first: RowInput | None = None
         while rows := await loop.run_in_executor(parser, reader.next_chunk):
