@@ -83,6 +83,28 @@ async def test_result_pages_are_cut_by_bytes_and_keep_every_row(pool: asyncpg.Po
     assert [i for page in by_rows for i in page] == list(range(len(SIZES)))
 
 
+async def test_result_pages_of_one_outcome_are_cut_by_bytes_and_keep_its_rows(
+    pool: asyncpg.Pool,
+) -> None:
+    workspace = await KeyStore(pool).ensure_workspace(f"pages-{new_id()[:6]}")
+    job = await finished_job(pool, workspace, SIZES)
+    store = JobStore(pool, page_bytes=BUDGET)
+    failed = [page async for page in store.result_pages(job, outcome="error")]
+    assert [[row.row_index for row in page] for page in failed] == [[1], [3], [5, 7]]
+    assert all(row.content is None and row.error for page in failed for row in page)
+    by_rows = [
+        [row.row_index for row in page]
+        async for page in store.result_pages(job, page_rows=1, outcome="content")
+    ]
+    assert by_rows == [[0], [2], [4], [6], [8]]
+    detailed = [
+        row.row_index
+        async for page in store.detailed_result_pages(job, outcome="error")
+        for row in page
+    ]
+    assert detailed == [1, 3, 5, 7]
+
+
 async def test_dead_letter_pages_are_cut_by_bytes(pool: asyncpg.Pool) -> None:
     workspace = await KeyStore(pool).ensure_workspace(f"pages-{new_id()[:6]}")
     job = await finished_job(pool, workspace, SIZES)

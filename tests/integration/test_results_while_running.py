@@ -127,6 +127,15 @@ async def test_partial_results_show_the_rows_finished_so_far_with_their_details(
     component_validator(DOC, "Results").validate(body)
     component_validator(DOC, "DeadLetters").validate(dead)
 
+    status, failed = await client_a.request("GET", path + "?partial=true&outcome=error")
+    assert (status, failed["data"]) == (200, [plain_rows[1]])
+    status, succeeded = await client_a.request(
+        "GET", path + "?partial=true&outcome=content&include=details"
+    )
+    assert (status, succeeded["data"]) == (200, [detailed[0]])
+    assert await ndjson(http, client_a, path + "?outcome=error&partial=true") == [plain_rows[1]]
+    component_validator(DOC, "Results").validate(failed)
+
 
 @pytest.mark.parametrize(
     ("query", "param"),
@@ -139,9 +148,12 @@ async def test_partial_results_show_the_rows_finished_so_far_with_their_details(
         ("partial=true&partial=bogus", "partial"),
         ("partial=true&partial=true", "partial"),
         ("include=details&include=details", "include"),
+        ("outcome=failed", "outcome"),
+        ("outcome=", "outcome"),
+        ("outcome=error&outcome=content", "outcome"),
     ],
 )
-async def test_a_bad_partial_or_include_is_a_400_naming_it(
+async def test_a_bad_partial_include_or_outcome_is_a_400_naming_it(
     pool: asyncpg.Pool, client_a: ApiClient, query: str, param: str
 ) -> None:
     job = await running_job(pool, await workspace_of(pool, client_a), 1)

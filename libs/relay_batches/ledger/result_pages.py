@@ -38,9 +38,19 @@ _PAGE_CUT = (
 _RESULT_SIZE = (
     "octet_length(COALESCE(o.content, o.error)) + COALESCE(octet_length(o.tool_calls), 0)"
 )
-_RESULTS_PAGE = _PAGE_CUT.format(
-    size=_RESULT_SIZE, only="", columns="o.content, o.error, o.tool_calls"
-)
+# The outcomes a results read may keep (None: every one): ``content`` the successes,
+# ``error`` the failures (dead letters included).
+OUTCOMES: dict[str | None, str] = {
+    None: "",
+    "content": "AND o.error IS NULL",
+    "error": "AND o.error IS NOT NULL",
+}
+_RESULTS_PAGES = {
+    outcome: _PAGE_CUT.format(
+        size=_RESULT_SIZE, only=only, columns="o.content, o.error, o.tool_calls"
+    )
+    for outcome, only in OUTCOMES.items()
+}
 _DEAD_LETTER_PAGE = _PAGE_CUT.format(
     size="octet_length(o.error)", only="AND o.dead_letter", columns="o.error, o.attempts"
 )
@@ -55,11 +65,14 @@ _DETAIL_SIZE = (
     f" + {DETAIL_BYTES} + COALESCE(octet_length(o.deployment), 0)"
     " + COALESCE(octet_length(o.finish_reason), 0)"
 )
-_RESULTS_DETAIL_PAGE = _PAGE_CUT.format(
-    size=_RESULT_SIZE + _DETAIL_SIZE,
-    only="",
-    columns=f"o.content, o.error, o.tool_calls, {_DETAIL_COLUMNS}",
-)
+_RESULTS_DETAIL_PAGES = {
+    outcome: _PAGE_CUT.format(
+        size=_RESULT_SIZE + _DETAIL_SIZE,
+        only=only,
+        columns=f"o.content, o.error, o.tool_calls, {_DETAIL_COLUMNS}",
+    )
+    for outcome, only in OUTCOMES.items()
+}
 _DEAD_LETTER_DETAIL_PAGE = _PAGE_CUT.format(
     size="octet_length(o.error)" + _DETAIL_SIZE,
     only="AND o.dead_letter",
@@ -190,11 +203,13 @@ class ResultPages:
         job: Job,
         page_rows: int = RESULT_PAGE_ROWS,
         page_bytes: int | None = None,
+        outcome: str | None = None,
     ) -> AsyncIterator[list[ResultRow]]:
         """The job's outcomes in row order, a keyset page at a time: at most ``page_rows``
         rows and ``page_bytes`` of text (the store's budget by default) per page, unless
-        one row alone is larger (it then goes out alone, whole)."""
-        return self._pages(_RESULTS_PAGE, job, page_rows, page_bytes, ResultRow)
+        one row alone is larger (it then goes out alone, whole); ``outcome`` (a key of
+        :data:`OUTCOMES`) keeps only the successes or only the failures."""
+        return self._pages(_RESULTS_PAGES[outcome], job, page_rows, page_bytes, ResultRow)
 
     def dead_letter_pages(
         self,
@@ -210,10 +225,13 @@ class ResultPages:
         job: Job,
         page_rows: int = RESULT_PAGE_ROWS,
         page_bytes: int | None = None,
+        outcome: str | None = None,
     ) -> AsyncIterator[list[ResultRow]]:
         """:meth:`result_pages` with every row's :class:`RowDetails` (counted in the
         page's bytes)."""
-        return self._pages(_RESULTS_DETAIL_PAGE, job, page_rows, page_bytes, ResultRow.with_details)
+        return self._pages(
+            _RESULTS_DETAIL_PAGES[outcome], job, page_rows, page_bytes, ResultRow.with_details
+        )
 
     def detailed_dead_letter_pages(
         self,

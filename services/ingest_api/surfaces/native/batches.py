@@ -32,6 +32,7 @@ from relay_batches.services.ingest_api.rows.validation import (
 from relay_batches.services.ingest_api.submit import plan_submission, store_one, wake
 from relay_batches.services.ingest_api.surfaces.native.results import (
     dead_letter_object,
+    outcome_filter,
     partial_flag,
     single,
     stream_list,
@@ -148,12 +149,14 @@ def _status_filter(value: str | None) -> JobStatus | None:
 
 async def get_results(request: web.Request) -> web.StreamResponse:
     """``GET /v1/batches/{id}/results``: streamed JSON, or ndjson on request;
-    ``partial=true`` shows the rows finished so far, ``include=details`` their details."""
+    ``partial=true`` shows the rows finished so far, ``include=details`` their details,
+    ``outcome=error`` (or ``content``) only the failed (or succeeded) rows."""
     partial = partial_flag(single(request, "partial"))
     details = wants_details(single(request, "include"))
+    outcome = outcome_filter(single(request, "outcome"))
     job = await _find(request)
     jobs = request.app[DEPS].jobs
-    pages = jobs.detailed_result_pages(job) if details else jobs.result_pages(job)
+    pages = (jobs.detailed_result_pages if details else jobs.result_pages)(job, outcome=outcome)
     return await stream_results(request, job, pages, partial)
 
 

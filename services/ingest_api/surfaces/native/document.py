@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from relay_batches.services.ingest_api.surfaces.native import shapes
+from relay_batches.services.ingest_api.surfaces.native.results import OUTCOME_VALUES
 
 OPENAPI_VERSION = "3.1.0"
 INFO = {
@@ -96,6 +97,14 @@ PARAMETERS: dict[str, dict[str, Any]] = {
         " `latency_ms`, `finish_reason` and (when priced) `cost_usd`. Any other value is a 400"
         ' (`param: "include"`).',
         "schema": {"type": "string", "enum": ["details"]},
+    },
+    "Outcome": {
+        "name": "outcome",
+        "in": "query",
+        "description": "`error`: only the failed rows (dead letters included); `content`: only"
+        " the rows that succeeded; absent: every row. Any other value is a 400"
+        ' (`param: "outcome"`).',
+        "schema": {"type": "string", "enum": list(OUTCOME_VALUES)},
     },
 }
 

@@ -200,9 +200,11 @@ def _one_batch() -> dict[str, dict[str, Any]]:
                 " expired); then it holds one row per outcome, in submission order. With"
                 " `partial=true` it holds every row finished so far, whatever the status, and"
                 " the head says `partial: true`. With `include=details` every row carries its"
-                " details.",
+                " details; with `outcome=error` only the failed rows are listed (`content`:"
+                " only the successes).",
                 "Partial",
                 "Include",
+                "Outcome",
             )
         },
         "/dead_letter": {

@@ -17,9 +17,11 @@ from relay_batches.services.ingest_api.edge.middleware import STREAMING
 from relay_batches.tool_calls import stored_tool_calls
 
 NDJSON = "application/x-ndjson"
-# The values of ``partial`` and ``include`` (absent: false, and no details).
+# The values of ``partial``, ``include`` and ``outcome`` (absent: false, no details,
+# every outcome).
 FLAG_VALUES = {"true": True, "false": False}
 INCLUDE_VALUES = ("details",)
+OUTCOME_VALUES = ("content", "error")
 
 
 def single(request: web.Request, name: str) -> str | None:
@@ -47,6 +49,16 @@ def wants_details(raw: str | None) -> bool:
     if raw not in INCLUDE_VALUES:
         raise invalid(f"include must be {' or '.join(INCLUDE_VALUES)}", "include")
     return True
+
+
+def outcome_filter(raw: str | None) -> str | None:
+    """The ``outcome`` query parameter: ``content`` (the successes) or ``error`` (the
+    failures), None when absent (every row), else 400 naming it."""
+    if raw is None:
+        return None
+    if raw not in OUTCOME_VALUES:
+        raise invalid(f"outcome must be {' or '.join(OUTCOME_VALUES)}", "outcome")
+    return raw
 
 
 def details_object(details: RowDetails, failed: bool) -> dict[str, Any]:
