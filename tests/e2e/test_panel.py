@@ -17,37 +17,23 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from playwright.async_api import Browser, Locator, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 
 from relay_batches.ids import new_id
-from relay_batches.services.relay_cli import admin
 from tests.helpers.panel import (
     badge,
     bar_sum,
     deliveries,
     get_batch,
     open_job,
-    scan_now,
     slow_rows,
     wait_batch,
     watch_panel,
 )
+from tests.helpers.panel_browser import RUN_TIMEOUT_MS, job_row, sign_in, upload
 from tests.helpers.processes import System
 from tests.helpers.support import ApiClient, free_port, past_redelivery_cooldown, wait_until
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-UI_TIMEOUT_MS = 20_000
-RUN_TIMEOUT_MS = 90_000  # a whole (small) job, on a shared 2-core machine
 RESULTS_PAGE = 25  # result rows the job page shows at a time (job.js)
 REVIEWS_CSV = 'Classify: great product\n"Classify: good, but pricey"\nClassify: meh\n'
 CHATS_JSONL = b"".join(
@@ -55,76 +41,6 @@ CHATS_JSONL = b"".join(
     + b"\n"
     for i in range(30)
 )
-
-
-@pytest.fixture(scope="module")
-async def browser() -> AsyncIterator[Browser]:
-    """Debian's Chromium, headless; never a browser downloaded by Playwright."""
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
-        )
-        yield launched
-        await launched.close()
-
-
-@pytest.fixture
-async def panel_key(system: System) -> str:
-    """A key of a workspace of the test's own, so its job list starts empty."""
-    created = await admin.create_key(system.iso.database_url, f"panel-{new_id()[:12]}")
-    return created.key
-
-
-@pytest.fixture
-async def page(browser: Browser, system: System) -> AsyncIterator[Page]:
-    """A fresh browser context (own session storage) on the panel, every page of it
-    checked for ``[object`` text and empty value cells (tests/helpers/panel.py)."""
-    context = await browser.new_context(
-        accept_downloads=True, viewport={"width": 1366, "height": 900}
-    )
-    context.set_default_timeout(UI_TIMEOUT_MS)
-    problems: list[str] = []
-    await watch_panel(context, problems)
-    opened = await context.new_page()
-    errors: list[str] = []
-    opened.on("pageerror", lambda error: errors.append(str(error)))
-    await opened.goto(f"{system.api_url}/panel")
-    yield opened
-    problems += await scan_now(opened)
-    await context.close()
-    assert errors == [], f"uncaught errors in the panel: {errors}"
-    assert problems == [], "the panel showed a bad value:\n" + "\n".join(problems)
-
-
-@pytest.fixture
-def shots(output_dir: Path) -> Path:
-    """Where the screenshots go."""
-    folder = output_dir / "panel"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-async def sign_in(page: Page, key: str) -> None:
-    """Sign in through the form and wait for the job list."""
-    await page.get_by_label("API key").fill(key)
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page.get_by_role("heading", name="Jobs", level=1)).to_be_visible()
-
-
-async def upload(page: Page, files: list[Path], **fields: str) -> None:
-    """Fill the New batch form and submit it."""
-    await page.get_by_role("link", name="New batch").click()
-    await expect(page.get_by_label("Model")).to_have_value("gpt-4o-mini")
-    await page.get_by_label("Files (.csv, .jsonl)").set_input_files(files)
-    for label, value in fields.items():
-        await page.get_by_label(label).fill(value)
-    await page.get_by_role("button", name="Create jobs").click()
-
-
-def job_row(page: Page, name: str) -> Locator:
-    """The job list's row whose name link reads ``name``."""
-    link = page.get_by_role("link", name=name, exact=True)
-    return page.locator("#jobs-body tr").filter(has=link)
 
 
 async def workspace_jobs(system: System, key: str, api: ApiClient) -> list[dict[str, object]]:
@@ -168,7 +84,7 @@ async def test_upload_two_files_watch_them_complete_open_a_job_and_download(
     for name, total in (("reviews.csv", 3), ("chats.jsonl", 30)):
         row = job_row(page, name)
         await expect(row.locator("[data-status]")).to_have_text("completed", timeout=RUN_TIMEOUT_MS)
-        await expect(row.get_by_role("progressbar")).to_have_attribute("value", "100")
+        await expect(row.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "100")
         await expect(row).to_contain_text(f"{total} / {total} (100%)")
         await expect(row.get_by_role("button", name=f"Cancel {name}")).to_have_count(0)
         await expect(row.locator("td").nth(3)).to_have_text("4")

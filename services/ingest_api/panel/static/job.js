@@ -17,11 +17,11 @@ import {
   clock,
   fill,
   h,
+  jobBadge,
   money,
-  percent,
+  progressBar,
   progressText,
   setText,
-  statusBadge,
   timeEl,
 } from "./dom.js";
 import { clearRows, loadDeadLetters, loadResults } from "./rows.js";
@@ -40,6 +40,7 @@ const state = {
   generation: 0,
   page: 0,
   details: false,
+  failedOnly: false,
   resultsFor: null,
   polls: 0,
   deliveryPolls: 0,
@@ -76,6 +77,8 @@ function renderCounters(batch) {
   setText("count-completed", batch.completed);
   setText("count-failed", batch.failed);
   setText("count-dead", batch.dead_letter);
+  document.getElementById("failed-item").classList.toggle("alarm", batch.failed > 0);
+  document.getElementById("dead-item").classList.toggle("alarm", batch.dead_letter > 0);
   setText("count-cost", money(batch.cost_usd ?? 0));
   setText("cost-label", batch.budget_usd ? `cost of ${money(batch.budget_usd)} budget` : "cost");
   const running = batch.status === "running";
@@ -87,10 +90,9 @@ function renderCounters(batch) {
 
 function renderBatch(batch) {
   setText("job-title", batch.name);
-  fill(document.getElementById("job-status"), statusBadge(batch.status));
+  fill(document.getElementById("job-status"), jobBadge(batch));
   renderButtons(batch);
-  const bar = document.getElementById("job-progress");
-  bar.value = percent(batch);
+  fill(document.getElementById("job-progress"), progressBar(batch, "Progress"));
   setText("job-progress-label", progressText(batch));
   renderCounters(batch);
   const template = batch.template_id
@@ -115,6 +117,9 @@ function renderBatch(batch) {
     retries.length
       ? detail("Retries", h("ul", { class: "metadata" }, retries.map((id) => h("li", {}, jobLink(id)))))
       : [],
+    batch.params && Object.keys(batch.params).length
+      ? detail("Parameters", h("code", { class: "params" }, paramsText(batch.params)))
+      : [],
     batch.metadata ? detail("Metadata", metadataList(batch.metadata)) : [],
   );
   renderUsage(batch.usage);
@@ -124,6 +129,11 @@ function renderBatch(batch) {
   document.getElementById("runs-section").hidden = !batch.cron;
   document.getElementById("charts-section").hidden = Boolean(batch.cron);
   document.getElementById("deliveries-section").hidden = !terminal;
+}
+
+/** {"temperature": 0.2, "max_tokens": 64}, one key after another. */
+function paramsText(params) {
+  return Object.entries(params).map(([k, v]) => `"${k}": ${JSON.stringify(v)}`).join(", ");
 }
 
 function metadataList(metadata) {
@@ -176,13 +186,15 @@ async function loadRuns(generation) {
     document.getElementById("job-runs"),
     runs.length
       ? runs.map((r) => h("li", {}, h("a", { href: `#/jobs/${r.id}` }, r.name), " ",
-          statusBadge(r.status), " ", timeEl(r.created_at)))
+          jobBadge(r), " ", timeEl(r.created_at)))
       : h("li", { class: "muted" }, "No runs yet."),
   );
 }
 
 function rowsView(partial) {
-  return { id: state.id, page: state.page, details: state.details, partial };
+  return {
+    id: state.id, page: state.page, details: state.details, failedOnly: state.failedOnly, partial,
+  };
 }
 
 /** Results and dead letters: the rows so far while live, every row once it ended. */
@@ -305,6 +317,11 @@ export function setupJob() {
   });
   document.getElementById("results-details").addEventListener("change", (event) => {
     state.details = event.target.checked;
+    runAction(() => loadRows(state.generation));
+  });
+  document.getElementById("results-failed").addEventListener("change", (event) => {
+    state.failedOnly = event.target.checked;
+    state.page = 0;
     runAction(() => loadRows(state.generation));
   });
 }

@@ -164,6 +164,7 @@ class _Interval(Closed):
 class _Bucket(Closed):
     le_ms: int | None
     count: Count
+    failed: Count = Field(description="Of `count`, the rows whose outcome is an error.")
 
 
 class _Latency(Closed):
