@@ -31,6 +31,7 @@ from relay_batches.services.ingest_api.panel.routes import add_panel_routes
 from relay_batches.services.ingest_api.surfaces import anthropic, native, openai
 from relay_batches.services.ingest_api.surfaces.anthropic.batches import add_anthropic_routes
 from relay_batches.services.ingest_api.surfaces.anthropic.errors import anthropic_error
+from relay_batches.services.ingest_api.surfaces.native.activity import add_activity_routes
 from relay_batches.services.ingest_api.surfaces.native.aliases import add_model_routes
 from relay_batches.services.ingest_api.surfaces.native.batches import add_batch_routes
 from relay_batches.services.ingest_api.surfaces.native.deliveries import add_delivery_routes
@@ -47,7 +48,13 @@ SURFACES: tuple[tuple[str, ErrorShape, tuple[AddRoutes, ...]], ...] = (
     (
         native.PREFIX,
         native_error,
-        (add_batch_routes, add_delivery_routes, add_upload_routes, add_model_routes),
+        (
+            add_batch_routes,
+            add_delivery_routes,
+            add_activity_routes,
+            add_upload_routes,
+            add_model_routes,
+        ),
     ),
     (openai.PREFIX, openai_error, (openai_files.add_file_routes, openai_batches.add_batch_routes)),
     (anthropic.PREFIX, anthropic_error, (add_anthropic_routes,)),

@@ -37,7 +37,8 @@ RUN_TIMEOUT_MS = 90_000  # a whole (small) job, on a shared 2-core machine
 WIDE_ELEMENTS = """(width) => {
   const out = [];
   for (const el of document.querySelectorAll("body *")) {
-    if (el.parentElement?.closest(".table-scroll") || el.getBoundingClientRect().right <= width + 1) continue;
+    if (el.parentElement?.closest(".table-scroll")) continue;
+    if (el.getBoundingClientRect().right <= width + 1) continue;
     if (el.parentElement && el.parentElement.getBoundingClientRect().right > width + 1) continue;
     out.push(`${el.tagName.toLowerCase()}#${el.id}.${el.className}`);
   }

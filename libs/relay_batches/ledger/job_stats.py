@@ -49,7 +49,8 @@ def interval_for(first_s: float, last_s: float) -> int:
 # chooses the width (interval_for's rule); ``bins`` counts the outcomes per interval
 # (date_bin on the epoch) and ``buckets`` per latency bucket (width_bucket over the
 # bounds, shifted by one so that a latency equal to a bound falls in that bound's
-# bucket), and of those the failed ones. The series and the histogram are filled with zeros where nothing fell.
+# bucket), and of those the failed ones. The series and the histogram are filled with
+# zeros where nothing fell.
 _STATS = """
 WITH o AS (
   SELECT created_at, error IS NULL AS ok, latency_ms FROM row_results WHERE batch_id = $1

@@ -95,6 +95,8 @@ export const api = {
   deliveries: (id, limit = 100) =>
     request("GET", batchPath(id, `/webhook_deliveries?limit=${limit}`)),
   redeliver: (id) => request("POST", batchPath(id, "/webhook_deliveries")),
+  timeline: (id) => request("GET", batchPath(id, "/timeline")),
+  usage: (from, to) => request("GET", `/v1/usage?${new URLSearchParams({ from, to })}`),
   upload: (form) =>
     request("POST", "/v1/batches/upload", { body: form, timeoutMs: UPLOAD_TIMEOUT_MS }),
 };

@@ -25,6 +25,7 @@ import {
   timeEl,
 } from "./dom.js";
 import { clearRows, loadDeadLetters, loadResults } from "./rows.js";
+import { clearTimeline, loadTimeline } from "./timeline.js";
 
 const POLL_MS = 1000;
 const LIVE_EVERY_POLLS = 5; // partial results and stats of a live job: every 5 s
@@ -213,7 +214,7 @@ async function refreshLive(batch, generation) {
     setText("results-note", "Results appear when the job ends.");
     return;
   }
-  const stats = batch.cron ? [] : [loadStats(generation)];
+  const stats = batch.cron ? [] : [loadStats(generation), timeline(generation)];
   if (terminal) {
     if (state.resultsFor === batch.status) return;
     state.resultsFor = batch.status;
@@ -234,7 +235,9 @@ async function poll(generation) {
     renderBatch(batch);
     setText("job-error", "");
     await refreshLive(batch, generation);
-    if (batch.cron && state.polls % RUNS_EVERY_POLLS === 0) await loadRuns(generation);
+    if (batch.cron && state.polls % RUNS_EVERY_POLLS === 0) {
+      await Promise.all([loadRuns(generation), timeline(generation)]);
+    }
     state.polls += 1;
     if (TERMINAL.has(batch.status)) return; // final: nothing more will change
   } catch (err) {
@@ -245,11 +248,25 @@ async function poll(generation) {
   setTimeout(() => generation === state.generation && poll(generation), POLL_MS);
 }
 
-/** Re-read the delivery log every 2 s until the delivery settles (bounded). */
+/** The timeline; a failure shows in its place and never stops the page. */
+async function timeline(generation) {
+  try {
+    await loadTimeline(state.id, current(generation));
+  } catch (err) {
+    if (current(generation)()) {
+      fill(document.getElementById("job-timeline"),
+        h("li", { class: "error-text" }, `Could not load the timeline: ${err.message}`));
+    }
+  }
+}
+
+/** Re-read the delivery log (and the timeline, which lists its attempts) every 2 s until
+ * the delivery settles (bounded). */
 async function followDeliveries(generation) {
   let settled = true;
   try {
     settled = await loadDeliveries(state.id, current(generation));
+    await timeline(generation);
   } catch (err) {
     if (generation === state.generation) setText("delivery-note", err.message);
   }
@@ -342,6 +359,7 @@ export function startJob(id) {
   }
   clearRows();
   clearDeliveries();
+  clearTimeline();
   poll(state.generation);
 }
 

@@ -37,6 +37,10 @@ from relay_batches.services.ingest_api.surfaces.native.document import (
     schema,
     service,
 )
+from relay_batches.services.ingest_api.surfaces.native.openapi_activity import (
+    timeline_path,
+    usage_path,
+)
 
 # Every schema the native surface names (the models they use come along).
 REQUESTS: tuple[type[BaseModel], ...] = (shapes.CreateBatch, shapes.UploadForm, shapes.RetryBatch)
@@ -54,6 +58,8 @@ RESPONSES_MODELS: tuple[type[BaseModel], ...] = (
     outcomes.WebhookDeliveries,
     outcomes.WebhookAttempt,
     outcomes.WebhookRedelivery,
+    outcomes.BatchTimeline,
+    outcomes.Usage,
     *shapes.ERRORS.values(),
 )
 
@@ -231,6 +237,7 @@ def _one_batch() -> dict[str, dict[str, Any]]:
         **_transitions(),
         "/retry": {"post": _retry()},
         "/webhook_deliveries": _webhook_deliveries(),
+        "/timeline": timeline_path(),
     }
     return {
         f"/v1/batches/{{id}}{tail}": {"parameters": [ref("parameters", "BatchId")], **item}
@@ -403,6 +410,7 @@ def _paths() -> dict[str, Any]:
         "/v1/batches": _batches(),
         "/v1/batches/upload": _upload(),
         **_one_batch(),
+        "/v1/usage": usage_path(),
         "/v1/models": {
             "get": operation(
                 "listModels",

@@ -276,6 +276,59 @@ class WebhookRedelivery(Closed):
     next_attempt_at: Timestamp
 
 
+TIMELINE_EVENTS = (
+    "created", "started", "paused", "resumed", "budget_reached", "finished", "webhook_attempt",
+)  # fmt: skip
+
+
+class TimelineEvent(Closed):
+    """One dated event of a job."""
+
+    at: Timestamp
+    event: Annotated[str, enum(*TIMELINE_EVENTS)]
+    status: str = Field(
+        ABSENT,
+        description="`finished`: the status the job ended as; `webhook_attempt`: how the"
+        " attempt went (the delivery log's attempt status).",
+    )
+    attempt: int | None = Field(ABSENT, description="`webhook_attempt`: its number.")
+    http_status: int | None = Field(
+        ABSENT, description="`webhook_attempt`: the receiver's HTTP status (null: no answer)."
+    )
+    error: str | None = Field(ABSENT, description="`webhook_attempt`: what went wrong.")
+
+
+class BatchTimeline(Closed):
+    """`GET /v1/batches/{id}/timeline`."""
+
+    object: Literal["list"]
+    batch_id: Id
+    data: list[TimelineEvent]
+    has_more: bool
+
+
+class UsageLine(Closed):
+    """One UTC day and model: the sums of the workspace's jobs created that day."""
+
+    day: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    model: str
+    jobs: Count
+    rows: Count = Field(description="Rows finished (succeeded or failed).")
+    failed: Count
+    prompt_tokens: Count
+    completion_tokens: Count
+    cost_usd: float = Field(ge=0)
+
+
+class Usage(Closed):
+    """`GET /v1/usage`."""
+
+    object: Literal["usage"]
+    from_: str = Field(alias="from", pattern=r"^\d{4}-\d{2}-\d{2}$")
+    to: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    data: list[UsageLine]
+
+
 class _Alive(Closed):
     status: Literal["ok"]
 
