@@ -87,7 +87,7 @@ async def test_upload_two_files_watch_them_complete_open_a_job_and_download(
         await expect(row.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "100")
         await expect(row).to_contain_text(f"{total} / {total} (100%)")
         await expect(row.get_by_role("button", name=f"Cancel {name}")).to_have_count(0)
-        await expect(row.locator("td").nth(3)).to_have_text("4")
+        await expect(row.locator("td").nth(4)).to_have_text("4")
     assert await page.evaluate("window.relayNoReload") is True  # live, without a reload
     jobs = await workspace_jobs(system, panel_key, api)
     assert [job["budget_usd"] for job in jobs] == [2.5, 2.5]

@@ -17,6 +17,7 @@ from relay_batches.services.ingest_api.surfaces.native import outcomes, shapes
 from relay_batches.services.ingest_api.surfaces.native.batches import (
     DEFAULT_PAGE,
     MAX_PAGE,
+    MAX_SEARCH_CHARS,
     RETRY_BODY_BYTES,
 )
 from relay_batches.services.ingest_api.surfaces.native.deliveries import (
@@ -141,6 +142,12 @@ def _batches() -> dict[str, Any]:
                     "template_id",
                     "Only the runs spawned by this cron template.",
                     schema(shapes.Id),
+                ),
+                query(
+                    "search",
+                    "Only the batches whose id is this, or whose name or metadata (keys and"
+                    " values) holds it, ignoring case.",
+                    {"type": "string", "maxLength": MAX_SEARCH_CHARS},
                 ),
             ],
         ),
