@@ -16,6 +16,7 @@ from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
 from relay_batches.model import Job
 from relay_batches.services.ingest_api.edge.body import BodyGate
+from relay_batches.services.ingest_api.fleet import Fleet
 from relay_batches.services.ingest_api.rows.validation import (
     SubmitLimits,
 )
@@ -50,6 +51,8 @@ class ApiDeps:
     public_base_url: str = ""
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
     spool_dir: str | None = None  # where uploads are spooled; None: the system temp dir
+    # The row-workers, queues and throttles of GET /v1/workers (None: not listening).
+    fleet: Fleet | None = None
     # Decoding and validating large bodies, one at a time: each thread more would take
     # GIL time from the event loop without adding throughput. Small bodies have their
     # own thread, so they never queue behind a large one's seconds of parsing.

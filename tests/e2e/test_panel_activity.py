@@ -4,6 +4,7 @@ in test-output/panel/)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from playwright.async_api import Page, expect
@@ -106,3 +107,40 @@ async def test_the_usage_page_sums_rows_tokens_and_cost_per_day_and_model(
     await page.get_by_label("To", exact=True).fill("2020-12-31")
     await page.get_by_role("button", name="Show").click()
     await expect(page.locator("#usage-error")).to_contain_text("at most 92 days")
+
+
+async def test_the_workers_page_shows_what_each_worker_holds_and_the_queues(
+    page: Page, panel_key: str, api: ApiClient, shots: Path
+) -> None:
+    job = await api.submit(
+        {"model": "gpt-4o-mini", "name": "Busy fleet", "requests": slow_rows(400, 300, "w")},
+        key=panel_key,
+    )
+
+    async def holding() -> dict[str, object] | None:
+        status, fleet = await api.request("GET", "/v1/workers", key=panel_key)
+        assert status == 200, fleet
+        mine = [j for w in fleet["workers"] for j in w["jobs"] if j["id"] == job["id"]]
+        return fleet if mine else None
+
+    fleet = await wait_until(holding, 30, "a worker to report holding the job's rows")
+    (worker,) = fleet["workers"]  # the e2e system runs one row-worker of 8 slots
+    assert worker["concurrency"] == 8
+    assert {q["queue"] for q in fleet["queues"]} >= {"dispatch", "rows", "notify"}
+    status, other = await api.request("GET", "/v1/workers", key=api.key)  # workspace A
+    assert all(j["id"] != job["id"] for w in other["workers"] for j in w["jobs"]), other
+
+    await sign_in(page, panel_key)
+    await page.get_by_role("link", name="Workers").click()
+    await expect(page.get_by_role("heading", name="Workers", level=1)).to_be_visible()
+    await expect(page.locator("#workers-summary")).to_have_text("1 row-worker live")
+    row = page.locator("#workers-body tr")
+    await expect(row).to_have_count(1)
+    await expect(row.get_by_role("link", name="Busy fleet")).to_be_visible()
+    await expect(row.locator("td").nth(1)).to_have_text(re.compile(r"^\d+ / 8$"))
+    await expect(page.locator("#queues-body tr[data-queue='rows']")).to_have_count(1)
+    await expect(page.locator("#throttled-list li")).to_have_count(1)
+    await both_widths(page, shots, "workers")
+    status, _ = await api.request("POST", f"/v1/batches/{job['id']}/cancel", key=panel_key)
+    assert status == 200
+    await expect(row.get_by_role("link", name="Busy fleet")).to_have_count(0, timeout=30_000)

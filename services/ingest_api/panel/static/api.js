@@ -95,6 +95,7 @@ export const api = {
   deliveries: (id, limit = 100) =>
     request("GET", batchPath(id, `/webhook_deliveries?limit=${limit}`)),
   redeliver: (id) => request("POST", batchPath(id, "/webhook_deliveries")),
+  workers: () => request("GET", "/v1/workers"),
   timeline: (id) => request("GET", batchPath(id, "/timeline")),
   usage: (from, to) => request("GET", `/v1/usage?${new URLSearchParams({ from, to })}`),
   upload: (form) =>

@@ -26,7 +26,7 @@ INFO = {
 TAGS = [
     {"name": "batches", "description": "Submit, list, inspect and cancel batches."},
     {"name": "models", "description": "The model aliases batches can name."},
-    {"name": "usage", "description": "Rows, tokens and cost of the workspace's jobs."},
+    {"name": "usage", "description": "Rows, tokens and cost of the jobs; the live fleet."},
     {
         "name": "service",
         "description": "Health, readiness and this document (no authentication; metrics are"

@@ -41,6 +41,7 @@ from relay_batches.services.ingest_api.surfaces.native.document import (
 from relay_batches.services.ingest_api.surfaces.native.openapi_activity import (
     timeline_path,
     usage_path,
+    workers_path,
 )
 
 # Every schema the native surface names (the models they use come along).
@@ -61,6 +62,7 @@ RESPONSES_MODELS: tuple[type[BaseModel], ...] = (
     outcomes.WebhookRedelivery,
     outcomes.BatchTimeline,
     outcomes.Usage,
+    outcomes.Workers,
     *shapes.ERRORS.values(),
 )
 
@@ -418,6 +420,7 @@ def _paths() -> dict[str, Any]:
         "/v1/batches/upload": _upload(),
         **_one_batch(),
         "/v1/usage": usage_path(),
+        "/v1/workers": workers_path(),
         "/v1/models": {
             "get": operation(
                 "listModels",

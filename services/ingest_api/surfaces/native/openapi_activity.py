@@ -48,3 +48,20 @@ def usage_path() -> dict[str, Any]:
             tag="usage",
         )
     }
+
+
+def workers_path() -> dict[str, Any]:
+    """``/v1/workers``."""
+    return {
+        "get": operation(
+            "getWorkers",
+            "Row-workers, queues and throttled deployments, live",
+            {"200": json(outcomes.Workers, "What the fleet is doing now.")},
+            (),
+            description="Every live row-worker (from its heartbeats) with the rows it holds:"
+            " this workspace's per job, other workspaces' as a count; the depth and consumers"
+            " of the dispatch, rows, results, notify and dead-letter queues (read at most"
+            " once a second); and the deployments that answered 429 in the last minute.",
+            tag="usage",
+        )
+    }

@@ -329,6 +329,42 @@ class Usage(Closed):
     data: list[UsageLine]
 
 
+class _HeldJob(Closed):
+    id: Id
+    name: str
+    rows: Count
+
+
+class _Worker(Closed):
+    worker: str
+    concurrency: Count = Field(description="Rows it runs at once (0: not reported).")
+    rows_held: Count = Field(description="Rows it holds: taken from the broker, no outcome yet.")
+    jobs: list[_HeldJob] = Field(description="Of those, this workspace's, per job.")
+    other_rows: Count = Field(description="Of those, other workspaces' rows.")
+    seconds_ago: float = Field(ge=0, description="Since its last heartbeat.")
+
+
+class _Queue(Closed):
+    queue: str
+    ready: Count
+    consumers: Count
+
+
+class _Throttle(Closed):
+    deployment: str
+    retry_after_s: float | None
+    seconds_ago: float = Field(ge=0)
+
+
+class Workers(Closed):
+    """`GET /v1/workers`."""
+
+    object: Literal["workers"]
+    workers: list[_Worker]
+    queues: list[_Queue]
+    throttled: list[_Throttle] = Field(description="Deployments that answered 429 lately.")
+
+
 class _Alive(Closed):
     status: Literal["ok"]
 
