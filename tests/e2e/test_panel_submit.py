@@ -36,6 +36,7 @@ async def test_every_job_field_of_the_form_reaches_the_job(
 ) -> None:
     prompts = tmp_path / "prompts.csv"
     prompts.write_text("prompt\nsay one\nsay two\n")
+    await both_widths(page, shots, "sign-in")
     await sign_in(page, panel_key)
     await new_batch(page, [prompts])
     preview = page.locator("#file-list li .csv-preview")
