@@ -38,6 +38,8 @@ async def test_search_finds_jobs_by_name_id_and_metadata(
     assert await list_ids(api, panel_key, f"search={beta['id']}") == [beta["id"]]
     assert await list_ids(api, panel_key, "search=ads") == [beta["id"]]
     assert await list_ids(api, panel_key, "search=team") == [beta["id"], alpha["id"]]
+    assert await list_ids(api, panel_key, "search=team%3Dads") == [beta["id"]]  # team=ads
+    assert await list_ids(api, panel_key, "search=team%20%3D%20search") == [alpha["id"]]
     status, body = await api.request("GET", "/v1/batches?search=" + "x" * 257, key=panel_key)
     assert (status, body["error"]["param"]) == (400, "search")
 
@@ -50,6 +52,9 @@ async def test_search_finds_jobs_by_name_id_and_metadata(
     await search.fill(str(gamma["id"]))
     await expect(page.locator("#jobs-body tr")).to_have_count(1)
     await expect(job_row(page, "Gamma")).to_have_count(1)
+    await search.fill("team=ads")  # a metadata pair
+    await expect(page.locator("#jobs-body tr")).to_have_count(1)
+    await expect(job_row(page, "Beta chats")).to_have_count(1)
     await search.fill("search")  # a metadata value
     await expect(page.locator("#jobs-body tr")).to_have_count(1)
     await expect(job_row(page, "Alpha reviews")).to_have_count(1)

@@ -46,7 +46,9 @@ async def test_the_timeline_lists_every_event_oldest_first(pool: asyncpg.Pool) -
     await move(pool, job, "paused")
     await move(pool, job, "queued")  # resumed
     await move(pool, job, "running")
-    await move(pool, job, "completed", completed_at=datetime.now(UTC))
+    stopped = datetime.now(UTC)
+    await pool.execute("UPDATE batches SET budget_exceeded_at = $2 WHERE id = $1", job.id, stopped)
+    await move(pool, job, "completed", completed_at=stopped + timedelta(seconds=0.5))
     await pool.execute(
         "INSERT INTO webhook_attempts (batch_id, attempt, status, response_status, error,"
         " attempted_at) VALUES ($1, 1, 'failed', 500, NULL, now() + interval '1 s'),"
@@ -62,12 +64,13 @@ async def test_the_timeline_lists_every_event_oldest_first(pool: asyncpg.Pool) -
         "created",
         "paused",
         "resumed",
+        "budget_reached",
         "finished",
         "webhook_attempt",
         "webhook_attempt",
     ]
-    assert shown[4]["status"] == "completed"
-    assert {k: shown[5][k] for k in ("attempt", "http_status", "status")} == {
+    assert shown[5]["status"] == "completed"
+    assert {k: shown[6][k] for k in ("attempt", "http_status", "status")} == {
         "attempt": 1,
         "http_status": 500,
         "status": "failed",

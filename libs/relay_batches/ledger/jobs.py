@@ -245,7 +245,8 @@ class JobStore(ResultPages):
 
         ``template_id`` keeps only the runs of that cron template; ``search`` the jobs
         whose id is it, or whose name or metadata (its JSON text: keys and values) holds
-        it, ignoring case. The search reads the workspace's jobs newest first through
+        it, ignoring case, or, for ``key=value``, whose metadata has that pair exactly.
+        The search reads the workspace's jobs newest first through
         ``batches_workspace_list`` and stops at a page: one row per job, never its rows.
         """
         async with translated():
@@ -255,7 +256,10 @@ class JobStore(ResultPages):
                 " AND ($5::text IS NULL OR b.template_id = $5)"
                 " AND ($6::text IS NULL OR b.id = lower($6)"
                 "   OR strpos(lower(b.name), lower($6)) > 0"
-                "   OR strpos(lower(b.metadata), lower($6)) > 0)"
+                "   OR strpos(lower(b.metadata), lower($6)) > 0"
+                "   OR (strpos($6, '=') > 1 AND b.metadata IS NOT NULL"
+                "     AND b.metadata::jsonb ->> trim(split_part($6, '=', 1))"
+                "       = trim(substr($6, strpos($6, '=') + 1))))"
                 " AND ($2::text IS NULL OR (b.created_at, b.id) < ("
                 "   SELECT a.created_at, a.id FROM batches a"
                 "   WHERE a.id = $2 AND a.workspace_id = $1))"

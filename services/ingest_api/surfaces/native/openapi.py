@@ -148,7 +148,7 @@ def _batches() -> dict[str, Any]:
                 query(
                     "search",
                     "Only the batches whose id is this, or whose name or metadata (keys and"
-                    " values) holds it, ignoring case.",
+                    " values) holds it, ignoring case; `key=value`: whose metadata has that pair.",
                     {"type": "string", "maxLength": MAX_SEARCH_CHARS},
                 ),
             ],
