@@ -44,6 +44,7 @@ WIDE_ELEMENTS = """(width) => {
   }
   return out.slice(0, 10);
 }"""
+RESULTS_PAGE = 25  # result rows the job page shows at a time (rows.js)
 DESKTOP = {"width": 1366, "height": 900}
 PHONE = {"width": 390, "height": 844}  # a phone held upright (iPhone 12 to 15)
 
