@@ -206,6 +206,7 @@ class Job:
     rate_window_at: datetime | None = None
     rate_window_done: int = 0
     pauses: int = 0  # how many times it was paused (slices carry it, see row_worker.controls)
+    endpoint: str = "/v1/chat/completions"  # the OpenAI endpoint its rows are bodies of
 
     @classmethod
     def from_record(cls, record: Any) -> Job:
@@ -259,6 +260,7 @@ class Job:
             "cron": self.cron,
             "next_run_at": iso(self.next_run_at),
             "template_id": self.template_id,
+            "endpoint": self.endpoint,
             "params": orjson.loads(self.params),
             "expires_at": iso(self.expires_at),
             "metadata": None if self.metadata is None else orjson.loads(self.metadata),

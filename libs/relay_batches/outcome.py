@@ -62,6 +62,7 @@ def to_outcome(
         model=None if completion is None else completion.model,
         latency_ms=None if latency_ms is None else min(max(0, latency_ms), INT32_MAX),
         cost_usd=cost,
+        body=None if completion is None else completion.body,
     )
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -15,6 +16,7 @@ from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import MAX_LONG_STORES, JobStore, long_store_slots
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.schema import ledger_readiness, schema_gate
+from relay_batches.netguard import UrlGuard
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.ingest_api.app import build_app
@@ -90,6 +92,7 @@ async def build(
         files=FileStore(pool, long_stores),
         pool=pool,
         model_names=aliases.names,
+        routes_loaded_at=datetime.fromtimestamp(os.stat(settings.routes_file).st_mtime, UTC),
         public_base_url=settings.public_base_url,
         body_gate=BodyGate(
             settings.body_read_timeout_s,
@@ -99,6 +102,7 @@ async def build(
         ),
         spool_dir=settings.upload_spool_dir,
         fleet=Fleet(watch, bus),
+        url_guard=UrlGuard(settings.webhook_allow_networks, settings.webhook_timeout_s),
     )
 
     gate = schema_gate(pool)

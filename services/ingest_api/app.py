@@ -29,6 +29,7 @@ from relay_batches.services.ingest_api.edge.middleware import (
 from relay_batches.services.ingest_api.openapi import add_openapi_route
 from relay_batches.services.ingest_api.panel.routes import add_panel_routes
 from relay_batches.services.ingest_api.surfaces import anthropic, native, openai
+from relay_batches.services.ingest_api.surfaces.anthropic import models as anthropic_models
 from relay_batches.services.ingest_api.surfaces.anthropic.batches import add_anthropic_routes
 from relay_batches.services.ingest_api.surfaces.anthropic.errors import anthropic_error
 from relay_batches.services.ingest_api.surfaces.native.activity import add_activity_routes
@@ -39,7 +40,9 @@ from relay_batches.services.ingest_api.surfaces.native.errors import native_erro
 from relay_batches.services.ingest_api.surfaces.native.upload import add_upload_routes
 from relay_batches.services.ingest_api.surfaces.openai import batches as openai_batches
 from relay_batches.services.ingest_api.surfaces.openai import files as openai_files
+from relay_batches.services.ingest_api.surfaces.openai import models as openai_models
 from relay_batches.services.ingest_api.surfaces.openai.errors import openai_error
+from relay_batches.services.ingest_api.webhook_endpoints import add_webhook_endpoint_routes
 
 BODY_SLACK = 1024
 AddRoutes = Callable[[web.Application], None]
@@ -54,10 +57,20 @@ SURFACES: tuple[tuple[str, ErrorShape, tuple[AddRoutes, ...]], ...] = (
             add_activity_routes,
             add_upload_routes,
             add_model_routes,
+            add_webhook_endpoint_routes,
         ),
     ),
-    (openai.PREFIX, openai_error, (openai_files.add_file_routes, openai_batches.add_batch_routes)),
-    (anthropic.PREFIX, anthropic_error, (add_anthropic_routes,)),
+    (
+        openai.PREFIX,
+        openai_error,
+        (
+            openai_files.add_file_routes,
+            openai_batches.add_batch_routes,
+            add_webhook_endpoint_routes,
+            openai_models.add_model_routes,
+        ),
+    ),
+    (anthropic.PREFIX, anthropic_error, (add_anthropic_routes, anthropic_models.add_model_routes)),
 )
 # The paths that need a key: everything under a surface's prefix.
 AUTHENTICATED_PREFIXES = tuple(f"{prefix}/" for prefix, _, _ in SURFACES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
 
 import asyncpg
@@ -14,7 +15,9 @@ from relay_batches.ledger.delivery_log import DeliveryLog
 from relay_batches.ledger.files import FileStore
 from relay_batches.ledger.idempotency import IdempotencyStore
 from relay_batches.ledger.jobs import JobStore
+from relay_batches.ledger.webhook_endpoints import WebhookEndpoints
 from relay_batches.model import Job
+from relay_batches.netguard import UrlGuard
 from relay_batches.services.ingest_api.edge.body import BodyGate
 from relay_batches.services.ingest_api.fleet import Fleet
 from relay_batches.services.ingest_api.rows.validation import (
@@ -46,6 +49,9 @@ class ApiDeps:
     files: FileStore  # the OpenAI surface's files and batch links
     pool: asyncpg.Pool  # the ledger, for the stores a surface builds on it
     model_names: Callable[[], list[str]] = list  # the router's public aliases
+    # When the routes were loaded (the routes file's modification time): the models'
+    # creation time on the OpenAI and Anthropic surfaces' ``GET /models``.
+    routes_loaded_at: datetime = datetime(1970, 1, 1, tzinfo=UTC)
     # RELAY_PUBLIC_BASE_URL: the root of the URLs handed out (results_url); empty for
     # the request's own origin.
     public_base_url: str = ""
@@ -53,6 +59,9 @@ class ApiDeps:
     spool_dir: str | None = None  # where uploads are spooled; None: the system temp dir
     # The row-workers, queues and throttles of GET /v1/workers (None: not listening).
     fleet: Fleet | None = None
+    # The SSRF guard a webhook endpoint's URL must pass when it is created (the
+    # notifier applies it again at every POST).
+    url_guard: UrlGuard = field(default_factory=UrlGuard)
     # Decoding and validating large bodies, one at a time: each thread more would take
     # GIL time from the event loop without adding throughput. Small bodies have their
     # own thread, so they never queue behind a large one's seconds of parsing.
@@ -67,6 +76,11 @@ class ApiDeps:
     def delivery_log(self) -> DeliveryLog:
         """Completion-webhook delivery logs and redeliveries, on :attr:`pool`."""
         return DeliveryLog(self.pool)
+
+    @cached_property
+    def webhook_endpoints(self) -> WebhookEndpoints:
+        """The workspaces' webhook endpoints, on :attr:`pool`."""
+        return WebhookEndpoints(self.pool)
 
     def parser_for(self, large: bool) -> Executor:
         """The executor that decodes and validates a body (large or not)."""

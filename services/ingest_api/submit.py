@@ -94,6 +94,7 @@ def plan_job(
         metadata=options.metadata_json,
         completion_window=window,
         budget_usd=options.budget_usd,
+        endpoint=options.endpoint,
     )
     return PlannedJob(new, rows)
 

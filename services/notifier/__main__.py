@@ -45,7 +45,11 @@ async def build(
 
 def main() -> None:
     """Console entry point."""
-    answer_help("relay-notifier", "POSTs each finished job's completion webhook, once.")
+    answer_help(
+        "relay-notifier",
+        "POSTs each finished job's completion webhook, once, and its event to the"
+        " workspace's webhook endpoints.",
+    )
     run_service("notifier", build)
 
 

@@ -23,6 +23,12 @@ due after :meth:`RetryPolicy.retry_in`, while attempts remain and before the del
 ``retry_until``; the deferred pass (:mod:`~relay_batches.services.notifier.deferred`)
 claims it when due and POSTs the next attempt through the same claim protocol. A
 redelivery asked for through the API is one attempt, never retried.
+
+A batch's end is also an event for each of its workspace's webhook endpoints whose
+events name it: :func:`deliver_webhook` records them first, deferred
+(:meth:`Store.fan_out`), and the deferred pass POSTs each through the same protocol,
+as a claim whose ``endpoint_id`` names the endpoint, signed with the endpoint's secret
+(:func:`resolve_target`).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import orjson
 
 from relay_batches.errors import TransientError
 from relay_batches.ledger.deliveries import Attempt, Claim, Deferred, Probe
+from relay_batches.ledger.webhook_endpoints import EndpointTarget
 from relay_batches.messages import JobEvent
 from relay_batches.metrics import WEBHOOK_DELIVERIES
 from relay_batches.model import DeliveryStatus, Job
@@ -89,6 +96,17 @@ class PostResult:
 
 
 Post = Callable[[str, bytes, dict[str, str]], Awaitable[PostResult]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one delivery POSTs: where, its ``webhook-id``, its body and the secret that
+    signs it."""
+
+    url: str
+    message_id: str
+    body: bytes
+    secret: str
 
 
 @dataclass(frozen=True)
@@ -144,6 +162,13 @@ class Store(Protocol):
     async def signing_secret(self, workspace_id: str) -> str:
         """The workspace's webhook signing secret."""
 
+    async def fan_out(self, job: Job) -> int:
+        """Record the event of ``job``'s end for each matching webhook endpoint
+        (deferred); return how many were new."""
+
+    async def endpoint_target(self, batch_id: str, endpoint_id: str) -> EndpointTarget | None:
+        """The recorded delivery of ``batch_id`` to a webhook endpoint."""
+
     async def start_post(self, claim: Claim) -> Attempt | None:
         """Mark the claim ``posting`` and log its attempt; None if ``claim`` is no longer
         the live one."""
@@ -178,7 +203,7 @@ class DeferredStore(Store, Protocol):
         """The oldest deferred (and due retrying) deliveries, at most ``per_receiver`` of
         each receiver, leaving out the workspaces and ``(workspace, url)`` pairs named."""
 
-    async def claim_deferred(self, batch_id: str) -> Claim | None:
+    async def claim_deferred(self, batch_id: str, endpoint_id: str = "") -> Claim | None:
         """Claim a deferred (or due retrying) delivery; None if another notifier did."""
 
     async def probe(
@@ -216,10 +241,16 @@ async def deliver_webhook(
     With a ``gate``, the claim and the POST hold one of the receiver's slots, waiting a
     bounded time for one; a delivery that gets none is deferred to the ledger (for
     :func:`deliver_deferred`) rather than holding its message. The record is made after
-    the slot is released, so a database outage holds no receiver's slot.
+    the slot is released, so a database outage holds no receiver's slot. The events of
+    the workspace's webhook endpoints are recorded first, for the deferred pass.
     """
     job = await store.job(event.batch_id)
-    if job is None or not job.webhook_url or job.cron:
+    if job is None or job.cron:
+        return "no_webhook"
+    events = await store.fan_out(job)
+    if events:
+        log.info("webhook_events_recorded", extra={"batch_id": job.id, "endpoints": events})
+    if not job.webhook_url:
         return "no_webhook"
     url, message_id = job.webhook_url, f"msg_{job.id}"
     try:
@@ -227,7 +258,9 @@ async def deliver_webhook(
             claim = await store.claim(job.id, url, message_id)
             if claim is None:
                 return "already_delivered"
-            result = await post_claimed(job, url, claim, store, post)
+            target = await resolve_target(job, claim, store)
+            assert isinstance(target, Target)  # the job's own webhook URL, just read
+            result = await post_claimed(target, claim, store, post)
     except ReceiverBusy as busy:
         if not await store.defer(job.id, url, message_id):
             return "already_delivered"
@@ -235,7 +268,7 @@ async def deliver_webhook(
         return "deferred"
     if result is None:
         return "taken_over"
-    return await record_outcome(job, claim, store, result, policy)
+    return await record_outcome(claim, store, result, policy)
 
 
 def start_delivery(work: Coroutine[object, object, bool]) -> asyncio.Task[bool]:
@@ -260,23 +293,37 @@ def receiver_slot(
     return gate.slot(workspace_id, url, wait=wait)
 
 
-async def post_claimed(job: Job, url: str, claim: Claim, store: Store, post: Post) -> Posted | None:
-    """Sign, mark ``posting``, POST; None (nothing sent) if the claim was taken over."""
-    body = orjson.dumps(job.webhook_body())
+async def resolve_target(job: Job | None, claim: Claim, store: Store) -> Target | str:
+    """What ``claim`` POSTs: the batch's completion summary to its webhook URL, signed
+    with the workspace's secret, or the event recorded for a webhook endpoint, signed
+    with the endpoint's; or why nothing can be sent (the delivery then fails unsent)."""
+    if claim.endpoint_id:
+        found = await store.endpoint_target(claim.batch_id, claim.endpoint_id)
+        if found is None:
+            return "the event is gone"
+        if found.secret is None:
+            return "the webhook endpoint was deleted"
+        return Target(found.url, found.message_id, found.body, found.secret)
+    if job is None or not job.webhook_url:
+        return "batch or webhook URL is gone"
     secret = await store.signing_secret(job.workspace_id)
+    return Target(job.webhook_url, f"msg_{job.id}", orjson.dumps(job.webhook_body()), secret)
+
+
+async def post_claimed(target: Target, claim: Claim, store: Store, post: Post) -> Posted | None:
+    """Sign, mark ``posting``, POST; None (nothing sent) if the claim was taken over."""
     attempt = await store.start_post(claim)
     if not attempt:
         log.warning("webhook_claim_lost", extra={"batch_id": claim.batch_id, "claim": claim.number})
         return None
     marked_at = time.monotonic()
-    result = await post(url, body, signed_headers(secret, f"msg_{job.id}", body))
+    body = target.body
+    result = await post(target.url, body, signed_headers(target.secret, target.message_id, body))
     duration_ms = round((time.monotonic() - marked_at) * 1000)
     return Posted(result, attempt, marked_at, duration_ms)
 
 
-async def record_outcome(
-    job: Job, claim: Claim, store: Store, posted: Posted, policy: RetryPolicy
-) -> str:
+async def record_outcome(claim: Claim, store: Store, posted: Posted, policy: RetryPolicy) -> str:
     """Record what a POST gave (``retrying`` when the policy allows another attempt),
     count and log it; return the outcome."""
     result = posted.result
@@ -292,7 +339,8 @@ async def record_outcome(
     log.info(
         "webhook_" + outcome,
         extra={
-            "batch_id": job.id,
+            "batch_id": claim.batch_id,
+            "endpoint_id": claim.endpoint_id or None,
             "attempt": posted.attempt.number,
             "status_code": result.status_code,
             "error": result.error,

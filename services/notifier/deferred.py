@@ -11,16 +11,18 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from relay_batches.ledger.deliveries import Deferred
-from relay_batches.model import DeliveryStatus, Job
+from relay_batches.model import DeliveryStatus
 from relay_batches.services.notifier.core import (
     DEFAULT_RETRY,
     DeferredStore,
     Post,
     RetryPolicy,
+    Target,
     cancel_all,
     post_claimed,
     record,
     record_outcome,
+    resolve_target,
     start_delivery,
 )
 from relay_batches.services.notifier.receivers import Hold, ReceiverGate
@@ -143,23 +145,24 @@ async def _deliver_one_deferred(
     hold: Hold,
     policy: RetryPolicy,
 ) -> bool:
-    """Claim and POST one deferred (or due retrying) delivery in the slot ``hold``; True
-    if POSTed."""
-    job: Job | None = None
+    """Claim and POST one deferred (or due retrying) delivery in the slot ``hold`` (a
+    batch's own webhook, or a webhook endpoint's event); True if POSTed."""
+    target: Target | str = "not claimed"
     try:
-        claim = await store.claim_deferred(waiting.batch_id)
+        claim = await store.claim_deferred(waiting.batch_id, waiting.endpoint_id)
         if claim is None:
             return False
-        job = await store.job(waiting.batch_id)
+        job = None if claim.endpoint_id else await store.job(waiting.batch_id)
+        target = await resolve_target(job, claim, store)
         result = None
-        if job is not None and job.webhook_url:
-            result = await post_claimed(job, job.webhook_url, claim, store, post)
+        if isinstance(target, Target):
+            result = await post_claimed(target, claim, store, post)
     finally:
         gate.release(hold)
-    if job is None or not job.webhook_url:
-        await record(store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone")
+    if not isinstance(target, Target):
+        await record(store, claim, DeliveryStatus.FAILED, None, target)
         return False
     if result is None:
         return False
-    await record_outcome(job, claim, store, result, policy)
+    await record_outcome(claim, store, result, policy)
     return True

@@ -6,32 +6,18 @@ included — by one total deadline."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from relay_batches.netguard import IPNetwork, refusal_reason
+from relay_batches.netguard import IPNetwork, Lookup, Refused, system_lookup, vetted_infos
 from relay_batches.services.notifier.core import Post, PostResult
 
 MAX_REPLY_BYTES = 64 * 1024  # of the receiver's reply body; the rest is never read
-
-# getaddrinfo(host, port) -> [(family, address)]: the loop's resolver, or a test's.
-Lookup = Callable[[str, int], Awaitable[list[tuple[int, str]]]]
-
-
-async def system_lookup(host: str, port: int) -> list[tuple[int, str]]:
-    """The host's addresses from the system resolver (``getaddrinfo``)."""
-    found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [(family, str(sockaddr[0])) for family, _, _, _, sockaddr in found]
-
-
-class Refused(Exception):
-    """The webhook URL points somewhere Relay must not connect to."""
 
 
 class PinnedResolver(AbstractResolver):
@@ -53,44 +39,23 @@ class PinnedResolver(AbstractResolver):
 async def vetted_addresses(
     url: URL, allow: Sequence[IPNetwork], lookup: Lookup = system_lookup
 ) -> list[ResolveResult]:
-    """Resolve ``url``'s host and refuse if any address is forbidden.
+    """Resolve ``url``'s host and refuse if any address is forbidden
+    (:func:`~relay_batches.netguard.vetted_infos`).
 
     No timeout of its own: the caller's deadline covers resolving and posting together.
     """
-    host = url.host
-    if not host or url.scheme not in ("http", "https"):
-        raise Refused(f"not an http(s) URL: {url}")
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        literal = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        literal = None
-    infos: list[tuple[int, str]]
-    if literal is not None:
-        infos = [(socket.AF_INET6 if literal.version == 6 else socket.AF_INET, str(literal))]
-    else:
-        try:
-            infos = await lookup(host, port)
-        except OSError as exc:
-            raise Refused(f"cannot resolve {host}: {exc}") from None
-    results: list[ResolveResult] = []
-    for family, address in dict.fromkeys(infos):
-        reason = refusal_reason(address.split("%")[0], allow)
-        if reason is not None:
-            raise Refused(f"{host} resolves to {reason}")
-        results.append(
-            {
-                "hostname": host,
-                "host": address,
-                "port": port,
-                "family": family,
-                "proto": 0,
-                "flags": socket.AI_NUMERICHOST,
-            }
-        )
-    if not results:
-        raise Refused(f"{host} resolves to no address")
-    return results
+    host, port, infos = await vetted_infos(url, allow, lookup)
+    return [
+        {
+            "hostname": host,
+            "host": address,
+            "port": port,
+            "family": family,
+            "proto": 0,
+            "flags": socket.AI_NUMERICHOST,
+        }
+        for family, address in infos
+    ]
 
 
 def guarded_poster(

@@ -9,7 +9,7 @@ import logging
 
 from relay_batches.ledger.deliveries import Claim
 from relay_batches.metrics import WEBHOOK_DELIVERIES
-from relay_batches.model import DeliveryStatus, Job
+from relay_batches.model import DeliveryStatus
 from relay_batches.services.notifier import core
 from relay_batches.services.notifier.core import (
     DEFAULT_RETRY,
@@ -17,6 +17,7 @@ from relay_batches.services.notifier.core import (
     RecoveryStore,
     RetryPolicy,
     Store,
+    Target,
 )
 from relay_batches.services.notifier.receivers import Hold, ReceiverGate
 
@@ -53,12 +54,17 @@ async def recover_deliveries(
                 break
             claim = claims[0]
             job = await store.job(claim.batch_id)
-            if job is None or not job.webhook_url:
+            target = await core.resolve_target(job, claim, store)
+            if job is None or not isinstance(target, Target):
                 await core.record(
-                    store, claim, DeliveryStatus.FAILED, None, "batch or webhook URL is gone"
+                    store,
+                    claim,
+                    DeliveryStatus.FAILED,
+                    None,
+                    target if isinstance(target, str) else "the batch is gone",
                 )
                 continue
-            hold = None if gate is None else gate.reserve(job.workspace_id, job.webhook_url)
+            hold = None if gate is None else gate.reserve(job.workspace_id, target.url)
             if gate is not None and hold is None:
                 await store.hand_back(claim)
                 log.info("webhook_takeover_deferred", extra={"batch_id": claim.batch_id})
@@ -68,7 +74,7 @@ async def recover_deliveries(
                 extra={"batch_id": claim.batch_id, "claim": claim.number},
             )
             running.append(
-                core.start_delivery(_take_over(job, claim, store, post, (gate, hold), policy))
+                core.start_delivery(_take_over(target, claim, store, post, (gate, hold), policy))
             )
         done = await asyncio.gather(*running, return_exceptions=True)
     finally:
@@ -82,21 +88,20 @@ async def recover_deliveries(
 
 
 async def _take_over(
-    job: Job,
+    target: Target,
     claim: Claim,
     store: Store,
     post: Post,
     slot: tuple[ReceiverGate | None, Hold | None],
     policy: RetryPolicy,
 ) -> bool:
-    assert job.webhook_url is not None
     gate, hold = slot
     try:
-        result = await core.post_claimed(job, job.webhook_url, claim, store, post)
+        result = await core.post_claimed(target, claim, store, post)
     finally:
         if gate is not None and hold is not None:
             gate.release(hold)
     if result is None:
         return False
-    await core.record_outcome(job, claim, store, result, policy)
+    await core.record_outcome(claim, store, result, policy)
     return True

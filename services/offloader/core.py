@@ -117,11 +117,12 @@ class Offloader(Publishing):
         # Consecutive permanent refusals of a record's steps here (reset by a step that
         # passes or that ends it), at most MAX_TRACKED records.
         self._refusals: dict[int, int] = {}
+        # Every alias with its lead ("" for none: its rows go realtime), so a row naming an
+        # alias never takes the lead of another alias's pattern.
         self._leads = {
-            alias: lead.name
-            for alias in aliases.names()
-            if (lead := aliases.batch_lead(alias)) is not None
+            alias: getattr(aliases.batch_lead(alias), "name", "") for alias in aliases.names()
         }
+        self._patterns = aliases.lead_patterns()
         self._routed = frozenset(aliases.batch_deployments())
         self._gatherings = [
             Gathering(
@@ -142,7 +143,9 @@ class Offloader(Publishing):
         """Take released rows in, drop those of ended jobs, gather what is due."""
         taken = 0
         for _ in range(GATHER_ROUNDS):  # a large job's rows: several bounded steps a pass
-            step = await self._store.intake(self._leads, routed=self._routed)
+            step = await self._store.intake(
+                self._leads, routed=self._routed, patterns=self._patterns
+            )
             taken += step
             if not step:
                 break

@@ -48,6 +48,11 @@ def _line(client: BatchClient, offload_id: int, line: OffloadLine) -> bytes | No
     """The row's input line, or None when it must go realtime instead."""
     try:
         request = row_request(orjson.loads(line.request))
+        if request.endpoint is not None:  # its body is whole: no job params
+            body = request.params or {}
+            return client.line(
+                offload_id, line.batch_id, line.row_index, (), body, request.endpoint
+            )
         job_params = orjson.loads(line.params) if line.params else {}
         params = {**job_params, **(request.params or {})}
         return client.line(offload_id, line.batch_id, line.row_index, request.messages, params)

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from relay_batches.dialects.endpoints import CHAT
 from relay_batches.errors import HandBack
 from relay_batches.messages import DecodedSlice, RowOutcome, RowRequest, SliceMessage
 from relay_batches.metrics import (
@@ -46,8 +47,10 @@ class Router(Protocol):
         messages: Sequence[Mapping[str, Any]],
         params: Mapping[str, Any],
         workspace: str = "",
+        endpoint: str = CHAT,
     ) -> RowResult:
-        """Run one row through its alias, over connections of ``workspace``'s own."""
+        """Run one row through its alias, over connections of ``workspace``'s own (a row
+        of another ``endpoint`` than chat: its body as ``params``)."""
 
 
 OutcomeSink = Callable[[RowOutcome], Awaitable[None]]
@@ -339,8 +342,14 @@ class RowRunner:
 
     async def _call(self, job_slice: DecodedSlice, index: int, request: RowRequest) -> RowResult:
         alias = request.model or job_slice.model
-        params = job_slice.params if not request.params else {**job_slice.params, **request.params}
         try:
+            if request.endpoint is not None:  # its body is whole: no job params
+                return await self._router.complete(
+                    alias, (), request.params or {}, job_slice.tenant, request.endpoint
+                )
+            params = (
+                job_slice.params if not request.params else {**job_slice.params, **request.params}
+            )
             return await self._router.complete(alias, request.messages, params, job_slice.tenant)
         except asyncio.CancelledError:
             raise

@@ -1,6 +1,8 @@
 """The upstream simulator's app: OpenAI-compatible chat completions and Anthropic-shaped
 Messages endpoints that echo, the providers' batch APIs, and the routes wiring them.
 
+``POST /v1/embeddings``, ``/v1/completions``, ``/v1/moderations`` and ``/v1/responses``
+(:mod:`.openai_endpoints`) answer deterministically in their own shapes.
 ``POST /v1/chat/completions`` (:mod:`.openai_chat`) replies with deterministic
 ``"echo: <last user message>"`` completions (:mod:`.echo`); ``POST /v1/messages``
 (:mod:`.anthropic_messages`) does the same in the Anthropic Messages shape after
@@ -47,6 +49,7 @@ from relay_batches.services.upstream_sim.echo import (
     ChatRequest,
     InvalidRequest,
     call_tokens,
+    json_object,
     json_response,
 )
 from relay_batches.services.upstream_sim.faults import SUCCESS, decide_outcome
@@ -56,6 +59,7 @@ from relay_batches.services.upstream_sim.openai_chat import (
     error_response,
     parse_chat_request,
 )
+from relay_batches.services.upstream_sim.openai_endpoints import ENDPOINTS, Answer, Read
 from relay_batches.services.upstream_sim.rate_limits import THROTTLE_RETRY_AFTER_S, RateWindows
 from relay_batches.services.upstream_sim.state import SimState
 
@@ -74,6 +78,20 @@ CHAT_DIALECT = _Dialect(
     success=completion_payload,
     error=error_response,
 )
+
+
+# The endpoints besides chat (:mod:`.openai_endpoints`), by path, each with OpenAI errors.
+def _body_dialect(read: Read, answer: Answer) -> _Dialect:
+    return _Dialect(
+        parse=lambda _request, body: read(json_object(body)), success=answer, error=error_response
+    )
+
+
+BODY_DIALECTS = {
+    path: _body_dialect(read, answer)
+    for path, (read, answer) in ENDPOINTS.items()
+    if path != "/v1/chat/completions"
+}
 MESSAGES_DIALECT = _Dialect(
     parse=lambda request, body: parse_messages_request(body, request.headers),
     success=message_payload,
@@ -110,6 +128,11 @@ class _Routes:
     async def messages(self, request: web.Request) -> web.Response:
         """``POST /v1/messages``: the same, in the Anthropic Messages shape."""
         return await self._counted(request, MESSAGES_DIALECT)
+
+    async def body_endpoint(self, request: web.Request) -> web.Response:
+        """``POST /v1/embeddings``, ``/v1/completions``, ``/v1/moderations`` and
+        ``/v1/responses``: counted and answered as chat is."""
+        return await self._counted(request, BODY_DIALECTS[request.path])
 
     async def _counted(self, request: web.Request, dialect: _Dialect) -> web.Response:
         self._state.enter()
@@ -195,6 +218,8 @@ def build_app(
     routes = _Routes(config, state, sleep, windows, resets)
     app.router.add_post("/v1/chat/completions", routes.chat_completions)
     app.router.add_post("/v1/messages", routes.messages)
+    for path in BODY_DIALECTS:
+        app.router.add_post(path, routes.body_endpoint)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/stats", routes.stats)
     app.router.add_get("/stats/answers", routes.answers)

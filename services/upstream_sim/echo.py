@@ -48,13 +48,17 @@ class InvalidRequest(ValueError):
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """What the simulator needs from a chat completions or Messages request; ``tool`` is
-    the name of the tool a ``[sim:tool-call]`` calls (None: no tool may be called)."""
+    the name of the tool a ``[sim:tool-call]`` calls (None: no tool may be called);
+    ``choices`` how many choices to answer (chat ``n``), ``top_logprobs`` None unless
+    the request asked for log probabilities (then how many alternatives each token has)."""
 
     model: str
     contents: tuple[str, ...]
     last_user: str
     tool: str | None = None
     max_tokens: int | None = None
+    choices: int = 1
+    top_logprobs: int | None = None
 
     @property
     def calls_tool(self) -> bool:

@@ -3,7 +3,9 @@
 An input file is validated when its batch is created (in chunks, yielding to the event
 loop) and the verdict shows at the first poll: ``failed`` with ``errors``, or
 ``in_progress``; the first poll at least ``SimConfig.batch_delay_s`` after creation runs
-every line as the realtime ``/v1/chat/completions`` would answer it and ends the batch.
+every line as the realtime endpoint of the batch (``/v1/chat/completions``,
+``/v1/embeddings``, ``/v1/completions``, ``/v1/moderations`` or ``/v1/responses``) would
+answer it and ends the batch.
 The output and error files are views rendered again at each download (ids derived from
 the batch and the line), so a batch holds its input and a status per line, never its
 outputs: memory is bounded by the input caps whatever ``[sim:reply-bytes=N]`` asks.
@@ -22,11 +24,8 @@ from aiohttp import web
 
 from relay_batches.services.upstream_sim import batches
 from relay_batches.services.upstream_sim.echo import InvalidRequest, json_response
-from relay_batches.services.upstream_sim.openai_chat import (
-    chat_request_from,
-    completion_payload,
-    error_payload,
-)
+from relay_batches.services.upstream_sim.openai_chat import error_payload
+from relay_batches.services.upstream_sim.openai_endpoints import ENDPOINTS, usage_tokens
 from relay_batches.services.upstream_sim.openai_files import (
     ENDPOINT,
     InputCheck,
@@ -56,6 +55,7 @@ class Batch:
     statuses: array[int] = field(default_factory=lambda: array("H"))
     output_file_id: str | None = None
     error_file_id: str | None = None
+    endpoint: str = ENDPOINT
     completed: int = 0
     failed: int = 0
     out_bytes: int = 0
@@ -72,7 +72,7 @@ class Batch:
         return {
             "id": self.id,
             "object": "batch",
-            "endpoint": ENDPOINT,
+            "endpoint": self.endpoint,
             "model": self.check.model if self.status != "validating" else None,
             "errors": {"object": "list", "data": self.check.errors} if failed else None,
             "input_file_id": self.input_file_id,
@@ -128,17 +128,23 @@ class Batch:
 
     def _body(self, body: dict[str, Any], status: int, index: int) -> dict[str, object]:
         """What the realtime endpoint answers ``body`` with for ``status``."""
+        read, answer = ENDPOINTS[self.endpoint]
         try:
-            chat = chat_request_from(body)
+            chat = read(body)
         except InvalidRequest as exc:
             return error_payload(str(exc), "invalid_request_error")
         if batches.is_batch_error(chat):
             return error_payload(batches.BATCH_ERROR_MESSAGE, "server_error")
         if status != 200:
             return error_payload(f"simulated status {status}", "sim_error")
-        completion = completion_payload(chat, chat.triggers().reply_bytes)
-        completion["id"] = "chatcmpl-" + batches.derived_hex(12, self.id, index, "completion")
-        completion["created"] = self.times["in_progress_at"]
+        completion = answer(chat, chat.triggers().reply_bytes)
+        # Stable ids and times: a batch's output reads the same at every download.
+        stable = batches.derived_hex(12, self.id, index, "completion")
+        if isinstance(completion.get("id"), str):  # <prefix><24 hex>: the hex made stable
+            completion["id"] = completion["id"][:-24] + stable
+        for key in ("created", "created_at"):
+            if key in completion:
+                completion[key] = self.times["in_progress_at"]
         return completion
 
     def render(self, output: bool, halfway: batches.Halfway) -> AsyncIterator[bytes]:
@@ -239,7 +245,7 @@ class OpenAIBatches(batches.BatchApi):
             return openai_error(404, message, "input_file_id")
         if source.purpose != "batch":
             return openai_error(400, "The input file must have purpose 'batch'.", "input_file_id")
-        check = await check_input(source.data)
+        check = await check_input(source.data, data["endpoint"])
         batch = Batch(
             id="batch_" + random_hex(12),
             input_file_id=source.id,
@@ -247,6 +253,7 @@ class OpenAIBatches(batches.BatchApi):
             created=self._clock(),
             data=source.data,
             check=check,
+            endpoint=data["endpoint"],
         )
         self._batches[batch.id] = batch
         self._state.count_batch(len(check.spans), check.custom_ids)
@@ -333,7 +340,7 @@ class OpenAIBatches(batches.BatchApi):
             start, end = batch.check.spans[index]
             body = orjson.loads(view[start:end])["body"]
             try:
-                chat = chat_request_from(body)
+                chat = ENDPOINTS[batch.endpoint][0](body)
             except InvalidRequest as exc:
                 status = exc.status
             else:
@@ -377,9 +384,9 @@ def _tally(batch: Batch, index: int) -> None:
     if is_output:
         batch.completed += 1
         batch.out_bytes += size
-        usage = record["response"]["body"]["usage"]  # type: ignore[index]
-        batch.input_tokens += usage["prompt_tokens"]
-        batch.output_tokens += usage["completion_tokens"]
+        given, written = usage_tokens(record["response"]["body"])  # type: ignore[index]
+        batch.input_tokens += given
+        batch.output_tokens += written
     else:
         batch.failed += 1
         batch.err_bytes += size
@@ -391,8 +398,9 @@ def _create_problem(data: Any) -> tuple[str | None, str] | None:
         return None, "The request body must be a JSON object."
     if not isinstance(data.get("input_file_id"), str):
         return "input_file_id", "Missing required parameter: 'input_file_id'."
-    if data.get("endpoint") != ENDPOINT:
-        return "endpoint", f"Invalid value for 'endpoint': the simulator runs only {ENDPOINT}."
+    if data.get("endpoint") not in ENDPOINTS:
+        served = ", ".join(ENDPOINTS)
+        return "endpoint", f"Invalid value for 'endpoint': the simulator runs {served}."
     if data.get("completion_window") != WINDOW:
         return "completion_window", "Invalid value for 'completion_window': only '24h'."
     metadata = data.get("metadata")

@@ -59,7 +59,17 @@ def chat_request_from(data: Mapping[str, Any]) -> ChatRequest:
         last_user=last_user,
         tool=_chat_tool(data.get("tools"), data.get("tool_choice")),
         max_tokens=_max_tokens(data.get("max_completion_tokens", data.get("max_tokens"))),
+        choices=_max_tokens(data.get("n")) or 1,
+        top_logprobs=_top_logprobs(data),
     )
+
+
+def _top_logprobs(data: Mapping[str, Any]) -> int | None:
+    """None unless ``logprobs`` is true; then ``top_logprobs`` (0 when absent)."""
+    if data.get("logprobs") is not True:
+        return None
+    top = data.get("top_logprobs")
+    return top if isinstance(top, int) and not isinstance(top, bool) and top > 0 else 0
 
 
 def _max_tokens(value: Any) -> int | None:
@@ -114,7 +124,8 @@ def error_payload(message: str, error_type: str) -> dict[str, object]:
 
 def completion_payload(chat: ChatRequest, reply_bytes: int | None = None) -> dict[str, object]:
     """The ``chat.completion`` object answering ``chat``: the echo, its content padded
-    with dots to ``reply_bytes`` when given, or the tool call it triggers."""
+    with dots to ``reply_bytes`` when given, or the tool call it triggers; ``n`` choices
+    alike (each counted in usage), each with ``logprobs`` when they were asked for."""
     if chat.calls_tool:
         digest, name, arguments = tool_call(chat)
         encoded = orjson.dumps(arguments).decode()
@@ -127,15 +138,41 @@ def completion_payload(chat: ChatRequest, reply_bytes: int | None = None) -> dic
         message = {"role": "assistant", "content": reply}
         finish_reason, completion_tokens = "stop", estimate_tokens(reply)
     prompt = prompt_tokens(chat)
+    choice: dict[str, object] = {"message": message, "finish_reason": finish_reason}
+    if chat.top_logprobs is not None:
+        choice["logprobs"] = _logprobs(message, chat.top_logprobs)
+    completion_tokens *= chat.choices
     return {
         "id": "chatcmpl-" + os.urandom(12).hex(),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": chat.model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "choices": [{"index": i, **choice} for i in range(chat.choices)],
         "usage": {
             "prompt_tokens": prompt,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt + completion_tokens,
         },
+    }
+
+
+def _logprobs(message: Mapping[str, Any], top: int) -> dict[str, object]:
+    """Deterministic log probabilities of a message's words: each certain (0.0), with
+    ``top`` alternatives of lower probability."""
+    content = message.get("content")
+    words = content.split(" ") if isinstance(content, str) and content else []
+    return {
+        "content": [
+            {
+                "token": word,
+                "logprob": 0.0,
+                "bytes": list(word.encode()),
+                "top_logprobs": [
+                    {"token": word, "logprob": -float(rank), "bytes": list(word.encode())}
+                    for rank in range(top)
+                ],
+            }
+            for word in words
+        ],
+        "refusal": None,
     }

@@ -13,7 +13,7 @@ from aiohttp import BodyPartReader, web
 
 from relay_batches.services.upstream_sim import batches
 from relay_batches.services.upstream_sim.echo import InvalidRequest, json_response
-from relay_batches.services.upstream_sim.openai_chat import chat_request_from
+from relay_batches.services.upstream_sim.openai_endpoints import ENDPOINTS
 
 MAX_FILE_BYTES = 200 * 1024 * 1024
 MAX_LINES = 50_000
@@ -95,8 +95,8 @@ def _line_spans(data: bytes) -> list[tuple[int, int]]:
     return spans
 
 
-async def check_input(data: bytes) -> InputCheck:
-    """Validate a batch input file as OpenAI does before running it."""
+async def check_input(data: bytes, endpoint: str = ENDPOINT) -> InputCheck:
+    """Validate a batch input file of ``endpoint`` as OpenAI does before running it."""
     check = InputCheck(spans=_line_spans(data))
     if not check.spans:
         check.fail("empty_file", "The batch input file is empty.", None)
@@ -105,12 +105,12 @@ async def check_input(data: bytes) -> InputCheck:
         check.fail("too_many_tasks", message, None)
     view = memoryview(data)
     for index, (start, end) in enumerate(check.spans):
-        _check_line(check, view[start:end], index + 1)
+        _check_line(check, view[start:end], index + 1, endpoint)
         await batches.pause_every(index)
     return check
 
 
-def _check_line(check: InputCheck, raw: memoryview, line: int) -> None:
+def _check_line(check: InputCheck, raw: memoryview, line: int, endpoint: str) -> None:
     try:
         item = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -132,7 +132,7 @@ def _check_line(check: InputCheck, raw: memoryview, line: int) -> None:
         check.custom_ids.add(custom_id)
     if item.get("method") != "POST":
         check.fail("invalid_method", "The method of every request must be POST.", line, "method")
-    if item.get("url") != ENDPOINT:
+    if item.get("url") != endpoint:
         message = "The URL provided for this request does not match the batch endpoint."
         check.fail("url_mismatch", message, line, "url")
     if not isinstance(body, dict):
@@ -142,7 +142,7 @@ def _check_line(check: InputCheck, raw: memoryview, line: int) -> None:
     if check.model is None and isinstance(body.get("model"), str):
         check.model = body["model"]
     try:
-        chat = chat_request_from(body)
+        chat = ENDPOINTS[endpoint][0](body)
     except InvalidRequest:
         return  # the request itself answers 400 in the error file
     if batches.BATCH_FAIL_MARKER in chat.last_user:

@@ -198,7 +198,11 @@ def test_the_documented_docker_run_example_has_everything_the_service_needs() ->
     source, target, mode = mount.split(":")
     assert target == _image_env()["RELAY_ROUTES_FILE"] and mode == "ro"
     routes = source.replace("$PWD", str(ROOT))
-    assert load_aliases(routes, {}).names() == ["gpt-4o-mini", "sim-claude"]
+    assert load_aliases(routes, {}).names() == [
+        "gpt-4o-mini",
+        "sim-claude",
+        "text-embedding-3-small",
+    ]
 
 
 def _stage(name: str) -> list[tuple[str, str]]:

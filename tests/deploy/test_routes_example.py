@@ -14,7 +14,15 @@ def test_the_example_routes_file_loads_with_its_keys_set() -> None:
         str(EXAMPLE),
         {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "sk-ant-test"},
     )
-    assert routes.names() == ["claude-haiku", "gpt-4o-mini", "gpt-4o-mini-half", "llama-local"]
+    assert routes.names() == [
+        "claude-haiku",
+        "gpt-4o-mini",
+        "gpt-4o-mini-half",
+        "llama-local",
+        "text-embedding-3-small",
+    ]
+    (embed,) = routes.resolve("text-embedding-3-small") or ()
+    assert embed.endpoints == {"/v1/embeddings"}
     assert [d.name for d in routes.resolve("gpt-4o-mini") or ()] == [
         "openai-4o-mini",
         "local-vllm",
@@ -32,5 +40,10 @@ def test_the_example_routes_file_prices_its_provider_deployments() -> None:
         {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "sk-ant-test"},
     )
     prices = routes.prices()
-    assert sorted(prices) == ["anthropic-haiku", "openai-4o-mini", "openai-batch-4o-mini"]
+    assert sorted(prices) == [
+        "anthropic-haiku",
+        "openai-4o-mini",
+        "openai-batch-4o-mini",
+        "openai-embed",
+    ]
     assert prices["openai-4o-mini"] == Price(prompt_per_mtok=0.15, completion_per_mtok=0.60)

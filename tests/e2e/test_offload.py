@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
+from openai.types import CreateEmbeddingResponse
 
 from relay_batches.services.relay_cli import admin
 from tests.helpers.processes import System, sim_stats, system_fixture
@@ -296,3 +297,28 @@ async def provider_batches(system: System, batch_id: str) -> set[str]:
     finally:
         await conn.close()
     return {r[0] for r in records}
+
+
+async def test_embeddings_rows_run_through_the_batch_api_as_openai_lines(
+    offload_system: System, http: aiohttp.ClientSession
+) -> None:
+    api = await client(offload_system, http, "offload-embeddings")
+    before = await sim_stats(http, offload_system)
+    requests: list[dict[str, Any]] = [
+        {"custom_id": f"e-{i}", "input": f"passage {i}", "dimensions": 16} for i in range(40)
+    ]
+    requests[7]["input"] = "passage 7 [sim:batch-error]"
+    created = await api.submit(
+        {"model": "sim-endpoints-half", "endpoint": "/v1/embeddings", "requests": requests}
+    )
+    batch = await api.wait_status(created["id"], {"completed", "failed"}, timeout=120)
+    assert (batch["status"], batch["completed"], batch["failed"]) == ("completed", 40, 0)
+    rows = {row["custom_id"]: row for row in await detailed_rows(api, created["id"])}
+    for custom_id, row in rows.items():
+        answer = CreateEmbeddingResponse.model_validate(row["response"])
+        assert len(answer.data[0].embedding) == 16
+        want = "sim" if custom_id == "e-7" else "sim-endpoints-batch"
+        assert row["deployment"] == want, row
+        assert row["usage"]["prompt_tokens"] > 0
+    after = await sim_stats(http, offload_system)
+    assert after["batch_rows"] - before["batch_rows"] == 40

@@ -235,7 +235,7 @@ async def test_cancel_ends_cancelled_and_a_second_cancel_returns_it(
 async def test_a_file_with_bad_lines_gives_a_failed_batch_with_line_errors(
     client: openai.AsyncOpenAI, raw: Raw
 ) -> None:
-    bad_url = {**line("c", "x"), "url": "/v1/embeddings"}
+    bad_url = {**line("c", "x"), "url": "/v1/audio/speech"}
     data = jsonl([line("a", "fine")]) + b"{not json\n\n" + jsonl([bad_url, line("a", "again")])
     uploaded = await client.files.create(file=("bad.jsonl", data), purpose="batch")
 
@@ -268,7 +268,7 @@ async def test_duplicate_custom_ids_are_named_by_line(client: openai.AsyncOpenAI
 async def test_errors_come_in_openai_shape_naming_the_field(client: openai.AsyncOpenAI) -> None:
     uploaded = await client.files.create(file=("e.jsonl", jsonl([line("a", "x")])), purpose="batch")
     cases = [
-        ({"endpoint": "/v1/embeddings"}, "endpoint"),
+        ({"endpoint": "/v1/audio/speech"}, "endpoint"),
         ({"completion_window": "8d"}, "completion_window"),
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ]

@@ -14,6 +14,7 @@ from relay_batches.ledger.deliveries import Attempt, Claim, Deferred, Probe
 from relay_batches.ledger.dispatch import RunningJob, StalledJob
 from relay_batches.ledger.released_rows import ByteWindow
 from relay_batches.ledger.result_pages import AnsweredRow
+from relay_batches.ledger.webhook_endpoints import EndpointTarget
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.model import DeliveryStatus, Job, JobStatus
 from relay_batches.services.notifier.core import PostResult
@@ -117,6 +118,13 @@ class FakeDeliveryStore:
     async def signing_secret(self, workspace_id: str) -> str:
         return SECRET
 
+    async def fan_out(self, job: Job) -> int:
+        """No webhook endpoints here (their deliveries are the ledger's: integration)."""
+        return 0
+
+    async def endpoint_target(self, batch_id: str, endpoint_id: str) -> EndpointTarget | None:
+        return None
+
     async def defer(self, batch_id: str, url: str, message_id: str) -> bool:
         if batch_id in self.claims or batch_id in self.waiting:
             return False
@@ -144,7 +152,7 @@ class FakeDeliveryStore:
         self.waiting[claim.batch_id] = url or ""
         return True
 
-    async def claim_deferred(self, batch_id: str) -> Claim | None:
+    async def claim_deferred(self, batch_id: str, endpoint_id: str = "") -> Claim | None:
         url = self.waiting.pop(batch_id, None) or self.retrying.pop(batch_id, None)
         if url is None:
             return None

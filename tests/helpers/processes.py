@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS
 from relay_batches.services.relay_cli import admin
 from tests.helpers.support import (
     ApiClient,
@@ -192,18 +193,23 @@ def build_system(
     limit_lines = "".join(f"{key} = {value}\n" for key, value in (limits or {}).items())
     routes = log_dir / "routes.toml"
     routes.write_text(
-        '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\n\n'
+        '[aliases."gpt-4o-mini"]\ndeployments = ["sim"]\npatterns = ["gpt-4o-mini-*"]\n\n'
         '[aliases.sim-claude]\ndeployments = ["sim-claude"]\n\n'
         '[aliases.sim-priced]\ndeployments = ["sim-priced"]\n\n'
+        '[aliases."text-embedding-3-small"]\ndeployments = ["sim"]\n\n'
+        # A chat-only deployment first: a row of another endpoint falls through it.
+        '[aliases.sim-fallback]\ndeployments = ["sim-priced", "sim"]\n\n'
         "[deployments.sim]\n"
         'provider = "openai"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
         f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
-        f"{limit_lines}\n"
+        f"endpoints = {list(ALL_ENDPOINTS)!r}\n".replace("'", '"')
+        + f"{limit_lines}\n"
         "[deployments.sim-claude]\n"
         'provider = "anthropic"\n'
         f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
         f'model = "sim-claude"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
+        'endpoints = ["/v1/chat/completions", "/v1/responses"]\n'
         'headers = { "x-api-key" = "sim" }\n\n'
         # A priced alias on the simulator: a few tokens cost a visible fraction of a cent.
         "[deployments.sim-priced]\n"
@@ -244,7 +250,8 @@ def offload_routes(sim_port: int, max_retries: int) -> str:
     ``sim-claude-half`` (Message Batches, then ``sim-claude-priced``). Rows are gathered
     for a second and polled every half second. ``sim-held-half`` gathers exactly 10 rows
     per provider batch and ``sim-pair-half`` exactly 50 (their linger is an hour: a
-    provider batch holds every row a test meant to put in it, however slow the run)."""
+    provider batch holds every row a test meant to put in it, however slow the run).
+    ``sim-endpoints-half`` runs every endpoint through OpenAI Batch, then ``sim``."""
     base = f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
     realtime = f"timeout_s = 30\nmax_retries = {max_retries}\n"
     batch = "timeout_s = 30\nlinger_s = 1\npoll_s = 0.5\n"
@@ -267,7 +274,12 @@ def offload_routes(sim_port: int, max_retries: int) -> str:
         f'model = "sim-echo"\ntimeout_s = 30\nlinger_s = 3600\nmax_rows = 50\npoll_s = 0.5\n'
         f"{half}\n"
         f'[deployments.sim-claude-priced]\nprovider = "anthropic"\n{base}'
-        f'model = "sim-claude"\n{realtime}{full}{claude}'
+        f'model = "sim-claude"\n{realtime}{full}{claude}\n'
+        # Every endpoint through OpenAI's Batch API, the realtime "sim" behind it.
+        '[aliases.sim-endpoints-half]\ndeployments = ["sim-endpoints-batch", "sim"]\n\n'
+        f'[deployments.sim-endpoints-batch]\nprovider = "openai-batch"\n{base}'
+        f'model = "sim-echo"\n{batch}{half}'
+        + f"endpoints = {list(ALL_ENDPOINTS)!r}\n".replace("'", '"')
     )
 
 

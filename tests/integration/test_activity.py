@@ -1,5 +1,5 @@
 """The timeline and usage reads of the ledger (ledger/timeline.py, ledger/usage.py) on the
-real Postgres: a job's dated events from its timestamps, its status log (migration 0028's
+real Postgres: a job's dated events from its timestamps, its status log (migration 0031's
 trigger) and its webhook attempts; a workspace's sums per day and model."""
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ async def ended(pool: asyncpg.Pool, api: ApiClient, key: str | None = None) -> d
     )
     await pool.execute(
         "INSERT INTO webhook_deliveries (batch_id, url, status) VALUES ($1, 'http://h/', 'failed')"
-        " ON CONFLICT (batch_id) DO NOTHING",
+        " ON CONFLICT (batch_id, endpoint_id) DO NOTHING",
         batch["id"],
     )
     await pool.execute(

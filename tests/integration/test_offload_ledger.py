@@ -87,6 +87,29 @@ async def test_intake_records_rows_under_their_own_alias_in_bounded_steps(
     assert await store.intake(leads("ob-intake"), step=10) == 0
 
 
+async def test_intake_matches_a_dated_name_to_its_aliass_pattern(pool: asyncpg.Pool) -> None:
+    store = OffloadStore(pool)
+    models = {1: "half-2024-07-18", 2: "rt-2024", 3: "rt", 4: "nowhere-1"}
+    batch_id, _ = await offloaded_job(pool, 5, "ob-pattern", models=models)
+    # "rt" is an alias no batch deployment leads: its own rows and the dated names its
+    # pattern "rt-*" matches go realtime; the longer "half-*" beats "h*".
+    routes = {"half": "ob-pattern", "rt": ""}
+    patterns = [("half-", "ob-pattern"), ("rt-", ""), ("h", "ob-elsewhere")]
+    await intake_all(store, routes, step=100, patterns=patterns)
+    states = await pool.fetch(
+        "SELECT row_index, state, deployment FROM offload_rows WHERE batch_id = $1"
+        " ORDER BY row_index",
+        batch_id,
+    )
+    assert [tuple(r) for r in states] == [
+        (0, "pending", "ob-pattern"),
+        (1, "pending", "ob-pattern"),
+        (2, "forward", ""),
+        (3, "forward", ""),
+        (4, "forward", ""),
+    ]
+
+
 async def test_a_deployment_gone_from_the_routes_forwards_every_row(pool: asyncpg.Pool) -> None:
     store = OffloadStore(pool)
     batch_id, _ = await offloaded_job(pool, 6, "ob-gone")

@@ -196,3 +196,27 @@ async def test_results_carry_tool_calls_and_pages_count_their_bytes(
     ]
     assert document == {"id": job.id, "status": "completed", "data": expected}
     assert ndjson == expected
+
+
+async def test_a_whole_reply_is_stored_and_its_bytes_cut_the_answered_pages(
+    pool: asyncpg.Pool,
+) -> None:
+    workspace = await KeyStore(pool).ensure_workspace(f"bodies-{new_id()[:8]}")
+    job = await JobStore(pool).create(
+        NewJob(new_id(), workspace, "bodies", "gpt-4o-mini", 0, 2, None, None, None),
+        ((f"b-{i}", '[{"role":"user","content":"x"}]') for i in range(2)),
+    )
+    await pool.execute("UPDATE batches SET status = 'running' WHERE id = $1", job.id)
+    body = orjson.dumps({"choices": [{"index": i, "pad": "x" * 20 * KIB} for i in range(3)]})
+    await OutcomeStore(pool).record(
+        [
+            RowOutcome(job.id, 0, "a", None, 1, body=body.decode()),
+            RowOutcome(job.id, 1, "b", None, 1),
+        ]
+    )
+    store = JobStore(pool, page_bytes=16 * KIB)
+    finished = await store.get(workspace, job.id)
+    assert finished is not None
+    pages = [page async for page in store.answered_pages(finished)]
+    assert [[row.row_index for row in page] for page in pages] == [[0], [1]]
+    assert [row.body for page in pages for row in page] == [body.decode(), None]

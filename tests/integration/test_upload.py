@@ -17,12 +17,15 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from relay_batches.dialects.chat import PARAM_FIELDS
 from relay_batches.ids import new_id
 from relay_batches.ledger.jobs import JobWriter
 from relay_batches.services.ingest_api.rows import files as upload_formats
 from relay_batches.services.relay_cli import admin
 from tests.helpers.api import TEST_LIMITS, TEST_MAX_BODY
 from tests.helpers.support import ApiClient, Isolation
+
+ROW_FIELDS = ", ".join(sorted({*PARAM_FIELDS, "custom_id", "messages", "model"}))
 
 MODEL = "gpt-4o-mini"
 CSV = b'Classify: great product\n"Classify: good, but pricey"\n'
@@ -439,9 +442,7 @@ async def test_an_unknown_key_of_a_jsonl_row_is_refused_naming_it(fresh: ApiClie
     assert status == 400, data
     assert data["error"]["param"] == "file[0]"
     assert data["error"]["message"] == (
-        "'a.jsonl' line 3: bogus is not a field of a request (fields: custom_id,"
-        " max_completion_tokens, max_tokens, messages, model, response_format, seed, stop,"
-        " temperature, tool_choice, tools, top_p)"
+        f"'a.jsonl' line 3: bogus is not a field of a request (fields: {ROW_FIELDS})"
     )
     assert await job_count(fresh) == 0
 
@@ -515,9 +516,16 @@ async def test_a_file_without_row_models_still_needs_the_model_field(fresh: ApiC
             id="broken",
         ),
         pytest.param(
-            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/embeddings"),
-            "'mixed.jsonl' line 1: url must be /v1/chat/completions (the only endpoint Relay runs)",
+            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/audio/speech"),
+            "'mixed.jsonl' line 1: url must be one of /v1/chat/completions, /v1/embeddings,"
+            " /v1/completions, /v1/moderations, /v1/responses (the endpoints Relay runs)",
             id="endpoint",
+        ),
+        pytest.param(
+            openai_line("o-1", "x").replace(b"/v1/chat/completions", b"/v1/embeddings"),
+            "'mixed.jsonl' line 1: body.messages is not a field of an embeddings request"
+            " (fields: dimensions, encoding_format, input, model, user)",
+            id="embeddings-body",
         ),
     ],
 )
@@ -649,3 +657,27 @@ async def test_no_lock_on_batches_is_held_while_the_files_stream(
         status, body = await sent
     assert status == 201, body
     assert [job["total"] for job in body["data"]] == [2, 2]
+
+
+async def test_an_upload_runs_the_forms_endpoint_or_its_openai_lines_url(
+    fresh: ApiClient, pool: asyncpg.Pool
+) -> None:
+    native = b'{"custom_id": "e-1", "input": "alpha", "dimensions": 4}\n{"input": ["b", "c"]}\n'
+    status, body = await upload(fresh, form([("embed.jsonl", native)], endpoint="/v1/embeddings"))
+    assert status == 201, body
+    (job,) = body["data"]
+    assert (job["endpoint"], job["total"]) == ("/v1/embeddings", 2)
+    assert await stored_rows(pool, job["id"]) == [
+        ("e-1", {"dimensions": 4, "endpoint": "/v1/embeddings", "input": "alpha"}),
+        ("row-2", {"endpoint": "/v1/embeddings", "input": ["b", "c"]}),
+    ]
+    line = {"custom_id": "o-1", "method": "POST", "url": "/v1/embeddings"}
+    lines = orjson.dumps({**line, "body": {"model": MODEL, "input": "x"}})
+    status, body = await upload(fresh, form([("openai.jsonl", lines)]))
+    assert status == 201, body
+    assert body["data"][0]["endpoint"] == "/v1/embeddings"
+    # A chat row under an embeddings form: 400 naming the file and line.
+    chat = orjson.dumps({"messages": user("hi")})
+    status, body = await upload(fresh, form([("chat.jsonl", chat)], endpoint="/v1/embeddings"))
+    assert status == 400, body
+    assert body["error"]["message"].startswith("'chat.jsonl' line 1: messages is not a field")

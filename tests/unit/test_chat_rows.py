@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from relay_batches.dialects.chat import RequestRow, check_row, stored_request
+from relay_batches.dialects.chat import PARAM_FIELDS, RequestRow, check_row, stored_request
 from relay_batches.errors import ApiError
 from relay_batches.services.ingest_api.rows.validation import (
     RowInput,
@@ -254,11 +254,11 @@ def test_stored_request_sorts_keys_and_drops_custom_id() -> None:
             id="temperature",
         ),
         pytest.param(
-            {"messages": [HI], "n": 2},
-            "requests[1].n",
-            "requests[1].n is not a field of a request (fields: custom_id,"
-            " max_completion_tokens, max_tokens, messages, model, response_format, seed, stop,"
-            " temperature, tool_choice, tools, top_p)",
+            {"messages": [HI], "best_of": 2},
+            "requests[1].best_of",
+            "requests[1].best_of is not a field of a request (fields: "
+            + ", ".join(sorted({*PARAM_FIELDS, "custom_id", "messages", "model"}))
+            + ")",
             id="unknown-row-key",
         ),
     ],

@@ -71,6 +71,15 @@ def test_outcome_of_nine_fields_decodes_without_an_answer() -> None:
     )
 
 
+def test_an_outcome_with_a_whole_reply_carries_it_as_a_fifteenth_field() -> None:
+    body = '{"choices":[{"index":0},{"index":1}]}'
+    outcome = RowOutcome("b", 0, "hi", None, 1, body=body)
+    assert outcome.as_list()[-1] == body and len(outcome.as_list()) == 15
+    assert len(RowOutcome("b", 0, "hi", None, 1).as_list()) == 14  # none: nothing more
+    decoded = OutcomesMessage.decode(OutcomesMessage((outcome,)).encode())
+    assert decoded.outcomes == (outcome,)
+
+
 def test_row_request_of_an_object_carries_its_model_and_params() -> None:
     raw = SliceMessage(
         "b",

@@ -58,7 +58,7 @@ def test_the_first_rows_model_is_the_files_model() -> None:
 
 
 def test_errors_name_their_line_and_no_row_is_kept_after_one() -> None:
-    data = line("a") + b"\n" + b"{oops\n" + line("c", url="/v1/embeddings") + line("d")
+    data = line("a") + b"\n" + b"{oops\n" + line("c", url="/v1/images/generations") + line("d")
 
     reader, rows = read(data)
 
@@ -67,11 +67,28 @@ def test_errors_name_their_line_and_no_row_is_kept_after_one() -> None:
         LineError("invalid_json_line", "This line is not parseable as valid JSON.", None, 3),
         LineError(
             "url_mismatch",
-            "url must be /v1/chat/completions (the only endpoint Relay runs)",
+            "url must be one of /v1/chat/completions, /v1/embeddings, /v1/completions,"
+            " /v1/moderations, /v1/responses (the endpoints Relay runs)",
             "url",
             4,
         ),
     ]
+
+
+def test_every_line_names_the_first_lines_url() -> None:
+    embedding = orjson.dumps(
+        {
+            "custom_id": "e",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "gpt-4o-mini", "input": "x"},
+        }
+    )
+    reader, rows = read(embedding + b"\n" + line("c"))
+    assert reader.endpoint == "/v1/embeddings"
+    assert [(i, c) for i, c, _ in rows] == [(0, "e")]
+    (error,) = reader.errors
+    assert (error.code, error.param, error.line) == ("mixed_urls", "url", 2)
 
 
 def test_a_bad_field_is_named_by_its_path() -> None:

@@ -189,6 +189,10 @@ def test_every_openai_operation_answers_errors_in_openai_shape() -> None:
         "/openai/v1/batches",
         "/openai/v1/batches/{batch_id}",
         "/openai/v1/batches/{batch_id}/cancel",
+        "/openai/v1/models",
+        "/openai/v1/models/{model}",
+        "/openai/v1/webhook_endpoints",
+        "/openai/v1/webhook_endpoints/{id}",
     }
     error = document["components"]["schemas"]["OpenAIError"]
     assert error["properties"]["error"] == {"$ref": "#/components/schemas/OpenAIErrorDetail"}

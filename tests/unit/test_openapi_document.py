@@ -21,6 +21,7 @@ from relay_batches.services.ingest_api.rows import job_fields, params, validatio
 from relay_batches.services.ingest_api.surfaces.anthropic import PREFIX as ANTHROPIC_PREFIX
 from relay_batches.services.ingest_api.surfaces.native.batches import DEFAULT_PAGE, MAX_PAGE
 from relay_batches.services.ingest_api.surfaces.openai import PREFIX as OPENAI_PREFIX
+from tests.helpers import chat_params
 from tests.helpers.openapi_ops import component_validator, documented_operations
 
 DOC = load_document()
@@ -139,18 +140,8 @@ def test_params_limits_are_the_params_constants() -> None:
 
 
 def test_documented_params_are_exactly_the_accepted_ones() -> None:
-    samples = {
-        "temperature": 1,
-        "top_p": 0.5,
-        "max_tokens": 5,
-        "max_completion_tokens": 5,
-        "seed": 1,
-        "stop": "x",
-        "response_format": {"type": "text"},
-        "tools": [{"type": "function", "function": {"name": "f"}}],
-        "tool_choice": "auto",
-    }
-    assert set(samples) == set(PARAMS) == set(params.PARAM_FIELDS)
+    samples = chat_params.SAMPLES
+    assert set(samples) | chat_params.REFUSED == set(PARAMS) == set(params.PARAM_FIELDS)
     for key, value in samples.items():
         params.validate_params({key: value})
     assert SCHEMAS["Params"]["additionalProperties"] is False

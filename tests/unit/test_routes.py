@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT, RESPONSES
 from relay_batches.router.aliases import (
     BatchOptions,
     Deployment,
@@ -90,7 +91,8 @@ def test_valid_file_loads_aliases_in_order(tmp_path: Path) -> None:
 
 def test_local_routes_file_loads() -> None:
     routes = load_aliases(str(REPO / "deploy" / "routes.local.toml"), {})
-    assert routes.names() == ["gpt-4o-mini", "sim-claude"]
+    assert routes.names() == ["gpt-4o-mini", "sim-claude", "text-embedding-3-small"]
+    assert routes.resolve("text-embedding-3-small") == routes.resolve("gpt-4o-mini")
     (sim,) = routes.resolve("gpt-4o-mini") or ()
     assert sim == Deployment(
         name="local-sim",
@@ -100,6 +102,7 @@ def test_local_routes_file_loads() -> None:
         api_key=None,
         timeout_s=30.0,
         max_retries=3,
+        endpoints=frozenset(ALL_ENDPOINTS),
     )
     (claude,) = routes.resolve("sim-claude") or ()
     assert claude == Deployment(
@@ -111,7 +114,19 @@ def test_local_routes_file_loads() -> None:
         timeout_s=30.0,
         max_retries=3,
         headers={"x-api-key": "sim"},
+        endpoints=frozenset({CHAT, RESPONSES}),
     )
+
+
+def test_endpoints_default_to_chat_and_are_checked() -> None:
+    routes = parse_aliases(routes_data(deployment()), {})
+    (only,) = routes.resolve("a") or ()
+    assert only.endpoints == {CHAT}
+    with pytest.raises(ConfigError, match=r"endpoints must be a non-empty list of"):
+        parse_aliases(routes_data(deployment(endpoints=["/v1/audio/speech"])), {})
+    claude = deployment(provider="anthropic", endpoints=[CHAT, "/v1/embeddings"])
+    with pytest.raises(ConfigError, match=r"cannot serve /v1/embeddings"):
+        parse_aliases(routes_data(claude), {})
 
 
 def test_unknown_provider() -> None:
@@ -411,3 +426,69 @@ def test_a_batch_deployment_may_only_lead_an_alias() -> None:
         ConfigError, match="alias 'late': batch deployment 'ob' may only come first"
     ):
         parse_aliases(data, {})
+
+
+# --- alias patterns ------------------------------------------------------------------
+
+PATTERNED = {
+    "deployments": {"d1": deployment(), "d2": deployment(model="other")},
+    "aliases": {
+        "gpt-4o": {"deployments": ["d1"], "patterns": ["gpt-4o-*"]},
+        "gpt-4o-mini": {"deployments": ["d2"], "patterns": ["gpt-4o-mini-*"]},
+    },
+}
+
+
+def test_a_dated_name_routes_to_the_alias_whose_pattern_is_longest() -> None:
+    table = parse_aliases(PATTERNED, {})
+    assert table.alias_of("gpt-4o-mini-2024-07-18") == "gpt-4o-mini"
+    assert table.alias_of("gpt-4o-2024-08-06") == "gpt-4o"
+    assert table.alias_of("gpt-4o-mini") == "gpt-4o-mini"  # the alias's own name first
+    assert table.alias_of("gpt-4") is None and table.resolve("gpt-4") is None
+    resolved = table.resolve("gpt-4o-mini-2024-07-18")
+    assert resolved is not None and [d.model for d in resolved] == ["other"]
+    assert table.names() == ["gpt-4o", "gpt-4o-mini"]  # patterns are not listed
+    assert table.lead_patterns() == [("gpt-4o-mini-", ""), ("gpt-4o-", "")]
+
+
+@pytest.mark.parametrize(
+    ("aliases", "message"),
+    [
+        (
+            {"a": {"deployments": ["d1"], "patterns": "a-*"}},
+            "routes: alias 'a': patterns must be a list such as ['gpt-4o-mini-*']",
+        ),
+        (
+            {"a": {"deployments": ["d1"], "patterns": ["a-?"]}},
+            "routes: alias 'a': patterns[0] must be a name prefix ending in one '*'"
+            " (such as 'gpt-4o-mini-*'), not 'a-?'",
+        ),
+        (
+            {"a": {"deployments": ["d1"], "patterns": ["*"]}},
+            "routes: alias 'a': patterns[0] must be a name prefix ending in one '*'"
+            " (such as 'gpt-4o-mini-*'), not '*'",
+        ),
+        (
+            {"a": {"deployments": ["d1"], "patterns": ["a*b*"]}},
+            "routes: alias 'a': patterns[0] must be a name prefix ending in one '*'"
+            " (such as 'gpt-4o-mini-*'), not 'a*b*'",
+        ),
+        (
+            {
+                "a": {"deployments": ["d1"], "patterns": ["x-*"]},
+                "b": {"deployments": ["d1"], "patterns": ["x-*"]},
+            },
+            "routes: pattern 'x-*' is given by alias 'a' and alias 'b'",
+        ),
+        (
+            {"a": {"deployments": ["d1"], "pattern": ["a-*"]}},
+            "routes: alias 'a': pattern is not an alias key (expected deployments or patterns)",
+        ),
+    ],
+)
+def test_a_bad_pattern_is_one_line_naming_the_alias(
+    aliases: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_aliases({"deployments": {"d1": deployment()}, "aliases": aliases}, {})
+    assert str(err.value) == message

@@ -58,7 +58,8 @@ def test_an_openai_line_becomes_its_body_with_the_model() -> None:
     row = openai_line_row(0, line(temperature=0.2, n=1, stream=False), LIMITS, MODELS)
     assert (row.custom_id, row.model) == ("req-1", "gpt-4o-mini")
     assert row.request_json == (
-        '{"messages":[{"content":"hi","role":"user"}],"model":"gpt-4o-mini","temperature":0.2}'
+        '{"messages":[{"content":"hi","role":"user"}],"model":"gpt-4o-mini","n":1,'
+        '"stream":false,"temperature":0.2}'
     )
 
 
@@ -92,8 +93,13 @@ def test_an_openai_line_keeps_tools_and_tool_turns() -> None:
             {**line(), "method": "GET"}, RowError(4, "method", "must be POST"), id="method"
         ),
         pytest.param(
-            {**line(), "url": "/v1/embeddings"},
-            RowError(4, "url", "must be /v1/chat/completions (the only endpoint Relay runs)"),
+            {**line(), "url": "/v1/images/generations"},
+            RowError(
+                4,
+                "url",
+                "must be one of /v1/chat/completions, /v1/embeddings, /v1/completions,"
+                " /v1/moderations, /v1/responses (the endpoints Relay runs)",
+            ),
             id="url",
         ),
         pytest.param({**line(), "body": None}, RowError(4, "body", "is required"), id="no-body"),
@@ -113,26 +119,24 @@ def test_an_openai_line_keeps_tools_and_tool_turns() -> None:
             line(model="gpt-9"), RowError(4, "body.model", "'gpt-9' is unknown"), id="model"
         ),
         pytest.param(
-            line(n=2), RowError(4, "body.n", "must be 1: Relay runs one completion per row"), id="n"
-        ),
-        pytest.param(
             line(stream=True),
             RowError(4, "body.stream", "must be false: batch rows are not streamed"),
             id="stream",
         ),
         pytest.param(
-            line(logprobs=True),
-            RowError(4, "body.logprobs", "must be false: Relay does not return log probabilities"),
-            id="logprobs",
-        ),
-        pytest.param(
-            line(presence_penalty=0.5),
+            line(stream_options={"include_usage": True}),
             RowError(
                 4,
-                "body.presence_penalty",
-                "is not supported by Relay (its providers cannot all honour it)",
+                "body.stream_options",
+                "is only for streamed replies: batch rows are not streamed",
             ),
-            id="penalty",
+            id="stream-options",
+        ),
+        pytest.param(line(n=0), RowError(4, "body.n", "must be an integer from 1 to 128"), id="n"),
+        pytest.param(
+            line(logit_bias={"x": 1}),
+            RowError(4, "body.logit_bias", "keys must be token ids (decimal digits)"),
+            id="logit-bias",
         ),
         pytest.param(
             line(tools=[{"type": "file_search"}]),

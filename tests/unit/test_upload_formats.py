@@ -148,7 +148,7 @@ def test_jsonl_one_request_per_line_defaults_ids_by_position() -> None:
         pytest.param(
             [row("a"), b'{"messages": [{"role": "user", "content": "x"}], "bogus": 1}'],
             2,
-            "bogus is not a field of a request (fields: custom_id, max_completion_tokens,",
+            "bogus is not a field of a request (fields: audio, custom_id, frequency_penalty,",
             id="unknown-key",
         ),
     ],

@@ -213,7 +213,7 @@ async def test_openai_invalid_input_fails_the_batch(
     ("changes", "status", "param"),
     [
         ({"input_file_id": "file-missing"}, 404, "input_file_id"),
-        ({"endpoint": "/v1/embeddings"}, 400, "endpoint"),
+        ({"endpoint": "/v1/images/generations"}, 400, "endpoint"),
         ({"completion_window": "1h"}, 400, "completion_window"),
         ({"metadata": {"k": 1}}, 400, "metadata"),
     ],

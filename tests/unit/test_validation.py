@@ -8,6 +8,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from relay_batches.dialects.chat import PARAM_FIELDS
 from relay_batches.errors import ApiError
 from relay_batches.services.ingest_api.rows.job_fields import (
     BatchOptions,
@@ -33,10 +34,7 @@ from tests.helpers.rows import LIMITS, MODELS
 
 HI = [{"role": "user", "content": "hi"}]
 HI_JSON = '[{"content":"hi","role":"user"}]'
-ROW_FIELDS = (
-    "custom_id, max_completion_tokens, max_tokens, messages, model, response_format, seed,"
-    " stop, temperature, tool_choice, tools, top_p"
-)
+ROW_FIELDS = ", ".join(sorted({*PARAM_FIELDS, "custom_id", "messages", "model"}))
 
 
 def body(**fields: object) -> dict[str, object]:

@@ -2,8 +2,8 @@
 
 One set of models is the rule for every row, whatever the surface: :class:`RequestRow`
 (a native ``requests[i]``), :class:`ChatRequest` (a dialect's translated request) and
-:class:`Params` (the job-level ``params``, the same parameters). Their JSON Schemas are
-the OpenAPI document's ``RequestRow``, ``Message`` and ``Params``.
+:class:`~.chat_params.Params` (the job-level ``params``, the same parameters). Their
+JSON Schemas are the OpenAPI document's ``RequestRow``, ``Message`` and ``Params``.
 
 Models are strict (no coercion: ``"1"`` is not an integer) and refuse unknown keys with
 a message listing the known ones (the plumbing is :mod:`.shapes`). :func:`check_row`
@@ -35,6 +35,29 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from relay_batches.dialects.chat_params import (
+    MAX_CHOICES,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOKENS_LIMIT,
+    MAX_TOOLS,
+    MAX_TOP_LOGPROBS,
+    REASONING_EFFORTS,
+    RESPONSE_FORMAT_TYPES,
+    SEED_RANGE,
+    SERVICE_TIERS,
+    VERBOSITIES,
+    FunctionDef,
+    Params,
+    ResponseFormat,
+    Stop,
+    StopText,
+    Temperature,
+    TokenCount,
+    Tool,
+    ToolChoiceFunction,
+    TopP,
+)
 from relay_batches.dialects.shapes import (
     MAX_JSON_DEPTH,
     MAX_SCHEMA_BYTES,
@@ -43,7 +66,6 @@ from relay_batches.dialects.shapes import (
     first_error,
     is_unicode,
     json_depth,
-    ranged,
     tagged,
     tagged_by,
     unencodable_path,
@@ -53,8 +75,24 @@ from relay_batches.dialects.shapes import (
 __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_SCHEMA_BYTES",
+    "MAX_STOP_CHARS",
+    "MAX_STOP_SEQUENCES",
+    "MAX_TOKENS_LIMIT",
+    "MAX_TOOLS",
+    "RESPONSE_FORMAT_TYPES",
+    "SEED_RANGE",
     "FreeObject",
+    "FunctionDef",
+    "Params",
+    "ResponseFormat",
     "Shape",
+    "Stop",
+    "StopText",
+    "Temperature",
+    "TokenCount",
+    "Tool",
+    "ToolChoiceFunction",
+    "TopP",
     "first_error",
     "is_unicode",
     "json_depth",
@@ -65,25 +103,10 @@ __all__ = [
 
 FAST_ROLES = frozenset({"system", "developer", "user", "assistant"})
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_TOOLS = 128
 MAX_CUSTOM_ID_CHARS = 256
-MAX_TOKENS_LIMIT = 1_000_000
-MAX_STOP_SEQUENCES = 4
-MAX_STOP_CHARS = 256
-SEED_RANGE = (-(2**63), 2**63 - 1)
 MAX_NAME_CHARS = 256
 # Row fields besides the messages: what a chat request carries for the model.
-PARAM_FIELDS = (
-    "max_completion_tokens",
-    "max_tokens",
-    "response_format",
-    "seed",
-    "stop",
-    "temperature",
-    "tool_choice",
-    "tools",
-    "top_p",
-)
+PARAM_FIELDS = tuple(sorted(Params.FIELDS))
 
 
 # --- content -----------------------------------------------------------------------
@@ -228,96 +251,6 @@ class Message(RootModel[Any]):
     ]
 
 
-# --- parameters ----------------------------------------------------------------------
-
-
-Temperature = Annotated[float, *ranged(0, 2, "a number")]
-TopP = Annotated[float, *ranged(0, 1, "a number")]
-TokenCount = Annotated[int, *ranged(1, MAX_TOKENS_LIMIT, "an integer")]
-Seed = Annotated[int, *ranged(*SEED_RANGE, "an integer")]
-StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
-Stop = StopText | Annotated[list[StopText], Field(min_length=1, max_length=MAX_STOP_SEQUENCES)]
-
-
-class FunctionDef(Shape):
-    """A function the model may call; ``parameters`` is its JSON Schema."""
-
-    NOUN: ClassVar[str] = "a function"
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
-    description: str | None = None
-    parameters: FreeObject | None = None
-    strict: bool | None = None
-
-
-class Tool(Shape):
-    """One entry of ``tools``: only function tools."""
-
-    NOUN: ClassVar[str] = "a tool"
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class FunctionName(Shape):
-    """The function a ``tool_choice`` forces."""
-
-    NOUN: ClassVar[str] = "a tool_choice function"
-    name: str
-
-
-class ToolChoiceFunction(Shape):
-    """``tool_choice`` forcing one function."""
-
-    NOUN: ClassVar[str] = "a tool_choice"
-    type: Literal["function"]
-    function: FunctionName
-
-
-class TextFormat(Shape):
-    """``response_format: {type: text}``."""
-
-    NOUN: ClassVar[str] = "a text response_format"
-    type: Literal["text"]
-
-
-class JsonObjectFormat(Shape):
-    """``response_format: {type: json_object}``."""
-
-    NOUN: ClassVar[str] = "a json_object response_format"
-    type: Literal["json_object"]
-
-
-class JsonSchemaFormat(Shape):
-    """``response_format: {type: json_schema, json_schema: {name, schema, strict?}}``."""
-
-    NOUN: ClassVar[str] = "a json_schema response_format"
-    type: Literal["json_schema"]
-    json_schema: FreeObject
-
-
-RESPONSE_FORMAT_TYPES = ("json_object", "json_schema", "text")
-ResponseFormat = Annotated[
-    Annotated[TextFormat, tagged("text")]
-    | Annotated[JsonObjectFormat, tagged("json_object")]
-    | Annotated[JsonSchemaFormat, tagged("json_schema")],
-    tagged_by("type", RESPONSE_FORMAT_TYPES),
-]
-
-
-class Params(Shape):
-    """The model parameters of a chat request: the job's ``params``, and a row's own."""
-
-    NOUN: ClassVar[str] = "params"
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    max_tokens: TokenCount | None = None
-    max_completion_tokens: TokenCount | None = None
-    seed: Seed | None = None
-    stop: Stop | None = None
-    response_format: ResponseFormat | None = None
-    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
-    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
-
-
 class ChatRequest(Params):
     """A whole chat request: messages, an optional ``model`` alias, the parameters."""
 
@@ -330,10 +263,16 @@ class ChatRequest(Params):
     @field_validator("model")
     @classmethod
     def _known_model(cls, model: str | None, info: ValidationInfo) -> str | None:
-        known = (info.context or {}).get("known_models")
-        if model is not None and known is not None and model not in known:
-            raise PydanticCustomError("unknown_model", f"{_quote(model)} is unknown")
-        return model
+        return known_model(model, info)
+
+
+def known_model(model: str | None, info: ValidationInfo) -> str | None:
+    """``model`` as given, if the validation context's ``known_models`` (when given)
+    knows it: the rule of a row's ``model`` on every endpoint."""
+    known = (info.context or {}).get("known_models")
+    if model is not None and known is not None and model not in known:
+        raise PydanticCustomError("unknown_model", f"{_quote(model)} is unknown")
+    return model
 
 
 def _custom_id(custom_id: str) -> str:
@@ -431,6 +370,30 @@ def _stop_text(value: object) -> bool:
     return type(value) is str and 0 < len(value) <= MAX_STOP_CHARS
 
 
+def _integer_in(low: int, high: int) -> Callable[[object], bool]:
+    def check(value: object) -> bool:
+        return type(value) is int and low <= value <= high
+
+    return check
+
+
+def _penalty(value: object) -> bool:  # NaN and infinities fail the comparison
+    return (type(value) is float or type(value) is int) and -2 <= value <= 2
+
+
+def _flag(value: object) -> bool:
+    return type(value) is bool
+
+
+def _text(value: object) -> bool:
+    return type(value) is str
+
+
+def _one_of(values: tuple[str, ...]) -> Callable[[object], bool]:
+    allowed = frozenset(values)
+    return lambda value: type(value) is str and value in allowed
+
+
 # The scalar parameters the fast check takes, each with the test the models apply to it.
 FAST_PARAMS: Mapping[str, Callable[[object], bool]] = {
     "max_tokens": _token_count,
@@ -439,6 +402,19 @@ FAST_PARAMS: Mapping[str, Callable[[object], bool]] = {
     "temperature": _number_to(2),
     "top_p": _number_to(1),
     "stop": _stop_text,
+    "n": _integer_in(1, MAX_CHOICES),
+    "top_logprobs": _integer_in(0, MAX_TOP_LOGPROBS),
+    "logprobs": _flag,
+    "store": _flag,
+    "parallel_tool_calls": _flag,
+    "presence_penalty": _penalty,
+    "frequency_penalty": _penalty,
+    "user": _text,
+    "safety_identifier": _text,
+    "prompt_cache_key": _text,
+    "reasoning_effort": _one_of(REASONING_EFFORTS),
+    "verbosity": _one_of(VERBOSITIES),
+    "service_tier": _one_of(SERVICE_TIERS),
 }
 
 

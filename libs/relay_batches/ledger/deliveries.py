@@ -48,6 +48,7 @@ import asyncpg
 from relay_batches.ledger.keys import generate_webhook_secret
 from relay_batches.ledger.pool import translated
 from relay_batches.ledger.status_sql import column_in, status_in
+from relay_batches.ledger.webhook_endpoints import EndpointEvents
 from relay_batches.model import DeliveryStatus, Job, delivery_allowed_from
 
 MAX_CLAIMS = 3
@@ -60,12 +61,12 @@ _SENDING = status_in([DeliveryStatus.SENDING])
 _RECLAIM = f"""
 UPDATE webhook_deliveries d
 SET claim_expires_at = now() + make_interval(secs => $1), claims = d.claims + 1
-FROM (SELECT batch_id FROM webhook_deliveries
+FROM (SELECT batch_id, endpoint_id FROM webhook_deliveries
       WHERE {_SENDING} AND NOT deferred AND claims - claims_before BETWEEN 1 AND $2 - 1
         AND COALESCE(claim_expires_at, created_at + make_interval(secs => $1)) < now()
       ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) q
-WHERE d.batch_id = q.batch_id
-RETURNING d.batch_id, d.claims
+WHERE d.batch_id = q.batch_id AND d.endpoint_id = q.endpoint_id
+RETURNING d.batch_id, d.claims, d.endpoint_id
 """
 
 _RETRYING = status_in([DeliveryStatus.RETRYING])
@@ -73,10 +74,10 @@ _RETRYING = status_in([DeliveryStatus.RETRYING])
 # Deferred deliveries (since they were recorded) and retrying ones that are due (since
 # they were due), each set through its partial index (0009, 0016).
 _WAITING = f"""
-SELECT batch_id, url, created_at AS since FROM webhook_deliveries
+SELECT batch_id, endpoint_id, url, created_at AS since FROM webhook_deliveries
 WHERE {_SENDING} AND deferred
 UNION ALL
-SELECT batch_id, url, next_attempt_at FROM webhook_deliveries
+SELECT batch_id, endpoint_id, url, next_attempt_at FROM webhook_deliveries
 WHERE {_RETRYING} AND next_attempt_at <= now()
 """
 
@@ -84,8 +85,8 @@ WHERE {_RETRYING} AND next_attempt_at <= now()
 # workspaces $3 and the (workspace, URL) pairs $4/$5 the caller has busy: neither one
 # receiver's backlog nor the busy receivers' hide another's.
 _DEFERRED = f"""
-SELECT batch_id, url, workspace_id FROM (
-    SELECT d.batch_id, d.url, b.workspace_id, d.since,
+SELECT batch_id, url, workspace_id, endpoint_id FROM (
+    SELECT d.batch_id, d.url, b.workspace_id, d.since, d.endpoint_id,
            row_number() OVER (PARTITION BY b.workspace_id, d.url ORDER BY d.since) AS n
     FROM ({_WAITING}) d JOIN batches b ON b.id = d.batch_id
     WHERE b.workspace_id <> ALL($3::text[])
@@ -121,7 +122,7 @@ SELECT now() AS at, EXISTS (
 # receiver had no room for it.
 _HAND_BACK = f"""
 UPDATE webhook_deliveries SET deferred = true, claim_expires_at = now()
-WHERE batch_id = $1 AND claims = $2 AND {_SENDING} AND NOT deferred
+WHERE batch_id = $1 AND endpoint_id = $3 AND claims = $2 AND {_SENDING} AND NOT deferred
 RETURNING batch_id
 """
 
@@ -131,7 +132,7 @@ _CLAIM_DEFERRED = f"""
 UPDATE webhook_deliveries SET status = $3, deferred = false, claims = claims + 1,
     claims_before = CASE WHEN {_RETRYING} THEN claims ELSE claims_before END,
     next_attempt_at = NULL, claim_expires_at = now() + make_interval(secs => $2)
-WHERE batch_id = $1
+WHERE batch_id = $1 AND endpoint_id = $4
   AND ((deferred AND {_SENDING}) OR ({_RETRYING} AND next_attempt_at <= now()))
 RETURNING claims
 """
@@ -144,11 +145,11 @@ WITH d AS (
         status_code = NULL, error = NULL,
         retry_until = COALESCE(retry_until, now() + make_interval(secs => $5)),
         claim_expires_at = now() + make_interval(secs => $4)
-    WHERE batch_id = $1 AND claims = $2 AND {_SENDING}
-    RETURNING batch_id, attempts, redelivery, retry_until
+    WHERE batch_id = $1 AND endpoint_id = $6 AND claims = $2 AND {_SENDING}
+    RETURNING batch_id, endpoint_id, attempts, redelivery, retry_until
 ), logged AS (
-    INSERT INTO webhook_attempts (batch_id, attempt, status, redelivery)
-    SELECT batch_id, attempts, $3, redelivery FROM d
+    INSERT INTO webhook_attempts (batch_id, endpoint_id, attempt, status, redelivery)
+    SELECT batch_id, endpoint_id, attempts, $3, redelivery FROM d
 )
 SELECT d.attempts, COALESCE(w.webhook_max_attempts, 1) AS max_attempts, d.redelivery,
        EXTRACT(epoch FROM d.retry_until - now())::float8 AS retry_window_s
@@ -162,10 +163,11 @@ _LOSE = f"""
 WITH lost AS (
     UPDATE webhook_deliveries SET status = $1, error = '{_SILENT}'
     WHERE {status_in([DeliveryStatus.POSTING])} AND claim_expires_at < now()
-    RETURNING batch_id, attempts
+    RETURNING batch_id, endpoint_id, attempts
 ), logged AS (
     UPDATE webhook_attempts a SET status = $1, error = '{_SILENT}'
-    FROM lost WHERE a.batch_id = lost.batch_id AND a.attempt = lost.attempts
+    FROM lost WHERE a.batch_id = lost.batch_id AND a.endpoint_id = lost.endpoint_id
+      AND a.attempt = lost.attempts
       AND a.status = '{DeliveryStatus.POSTING}'
 )
 SELECT batch_id FROM lost
@@ -177,12 +179,13 @@ _FINISH = f"""
 WITH d AS (
     UPDATE webhook_deliveries SET status = $3, status_code = $4, error = $5,
         finished_at = now(), next_attempt_at = now() + make_interval(secs => $8)
-    WHERE batch_id = $1 AND claims = $2 AND status = ANY($6::text[])
-    RETURNING batch_id, attempts
+    WHERE batch_id = $1 AND endpoint_id = $10 AND claims = $2 AND status = ANY($6::text[])
+    RETURNING batch_id, endpoint_id, attempts
 ), logged AS (
     UPDATE webhook_attempts a SET status = $7, response_status = $4, error = $5,
         duration_ms = $9
-    FROM d WHERE a.batch_id = d.batch_id AND a.attempt = d.attempts
+    FROM d WHERE a.batch_id = d.batch_id AND a.endpoint_id = d.endpoint_id
+      AND a.attempt = d.attempts
       AND {column_in("a.status", [DeliveryStatus.POSTING, DeliveryStatus.UNKNOWN])}
 )
 SELECT batch_id FROM d
@@ -216,6 +219,7 @@ class Deferred:
     batch_id: str
     url: str
     workspace_id: str
+    endpoint_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -232,10 +236,12 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Claim:
-    """A delivery we hold: its batch and the claim number that fences our record."""
+    """A delivery we hold: its batch, the claim number that fences our record, and the
+    webhook endpoint it is for ('': the batch's own completion webhook)."""
 
     batch_id: str
     number: int
+    endpoint_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,8 +253,9 @@ class Probe:
     due: bool
 
 
-class DeliveryStore:
-    """The ``webhook_deliveries`` table and the batch read the notifier needs."""
+class DeliveryStore(EndpointEvents):
+    """The ``webhook_deliveries`` table and the batch read the notifier needs (the
+    deliveries of webhook endpoints among them: :class:`EndpointEvents`)."""
 
     def __init__(self, pool: asyncpg.Pool, claim_s: float = DEFAULT_CLAIM_S) -> None:
         self._pool = pool
@@ -267,7 +274,7 @@ class DeliveryStore:
                 "INSERT INTO webhook_deliveries (batch_id, url, status, message_id,"
                 " claim_expires_at)"
                 " VALUES ($1, $2, $5, $3, now() + make_interval(secs => $4))"
-                " ON CONFLICT (batch_id) DO NOTHING RETURNING claims",
+                " ON CONFLICT (batch_id, endpoint_id) DO NOTHING RETURNING claims",
                 batch_id,
                 url,
                 message_id,
@@ -284,7 +291,7 @@ class DeliveryStore:
                 "INSERT INTO webhook_deliveries (batch_id, url, status, message_id, claims,"
                 " deferred, claim_expires_at)"
                 " VALUES ($1, $2, $4, $3, 0, true, now())"
-                " ON CONFLICT (batch_id) DO NOTHING RETURNING batch_id",
+                " ON CONFLICT (batch_id, endpoint_id) DO NOTHING RETURNING batch_id",
                 batch_id,
                 url,
                 message_id,
@@ -311,7 +318,7 @@ class DeliveryStore:
                 [w for w, _ in skip_receivers],
                 [u for _, u in skip_receivers],
             )
-        return [Deferred(r[0], r[1], r[2]) for r in records]
+        return [Deferred(r[0], r[1], r[2], r[3]) for r in records]
 
     async def probe(
         self,
@@ -339,17 +346,20 @@ class DeliveryStore:
         deferred pass); False if ``claim`` is no longer the live one. Its count of
         takeovers starts again: only a notifier that dies holding it bumps it."""
         async with translated():
-            value = await self._pool.fetchval(_HAND_BACK, claim.batch_id, claim.number)
+            value = await self._pool.fetchval(
+                _HAND_BACK, claim.batch_id, claim.number, claim.endpoint_id
+            )
         return value is not None
 
-    async def claim_deferred(self, batch_id: str) -> Claim | None:
+    async def claim_deferred(self, batch_id: str, endpoint_id: str = "") -> Claim | None:
         """Claim a deferred delivery, or a retrying one that is due (``retrying`` →
-        ``sending``); None if another notifier claimed it first (or it is not due)."""
+        ``sending``), of ``batch_id`` to ``endpoint_id`` ('': its own webhook); None if
+        another notifier claimed it first (or it is not due)."""
         async with translated():
             number = await self._pool.fetchval(
-                _CLAIM_DEFERRED, batch_id, self._claim_s, DeliveryStatus.SENDING
+                _CLAIM_DEFERRED, batch_id, self._claim_s, DeliveryStatus.SENDING, endpoint_id
             )
-        return None if number is None else Claim(batch_id, number)
+        return None if number is None else Claim(batch_id, number, endpoint_id)
 
     async def signing_secret(self, workspace_id: str) -> str:
         """The workspace's webhook secret, created on first use for older workspaces."""
@@ -370,7 +380,7 @@ class DeliveryStore:
             await conn.execute(_ABANDON, self._claim_s, MAX_CLAIMS, DeliveryStatus.FAILED)
             await conn.execute(_RETRIES_OVER, DeliveryStatus.FAILED)
             records = await conn.fetch(_RECLAIM, self._claim_s, MAX_CLAIMS, limit)
-        return [Claim(r[0], r[1]) for r in records]
+        return [Claim(r[0], r[1], r[2]) for r in records]
 
     async def start_post(self, claim: Claim) -> Attempt | None:
         """Mark the delivery ``posting`` (never POSTed again), renew its expiry and log its
@@ -384,6 +394,7 @@ class DeliveryStore:
                 DeliveryStatus.POSTING,
                 self._claim_s,
                 RETRY_WINDOW_S,
+                claim.endpoint_id,
             )
         if record is None:
             return None
@@ -435,5 +446,6 @@ class DeliveryStore:
                 attempt_status,
                 retry_in_s if status is DeliveryStatus.RETRYING else None,
                 duration_ms,
+                claim.endpoint_id,
             )
         return value is not None

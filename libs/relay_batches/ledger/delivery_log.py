@@ -36,32 +36,35 @@ REARMABLE = frozenset({*DELIVERY_SETTLED, DeliveryStatus.UNKNOWN})
 REDELIVERY_COOLDOWN_S = 10.0  # after an attempt ended, before a redelivery may be asked for
 MAX_DELIVERY_ATTEMPTS = 100  # a delivery's attempts, automatic and asked for (the log's bound)
 
-_DELIVERY = "SELECT status, next_attempt_at FROM webhook_deliveries WHERE batch_id = $1"
+_DELIVERY = (
+    "SELECT status, next_attempt_at FROM webhook_deliveries"
+    " WHERE batch_id = $1 AND endpoint_id = $2"
+)
 
 _ATTEMPTS = """
 SELECT attempt, status, response_status, error, attempted_at, duration_ms, redelivery
-FROM webhook_attempts WHERE batch_id = $1 AND attempt > $2
+FROM webhook_attempts WHERE batch_id = $1 AND endpoint_id = $4 AND attempt > $2
 ORDER BY attempt LIMIT $3
 """
 
 _LOCK = """
-SELECT status, deferred, attempts,
+SELECT status, deferred, attempts, url, message_id,
        EXTRACT(epoch FROM now() - finished_at)::float8 AS ended_s
-FROM webhook_deliveries WHERE batch_id = $1 FOR UPDATE
+FROM webhook_deliveries WHERE batch_id = $1 AND endpoint_id = $2 FOR UPDATE
 """
 
 # An ended delivery ($3), as a redelivery due now; its retry window stays as it was.
 _REARM = """
 UPDATE webhook_deliveries SET status = $2, next_attempt_at = now(),
     redelivery = true, deferred = false
-WHERE batch_id = $1 AND status = ANY($3::text[])
+WHERE batch_id = $1 AND endpoint_id = $4 AND status = ANY($3::text[])
 RETURNING status, next_attempt_at
 """
 
 # A retrying delivery ($2), due now at the latest; redelivery, retries and window kept.
 _DUE_NOW = """
 UPDATE webhook_deliveries SET next_attempt_at = LEAST(next_attempt_at, now())
-WHERE batch_id = $1 AND status = $2
+WHERE batch_id = $1 AND endpoint_id = $3 AND status = $2
 RETURNING status, next_attempt_at
 """
 
@@ -70,9 +73,9 @@ RETURNING status, next_attempt_at
 # kept as it is; one claimed meanwhile is not returned (an attempt is under way).
 _FIRST = """
 INSERT INTO webhook_deliveries (batch_id, url, status, message_id, claims, deferred,
-    claim_expires_at, next_attempt_at)
-VALUES ($1, $2, $3, $4, 0, true, now(), now())
-ON CONFLICT (batch_id) DO UPDATE
+    claim_expires_at, next_attempt_at, endpoint_id)
+VALUES ($1, $2, $3, $4, 0, true, now(), now(), $5)
+ON CONFLICT (batch_id, endpoint_id) DO UPDATE
     SET next_attempt_at = COALESCE(webhook_deliveries.next_attempt_at, now())
     WHERE webhook_deliveries.deferred AND webhook_deliveries.status = $3
 RETURNING status, next_attempt_at
@@ -133,16 +136,19 @@ class DeliveryLog:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def attempts(self, batch_id: str, after: int, limit: int) -> DeliveryPage:
-        """Up to ``limit`` attempts of ``batch_id``'s delivery numbered above ``after``,
-        oldest first, read with the delivery in one snapshot."""
+    async def attempts(
+        self, batch_id: str, after: int, limit: int, endpoint_id: str = ""
+    ) -> DeliveryPage:
+        """Up to ``limit`` attempts of ``batch_id``'s delivery to ``endpoint_id`` ('': its
+        own completion webhook) numbered above ``after``, oldest first, read with the
+        delivery in one snapshot."""
         async with (
             translated(),
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
-            delivery = await conn.fetchrow(_DELIVERY, batch_id)
-            rows = await conn.fetch(_ATTEMPTS, batch_id, after, limit + 1)
+            delivery = await conn.fetchrow(_DELIVERY, batch_id, endpoint_id)
+            rows = await conn.fetch(_ATTEMPTS, batch_id, after, limit + 1, endpoint_id)
         attempts = [AttemptRecord(batch_id, *r) for r in rows[:limit]]
         return DeliveryPage(
             None if delivery is None else delivery["status"],
@@ -151,27 +157,32 @@ class DeliveryLog:
             len(rows) > limit,
         )
 
-    async def request_redelivery(self, job: Job) -> Scheduled:
-        """Make ``job``'s delivery due now: re-arm an ended one as a redelivery, make a
-        retrying one due now, keep a deferred one, or record the first one (deferred) if
-        it has none; return its stored status and due time. :class:`ConflictError` while
-        an attempt is under way, within ``REDELIVERY_COOLDOWN_S`` of the last attempt's
-        end, or once ``MAX_DELIVERY_ATTEMPTS`` were made. The caller has checked the job
-        is terminal and has a webhook URL."""
-        assert job.webhook_url is not None
+    async def request_redelivery(self, job: Job, endpoint_id: str = "") -> Scheduled:
+        """Make ``job``'s delivery to ``endpoint_id`` ('': its own completion webhook)
+        due now: re-arm an ended one as a redelivery, make a retrying one due now, keep a
+        deferred one, or record the first one of its own webhook (deferred) if it has
+        none; return its stored status and due time. :class:`ConflictError` while an
+        attempt is under way, within ``REDELIVERY_COOLDOWN_S`` of the last attempt's
+        end, once ``MAX_DELIVERY_ATTEMPTS`` were made, or for an endpoint that was sent
+        no event of the batch. The caller has checked the job is terminal and, for its
+        own webhook, has a webhook URL."""
         async with translated(), self._pool.acquire() as conn, conn.transaction():
-            current = await conn.fetchrow(_LOCK, job.id)
+            current = await conn.fetchrow(_LOCK, job.id, endpoint_id)
             status = None if current is None else current["status"]
+            if current is None and endpoint_id:
+                raise ConflictError("the endpoint was sent no event of this batch")
             if current is None or (status == DeliveryStatus.SENDING and current["deferred"]):
+                url = job.webhook_url if current is None else current["url"]
+                message_id = f"msg_{job.id}" if current is None else current["message_id"]
                 record = await conn.fetchrow(
-                    _FIRST, job.id, job.webhook_url, DeliveryStatus.SENDING, f"msg_{job.id}"
+                    _FIRST, job.id, url, DeliveryStatus.SENDING, message_id, endpoint_id
                 )
             elif status == DeliveryStatus.RETRYING:
-                record = await conn.fetchrow(_DUE_NOW, job.id, DeliveryStatus.RETRYING)
+                record = await conn.fetchrow(_DUE_NOW, job.id, DeliveryStatus.RETRYING, endpoint_id)
             elif status in REARMABLE:
                 _check_bounds(current["attempts"], current["ended_s"])
                 record = await conn.fetchrow(
-                    _REARM, job.id, DeliveryStatus.RETRYING, sorted(REARMABLE)
+                    _REARM, job.id, DeliveryStatus.RETRYING, sorted(REARMABLE), endpoint_id
                 )
             else:
                 record = None

@@ -43,7 +43,9 @@ INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
 PART_BYTES = 256 * 1024  # bytes of a stored part: one is read per query of ``content``
 
-_FILE_COLUMNS = "id, workspace_id, filename, purpose, bytes, rows, model, line_errors, created_at"
+_FILE_COLUMNS = (
+    "id, workspace_id, filename, purpose, bytes, rows, model, line_errors, created_at, endpoint"
+)
 _LINK_COLUMNS = (
     "o.batch_id AS link_batch_id, o.input_file_id, o.output_file_id, o.error_file_id,"
     " o.endpoint, o.completion_window, o.errors AS link_errors"
@@ -63,6 +65,7 @@ class StoredFile:
     model: str | None
     line_errors: str | None
     created_at: datetime
+    endpoint: str | None = None  # the url of its lines (None: chat, or an output file)
 
 
 @dataclass(frozen=True)
@@ -160,12 +163,14 @@ class FileUpload:
         rows: int,
         model: str | None,
         line_errors: str | None,
+        endpoint: str | None = None,
     ) -> StoredFile:
         """Record the file itself (committed with its parts and rows on leaving)."""
         async with translated():
             record = await self._conn.fetchrow(
                 "INSERT INTO files (id, workspace_id, filename, purpose, bytes, rows, model,"
-                f" line_errors) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {_FILE_COLUMNS}",
+                " line_errors, endpoint) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                f" RETURNING {_FILE_COLUMNS}",
                 self.file_id,
                 workspace_id,
                 filename,
@@ -174,6 +179,7 @@ class FileUpload:
                 rows,
                 model,
                 line_errors,
+                endpoint,
             )
         assert record is not None  # INSERT … RETURNING gives its row
         return _file(record)
@@ -303,9 +309,10 @@ class FileStore:
             record = await conn.fetchrow(
                 "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
                 " failed, rows_batch_id, params, metadata, expires_at, error, completed_at,"
-                " completion_window)"
+                " completion_window, endpoint)"
                 " VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10,"
-                f" {EXPIRES_AT.format(deadline='$11', window='$13', cron='NULL')}, $12, now(), $13)"
+                f" {EXPIRES_AT.format(deadline='$11', window='$13', cron='NULL')}, $12, now(), $13,"
+                " $14)"
                 " RETURNING *",
                 new.id,
                 new.workspace_id,
@@ -320,6 +327,7 @@ class FileStore:
                 new.expires_at,
                 "input file failed validation",
                 new.completion_window,
+                new.endpoint,
             )
             job = Job.from_record(record)
             if claim is not None:

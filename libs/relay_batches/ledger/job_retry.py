@@ -57,10 +57,10 @@ _COPY_ROWS = (
 _INSERT_JOB = (
     "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
     " webhook_url, rows_batch_id, params, metadata, completion_window, expires_at, retry_of,"
-    " budget_usd)"
+    " budget_usd, endpoint)"
     " SELECT $1, o.workspace_id, o.name, o.model, o.priority, $3, $4, o.webhook_url, $1,"
     " o.params, o.metadata, o.completion_window, now() + o.completion_window, o.id,"
-    " o.budget_usd"
+    " o.budget_usd, o.endpoint"
     " FROM batches o WHERE o.id = $2"
     " RETURNING *"
 )

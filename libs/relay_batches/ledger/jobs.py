@@ -135,6 +135,8 @@ class NewJob:
     completion_window: timedelta | None = None
     budget_usd: float | None = None
     retry_of: str | None = None
+    surface: str | None = None  # 'anthropic' when its id shows as msgbatch_ (see 0029)
+    endpoint: str = "/v1/chat/completions"  # the OpenAI endpoint its rows are bodies of
 
 
 class JobWriter:
@@ -380,9 +382,9 @@ async def _insert_batch(conn: Connection, new: NewJob) -> Job:
     record = await conn.fetchrow(
         "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
         " webhook_url, cron, next_run_at, rows_batch_id, params, metadata, expires_at,"
-        " completion_window, budget_usd, retry_of)"
+        " completion_window, budget_usd, retry_of, surface, endpoint)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($12, $1), $11, $13,"
-        f" {EXPIRES_AT.format(deadline='$14', window='$15', cron='$9')}, $15, $16, $17)"
+        f" {EXPIRES_AT.format(deadline='$14', window='$15', cron='$9')}, $15, $16, $17, $18, $19)"
         " RETURNING *",
         new.id,
         new.workspace_id,
@@ -401,5 +403,7 @@ async def _insert_batch(conn: Connection, new: NewJob) -> Job:
         new.completion_window,
         new.budget_usd,
         new.retry_of,
+        new.surface,
+        new.endpoint,
     )
     return Job.from_record(record)

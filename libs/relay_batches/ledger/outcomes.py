@@ -48,19 +48,19 @@ WITH input AS (
     FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
                 $6::bool[], $7::text[], $8::int[], $9::int[],
                 $12::text[], $13::text[], $14::text[], $15::int[],
-                $16::float8[]) WITH ORDINALITY
+                $16::float8[], $20::text[]) WITH ORDINALITY
         AS t(batch_id, row_index, content, error, attempts, dead_letter, deployment,
              prompt_tokens, completion_tokens, tool_calls, finish_reason, model,
-             latency_ms, cost_usd, n)
+             latency_ms, cost_usd, body, n)
     ORDER BY batch_id, row_index, n
 ),
 ins AS (
     INSERT INTO row_results (batch_id, row_index, content, error, attempts, dead_letter,
                              deployment, prompt_tokens, completion_tokens, tool_calls,
-                             finish_reason, model, latency_ms, cost_usd)
+                             finish_reason, model, latency_ms, cost_usd, body)
     SELECT i.batch_id, i.row_index, i.content, i.error, i.attempts, i.dead_letter,
            i.deployment, i.prompt_tokens, i.completion_tokens, i.tool_calls,
-           i.finish_reason, i.model, i.latency_ms, i.cost_usd
+           i.finish_reason, i.model, i.latency_ms, i.cost_usd, i.body
     FROM input i JOIN batches b ON b.id = i.batch_id
     WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
     ON CONFLICT (batch_id, row_index) DO NOTHING
@@ -230,10 +230,11 @@ class OutcomeStore:
                 *columns[:9],
                 list(totals),
                 JobStatus.COMPLETED,
-                *columns[9:],
+                *columns[9:14],
                 RATE_WINDOW_S,
                 JobStatus.FAILED,
                 BUDGET_HELD_ERROR,
+                columns[14],
             )
         return [_progress(r) for r in records]
 
@@ -359,6 +360,7 @@ def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
         [o.model for o in outcomes],
         [o.latency_ms for o in outcomes],
         [o.cost_usd for o in outcomes],
+        [o.body for o in outcomes],
     )
 
 

@@ -89,7 +89,8 @@ _ROW_PAGE = (
     "WITH sized AS ("
     "  SELECT r.row_index, row_number() OVER w AS n,"
     "   sum(octet_length(r.custom_id) + COALESCE(octet_length(o.content), 0)"
-    "       + COALESCE(octet_length(o.error), 0) + COALESCE(octet_length(o.tool_calls), 0))"
+    "       + COALESCE(octet_length(o.error), 0) + COALESCE(octet_length(o.tool_calls), 0)"
+    "       + COALESCE(octet_length(o.body), 0))"
     "     OVER w AS upto"
     "  FROM batch_rows r LEFT JOIN row_results o"
     "    ON o.batch_id = $1 AND o.row_index = r.row_index AND o.row_index > $3"
@@ -98,7 +99,7 @@ _ROW_PAGE = (
     "  ORDER BY r.row_index LIMIT $4)"
     " SELECT r.row_index, r.custom_id, o.content, o.error, o.tool_calls, o.finish_reason,"
     "  o.model, o.prompt_tokens, o.completion_tokens, o.attempts, o.dead_letter, o.deployment,"
-    "  o.row_index IS NOT NULL AS done"
+    "  o.row_index IS NOT NULL AS done, o.body"
     " FROM sized s JOIN batch_rows r ON r.batch_id = $2 AND r.row_index = s.row_index"
     " LEFT JOIN row_results o ON o.batch_id = $1 AND o.row_index = s.row_index"
     " WHERE s.n = 1 OR s.upto <= $5 ORDER BY s.row_index"
@@ -170,6 +171,7 @@ class AnsweredRow:
     dead_letter: bool | None
     deployment: str | None
     done: bool
+    body: str | None = None  # the provider's whole reply, when the outcome kept it
 
 
 @dataclass(frozen=True)

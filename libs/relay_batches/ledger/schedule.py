@@ -33,10 +33,10 @@ _LOCK_DUE = (
 _INSERT_RUNS = """
 INSERT INTO batches (id, workspace_id, name, model, priority, status, total, webhook_url,
                      template_id, rows_batch_id, params, tick, metadata, completion_window,
-                     expires_at, budget_usd)
+                     expires_at, budget_usd, endpoint)
 SELECT p.run_id, t.workspace_id, p.run_name, t.model, t.priority, $5::text, t.total,
        t.webhook_url, t.id, t.rows_batch_id, t.params, p.tick, t.metadata,
-       t.completion_window, now() + t.completion_window, t.budget_usd
+       t.completion_window, now() + t.completion_window, t.budget_usd, t.endpoint
 FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[])
     AS p(template_id, run_id, run_name, tick)
 JOIN batches t ON t.id = p.template_id

@@ -1,7 +1,7 @@
 """A job's timeline: what happened to it, dated, oldest first, in one statement.
 
 Created, started, each pause and resume (from ``batch_status_log``, written by a trigger
-on every status change: migration 0028), its budget reached, finished (with the status it
+on every status change: migration 0031), its budget reached, finished (with the status it
 ended in), and every attempt of its completion webhook (``webhook_attempts``). Bounded:
 at most :data:`MAX_EVENTS` events, read through the indexes on ``batch_id``.
 """

@@ -12,6 +12,7 @@ import orjson
 from relay_batches.messages.codec import MessageError, dump, load
 
 UNPAUSED = -1
+ENDPOINT_KEY = "endpoint"  # a stored row's endpoint (dialects.endpoints.ENDPOINT_KEY)
 # A results body up to its outcomes list (see :meth:`OutcomesMessage.encode_parts`).
 _RESULTS_HEAD = dump("results", {"outcomes": []})[: -len(b"[]}")]
 
@@ -34,16 +35,24 @@ class RowRequest:
 
     ``model`` is the row's own alias (None: the job's); ``params`` are the row's own
     request fields (tools, tool_choice, max_tokens, …), which override the job's.
+    ``endpoint`` is the row's OpenAI endpoint: None for chat; for another (embeddings,
+    …) ``messages`` is empty and ``params`` is the row's whole body.
     """
 
     messages: list[Any]
     model: str | None = None
     params: dict[str, Any] | None = None
+    endpoint: str | None = None
 
 
 def request_json(request: RowRequest) -> str:
     """The JSON text :func:`row_request` reads back as ``request`` (a row's stored
     ``request``: its messages array, or an object with them and its own fields)."""
+    if request.endpoint is not None:
+        body = {**(request.params or {}), ENDPOINT_KEY: request.endpoint}
+        if request.model is not None:
+            body["model"] = request.model
+        return orjson.dumps(body).decode()
     if request.model is None and not request.params:
         return orjson.dumps(request.messages).decode()
     fields: dict[str, Any] = {**(request.params or {}), "messages": request.messages}
@@ -59,10 +68,15 @@ def row_request(value: Any) -> RowRequest:
     if not isinstance(value, dict):
         raise TypeError(f"row request is not an array or object: {type(value).__name__}")
     fields = dict(value)
-    messages = _message_list(fields.pop("messages", None))
+    endpoint = fields.pop(ENDPOINT_KEY, None)
     model = fields.pop("model", None)
     if model is not None and not isinstance(model, str):
         raise TypeError("row model is not a string")
+    if endpoint is not None:
+        if not isinstance(endpoint, str):
+            raise TypeError("row endpoint is not a string")
+        return RowRequest([], model, fields, endpoint)
+    messages = _message_list(fields.pop("messages", None))
     return RowRequest(messages, model, fields or None)
 
 
@@ -192,6 +206,8 @@ class RowOutcome:
     ``model`` (the model that answered, as its provider named it). ``latency_ms`` is
     the row's time in the router (every attempt and backoff included), ``cost_usd``
     what the answering deployment's ``price`` makes of its tokens (None: unpriced).
+    ``body`` is the provider's whole reply (JSON text) when it carries more than those
+    fields hold (several choices, log probabilities, audio, …), else None.
     """
 
     batch_id: str
@@ -208,6 +224,7 @@ class RowOutcome:
     model: str | None = None
     latency_ms: int | None = None
     cost_usd: float | None = None
+    body: str | None = None
 
     def as_list(self) -> list[Any]:
         """Compact positional form used on the wire."""
@@ -226,6 +243,7 @@ class RowOutcome:
             self.model,
             self.latency_ms,
             self.cost_usd,
+            *(() if self.body is None else (self.body,)),
         ]
 
 
@@ -268,10 +286,11 @@ class OutcomesMessage:
 
 
 def _outcome(value: Any) -> RowOutcome:
-    """One outcome of the wire's positional form; the last five fields are optional
-    (a worker from before whole answers sends nine, one from before details twelve)."""
+    """One outcome of the wire's positional form; the last six fields are optional
+    (a worker from before whole answers sends nine, one from before details twelve, and
+    an outcome without a ``body`` fourteen)."""
     b, i, c, e, a, dl, dep, pt, ct, *answer = value
-    tool_calls, finish_reason, model, latency_ms, cost_usd = (*answer, *[None] * 5)[:5]
+    tool_calls, finish_reason, model, latency_ms, cost_usd, body = (*answer, *[None] * 6)[:6]
     return RowOutcome(
         batch_id=str(b),
         row_index=int(i),
@@ -287,4 +306,5 @@ def _outcome(value: Any) -> RowOutcome:
         model=model,
         latency_ms=None if latency_ms is None else int(latency_ms),
         cost_usd=None if cost_usd is None else float(cost_usd),
+        body=None if body is None else str(body),
     )

@@ -110,9 +110,11 @@ class BatchClient(Protocol):
         row_index: int,
         messages: Sequence[Mapping[str, Any]],
         params: Mapping[str, Any],
+        endpoint: str = "/v1/chat/completions",
     ) -> bytes:
-        """One request of the input, built as a realtime call of the row would be;
-        raises UnsupportedRequest for what the provider cannot take."""
+        """One request of the input, built as a realtime call of the row would be (a
+        row of another ``endpoint`` than chat: ``params`` is its body); raises
+        UnsupportedRequest for what the provider cannot take."""
 
     def frame(self) -> tuple[bytes, bytes, bytes]:
         """The input's opening, the separator between lines and its closing."""

@@ -6,17 +6,29 @@ A deployment of a batch provider (``openai-batch``: Files + Batches API;
 poll interval, the provider's completion window) and may only lead an alias, followed by
 the realtime deployments its failed rows fall back to. ``rpm``/``tpm`` on it, or a batch
 key on a realtime deployment, is a :class:`ConfigError` naming the key.
+
+An alias may also list ``patterns``: name prefixes ending in one ``*``
+(``patterns = ["gpt-4o-mini-*"]``), so a dated snapshot name such as
+``gpt-4o-mini-2024-07-18`` routes to it. An alias's own name always wins; among
+patterns of different aliases that match a name, the longest prefix wins. A malformed
+pattern, or one given twice, is a :class:`ConfigError`.
+
+``endpoints`` lists the OpenAI endpoints a deployment serves (default: chat completions
+only, as before the key existed); an ``anthropic`` deployment serves chat and, translated
+to Messages, ``/v1/responses``, and no other.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT, RESPONSES
 from relay_batches.durations import SPELLING, parse_duration
 from relay_batches.ratelimit.limits import RateLimit
 from relay_batches.settings import ConfigError
@@ -34,7 +46,11 @@ DEFAULT_LINGER_S = 60.0
 DEFAULT_POLL_S = 30.0
 DEFAULT_WINDOW = "24h"
 OPENAI_WINDOW = timedelta(hours=24)  # the one completion window OpenAI takes
+# A pattern: a name prefix of visible ASCII (no space, no glob character) and one "*".
+PATTERN = re.compile(r"([!-)+-Z^-~]+)\*")
+PATTERN_EXAMPLE = "gpt-4o-mini-*"
 PRICE_KEYS = ("prompt_per_mtok", "completion_per_mtok")
+ALIAS_KEYS = ("deployments", "patterns")
 TOKENS_PER_MTOK = 1_000_000
 
 
@@ -86,6 +102,7 @@ class Deployment:
     price: Price | None = None  # None: unpriced (its rows have no cost)
     limit: RateLimit | None = None  # None: no shared rate limit (rpm, tpm)
     batch: BatchOptions | None = None  # None: a realtime deployment
+    endpoints: frozenset[str] = frozenset({CHAT})  # the endpoints it serves
 
     @property
     def is_batch(self) -> bool:
@@ -95,13 +112,30 @@ class Deployment:
 
 @dataclass(frozen=True)
 class AliasTable:
-    """Every alias with its deployments in fallback order."""
+    """Every alias with its deployments in fallback order, and the name prefixes of its
+    ``patterns`` (``(prefix, alias)``, the longest prefix first)."""
 
     aliases: Mapping[str, tuple[Deployment, ...]]
+    patterns: tuple[tuple[str, str], ...] = ()
+
+    def alias_of(self, name: str) -> str | None:
+        """The alias ``name`` routes to: itself when it is an alias, else the alias of
+        the longest pattern prefix it starts with; None if none."""
+        if name in self.aliases:
+            return name
+        for prefix, alias in self.patterns:
+            if name.startswith(prefix):
+                return alias
+        return None
 
     def resolve(self, alias: str) -> tuple[Deployment, ...] | None:
-        """The deployments of ``alias``, or None if it is unknown."""
-        return self.aliases.get(alias)
+        """The deployments ``alias`` routes to (an alias, or a name one of its patterns
+        matches), or None if it is unknown."""
+        found = self.aliases.get(alias)
+        if found is None and self.patterns:
+            canonical = self.alias_of(alias)
+            found = None if canonical is None else self.aliases[canonical]
+        return found
 
     def names(self) -> list[str]:
         """The public aliases, sorted."""
@@ -110,10 +144,18 @@ class AliasTable:
     def batch_lead(self, alias: str) -> Deployment | None:
         """The batch deployment that leads ``alias``, or None (unknown alias, or one that
         starts with a realtime deployment)."""
-        deployments = self.aliases.get(alias)
+        deployments = self.resolve(alias)
         if not deployments or deployments[0].batch is None:
             return None
         return deployments[0]
+
+    def lead_patterns(self) -> list[tuple[str, str]]:
+        """Each pattern prefix with the batch deployment leading its alias (``""`` for an
+        alias led by a realtime one), the longest prefix first: what the offloader's
+        intake matches a row's model against when it names no alias."""
+        return [
+            (prefix, getattr(self.batch_lead(alias), "name", "")) for prefix, alias in self.patterns
+        ]
 
     def batch_deployments(self) -> dict[str, Deployment]:
         """Every batch deployment an alias names, by name."""
@@ -168,6 +210,13 @@ def parse_aliases(data: Mapping[str, Any], env: Mapping[str, str], source: str =
     }
     aliases: dict[str, tuple[Deployment, ...]] = {}
     for alias, spec in raw_aliases.items():
+        if isinstance(spec, dict):
+            for key in spec:
+                if key not in ALIAS_KEYS:
+                    raise ConfigError(
+                        where + f"alias {alias!r}: {key} is not an alias key"
+                        f" (expected {' or '.join(ALIAS_KEYS)})"
+                    )
         names = spec.get("deployments") if isinstance(spec, dict) else None
         if not isinstance(names, list) or not names:
             raise ConfigError(where + f"alias {alias!r} needs a non-empty deployments list")
@@ -181,7 +230,34 @@ def parse_aliases(data: Mapping[str, Any], env: Mapping[str, str], source: str =
         aliases[alias] = tuple(deployments[n] for n in names)
     if not aliases:
         raise ConfigError(where + "no [aliases.*] defined")
-    return AliasTable(aliases)
+    return AliasTable(aliases, _patterns(raw_aliases, where))
+
+
+def _patterns(raw_aliases: Mapping[str, Any], where: str) -> tuple[tuple[str, str], ...]:
+    """Every alias's ``patterns`` as ``(prefix, alias)``, the longest prefix first; a
+    malformed pattern, or one given twice, is refused."""
+    owner: dict[str, str] = {}
+    for alias, spec in raw_aliases.items():
+        patterns = spec.get("patterns", [])
+        if not isinstance(patterns, list):
+            raise ConfigError(
+                where + f"alias {alias!r}: patterns must be a list such as [{PATTERN_EXAMPLE!r}]"
+            )
+        for index, pattern in enumerate(patterns):
+            match = PATTERN.fullmatch(pattern) if isinstance(pattern, str) else None
+            if match is None:
+                raise ConfigError(
+                    where + f"alias {alias!r}: patterns[{index}] must be a name prefix ending"
+                    f" in one '*' (such as {PATTERN_EXAMPLE!r}), not {pattern!r}"
+                )
+            prefix = match.group(1)
+            if prefix in owner:
+                raise ConfigError(
+                    where + f"pattern {pattern!r} is given by alias {owner[prefix]!r}"
+                    f" and alias {alias!r}"
+                )
+            owner[prefix] = alias
+    return tuple(sorted(owner.items(), key=lambda item: (-len(item[0]), item[0])))
 
 
 def _deployment(name: str, spec: Any, env: Mapping[str, str], where: str) -> Deployment:
@@ -211,7 +287,28 @@ def _deployment(name: str, spec: Any, env: Mapping[str, str], where: str) -> Dep
         price=_price(name, spec.get("price"), where),
         limit=_limit(name, spec, where),
         batch=_batch_options(name, provider, spec, where),
+        endpoints=_endpoints(name, provider, spec.get("endpoints"), where),
     )
+
+
+def _endpoints(name: str, provider: str, value: Any, where: str) -> frozenset[str]:
+    """``endpoints``: a non-empty list of the endpoints Relay runs (default: chat); an
+    Anthropic deployment serves chat and ``/v1/responses`` (translated) only."""
+    if value is None:
+        return frozenset({CHAT})
+    if not isinstance(value, list) or not value or not all(v in ALL_ENDPOINTS for v in value):
+        raise ConfigError(
+            where + f"deployment {name!r}: endpoints must be a non-empty list of"
+            f" {', '.join(ALL_ENDPOINTS)}"
+        )
+    if provider.startswith("anthropic"):
+        others = sorted(set(value) - {CHAT, RESPONSES})
+        if others:
+            raise ConfigError(
+                where + f"deployment {name!r}: an Anthropic deployment cannot serve"
+                f" {others[0]} (only {CHAT} and {RESPONSES}, translated to Messages)"
+            )
+    return frozenset(value)
 
 
 def _batch_options(

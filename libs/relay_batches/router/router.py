@@ -23,6 +23,13 @@ none fails the row with ``upstream_error: <alias> has no realtime deployment``.
 A deployment's request is built once per row; a provider that cannot take what the row
 asks for (:class:`~relay_batches.router.types.UnsupportedRequest`) is a permanent
 failure of that deployment without a call, so the row falls through to the next one.
+
+A row of another endpoint than chat (``endpoint``: embeddings, completions, moderations,
+responses) goes to the deployments that declare it (``endpoints`` in the routes); one
+that does not is a permanent failure of that deployment (``does not serve <endpoint>``),
+so the row falls through. Its body is sent as it is (:mod:`.dialects.openai.endpoints`)
+or, a Responses row on an Anthropic deployment, translated to Messages
+(:mod:`.dialects.anthropic.responses`).
 """
 
 from __future__ import annotations
@@ -36,7 +43,10 @@ from types import ModuleType
 from typing import Any
 
 from relay_batches.dialects.anthropic import upstream as anthropic
+from relay_batches.dialects.anthropic.responses import ResponsesWire
+from relay_batches.dialects.endpoints import CHAT, ENDPOINTS, RESPONSES
 from relay_batches.dialects.openai import upstream as openai
+from relay_batches.dialects.openai.endpoints import BodyWire
 from relay_batches.metrics import (
     UPSTREAM_FALLBACKS,
     UPSTREAM_LATENCY,
@@ -55,8 +65,36 @@ ERROR_SNIPPET_CHARS = 200
 MAX_REPLY_BYTES = 8 * 1024 * 1024
 MAX_THROTTLED_RETRIES = 20  # 429s of a limited deployment a row waits out beyond max_retries
 PROVIDERS: dict[str, ModuleType] = {"openai": openai, "anthropic": anthropic}
+# The wire of each (provider, endpoint) besides chat.
+BODY_WIRES: dict[tuple[str, str], Any] = {
+    **{("openai", endpoint): BodyWire(endpoint) for endpoint in ENDPOINTS},
+    ("anthropic", RESPONSES): ResponsesWire(),
+}
 
 Sleep = Callable[[float], Awaitable[None]]
+
+
+def _wire(deployment: Deployment, endpoint: str) -> Any:
+    """The provider interface a row of ``endpoint`` uses on ``deployment``; None when
+    the deployment does not serve that endpoint."""
+    if endpoint not in deployment.endpoints:
+        return None
+    if endpoint == CHAT:
+        return PROVIDERS[deployment.provider]
+    return BODY_WIRES.get((deployment.provider, endpoint))
+
+
+def _estimate(
+    provider: Any,
+    messages: Sequence[Mapping[str, Any]],
+    params: Mapping[str, Any],
+    cap: int,
+    endpoint: str,
+) -> int:
+    """The tokens a limited call is expected to count."""
+    if endpoint == CHAT:
+        return estimate_tokens(messages, params, cap)
+    return int(provider.estimate(params, cap))
 
 
 @dataclass(frozen=True)
@@ -113,12 +151,16 @@ class ModelRouter:
         messages: Sequence[Mapping[str, Any]],
         params: Mapping[str, Any],
         workspace: str = "",
+        endpoint: str = CHAT,
     ) -> RowResult:
         """Run one row through its alias's deployments, its calls over connections of
-        ``workspace``'s own (see :mod:`relay_batches.router.http1`)."""
-        deployments = self._realtime_of(alias)
-        if deployments is None:
+        ``workspace``'s own (see :mod:`relay_batches.router.http1`); a row of another
+        ``endpoint`` than chat has its body as ``params`` and no messages."""
+        canonical = self.aliases.alias_of(alias)  # a name a pattern matches: its alias
+        deployments = None if canonical is None else self._realtime_of(canonical)
+        if canonical is None or deployments is None:
             return RowResult(None, f"upstream_error: unknown model alias {alias!r}", 0, None)
+        alias = canonical
         if not deployments:
             return RowResult(None, f"upstream_error: {alias} has no realtime deployment", 0, None)
         attempts = 0
@@ -128,7 +170,9 @@ class ModelRouter:
             if position:
                 UPSTREAM_FALLBACKS.labels(alias).inc()
             has_next = position + 1 < len(deployments)
-            result = await self._try_deployment(deployment, messages, params, has_next, workspace)
+            result = await self._try_deployment(
+                deployment, messages, params, has_next, workspace, endpoint
+            )
             attempts += result.calls
             if result.reply.completion is not None:
                 return RowResult(result.reply.completion, None, attempts, deployment.name)
@@ -173,9 +217,13 @@ class ModelRouter:
         params: Mapping[str, Any],
         has_next: bool,
         workspace: str,
+        endpoint: str = CHAT,
     ) -> _DeploymentResult:
         """Call one deployment with retries until success, a permanent error or give-up."""
-        provider = PROVIDERS[deployment.provider]
+        provider = _wire(deployment, endpoint)
+        if provider is None:
+            error = f"deployment does not serve {endpoint}"
+            return _DeploymentResult(ProviderReply(error=error), 0, False)
         try:
             request = provider.build_request(deployment, messages, params)
         except UnsupportedRequest as exc:
@@ -183,7 +231,7 @@ class ModelRouter:
         calls = 0
         limited = self._limiter.limited(deployment.name)
         cap = provider.token_cap(deployment, params) if limited else 0
-        estimate = estimate_tokens(messages, params, cap) if limited else 0
+        estimate = _estimate(provider, messages, params, cap, endpoint) if limited else 0
         failures = throttles = 0
         while True:
             if limited:
@@ -238,7 +286,7 @@ class ModelRouter:
     async def _call(
         self,
         deployment: Deployment,
-        provider: ModuleType,
+        provider: Any,
         request: tuple[str, dict[str, str], bytes],
         workspace: str,
     ) -> _Attempt:

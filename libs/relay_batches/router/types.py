@@ -12,7 +12,9 @@ class Completion:
     provider: ``content`` is the text (``""`` when the model only called tools),
     ``tool_calls`` the chat-completions ``tool_calls`` array (None for none),
     ``finish_reason`` one of stop, length, tool_calls, content_filter (None when the
-    provider gave none), ``model`` the model that answered as the provider named it."""
+    provider gave none), ``model`` the model that answered as the provider named it,
+    ``body`` the provider's whole reply (compact JSON) when it carries more than these
+    fields hold (several choices, log probabilities, audio, annotations), else None."""
 
     content: str
     prompt_tokens: int = 0
@@ -20,6 +22,7 @@ class Completion:
     tool_calls: list[dict[str, Any]] | None = None
     finish_reason: str | None = None
     model: str | None = None
+    body: str | None = None
 
 
 class UnsupportedRequest(ValueError):
@@ -57,6 +60,7 @@ def reply_with_usage(
     tool_calls: list[dict[str, Any]] | None = None,
     finish_reason: str | None = None,
     model: Any = None,
+    body: str | None = None,
 ) -> ProviderReply:
     """A successful reply whose token counts come from a provider's ``usage`` object
     (missing or malformed counts are 0)."""
@@ -69,6 +73,7 @@ def reply_with_usage(
             tool_calls=tool_calls or None,
             finish_reason=finish_reason,
             model=model if isinstance(model, str) else None,
+            body=body,
         )
     )
 

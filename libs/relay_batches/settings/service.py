@@ -194,11 +194,12 @@ class Settings:
         "Longest wait for more messages after a chunk's first one.",
     )  # fmt: skip
     webhook_timeout_s: float = setting(
-        "RELAY_WEBHOOK_TIMEOUT_S", POSITIVE, 10.0, UPSTREAM, (NOTIFIER,),
-        "Deadline of one webhook attempt (resolving the host and the whole POST).",
+        "RELAY_WEBHOOK_TIMEOUT_S", POSITIVE, 10.0, UPSTREAM, (NOTIFIER, INGEST_API),
+        "Deadline of one webhook attempt (resolving the host and the whole POST), and of"
+        " resolving a new webhook endpoint's host at the API.",
     )  # fmt: skip
     webhook_allow_networks: tuple[IPNetwork, ...] = setting(
-        "RELAY_WEBHOOK_ALLOW_NETWORKS", Networks(), (), ESSENTIALS, (NOTIFIER,),
+        "RELAY_WEBHOOK_ALLOW_NETWORKS", Networks(), (), ESSENTIALS, (NOTIFIER, INGEST_API),
         "CIDRs webhooks may reach despite the guard against private addresses.",
         default_doc="none: public addresses only",
     )  # fmt: skip

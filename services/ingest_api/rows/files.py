@@ -44,6 +44,7 @@ from typing import BinaryIO
 
 import orjson
 
+from relay_batches.dialects.endpoints import CHAT
 from relay_batches.services.ingest_api.rows.jsonl import file_lines
 from relay_batches.services.ingest_api.rows.row_formats import (
     anthropic_request_row,
@@ -149,6 +150,7 @@ class FileReader:
         source: BinaryIO,
         limits: SubmitLimits,
         known_models: Container[str] = NO_MODELS,
+        endpoint: str | None = None,
     ) -> None:
         kind = file_format(filename)
         if kind is None:
@@ -156,6 +158,8 @@ class FileReader:
         _check_utf8(source)
         self._limits = limits
         self._known = known_models
+        # The batch's endpoint: the form's, else the first OpenAI line's url (chat).
+        self.endpoint = endpoint
         self.lines = array("q")  # the line each row starts on, by row index
         self._formats: list[str] = []  # the file's format, once its first line is read
         self._source = (
@@ -193,12 +197,24 @@ class FileReader:
         dialect_row = _DIALECT_ROWS.get(self._formats[0]) if self._formats else None
         if dialect_row is None:
             return request_rows(
-                requests, self._limits.max_content_bytes, self._known, start, unique=False
+                requests,
+                self._limits.max_content_bytes,
+                self._known,
+                start,
+                unique=False,
+                endpoint=self.endpoint or CHAT,
             )
-        return [
+        rows = [
             dialect_row(i, request, self._limits, self._known)
             for i, request in enumerate(requests, start)
         ]
+        for i, row in enumerate(rows, start):
+            if self.endpoint is None:
+                self.endpoint = row.endpoint
+            elif row.endpoint != self.endpoint:
+                message = f"is a {row.endpoint} request: the batch runs {self.endpoint} only"
+                raise RowRejected(RowError(i, "", message))
+        return rows
 
     def line_error(self, error: RowError) -> LineError:
         """``error`` of a row read so far, in line terms."""

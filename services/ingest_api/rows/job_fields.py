@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import orjson
 from croniter import CroniterBadDateError, CroniterError, croniter
 
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT
 from relay_batches.dialects.shapes import is_unicode
 from relay_batches.durations import SPELLING, parse_duration
 from relay_batches.errors import ApiError, invalid
@@ -53,6 +54,7 @@ JOB_FIELDS = (
     "completion_window",
     "metadata",
     "budget_usd",
+    "endpoint",
 )
 _QUOTE_CHARS = 64
 
@@ -77,6 +79,7 @@ class BatchOptions:
     completion_window: timedelta | None = None
     metadata_json: str | None = None
     budget_usd: float | None = None
+    endpoint: str = CHAT
 
 
 def validate_batch_options(
@@ -103,9 +106,32 @@ def validate_batch_options(
     window = None if raw_window is None else completion_window(raw_window, "completion_window")
     metadata_json = validate_metadata(payload.get("metadata"))
     budget = validate_budget(payload.get("budget_usd"))
+    endpoint = validate_endpoint(payload.get("endpoint"))
+    if endpoint != CHAT and params_json != "{}":
+        raise invalid(
+            f"params is only for {CHAT} jobs: a row of {endpoint} is its whole body", "params"
+        )
     return BatchOptions(
-        name, model, priority, webhook_url, cron, params_json, window, metadata_json, budget
+        name,
+        model,
+        priority,
+        webhook_url,
+        cron,
+        params_json,
+        window,
+        metadata_json,
+        budget,
+        endpoint,
     )
+
+
+def validate_endpoint(value: object) -> str:
+    """A job's ``endpoint``: one Relay runs (absent or null: chat completions)."""
+    if value is None:
+        return CHAT
+    if type(value) is not str or value not in ALL_ENDPOINTS:
+        raise invalid(f"endpoint must be one of {', '.join(ALL_ENDPOINTS)}", "endpoint")
+    return value
 
 
 def validate_budget(value: object, param: str = "budget_usd") -> float | None:
@@ -188,16 +214,15 @@ def _priority_range_error() -> ApiError:
     return invalid(f"priority must be between {PRIORITY_MIN} and {PRIORITY_MAX}", "priority")
 
 
-def validate_webhook_url(url: object) -> str:
-    """An absolute http(s) URL with a host, at most 2048 characters; returned as given."""
+def validate_webhook_url(url: object, param: str = "webhookUrl") -> str:
+    """An absolute http(s) URL with a host, at most 2048 characters; returned as given
+    (a 400 naming ``param`` otherwise)."""
     if type(url) is not str:
-        raise invalid("webhookUrl must be a string", "webhookUrl")
+        raise invalid(f"{param} must be a string", param)
     if len(url) > MAX_WEBHOOK_URL_CHARS:
-        raise invalid(
-            f"webhookUrl must be at most {MAX_WEBHOOK_URL_CHARS} characters", "webhookUrl"
-        )
+        raise invalid(f"{param} must be at most {MAX_WEBHOOK_URL_CHARS} characters", param)
     if not _is_http_url(url):
-        raise invalid("webhookUrl must be an absolute http or https URL", "webhookUrl")
+        raise invalid(f"{param} must be an absolute http or https URL", param)
     return url
 
 

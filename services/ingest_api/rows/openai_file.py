@@ -82,6 +82,7 @@ class LineReader:
     errors: list[LineError] = field(default_factory=list)
     requests: int = 0  # non-blank lines seen
     model: str | None = None  # the first row's model
+    endpoint: str | None = None  # the first row's url: every line must name the same
     lines: array[int] = field(default_factory=lambda: array("I"))  # line of each row
     _splitter: LineSplitter = field(init=False)
 
@@ -137,6 +138,19 @@ class LineReader:
             row = line_row(index, stripped, self.limits, self.known_models)
         except RowRejected as exc:
             self._error(_line_error(exc.error, number))
+            return
+        if self.endpoint is None:
+            self.endpoint = row.endpoint
+        elif row.endpoint != self.endpoint:
+            self._error(
+                LineError(
+                    "mixed_urls",
+                    f"url {row.endpoint} differs from the first line's {self.endpoint}:"
+                    " a batch runs one endpoint",
+                    "url",
+                    number,
+                )
+            )
             return
         if self.errors:
             return

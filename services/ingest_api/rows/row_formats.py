@@ -5,7 +5,9 @@ translation is each dialect's own (:mod:`relay_batches.dialects.openai.batch_fil
 :func:`openai_line_row`: one line of an OpenAI Batch input file,
 ``{custom_id, method: "POST", url: "/v1/chat/completions", body}``, whose ``body`` is a
 chat request (checked by :class:`relay_batches.dialects.chat.ChatRequest`, ``body.model``
-required).
+required); a line whose ``url`` is another endpoint Relay runs (embeddings, completions,
+moderations, responses) has that endpoint's body, checked by its model and stored with
+its endpoint (:mod:`relay_batches.dialects.endpoints`).
 
 :func:`anthropic_request_row`: one ``{custom_id, params}`` of an Anthropic Message
 Batches create, whose ``params`` are Messages API parameters (the models below),
@@ -15,11 +17,12 @@ parts (a base64 image a ``data:`` URL); ``tool_use`` blocks assistant ``tool_cal
 message; ``tools`` function tools; ``tool_choice`` auto/any/tool/none
 auto/required/function/none; ``stop_sequences`` ``stop``.
 
-What either API allows but Relay cannot honour is refused naming the field, never
-dropped: OpenAI's ``n`` above 1, ``stream``, ``logprobs``, penalties, ...; Anthropic's
-``thinking``, ``top_k``, ``cache_control``, documents, ``metadata`` (Relay forwards no
-end-user id to providers), a ``tool_result`` with ``is_error``. A field left at the
-value that means "off" (``n: 1``, ``stream: false``) changes nothing and is accepted.
+Every chat-completions field is accepted (only ``stream: true`` and ``stream_options``
+are refused: batch rows are not streamed); a field one deployment cannot honour fails
+that row there, naming it. What the Anthropic API allows but Relay cannot honour is
+refused naming the field, never dropped: ``thinking``, ``top_k``, ``cache_control``,
+documents, ``metadata`` (Relay forwards no end-user id to providers), a ``tool_result``
+with ``is_error``.
 
 Both raise ``RowRejected(RowError(index, field, message))`` with ``field`` the path in
 the line (``body.messages[0].content``, ``params.messages[0].content``) and return a
@@ -45,6 +48,7 @@ from relay_batches.dialects.chat import (
     plain_params,
     stored_request,
 )
+from relay_batches.dialects.endpoints import CHAT, check_body, stored_body
 from relay_batches.dialects.openai.batch_file import (
     LINE_FIELDS,
     chat_request,
@@ -146,10 +150,31 @@ def openai_line_row(
     custom_id = _custom_id(index, line.get("custom_id"), anthropic=False)
     if (problem := target_problem(line)) is not None:
         raise _reject(index, *problem)
-    chat, refused = chat_request(line["body"])
-    if refused is not None:
-        raise _reject(index, *refused)
+    if line["url"] != CHAT:
+        return _body_row(index, custom_id, line["url"], line["body"], known_models)
+    chat = chat_request(line["body"])
     return _chat_row(index, custom_id, chat, "body", limits, known_models)
+
+
+def _body_row(
+    index: int, custom_id: str, endpoint: str, body: dict[str, Any], known: Container[str]
+) -> RowInput:
+    """A line's ``body`` of ``endpoint`` (embeddings, …), checked by its model and
+    stored with its endpoint (:func:`relay_batches.dialects.endpoints.stored_body`)."""
+    if body.get("model") is None:
+        raise _reject(index, "body.model", "is required")
+    problem = check_body(endpoint, body, known)
+    if problem is not None:
+        field, message = problem
+        raise _reject(index, f"body.{field}" if field else "body", message)
+    try:
+        request_json = stored_body(endpoint, body)
+    except TypeError:  # lone surrogates: only from a payload not built by orjson
+        field = unencodable_path(body)
+        raise _reject(
+            index, f"body.{field}" if field else "body", "must be valid Unicode text"
+        ) from None
+    return RowInput(custom_id, request_json, body["model"], endpoint)
 
 
 # --- Anthropic -----------------------------------------------------------------------

@@ -43,6 +43,7 @@ from relay_batches.dialects.chat import (
     stored_request,
     unencodable_path,
 )
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT, check_body, stored_body
 from relay_batches.errors import ApiError, invalid
 from relay_batches.services.ingest_api.rows.job_fields import (
     JOB_FIELDS,
@@ -86,12 +87,14 @@ class RowInput:
     (:func:`dialects.chat.stored_request`): for a row of ``{role, content: str}`` messages
     only, its messages list re-encoded compactly by orjson with sorted keys,
     ``[{"content":"…","role":"user"}]``; else the object ``{"messages": […], …}``.
-    ``model`` is the row's own alias (None: the job's).
+    ``model`` is the row's own alias (None: the job's); ``endpoint`` the OpenAI
+    endpoint its request is a body of (chat: the default).
     """
 
     custom_id: str
     request_json: str
     model: str | None = None
+    endpoint: str = "/v1/chat/completions"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +153,7 @@ def validate_submit(
     options = validate_batch_options(payload, known_models)
     if "requests" not in payload:
         raise invalid("requests is required", "requests")
-    rows = validate_request_rows(payload["requests"], limits, known_models)
+    rows = validate_request_rows(payload["requests"], limits, known_models, options.endpoint)
     return BatchSpec(options, rows)
 
 
@@ -196,6 +199,7 @@ def _scan_submit(
     fields: dict[str, object] = {}
     rows: list[RowInput] | None = None
     row_error: ApiError | None = None
+    scanned_as = CHAT  # the endpoint the streamed rows were checked as
     for key in scanner.members():
         check_submit_field(key)
         if key != "requests":
@@ -204,21 +208,30 @@ def _scan_submit(
             fields[key] = scanner.value()
             rows, row_error = None, None
         else:
-            rows, row_error = _scan_rows(scanner, limits, known_models)
+            given = fields.get("endpoint")
+            scanned_as = given if type(given) is str and given in ALL_ENDPOINTS else CHAT
+            rows, row_error = _scan_rows(scanner, limits, known_models, scanned_as)
     if not scanner.at_end():
         raise NotJson()
     options = validate_batch_options(fields, known_models)
+    if rows is not None or row_error is not None:
+        if options.endpoint != scanned_as:
+            raise invalid(
+                "endpoint must come before requests in the body (rows are checked as they"
+                " stream in)",
+                "endpoint",
+            )
     if row_error is not None:
         raise row_error
     if rows is None:
         if "requests" not in fields:
             raise invalid("requests is required", "requests")
-        rows = validate_request_rows(fields["requests"], limits, known_models)
+        rows = validate_request_rows(fields["requests"], limits, known_models, options.endpoint)
     return BatchSpec(options, rows)
 
 
 def _scan_rows(
-    scanner: JsonScanner, limits: SubmitLimits, known_models: Container[str]
+    scanner: JsonScanner, limits: SubmitLimits, known_models: Container[str], endpoint: str
 ) -> tuple[list[RowInput] | None, ApiError | None]:
     """The rows of a streamed ``requests`` array, or the error of its first bad row
     (the rest of the array is then parsed and dropped, to find the body's end)."""
@@ -227,7 +240,12 @@ def _scan_rows(
     elements = scanner.elements()
     try:
         sized = sized_elements(scanner, elements, limits.max_row_bytes)
-        rows = request_rows(at_most(sized, limits.max_rows), limits.max_content_bytes, known_models)
+        rows = request_rows(
+            at_most(sized, limits.max_rows),
+            limits.max_content_bytes,
+            known_models,
+            endpoint=endpoint,
+        )
     except RowRejected as exc:
         error = row_api_error(exc.error)
     except ApiError as exc:
@@ -242,12 +260,15 @@ def _scan_rows(
 
 
 def validate_request_rows(
-    requests: object, limits: SubmitLimits, known_models: Container[str] = NO_MODELS
+    requests: object,
+    limits: SubmitLimits,
+    known_models: Container[str] = NO_MODELS,
+    endpoint: str = CHAT,
 ) -> list[RowInput]:
     """The ``requests`` of ``POST /v1/batches``: a bad row is a 400 naming its field."""
     requests = _check_row_list(requests, limits)
     try:
-        return request_rows(requests, limits.max_content_bytes, known_models)
+        return request_rows(requests, limits.max_content_bytes, known_models, endpoint=endpoint)
     except RowRejected as exc:
         raise row_api_error(exc.error) from None
 
@@ -271,6 +292,7 @@ def request_rows(
     known_models: Container[str] = NO_MODELS,
     start: int = 0,
     unique: bool = True,
+    endpoint: str = CHAT,
 ) -> list[RowInput]:
     """Validate request rows, default their custom ids and encode their requests.
 
@@ -284,8 +306,16 @@ def request_rows(
     parameters) is checked here and by :func:`dialects.chat.plain_messages` and
     :func:`dialects.chat.plain_params`, a subset of what :class:`dialects.chat.RequestRow`
     accepts; any other row, or a plain one failing that check, goes to the model itself,
-    which accepts it or gives the precise error.
+    which accepts it or gives the precise error. A row of another ``endpoint`` than chat
+    is checked by that endpoint's row model (:mod:`relay_batches.dialects.endpoints`).
     """
+    if endpoint != CHAT:
+        bodies = [
+            _body_row(i, req, endpoint, known_models) for i, req in enumerate(requests, start)
+        ]
+        if unique:
+            _check_unique([row.custom_id for row in bodies])
+        return bodies
     plain = plain_messages
     plain_fields = _PLAIN_FIELDS
     dumps = orjson.dumps
@@ -371,6 +401,22 @@ def _model_row(index: int, req: object, max_bytes: int, known_models: Container[
     return RowInput(
         f"row-{index + 1}" if custom_id is None else custom_id, request_json, req.get("model")
     )
+
+
+def _body_row(index: int, req: object, endpoint: str, known_models: Container[str]) -> RowInput:
+    """A native row of ``endpoint`` (embeddings, …): stored, or :class:`RowRejected`."""
+    problem = check_body(endpoint, req, known_models, row=True)
+    if problem is not None:
+        raise RowRejected(RowError(index, *problem))
+    assert type(req) is dict  # check_body refuses anything else
+    custom_id = req.get("custom_id")
+    try:
+        request_json = stored_body(endpoint, req)
+    except TypeError:  # lone surrogates: only from a payload not built by orjson
+        field = unencodable_path(req)
+        raise RowRejected(RowError(index, field, "must be valid Unicode text")) from None
+    custom_id = f"row-{index + 1}" if custom_id is None else custom_id
+    return RowInput(custom_id, request_json, req.get("model"), endpoint)
 
 
 def check_unique_ids(rows: Sequence[RowInput]) -> None:

@@ -29,6 +29,7 @@ import aiohttp
 import orjson
 
 from relay_batches.dialects.anthropic import upstream
+from relay_batches.dialects.endpoints import CHAT
 from relay_batches.offload.lines import (
     ProviderState,
     ResultLine,
@@ -42,6 +43,7 @@ from relay_batches.offload.lines import (
     transfer_timeout,
 )
 from relay_batches.router.aliases import Deployment
+from relay_batches.router.types import UnsupportedRequest
 
 LIST_PAGE = 100
 FIND_SLACK_S = 60.0
@@ -69,8 +71,12 @@ class AnthropicBatches:
         row_index: int,
         messages: Sequence[Mapping[str, Any]],
         params: Mapping[str, Any],
+        endpoint: str = CHAT,
     ) -> bytes:
-        """One request: the row's Messages body under its custom id."""
+        """One request: the row's Messages body under its custom id (a row of another
+        endpoint than chat is refused: it runs realtime)."""
+        if endpoint != CHAT:
+            raise UnsupportedRequest(f"a Message Batch cannot run a {endpoint} row")
         body = upstream.translate_body(self.deployment, messages, params)
         return orjson.dumps(
             {"custom_id": custom_id(offload_id, batch_id, row_index), "params": body}

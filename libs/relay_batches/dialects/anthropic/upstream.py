@@ -15,16 +15,20 @@ and the reply back. Request, field by field:
   ``disable_parallel_tool_use``.
 - ``stop`` → ``stop_sequences``; ``max_completion_tokens`` (else ``max_tokens``) →
   ``max_tokens``, which the API requires: :data:`DEFAULT_MAX_TOKENS` when neither is set;
-  ``temperature`` (at most 1) and ``top_p`` as they are; ``user`` → ``metadata.user_id``;
-  ``response_format`` ``{"type": "text"}`` is the default and sends nothing.
+  ``temperature`` (at most 1) and ``top_p`` as they are; ``user`` (else
+  ``safety_identifier``) → ``metadata.user_id``; ``response_format``
+  ``{"type": "text"}`` is the default and sends nothing, as do a chat field's neutral
+  values (:data:`NEUTRAL_VALUES`: ``n: 1``, ``logprobs: false``, zero penalties,
+  ``store: false``, ``stream: false``).
 
 Anything else a row carries that the Messages API cannot honour — ``seed``, a JSON
-``response_format``, a message ``name``, an image ``detail``, a non-default value of
-another chat field — raises :class:`~relay_batches.router.types.UnsupportedRequest`
-naming it, so the router falls through to the alias's next deployment (and the row fails
-with that error when none is left) rather than dropping what the row asked for. A field
-set to ``null`` is treated as not set. A deployment's ``params`` are defaults in the same
-chat vocabulary, overridden by the row's.
+``response_format``, a message ``name``, an image ``detail``, ``logit_bias``, ``n``
+above 1, ``logprobs``, ``audio``, ``reasoning_effort``, ``metadata``, … — raises
+:class:`~relay_batches.router.types.UnsupportedRequest` naming it, so the router falls
+through to the alias's next deployment (and the row fails with that error when none is
+left) rather than dropping what the row asked for. A field set to ``null`` is treated as
+not set. A deployment's ``params`` are defaults in the same chat vocabulary, overridden
+by the row's.
 
 Reply: text blocks joined as the content, ``tool_use`` blocks as chat tool calls, the
 stop reason as a finish reason (:data:`FINISH_REASONS`), usage (prompt tokens include the
@@ -54,6 +58,8 @@ NEUTRAL_VALUES: dict[str, Any] = {
     "logprobs": False,
     "presence_penalty": 0,
     "frequency_penalty": 0,
+    "store": False,
+    "stream": False,
 }
 HANDLED_PARAMS = frozenset(
     {
@@ -61,6 +67,7 @@ HANDLED_PARAMS = frozenset(
         "top_p",
         "stop",
         "user",
+        "safety_identifier",
         "response_format",
         "tools",
         "tool_choice",
@@ -133,8 +140,9 @@ def _translate_sampling(merged: Mapping[str, Any], body: dict[str, Any]) -> None
     if "stop" in merged:
         stop = merged["stop"]
         body["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    if "user" in merged:
-        body["metadata"] = {"user_id": merged["user"]}
+    user = merged.get("user", merged.get("safety_identifier"))
+    if user is not None:
+        body["metadata"] = {"user_id": user}
     response_format = merged.get("response_format")
     if response_format is not None:
         kind = response_format.get("type") if isinstance(response_format, Mapping) else None

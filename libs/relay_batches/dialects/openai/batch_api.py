@@ -2,11 +2,13 @@
 
 Input: a JSONL file (``purpose=batch``), one line per row,
 ``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``, the body
-built exactly as the realtime chat completions call of the row
-(:func:`relay_batches.dialects.openai.upstream.build_request`). The batch is created with
-``endpoint`` ``/v1/chat/completions``, the deployment's ``window`` as its
-``completion_window`` and ``metadata.relay_offload_id`` naming the offload record, which
-is how a record resumed after a crash finds the batch it may already have made.
+built exactly as the realtime call of the row
+(:func:`relay_batches.dialects.openai.upstream.build_request`, or for another endpoint
+:class:`relay_batches.dialects.openai.endpoints.BodyWire`). The batch is created with
+its lines' ``endpoint`` (one per provider batch: its first row's), the deployment's
+``window`` as its ``completion_window`` and ``metadata.relay_offload_id`` naming the
+offload record, which is how a record resumed after a crash finds the batch it may
+already have made.
 
 A batch ends ``completed``, ``expired`` or ``cancelled`` (its output file holds the
 answered requests, its error file the failed and expired ones) or ``failed`` (nothing
@@ -17,13 +19,16 @@ realtime.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 import orjson
 
+from relay_batches.dialects.endpoints import answer_endpoint, body_reply
 from relay_batches.dialects.openai import upstream
+from relay_batches.dialects.openai.endpoints import BodyWire
 from relay_batches.durations import format_duration
 from relay_batches.offload.lines import (
     ProviderError,
@@ -39,6 +44,7 @@ from relay_batches.offload.lines import (
     transfer_timeout,
 )
 from relay_batches.router.aliases import Deployment
+from relay_batches.router.types import UnsupportedRequest
 
 ENDPOINT = "/v1/chat/completions"
 ENDED = frozenset({"completed", "expired", "cancelled", "failed"})
@@ -57,6 +63,8 @@ class OpenAIBatches:
         if deployment.api_key:
             self._headers["Authorization"] = f"Bearer {deployment.api_key}"
         self._timeout = transfer_timeout(deployment)
+        # The endpoint of each provider batch being built (its first line's).
+        self._endpoints: dict[int, str] = {}
         assert deployment.batch is not None
         # OpenAI spells its window in hours ("24h", the one it takes today).
         hours, rest = divmod(int(deployment.batch.window.total_seconds()), 3600)
@@ -71,14 +79,24 @@ class OpenAIBatches:
         row_index: int,
         messages: Sequence[Mapping[str, Any]],
         params: Mapping[str, Any],
+        endpoint: str = ENDPOINT,
     ) -> bytes:
-        """One input line: the row's chat completions body under its custom id."""
-        _, _, body = upstream.build_request(self.deployment, messages, params)
+        """One input line: the row's body under its custom id, built as its realtime
+        call would be. A provider batch runs one endpoint, its first row's: a row of
+        another endpoint, or of one the deployment does not serve, is refused (it runs
+        realtime)."""
+        if endpoint not in self.deployment.endpoints:
+            raise UnsupportedRequest(f"deployment does not serve {endpoint}")
+        first = self._endpoints.setdefault(offload_id, endpoint)
+        if endpoint != first:
+            raise UnsupportedRequest(f"a {endpoint} row in a {first} provider batch")
+        wire: Any = upstream if endpoint == ENDPOINT else BodyWire(endpoint)
+        _, _, body = wire.build_request(self.deployment, messages, params)
         return orjson.dumps(
             {
                 "custom_id": custom_id(offload_id, batch_id, row_index),
                 "method": "POST",
-                "url": ENDPOINT,
+                "url": endpoint,
                 "body": orjson.Fragment(body),
             }
         )
@@ -105,9 +123,12 @@ class OpenAIBatches:
         """``POST /batches`` of the uploaded file; the batch's id."""
         if input_file_id is None:
             raise ProviderError("create: no input file uploaded", permanent=True)
+        endpoint = self._endpoints.pop(offload_id, None) or await asyncio.to_thread(
+            _first_url, path
+        )
         body = {
             "input_file_id": input_file_id,
-            "endpoint": ENDPOINT,
+            "endpoint": endpoint,
             "completion_window": self._window,
             "metadata": {"relay_offload_id": str(offload_id)},
         }
@@ -190,8 +211,23 @@ def result_line(raw: bytes, offload_id: int) -> ResultLine | None:
     body = response.get("body") if isinstance(response, dict) else None
     if not isinstance(response, dict) or response.get("status_code") != 200 or body is None:
         return ResultLine(key[0], key[1], None)
-    reply = upstream.parse_reply(orjson.dumps(body))
+    raw_body = orjson.dumps(body)
+    endpoint = answer_endpoint(body) if isinstance(body, dict) else ENDPOINT
+    reply = (
+        upstream.parse_reply(raw_body) if endpoint == ENDPOINT else body_reply(endpoint, raw_body)
+    )
     return ResultLine(key[0], key[1], reply if reply.completion is not None else None)
+
+
+def _first_url(path: str) -> str:
+    """The ``url`` of an input file's first line (a record resumed after a restart has
+    no endpoint in memory); chat when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            url = orjson.loads(fh.readline()).get("url")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return ENDPOINT
+    return url if isinstance(url, str) else ENDPOINT
 
 
 def _optional(data: dict[str, Any], key: str) -> str | None:

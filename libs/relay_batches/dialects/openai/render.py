@@ -1,12 +1,15 @@
 """A batch's rows as the lines of OpenAI's output and error files (pure rendering).
 
-Each line is ``{id, custom_id, response, error}``. The output file holds the rows that
+Each line is ``{id, custom_id, response, error}`` (a job of another endpoint than chat:
+its output lines' ``body`` is the provider's body as it came). The output file holds the rows that
 succeeded, each ``response: {status_code: 200, request_id, body}`` with ``body`` a
 ``chat.completion`` built from the stored outcome (message content and tool calls,
 finish reason, usage, the model that answered; only the well-formed stored tool calls and
 a finish reason of the chat vocabulary are shown, so a stored value left by rows
 recorded before replies were checked cannot make a line the SDK rejects; a refusal is
-stored as content with finish reason ``content_filter`` and shows as such). The error
+stored as content with finish reason ``content_filter`` and shows as such); an answer
+whose outcome kept the provider's whole reply (``n`` above 1, ``logprobs``, audio, see
+:mod:`.upstream`) has that reply as its body, every choice included. The error
 file holds every other row,
 ``response: null`` and ``error: {code, message}``: a row that failed with Relay's error
 code (``upstream_error``, ``internal_error``) and message, a row a cancel kept from
@@ -19,10 +22,12 @@ import re
 
 import orjson
 
+from relay_batches.dialects.endpoints import CHAT
 from relay_batches.ledger.jobs import AnsweredRow
 from relay_batches.model import Job, JobStatus
 from relay_batches.tool_calls import stored_finish_reason, stored_tool_calls
 
+BATCH_PREFIX = "batch_"  # a job ``h`` is ``batch_h`` on the OpenAI surface
 OUTPUT = "output"
 ERROR = "error"
 _NOT_RUN: dict[JobStatus, tuple[str, str]] = {
@@ -44,7 +49,10 @@ def _line_id(prefix: str, job: Job, row: AnsweredRow) -> str:
 
 
 def success_line(job: Job, row: AnsweredRow, created: int) -> dict[str, object]:
-    """A succeeded row's line: a 200 whose body is a ``chat.completion``."""
+    """A succeeded row's line: a 200 whose body is a ``chat.completion``: the provider's
+    own when the outcome kept it whole (several choices, log probabilities, …)."""
+    if row.body is not None:
+        return _line(job, row, orjson.Fragment(row.body))
     tool_calls = stored_tool_calls(row.tool_calls) or None
     content = None if tool_calls is not None and not row.content else (row.content or "")
     finish_reason = stored_finish_reason(row.finish_reason)
@@ -74,6 +82,16 @@ def success_line(job: Job, row: AnsweredRow, created: int) -> dict[str, object]:
         },
         "system_fingerprint": None,
     }
+    return _line(job, row, body)
+
+
+def body_line(job: Job, row: AnsweredRow) -> dict[str, object]:
+    """A succeeded row's line of a job of another endpoint than chat: a 200 whose body
+    is the provider's JSON body as it came (stored only once it parsed as an object)."""
+    return _line(job, row, orjson.Fragment(row.content or "{}"))
+
+
+def _line(job: Job, row: AnsweredRow, body: object) -> dict[str, object]:
     return {
         "id": _line_id("batch_req_", job, row),
         "custom_id": row.custom_id,
@@ -130,6 +148,8 @@ def error_line(job: Job, row: AnsweredRow) -> dict[str, object]:
 def render_page(job: Job, kind: str, rows: list[AnsweredRow]) -> bytes:
     """One page of the file as JSONL bytes."""
     dumps = orjson.dumps
+    if kind == OUTPUT and job.endpoint != CHAT:
+        return b"".join(dumps(body_line(job, r)) + b"\n" for r in rows)
     if kind == OUTPUT:
         created = int((job.completed_at or job.created_at).timestamp())
         return b"".join(dumps(success_line(job, r, created)) + b"\n" for r in rows)

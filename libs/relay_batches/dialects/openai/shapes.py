@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from relay_batches.dialects.endpoints import CHAT
 from relay_batches.errors import ApiError, invalid
 
 BatchStatus = Literal[
@@ -24,7 +25,7 @@ BatchStatus = Literal[
     "cancelling",
     "cancelled",
 ]
-CHAT_ENDPOINT = "/v1/chat/completions"
+CHAT_ENDPOINT = CHAT  # re-exported: the endpoint of a chat batch
 
 
 class _Strict(BaseModel):

@@ -8,10 +8,13 @@ carries (``tools``, ``tool_choice``, ``response_format``, ``max_tokens`` and
 deployment's default limit of either name, so the two never reach the upstream together
 unless the row itself sends both.
 
-Reply: the message's content, its ``tool_calls`` (held to the well-formed shape), the
-finish reason and usage. A refusal (``content`` null, ``refusal`` text) is stored as the
-content with finish reason ``content_filter``, so the surfaces show the text the model
-gave (the outcome has no refusal field of its own).
+Reply: the first choice's content, its ``tool_calls`` (held to the well-formed shape),
+the finish reason and usage. A reply that carries more than those hold — several choices
+(``n`` above 1), a choice's ``logprobs``, a message's ``audio`` or ``annotations`` — is
+kept whole besides (``Completion.body``), so the OpenAI output line shows the provider's
+body, every choice included. A refusal (``content`` null, ``refusal`` text) is stored as
+the content with finish reason ``content_filter``, so the surfaces show the text the
+model gave (the outcome has no refusal field of its own).
 """
 
 from __future__ import annotations
@@ -46,10 +49,37 @@ def build_request(
 def token_cap(deployment: Deployment, params: Mapping[str, Any]) -> int:
     """The completion-token cap a call sends (what a tokens-per-minute limit counts):
     the row's when it gives one, else the deployment's; the larger of the two keys
-    when both are sent; 0 for none."""
+    when both are sent; 0 for none; times ``n`` (each choice has the cap)."""
     source = params if any(params.get(key) is not None for key in TOKEN_LIMITS) else None
     source = deployment.params if source is None else source
-    return max(completion_cap({key: source.get(key)}) for key in TOKEN_LIMITS)
+    cap = max(completion_cap({key: source.get(key)}) for key in TOKEN_LIMITS)
+    choices = params.get("n", deployment.params.get("n"))
+    return cap * choices if type(choices) is int and choices > 1 else cap
+
+
+# Message fields the outcome holds (any other non-empty one keeps the reply whole).
+_KEPT_MESSAGE_FIELDS = frozenset({"role", "content", "refusal", "tool_calls"})
+
+
+def _whole(data: Mapping[str, Any]) -> str | None:
+    """The reply as compact JSON when it carries what the outcome's fields cannot hold:
+    several choices, log probabilities, or a message field beyond content and tool
+    calls (audio, annotations); None otherwise."""
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        return None
+    rich = len(choices) != 1 or any(
+        isinstance(choice, dict)
+        and (
+            choice.get("logprobs") is not None
+            or any(
+                value not in (None, [], {}) and key not in _KEPT_MESSAGE_FIELDS
+                for key, value in (choice.get("message") or {}).items()
+            )
+        )
+        for choice in choices
+    )
+    return orjson.dumps(data).decode() if rich else None
 
 
 def parse_reply(raw: bytes) -> ProviderReply:
@@ -82,4 +112,5 @@ def parse_reply(raw: bytes) -> ProviderReply:
         tool_calls=tool_calls,
         finish_reason=finish_reason if finish_reason in FINISH_REASONS else None,
         model=data.get("model"),
+        body=_whole(data),
     )

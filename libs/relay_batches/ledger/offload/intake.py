@@ -4,7 +4,7 @@ jobs dropped, and a deployment's pending rows cut into a provider batch when due
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from relay_batches.ledger.offload.records import (
     ANALYZE_AFTER_ROWS,
@@ -32,6 +32,7 @@ class Intake(PoolStore):
         step: int = INTAKE_STEP,
         jobs: int = 16,
         routed: Collection[str] | None = None,
+        patterns: Sequence[tuple[str, str]] = (),
     ) -> int:
         """Take up to ``step`` released rows of each of up to ``jobs`` offloaded running
         jobs (each job once a call, so a large one does not hold the others back) into
@@ -39,12 +40,17 @@ class Intake(PoolStore):
         take different ones; and move up to ``step`` pending rows of deployments that are
         no longer batch deployments to ``forward``. How many rows were recorded or moved.
 
-        ``leads`` maps each alias led by a batch deployment to that deployment; a row
-        whose own alias (else its job's) is not in it is recorded as ``forward``.
+        ``leads`` maps each alias led by a batch deployment to that deployment (an
+        alias mapped to ``""`` is led by none); a row whose own alias (else its job's)
+        has no lead is recorded as ``forward``.
         ``routed`` names every batch deployment of the routes (None: no such move), as
-        only those are gathered.
+        only those are gathered. ``patterns`` are the routes' alias patterns as
+        ``(prefix, lead)`` (:meth:`~relay_batches.router.aliases.AliasTable.lead_patterns`,
+        the longest prefix first, ``""`` for an alias no batch deployment leads): a row
+        whose alias is none of ``leads`` takes the lead of the first prefix it starts with.
         """
         aliases, deployments = list(leads), list(leads.values())
+        prefixes, prefix_leads = [p for p, _ in patterns], [d for _, d in patterns]
         recorded = 0
         if routed is not None:
             async with translated():
@@ -59,8 +65,9 @@ class Intake(PoolStore):
                 batch_id, rows_batch_id, model, start, upto = job
                 taken.append(batch_id)
                 end = min(upto, start + step)
-                args = (batch_id, rows_batch_id, start, end, model, aliases, deployments)
-                status = await conn.execute(_INTAKE_ROWS, *args)
+                rows = (batch_id, rows_batch_id, start, end, model)
+                routes = (aliases, deployments, prefixes, prefix_leads)
+                status = await conn.execute(_INTAKE_ROWS, *rows, *routes)
                 await conn.execute(_INTAKE_ADVANCE, batch_id, end)
                 recorded += int(status.split()[-1])
         self._unanalyzed += recorded
@@ -122,19 +129,26 @@ _INTAKE_LOCK = (
     " ORDER BY id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
 )
 
-# $1 job, $2 its rows' batch, $3..$4 the rows, $5 the job's alias, $6/$7 alias → lead.
+# $1 job, $2 its rows' batch, $3..$4 the rows, $5 the job's alias, $6/$7 alias → lead,
+# $8/$9 pattern prefix → lead ('' for none), the longest prefix first: a row naming no
+# alias of $6 takes its first matching prefix's lead (no lead: forward).
 # A row's own alias is batch_rows.model (read from its request when it was stored: see
 # ledger/row_model.py); rows naming none run under the job's, and a row whose request
 # could not be read names '' (no lead: it goes realtime). Rows with an outcome are left
 # out (a job offloaded after a crash of its first release may have some).
 _INTAKE_ROWS = (
     "INSERT INTO offload_rows (batch_id, row_index, deployment, state, bytes)"
-    " SELECT $1, r.row_index, COALESCE(l.deployment, ''),"
-    f"  CASE WHEN l.deployment IS NULL THEN '{RowState.FORWARD}' ELSE '{RowState.PENDING}' END,"
+    " SELECT $1, r.row_index, COALESCE(l.deployment, p.deployment, ''),"
+    "  CASE WHEN COALESCE(l.deployment, p.deployment, '') = ''"
+    f"   THEN '{RowState.FORWARD}' ELSE '{RowState.PENDING}' END,"
     "  octet_length(r.request)"
     " FROM batch_rows r"
     " LEFT JOIN unnest($6::text[], $7::text[]) AS l(alias, deployment)"
     "  ON l.alias = COALESCE(r.model, $5)"
+    " LEFT JOIN LATERAL (SELECT t.deployment"
+    "  FROM unnest($8::text[], $9::text[]) WITH ORDINALITY AS t(prefix, deployment, n)"
+    "  WHERE l.alias IS NULL AND left(COALESCE(r.model, $5), length(t.prefix)) = t.prefix"
+    "  ORDER BY t.n LIMIT 1) p ON true"
     " WHERE r.batch_id = $2 AND r.row_index >= $3 AND r.row_index < $4"
     " AND NOT EXISTS (SELECT 1 FROM row_results o WHERE o.batch_id = $1"
     "  AND o.row_index = r.row_index AND o.row_index >= $3 AND o.row_index < $4)"

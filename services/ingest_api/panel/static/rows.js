@@ -59,6 +59,10 @@ function resultCell(row) {
   if (row.error !== undefined && row.error !== null) {
     return h("td", { class: "error-text" }, row.error);
   }
+  if (row.response !== undefined) {
+    // Another endpoint than chat: the provider's body, shown as its JSON text.
+    return h("td", { class: "json" }, JSON.stringify(row.response).slice(0, 2000));
+  }
   if (!row.content) return h("td", { class: "muted" }, row.tool_calls ? "(tool calls)" : "(empty)");
   return h("td", {}, row.content);
 }

@@ -12,6 +12,7 @@ expires 24 hours after it was created, as Anthropic's batches do.
 from __future__ import annotations
 
 from collections.abc import Container, Iterator
+from dataclasses import replace
 from datetime import datetime
 
 from relay_batches.dialects.anthropic.render import EXPIRY
@@ -34,6 +35,7 @@ from relay_batches.services.ingest_api.rows.validation import (
 from relay_batches.services.ingest_api.submit import PlannedJob, plan_job, row_models
 
 BODY_FIELDS = ("requests",)
+SURFACE = "anthropic"  # batches.surface: its webhook events name it msgbatch_…
 
 
 def plan_batch(
@@ -52,7 +54,8 @@ def plan_batch(
         cron=None,
         completion_window=EXPIRY,
     )
-    return plan_job(options, rows, workspace_id, now)
+    planned = plan_job(options, rows, workspace_id, now)
+    return replace(planned, new=replace(planned.new, surface=SURFACE))
 
 
 def scan_requests(

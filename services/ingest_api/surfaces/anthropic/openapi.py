@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relay_batches.dialects.anthropic.models import AnthropicModelInfo, AnthropicModelList
 from relay_batches.dialects.anthropic.render import BATCHES_PATH
 from relay_batches.dialects.anthropic.shapes import (
     AnthropicCreateBatch,
@@ -16,6 +17,7 @@ from relay_batches.dialects.anthropic.shapes import (
 )
 
 TAG = "anthropic"
+MODELS_PATH = "/anthropic/v1/models"
 _SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}]
 
 
@@ -103,26 +105,35 @@ def _create() -> dict[str, Any]:
     )
 
 
-def _list() -> dict[str, Any]:
-    def query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "name": name,
-            "in": "query",
-            "required": False,
-            "description": description,
-            "schema": schema,
-        }
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
 
+
+def _page_parameters(after: str, before: str) -> list[dict[str, Any]]:
+    """The version header and the cursor parameters of a list (Anthropic's paging)."""
+    return [
+        _VERSION,
+        _query("limit", "1 to 1000, default 20.", {"type": "integer"}),
+        _query("after_id", after, {"type": "string"}),
+        _query("before_id", before, {"type": "string"}),
+    ]
+
+
+def _list() -> dict[str, Any]:
     return _operation(
         "anthropicListMessageBatches",
         "List message batches, newest first (Anthropic-compatible)",
         {"200": _json("A page of batches.", "AnthropicMessageBatchList"), "400": _BAD},
-        parameters=[
-            _VERSION,
-            query("limit", "1 to 1000, default 20.", {"type": "integer"}),
-            query("after_id", "The page of older batches after this one.", {"type": "string"}),
-            query("before_id", "The page of newer batches before this one.", {"type": "string"}),
-        ],
+        parameters=_page_parameters(
+            "The page of older batches after this one.",
+            "The page of newer batches before this one.",
+        ),
     )
 
 
@@ -187,6 +198,40 @@ def _results() -> dict[str, Any]:
     }
 
 
+def _models() -> dict[str, Any]:
+    return {
+        "get": _operation(
+            "anthropicListModels",
+            "List the models: the route aliases, in id order (Anthropic-compatible)",
+            {"200": _json("A page of models.", "AnthropicModelList"), "400": _BAD},
+            parameters=_page_parameters(
+                "The page of ids after this one.", "The page of ids before this one."
+            ),
+        )
+    }
+
+
+def _model() -> dict[str, Any]:
+    model_id = {
+        "name": "model_id",
+        "in": "path",
+        "required": True,
+        "description": "An alias, or a name one of its patterns matches (a dated snapshot).",
+        "schema": {"type": "string"},
+    }
+    return {
+        "parameters": [model_id, _VERSION],
+        "get": _operation(
+            "anthropicGetModel",
+            "Retrieve a model (Anthropic-compatible)",
+            {
+                "200": _json("The model.", "AnthropicModelInfo"),
+                "404": _error("No such model: neither an alias nor a name its patterns match."),
+            },
+        ),
+    }
+
+
 def anthropic_fragment() -> dict[str, dict[str, Any]]:
     """The surface's paths and schemas for :data:`.openapi.FRAGMENTS`."""
     # Imported here: openapi.py lists this function among its fragments.
@@ -198,6 +243,8 @@ def anthropic_fragment() -> dict[str, dict[str, Any]]:
         AnthropicDeletedMessageBatch,
         AnthropicError,
         AnthropicResultLine,
+        AnthropicModelInfo,
+        AnthropicModelList,
         mode="serialization",
     )
     schemas.update(model_schemas(AnthropicCreateBatch))
@@ -207,6 +254,8 @@ def anthropic_fragment() -> dict[str, dict[str, Any]]:
             f"{BATCHES_PATH}/{{id}}": _by_id(),
             f"{BATCHES_PATH}/{{id}}/cancel": _cancel(),
             f"{BATCHES_PATH}/{{id}}/results": _results(),
+            MODELS_PATH: _models(),
+            f"{MODELS_PATH}/{{model_id}}": _model(),
         },
         "schemas": schemas,
     }

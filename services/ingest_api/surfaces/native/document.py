@@ -28,6 +28,10 @@ TAGS = [
     {"name": "models", "description": "The model aliases batches can name."},
     {"name": "usage", "description": "Rows, tokens and cost of the jobs; the live fleet."},
     {
+        "name": "webhooks",
+        "description": "The workspace's webhook endpoints: an OpenAI event when a batch ends.",
+    },
+    {
         "name": "service",
         "description": "Health, readiness and this document (no authentication; metrics are"
         " on the health port).",

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from relay_batches.dialects.chat import Message, Params, RequestRow
+from relay_batches.services.ingest_api import webhook_endpoint_shapes as endpoints
 from relay_batches.services.ingest_api.surfaces.native import outcomes, shapes
 from relay_batches.services.ingest_api.surfaces.native.batches import (
     DEFAULT_PAGE,
@@ -45,7 +46,12 @@ from relay_batches.services.ingest_api.surfaces.native.openapi_activity import (
 )
 
 # Every schema the native surface names (the models they use come along).
-REQUESTS: tuple[type[BaseModel], ...] = (shapes.CreateBatch, shapes.UploadForm, shapes.RetryBatch)
+REQUESTS: tuple[type[BaseModel], ...] = (
+    shapes.CreateBatch,
+    shapes.UploadForm,
+    shapes.RetryBatch,
+    endpoints.CreateWebhookEndpoint,
+)
 RESPONSES_MODELS: tuple[type[BaseModel], ...] = (
     shapes.Batch,
     shapes.BatchList,
@@ -63,6 +69,7 @@ RESPONSES_MODELS: tuple[type[BaseModel], ...] = (
     outcomes.BatchTimeline,
     outcomes.Usage,
     outcomes.Workers,
+    *endpoints.MODELS,
     *shapes.ERRORS.values(),
 )
 
@@ -362,6 +369,13 @@ def _retry() -> dict[str, Any]:
 
 def _webhook_deliveries() -> dict[str, Any]:
     """``/v1/batches/{id}/webhook_deliveries``: the log, and a redelivery."""
+    endpoint = query(
+        "endpoint_id",
+        "A webhook endpoint of the workspace (`we_<32 hex>`): the log (or a redelivery) of"
+        " the event the batch sent it, instead of the batch's own completion webhook; 400"
+        " when malformed; a redelivery for an endpoint the batch sent no event is 409.",
+        {"type": "string", "pattern": endpoints.ENDPOINT_ID},
+    )
     return {
         "get": operation(
             "listWebhookDeliveries",
@@ -392,6 +406,7 @@ def _webhook_deliveries() -> dict[str, Any]:
                         "pattern": rf"^[0-9a-f]{{32}}\.[0-9]{{1,{ATTEMPT_DIGITS}}}$",
                     },
                 ),
+                endpoint,
             ],
         ),
         "post": operation(
@@ -408,7 +423,9 @@ def _webhook_deliveries() -> dict[str, Any]:
             ' deferred and unclaimed) gets its ordinary first delivery (`status: "sending"`,'
             " `redelivery: false`); asking again while it waits answers 202 again, still one"
             " POST. The answer's `status` and `next_attempt_at` are the stored ones that `GET`"
-            " shows.",
+            " shows. With `endpoint_id`, the event the batch sent that webhook endpoint is"
+            " redelivered the same way (same `webhook-id` and body).",
+            parameters=[endpoint],
         ),
     }
 
@@ -421,6 +438,7 @@ def _paths() -> dict[str, Any]:
         **_one_batch(),
         "/v1/usage": usage_path(),
         "/v1/workers": workers_path(),
+        **_webhook_endpoints(),
         "/v1/models": {
             "get": operation(
                 "listModels",
@@ -450,6 +468,50 @@ def _paths() -> dict[str, Any]:
                 "This document",
                 {"200": inline(answers["document"], "The OpenAPI 3.1 document.")},
             )
+        },
+    }
+
+
+def _webhook_endpoints() -> dict[str, Any]:
+    """``/v1/webhook_endpoints``: create, list, delete (the same as under ``/openai/v1``)."""
+    endpoint_id = {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": endpoints.ENDPOINT_ID},
+    }
+    return {
+        "/v1/webhook_endpoints": {
+            "post": operation(
+                "createWebhookEndpoint",
+                endpoints.SUMMARIES["create"],
+                {"201": json(endpoints.WebhookEndpoint, "Created, with its secret.")},
+                _BODY_ERRORS,
+                tag="webhooks",
+                description=endpoints.CREATE_DESCRIPTION,
+                requestBody={
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": schema(endpoints.CreateWebhookEndpoint)}
+                    },
+                },
+            ),
+            "get": operation(
+                "listWebhookEndpoints",
+                endpoints.SUMMARIES["list"],
+                {"200": json(endpoints.WebhookEndpointList, "Every endpoint, oldest first.")},
+                tag="webhooks",
+            ),
+        },
+        "/v1/webhook_endpoints/{id}": {
+            "parameters": [endpoint_id],
+            "delete": operation(
+                "deleteWebhookEndpoint",
+                endpoints.SUMMARIES["delete"],
+                {"200": json(endpoints.WebhookEndpointDeleted, "Deleted.")},
+                (404,),
+                tag="webhooks",
+            ),
         },
     }
 

@@ -98,6 +98,16 @@ class _ContentRow(_RowDetails):
     attempts: Count = Field(ABSENT, description=_ATTEMPTS_DOC)
 
 
+class _ResponseRow(_RowDetails):
+    custom_id: str
+    response: dict[str, Any] = Field(
+        description="A batch of another endpoint than chat: the provider's JSON body as it"
+        " came (a `CreateEmbeddingResponse`, `Completion`, `ModerationCreateResponse` or"
+        " `Response`)."
+    )
+    attempts: Count = Field(ABSENT, description=_ATTEMPTS_DOC)
+
+
 class _ErrorRow(_RowDetails):
     custom_id: str
     error: str
@@ -105,6 +115,8 @@ class _ErrorRow(_RowDetails):
 
 
 def _outcome(row: Any) -> str:
+    if isinstance(row, dict) and "response" in row:
+        return "response"
     return "error" if isinstance(row, dict) and "error" in row else "content"
 
 
@@ -112,7 +124,9 @@ class ResultRow(RootModel[Any]):
     """One row's outcome: its content, or its error."""
 
     root: Annotated[
-        Annotated[_ContentRow, Tag("content")] | Annotated[_ErrorRow, Tag("error")],
+        Annotated[_ContentRow, Tag("content")]
+        | Annotated[_ResponseRow, Tag("response")]
+        | Annotated[_ErrorRow, Tag("error")],
         Discriminator(_outcome),
     ]
 
@@ -246,6 +260,12 @@ class WebhookDeliveries(Closed):
 
     object: Literal["list"]
     batch_id: Id
+    endpoint_id: str = Field(
+        default=ABSENT,
+        pattern=r"^we_[0-9a-f]{32}$",
+        description="The webhook endpoint asked for (`?endpoint_id=`); absent: the batch's"
+        " own completion webhook.",
+    )
     status: Annotated[
         str | None,
         enum(*DeliveryStatus, None),
@@ -265,6 +285,12 @@ class WebhookRedelivery(Closed):
 
     object: Literal["webhook_delivery.scheduled"]
     batch_id: Id
+    endpoint_id: str = Field(
+        default=ABSENT,
+        pattern=r"^we_[0-9a-f]{32}$",
+        description="The webhook endpoint asked for (`?endpoint_id=`); absent: the batch's"
+        " own completion webhook.",
+    )
     status: Annotated[
         str,
         enum(DeliveryStatus.RETRYING, DeliveryStatus.SENDING),

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from relay_batches.dialects.endpoints import CHAT
 from relay_batches.errors import invalid
 from relay_batches.ledger.jobs import DeadLetterRow, ResultRow, RowDetails
 from relay_batches.model import TERMINAL, Job, shown
@@ -96,6 +97,19 @@ def row_object(row: ResultRow) -> dict[str, Any]:
     return shown
 
 
+def body_row_object(row: ResultRow) -> dict[str, Any]:
+    """The native per-row result of a job of another endpoint than chat:
+    ``{custom_id, response}``, ``response`` the provider's JSON body as it came (the row
+    worker stored it only once it parsed as a JSON object), or ``{custom_id, error}``."""
+    if row.error is not None:
+        shown: dict[str, Any] = {"custom_id": row.custom_id, "error": row.error}
+    else:
+        shown = {"custom_id": row.custom_id, "response": orjson.Fragment(row.content or "{}")}
+    if row.details is not None:
+        shown.update(details_object(row.details, row.error is not None))
+    return shown
+
+
 def dead_letter_object(row: DeadLetterRow) -> dict[str, Any]:
     """The native dead-letter row (docs/api/native.md): ``{custom_id, error, attempts}``,
     and its details when they were asked for."""
@@ -150,8 +164,9 @@ async def stream_results(
 ) -> web.StreamResponse:
     """The results of ``batch``: none until it is terminal, then every outcome in order;
     ``partial``: every outcome recorded so far, whatever the status (the head says so)."""
+    to_object = row_object if job.endpoint == CHAT else body_row_object
     if partial:
         head: dict[str, Any] = {"id": job.id, "status": job.status, "partial": True}
-        return await stream_list(request, head, pages, row_object)
+        return await stream_list(request, head, pages, to_object)
     head = {"id": job.id, "status": job.status}
-    return await stream_list(request, head, pages if job.status in TERMINAL else None, row_object)
+    return await stream_list(request, head, pages if job.status in TERMINAL else None, to_object)

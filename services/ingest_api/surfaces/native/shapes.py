@@ -22,6 +22,12 @@ from pydantic import (
 )
 
 from relay_batches.dialects.chat import Params, RequestRow
+from relay_batches.dialects.endpoints import (
+    CompletionsRow,
+    EmbeddingsRow,
+    ModerationsRow,
+    ResponsesRow,
+)
 from relay_batches.errors import ERROR_TYPES
 from relay_batches.model import JobStatus
 from relay_batches.services.ingest_api.rows import job_fields as jf
@@ -129,9 +135,25 @@ class CreateBatch(Closed):
         " unknown alias is 400 (`param: model`).",
         examples=["gpt-4o-mini"],
     )
-    requests: list[RequestRow] = Field(
-        min_length=1,
-        description="At most `RELAY_MAX_ROWS` (default 1,000,000) requests, else 400.",
+    requests: list[RequestRow | EmbeddingsRow | CompletionsRow | ModerationsRow | ResponsesRow] = (
+        Field(
+            min_length=1,
+            description="At most `RELAY_MAX_ROWS` (default 1,000,000) requests, else 400. Each is"
+            " a body of the batch's `endpoint` (chat: `RequestRow`), with an optional"
+            " `custom_id`; its `model` defaults to the batch's.",
+        )
+    )
+    endpoint: Literal[
+        "/v1/chat/completions",
+        "/v1/embeddings",
+        "/v1/completions",
+        "/v1/moderations",
+        "/v1/responses",
+    ] = Field(
+        "/v1/chat/completions",
+        description="The OpenAI endpoint the rows are bodies of (default chat completions);"
+        " another value is 400 (`param: endpoint`). It must come before `requests` in the"
+        " body (rows are checked as they stream in). `params` is only for chat batches.",
     )
     name: str | None = Field(
         None,
@@ -231,6 +253,12 @@ class UploadForm(BaseModel):
         description="As in `POST /v1/batches`, as a decimal number (for example `2.5`); blank"
         " means absent. Each file's job has this budget of its own.",
     )
+    endpoint: str = Field(
+        ABSENT,
+        description="As in `POST /v1/batches`. Absent: the url of a file's OpenAI lines (every"
+        " line must name the same), else chat completions; a row of another endpoint is 400"
+        " naming its file and line.",
+    )
 
 
 class RetryBatch(Closed):
@@ -273,6 +301,7 @@ class Batch(Closed):
     cron: str | None
     next_run_at: Timestamp | None
     template_id: Id | None = Field(description="The cron template that spawned this run.")
+    endpoint: str = Field(description="The OpenAI endpoint its rows are bodies of.")
     params: Params
     expires_at: Timestamp | None = Field(
         description="When the job's completion window ends (null: none). A job still queued"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import tempfile
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -367,8 +367,11 @@ async def store_upload(
     planned = []
     for index, upload in enumerate(form.files):
         batch_id = new_id()
-        total, first = await _store_rows(writer, batch_id, index, upload, deps, known, large)
+        total, first = await _store_rows(
+            writer, batch_id, index, upload, deps, known, large, payload
+        )
         job = options if options is not None else _row_model_options(payload, first, deps)
+        job = replace(job, endpoint=first.endpoint)  # the form's, else the file's url
         name = job_name(job.name, upload.filename, len(form.files))
         new = plan_job(job, [], workspace_id, now, name).new
         planned.append(replace(new, id=batch_id, total=total))
@@ -383,6 +386,7 @@ async def _store_rows(
     deps: ApiDeps,
     known: Container[str],
     large: bool,
+    payload: Mapping[str, object],
 ) -> tuple[int, RowInput]:
     """COPY the file's rows under ``batch_id`` a chunk at a time, each validated in the
     parser executor; how many, and the first. A 400 naming the file and line for the
@@ -391,8 +395,15 @@ async def _store_rows(
     parser = deps.parser_for(large)
     await loop.run_in_executor(None, upload.spool.seek, 0)
     with _file_errors(index, upload):
+        given = payload.get("endpoint")
         reader = await loop.run_in_executor(
-            parser, FileReader, upload.filename, upload.spool, deps.limits, known
+            parser,
+            FileReader,
+            upload.filename,
+            upload.spool,
+            deps.limits,
+            known,
+            given if isinstance(given, str) else None,
         )
         first: RowInput | None = None
         while rows := await loop.run_in_executor(parser, reader.next_chunk):

@@ -24,7 +24,8 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from relay_batches.dialects.openai.render import ERROR, OUTPUT
+from relay_batches.dialects.endpoints import ALL_ENDPOINTS
+from relay_batches.dialects.openai.render import BATCH_PREFIX, ERROR, OUTPUT
 from relay_batches.dialects.openai.shapes import (
     CHAT_ENDPOINT,
     BatchStatus,
@@ -67,7 +68,6 @@ from relay_batches.services.ingest_api.surfaces.openai.output import (
 
 log = logging.getLogger("relay.ingest_api")
 
-BATCH_PREFIX = "batch_"
 JSON = "application/json"
 MAX_CREATE_BYTES = 64 * 1024
 DEFAULT_PAGE = 20
@@ -161,8 +161,11 @@ def parse_create(raw: bytes | bytearray) -> OpenAICreateBatch:
         body = OpenAICreateBatch.model_validate(payload)
     except ValidationError as exc:
         raise validation_error(exc) from None
-    if body.endpoint != CHAT_ENDPOINT:
-        raise invalid(f"endpoint must be {CHAT_ENDPOINT} (the only one Relay runs)", "endpoint")
+    if body.endpoint not in ALL_ENDPOINTS:
+        raise invalid(
+            f"endpoint must be one of {', '.join(ALL_ENDPOINTS)} (the endpoints Relay runs)",
+            "endpoint",
+        )
     return body
 
 
@@ -204,14 +207,19 @@ async def _store(
     if stored is None or stored.purpose != INPUT_PURPOSE:
         raise ApiError(404, f"No such input file: {body.input_file_id[:80]!r}", "input_file_id")
     name = stored.filename[:MAX_NAME_CHARS] or None
-    if stored.line_errors is None:
+    line_errors = stored.line_errors
+    if line_errors is None and (stored.endpoint or CHAT_ENDPOINT) != body.endpoint:
+        line_errors = _url_mismatch(stored.endpoint or CHAT_ENDPOINT, body.endpoint)
+    if line_errors is None:
         options = job_fields({"model": stored.model, "name": name}, deps)
     else:
         options = BatchOptions(name, stored.model or NO_MODEL, 0, None, None)
-    options = replace(options, completion_window=window, metadata_json=metadata)
+    options = replace(
+        options, completion_window=window, metadata_json=metadata, endpoint=body.endpoint
+    )
     # A file that failed validation keeps no rows: its job counts it as one failed
     # request (a job has at least one), which never runs and has no result row.
-    total = stored.rows if stored.line_errors is None else 1
+    total = stored.rows if line_errors is None else 1
     planned = plan_stored_job(options, stored.id, total, workspace_id, now)
     link = BatchLink(
         planned.new.id,
@@ -220,16 +228,23 @@ async def _store(
         new_id(),
         body.endpoint,
         body.completion_window,
-        stored.line_errors,
+        line_errors,
     )
     linked: LinkedBatch | None
-    if stored.line_errors is not None:
+    if line_errors is not None:
         linked = await deps.files.create_failed(planned.new, link, claim)
     else:
         linked = await deps.files.create_linked(planned.new, link, claim)
     if linked is None:
         raise ApiError(404, f"No such input file: {body.input_file_id[:80]!r}", "input_file_id")
     return linked
+
+
+def _url_mismatch(lines: str, endpoint: str) -> str:
+    """The errors of a batch whose file's lines name another url than its endpoint."""
+    message = f"The file's lines name {lines}, not the batch's endpoint {endpoint}."
+    error = {"code": "invalid_url", "message": message, "param": "url", "line": 1}
+    return orjson.dumps([error]).decode()
 
 
 async def _replay(

@@ -268,7 +268,13 @@ async def _store_spooled(
             errors = orjson.dumps([e.to_api() for e in reader.errors]).decode()
         rows_kept = 0 if reader.errors else reader.rows
         return await upload.finish(
-            workspace_id, form.filename, form.size, rows_kept, reader.model, errors
+            workspace_id,
+            form.filename,
+            form.size,
+            rows_kept,
+            reader.model,
+            errors,
+            reader.endpoint,
         )
 
 

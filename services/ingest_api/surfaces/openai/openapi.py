@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from relay_batches.dialects.openai.models import OpenAIModel, OpenAIModelList
 from relay_batches.dialects.openai.shapes import (
     OpenAIBatch,
     OpenAIBatchList,
@@ -15,6 +16,7 @@ from relay_batches.dialects.openai.shapes import (
     OpenAIFileList,
     OpenAIUploadForm,
 )
+from relay_batches.services.ingest_api import webhook_endpoint_shapes as endpoints
 
 TAG = ["openai"]
 SECURITY: list[dict[str, list[str]]] = [{"bearerAuth": []}]
@@ -187,6 +189,23 @@ def _paths() -> dict[str, Any]:
                 "openaiGetBatch", "Retrieve a batch", _json(OpenAIBatch, "The batch."), (404,)
             ),
         },
+        "/openai/v1/models": {
+            "get": _operation(
+                "openaiListModels",
+                "List the models: the route aliases",
+                _json(OpenAIModelList, "Every alias, sorted by id (`owned_by`: `relay`)."),
+                (),
+            ),
+        },
+        "/openai/v1/models/{model}": {
+            "parameters": _path_param(
+                "model", "An alias, or a name one of its patterns matches (a dated snapshot)."
+            ),
+            "get": _operation(
+                "openaiGetModel", "Retrieve a model", _json(OpenAIModel, "The model."), (404,)
+            ),
+        },
+        **_webhook_endpoints(),
         "/openai/v1/batches/{batch_id}/cancel": {
             "parameters": batch_id,
             "post": _operation(
@@ -194,6 +213,45 @@ def _paths() -> dict[str, Any]:
                 "Cancel a batch (again: the cancelled batch)",
                 _json(OpenAIBatch, "The batch, cancelled."),
                 (404, 409),
+            ),
+        },
+    }
+
+
+def _webhook_endpoints() -> dict[str, Any]:
+    """``/openai/v1/webhook_endpoints``: the native API's, with OpenAI's error object (the
+    objects' schemas are the native fragment's: one object, served by both surfaces)."""
+    endpoint_id = _path_param("id", "`we_<32 hex>`.")
+    created = _json(endpoints.WebhookEndpoint, "Created, with its secret.")
+    create = _operation(
+        "openaiCreateWebhookEndpoint",
+        endpoints.SUMMARIES["create"],
+        created,
+        (400, 408, 409, 413, 415),
+        description=endpoints.CREATE_DESCRIPTION,
+        requestBody={
+            "required": True,
+            "content": {"application/json": {"schema": _ref(endpoints.CreateWebhookEndpoint)}},
+        },
+    )
+    create["responses"] = {"201": create["responses"].pop("200"), **create["responses"]}
+    return {
+        "/openai/v1/webhook_endpoints": {
+            "post": create,
+            "get": _operation(
+                "openaiListWebhookEndpoints",
+                endpoints.SUMMARIES["list"],
+                _json(endpoints.WebhookEndpointList, "Every endpoint, oldest first."),
+                (),
+            ),
+        },
+        "/openai/v1/webhook_endpoints/{id}": {
+            "parameters": endpoint_id,
+            "delete": _operation(
+                "openaiDeleteWebhookEndpoint",
+                endpoints.SUMMARIES["delete"],
+                _json(endpoints.WebhookEndpointDeleted, "Deleted."),
+                (404,),
             ),
         },
     }
@@ -212,6 +270,8 @@ def openai_fragment() -> dict[str, dict[str, Any]]:
         OpenAIBatch,
         OpenAIBatchList,
         OpenAIError,
+        OpenAIModel,
+        OpenAIModelList,
         mode="serialization",
     )
     return {"paths": _paths(), "schemas": {**schemas, **responses}}
