@@ -23,6 +23,7 @@ from relay_batches.services.ingest_api.app import build_app
 from relay_batches.services.ingest_api.deps import ApiDeps
 from relay_batches.services.ingest_api.edge.body import BodyGate
 from relay_batches.services.ingest_api.edge.protocol import ApiRunner
+from relay_batches.services.ingest_api.fleet import Fleet, FleetWatch
 from relay_batches.services.ingest_api.publishing import publisher_for
 from relay_batches.services.ingest_api.rows.validation import (
     SubmitLimits,
@@ -76,6 +77,8 @@ async def build(
     aliases = load_aliases(settings.routes_file, os.environ)
     pool = await open_pool(settings, resources, max_size=POOL_MAX)
     bus = await open_bus(settings, resources, "ingest-api")
+    watch = FleetWatch()
+    await watch.start(bus)
     long_stores = long_store_slots()
     jobs = JobStore(pool, page_bytes=settings.results_page_bytes, long_stores=long_stores)
     deps = ApiDeps(
@@ -98,6 +101,7 @@ async def build(
             settings.body_min_rate,
         ),
         spool_dir=settings.upload_spool_dir,
+        fleet=Fleet(watch, bus),
         url_guard=UrlGuard(settings.webhook_allow_networks, settings.webhook_timeout_s),
     )
 

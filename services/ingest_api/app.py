@@ -32,6 +32,7 @@ from relay_batches.services.ingest_api.surfaces import anthropic, native, openai
 from relay_batches.services.ingest_api.surfaces.anthropic import models as anthropic_models
 from relay_batches.services.ingest_api.surfaces.anthropic.batches import add_anthropic_routes
 from relay_batches.services.ingest_api.surfaces.anthropic.errors import anthropic_error
+from relay_batches.services.ingest_api.surfaces.native.activity import add_activity_routes
 from relay_batches.services.ingest_api.surfaces.native.aliases import add_model_routes
 from relay_batches.services.ingest_api.surfaces.native.batches import add_batch_routes
 from relay_batches.services.ingest_api.surfaces.native.deliveries import add_delivery_routes
@@ -53,6 +54,7 @@ SURFACES: tuple[tuple[str, ErrorShape, tuple[AddRoutes, ...]], ...] = (
         (
             add_batch_routes,
             add_delivery_routes,
+            add_activity_routes,
             add_upload_routes,
             add_model_routes,
             add_webhook_endpoint_routes,

@@ -19,6 +19,7 @@ from relay_batches.ledger.webhook_endpoints import WebhookEndpoints
 from relay_batches.model import Job
 from relay_batches.netguard import UrlGuard
 from relay_batches.services.ingest_api.edge.body import BodyGate
+from relay_batches.services.ingest_api.fleet import Fleet
 from relay_batches.services.ingest_api.rows.validation import (
     SubmitLimits,
 )
@@ -56,6 +57,8 @@ class ApiDeps:
     public_base_url: str = ""
     body_gate: BodyGate = field(default_factory=BodyGate)  # stall timeout, large bodies
     spool_dir: str | None = None  # where uploads are spooled; None: the system temp dir
+    # The row-workers, queues and throttles of GET /v1/workers (None: not listening).
+    fleet: Fleet | None = None
     # The SSRF guard a webhook endpoint's URL must pass when it is created (the
     # notifier applies it again at every POST).
     url_guard: UrlGuard = field(default_factory=UrlGuard)

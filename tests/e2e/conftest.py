@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 
 from relay_batches.services.relay_cli import admin
+from tests.helpers.panel_browser import browser, page, panel_key, shots  # noqa: F401 (fixtures)
 from tests.helpers.processes import System, running_system
 from tests.helpers.support import (
     ApiClient,

@@ -234,9 +234,12 @@ async def test_stats_count_rows_per_interval_and_bucket_latencies(pool: asyncpg.
             "p99_ms": 70000,
             "max_ms": 70000,
             "buckets": [
-                {"le_ms": le, "count": n}
-                for le, n in zip(
-                    (*LATENCY_BOUNDS_MS, None), (2, 2, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 1), strict=True
+                {"le_ms": le, "count": n, "failed": f}
+                for le, n, f in zip(
+                    (*LATENCY_BOUNDS_MS, None),
+                    (2, 2, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 1),
+                    (0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0),  # the 11 ms and 1000 ms errors
+                    strict=True,
                 )
             ],
         },
@@ -253,7 +256,7 @@ async def test_stats_of_a_job_without_outcomes_are_empty(pool: asyncpg.Pool) -> 
     assert (stats["interval_s"], stats["progress"]) == (INTERVALS_S[0], [])
     assert stats["latency"] == {
         "count": 0, "p50_ms": None, "p90_ms": None, "p99_ms": None, "max_ms": None,
-        "buckets": [{"le_ms": le, "count": 0} for le in (*LATENCY_BOUNDS_MS, None)],
+        "buckets": [{"le_ms": le, "count": 0, "failed": 0} for le in (*LATENCY_BOUNDS_MS, None)],
     }  # fmt: skip
 
 

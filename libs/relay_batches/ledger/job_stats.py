@@ -49,7 +49,8 @@ def interval_for(first_s: float, last_s: float) -> int:
 # chooses the width (interval_for's rule); ``bins`` counts the outcomes per interval
 # (date_bin on the epoch) and ``buckets`` per latency bucket (width_bucket over the
 # bounds, shifted by one so that a latency equal to a bound falls in that bound's
-# bucket). The series and the histogram are filled with zeros where nothing fell.
+# bucket), and of those the failed ones. The series and the histogram are filled with
+# zeros where nothing fell.
 _STATS = """
 WITH o AS (
   SELECT created_at, error IS NULL AS ok, latency_ms FROM row_results WHERE batch_id = $1
@@ -71,7 +72,8 @@ WITH o AS (
     count(*) FILTER (WHERE o.ok) AS completed, count(*) FILTER (WHERE NOT o.ok) AS failed
   FROM o, pick p GROUP BY 1
 ), buckets AS (
-  SELECT width_bucket(latency_ms - 1, $4::int[]) AS bucket, count(*) AS n
+  SELECT width_bucket(latency_ms - 1, $4::int[]) AS bucket, count(*) AS n,
+    count(*) FILTER (WHERE NOT ok) AS failed
   FROM o WHERE latency_ms IS NOT NULL GROUP BY 1
 )
 SELECT p.interval_s, p.latency_count, p.max_ms, p.pct,
@@ -86,7 +88,12 @@ SELECT p.interval_s, p.latency_count, p.max_ms, p.pct,
     SELECT COALESCE(k.n, 0)
     FROM generate_series(0, cardinality($4::int[])) AS i(bucket)
     LEFT JOIN buckets k ON k.bucket = i.bucket ORDER BY i.bucket
-  ) AS bucket_counts
+  ) AS bucket_counts,
+  ARRAY(
+    SELECT COALESCE(k.failed, 0)
+    FROM generate_series(0, cardinality($4::int[])) AS i(bucket)
+    LEFT JOIN buckets k ON k.bucket = i.bucket ORDER BY i.bucket
+  ) AS bucket_failed
 FROM pick p
 """
 
@@ -111,6 +118,7 @@ class JobStats:
     percentiles_ms: tuple[int | None, ...]
     max_ms: int | None
     bucket_counts: tuple[int, ...]
+    bucket_failed: tuple[int, ...]
 
     def to_api(self) -> dict[str, Any]:
         """The ``batch.stats`` object of ``GET /v1/batches/{id}/stats``."""
@@ -133,8 +141,10 @@ class JobStats:
                 "p99_ms": p99,
                 "max_ms": self.max_ms,
                 "buckets": [
-                    {"le_ms": le, "count": n}
-                    for le, n in zip(bounds, self.bucket_counts, strict=True)
+                    {"le_ms": le, "count": n, "failed": failed}
+                    for le, n, failed in zip(
+                        bounds, self.bucket_counts, self.bucket_failed, strict=True
+                    )
                 ],
             },
         }
@@ -163,4 +173,5 @@ class JobStatsStore:
             percentiles_ms=tuple(pct),
             max_ms=record["max_ms"],
             bucket_counts=tuple(record["bucket_counts"]),
+            bucket_failed=tuple(record["bucket_failed"]),
         )

@@ -241,16 +241,27 @@ class JobStore(ResultPages):
         after: str | None,
         status: JobStatus | None,
         template_id: str | None = None,
+        search: str | None = None,
     ) -> tuple[list[Job], bool]:
         """Newest first; ``after`` is the last id of the previous page. Returns (page, more).
 
-        ``template_id`` keeps only the runs of that cron template.
+        ``template_id`` keeps only the runs of that cron template; ``search`` the jobs
+        whose id is it, or whose name or metadata (its JSON text: keys and values) holds
+        it, ignoring case, or, for ``key=value``, whose metadata has that pair exactly.
+        The search reads the workspace's jobs newest first through
+        ``batches_workspace_list`` and stops at a page: one row per job, never its rows.
         """
         async with translated():
             records = await self._pool.fetch(
                 "SELECT b.* FROM batches b WHERE b.workspace_id = $1"
                 " AND ($3::text IS NULL OR b.status = $3)"
                 " AND ($5::text IS NULL OR b.template_id = $5)"
+                " AND ($6::text IS NULL OR b.id = lower($6)"
+                "   OR strpos(lower(b.name), lower($6)) > 0"
+                "   OR strpos(lower(b.metadata), lower($6)) > 0"
+                "   OR (strpos($6, '=') > 1 AND b.metadata IS NOT NULL"
+                "     AND b.metadata::jsonb ->> trim(split_part($6, '=', 1))"
+                "       = trim(substr($6, strpos($6, '=') + 1))))"
                 " AND ($2::text IS NULL OR (b.created_at, b.id) < ("
                 "   SELECT a.created_at, a.id FROM batches a"
                 "   WHERE a.id = $2 AND a.workspace_id = $1))"
@@ -260,6 +271,7 @@ class JobStore(ResultPages):
                 status,
                 limit + 1,
                 template_id,
+                search,
             )
         page = [Job.from_record(r) for r in records[:limit]]
         return page, len(records) > limit

@@ -95,6 +95,9 @@ export const api = {
   deliveries: (id, limit = 100) =>
     request("GET", batchPath(id, `/webhook_deliveries?limit=${limit}`)),
   redeliver: (id) => request("POST", batchPath(id, "/webhook_deliveries")),
+  workers: () => request("GET", "/v1/workers"),
+  timeline: (id) => request("GET", batchPath(id, "/timeline")),
+  usage: (from, to) => request("GET", `/v1/usage?${new URLSearchParams({ from, to })}`),
   upload: (form) =>
     request("POST", "/v1/batches/upload", { body: form, timeoutMs: UPLOAD_TIMEOUT_MS }),
 };
@@ -103,18 +106,20 @@ export const api = {
  * Stream a job's results as ndjson and call onRow(row, index) for each; stop early when
  * onRow returns false. Memory stays bounded by one network chunk. Options: partial (the
  * rows finished so far, whatever the status) and details (tokens, attempts, deployment,
- * latency, finish reason and cost on every row).
+ * latency, finish reason and cost on every row) and failedOnly (the rows whose outcome is
+ * an error, nothing else).
  */
 export async function streamResults(
   id,
   onRow,
-  { partial = false, details = false, timeoutMs = UPLOAD_TIMEOUT_MS } = {},
+  { partial = false, details = false, failedOnly = false, timeoutMs = UPLOAD_TIMEOUT_MS } = {},
 ) {
   const stop = new AbortController();
   const signal = AbortSignal.any([stop.signal, AbortSignal.timeout(timeoutMs)]);
   const params = new URLSearchParams();
   if (partial) params.set("partial", "true");
   if (details) params.set("include", "details");
+  if (failedOnly) params.set("outcome", "error");
   const query = params.size ? `?${params}` : "";
   let response;
   try {

@@ -1,6 +1,7 @@
 // The job page's two pictures, as inline SVG built with DOM calls (text only through
 // textContent): rows finished per interval over time (completed below, failed stacked on
-// top in red) and a histogram of per-row latency over the API's fixed buckets. Both are
+// top in red) and a histogram of per-row latency over the API's fixed buckets (failed
+// rows stacked in red likewise). Both are
 // drawn from GET /v1/batches/{id}/stats, so their size is bounded whatever the job's.
 
 import { h, millis } from "./dom.js";
@@ -108,7 +109,8 @@ function bucketLabel(bucket, previous) {
   return bucket.le_ms === null ? `>${shortMs(previous)}` : `≤${shortMs(bucket.le_ms)}`;
 }
 
-/** Per-row latency: one bar per fixed bucket, each with data-le-ms/data-count and a tooltip. */
+/** Per-row latency: one bar per fixed bucket, succeeded rows (green) with failed ones (red)
+ * stacked on top, each with data-le-ms/data-count/data-failed and a tooltip. */
 export function latencyChart(latency) {
   const buckets = latency.buckets;
   const top = Math.max(1, ...buckets.map((b) => b.count));
@@ -121,15 +123,19 @@ export function latencyChart(latency) {
   buckets.forEach((bucket, i) => {
     const label = bucketLabel(bucket, i ? buckets[i - 1].le_ms : 0);
     const x = PAD.left + i * step + (step - barWidth) / 2;
-    const height = bucket.count * scale;
+    const failed = bucket.failed ?? 0;
+    const okHeight = (bucket.count - failed) * scale;
+    const failHeight = failed * scale;
     const bar = s("g", {
       class: "bar",
       "data-le-ms": bucket.le_ms === null ? "inf" : bucket.le_ms,
       "data-count": bucket.count,
+      "data-failed": failed,
     });
     bar.append(
-      s("title", {}, `${label}: ${rows(bucket.count)}`),
-      s("rect", { x, y: y0 - height, width: barWidth, height, class: "ok" }),
+      s("title", {}, `${label}: ${rows(bucket.count)}, ${failed} failed`),
+      s("rect", { x, y: y0 - okHeight, width: barWidth, height: okHeight, class: "ok" }),
+      s("rect", { x, y: y0 - okHeight - failHeight, width: barWidth, height: failHeight, class: "fail" }),
       s("text", { x: x + barWidth / 2, y: y0 + 14, "text-anchor": "middle", class: "tick small" }, label),
     );
     svg.append(bar);

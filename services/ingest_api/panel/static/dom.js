@@ -81,6 +81,71 @@ export function statusBadge(status) {
   return h("span", { class: `status status-${status}`, "data-status": status }, status);
 }
 
+/** "8 failed" for a job with failed rows ("8 rows failed" when the job itself failed), or
+ * null: what follows the status wherever a job is shown. */
+export function failedText(batch) {
+  if (!batch.failed) return null;
+  return batch.status === "failed" ? `${batch.failed} rows failed` : `${batch.failed} failed`;
+}
+
+/** A job's status badge: "completed · 8 failed" in the colour of failure when rows failed
+ * (class status-with-failures), the plain status badge otherwise. */
+export function jobBadge(batch) {
+  const failed = failedText(batch);
+  if (!failed) return statusBadge(batch.status);
+  return h(
+    "span",
+    {
+      class: `status status-${batch.status} status-with-failures`,
+      "data-status": batch.status,
+      "data-failed": String(batch.failed),
+    },
+    `${batch.status} · ${failed}`,
+  );
+}
+
+/** The three parts of a job's finished rows: completed, failed (not dead-lettered) and
+ * dead letter (failed for a transient cause, after every attempt). */
+export function segments(batch) {
+  const dead = batch.dead_letter ?? 0;
+  return [
+    ["completed", batch.completed],
+    ["failed", Math.max(0, batch.failed - dead)],
+    ["dead-letter", dead],
+  ];
+}
+
+/** A progress bar in segments (completed green, failed red, dead letter dark red), each
+ * segment's width its share of the rows, with its count in data-count and a tooltip. */
+export function progressBar(batch, label) {
+  const total = batch.total || 0;
+  const parts = segments(batch).map(([name, count]) => {
+    const seg = h("span", {
+      class: `seg seg-${name}`,
+      dataset: { count: String(count) },
+      title: `${count} ${name.replace("-", " ")}`,
+    });
+    seg.style.width = total ? `${(100 * count) / total}%` : "0%";
+    return seg;
+  });
+  const text = segments(batch)
+    .map(([name, count]) => `${count} ${name.replace("-", " ")}`)
+    .join(", ");
+  return h(
+    "div",
+    {
+      class: "segbar",
+      role: "progressbar",
+      "aria-label": label,
+      "aria-valuemin": "0",
+      "aria-valuemax": "100",
+      "aria-valuenow": String(percent(batch)),
+      "aria-valuetext": `${percent(batch)}%: ${text} of ${total}`,
+    },
+    parts,
+  );
+}
+
 export const CANCELABLE = new Set(["queued", "running", "paused", "scheduled"]);
 export const PAUSABLE = new Set(["queued", "running"]);
 export const TERMINAL = new Set(["completed", "failed", "canceled", "expired"]);

@@ -17,14 +17,15 @@ import {
   clock,
   fill,
   h,
+  jobBadge,
   money,
-  percent,
+  progressBar,
   progressText,
   setText,
-  statusBadge,
   timeEl,
 } from "./dom.js";
 import { clearRows, loadDeadLetters, loadResults } from "./rows.js";
+import { clearTimeline, loadTimeline } from "./timeline.js";
 
 const POLL_MS = 1000;
 const LIVE_EVERY_POLLS = 5; // partial results and stats of a live job: every 5 s
@@ -40,6 +41,7 @@ const state = {
   generation: 0,
   page: 0,
   details: false,
+  failedOnly: false,
   resultsFor: null,
   polls: 0,
   deliveryPolls: 0,
@@ -76,6 +78,8 @@ function renderCounters(batch) {
   setText("count-completed", batch.completed);
   setText("count-failed", batch.failed);
   setText("count-dead", batch.dead_letter);
+  document.getElementById("failed-item").classList.toggle("alarm", batch.failed > 0);
+  document.getElementById("dead-item").classList.toggle("alarm", batch.dead_letter > 0);
   setText("count-cost", money(batch.cost_usd ?? 0));
   setText("cost-label", batch.budget_usd ? `cost of ${money(batch.budget_usd)} budget` : "cost");
   const running = batch.status === "running";
@@ -87,10 +91,9 @@ function renderCounters(batch) {
 
 function renderBatch(batch) {
   setText("job-title", batch.name);
-  fill(document.getElementById("job-status"), statusBadge(batch.status));
+  fill(document.getElementById("job-status"), jobBadge(batch));
   renderButtons(batch);
-  const bar = document.getElementById("job-progress");
-  bar.value = percent(batch);
+  fill(document.getElementById("job-progress"), progressBar(batch, "Progress"));
   setText("job-progress-label", progressText(batch));
   renderCounters(batch);
   const template = batch.template_id
@@ -115,6 +118,9 @@ function renderBatch(batch) {
     retries.length
       ? detail("Retries", h("ul", { class: "metadata" }, retries.map((id) => h("li", {}, jobLink(id)))))
       : [],
+    batch.params && Object.keys(batch.params).length
+      ? detail("Parameters", h("code", { class: "params" }, paramsText(batch.params)))
+      : [],
     batch.metadata ? detail("Metadata", metadataList(batch.metadata)) : [],
   );
   renderUsage(batch.usage);
@@ -124,6 +130,11 @@ function renderBatch(batch) {
   document.getElementById("runs-section").hidden = !batch.cron;
   document.getElementById("charts-section").hidden = Boolean(batch.cron);
   document.getElementById("deliveries-section").hidden = !terminal;
+}
+
+/** {"temperature": 0.2, "max_tokens": 64}, one key after another. */
+function paramsText(params) {
+  return Object.entries(params).map(([k, v]) => `"${k}": ${JSON.stringify(v)}`).join(", ");
 }
 
 function metadataList(metadata) {
@@ -176,13 +187,15 @@ async function loadRuns(generation) {
     document.getElementById("job-runs"),
     runs.length
       ? runs.map((r) => h("li", {}, h("a", { href: `#/jobs/${r.id}` }, r.name), " ",
-          statusBadge(r.status), " ", timeEl(r.created_at)))
+          jobBadge(r), " ", timeEl(r.created_at)))
       : h("li", { class: "muted" }, "No runs yet."),
   );
 }
 
 function rowsView(partial) {
-  return { id: state.id, page: state.page, details: state.details, partial };
+  return {
+    id: state.id, page: state.page, details: state.details, failedOnly: state.failedOnly, partial,
+  };
 }
 
 /** Results and dead letters: the rows so far while live, every row once it ended. */
@@ -201,7 +214,7 @@ async function refreshLive(batch, generation) {
     setText("results-note", "Results appear when the job ends.");
     return;
   }
-  const stats = batch.cron ? [] : [loadStats(generation)];
+  const stats = batch.cron ? [] : [loadStats(generation), timeline(generation)];
   if (terminal) {
     if (state.resultsFor === batch.status) return;
     state.resultsFor = batch.status;
@@ -222,7 +235,9 @@ async function poll(generation) {
     renderBatch(batch);
     setText("job-error", "");
     await refreshLive(batch, generation);
-    if (batch.cron && state.polls % RUNS_EVERY_POLLS === 0) await loadRuns(generation);
+    if (batch.cron && state.polls % RUNS_EVERY_POLLS === 0) {
+      await Promise.all([loadRuns(generation), timeline(generation)]);
+    }
     state.polls += 1;
     if (TERMINAL.has(batch.status)) return; // final: nothing more will change
   } catch (err) {
@@ -233,11 +248,25 @@ async function poll(generation) {
   setTimeout(() => generation === state.generation && poll(generation), POLL_MS);
 }
 
-/** Re-read the delivery log every 2 s until the delivery settles (bounded). */
+/** The timeline; a failure shows in its place and never stops the page. */
+async function timeline(generation) {
+  try {
+    await loadTimeline(state.id, current(generation));
+  } catch (err) {
+    if (current(generation)()) {
+      fill(document.getElementById("job-timeline"),
+        h("li", { class: "error-text" }, `Could not load the timeline: ${err.message}`));
+    }
+  }
+}
+
+/** Re-read the delivery log (and the timeline, which lists its attempts) every 2 s until
+ * the delivery settles (bounded). */
 async function followDeliveries(generation) {
   let settled = true;
   try {
     settled = await loadDeliveries(state.id, current(generation));
+    await timeline(generation);
   } catch (err) {
     if (generation === state.generation) setText("delivery-note", err.message);
   }
@@ -307,6 +336,11 @@ export function setupJob() {
     state.details = event.target.checked;
     runAction(() => loadRows(state.generation));
   });
+  document.getElementById("results-failed").addEventListener("change", (event) => {
+    state.failedOnly = event.target.checked;
+    state.page = 0;
+    runAction(() => loadRows(state.generation));
+  });
 }
 
 /** Show job id and keep it live until it ends or stopJob(). */
@@ -325,6 +359,7 @@ export function startJob(id) {
   }
   clearRows();
   clearDeliveries();
+  clearTimeline();
   poll(state.generation);
 }
 

@@ -1,25 +1,43 @@
 // The job list: status, progress and times, refreshed in place every few seconds, with a
-// status filter, pages (newest first) and a Cancel button on jobs that can still stop.
+// search (name, id or metadata), a status filter, pages (newest first), a Cancel button on
+// jobs that can still stop, and a selection to cancel or delete several jobs at once.
 
 import { api } from "./api.js";
+import { ACTIONS, confirmBulk, runBulk } from "./bulk.js";
 import { confirmCancel } from "./cancel.js";
 import {
   CANCELABLE,
   fill,
   focusKey,
   h,
-  percent,
+  jobBadge,
+  progressBar,
   progressText,
   restoreFocus,
   setText,
-  statusBadge,
   timeEl,
 } from "./dom.js";
 
 const PAGE_SIZE = 20;
 const POLL_MS = 1500;
+const SEARCH_DELAY_MS = 300;
 
-const state = { cursors: [null], page: [], hasMore: false, generation: 0, shown: "" };
+const state = {
+  cursors: [null], page: [], hasMore: false, generation: 0, shown: "", selected: new Map(),
+  searchTimer: null,
+};
+
+/** What the last bulk action did (the line is hidden while empty). */
+function note(text) {
+  setText("bulk-note", text);
+  document.getElementById("bulk-note").hidden = !text;
+}
+
+function toggle(batch, on) {
+  if (on) state.selected.set(batch.id, batch);
+  else state.selected.delete(batch.id);
+  render();
+}
 
 function jobRow(batch) {
   const label = `Progress of ${batch.name}`;
@@ -36,21 +54,33 @@ function jobRow(batch) {
         "Cancel",
       )
     : null;
+  const selected = state.selected.has(batch.id);
   return h(
     "tr",
-    { dataset: { jobId: batch.id } },
+    { dataset: { jobId: batch.id }, class: selected ? "selected" : null },
+    h(
+      "td",
+      { class: "select actions" },
+      h("input", {
+        type: "checkbox",
+        checked: selected,
+        "aria-label": `Select ${batch.name}`,
+        dataset: { focusKey: `select-${batch.id}` },
+        onchange: (event) => toggle(batch, event.target.checked),
+      }),
+    ),
     h(
       "td",
       {},
       h("a", { href: `#/jobs/${batch.id}`, dataset: { focusKey: `open-${batch.id}` } }, batch.name),
     ),
-    h("td", {}, statusBadge(batch.status)),
+    h("td", {}, jobBadge(batch)),
     h("td", {}, batch.model),
     h("td", { class: "num" }, String(batch.priority)),
     h(
       "td",
       { class: "progress-cell" },
-      h("progress", { max: 100, value: percent(batch), "aria-label": label }),
+      progressBar(batch, label),
       h("span", { class: "progress-text" }, progressText(batch)),
     ),
     h("td", {}, timeEl(batch.created_at)),
@@ -59,8 +89,28 @@ function jobRow(batch) {
   );
 }
 
+function renderBulk() {
+  const chosen = [...state.selected.values()];
+  document.getElementById("bulk-bar").hidden = chosen.length === 0;
+  setText("bulk-count", `${chosen.length} selected`);
+  for (const kind of ["cancel", "delete"]) {
+    const n = chosen.filter(ACTIONS[kind].applies).length;
+    const button = document.getElementById(`bulk-${kind}`);
+    button.disabled = n === 0;
+    button.textContent = `${ACTIONS[kind].verb} ${n} selected`;
+  }
+  const all = document.getElementById("select-page");
+  const onPage = state.page.filter((b) => state.selected.has(b.id)).length;
+  all.checked = state.page.length > 0 && onPage === state.page.length;
+  all.indeterminate = onPage > 0 && onPage < state.page.length;
+}
+
 function render() {
-  const snapshot = JSON.stringify(state.page);
+  for (const batch of state.page) {
+    if (state.selected.has(batch.id)) state.selected.set(batch.id, batch); // fresh status
+  }
+  renderBulk();
+  const snapshot = JSON.stringify([state.page, [...state.selected.keys()]]);
   if (snapshot !== state.shown) {
     const key = focusKey();
     fill(document.getElementById("jobs-body"), state.page.map(jobRow));
@@ -75,8 +125,10 @@ function render() {
 async function load(generation) {
   const params = { limit: String(PAGE_SIZE) };
   const status = document.getElementById("status-filter").value;
+  const search = document.getElementById("job-search").value.trim();
   const after = state.cursors[state.cursors.length - 1];
   if (status) params.status = status;
+  if (search) params.search = search;
   if (after) params.after = after;
   const page = await api.list(params);
   if (generation !== state.generation) return; // the filter or page changed meanwhile
@@ -105,6 +157,16 @@ async function cancelJob(batch) {
   }
 }
 
+async function bulk(kind) {
+  const chosen = [...state.selected.values()].filter(ACTIONS[kind].applies);
+  if (!chosen.length || !(await confirmBulk(kind, chosen))) return;
+  note(`${ACTIONS[kind].verb}ing ${chosen.length}…`);
+  const said = await runBulk(kind, chosen);
+  for (const batch of chosen) state.selected.delete(batch.id);
+  note(said);
+  restart();
+}
+
 function restart() {
   state.generation += 1;
   state.shown = "";
@@ -116,6 +178,27 @@ export function setupJobs() {
   document.getElementById("status-filter").addEventListener("change", () => {
     state.cursors = [null];
     restart();
+  });
+  document.getElementById("job-search").addEventListener("input", () => {
+    clearTimeout(state.searchTimer);
+    state.searchTimer = setTimeout(() => {
+      state.cursors = [null];
+      restart();
+    }, SEARCH_DELAY_MS);
+  });
+  document.getElementById("select-page").addEventListener("change", (event) => {
+    for (const batch of state.page) {
+      if (event.target.checked) state.selected.set(batch.id, batch);
+      else state.selected.delete(batch.id);
+    }
+    render();
+  });
+  document.getElementById("bulk-cancel").addEventListener("click", () => bulk("cancel"));
+  document.getElementById("bulk-delete").addEventListener("click", () => bulk("delete"));
+  document.getElementById("bulk-clear").addEventListener("click", () => {
+    state.selected.clear();
+    note("");
+    render();
   });
   document.getElementById("jobs-older").addEventListener("click", () => {
     if (!state.hasMore || !state.page.length) return;

@@ -1,13 +1,16 @@
 // The panel's entry point: sign-in with an API key (kept in sessionStorage), sign-out,
-// and the three views routed by the URL hash: #/jobs, #/jobs/<id>, #/new.
+// and the views routed by the URL hash: #/jobs, #/jobs/<id>, #/new, #/usage,
+// #/workers.
 
 import { api, clearKey, getKey, setKey } from "./api.js";
 import { setText } from "./dom.js";
 import { setupJob, startJob, stopJob } from "./job.js";
 import { setupJobs, startJobs, stopJobs } from "./jobs.js";
 import { loadModels, setupUpload } from "./upload.js";
+import { setupUsage, startUsage } from "./usage.js";
+import { startWorkers, stopWorkers } from "./workers.js";
 
-const VIEWS = ["signin", "jobs", "job", "new"];
+const VIEWS = ["signin", "jobs", "job", "new", "usage", "workers"];
 
 function show(view) {
   for (const name of VIEWS) {
@@ -29,6 +32,7 @@ function flash(message) {
 function route() {
   stopJobs();
   stopJob();
+  stopWorkers();
   if (!getKey()) {
     show("signin");
     document.getElementById("api-key").focus();
@@ -40,6 +44,14 @@ function route() {
     show("job");
     startJob(job[1]);
     document.title = "Job — Relay Batches";
+  } else if (hash === "#/workers") {
+    show("workers");
+    startWorkers();
+    document.title = "Workers — Relay Batches";
+  } else if (hash === "#/usage") {
+    show("usage");
+    startUsage();
+    document.title = "Usage — Relay Batches";
   } else if (hash === "#/new") {
     show("new");
     loadModels();
@@ -102,4 +114,5 @@ window.addEventListener("hashchange", () => {
 setupJobs();
 setupJob();
 setupUpload(onCreated);
+setupUsage();
 route();

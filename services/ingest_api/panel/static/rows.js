@@ -71,7 +71,8 @@ function heads(id, names) {
   fill(document.getElementById(id), names.map(([name, kind]) => h("th", { scope: "col", class: kind }, name)));
 }
 
-function resultsNote(any, partial) {
+function resultsNote(any, partial, failedOnly) {
+  if (!any && failedOnly) return partial ? "No row has failed so far." : "No failed rows.";
   if (!any) return partial ? "No rows have finished yet." : "No results.";
   return partial ? "Rows finished so far; the job has not ended yet." : "";
 }
@@ -92,7 +93,7 @@ export async function loadResults(view, isCurrent) {
       rows.push([index, row]);
       return true;
     },
-    { partial: view.partial, details: view.details },
+    { partial: view.partial, details: view.details, failedOnly: view.failedOnly },
   );
   if (!isCurrent()) return;
   heads("results-heads", view.details ? [...RESULT_HEADS, ...DETAIL_HEADS] : RESULT_HEADS);
@@ -110,7 +111,7 @@ export async function loadResults(view, isCurrent) {
     ),
   );
   document.getElementById("results-table").hidden = rows.length === 0;
-  setText("results-note", resultsNote(rows.length > 0, view.partial));
+  setText("results-note", resultsNote(rows.length > 0, view.partial, view.failedOnly));
   setText("results-page", rows.length ? `Rows ${first + 1}–${first + rows.length}` : "");
   document.getElementById("results-prev").disabled = view.page === 0;
   document.getElementById("results-next").disabled = !more;

@@ -44,6 +44,7 @@ log = logging.getLogger("relay.ingest_api")
 
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
+MAX_SEARCH_CHARS = 256  # a search of the job list: an id, a name or metadata text
 JSON = "application/json"
 RETRY_BODY_BYTES = 4096  # {"rows": "dead_letter"} and some room
 
@@ -117,7 +118,8 @@ async def delete_batch(request: web.Request) -> web.Response:
 
 
 async def list_batches(request: web.Request) -> web.Response:
-    """``GET /v1/batches``: newest first, ``limit``/``after``/``status``."""
+    """``GET /v1/batches``: newest first, ``limit``/``after``/``status``/``template_id``/
+    ``search`` (an id, or text in the name or metadata)."""
     query = request.query
     limit = page_limit(query.get("limit"), DEFAULT_PAGE, MAX_PAGE)
     after = query.get("after")
@@ -127,12 +129,24 @@ async def list_batches(request: web.Request) -> web.Response:
     template_id = query.get("template_id")
     if template_id is not None and not is_valid_id(template_id):
         raise invalid("template_id must be a batch id", "template_id")
+    search = _search(query.get("search"))
     page, more = await request.app[DEPS].jobs.list_page(
-        request[WORKSPACE_ID], limit, after, status, template_id
+        request[WORKSPACE_ID], limit, after, status, template_id, search
     )
     return json_response(
         {"object": "list", "data": [batch_object(b) for b in page], "has_more": more}
     )
+
+
+def _search(value: str | None) -> str | None:
+    """The ``search`` query parameter: trimmed, blank as absent, 400 past
+    ``MAX_SEARCH_CHARS`` or holding a control character."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if len(value) > MAX_SEARCH_CHARS or not value.isprintable():
+        raise invalid(f"search must be at most {MAX_SEARCH_CHARS} printable characters", "search")
+    return value
 
 
 def _status_filter(value: str | None) -> JobStatus | None:

@@ -26,6 +26,7 @@ INFO = {
 TAGS = [
     {"name": "batches", "description": "Submit, list, inspect and cancel batches."},
     {"name": "models", "description": "The model aliases batches can name."},
+    {"name": "usage", "description": "Rows, tokens and cost of the jobs; the live fleet."},
     {
         "name": "webhooks",
         "description": "The workspace's webhook endpoints: an OpenAI event when a batch ends.",

@@ -18,6 +18,7 @@ from relay_batches.services.ingest_api.surfaces.native import outcomes, shapes
 from relay_batches.services.ingest_api.surfaces.native.batches import (
     DEFAULT_PAGE,
     MAX_PAGE,
+    MAX_SEARCH_CHARS,
     RETRY_BODY_BYTES,
 )
 from relay_batches.services.ingest_api.surfaces.native.deliveries import (
@@ -37,6 +38,11 @@ from relay_batches.services.ingest_api.surfaces.native.document import (
     ref,
     schema,
     service,
+)
+from relay_batches.services.ingest_api.surfaces.native.openapi_activity import (
+    timeline_path,
+    usage_path,
+    workers_path,
 )
 
 # Every schema the native surface names (the models they use come along).
@@ -60,6 +66,9 @@ RESPONSES_MODELS: tuple[type[BaseModel], ...] = (
     outcomes.WebhookDeliveries,
     outcomes.WebhookAttempt,
     outcomes.WebhookRedelivery,
+    outcomes.BatchTimeline,
+    outcomes.Usage,
+    outcomes.Workers,
     *endpoints.MODELS,
     *shapes.ERRORS.values(),
 )
@@ -142,6 +151,12 @@ def _batches() -> dict[str, Any]:
                     "template_id",
                     "Only the runs spawned by this cron template.",
                     schema(shapes.Id),
+                ),
+                query(
+                    "search",
+                    "Only the batches whose id is this, or whose name or metadata (keys and"
+                    " values) holds it, ignoring case; `key=value`: whose metadata has that pair.",
+                    {"type": "string", "maxLength": MAX_SEARCH_CHARS},
                 ),
             ],
         ),
@@ -238,6 +253,7 @@ def _one_batch() -> dict[str, dict[str, Any]]:
         **_transitions(),
         "/retry": {"post": _retry()},
         "/webhook_deliveries": _webhook_deliveries(),
+        "/timeline": timeline_path(),
     }
     return {
         f"/v1/batches/{{id}}{tail}": {"parameters": [ref("parameters", "BatchId")], **item}
@@ -420,6 +436,8 @@ def _paths() -> dict[str, Any]:
         "/v1/batches": _batches(),
         "/v1/batches/upload": _upload(),
         **_one_batch(),
+        "/v1/usage": usage_path(),
+        "/v1/workers": workers_path(),
         **_webhook_endpoints(),
         "/v1/models": {
             "get": operation(

@@ -178,6 +178,7 @@ class _Interval(Closed):
 class _Bucket(Closed):
     le_ms: int | None
     count: Count
+    failed: Count = Field(description="Of `count`, the rows whose outcome is an error.")
 
 
 class _Latency(Closed):
@@ -299,6 +300,95 @@ class WebhookRedelivery(Closed):
         ),
     ]
     next_attempt_at: Timestamp
+
+
+TIMELINE_EVENTS = (
+    "created", "started", "paused", "resumed", "budget_reached", "finished", "webhook_attempt",
+)  # fmt: skip
+
+
+class TimelineEvent(Closed):
+    """One dated event of a job."""
+
+    at: Timestamp
+    event: Annotated[str, enum(*TIMELINE_EVENTS)]
+    status: str = Field(
+        ABSENT,
+        description="`finished`: the status the job ended as; `webhook_attempt`: how the"
+        " attempt went (the delivery log's attempt status).",
+    )
+    attempt: int | None = Field(ABSENT, description="`webhook_attempt`: its number.")
+    http_status: int | None = Field(
+        ABSENT, description="`webhook_attempt`: the receiver's HTTP status (null: no answer)."
+    )
+    error: str | None = Field(ABSENT, description="`webhook_attempt`: what went wrong.")
+
+
+class BatchTimeline(Closed):
+    """`GET /v1/batches/{id}/timeline`."""
+
+    object: Literal["list"]
+    batch_id: Id
+    data: list[TimelineEvent]
+    has_more: bool
+
+
+class UsageLine(Closed):
+    """One UTC day and model: the sums of the workspace's jobs created that day."""
+
+    day: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    model: str
+    jobs: Count
+    rows: Count = Field(description="Rows finished (succeeded or failed).")
+    failed: Count
+    prompt_tokens: Count
+    completion_tokens: Count
+    cost_usd: float = Field(ge=0)
+
+
+class Usage(Closed):
+    """`GET /v1/usage`."""
+
+    object: Literal["usage"]
+    from_: str = Field(alias="from", pattern=r"^\d{4}-\d{2}-\d{2}$")
+    to: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
+    data: list[UsageLine]
+
+
+class _HeldJob(Closed):
+    id: Id
+    name: str
+    rows: Count
+
+
+class _Worker(Closed):
+    worker: str
+    concurrency: Count = Field(description="Rows it runs at once (0: not reported).")
+    rows_held: Count = Field(description="Rows it holds: taken from the broker, no outcome yet.")
+    jobs: list[_HeldJob] = Field(description="Of those, this workspace's, per job.")
+    other_rows: Count = Field(description="Of those, other workspaces' rows.")
+    seconds_ago: float = Field(ge=0, description="Since its last heartbeat.")
+
+
+class _Queue(Closed):
+    queue: str
+    ready: Count
+    consumers: Count
+
+
+class _Throttle(Closed):
+    deployment: str
+    retry_after_s: float | None
+    seconds_ago: float = Field(ge=0)
+
+
+class Workers(Closed):
+    """`GET /v1/workers`."""
+
+    object: Literal["workers"]
+    workers: list[_Worker]
+    queues: list[_Queue]
+    throttled: list[_Throttle] = Field(description="Deployments that answered 429 lately.")
 
 
 class _Alive(Closed):
