@@ -129,7 +129,7 @@ def parse_upload_file(
     upload endpoint streams a spooled file through :class:`FileReader` instead."""
     rows: list[RowInput] = []
     with io.BufferedReader(_ByteReader(data)) as source:
-        reader = FileReader(filename, source, limits, known_models, columns)
+        reader = FileReader(filename, source, limits, known_models, columns=columns)
         while chunk := reader.next_chunk():
             rows += chunk
     try:
