@@ -41,7 +41,9 @@ class BrokenJobs(JobStore):
         yield page
         raise TransientError("database unavailable")
 
-    def result_pages(self, batch: Job, page_rows: int = 0) -> AsyncIterator[list[ResultRow]]:
+    def result_pages(
+        self, batch: Job, page_rows: int = 0, outcome: str | None = None
+    ) -> AsyncIterator[list[ResultRow]]:
         page = [ResultRow(0, "c-0", "first row", None)]
         return self._first_page_then_outage(page)  # type: ignore[arg-type, return-value]
 

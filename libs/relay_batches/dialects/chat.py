@@ -271,8 +271,24 @@ def known_model(model: str | None, info: ValidationInfo) -> str | None:
     knows it: the rule of a row's ``model`` on every endpoint."""
     known = (info.context or {}).get("known_models")
     if model is not None and known is not None and model not in known:
-        raise PydanticCustomError("unknown_model", f"{_quote(model)} is unknown")
+        raise PydanticCustomError("unknown_model", f"{_quote(model)} is unknown{known_list(known)}")
     return model
+
+
+LISTED_MODELS = 20  # aliases an unknown model's error lists before "… (N in all)"
+
+
+def known_list(known_models: Container[str]) -> str:
+    """``; known models: a, b`` (the first :data:`LISTED_MODELS`, then how many in all)
+    when ``known_models`` can list its aliases (a ``names()`` method), else nothing: what
+    an unknown model's error ends with, wherever the model is named."""
+    names = getattr(known_models, "names", None)
+    aliases: list[str] = sorted(names()) if callable(names) else []
+    if not aliases:
+        return ""
+    shown = ", ".join(aliases[:LISTED_MODELS])
+    more = f", … ({len(aliases)} in all: GET /v1/models)" if len(aliases) > LISTED_MODELS else ""
+    return f"; known models: {shown}{more}"
 
 
 def _custom_id(custom_id: str) -> str:

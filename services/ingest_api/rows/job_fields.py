@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import orjson
 from croniter import CroniterBadDateError, CroniterError, croniter
 
+from relay_batches.dialects.chat import known_list
 from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT
 from relay_batches.dialects.shapes import is_unicode
 from relay_batches.durations import SPELLING, parse_duration
@@ -57,7 +58,6 @@ JOB_FIELDS = (
     "endpoint",
 )
 _QUOTE_CHARS = 64
-LISTED_MODELS = 20  # aliases an unknown model's error lists
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,20 +170,8 @@ def _validate_model(model: object, known_models: Container[str]) -> str:
     if type(model) is not str:
         raise invalid("model must be a string", "model")
     if model not in known_models:
-        raise invalid(f"model {quote(model)} is unknown{_known_list(known_models)}", "model")
+        raise invalid(f"model {quote(model)} is unknown{known_list(known_models)}", "model")
     return model
-
-
-def _known_list(known_models: Container[str]) -> str:
-    """``; known models: a, b`` (the first :data:`LISTED_MODELS`, then how many in all)
-    when ``known_models`` can list its aliases, else nothing."""
-    names = getattr(known_models, "names", None)
-    aliases: list[str] = sorted(names()) if callable(names) else []
-    if not aliases:
-        return ""
-    shown = ", ".join(aliases[:LISTED_MODELS])
-    more = f", … ({len(aliases)} in all: GET /v1/models)" if len(aliases) > LISTED_MODELS else ""
-    return f"; known models: {shown}{more}"
 
 
 def _validate_name(name: object) -> str | None:
