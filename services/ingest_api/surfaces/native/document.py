@@ -46,6 +46,8 @@ SECURITY_SCHEMES = {
 }
 _BEARER: list[dict[str, list[str]]] = [{"bearerAuth": []}]
 REF = "#/components/{section}/{name}"
+# The errors of an operation that reads a request body.
+BODY_ERRORS = (400, 408, 409, 413, 415)
 
 
 def ref(section: str, name: str) -> dict[str, str]:

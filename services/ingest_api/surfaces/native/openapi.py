@@ -21,11 +21,8 @@ from relay_batches.services.ingest_api.surfaces.native.batches import (
     MAX_SEARCH_CHARS,
     RETRY_BODY_BYTES,
 )
-from relay_batches.services.ingest_api.surfaces.native.deliveries import (
-    ATTEMPT_DIGITS,
-    MAX_ATTEMPTS_PAGE,
-)
 from relay_batches.services.ingest_api.surfaces.native.document import (
+    BODY_ERRORS,
     PARAMETERS,
     RESPONSES,
     error_response,
@@ -43,6 +40,10 @@ from relay_batches.services.ingest_api.surfaces.native.openapi_activity import (
     timeline_path,
     usage_path,
     workers_path,
+)
+from relay_batches.services.ingest_api.surfaces.native.openapi_webhooks import (
+    webhook_deliveries_path,
+    webhook_endpoints_paths,
 )
 
 # Every schema the native surface names (the models they use come along).
@@ -78,7 +79,6 @@ _CREATED_LINKS += ("GetDeadLetters=getDeadLetters", "CancelBatch=cancelBatch")
 _LIST_LINKS: tuple[str, ...] = ("GetFirstBatch=getBatch", "GetFirstResults=getResults")
 _LIST_LINKS += ("GetFirstDeadLetters=getDeadLetters",)
 _IDEMPOTENT: dict[str, Any] = {"parameters": [ref("parameters", "IdempotencyKey")]}
-_BODY_ERRORS = (400, 408, 409, 413, 415)
 _EXAMPLE = {
     "name": "Review sentiment — October",
     "model": "gpt-4o-mini",
@@ -113,7 +113,7 @@ def _batches() -> dict[str, Any]:
                     links=links("/id", *_CREATED_LINKS),
                 )
             },
-            _BODY_ERRORS,
+            BODY_ERRORS,
             **_IDEMPOTENT,
             requestBody={
                 "required": True,
@@ -170,7 +170,7 @@ def _upload() -> dict[str, Any]:
             "uploadBatches",
             "Upload .csv / .jsonl files, one batch per file",
             {"201": json(shapes.BatchCreatedList, "Created, one batch per file in upload order.")},
-            _BODY_ERRORS,
+            BODY_ERRORS,
             **_IDEMPOTENT,
             requestBody={
                 "required": True,
@@ -252,7 +252,7 @@ def _one_batch() -> dict[str, dict[str, Any]]:
         },
         **_transitions(),
         "/retry": {"post": _retry()},
-        "/webhook_deliveries": _webhook_deliveries(),
+        "/webhook_deliveries": webhook_deliveries_path(),
         "/timeline": timeline_path(),
     }
     return {
@@ -344,7 +344,7 @@ def _retry() -> dict[str, Any]:
                 links=links("/id", "GetBatch=getBatch"),
             )
         },
-        (404, *_BODY_ERRORS),
+        (404, *BODY_ERRORS),
         description="A new batch of exactly the rows with an error outcome (`failed`) or on"
         " the dead-letter list (`dead_letter`), in their order, with their `custom_id`s and"
         " requests, and the original's `model`, `params`, `priority`, `webhookUrl`,"
@@ -367,69 +367,6 @@ def _retry() -> dict[str, Any]:
     )
 
 
-def _webhook_deliveries() -> dict[str, Any]:
-    """``/v1/batches/{id}/webhook_deliveries``: the log, and a redelivery."""
-    endpoint = query(
-        "endpoint_id",
-        "A webhook endpoint of the workspace (`we_<32 hex>`): the log (or a redelivery) of"
-        " the event the batch sent it, instead of the batch's own completion webhook; 400"
-        " when malformed; a redelivery for an endpoint the batch sent no event is 409.",
-        {"type": "string", "pattern": endpoints.ENDPOINT_ID},
-    )
-    return {
-        "get": operation(
-            "listWebhookDeliveries",
-            "The completion webhook's delivery log",
-            {"200": json(outcomes.WebhookDeliveries, "A page of the delivery log.")},
-            (400, 404),
-            description="Every attempt to POST the batch's completion webhook, oldest first,"
-            " with the delivery's status and when its next attempt is due (a retry, or a"
-            " redelivery asked for). A batch without a delivery yet has `status: null` and no"
-            " attempts.",
-            parameters=[
-                query(
-                    "limit",
-                    f"Page size, default {MAX_ATTEMPTS_PAGE}.",
-                    {
-                        "type": "integer",
-                        "minimum": 1,
-                        "maximum": MAX_ATTEMPTS_PAGE,
-                        "default": MAX_ATTEMPTS_PAGE,
-                    },
-                ),
-                query(
-                    "after",
-                    "The last attempt id of the previous page (`<batch id>.<n>`); an id of"
-                    " another batch or a malformed one is 400.",
-                    {
-                        "type": "string",
-                        "pattern": rf"^[0-9a-f]{{32}}\.[0-9]{{1,{ATTEMPT_DIGITS}}}$",
-                    },
-                ),
-                endpoint,
-            ],
-        ),
-        "post": operation(
-            "redeliverWebhook",
-            "Redeliver the completion webhook now",
-            {"202": json(outcomes.WebhookRedelivery, "The delivery is due now.")},
-            ("NoWebhookUrl", "RedeliveryConflict", 404),
-            description="The notifier POSTs the completion summary within about a second: the"
-            " same `webhook-id` (`msg_<batch id>`), a new `webhook-timestamp` and signature. A"
-            " delivery that ended (however it went) becomes `retrying`: one more attempt"
-            " (`redelivery: true`), never retried automatically. A `retrying` delivery (an"
-            " automatic retry waiting, or a redelivery asked for already) is only made due"
-            " now, keeping its retries. A batch whose delivery has not started (none yet, or"
-            ' deferred and unclaimed) gets its ordinary first delivery (`status: "sending"`,'
-            " `redelivery: false`); asking again while it waits answers 202 again, still one"
-            " POST. The answer's `status` and `next_attempt_at` are the stored ones that `GET`"
-            " shows. With `endpoint_id`, the event the batch sent that webhook endpoint is"
-            " redelivered the same way (same `webhook-id` and body).",
-            parameters=[endpoint],
-        ),
-    }
-
-
 def _paths() -> dict[str, Any]:
     answers = outcomes.SERVICE
     return {
@@ -438,7 +375,7 @@ def _paths() -> dict[str, Any]:
         **_one_batch(),
         "/v1/usage": usage_path(),
         "/v1/workers": workers_path(),
-        **_webhook_endpoints(),
+        **webhook_endpoints_paths(),
         "/v1/models": {
             "get": operation(
                 "listModels",
@@ -468,50 +405,6 @@ def _paths() -> dict[str, Any]:
                 "This document",
                 {"200": inline(answers["document"], "The OpenAPI 3.1 document.")},
             )
-        },
-    }
-
-
-def _webhook_endpoints() -> dict[str, Any]:
-    """``/v1/webhook_endpoints``: create, list, delete (the same as under ``/openai/v1``)."""
-    endpoint_id = {
-        "name": "id",
-        "in": "path",
-        "required": True,
-        "schema": {"type": "string", "pattern": endpoints.ENDPOINT_ID},
-    }
-    return {
-        "/v1/webhook_endpoints": {
-            "post": operation(
-                "createWebhookEndpoint",
-                endpoints.SUMMARIES["create"],
-                {"201": json(endpoints.WebhookEndpoint, "Created, with its secret.")},
-                _BODY_ERRORS,
-                tag="webhooks",
-                description=endpoints.CREATE_DESCRIPTION,
-                requestBody={
-                    "required": True,
-                    "content": {
-                        "application/json": {"schema": schema(endpoints.CreateWebhookEndpoint)}
-                    },
-                },
-            ),
-            "get": operation(
-                "listWebhookEndpoints",
-                endpoints.SUMMARIES["list"],
-                {"200": json(endpoints.WebhookEndpointList, "Every endpoint, oldest first.")},
-                tag="webhooks",
-            ),
-        },
-        "/v1/webhook_endpoints/{id}": {
-            "parameters": [endpoint_id],
-            "delete": operation(
-                "deleteWebhookEndpoint",
-                endpoints.SUMMARIES["delete"],
-                {"200": json(endpoints.WebhookEndpointDeleted, "Deleted.")},
-                (404,),
-                tag="webhooks",
-            ),
         },
     }
 
