@@ -79,6 +79,21 @@ class ZeroLatency:
     busy: Figure = field(default_factory=Figure)
     other_busy: Figure = field(default_factory=Figure)
     cpu_us_per_row: Figure = field(default_factory=Figure)
+    # The same per service kind (row-worker: every worker together), and the simulator's
+    # own, which is no part of the figure: its work per row is the same whatever Relay
+    # does, so it is the control that tells contention from code (a tree whose figures
+    # all rose with the simulator's ran on a busier machine, not slower code).
+    cpu_us_by_service: dict[str, Figure] = field(default_factory=dict)
+    sim_cpu_us_per_row: Figure = field(default_factory=Figure)
+
+
+def _cpu_by_service(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds so far per service kind (``row-worker#2`` counts as ``row-worker``)."""
+    seconds: dict[str, float] = {}
+    for name, pid in pids.items():
+        kind = name.split("#")[0]
+        seconds[kind] = seconds.get(kind, 0.0) + tree_cpu_s(pid)
+    return seconds
 
 
 async def _zero_latency(
@@ -94,14 +109,22 @@ async def _zero_latency(
         meter = await CpuMeter.for_bench(bench)
         figures = ZeroLatency()
         sim, own = bench.system.processes["upstream-sim"].pid, os.getpid()
+        pids = bench.pids()
         for _ in range(RUNS):
             ticks, cpu = machine_ticks(), meter.seconds()
-            rest = tree_cpu_s(sim) + process_cpu_s(own)
+            by_service, sim_cpu = _cpu_by_service(pids), tree_cpu_s(sim)
+            rest = sim_cpu + process_cpu_s(own)
             _, seconds = await bench.run_batch(PIPELINE_ROWS)
             used = meter.seconds() - cpu
             after = machine_ticks()
             rest = tree_cpu_s(sim) + process_cpu_s(own) - rest
             figures.cpu_us_per_row.samples.append(used / PIPELINE_ROWS * 1e6)
+            figures.sim_cpu_us_per_row.samples.append(
+                (tree_cpu_s(sim) - sim_cpu) / PIPELINE_ROWS * 1e6
+            )
+            for kind, spent in _cpu_by_service(pids).items():
+                figure = figures.cpu_us_by_service.setdefault(kind, Figure())
+                figure.samples.append((spent - by_service[kind]) / PIPELINE_ROWS * 1e6)
             figures.busy.samples.append(busy_share(ticks, after))
             figures.other_busy.samples.append(other_busy_share(ticks, after, used + rest))
             figures.pipeline.samples.append(PIPELINE_ROWS / seconds)
@@ -129,6 +152,9 @@ async def test_pipeline_against_the_ideal_client_at_zero_latency(
         # What of that was not ours (other programs sharing the machine meanwhile).
         report.update(figures.other_busy.keys(f"pipeline_other_busy{suffix}"))
         report.update(figures.cpu_us_per_row.keys(f"pipeline_cpu_us_per_row{suffix}"))
+        report.update(figures.sim_cpu_us_per_row.keys(f"pipeline_sim_cpu_us_per_row{suffix}"))
+        for kind, figure in figures.cpu_us_by_service.items():
+            report.update(figure.keys(f"pipeline_cpu_us_per_row_{kind.replace('-', '_')}{suffix}"))
 
 
 async def _rows_per_s_at_latency(
