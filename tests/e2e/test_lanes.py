@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 import aiohttp
-import asyncpg
 import pytest
 
+from tests.helpers.lanes import lanes_of, realtime_cost
 from tests.helpers.processes import System, signed_in, sim_answers, sim_stats, system_fixture
 
 ROWS = 200
@@ -45,35 +45,6 @@ def rows(tag: str) -> list[dict[str, Any]]:
     ]
 
 
-async def lanes_of(system: System, batch_id: str) -> dict[str, Any]:
-    """What the ledger recorded of a job's lanes: rows per lane (from each row's lane),
-    its cost per lane, its late answers and plan."""
-    conn = await asyncpg.connect(system.iso.database_url)
-    try:
-        per_row = await conn.fetch(
-            "SELECT lane, count(*) FROM row_results WHERE batch_id = $1 GROUP BY lane", batch_id
-        )
-        job = await conn.fetchrow(
-            "SELECT cost_usd, cost_batch_usd, cost_flex_usd, cost_realtime_usd, rows_batch,"
-            " rows_flex, rows_realtime, late_answers, lane_plan::text, prompt_tokens,"
-            " completion_tokens, expires_at, completed_at FROM batches WHERE id = $1",
-            batch_id,
-        )
-        moved = await conn.fetch(
-            "SELECT DISTINCT s.moved_reason FROM offload_batches s JOIN offload_rows o"
-            " ON o.provider_batch = s.id WHERE o.batch_id = $1",
-            batch_id,
-        )
-    finally:
-        await conn.close()
-    assert job is not None
-    return {"rows": {r[0]: r[1] for r in per_row}, "job": dict(job), "moved": {r[0] for r in moved}}
-
-
-def realtime_cost(job: dict[str, Any]) -> float:
-    return (job["prompt_tokens"] * 1000.0 + job["completion_tokens"] * 2000.0) / 1e6
-
-
 async def run(system: System, http: aiohttp.ClientSession, tag: str, window: str) -> dict[str, Any]:
     api = await signed_in(system, http, f"lanes-{tag}")
     created = await api.submit(
@@ -82,7 +53,7 @@ async def run(system: System, http: aiohttp.ClientSession, tag: str, window: str
     batch = await api.wait_status(created["id"], {"completed", "failed", "expired"}, timeout=240)
     assert batch["status"] == "completed", batch
     assert batch["completed"] == ROWS
-    found = await lanes_of(system, created["id"])
+    found = await lanes_of(system.iso.database_url, created["id"])
     job = found["job"]
     assert job["completed_at"] < job["expires_at"]
     assert sum(found["rows"].values()) == ROWS
