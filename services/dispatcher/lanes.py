@@ -20,6 +20,7 @@ import orjson
 from relay_batches.lanes.offers import learned_turnaround, offers_for
 from relay_batches.lanes.plan import LanePlan, choose_plan
 from relay_batches.ledger.dispatch import RunningJob
+from relay_batches.ledger.lane_rates import measured_rates
 from relay_batches.ledger.offload.moving import LEARNED_FROM
 from relay_batches.ledger.pool import translated
 from relay_batches.router.aliases import AliasTable
@@ -78,7 +79,8 @@ class LanePlanner:
             )
             declared = lead.batch.turnaround.total_seconds()
             turnaround = learned_turnaround(declared, [r[0] for r in observed])
-            offers = offers_for(self._aliases, job.model, {lead.name: turnaround})
+            measured = await measured_rates(self._pool, [job.model])
+            offers = offers_for(self._aliases, job.model, {lead.name: turnaround}, measured)
             tokens = int(size) // TOKEN_BYTES + job.total
             window_s = (
                 None

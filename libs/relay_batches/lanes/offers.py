@@ -4,9 +4,10 @@ realtime), its price, and how fast it answers.
 
 A batch deployment's expected turnaround is its declared ``turnaround`` until
 :data:`LEARN_AFTER` of its provider batches ended on their own; then the longest of the
-last ones (:func:`learned_turnaround`). A fast lane's rows a second are its declared
-``rows_per_s``, else what its ``rpm`` allows, else a measured rate when the caller has
-one, else unknown (no limit assumed).
+last ones (:func:`learned_turnaround`). A fast lane's rows a second are its measured
+throughput when there is one (see :mod:`relay_batches.ledger.lane_rates`), else its
+declared ``rows_per_s``, else what its ``rpm`` allows, never more than its ``rpm``
+allows; else unknown.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ def offer_of(
             "batch", deployment.name, prompt, completion,
             expected_turnaround_s=declared if turnaround_s is None else turnaround_s,
         )  # fmt: skip
-    rate = deployment.rows_per_s
-    if rate is None and deployment.limit is not None and deployment.limit.rpm:
-        rate = deployment.limit.rpm / 60
-    if rate is None:
-        rate = measured_rows_per_s
+    rpm_rate = (
+        None if deployment.limit is None or not deployment.limit.rpm else deployment.limit.rpm / 60
+    )
+    rate = measured_rows_per_s or deployment.rows_per_s or rpm_rate
+    if rate is not None and rpm_rate is not None:
+        rate = min(rate, rpm_rate)  # no faster than its rate limit lets it
     return LaneOffer(deployment.lane, deployment.name, prompt, completion, rows_per_s=rate)
 
 
@@ -55,13 +57,14 @@ def offers_for(
     aliases: AliasTable,
     alias: str,
     turnarounds_s: Mapping[str, float] | None = None,
-    measured_rows_per_s: Mapping[str, float] | None = None,
+    measured_by_lane: Mapping[str, float] | None = None,
 ) -> list[LaneOffer]:
     """Every lane ``alias`` offers, in its deployments' order (empty for an unknown
-    alias)."""
+    alias): ``turnarounds_s`` by batch deployment, ``measured_by_lane`` the flex and
+    realtime lanes' measured rows a second (given to the first deployment of each)."""
     turnarounds_s = turnarounds_s or {}
-    measured = measured_rows_per_s or {}
-    return [
-        offer_of(d, turnarounds_s.get(d.name), measured.get(d.name))
-        for d in aliases.resolve(alias) or ()
-    ]
+    measured = dict(measured_by_lane or {})
+    offers = []
+    for d in aliases.resolve(alias) or ():
+        offers.append(offer_of(d, turnarounds_s.get(d.name), measured.pop(d.lane, None)))
+    return offers
