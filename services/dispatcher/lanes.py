@@ -21,8 +21,7 @@ import orjson
 from relay_batches.lanes.offers import learned_turnaround, offers_for
 from relay_batches.lanes.plan import LanePlan, choose_plan
 from relay_batches.ledger.dispatch import RunningJob
-from relay_batches.ledger.lane_rates import measured_rates
-from relay_batches.ledger.offload.moving import LEARNED_FROM
+from relay_batches.ledger.lane_rates import measured_rates, turnarounds
 from relay_batches.ledger.pool import translated
 from relay_batches.router.aliases import AliasTable
 
@@ -65,33 +64,26 @@ class LanePlanner:
         lead = self._aliases.batch_lead(job.model)
         if lead is None or lead.batch is None or job.dispatched_upto > 0:
             return None
-        async with translated(), self._pool.acquire() as conn:
-            mean = await conn.fetchval(
+        async with translated():
+            mean = await self._pool.fetchval(
                 "SELECT COALESCE(avg(octet_length(request)), 0)::float8 FROM (SELECT request"
                 " FROM batch_rows WHERE batch_id = $1 ORDER BY row_index LIMIT $2) r",
                 job.rows_batch_id,
                 SAMPLE_ROWS,
             )
-            observed = await conn.fetch(
-                "SELECT extract(epoch FROM ended_at - submitted_at)::float8"
-                " FROM offload_batches WHERE deployment = $1 AND state = 'settled'"
-                " AND moved_at IS NULL AND error IS NULL AND submitted_at IS NOT NULL"
-                " ORDER BY ended_at DESC LIMIT $2",
-                lead.name,
-                LEARNED_FROM,
-            )
-            declared = lead.batch.turnaround.total_seconds()
-            turnaround = learned_turnaround(declared, [r[0] for r in observed])
-            measured = await measured_rates(self._pool, [job.model])
-            offers = offers_for(self._aliases, job.model, {lead.name: turnaround}, measured)
-            tokens = int(mean * job.total) // TOKEN_BYTES + job.total
-            window_s = (
-                None
-                if job.expires_at is None
-                else (job.expires_at - self._wall_clock()).total_seconds()
-            )
-            plan = choose_plan(job.total, tokens, tokens, window_s, job.budget_usd, offers)
-            await conn.execute(
+        observed = await turnarounds(self._pool, lead.name)
+        turnaround = learned_turnaround(lead.batch.turnaround.total_seconds(), observed)
+        measured = await measured_rates(self._pool, [job.model])
+        offers = offers_for(self._aliases, job.model, {lead.name: turnaround}, measured)
+        tokens = int(mean * job.total) // TOKEN_BYTES + job.total
+        window_s = (
+            None
+            if job.expires_at is None
+            else (job.expires_at - self._wall_clock()).total_seconds()
+        )
+        plan = choose_plan(job.total, tokens, tokens, window_s, job.budget_usd, offers)
+        async with translated():
+            await self._pool.execute(
                 "UPDATE batches SET lane_plan = $2::jsonb WHERE id = $1", job.id, plan_json(plan)
             )
         log.info(

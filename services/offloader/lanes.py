@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from relay_batches.lanes.offers import learned_turnaround, offers_for
 from relay_batches.lanes.plan import LaneOffer, must_move, stall_after_s
-from relay_batches.ledger.lane_rates import measured_rates
+from relay_batches.ledger.lane_rates import measured_rates, turnarounds
 from relay_batches.ledger.offload import OffloadBatch, OffloadStore
 from relay_batches.router.aliases import AliasTable
 
@@ -76,7 +76,8 @@ class LaneWatch:
             return watch.moved
         if watch is None or watch.rows_left == 0:
             return None
-        turnaround = learned_turnaround(declared, await self._store.turnarounds(batch.deployment))
+        observed = await turnarounds(self._store.pool, batch.deployment)
+        turnaround = learned_turnaround(declared, observed)
         if watch.quiet_s >= stall_after_s(turnaround):
             return STALLED
         fast = await self._fast_offers(self._alias[batch.deployment])

@@ -5,10 +5,12 @@ cost per lane recorded with each outcome."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import asyncpg
 import orjson
+import pytest
 
 from relay_batches.ids import new_id
 from relay_batches.ledger.dispatch import DispatchStore, RunningJob
@@ -25,6 +27,17 @@ from relay_batches.services.offloader.lanes import RAMP, STALLED, LaneWatch
 from tests.helpers.offload import OWNER, intake_all, leads, offloaded_job, request
 
 BASE = "http://127.0.0.1:9/v1"
+
+
+@pytest.fixture(autouse=True)
+async def settle_afterwards(pool: asyncpg.Pool) -> AsyncIterator[None]:
+    """This module's provider batches end settled: another module's offloader passes
+    over the same ledger never meet them (they claim the oldest due records first)."""
+    yield
+    await pool.execute(
+        "UPDATE offload_batches SET state = 'settled', lease_until = NULL"
+        " WHERE deployment LIKE 'ob-lanes-%'"
+    )
 
 
 def routes(deployment: str, rows_per_s: float) -> AliasTable:

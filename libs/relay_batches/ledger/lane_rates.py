@@ -1,4 +1,7 @@
-"""The fast lanes' measured throughput (rows a second answered in flex and realtime) of
+"""What the lanes measured: a batch deployment's turnarounds (:func:`turnarounds`) and
+the fast lanes' throughput (:func:`measured_rates`).
+
+The fast lanes' measured throughput (rows a second answered in flex and realtime) of
 an alias, from its recent jobs that ran in the fast lanes from the start: each job's
 answered rows per lane over its run so far (``started_at`` to its last recorded
 outcome), the best of them. Read by the lane plan and the ramp
@@ -20,6 +23,7 @@ from relay_batches.ledger.status_sql import status_in
 from relay_batches.model import TERMINAL, JobStatus
 
 MIN_ROWS = 50
+LEARNED_FROM = 10  # finished provider batches a deployment's turnaround is learned from
 RECENT_S = 3600.0
 
 _RATES = f"""
@@ -52,3 +56,20 @@ async def measured_rates(pool: asyncpg.Pool, models: Sequence[str]) -> dict[str,
         return {}
     found = {"flex": record[0], "realtime": record[1]}
     return {lane: float(rate) for lane, rate in found.items() if rate is not None}
+
+
+async def turnarounds(
+    pool: asyncpg.Pool, deployment: str, limit: int = LEARNED_FROM
+) -> list[float]:
+    """Seconds from submit to end of the deployment's last ``limit`` provider batches
+    that ended on their own (not moved, not failed as a whole)."""
+    async with translated():
+        records = await pool.fetch(
+            "SELECT extract(epoch FROM ended_at - submitted_at)::float8 FROM offload_batches"
+            " WHERE deployment = $1 AND state = 'settled' AND moved_at IS NULL AND error IS NULL"
+            " AND submitted_at IS NOT NULL AND ended_at IS NOT NULL"
+            " ORDER BY ended_at DESC LIMIT $2",
+            deployment,
+            limit,
+        )
+    return [float(r[0]) for r in records]

@@ -17,8 +17,6 @@ from relay_batches.ledger.offload.records import (
 )
 from relay_batches.ledger.pool import translated
 
-LEARNED_FROM = 10  # finished provider batches a deployment's turnaround is learned from
-
 
 @dataclass(frozen=True, slots=True)
 class Watch:
@@ -97,21 +95,6 @@ class Moving(PoolStore):
                     moved,
                 )
         return waiting, len(moved)
-
-    async def turnarounds(self, deployment: str, limit: int = LEARNED_FROM) -> list[float]:
-        """Seconds from submit to end of the deployment's last ``limit`` provider batches
-        that ended on their own (not moved, not failed as a whole)."""
-        async with translated():
-            records = await self._pool.fetch(
-                "SELECT extract(epoch FROM ended_at - submitted_at) FROM offload_batches"
-                " WHERE deployment = $1 AND state = $2 AND moved_at IS NULL AND error IS NULL"
-                " AND submitted_at IS NOT NULL AND ended_at IS NOT NULL"
-                " ORDER BY ended_at DESC LIMIT $3",
-                deployment,
-                BatchState.SETTLED,
-                limit,
-            )
-        return [float(r[0]) for r in records]
 
 
 _WATCH = (
