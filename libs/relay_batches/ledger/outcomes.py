@@ -48,24 +48,25 @@ WITH input AS (
     FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
                 $6::bool[], $7::text[], $8::int[], $9::int[],
                 $12::text[], $13::text[], $14::text[], $15::int[],
-                $16::float8[], $20::text[]) WITH ORDINALITY
+                $16::float8[], $20::text[], $21::text[]) WITH ORDINALITY
         AS t(batch_id, row_index, content, error, attempts, dead_letter, deployment,
              prompt_tokens, completion_tokens, tool_calls, finish_reason, model,
-             latency_ms, cost_usd, body, n)
+             latency_ms, cost_usd, body, lane, n)
     ORDER BY batch_id, row_index, n
 ),
 ins AS (
     INSERT INTO row_results (batch_id, row_index, content, error, attempts, dead_letter,
                              deployment, prompt_tokens, completion_tokens, tool_calls,
-                             finish_reason, model, latency_ms, cost_usd, body)
+                             finish_reason, model, latency_ms, cost_usd, body, lane)
     SELECT i.batch_id, i.row_index, i.content, i.error, i.attempts, i.dead_letter,
            i.deployment, i.prompt_tokens, i.completion_tokens, i.tool_calls,
-           i.finish_reason, i.model, i.latency_ms, i.cost_usd, i.body
+           i.finish_reason, i.model, i.latency_ms, i.cost_usd, i.body,
+           CASE WHEN i.error IS NULL THEN COALESCE(i.lane, 'realtime') END
     FROM input i JOIN batches b ON b.id = i.batch_id
     WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
     ON CONFLICT (batch_id, row_index) DO NOTHING
     RETURNING batch_id, error IS NULL AS ok, dead_letter, prompt_tokens, completion_tokens,
-              cost_usd, error = $19 AS held
+              cost_usd, error = $19 AS held, lane
 ),
 counts AS (
     SELECT batch_id,
@@ -75,7 +76,13 @@ counts AS (
            sum(prompt_tokens) AS pt,
            sum(completion_tokens) AS ct,
            COALESCE(sum(cost_usd), 0) AS cost,
-           count(*) FILTER (WHERE held) AS held
+           count(*) FILTER (WHERE held) AS held,
+           COALESCE(sum(cost_usd) FILTER (WHERE lane = 'batch'), 0) AS cost_b,
+           COALESCE(sum(cost_usd) FILTER (WHERE lane = 'flex'), 0) AS cost_f,
+           COALESCE(sum(cost_usd) FILTER (WHERE lane = 'realtime'), 0) AS cost_r,
+           count(*) FILTER (WHERE lane = 'batch') AS rows_b,
+           count(*) FILTER (WHERE lane = 'flex') AS rows_f,
+           count(*) FILTER (WHERE lane = 'realtime') AS rows_r
     FROM ins GROUP BY batch_id
 ),
 moved AS (
@@ -93,6 +100,12 @@ UPDATE batches b SET
     prompt_tokens = b.prompt_tokens + c.pt,
     completion_tokens = b.completion_tokens + c.ct,
     cost_usd = b.cost_usd + c.cost,
+    cost_batch_usd = b.cost_batch_usd + c.cost_b,
+    cost_flex_usd = b.cost_flex_usd + c.cost_f,
+    cost_realtime_usd = b.cost_realtime_usd + c.cost_r,
+    rows_batch = b.rows_batch + c.rows_b,
+    rows_flex = b.rows_flex + c.rows_f,
+    rows_realtime = b.rows_realtime + c.rows_r,
     last_progress_at = now(),
     recorded_at = now(),
     rate_rows_per_s = CASE WHEN c.window_closes
@@ -235,6 +248,7 @@ class OutcomeStore:
                 JobStatus.FAILED,
                 BUDGET_HELD_ERROR,
                 columns[14],
+                columns[15],
             )
         return [_progress(r) for r in records]
 
@@ -361,6 +375,7 @@ def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
         [o.latency_ms for o in outcomes],
         [o.cost_usd for o in outcomes],
         [o.body for o in outcomes],
+        [o.lane for o in outcomes],
     )
 
 

@@ -225,6 +225,7 @@ class RowOutcome:
     latency_ms: int | None = None
     cost_usd: float | None = None
     body: str | None = None
+    lane: str | None = None  # the lane that answered when not realtime: batch, flex
 
     def as_list(self) -> list[Any]:
         """Compact positional form used on the wire."""
@@ -243,7 +244,13 @@ class RowOutcome:
             self.model,
             self.latency_ms,
             self.cost_usd,
-            *(() if self.body is None else (self.body,)),
+            *(
+                ()
+                if self.body is None and self.lane is None
+                else (self.body,)
+                if self.lane is None
+                else (self.body, self.lane)
+            ),
         ]
 
 
@@ -290,7 +297,7 @@ def _outcome(value: Any) -> RowOutcome:
     (a worker from before whole answers sends nine, one from before details twelve, and
     an outcome without a ``body`` fourteen)."""
     b, i, c, e, a, dl, dep, pt, ct, *answer = value
-    tool_calls, finish_reason, model, latency_ms, cost_usd, body = (*answer, *[None] * 6)[:6]
+    tool_calls, finish_reason, model, latency_ms, cost_usd, body, lane = (*answer, *[None] * 7)[:7]
     return RowOutcome(
         batch_id=str(b),
         row_index=int(i),
@@ -307,4 +314,5 @@ def _outcome(value: Any) -> RowOutcome:
         latency_ms=None if latency_ms is None else int(latency_ms),
         cost_usd=None if cost_usd is None else float(cost_usd),
         body=None if body is None else str(body),
+        lane=None if lane is None else str(lane),
     )
