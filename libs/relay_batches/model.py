@@ -207,6 +207,8 @@ class Job:
     rate_window_done: int = 0
     pauses: int = 0  # how many times it was paused (slices carry it, see row_worker.controls)
     endpoint: str = "/v1/chat/completions"  # the OpenAI endpoint its rows are bodies of
+    cached_tokens: int = 0  # prompt tokens read from the providers' prompt caches
+    all_realtime_usd: float = 0.0  # its answered rows' tokens at the realtime reference
 
     @classmethod
     def from_record(cls, record: Any) -> Job:
@@ -267,8 +269,10 @@ class Job:
             "usage": {
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens,
             },
             "cost_usd": shown(self.cost_usd),
+            "saving": self.saving(),
             "budget_usd": self.budget_usd,
             "retry_of": self.retry_of,
             "retries": list(self.retries),
@@ -288,4 +292,18 @@ class Job:
             "dead_letter": self.dead_letter,
             "completed_at": iso(self.completed_at),
             "cost_usd": shown(self.cost_usd),
+            "cached_tokens": self.cached_tokens,
+            "saving": self.saving(),
+        }
+
+    def saving(self) -> dict[str, Any]:
+        """What the job saved against all-realtime: its answered rows' tokens priced at
+        each one's realtime reference (``all_realtime_usd``), less what they cost
+        (``saved_usd``; ``saved_fraction`` of the realtime cost, None while it is 0)."""
+        realtime = self.all_realtime_usd
+        saved = realtime - self.cost_usd if realtime > 0 else 0.0
+        return {
+            "all_realtime_usd": shown(realtime),
+            "saved_usd": shown(saved),
+            "saved_fraction": shown(saved / realtime) if realtime > 0 else None,
         }

@@ -61,6 +61,7 @@ async def build(
         window_max_bytes=settings.dispatch_window_max_bytes,
         offload_margin_s=settings.offload_margin.total_seconds(),
         paced=True,
+        group_prefixes=settings.prefix_grouping == "on",
     )
     dispatcher = Dispatcher(
         DispatchStore(pool),

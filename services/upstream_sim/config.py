@@ -33,6 +33,8 @@ class SimConfig:
     batch_input_delay_s: float = 0
     # A provider batch's results download stops this long halfway through its lines.
     batch_results_pause_s: float = 0
+    cache_prefixes: int = 0  # prompt prefixes the simulated prompt cache holds (0: none)
+    cache_ttl_s: float = 300.0  # how long a prefix stays cached after it was last seen
 
     def __post_init__(self) -> None:
         if not self.latency_ms >= 0:

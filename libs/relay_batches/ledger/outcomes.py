@@ -48,24 +48,26 @@ WITH input AS (
     FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
                 $6::bool[], $7::text[], $8::int[], $9::int[],
                 $12::text[], $13::text[], $14::text[], $15::int[],
-                $16::float8[], $20::text[]) WITH ORDINALITY
+                $16::float8[], $20::text[], $21::int[], $22::float8[]) WITH ORDINALITY
         AS t(batch_id, row_index, content, error, attempts, dead_letter, deployment,
              prompt_tokens, completion_tokens, tool_calls, finish_reason, model,
-             latency_ms, cost_usd, body, n)
+             latency_ms, cost_usd, body, cached_tokens, all_realtime_usd, n)
     ORDER BY batch_id, row_index, n
 ),
 ins AS (
     INSERT INTO row_results (batch_id, row_index, content, error, attempts, dead_letter,
                              deployment, prompt_tokens, completion_tokens, tool_calls,
-                             finish_reason, model, latency_ms, cost_usd, body)
+                             finish_reason, model, latency_ms, cost_usd, body,
+                             cached_tokens, all_realtime_usd)
     SELECT i.batch_id, i.row_index, i.content, i.error, i.attempts, i.dead_letter,
            i.deployment, i.prompt_tokens, i.completion_tokens, i.tool_calls,
-           i.finish_reason, i.model, i.latency_ms, i.cost_usd, i.body
+           i.finish_reason, i.model, i.latency_ms, i.cost_usd, i.body,
+           NULLIF(i.cached_tokens, 0), i.all_realtime_usd
     FROM input i JOIN batches b ON b.id = i.batch_id
     WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
     ON CONFLICT (batch_id, row_index) DO NOTHING
     RETURNING batch_id, error IS NULL AS ok, dead_letter, prompt_tokens, completion_tokens,
-              cost_usd, error = $19 AS held
+              cost_usd, error = $19 AS held, cached_tokens, all_realtime_usd
 ),
 counts AS (
     SELECT batch_id,
@@ -75,6 +77,8 @@ counts AS (
            sum(prompt_tokens) AS pt,
            sum(completion_tokens) AS ct,
            COALESCE(sum(cost_usd), 0) AS cost,
+           COALESCE(sum(cached_tokens), 0) AS cached,
+           COALESCE(sum(all_realtime_usd), 0) AS all_realtime,
            count(*) FILTER (WHERE held) AS held
     FROM ins GROUP BY batch_id
 ),
@@ -93,6 +97,8 @@ UPDATE batches b SET
     prompt_tokens = b.prompt_tokens + c.pt,
     completion_tokens = b.completion_tokens + c.ct,
     cost_usd = b.cost_usd + c.cost,
+    cached_tokens = b.cached_tokens + c.cached,
+    all_realtime_usd = b.all_realtime_usd + c.all_realtime,
     last_progress_at = now(),
     recorded_at = now(),
     rate_rows_per_s = CASE WHEN c.window_closes
@@ -234,7 +240,7 @@ class OutcomeStore:
                 RATE_WINDOW_S,
                 JobStatus.FAILED,
                 BUDGET_HELD_ERROR,
-                columns[14],
+                *columns[14:17],
             )
         return [_progress(r) for r in records]
 
@@ -361,6 +367,8 @@ def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
         [o.latency_ms for o in outcomes],
         [o.cost_usd for o in outcomes],
         [o.body for o in outcomes],
+        [o.cached_tokens for o in outcomes],
+        [o.all_realtime_usd for o in outcomes],
     )
 
 

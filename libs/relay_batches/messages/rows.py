@@ -208,6 +208,9 @@ class RowOutcome:
     what the answering deployment's ``price`` makes of its tokens (None: unpriced).
     ``body`` is the provider's whole reply (JSON text) when it carries more than those
     fields hold (several choices, log probabilities, audio, …), else None.
+    ``cached_tokens`` counts the prompt tokens read from the provider's prompt cache,
+    ``all_realtime_usd`` what the tokens would have cost at the realtime reference
+    price (None: none priced).
     """
 
     batch_id: str
@@ -225,6 +228,8 @@ class RowOutcome:
     latency_ms: int | None = None
     cost_usd: float | None = None
     body: str | None = None
+    cached_tokens: int = 0
+    all_realtime_usd: float | None = None
 
     def as_list(self) -> list[Any]:
         """Compact positional form used on the wire."""
@@ -243,8 +248,14 @@ class RowOutcome:
             self.model,
             self.latency_ms,
             self.cost_usd,
-            *(() if self.body is None else (self.body,)),
+            *self._tail(),
         ]
+
+    def _tail(self) -> tuple[Any, ...]:
+        """The optional fields after ``cost_usd``: as few as carry something."""
+        if self.cached_tokens or self.all_realtime_usd is not None:
+            return (self.body, self.cached_tokens, self.all_realtime_usd)
+        return () if self.body is None else (self.body,)
 
 
 @dataclass(frozen=True)
@@ -286,11 +297,15 @@ class OutcomesMessage:
 
 
 def _outcome(value: Any) -> RowOutcome:
-    """One outcome of the wire's positional form; the last six fields are optional
-    (a worker from before whole answers sends nine, one from before details twelve, and
-    an outcome without a ``body`` fourteen)."""
+    """One outcome of the wire's positional form; the last eight fields are optional
+    (a worker from before whole answers sends nine, one from before details twelve, an
+    outcome without a ``body`` fourteen, and one without cached tokens or a realtime
+    reference cost fifteen)."""
     b, i, c, e, a, dl, dep, pt, ct, *answer = value
-    tool_calls, finish_reason, model, latency_ms, cost_usd, body = (*answer, *[None] * 6)[:6]
+    tool_calls, finish_reason, model, latency_ms, cost_usd, body, cached, realtime = (
+        *answer,
+        *[None] * 8,
+    )[:8]
     return RowOutcome(
         batch_id=str(b),
         row_index=int(i),
@@ -307,4 +322,6 @@ def _outcome(value: Any) -> RowOutcome:
         latency_ms=None if latency_ms is None else int(latency_ms),
         cost_usd=None if cost_usd is None else float(cost_usd),
         body=None if body is None else str(body),
+        cached_tokens=int(cached or 0),
+        all_realtime_usd=None if realtime is None else float(realtime),
     )
