@@ -292,6 +292,29 @@ Count = Annotated[int, Field(ge=0)]
 class _Usage(Closed):
     prompt_tokens: Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
     completion_tokens: Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
+    cached_tokens: Annotated[
+        int,
+        Field(
+            ge=0,
+            json_schema_extra={"format": "int64"},
+            description="Of the prompt tokens, those the providers read from their prompt"
+            " caches (priced at the deployment's cached rate).",
+        ),
+    ]
+
+
+class Saving(Closed):
+    """What the job saved against running every answered row realtime."""
+
+    all_realtime_usd: float = Field(
+        ge=0,
+        description="The answered rows' tokens priced at their alias's first priced realtime"
+        " deployment (0 when none is priced).",
+    )
+    saved_usd: float = Field(description="`all_realtime_usd` less `cost_usd`.")
+    saved_fraction: float | None = Field(
+        description="`saved_usd` over `all_realtime_usd` (null while that is 0)."
+    )
 
 
 class Batch(Closed):
@@ -329,6 +352,7 @@ class Batch(Closed):
         description="What the rows answered so far cost in USD, by the `price` of the"
         " deployment that answered each (0 when no deployment is priced).",
     )
+    saving: Saving
     budget_usd: float | None = Field(
         gt=0,
         description="The budget given at creation (null: none); a retry carries its"
