@@ -301,7 +301,8 @@ class Job:
         each one's realtime reference (``all_realtime_usd``), less what they cost
         (``saved_usd``; ``saved_fraction`` of the realtime cost, None while it is 0)."""
         realtime = self.all_realtime_usd
-        saved = realtime - self.cost_usd if realtime > 0 else 0.0
+        # to a billionth of a dollar: sums of the same rows in another order differ by less
+        saved = round(realtime - self.cost_usd, 9) if realtime > 0 else 0.0
         return {
             "all_realtime_usd": shown(realtime),
             "saved_usd": shown(saved),

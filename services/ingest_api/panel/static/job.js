@@ -110,6 +110,7 @@ function renderBatch(batch) {
     detail("Finished", timeEl(batch.completed_at)),
     batch.expires_at ? detail("Expires", timeEl(batch.expires_at)) : [],
     batch.budget_usd ? detail("Budget", money(batch.budget_usd)) : [],
+    savingDetail(batch.saving),
     batch.error ? detail("Error", batch.error) : [],
     batch.cron ? detail("Cron", h("code", {}, batch.cron)) : [],
     batch.cron ? detail("Next run", timeEl(batch.next_run_at)) : [],
@@ -130,6 +131,16 @@ function renderBatch(batch) {
   document.getElementById("runs-section").hidden = !batch.cron;
   document.getElementById("charts-section").hidden = Boolean(batch.cron);
   document.getElementById("deliveries-section").hidden = !terminal;
+}
+
+/** What the job saved against all-realtime, when any answered row had a realtime price. */
+function savingDetail(saving) {
+  if (!saving || !(saving.all_realtime_usd > 0)) return [];
+  const share = Math.round((saving.saved_fraction ?? 0) * 100);
+  return detail(
+    "Saved",
+    `${money(saving.saved_usd)} (${share}%) against ${money(saving.all_realtime_usd)} all-realtime`,
+  );
 }
 
 /** {"temperature": 0.2, "max_tokens": 64}, one key after another. */
