@@ -34,6 +34,8 @@ async def test_delivers_the_api_webhook_body() -> None:
             "dead_letter": 1,
             "completed_at": "2026-10-04T09:20:01Z",
             "cost_usd": 0.0,
+            "cached_tokens": 0,
+            "saving": {"all_realtime_usd": 0.0, "saved_usd": 0.0, "saved_fraction": None},
         }
     )
     assert store.claims == {BATCH.id: HOOK}
@@ -56,6 +58,8 @@ async def test_canceled_run_reports_canceled() -> None:
         "dead_letter": 0,
         "completed_at": "2026-10-04T09:20:01Z",
         "cost_usd": 0.0,
+        "cached_tokens": 0,
+        "saving": {"all_realtime_usd": 0.0, "saved_usd": 0.0, "saved_fraction": None},
     }
 
 
