@@ -20,8 +20,10 @@ from tests.helpers.support import ApiClient, WebhookReceiver, rows, wait_until
 TOLERANCE = 0.10  # the issue's bound on estimate vs actual cost
 PROMPT = "Summarise item {i} in one line: " + "the quick brown fox jumps over a lazy dog " * 4
 
-# The session system with a simulated prompt cache of 64 prefixes.
-cached = system_fixture("estimate", sim_env={"RELAY_SIM_CACHE_PREFIXES": "64"})
+# Systems whose simulator has a prompt cache of 8 prefixes, with and without grouping.
+CACHE = {"RELAY_SIM_CACHE_PREFIXES": "8"}
+cached = system_fixture("estimate", sim_env=CACHE)
+ungrouped = system_fixture("estimate-ungrouped", sim_env=CACHE, RELAY_PREFIX_GROUPING="off")
 
 
 async def estimate(api: ApiClient, body: dict[str, Any]) -> dict[str, Any]:
@@ -175,3 +177,36 @@ async def test_cached_prompt_tokens_are_read_priced_and_reported(
     assert batch["cost_usd"] == pytest.approx(expected, rel=1e-3)
     # the realtime reference is the same deployment, cache included: nothing saved
     assert batch["saving"]["saved_usd"] == pytest.approx(0, abs=1e-6)
+
+
+def interleaved(n: int, prefixes: int) -> list[dict[str, Any]]:
+    """``n`` rows cycling through ``prefixes`` system prompts (more than the cache holds)."""
+    return [
+        {
+            "custom_id": f"i-{i}",
+            "messages": [
+                {"role": "system", "content": f"prompt {i % prefixes}: " + "be brief. " * 60},
+                {"role": "user", "content": f"question {i}"},
+            ],
+        }
+        for i in range(n)
+    ]
+
+
+async def _cache_share(system: System, http: aiohttp.ClientSession) -> float:
+    api = await fresh(system, http)
+    created = await api.submit({"model": "sim-cached", "requests": interleaved(200, 20)})
+    batch = await api.wait_status(created["id"], {"completed"}, timeout=60)
+    return float(batch["usage"]["cached_tokens"] / batch["usage"]["prompt_tokens"])
+
+
+async def test_rows_grouped_by_prefix_read_the_cache_and_interleaved_ones_do_not(
+    cached: System, ungrouped: System, http: aiohttp.ClientSession
+) -> None:
+    # 20 prefixes cycled through, a cache of 8: only grouping keeps a prefix cached
+    grouped, interleaved_share = (
+        await _cache_share(cached, http),
+        await _cache_share(ungrouped, http),
+    )
+    assert grouped > 0.5, grouped
+    assert interleaved_share < 0.1, interleaved_share
