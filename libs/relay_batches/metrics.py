@@ -42,6 +42,11 @@ UPSTREAM_RETRIES = Counter("relay_upstream_retries_total", "Upstream retries", [
 UPSTREAM_FALLBACKS = Counter(
     "relay_upstream_fallbacks_total", "Rows that fell through to a later deployment", ["alias"]
 )
+UPSTREAM_FLEX_REFUSED = Counter(
+    "relay_upstream_flex_refused_total",
+    "Rows a flex deployment refused (429: capacity short), sent on to the next lane",
+    ["deployment"],
+)
 UPSTREAM_COOLDOWNS = Counter(
     "relay_upstream_cooldowns_total", "Cooldowns started for a failing deployment", ["deployment"]
 )

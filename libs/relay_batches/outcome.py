@@ -64,6 +64,7 @@ def to_outcome(
         attempts=result.attempts,
         dead_letter=completion is None and result.dead_letter,
         deployment=result.deployment,
+        lane=None if completion is None else result.lane,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         tool_calls=None if completion is None else _tool_calls_json(completion.tool_calls),

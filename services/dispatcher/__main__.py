@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from datetime import timedelta
 
 from relay_batches.announce import announce_finished
 from relay_batches.bus.client import Bus
@@ -17,10 +16,11 @@ from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.schema import ledger_readiness
 from relay_batches.ledger.statistics import StatisticsKeeper
 from relay_batches.messages import JobEvent, SliceMessage
-from relay_batches.router.aliases import AliasTable, load_aliases
+from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
 from relay_batches.services.dispatcher.budget import alias_price
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from relay_batches.services.dispatcher.lanes import LanePlanner
 from relay_batches.services.dispatcher.recording import ResultsQueues
 from relay_batches.services.dispatcher.service import dispatcher_service
 from relay_batches.settings import Settings
@@ -71,7 +71,7 @@ async def build(
         config,
         rows_waiting=lambda: bus.ready_count(bus.names.rows),
         results_state=lambda: results_state(bus),
-        offload_lead=lambda alias: offload_lead(aliases, alias),
+        plan_lanes=LanePlanner(pool, aliases),
         price_of=lambda alias: alias_price(aliases, alias),
         connected=bus.ready,
         announce_overtaking=lambda event: bus.publish_event(EVENT_OVERTAKING, event.encode()),
@@ -90,14 +90,6 @@ async def build(
             else None
         ),
     )
-
-
-def offload_lead(aliases: AliasTable, alias: str) -> tuple[str, timedelta] | None:
-    """The batch deployment leading ``alias`` and its provider's window, if one does."""
-    lead = aliases.batch_lead(alias)
-    if lead is None or lead.batch is None:
-        return None
-    return lead.name, lead.batch.window
 
 
 async def results_state(bus: Bus) -> ResultsQueues:

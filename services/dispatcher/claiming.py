@@ -137,7 +137,15 @@ class Claiming(Release):
         (marked, every row released), or refused by the ledger while we offloaded it (no
         longer ours and running). An offloaded job's lease goes back at once."""
         target = job.offload_deployment
-        if target is None and self._offload_lead is not None:
+        if target is None and self._plan_lanes is not None:
+            target = await self._plan_lanes(job)
+            if target is None:
+                return False
+            if not await self._store.offload(self._config.owner, job.id, job.total, target):
+                log.info("job_offload_refused", extra={"batch_id": job.id})
+                return True
+            JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
+        elif target is None and self._offload_lead is not None:
             margin = timedelta(seconds=self._config.offload_margin_s)
             target = offload_target(job, self._offload_lead, margin, self._wall_clock())
             if target is None:

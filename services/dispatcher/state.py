@@ -33,6 +33,8 @@ AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
 QueueState = Callable[[], Awaitable[ResultsQueues]]
 # The batch deployment leading an alias and its provider's window (None: runs realtime).
 OffloadLead = Callable[[str], tuple[str, timedelta] | None]
+# A claimed job's lane plan: the batch deployment to offload it to, or None (fast lanes).
+PlanLanes = Callable[[RunningJob], Awaitable[str | None]]
 FETCH_SLICES = 16
 MAX_SLICE_BYTES = 4 * 1024 * 1024
 TOP_UP_FRACTION = 4
@@ -249,6 +251,7 @@ class DispatcherState:
         clock: Callable[[], float] = time.monotonic,
         results_state: QueueState | None = None,
         offload_lead: OffloadLead | None = None,
+        plan_lanes: PlanLanes | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         price_of: PriceOf = lambda alias: None,
         connected: Callable[[], bool] = lambda: True,
@@ -262,6 +265,7 @@ class DispatcherState:
         self._connected = connected
         self._sight_lost = False
         self._offload_lead = offload_lead
+        self._plan_lanes = plan_lanes
         self._wall_clock = wall_clock
         self._publish_slice = publish_slice
         self._announce_failed = announce_failed

@@ -39,6 +39,7 @@ import aiohttp
 import asyncpg
 
 from relay_batches.errors import PermanentError, TransientError
+from relay_batches.lanes.plan import stall_after_s
 from relay_batches.ledger.offload import (
     BatchState,
     Gathering,
@@ -49,6 +50,7 @@ from relay_batches.metrics import OFFLOAD_BATCHES, OFFLOAD_POLLS, OFFLOAD_ROWS
 from relay_batches.offload.lines import BatchClient, ProviderError, ProviderState
 from relay_batches.router.aliases import AliasTable, Price
 from relay_batches.services.offloader.inputs import build_input
+from relay_batches.services.offloader.lanes import LaneWatch
 from relay_batches.services.offloader.publishing import (
     GATHER_ROUNDS,
     Publishing,
@@ -116,6 +118,7 @@ class Offloader(Publishing):
         self._config = config
         self._prices: Mapping[str, Price] = aliases.prices()
         self._references: Mapping[str, Price] = aliases.realtime_references()
+        self._lanes = LaneWatch(store, aliases)
         # Consecutive permanent refusals of a record's steps here (reset by a step that
         # passes or that ends it), at most MAX_TRACKED records.
         self._refusals: dict[int, int] = {}
@@ -132,7 +135,7 @@ class Offloader(Publishing):
                 d.batch.max_rows,
                 int(d.batch.max_bytes * BYTES_SHARE),
                 d.batch.linger_s,
-                window_s=d.batch.window.total_seconds(),
+                window_s=stall_after_s(d.batch.turnaround.total_seconds()),
                 margin_s=config.margin_s,
             )
             for d in aliases.batch_deployments().values()
@@ -234,6 +237,9 @@ class Offloader(Publishing):
             if batch.state is BatchState.SUBMITTED and await self._store.all_rows_ended(batch.id):
                 if not await self._cancel(batch, client):
                     return
+            elif batch.state is BatchState.SUBMITTED and await self._move_lanes(batch):
+                if not await self._cancel(batch, client):
+                    return
             poll_s = self._poll_s(batch.deployment)
             await self._store.polled(
                 batch.id, owner, state.progress, poll_s, poll_s * MAX_POLL_FACTOR
@@ -246,6 +252,20 @@ class Offloader(Publishing):
                 extra={"offload_id": batch.id, "failed": state.failed, "progress": state.progress},
             )
             await self._settle(_ended(batch, state), client)
+
+    async def _move_lanes(self, batch: OffloadBatch) -> bool:
+        """Move a stalled batch's rows, or those the ramp wants, to the fast lanes;
+        whether any moved (the batch is then canceled)."""
+        reason = await self._lanes.verdict(batch)
+        if reason is None:
+            return False
+        moved = await self._store.move(batch.id, self._config.owner, reason)
+        OFFLOAD_ROWS.labels("moved").inc(moved)
+        log.warning(
+            "offload_moved",
+            extra={"offload_id": batch.id, "reason": reason, "rows": moved},
+        )
+        return moved > 0
 
     async def _cancel(self, batch: OffloadBatch, client: BatchClient) -> bool:
         """Ask the provider to cancel a running batch whose rows all belong to jobs that

@@ -70,7 +70,7 @@ class Publishing:
                     await self._store.mark_rows(refused, RowState.FORWARD)
                     refused = []
                 continue
-            result = RowResult(line.reply.completion, None, 1, batch.deployment)
+            result = RowResult(line.reply.completion, None, 1, batch.deployment, lane="batch")
             full = chunks.add(
                 to_outcome(line.batch_id, line.row_index, result, None, price, reference)
             )
@@ -85,6 +85,18 @@ class Publishing:
         outcomes, parts = chunks.take(shard)
         if not outcomes:
             return 0
+        # A row moved to another lane meanwhile (the ramp, a stall) is that lane's: its
+        # answer here is discarded, never recorded nor charged (a row is paid once).
+        waiting, moved = await self._store.still_submitted(
+            [(o.batch_id, o.row_index) for o in outcomes]
+        )
+        if moved or len(waiting) < len(outcomes):
+            OFFLOAD_ROWS.labels("superseded").inc(moved)
+            kept = [i for i, o in enumerate(outcomes) if (o.batch_id, o.row_index) in waiting]
+            outcomes = [outcomes[i] for i in kept]
+            parts = [parts[i] for i in kept]
+            if not outcomes:
+                return 0
         await self._publish_outcomes(shard, OutcomesMessage.encode_parts(parts))
         _, late = await self._store.mark_done([(o.batch_id, o.row_index) for o in outcomes])
         OFFLOAD_ROWS.labels("late").inc(late)

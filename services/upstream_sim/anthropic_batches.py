@@ -282,7 +282,10 @@ class AnthropicBatches(batches.BatchApi):
                 return
             if batch.canceling:
                 batch.statuses.extend([CANCELED] * (len(batch.requests) - len(batch.statuses)))
-            elif self._clock() >= batch.created + self._config.batch_delay_s:
+            elif (
+                not self._config.batch_stall
+                and self._clock() >= batch.created + self._config.batch_delay_s
+            ):
                 await self._run(batch)
             else:
                 return
@@ -299,6 +302,8 @@ class AnthropicBatches(batches.BatchApi):
                 status = exc.status
             else:
                 status = batches.batch_status(chat, self._state, self._config.error_rate)
+                if status == 200:
+                    self._state.answers.answer(chat)
             batch.statuses.append(status)
             await batches.pause_every(index)
 

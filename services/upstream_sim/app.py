@@ -163,6 +163,10 @@ class _Routes:
             kind = "authentication_error" if exc.status == 401 else "invalid_request_error"
             return dialect.error(exc.status, str(exc), kind, None)
         triggers = chat.triggers()
+        if chat.flex and self._state.refuse_flex(self._config.flex_refusal):
+            await self._pause(self._config.latency_ms)
+            message = "flex capacity is short, try again later (simulated)"
+            return dialect.error(429, message, "resource_unavailable", None)
         outcome = decide_outcome(triggers, chat.last_user, self._state, self._config.error_rate)
         if outcome is SUCCESS and self._windows.active:
             if not self._windows.admit(call_tokens(chat, triggers.reply_bytes), chat.model):
@@ -171,7 +175,8 @@ class _Routes:
                 return dialect.error(429, message, "rate_limit_error", THROTTLE_RETRY_AFTER_S)
         if outcome.status == 200:
             self._state.answers.begin(chat)
-        await self._pause(self._config.latency_ms + (triggers.delay_ms or 0))
+        flex_ms = self._config.flex_latency_ms if chat.flex else 0
+        await self._pause(self._config.latency_ms + flex_ms + (triggers.delay_ms or 0))
         if triggers.hang:
             await self._sleep(HANG_SECONDS)
         if outcome.status != 200:

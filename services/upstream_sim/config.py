@@ -35,6 +35,12 @@ class SimConfig:
     batch_results_pause_s: float = 0
     cache_prefixes: int = 0  # prompt prefixes the simulated prompt cache holds (0: none)
     cache_ttl_s: float = 300.0  # how long a prefix stays cached after it was last seen
+    # The flex lane (calls with service_tier "flex"): the share refused with 429 (capacity
+    # short; deterministic: every 1/share-th flex call), and the latency they add.
+    flex_refusal: float = 0.0
+    flex_latency_ms: float = 0
+    # 1: every provider batch stalls (in progress, no request answered) until canceled.
+    batch_stall: int = 0
 
     def __post_init__(self) -> None:
         if not self.latency_ms >= 0:
@@ -47,6 +53,13 @@ class SimConfig:
             raise ValueError(
                 f"rate_counting must be one of {', '.join(COUNTINGS)}, got {self.rate_counting!r}"
             )
-        for name in ("batch_delay_s", "batch_input_delay_s", "batch_results_pause_s"):
+        if not 0.0 <= self.flex_refusal <= 1.0:
+            raise ValueError(f"flex_refusal must be within 0..1, got {self.flex_refusal!r}")
+        for name in (
+            "batch_delay_s",
+            "batch_input_delay_s",
+            "batch_results_pause_s",
+            "flex_latency_ms",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")

@@ -59,6 +59,7 @@ class ChatRequest:
     max_tokens: int | None = None
     choices: int = 1
     top_logprobs: int | None = None
+    flex: bool = False  # asked for service_tier "flex" (OpenAI's flex lane)
 
     @property
     def calls_tool(self) -> bool:

@@ -324,7 +324,11 @@ class OpenAIBatches(batches.BatchApi):
                 batch.status = "cancelled"
                 batch.times["cancelled_at"] = int(now)
                 self._publish(batch, int(now))  # the lines answered before, if any
-            elif batch.status == "in_progress" and now >= batch.created + self._delay:
+            elif (
+                batch.status == "in_progress"
+                and not self._config.batch_stall
+                and now >= batch.created + self._delay
+            ):
                 await self._run(batch)
                 self._finish(batch, int(self._clock()))
 
@@ -345,6 +349,8 @@ class OpenAIBatches(batches.BatchApi):
                 status = exc.status
             else:
                 status = batches.batch_status(chat, self._state, self._config.error_rate)
+                if status == 200:
+                    self._state.answers.answer(chat)
             batch.statuses.append(status)
             _tally(batch, index)
             await batches.pause_every(index)

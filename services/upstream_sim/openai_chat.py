@@ -61,6 +61,7 @@ def chat_request_from(data: Mapping[str, Any]) -> ChatRequest:
         max_tokens=_max_tokens(data.get("max_completion_tokens", data.get("max_tokens"))),
         choices=_max_tokens(data.get("n")) or 1,
         top_logprobs=_top_logprobs(data),
+        flex=data.get("service_tier") == "flex",
     )
 
 

@@ -31,6 +31,8 @@ class SimState:
         self.batch_rows_repeated = 0  # of those: custom_ids submitted in an earlier batch
         self._batch_ids: set[str] = set()
         self.answers = AnswerCounts()  # calls begun and answered per request
+        self.flex_calls = 0  # calls asking for the flex lane
+        self.flex_refused = 0  # of those: refused with 429 (capacity short)
 
     def stats(self) -> dict[str, int]:
         """The counters served by ``GET /stats``."""
@@ -42,6 +44,8 @@ class SimState:
             "batches_created": self.batches_created,
             "batch_rows": self.batch_rows,
             "batch_rows_repeated": self.batch_rows_repeated,
+            "flex_calls": self.flex_calls,
+            "flex_refused": self.flex_refused,
             **self.prompt_cache.stats(),
         }
 
@@ -57,11 +61,20 @@ class SimState:
         """Zero every counter, forget fail-first contents and re-seed the dice."""
         self.calls = self.ok = self.errors = self.throttled = 0
         self.batches_created = self.batch_rows = self.batch_rows_repeated = 0
+        self.flex_calls = self.flex_refused = 0
         self._batch_ids.clear()
         self.answers.reset()
         self.prompt_cache.reset()
         self._failures.clear()
         self._rng = random.Random(self._seed)
+
+    def refuse_flex(self, share: float) -> bool:
+        """Count a flex call; True when it is one of the ``share`` refused (spread
+        evenly: the n-th call is refused when ``n * share`` crosses a whole number)."""
+        self.flex_calls += 1
+        refused = int(self.flex_calls * share) > int((self.flex_calls - 1) * share)
+        self.flex_refused += refused
+        return refused
 
     @property
     def tracked_contents(self) -> int:

@@ -288,6 +288,25 @@ def offload_routes(sim_port: int, max_retries: int) -> str:
         f'[deployments.sim-endpoints-batch]\nprovider = "openai-batch"\n{base}'
         f'model = "sim-echo"\n{batch}{half}'
         + f"endpoints = {list(ALL_ENDPOINTS)!r}\n".replace("'", '"')
+        + lanes_routes(sim_port, max_retries)
+    )
+
+
+def lanes_routes(sim_port: int, max_retries: int) -> str:
+    """``sim-lanes``: the three lanes on the simulator, one model so a row's answers are
+    counted together whatever the lane: a provider batch (half price, expected in 10 s),
+    flex (half price, 20 rows a second declared) and realtime (full price, 40 a second)."""
+    base = f'base_url = "http://127.0.0.1:{sim_port}/v1"\nmodel = "sim-echo"\n'
+    half = "price = { prompt_per_mtok = 500.0, completion_per_mtok = 1000.0 }\n"
+    full = "price = { prompt_per_mtok = 1000.0, completion_per_mtok = 2000.0 }\n"
+    realtime = f"timeout_s = 30\nmax_retries = {max_retries}\n"
+    return (
+        '\n[aliases.sim-lanes]\ndeployments = ["sim-lanes-batch", "sim-flex", "sim-rt"]\n\n'
+        f'[deployments.sim-lanes-batch]\nprovider = "openai-batch"\n{base}'
+        f'timeout_s = 30\nlinger_s = 0.5\npoll_s = 0.3\nturnaround = "10s"\n{half}\n'
+        f'[deployments.sim-flex]\nprovider = "openai"\n{base}{realtime}'
+        f'service_tier = "flex"\nrows_per_s = 20\n{half}\n'
+        f'[deployments.sim-rt]\nprovider = "openai"\n{base}{realtime}rows_per_s = 40\n{full}'
     )
 
 

@@ -25,7 +25,7 @@ from relay_batches.settings import ConfigError
 NOW = datetime(2026, 10, 4, 9, 0, tzinfo=UTC)
 ROUTES = {
     "aliases": {
-        "half": {"deployments": ["batch", "rt"]},
+        "half": {"deployments": ["batch", "flex", "rt", "unpriced"]},
         "rt-only": {"deployments": ["rt"]},
         "free": {"deployments": ["unpriced"]},
     },
@@ -46,6 +46,13 @@ ROUTES = {
                 "completion_per_mtok": 2.0,
                 "cached_prompt_per_mtok": 0.1,
             },
+        },
+        "flex": {
+            "provider": "openai",
+            "base_url": "http://x/v1",
+            "model": "m",
+            "service_tier": "flex",
+            "price": {"prompt_per_mtok": 0.5, "completion_per_mtok": 1.0},
         },
         "unpriced": {"provider": "openai", "base_url": "http://x/v1", "model": "m"},
     },
@@ -87,19 +94,30 @@ def test_a_row_that_does_not_decode_counts_as_a_row_of_no_tokens() -> None:
     assert (tally.rows, tally.prompt_tokens) == (1, 0)
 
 
-def test_the_lanes_an_alias_offers_are_its_priced_batch_and_realtime_deployments() -> None:
-    offers = lane_offers(TABLE.aliases["half"])
-    assert [(o.lane, o.deployment) for o in offers] == [("batch", "batch"), ("realtime", "rt")]
-    assert offers[0].expected_turnaround_s == 24 * 3600
-    assert offers[1].rows_per_s == 10  # rpm 600
-    assert offers[1].cached_input_usd_per_mtok == 0.1
-    assert lane_offers(TABLE.aliases["free"]) == []
+def test_the_lanes_an_alias_offers_are_its_first_priced_deployment_of_each_lane() -> None:
+    offers = lane_offers(TABLE, "half")
+    assert [(o.lane, o.deployment) for o in offers] == [
+        ("batch", "batch"),
+        ("flex", "flex"),
+        ("realtime", "rt"),
+    ]
+    assert offers[0].expected_turnaround_s == 12 * 3600  # the declared turnaround
+    assert offers[2].rows_per_s == 10  # rpm 600
+    assert lane_offers(TABLE, "half", {"realtime": 4.0})[2].rows_per_s == 4.0  # measured
+    assert lane_offers(TABLE, "free") == []
+    # the realtime reference is never the flex deployment
+    assert TABLE.realtime_references()["flex"] == TABLE.prices()["rt"]
 
 
 def test_the_estimate_prices_each_lane_and_plans_within_the_window() -> None:
     tally = Tally({})
     tally.add_page([row("x" * 400)] * 100)  # 100 prompt and 100 completion tokens a row
-    unlimited = price_estimate(tally, TABLE.aliases["half"], None, None, NOW).to_api()
+    offers = lane_offers(TABLE, "rt-only")
+    realtime = price_estimate(tally, offers, None, None, NOW).to_api()
+    assert realtime["lanes"] == [{"lane": "realtime", "deployment": "rt", "cost_usd": 0.03}]
+    assert [s["lane"] for s in realtime["plan"]["steps"]] == ["realtime"]
+    offers = [o for o in lane_offers(TABLE, "half") if o.lane != "flex"]
+    unlimited = price_estimate(tally, offers, None, None, NOW).to_api()
     assert unlimited["lanes"] == [
         {"lane": "batch", "deployment": "batch", "cost_usd": 0.015},
         {"lane": "realtime", "deployment": "rt", "cost_usd": 0.03},
@@ -111,7 +129,7 @@ def test_the_estimate_prices_each_lane_and_plans_within_the_window() -> None:
         10_000,
         10_000,
     )
-    hour = price_estimate(tally, TABLE.aliases["half"], 3600, None, NOW).to_api()
+    hour = price_estimate(tally, offers, 3600, None, NOW).to_api()
     assert [s["lane"] for s in hour["plan"]["steps"]] == ["realtime"]
     assert hour["cost_usd"] == 0.03 and hour["plan"]["fits"]
     assert hour["expected_finish_s"] == 10.0  # 100 rows at rpm 600
@@ -148,7 +166,8 @@ def test_cached_tokens_are_read_from_either_providers_usage(usage: object, cache
 
 def test_the_realtime_reference_is_the_aliases_first_priced_realtime_deployment() -> None:
     references = TABLE.realtime_references()
-    assert references == {"batch": TABLE.prices()["rt"], "rt": TABLE.prices()["rt"]}
+    rt = TABLE.prices()["rt"]
+    assert references == {"batch": rt, "flex": rt, "rt": rt, "unpriced": rt}
 
 
 def test_an_outcome_carries_its_cached_tokens_and_all_realtime_cost_over_the_wire() -> None:

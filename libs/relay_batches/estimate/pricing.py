@@ -1,54 +1,36 @@
 """An estimate's prices: the cost of a counted job in each lane its alias offers, and of
 the plan Relay would choose (:func:`relay_batches.lanes.plan.choose_plan`).
 
-The lanes come from the alias's deployments in the routes file (:func:`lane_offers`): its
-batch deployment (a provider's batch API, expected to answer within its ``window``), and
-its first priced realtime deployment (as fast as its ``rpm`` lets it, unlimited without
-one). An unpriced deployment offers no lane: there is nothing to estimate with.
+The lanes are the planner's own (:func:`relay_batches.lanes.offers.offers_for`: each
+deployment's lane, price and speed, the fast lanes' measured throughput given by the
+caller), keeping the first priced deployment of each lane: an unpriced deployment offers
+nothing to estimate with.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from relay_batches.estimate.tally import Tally
+from relay_batches.lanes.offers import offers_for
 from relay_batches.lanes.plan import LaneOffer, LanePlan, choose_plan
 from relay_batches.model import iso, shown
-from relay_batches.router.aliases import Deployment
-
-SECONDS_PER_MINUTE = 60.0
+from relay_batches.router.aliases import AliasTable
 
 
-def _offer(lane: Any, deployment: Deployment) -> LaneOffer | None:
-    price = deployment.price
-    if price is None:
-        return None
-    batch = deployment.batch
-    rpm = None if deployment.limit is None else deployment.limit.rpm
-    return LaneOffer(
-        lane=lane,
-        deployment=deployment.name,
-        input_usd_per_mtok=price.prompt_per_mtok,
-        output_usd_per_mtok=price.completion_per_mtok,
-        cached_input_usd_per_mtok=price.cached_prompt_per_mtok,
-        expected_turnaround_s=None if batch is None else batch.window.total_seconds(),
-        rows_per_s=None if rpm is None else rpm / SECONDS_PER_MINUTE,
-    )
-
-
-def lane_offers(deployments: Sequence[Deployment]) -> list[LaneOffer]:
-    """The lanes an alias's deployments offer: its batch deployment's and its first
-    priced realtime deployment's (each only when priced)."""
+def lane_offers(
+    aliases: AliasTable, alias: str, measured_by_lane: Mapping[str, float] | None = None
+) -> list[LaneOffer]:
+    """The lanes ``alias`` offers, the first priced deployment of each, in its
+    deployments' order (``measured_by_lane``: the fast lanes' measured rows a second)."""
+    priced = {d.name for d in aliases.resolve(alias) or () if d.price is not None}
     offers: list[LaneOffer] = []
-    batch = next((d for d in deployments if d.is_batch), None)
-    realtime = next((d for d in deployments if not d.is_batch and d.price is not None), None)
-    for lane, deployment in (("batch", batch), ("realtime", realtime)):
-        offer = None if deployment is None else _offer(lane, deployment)
-        if offer is not None:
+    for offer in offers_for(aliases, alias, None, measured_by_lane):
+        if offer.deployment in priced and all(o.lane != offer.lane for o in offers):
             offers.append(offer)
     return offers
 
@@ -104,14 +86,14 @@ class Estimate:
 
 def price_estimate(
     tally: Tally,
-    deployments: Sequence[Deployment],
+    offers: Sequence[LaneOffer],
     window_s: float | None,
     budget_usd: float | None,
     now: datetime | None = None,
 ) -> Estimate:
-    """Price ``tally`` in each lane of ``deployments`` and plan it within ``window_s``
-    and ``budget_usd`` (None: no limit)."""
-    offers = tuple(lane_offers(deployments))
+    """Price ``tally`` in each lane ``offers`` (:func:`lane_offers`) and plan it within
+    ``window_s`` and ``budget_usd`` (None: no limit)."""
+    offers = tuple(offers)
     plan = choose_plan(
         tally.rows,
         tally.prompt_tokens,

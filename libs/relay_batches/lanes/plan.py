@@ -43,7 +43,8 @@ RAMP_SLACK = 0.7
 class LaneOffer:
     """One lane an alias offers: its deployment, its price (USD per million tokens) and
     how fast it answers (``expected_turnaround_s`` for the batch lane, ``rows_per_s``
-    for flex and realtime; None: unknown, taken as unlimited for a fast lane)."""
+    for flex and realtime; None: unknown, not counted on while another fast lane's rate
+    is known, unlimited otherwise)."""
 
     lane: Lane
     deployment: str
@@ -150,14 +151,13 @@ def choose_plan(
 
 
 def fast_rate(offers: Sequence[LaneOffer]) -> float:
-    """Rows a second the fast lanes (flex and realtime) answer together; ``inf`` when
-    one of them has no known limit, 0 when there is none."""
+    """Rows a second the fast lanes (flex and realtime) answer together, counting only
+    those whose rate is known; ``inf`` when none is known, 0 when there is no fast lane."""
     rates = [o.rows_per_s for o in offers if o.lane != "batch"]
     if not rates:
         return 0.0
-    if any(r is None for r in rates):
-        return math.inf
-    return sum(r for r in rates if r is not None)
+    known = [r for r in rates if r is not None]
+    return sum(known) if known else math.inf
 
 
 def fast_finish_s(rows: int, offers: Sequence[LaneOffer]) -> float:

@@ -225,15 +225,15 @@ class DispatchStore(ReleasedRows):
 
     async def offload(self, owner: str, job_id: str, total: int, deployment: str) -> bool:
         """Mark a job we own offloaded to ``deployment`` and release all its rows, in one
-        statement: only while it is running, ours, without a budget (a budget stops
-        releases, and an offloaded job has released everything), not yet marked and not
-        yet released at all (a job that began realtime stays realtime). False, and
-        nothing changed, otherwise."""
+        statement: only while it is running, ours, not yet marked and not yet released
+        at all (a job that began realtime stays realtime). A job with a budget may be
+        offloaded when its plan's cost fits the budget (the lane plan decides). False,
+        and nothing changed, otherwise."""
         async with translated():
             value = await self._pool.fetchval(
                 "UPDATE batches SET dispatched_upto = $3, offload_deployment = $4"
                 " WHERE id = $2 AND lease_owner = $1 AND status = $5"
-                " AND budget_usd IS NULL AND offload_deployment IS NULL"
+                " AND offload_deployment IS NULL"
                 " AND dispatched_upto = 0 RETURNING id",
                 owner,
                 job_id,

@@ -48,26 +48,28 @@ WITH input AS (
     FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
                 $6::bool[], $7::text[], $8::int[], $9::int[],
                 $12::text[], $13::text[], $14::text[], $15::int[],
-                $16::float8[], $20::text[], $21::int[], $22::float8[]) WITH ORDINALITY
+                $16::float8[], $20::text[], $21::text[], $22::int[], $23::float8[])
+            WITH ORDINALITY
         AS t(batch_id, row_index, content, error, attempts, dead_letter, deployment,
              prompt_tokens, completion_tokens, tool_calls, finish_reason, model,
-             latency_ms, cost_usd, body, cached_tokens, all_realtime_usd, n)
+             latency_ms, cost_usd, body, lane, cached_tokens, all_realtime_usd, n)
     ORDER BY batch_id, row_index, n
 ),
 ins AS (
     INSERT INTO row_results (batch_id, row_index, content, error, attempts, dead_letter,
                              deployment, prompt_tokens, completion_tokens, tool_calls,
-                             finish_reason, model, latency_ms, cost_usd, body,
+                             finish_reason, model, latency_ms, cost_usd, body, lane,
                              cached_tokens, all_realtime_usd)
     SELECT i.batch_id, i.row_index, i.content, i.error, i.attempts, i.dead_letter,
            i.deployment, i.prompt_tokens, i.completion_tokens, i.tool_calls,
            i.finish_reason, i.model, i.latency_ms, i.cost_usd, i.body,
+           CASE WHEN i.error IS NULL THEN COALESCE(i.lane, 'realtime') END,
            NULLIF(i.cached_tokens, 0), i.all_realtime_usd
     FROM input i JOIN batches b ON b.id = i.batch_id
     WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
     ON CONFLICT (batch_id, row_index) DO NOTHING
     RETURNING batch_id, error IS NULL AS ok, dead_letter, prompt_tokens, completion_tokens,
-              cost_usd, error = $19 AS held, cached_tokens, all_realtime_usd
+              cost_usd, error = $19 AS held, lane, cached_tokens, all_realtime_usd
 ),
 counts AS (
     SELECT batch_id,
@@ -79,7 +81,13 @@ counts AS (
            COALESCE(sum(cost_usd), 0) AS cost,
            COALESCE(sum(cached_tokens), 0) AS cached,
            COALESCE(sum(all_realtime_usd), 0) AS all_realtime,
-           count(*) FILTER (WHERE held) AS held
+           count(*) FILTER (WHERE held) AS held,
+           COALESCE(sum(cost_usd) FILTER (WHERE lane = 'batch'), 0) AS cost_b,
+           COALESCE(sum(cost_usd) FILTER (WHERE lane = 'flex'), 0) AS cost_f,
+           COALESCE(sum(cost_usd) FILTER (WHERE lane = 'realtime'), 0) AS cost_r,
+           count(*) FILTER (WHERE lane = 'batch') AS rows_b,
+           count(*) FILTER (WHERE lane = 'flex') AS rows_f,
+           count(*) FILTER (WHERE lane = 'realtime') AS rows_r
     FROM ins GROUP BY batch_id
 ),
 moved AS (
@@ -99,6 +107,12 @@ UPDATE batches b SET
     cost_usd = b.cost_usd + c.cost,
     cached_tokens = b.cached_tokens + c.cached,
     all_realtime_usd = b.all_realtime_usd + c.all_realtime,
+    cost_batch_usd = b.cost_batch_usd + c.cost_b,
+    cost_flex_usd = b.cost_flex_usd + c.cost_f,
+    cost_realtime_usd = b.cost_realtime_usd + c.cost_r,
+    rows_batch = b.rows_batch + c.rows_b,
+    rows_flex = b.rows_flex + c.rows_f,
+    rows_realtime = b.rows_realtime + c.rows_r,
     last_progress_at = now(),
     recorded_at = now(),
     rate_rows_per_s = CASE WHEN c.window_closes
@@ -240,7 +254,7 @@ class OutcomeStore:
                 RATE_WINDOW_S,
                 JobStatus.FAILED,
                 BUDGET_HELD_ERROR,
-                *columns[14:17],
+                *columns[14:18],
             )
         return [_progress(r) for r in records]
 
@@ -367,6 +381,7 @@ def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
         [o.latency_ms for o in outcomes],
         [o.cost_usd for o in outcomes],
         [o.body for o in outcomes],
+        [o.lane for o in outcomes],
         [o.cached_tokens for o in outcomes],
         [o.all_realtime_usd for o in outcomes],
     )

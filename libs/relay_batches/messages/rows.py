@@ -228,6 +228,7 @@ class RowOutcome:
     latency_ms: int | None = None
     cost_usd: float | None = None
     body: str | None = None
+    lane: str | None = None  # the lane that answered when not realtime: batch, flex
     cached_tokens: int = 0
     all_realtime_usd: float | None = None
 
@@ -252,10 +253,13 @@ class RowOutcome:
         ]
 
     def _tail(self) -> tuple[Any, ...]:
-        """The optional fields after ``cost_usd``: as few as carry something."""
-        if self.cached_tokens or self.all_realtime_usd is not None:
-            return (self.body, self.cached_tokens, self.all_realtime_usd)
-        return () if self.body is None else (self.body,)
+        """The optional fields after ``cost_usd`` (body, lane, cached tokens, all-realtime
+        cost), up to the last that carries something."""
+        tail = (self.body, self.lane, self.cached_tokens or None, self.all_realtime_usd)
+        end = len(tail)
+        while end and tail[end - 1] is None:
+            end -= 1
+        return tail[:end]
 
 
 @dataclass(frozen=True)
@@ -297,15 +301,15 @@ class OutcomesMessage:
 
 
 def _outcome(value: Any) -> RowOutcome:
-    """One outcome of the wire's positional form; the last eight fields are optional
+    """One outcome of the wire's positional form; the last nine fields are optional
     (a worker from before whole answers sends nine, one from before details twelve, an
-    outcome without a ``body`` fourteen, and one without cached tokens or a realtime
-    reference cost fifteen)."""
+    outcome without a ``body`` fourteen, one without a lane fifteen, and one without
+    cached tokens or an all-realtime cost sixteen)."""
     b, i, c, e, a, dl, dep, pt, ct, *answer = value
-    tool_calls, finish_reason, model, latency_ms, cost_usd, body, cached, realtime = (
+    tool_calls, finish_reason, model, latency_ms, cost_usd, body, lane, cached, realtime = (
         *answer,
-        *[None] * 8,
-    )[:8]
+        *[None] * 9,
+    )[:9]
     return RowOutcome(
         batch_id=str(b),
         row_index=int(i),
@@ -322,6 +326,7 @@ def _outcome(value: Any) -> RowOutcome:
         latency_ms=None if latency_ms is None else int(latency_ms),
         cost_usd=None if cost_usd is None else float(cost_usd),
         body=None if body is None else str(body),
+        lane=None if lane is None else str(lane),
         cached_tokens=int(cached or 0),
         all_realtime_usd=None if realtime is None else float(realtime),
     )

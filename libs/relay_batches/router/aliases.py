@@ -30,7 +30,9 @@ from typing import Any
 
 from relay_batches.dialects.endpoints import ALL_ENDPOINTS, CHAT, RESPONSES
 from relay_batches.durations import SPELLING, parse_duration
+from relay_batches.lanes.plan import Lane
 from relay_batches.ratelimit.limits import RateLimit
+from relay_batches.router.lane_keys import FLEX, rows_per_s, service_tier, turnaround
 from relay_batches.settings import ConfigError
 
 REALTIME_PROVIDERS = frozenset({"openai", "anthropic"})
@@ -41,7 +43,7 @@ BATCH_PROVIDERS: Mapping[str, tuple[str, int, int]] = {
     "anthropic-batch": ("anthropic", 100_000, 256 * 1024 * 1024),
 }
 PROVIDERS = REALTIME_PROVIDERS | frozenset(BATCH_PROVIDERS)
-BATCH_KEYS = ("max_rows", "max_bytes", "linger_s", "poll_s", "window")
+BATCH_KEYS = ("max_rows", "max_bytes", "linger_s", "poll_s", "window", "turnaround")
 DEFAULT_LINGER_S = 60.0
 DEFAULT_POLL_S = 30.0
 DEFAULT_WINDOW = "24h"
@@ -98,6 +100,7 @@ class BatchOptions:
     linger_s: float = DEFAULT_LINGER_S
     poll_s: float = DEFAULT_POLL_S
     window: timedelta = timedelta(hours=24)
+    turnaround: timedelta = timedelta(hours=12)  # expected submit → results, declared
 
 
 @dataclass(frozen=True)
@@ -117,11 +120,20 @@ class Deployment:
     limit: RateLimit | None = None  # None: no shared rate limit (rpm, tpm)
     batch: BatchOptions | None = None  # None: a realtime deployment
     endpoints: frozenset[str] = frozenset({CHAT})  # the endpoints it serves
+    service_tier: str | None = None  # "flex": the flex lane (see router.lane_keys)
+    rows_per_s: float | None = None  # declared throughput for the planner
 
     @property
     def is_batch(self) -> bool:
         """Whether this deployment is a provider's batch API (never called realtime)."""
         return self.batch is not None
+
+    @property
+    def lane(self) -> Lane:
+        """The lane its answers come from: batch, flex or realtime."""
+        if self.batch is not None:
+            return "batch"
+        return "flex" if self.service_tier == FLEX else "realtime"
 
 
 @dataclass(frozen=True)
@@ -191,12 +203,13 @@ class AliasTable:
 
     def realtime_references(self) -> dict[str, Price]:
         """Each deployment's *realtime reference* price by deployment name: the price of
-        the first priced realtime deployment of the first alias that lists it (what the
-        saving against all-realtime prices its rows' tokens at)."""
+        the first priced realtime deployment (not batch, not flex) of the first alias
+        that lists it (what the saving against all-realtime prices its rows' tokens at)."""
         references: dict[str, Price] = {}
         for deployments in self.aliases.values():
             reference = next(
-                (d.price for d in deployments if not d.is_batch and d.price is not None), None
+                (d.price for d in deployments if d.lane == "realtime" and d.price is not None),
+                None,
             )
             if reference is None:
                 continue
@@ -317,6 +330,8 @@ def _deployment(name: str, spec: Any, env: Mapping[str, str], where: str) -> Dep
         limit=_limit(name, spec, where),
         batch=_batch_options(name, provider, spec, where),
         endpoints=_endpoints(name, provider, spec.get("endpoints"), where),
+        service_tier=service_tier(name, provider, spec, where),
+        rows_per_s=rows_per_s(name, spec, where),
     )
 
 
@@ -373,6 +388,7 @@ def _batch_options(
         linger_s=_number(name, spec, "linger_s", DEFAULT_LINGER_S, where),
         poll_s=_positive(name, spec, "poll_s", DEFAULT_POLL_S, where),
         window=window,
+        turnaround=turnaround(name, spec, window, where),
     )
 
 

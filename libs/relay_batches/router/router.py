@@ -13,7 +13,8 @@ the token estimate by the reply's usage, and a 429 (or a Retry-After) is reporte
 every worker's pacer slows down. On a limited deployment a 429 does not spend the row's
 ``max_retries``: the row waits for budget again, up to :data:`MAX_THROTTLED_RETRIES`
 times (it still counts towards a cooldown, so an alias with a fallback moves on). Without
-a limit none of that runs.
+a limit none of that runs. A flex deployment's 429 (``service_tier = "flex"``: capacity
+short) is no failure to retry: the row goes on to the alias's next deployment at once.
 
 A batch deployment (a provider's batch API, see :mod:`relay_batches.router.aliases`) is
 never called here: a row of an alias led by one (a row the offloader forwards, or one of a
@@ -49,6 +50,7 @@ from relay_batches.dialects.openai import upstream as openai
 from relay_batches.dialects.openai.endpoints import BodyWire
 from relay_batches.metrics import (
     UPSTREAM_FALLBACKS,
+    UPSTREAM_FLEX_REFUSED,
     UPSTREAM_LATENCY,
     UPSTREAM_RETRIES,
     UPSTREAM_THROTTLED,
@@ -175,7 +177,10 @@ class ModelRouter:
             )
             attempts += result.calls
             if result.reply.completion is not None:
-                return RowResult(result.reply.completion, None, attempts, deployment.name)
+                lane = None if deployment.service_tier is None else deployment.lane
+                return RowResult(
+                    result.reply.completion, None, attempts, deployment.name, lane=lane
+                )
             last_error = f"{deployment.name}: {result.reply.error}"
             last_transient = result.transient
         return RowResult(
@@ -246,6 +251,11 @@ class ModelRouter:
                 return _DeploymentResult(attempt.reply, calls, False)
             if not attempt.retryable:
                 return _DeploymentResult(ProviderReply(error=attempt.error), calls, False)
+            if attempt.status == 429 and deployment.service_tier is not None:
+                # The flex lane's refusal (capacity short): the next lane takes the row,
+                # without a retry here or a cooldown (the next row may well be taken).
+                UPSTREAM_FLEX_REFUSED.labels(deployment.name).inc()
+                return _DeploymentResult(ProviderReply(error=attempt.error), calls, True)
             self._cooldowns.record_failure(deployment.name)
             # A limited deployment's 429 means its budget ran out upstream: the row waits
             # for budget again (the pacers slowed down) instead of spending its retries,

@@ -50,6 +50,7 @@ class RowResult:
     attempts: int
     deployment: str | None
     dead_letter: bool = False
+    lane: str | None = None  # the answering deployment's lane when not realtime (flex)
 
 
 def reply_with_usage(

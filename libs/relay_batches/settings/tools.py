@@ -138,6 +138,18 @@ class SimSettings:
         "RELAY_SIM_CACHE_TTL_S", Within(0, 86_400), 300.0, SIMULATOR, (UPSTREAM_SIM,),
         "Seconds a prefix stays in the simulated prompt cache after it was last seen.",
     )  # fmt: skip
+    flex_refusal: float = setting(
+        "RELAY_SIM_FLEX_REFUSAL", Within(0, 1), 0.0, SIMULATOR, (UPSTREAM_SIM,),
+        "Share of flex calls (`service_tier: \"flex\"`) refused with 429, evenly spread.",
+    )  # fmt: skip
+    flex_latency_ms: float = setting(
+        "RELAY_SIM_FLEX_LATENCY_MS", Within(0, 3_600_000), 0.0, SIMULATOR, (UPSTREAM_SIM,),
+        "Milliseconds a flex call waits beyond `RELAY_SIM_LATENCY_MS`.",
+    )  # fmt: skip
+    batch_stall: int = setting(
+        "RELAY_SIM_BATCH_STALL", Within(0, 1, whole=True), 0, SIMULATOR, (UPSTREAM_SIM,),
+        "`1`: every provider batch stalls (no progress) until canceled.",
+    )  # fmt: skip
     host: str = setting(
         "RELAY_SIM_HOST", Stripped(), "127.0.0.1", SIMULATOR, SIM,
         "Address the simulator listens on.",

@@ -43,6 +43,8 @@ def build_request(
     if defaults and any(params.get(key) is not None for key in TOKEN_LIMITS):
         defaults = {k: v for k, v in defaults.items() if k not in TOKEN_LIMITS}
     body = {**defaults, **params, "model": deployment.model, "messages": messages}
+    if deployment.service_tier is not None:  # the flex lane: every call asks for it
+        body["service_tier"] = deployment.service_tier
     return f"{deployment.base_url}/chat/completions", headers, orjson.dumps(body)
 
 

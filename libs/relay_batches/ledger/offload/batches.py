@@ -130,6 +130,7 @@ class ProviderBatches(PoolStore):
                 "UPDATE offload_batches SET"
                 " polls = CASE WHEN $3 > progress THEN 0 ELSE polls + 1 END,"
                 " progress = GREATEST(progress, $3), lease_until = NULL,"
+                " progressed_at = CASE WHEN $3 > progress THEN now() ELSE progressed_at END,"
                 " next_poll_at = now() + make_interval(secs => LEAST($5::float8,"
                 "  $4::float8 * power(2, CASE WHEN $3 > progress THEN 0 ELSE polls + 1 END)))"
                 " WHERE id = $1 AND owner = $2"

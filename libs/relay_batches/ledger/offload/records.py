@@ -143,3 +143,8 @@ class PoolStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
         self._unanalyzed = 0  # rows taken in since this store last analyzed offload_rows
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The ledger's pool (for reads beyond the offload tables: lane rates)."""
+        return self._pool

@@ -18,9 +18,10 @@ import orjson
 from aiohttp import web
 
 from relay_batches.errors import ApiError, invalid
-from relay_batches.estimate.pricing import price_estimate
+from relay_batches.estimate.pricing import lane_offers, price_estimate
 from relay_batches.estimate.tally import Tally
 from relay_batches.ledger.files import INPUT_PURPOSE
+from relay_batches.ledger.lane_rates import measured_rates
 from relay_batches.ledger.usage import UsageStore
 from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.edge.body import read_body
@@ -77,12 +78,12 @@ async def estimate_batch(request: web.Request) -> web.Response:
             await loop.run_in_executor(executor, tally.add_page, texts)
         else:
             options, tally = await _file_tally(deps, usage, workspace_id, named)
-    deployments = deps.aliases.resolve(options.model)
-    assert deployments is not None  # the model was validated against the aliases
+    measured = await measured_rates(deps.pool, [options.model])
+    offers = lane_offers(deps.aliases, options.model, measured)
     window = options.completion_window
     estimate = price_estimate(
         tally,
-        deployments,
+        offers,
         None if window is None else window.total_seconds(),
         options.budget_usd,
     )
