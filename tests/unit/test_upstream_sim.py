@@ -23,7 +23,14 @@ from relay_batches.services.upstream_sim.state import SimState
 from relay_batches.settings import ConfigError
 
 CHAT = "/v1/chat/completions"
-NO_BATCHES = {"batches_created": 0, "batch_rows": 0, "batch_rows_repeated": 0}
+# Nor a flex call (service_tier "flex").
+NO_BATCHES = {
+    "batches_created": 0,
+    "batch_rows": 0,
+    "batch_rows_repeated": 0,
+    "flex_calls": 0,
+    "flex_refused": 0,
+}
 Client = TestClient[aiohttp.web.Request, aiohttp.web.Application]
 MakeClient = Callable[..., Awaitable[Client]]
 
