@@ -209,6 +209,16 @@ class Job:
     endpoint: str = "/v1/chat/completions"  # the OpenAI endpoint its rows are bodies of
     cached_tokens: int = 0  # prompt tokens read from the providers' prompt caches
     all_realtime_usd: float = 0.0  # its answered rows' tokens at the realtime reference
+    # Answered rows and their cost per lane (migration 0032), answers discarded because
+    # their row had moved lanes, and the plan its dispatcher chose (JSON text, or None).
+    rows_batch: int = 0
+    rows_flex: int = 0
+    rows_realtime: int = 0
+    cost_batch_usd: float = 0.0
+    cost_flex_usd: float = 0.0
+    cost_realtime_usd: float = 0.0
+    late_answers: int = 0
+    lane_plan: str | None = None
 
     @classmethod
     def from_record(cls, record: Any) -> Job:
@@ -273,6 +283,9 @@ class Job:
             },
             "cost_usd": shown(self.cost_usd),
             "saving": self.saving(),
+            "lanes": self.lanes(),
+            "late_answers": self.late_answers,
+            "plan": None if self.lane_plan is None else orjson.loads(self.lane_plan),
             "budget_usd": self.budget_usd,
             "retry_of": self.retry_of,
             "retries": list(self.retries),
@@ -294,6 +307,16 @@ class Job:
             "cost_usd": shown(self.cost_usd),
             "cached_tokens": self.cached_tokens,
             "saving": self.saving(),
+            "lanes": self.lanes(),
+        }
+
+    def lanes(self) -> dict[str, dict[str, Any]]:
+        """What each lane answered and cost: ``{lane: {rows, cost_usd}}`` for batch, flex
+        and realtime (rows recorded before lanes were recorded count in none)."""
+        return {
+            "batch": {"rows": self.rows_batch, "cost_usd": shown(self.cost_batch_usd)},
+            "flex": {"rows": self.rows_flex, "cost_usd": shown(self.cost_flex_usd)},
+            "realtime": {"rows": self.rows_realtime, "cost_usd": shown(self.cost_realtime_usd)},
         }
 
     def saving(self) -> dict[str, Any]:

@@ -106,6 +106,28 @@ async def test_a_job_planned_in_the_batch_lane_costs_what_its_estimate_said(
     assert short["plan"]["fits"] and short["completion_basis"] == "observed"
 
 
+async def test_a_job_on_three_lanes_records_its_plan_and_cost_per_lane_as_estimated(
+    system: System, http: aiohttp.ClientSession, webhooks: WebhookReceiver
+) -> None:
+    api = await fresh(system, http)
+    body = {"model": "sim-lanes", "requests": rows(200, PROMPT), "webhookUrl": webhooks.url}
+    guess = await estimate(api, body)
+    assert [lane["lane"] for lane in guess["lanes"]] == ["batch", "flex", "realtime"]
+    assert [step["lane"] for step in guess["plan"]["steps"]] == ["batch"]  # no deadline
+
+    created = await api.submit(body)
+    batch = await api.wait_status(created["id"], {"completed"}, timeout=90)
+    assert within(guess["cost_usd"], batch["cost_usd"]), (guess["cost_usd"], batch["cost_usd"])
+    assert batch["lanes"]["batch"]["rows"] == 200
+    assert batch["lanes"]["batch"]["cost_usd"] == batch["cost_usd"]
+    assert batch["lanes"]["flex"]["rows"] == batch["lanes"]["realtime"]["rows"] == 0
+    assert [step["lane"] for step in batch["plan"]["steps"]] == ["batch"]
+    assert batch["saving"]["saved_fraction"] == pytest.approx(0.5, abs=0.01)
+    await wait_until(lambda: _hook(webhooks, created["id"]), 15, "the completion webhook")
+    [hook] = webhooks.for_batch(created["id"])
+    assert hook["lanes"] == batch["lanes"] and hook["saving"] == batch["saving"]
+
+
 async def test_an_uploaded_file_is_estimated_by_its_id(
     system: System, http: aiohttp.ClientSession
 ) -> None:

@@ -13,6 +13,9 @@ from relay_batches.services.notifier.core import PostResult, deliver_webhook
 from relay_batches.webhooks import verify
 from tests.helpers.fakes import BATCH, EVENT, HOOK, SECRET, FakeDeliveryStore, FakePost
 
+# A job with no answered row recorded in any lane.
+NO_LANES = {lane: {"rows": 0, "cost_usd": 0.0} for lane in ("batch", "flex", "realtime")}
+
 
 def store_with(batch: Job) -> FakeDeliveryStore:
     return FakeDeliveryStore(batches={batch.id: batch})
@@ -36,6 +39,7 @@ async def test_delivers_the_api_webhook_body() -> None:
             "cost_usd": 0.0,
             "cached_tokens": 0,
             "saving": {"all_realtime_usd": 0.0, "saved_usd": 0.0, "saved_fraction": None},
+            "lanes": NO_LANES,
         }
     )
     assert store.claims == {BATCH.id: HOOK}
@@ -60,6 +64,7 @@ async def test_canceled_run_reports_canceled() -> None:
         "cost_usd": 0.0,
         "cached_tokens": 0,
         "saving": {"all_realtime_usd": 0.0, "saved_usd": 0.0, "saved_fraction": None},
+        "lanes": NO_LANES,
     }
 
 

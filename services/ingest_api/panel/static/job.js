@@ -111,6 +111,8 @@ function renderBatch(batch) {
     batch.expires_at ? detail("Expires", timeEl(batch.expires_at)) : [],
     batch.budget_usd ? detail("Budget", money(batch.budget_usd)) : [],
     savingDetail(batch.saving),
+    lanesDetail(batch.lanes),
+    planDetail(batch.plan),
     batch.error ? detail("Error", batch.error) : [],
     batch.cron ? detail("Cron", h("code", {}, batch.cron)) : [],
     batch.cron ? detail("Next run", timeEl(batch.next_run_at)) : [],
@@ -131,6 +133,25 @@ function renderBatch(batch) {
   document.getElementById("runs-section").hidden = !batch.cron;
   document.getElementById("charts-section").hidden = Boolean(batch.cron);
   document.getElementById("deliveries-section").hidden = !terminal;
+}
+
+/** The rows each lane answered and what they cost (only the lanes that answered any). */
+function lanesDetail(lanes) {
+  const used = Object.entries(lanes ?? {}).filter(([, spent]) => spent.rows > 0);
+  if (used.length === 0) return [];
+  return detail(
+    "Cost per lane",
+    h("ul", { class: "metadata" },
+      used.map(([lane, spent]) => h("li", { "data-lane": lane },
+        `${lane}: ${spent.rows} rows, ${money(spent.cost_usd)}`))),
+  );
+}
+
+/** The plan chosen when the job was claimed: each lane's rows, then its expected cost. */
+function planDetail(plan) {
+  if (!plan) return [];
+  const steps = plan.steps.map((step) => `${step.lane} ${step.rows} rows (${step.deployment})`);
+  return detail("Plan", `${steps.join(" + ") || "nothing"}; expected ${money(plan.cost_usd)}`);
 }
 
 /** What the job saved against all-realtime, when any answered row had a realtime price. */

@@ -16,8 +16,6 @@ from relay_batches.services.ingest_api.surfaces.native.document import (
 )
 from relay_batches.services.ingest_api.surfaces.native.estimate import FILE_KEY
 
-Lane = Literal["batch", "flex", "realtime"]
-
 
 class EstimateFromFile(shapes.Closed):
     """An input file uploaded through `POST /openai/v1/files` (`purpose: batch`), with the
@@ -33,25 +31,15 @@ class EstimateFromFile(shapes.Closed):
 class LaneCost(shapes.Closed):
     """What the whole job would cost in one lane."""
 
-    lane: Lane
+    lane: shapes.Lane
     deployment: str
     cost_usd: float = Field(ge=0)
-
-
-class PlanStep(shapes.Closed):
-    """Rows of the plan in one lane, and when they are expected done (seconds from start)."""
-
-    lane: Lane
-    deployment: str
-    rows: shapes.Count
-    cost_usd: float = Field(ge=0)
-    finish_s: float = Field(ge=0)
 
 
 class EstimatePlan(shapes.Closed):
     """The plan Relay would choose: the cheapest lanes that meet the window and budget."""
 
-    steps: list[PlanStep]
+    steps: list[shapes.PlanStep]
     cost_usd: float = Field(ge=0)
     fits: bool = Field(description="Whether it meets the completion window and the budget.")
     reason: str

@@ -317,6 +317,44 @@ class Saving(Closed):
     )
 
 
+class LaneSpent(Closed):
+    """What one lane answered of the job, and what that cost."""
+
+    rows: Count
+    cost_usd: float = Field(ge=0)
+
+
+class LanesSpent(Closed):
+    """The job's answered rows and cost per lane (their costs add up to `cost_usd`)."""
+
+    batch: LaneSpent = Field(description="A provider's batch API.")
+    flex: LaneSpent = Field(description="Flex deployments (`service_tier: flex`).")
+    realtime: LaneSpent
+
+
+Lane = Literal["batch", "flex", "realtime"]
+
+
+class PlanStep(Closed):
+    """Rows of a plan in one lane, and when they are expected done (seconds from start)."""
+
+    lane: Lane
+    deployment: str
+    rows: Count
+    cost_usd: float = Field(ge=0)
+    finish_s: float = Field(ge=0)
+
+
+class JobPlan(Closed):
+    """The plan the job's dispatcher chose when it claimed it."""
+
+    steps: list[PlanStep]
+    expected_finish_s: float = Field(ge=0)
+    cost_usd: float = Field(ge=0)
+    fits: bool = Field(description="Whether it met the completion window and the budget.")
+    reason: str
+
+
 class Batch(Closed):
     """A batch, as every endpoint answers it."""
 
@@ -353,6 +391,15 @@ class Batch(Closed):
         " deployment that answered each (0 when no deployment is priced).",
     )
     saving: Saving
+    lanes: LanesSpent
+    late_answers: Count = Field(
+        description="Answers a provider batch gave for rows already moved to another lane:"
+        " discarded, neither recorded nor charged."
+    )
+    plan: JobPlan | None = Field(
+        description="The plan chosen when the job was claimed (null: none was made, e.g."
+        " an alias without a batch lane)."
+    )
     budget_usd: float | None = Field(
         gt=0,
         description="The budget given at creation (null: none); a retry carries its"
