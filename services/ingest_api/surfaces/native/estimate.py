@@ -11,7 +11,7 @@ whole). Nothing is stored: the answer is :meth:`relay_batches.estimate.pricing.E
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -27,7 +27,11 @@ from relay_batches.services.ingest_api.deps import DEPS, ApiDeps
 from relay_batches.services.ingest_api.edge.body import read_body
 from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID, json_response
 from relay_batches.services.ingest_api.rows.job_fields import BatchOptions
-from relay_batches.services.ingest_api.rows.validation import decode_json_object, scan_submit
+from relay_batches.services.ingest_api.rows.validation import (
+    RowInput,
+    decode_json_object,
+    scan_submit,
+)
 from relay_batches.services.ingest_api.submit import job_fields, row_models
 from relay_batches.services.ingest_api.surfaces.openai.files import file_hex
 
@@ -73,9 +77,8 @@ async def estimate_batch(request: web.Request) -> web.Response:
             tally = Tally(
                 _params(options), await usage.mean_completion(workspace_id, options.model)
             )
-            texts = [row.request_json for row in spec.rows]
+            await loop.run_in_executor(executor, tally.add_page, _requests_of(spec.rows))
             del spec
-            await loop.run_in_executor(executor, tally.add_page, texts)
         else:
             options, tally = await _file_tally(deps, usage, workspace_id, named)
     measured = await measured_rates(deps.pool, [options.model])
@@ -121,3 +124,8 @@ async def _file_tally(
 
 def _texts(page: list[tuple[int, str]]) -> Iterable[str]:
     return [text for _, text in page]
+
+
+def _requests_of(rows: Iterable[RowInput]) -> Iterator[str]:
+    """The stored requests of validated rows, read as they are counted (no copy)."""
+    return (row.request_json for row in rows)
