@@ -3,7 +3,8 @@ prompt cache (``make bench``), on the simulator.
 
 - Estimate vs actual: one job of ``RELAY_BENCH_ESTIMATE_ROWS`` rows (default 2,000) of
   varied prompt lengths, estimated (``POST /v1/batches/estimate``) then run, on the
-  realtime-only alias ``sim-priced`` and on ``sim-half``, whose plan (no deadline) is the
+  realtime-only alias ``sim-priced``, on ``sim-half`` (a batch and a realtime lane) and
+  on ``sim-lanes`` (batch, flex and realtime), whose plans (no deadline) are the
   provider-batch lane. Reported: each estimate, the cost recorded, their ratio and the
   plan chosen; the bound is the issue's 10%.
 - Prefix grouping: a job of ``RELAY_BENCH_CACHE_ROWS`` rows (default 2,000) whose rows
@@ -81,6 +82,7 @@ async def estimated_then_run(
         ],
         "completion_basis": guess["completion_basis"],
         "saved_fraction": batch["saving"]["saved_fraction"],
+        "rows_per_lane": {lane: spent["rows"] for lane, spent in batch["lanes"].items()},
     }
 
 
@@ -97,13 +99,19 @@ async def test_estimate_vs_actual_cost_within_ten_percent(
     ) as bench:
         realtime = await estimated_then_run(bench, "sim-priced", requests)
         planned = await estimated_then_run(bench, "sim-half", requests)
+        lanes = await estimated_then_run(bench, "sim-lanes", requests)
     report["estimate_rows"] = ESTIMATE_ROWS
     report["estimate_realtime"] = realtime
     report["estimate_planned"] = planned
-    print("\nestimate:", orjson.dumps({"realtime": realtime, "planned": planned}).decode())
+    report["estimate_lanes"] = lanes
+    print(
+        "\nestimate:",
+        orjson.dumps({"realtime": realtime, "planned": planned, "lanes": lanes}).decode(),
+    )
     assert realtime["plan"] == [f"realtime {ESTIMATE_ROWS} rows (sim-priced)"]
     assert planned["plan"] == [f"batch {ESTIMATE_ROWS} rows (sim-openai-batch)"]
-    for figures in (realtime, planned):
+    assert lanes["plan"] == [f"batch {ESTIMATE_ROWS} rows (sim-lanes-batch)"]
+    for figures in (realtime, planned, lanes):
         assert abs(figures["ratio"] - 1) <= TOLERANCE, figures
 
 
