@@ -59,7 +59,6 @@ async def build(
         window_bytes=settings.dispatch_window_bytes,
         window_max=settings.dispatch_window_max,
         window_max_bytes=settings.dispatch_window_max_bytes,
-        offload_margin_s=settings.offload_margin.total_seconds(),
         paced=True,
         group_prefixes=settings.prefix_grouping == "on",
     )

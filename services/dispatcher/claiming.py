@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import timedelta
 
 from relay_batches.ledger.dispatch import RunningJob
 from relay_batches.messages import JobEvent
@@ -20,7 +19,7 @@ from relay_batches.services.dispatcher.sharing import (
     outranking_floors,
     releasing,
 )
-from relay_batches.services.dispatcher.state import OwnedJob, offload_target
+from relay_batches.services.dispatcher.state import OwnedJob
 
 log = logging.getLogger("relay.dispatcher")
 
@@ -139,15 +138,6 @@ class Claiming(Release):
         target = job.offload_deployment
         if target is None and self._plan_lanes is not None:
             target = await self._plan_lanes(job)
-            if target is None:
-                return False
-            if not await self._store.offload(self._config.owner, job.id, job.total, target):
-                log.info("job_offload_refused", extra={"batch_id": job.id})
-                return True
-            JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
-        elif target is None and self._offload_lead is not None:
-            margin = timedelta(seconds=self._config.offload_margin_s)
-            target = offload_target(job, self._offload_lead, margin, self._wall_clock())
             if target is None:
                 return False
             if not await self._store.offload(self._config.owner, job.id, job.total, target):

@@ -23,9 +23,9 @@ workspace only its highest-priority jobs release rows; a queued job that outrank
 job of its workspace here is claimed even when the slots are full.
 
 Offload (see :mod:`relay_batches.ledger.offload`): a job whose alias is led by a batch
-deployment, adopted before any of its rows went out, without a budget, that may wait the
-provider's window plus ``offload_margin_s`` (no completion window, or one at least that
-long) is marked offloaded and has every row released in one ledger statement. Then it is
+deployment, adopted before any of its rows went out, whose lane plan
+(``plan_lanes``, :mod:`relay_batches.services.dispatcher.lanes`) starts it in the batch
+lane is marked offloaded and has every row released in one ledger statement. Then it is
 the offloader's: no slice of it is published, the dispatcher lets its lease go at once
 (it takes no slot for the day its provider may take, nor part of any window) and no
 dispatcher claims it again (an expired lease of an offloaded job is nobody's business;
@@ -46,13 +46,12 @@ from relay_batches.services.dispatcher.state import (
     MAX_SLICE_BYTES,
     AnnounceFailed,
     DispatchConfig,
-    OffloadLead,
     OwnedJob,
+    PlanLanes,
     PublishSlice,
     QueueState,
     Store,
     byte_window_end,
-    offload_target,
     slice_rows,
 )
 
@@ -62,13 +61,12 @@ __all__ = [
     "AnnounceFailed",
     "DispatchConfig",
     "Dispatcher",
-    "OffloadLead",
     "OwnedJob",
+    "PlanLanes",
     "PublishSlice",
     "QueueState",
     "Store",
     "byte_window_end",
-    "offload_target",
     "slice_rows",
 ]
 

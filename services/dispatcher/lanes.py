@@ -3,8 +3,9 @@ whether it starts in its alias's batch lane (offloaded) or in the fast lanes, ch
 by cost within its completion window and budget, and recorded on the job
 (``batches.lane_plan``) so the API and the estimate can show it.
 
-A job's tokens are estimated from its rows' request sizes (about 4 bytes a token, as
-many completion tokens as prompt tokens, as the budget's first estimate does).
+A job's tokens are estimated from the request sizes of its first :data:`SAMPLE_ROWS` rows
+(about 4 bytes a token, as many completion tokens as prompt tokens, as the budget's first
+estimate does).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from relay_batches.router.aliases import AliasTable
 log = logging.getLogger("relay.dispatcher")
 
 TOKEN_BYTES = 4
+SAMPLE_ROWS = 1000  # rows whose request sizes stand for the job's (a bounded read)
 
 
 def plan_json(plan: LanePlan) -> str:
@@ -64,10 +66,11 @@ class LanePlanner:
         if lead is None or lead.batch is None or job.dispatched_upto > 0:
             return None
         async with translated(), self._pool.acquire() as conn:
-            size = await conn.fetchval(
-                "SELECT COALESCE(sum(octet_length(request)), 0) FROM batch_rows"
-                " WHERE batch_id = $1",
+            mean = await conn.fetchval(
+                "SELECT COALESCE(avg(octet_length(request)), 0)::float8 FROM (SELECT request"
+                " FROM batch_rows WHERE batch_id = $1 ORDER BY row_index LIMIT $2) r",
                 job.rows_batch_id,
+                SAMPLE_ROWS,
             )
             observed = await conn.fetch(
                 "SELECT extract(epoch FROM ended_at - submitted_at)::float8"
@@ -81,7 +84,7 @@ class LanePlanner:
             turnaround = learned_turnaround(declared, [r[0] for r in observed])
             measured = await measured_rates(self._pool, [job.model])
             offers = offers_for(self._aliases, job.model, {lead.name: turnaround}, measured)
-            tokens = int(size) // TOKEN_BYTES + job.total
+            tokens = int(mean * job.total) // TOKEN_BYTES + job.total
             window_s = (
                 None
                 if job.expires_at is None

@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from relay_batches.ledger.dispatch import RunningJob, StalledJob
@@ -31,8 +30,6 @@ PublishSlice = Callable[[SliceMessage, int], Awaitable[None]]
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
 # ``(ready messages, consumers)`` of each results queue.
 QueueState = Callable[[], Awaitable[ResultsQueues]]
-# The batch deployment leading an alias and its provider's window (None: runs realtime).
-OffloadLead = Callable[[str], tuple[str, timedelta] | None]
 # A claimed job's lane plan: the batch deployment to offload it to, or None (fast lanes).
 PlanLanes = Callable[[RunningJob], Awaitable[str | None]]
 FETCH_SLICES = 16
@@ -154,23 +151,6 @@ class Store(Protocol):
         """Take the rows row-workers handed back unstarted, to release them again."""
 
 
-def offload_target(
-    job: RunningJob, lead: OffloadLead, margin: timedelta, now: datetime
-) -> str | None:
-    """The batch deployment to offload ``job`` to, or None when it runs realtime: its
-    alias is led by one, none of its rows went out yet, it has no budget (a budget
-    withholds rows not yet released, and offload releases them all at once), and it may
-    wait the provider's window plus ``margin`` (no deadline, or one at least that far
-    from ``now``)."""
-    found = lead(job.model)
-    if found is None or job.dispatched_upto > 0 or job.budget_usd is not None:
-        return None
-    deployment, window = found
-    if job.expires_at is not None and job.expires_at - now < window + margin:
-        return None
-    return deployment
-
-
 @dataclass(frozen=True)
 class DispatchConfig:
     """Tuning of one dispatcher."""
@@ -186,7 +166,6 @@ class DispatchConfig:
     window_bytes: int = 16 * 1024 * 1024
     window_max: int = 0  # 0: ``window`` (the window does not grow with the fleet)
     window_max_bytes: int = 0  # 0: ``window_bytes``
-    offload_margin_s: float = 3600.0  # a job offloads only if it may wait window + this
     # Size each job's slices and window by its pace (dispatcher/pacing.py), as the
     # service does; off, they are RELAY_SLICE_ROWS and the row window whatever the pace.
     paced: bool = False
@@ -250,9 +229,7 @@ class DispatcherState:
         inflight: InFlight | None = None,
         clock: Callable[[], float] = time.monotonic,
         results_state: QueueState | None = None,
-        offload_lead: OffloadLead | None = None,
         plan_lanes: PlanLanes | None = None,
-        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         price_of: PriceOf = lambda alias: None,
         connected: Callable[[], bool] = lambda: True,
         announce_overtaking: Callable[[JobEvent], Awaitable[None]] | None = None,
@@ -264,9 +241,7 @@ class DispatcherState:
         # dropped since stall recovery last judged (see Recovery.sight_lost).
         self._connected = connected
         self._sight_lost = False
-        self._offload_lead = offload_lead
         self._plan_lanes = plan_lanes
-        self._wall_clock = wall_clock
         self._publish_slice = publish_slice
         self._announce_failed = announce_failed
         self._model_known = model_known

@@ -255,17 +255,19 @@ class Offloader(Publishing):
 
     async def _move_lanes(self, batch: OffloadBatch) -> bool:
         """Move a stalled batch's rows, or those the ramp wants, to the fast lanes;
-        whether any moved (the batch is then canceled)."""
+        whether they moved, now or at an earlier poll (the batch is then canceled: a
+        cancel that failed before is tried again)."""
         reason = await self._lanes.verdict(batch)
         if reason is None:
             return False
         moved = await self._store.move(batch.id, self._config.owner, reason)
-        OFFLOAD_ROWS.labels("moved").inc(moved)
-        log.warning(
-            "offload_moved",
-            extra={"offload_id": batch.id, "reason": reason, "rows": moved},
-        )
-        return moved > 0
+        if moved:
+            OFFLOAD_ROWS.labels("moved").inc(moved)
+            log.warning(
+                "offload_moved",
+                extra={"offload_id": batch.id, "reason": reason, "rows": moved},
+            )
+        return True
 
     async def _cancel(self, batch: OffloadBatch, client: BatchClient) -> bool:
         """Ask the provider to cancel a running batch whose rows all belong to jobs that

@@ -66,11 +66,14 @@ class LaneWatch:
         return await measured_rates(self._store.pool, [alias])
 
     async def verdict(self, batch: OffloadBatch) -> str | None:
-        """:data:`STALLED`, :data:`RAMP` or None for a submitted provider batch."""
+        """:data:`STALLED`, :data:`RAMP` or None for a submitted provider batch (the
+        reason its rows moved before, when they did: its cancel is tried again)."""
         declared = self._declared.get(batch.deployment)
         if declared is None:
             return None
         watch = await self._store.watch(batch.id)
+        if watch is not None and watch.moved is not None:
+            return watch.moved
         if watch is None or watch.rows_left == 0:
             return None
         turnaround = learned_turnaround(declared, await self._store.turnarounds(batch.deployment))

@@ -31,6 +31,7 @@ ALIASES = [
     "sim-fallback",
     "sim-half",
     "sim-held-half",
+    "sim-lanes",
     "sim-pair-half",
     "sim-priced",
     "text-embedding-3-small",

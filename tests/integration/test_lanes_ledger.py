@@ -100,6 +100,11 @@ async def test_the_ramp_moves_rows_the_fast_lanes_could_only_just_finish(
 
     assert await store.move(made, OWNER, RAMP) == 10
     assert await store.move(made, OWNER, RAMP) == 0, "moved once"
+    # Moved: its verdict stays (a cancel that failed is tried again at the next poll).
+    assert (
+        await LaneWatch(store, routes("ob-lanes-ramp", 1000)).verdict(await record_of(store, made))
+        == RAMP
+    )
     states = await pool.fetch(
         "SELECT DISTINCT state FROM offload_rows WHERE batch_id = $1", batch_id
     )

@@ -28,7 +28,9 @@ from relay_batches.ledger.offload import (
 )
 from relay_batches.ledger.row_model import row_model
 from relay_batches.messages import JobEvent, SliceMessage
+from relay_batches.router.aliases import AliasTable, parse_aliases
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
+from relay_batches.services.dispatcher.lanes import LanePlanner
 from tests.helpers.offload import (
     OWNER,
     ended_provider_batch,
@@ -268,6 +270,22 @@ async def test_polls_back_off_without_progress_and_a_cancel_is_recorded(
     assert state == "canceling"
 
 
+def dispatch_routes() -> AliasTable:
+    """Alias ``half``: batch deployment ``ob-dispatch`` (24 h window, expected in 12 h),
+    then a realtime one."""
+    base = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    return parse_aliases(
+        {
+            "deployments": {
+                "ob-dispatch": {"provider": "openai-batch", **base},
+                "rt": {"provider": "openai", **base},
+            },
+            "aliases": {"half": {"deployments": ["ob-dispatch", "rt"]}},
+        },
+        {},
+    )
+
+
 async def test_a_dispatcher_offloads_a_patient_job_and_runs_a_hurried_one_realtime(
     pool: asyncpg.Pool,
 ) -> None:
@@ -287,7 +305,7 @@ async def test_a_dispatcher_offloads_a_patient_job_and_runs_a_hurried_one_realti
             None,
             None,
             None,
-            completion_window=timedelta(hours=24),
+            completion_window=timedelta(hours=1),
         ),
         rows,
     )
@@ -306,7 +324,7 @@ async def test_a_dispatcher_offloads_a_patient_job_and_runs_a_hurried_one_realti
         announce,
         lambda _: True,
         DispatchConfig("dispatcher-offload-int", 100, 4, 1000, lease_s=30),
-        offload_lead={"half": ("ob-dispatch", timedelta(hours=24))}.get,
+        plan_lanes=LanePlanner(pool, dispatch_routes()),
     )
     await dispatcher.claim()
     await dispatcher.hand_back()  # jobs of other tests it may have claimed go back

@@ -22,7 +22,6 @@ from relay_batches.services.dispatcher.core import (
     DispatchConfig,
     Dispatcher,
     byte_window_end,
-    offload_target,
 )
 from relay_batches.services.dispatcher.service import dispatcher_service
 from tests.helpers.fakes import (
@@ -685,43 +684,18 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 DAY = timedelta(hours=24)
 
 
-def offload_dispatcher(
-    store: FakeDispatchStore, recorder: Recorder, *, margin_s: float = 3600.0
-) -> Dispatcher:
-    """A dispatcher whose alias ``half`` is led by batch deployment ``ob`` (24 h window)."""
-    config = DispatchConfig(OWNER, 20, 4, 8, LEASE_S, offload_margin_s=margin_s)
-    leads = {"half": ("ob", DAY)}
+def offload_dispatcher(store: FakeDispatchStore, recorder: Recorder) -> Dispatcher:
+    """A dispatcher whose lane plan offloads the jobs of alias ``half`` without a deadline
+    to batch deployment ``ob`` (the plan itself: tests/unit/test_lane_plan.py)."""
+    config = DispatchConfig(OWNER, 20, 4, 8, LEASE_S)
+
+    async def plan_lanes(running: RunningJob) -> str | None:
+        patient = running.expires_at is None and running.dispatched_upto == 0
+        return "ob" if running.model == "half" and patient else None
+
     return Dispatcher(
-        store,
-        recorder.publish,
-        recorder.announce,
-        lambda _: True,
-        config,
-        offload_lead=leads.get,
-        wall_clock=lambda: NOW,
+        store, recorder.publish, recorder.announce, lambda _: True, config, plan_lanes=plan_lanes
     )
-
-
-@pytest.mark.parametrize(
-    ("expires_in", "dispatched", "target"),
-    [
-        (None, 0, "ob"),
-        (DAY + timedelta(hours=1), 0, "ob"),
-        (DAY + timedelta(minutes=59), 0, None),
-        (timedelta(hours=1), 0, None),
-        (None, 4, None),  # it began realtime: it stays realtime
-    ],
-)
-def test_the_offload_decision_needs_the_window_plus_the_margin(
-    expires_in: timedelta | None, dispatched: int, target: str | None
-) -> None:
-    expires_at = None if expires_in is None else NOW + expires_in
-    running = replace(job(model="half", dispatched_upto=dispatched), expires_at=expires_at)
-    leads = {"half": ("ob", DAY)}
-    assert offload_target(running, leads.get, timedelta(hours=1), NOW) == target
-    assert offload_target(replace(running, model="other"), leads.get, DAY, NOW) is None
-    budgeted = replace(running, budget_usd=5.0)
-    assert offload_target(budgeted, leads.get, timedelta(hours=1), NOW) is None
 
 
 async def test_an_offloaded_job_releases_every_row_at_once_and_publishes_nothing(

@@ -98,3 +98,11 @@ def test_the_ramp_moves_rows_when_the_fast_lanes_only_just_finish_them() -> None
     assert must_move(15_000, 140, fast)  # 100 s of 140: past the slack
     assert not must_move(0, 1, fast)
     assert must_move(1, 10, [BATCH])  # no fast lane: never finishes
+
+
+def test_an_unpriced_lane_leaves_the_choice_to_the_lanes_order() -> None:
+    free = LaneOffer("realtime", "sim", 0.0, 0.0, rows_per_s=100, priced=False)
+    plan = choose_plan(ROWS, PROMPT, COMPLETION, None, None, [free, BATCH])
+    assert plan.first_lane == "batch"
+    short = choose_plan(ROWS, PROMPT, COMPLETION, 300, None, [free, BATCH])
+    assert short.first_lane == "realtime"

@@ -43,6 +43,7 @@ def offer_of(
         return LaneOffer(
             "batch", deployment.name, prompt, completion,
             expected_turnaround_s=declared if turnaround_s is None else turnaround_s,
+            priced=price is not None,
         )  # fmt: skip
     rpm_rate = (
         None if deployment.limit is None or not deployment.limit.rpm else deployment.limit.rpm / 60
@@ -50,7 +51,10 @@ def offer_of(
     rate = measured_rows_per_s or deployment.rows_per_s or rpm_rate
     if rate is not None and rpm_rate is not None:
         rate = min(rate, rpm_rate)  # no faster than its rate limit lets it
-    return LaneOffer(deployment.lane, deployment.name, prompt, completion, rows_per_s=rate)
+    return LaneOffer(
+        deployment.lane, deployment.name, prompt, completion, rows_per_s=rate,
+        priced=price is not None,
+    )  # fmt: skip
 
 
 def offers_for(

@@ -54,6 +54,7 @@ class LaneOffer:
     expected_turnaround_s: float | None = None
     rows_per_s: float | None = None
     refusal_share: float = 0.0  # flex: the share of its rows expected refused
+    priced: bool = True  # False: its deployment has no price (its prices above are 0)
 
     def cost_usd(self, prompt_tokens: float, completion_tokens: float, cached: float = 0) -> float:
         """The cost of tokens answered in this lane (``cached`` of the prompt tokens at
@@ -121,7 +122,9 @@ def choose_plan(
     the provider's cache) that finishes within ``window_s`` (None: no deadline) on the
     lanes ``offers`` (any order; at most one per lane is used, the cheapest). A plan over
     ``budget_usd`` or past the window is still returned, the fastest one, with
-    ``fits=False``: the job runs it and the budget stops it as any job."""
+    ``fits=False``: the job runs it and the budget stops it as any job. When a lane has
+    no price, the plans that fit are ranked by their first lane (batch, flex, realtime)
+    instead of by cost."""
     by_lane = _cheapest_per_lane(offers, prompt_tokens, completion_tokens)
     if rows <= 0 or not by_lane:
         return LanePlan((), 0.0, 0.0, True, "no rows" if rows <= 0 else "no lane")
@@ -137,6 +140,9 @@ def choose_plan(
         candidates.append(_fast_plan(fast, share, window_s))
     fitting = [p for p in candidates if p.fits]
     within = [p for p in fitting if budget_usd is None or p.cost_usd <= budget_usd * (1 + 1e-9)]
+    if within and not all(o.priced for o in by_lane.values()):
+        # A lane without a price cannot be compared: the lanes' order decides (batch first).
+        return min(within, key=lambda p: (LANES.index(p.first_lane), p.expected_finish_s))
     if within:
         return min(within, key=lambda p: (p.cost_usd, p.expected_finish_s))
     if fitting:

@@ -354,8 +354,9 @@ class Settings:
     )  # fmt: skip
     offload_margin: timedelta = setting(
         "RELAY_OFFLOAD_MARGIN", Duration(), timedelta(hours=1), TUNING,
-        (DISPATCHER, OFFLOADER),
-        "A job offloads to a provider batch only if it may wait the batch window plus this.",
+        (OFFLOADER,),
+        "A job's rows go into a provider batch only while its deadline leaves 1.5 times the"
+        " batch deployment's expected turnaround plus this.",
     )  # fmt: skip
     offload_interval_s: float = setting(
         "RELAY_OFFLOAD_INTERVAL_S", FINITE, 1.0, TUNING, (OFFLOADER,),

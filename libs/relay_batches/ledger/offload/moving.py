@@ -31,6 +31,7 @@ class Watch:
     quiet_s: float
     rows_left: int
     seconds_left: float | None
+    moved: str | None = None  # why its rows moved already (its cancel may be due again)
 
 
 class Moving(PoolStore):
@@ -42,7 +43,7 @@ class Moving(PoolStore):
             record = await self._pool.fetchrow(_WATCH, offload_id, RowState.SUBMITTED)
         if record is None or record[0] is None:
             return None
-        return Watch(float(record[0]), float(record[1]), int(record[2]), record[3])
+        return Watch(float(record[0]), float(record[1]), int(record[2]), record[3], record[4])
 
     async def move(self, offload_id: int, owner: str, reason: str) -> int:
         """Its rows still submitted go to the faster lanes (``forward``; dropped if their
@@ -119,6 +120,7 @@ _WATCH = (
     " (SELECT count(*) FROM offload_rows o WHERE o.provider_batch = s.id AND o.state = $2),"
     " (SELECT extract(epoch FROM min(b.expires_at) - now())::float8"
     "  FROM offload_rows o JOIN batches b ON b.id = o.batch_id"
-    "  WHERE o.provider_batch = s.id AND o.state = $2)"
-    " FROM offload_batches s WHERE s.id = $1 AND s.moved_at IS NULL"
+    "  WHERE o.provider_batch = s.id AND o.state = $2),"
+    " s.moved_reason"
+    " FROM offload_batches s WHERE s.id = $1"
 )
