@@ -207,6 +207,18 @@ class Job:
     rate_window_done: int = 0
     pauses: int = 0  # how many times it was paused (slices carry it, see row_worker.controls)
     endpoint: str = "/v1/chat/completions"  # the OpenAI endpoint its rows are bodies of
+    cached_tokens: int = 0  # prompt tokens read from the providers' prompt caches
+    all_realtime_usd: float = 0.0  # its answered rows' tokens at the realtime reference
+    # Answered rows and their cost per lane (migration 0032), answers discarded because
+    # their row had moved lanes, and the plan its dispatcher chose (JSON text, or None).
+    rows_batch: int = 0
+    rows_flex: int = 0
+    rows_realtime: int = 0
+    cost_batch_usd: float = 0.0
+    cost_flex_usd: float = 0.0
+    cost_realtime_usd: float = 0.0
+    late_answers: int = 0
+    lane_plan: str | None = None
 
     @classmethod
     def from_record(cls, record: Any) -> Job:
@@ -267,8 +279,13 @@ class Job:
             "usage": {
                 "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens,
             },
             "cost_usd": shown(self.cost_usd),
+            "saving": self.saving(),
+            "lanes": self.lanes(),
+            "late_answers": self.late_answers,
+            "plan": None if self.lane_plan is None else orjson.loads(self.lane_plan),
             "budget_usd": self.budget_usd,
             "retry_of": self.retry_of,
             "retries": list(self.retries),
@@ -288,4 +305,29 @@ class Job:
             "dead_letter": self.dead_letter,
             "completed_at": iso(self.completed_at),
             "cost_usd": shown(self.cost_usd),
+            "cached_tokens": self.cached_tokens,
+            "saving": self.saving(),
+            "lanes": self.lanes(),
+        }
+
+    def lanes(self) -> dict[str, dict[str, Any]]:
+        """What each lane answered and cost: ``{lane: {rows, cost_usd}}`` for batch, flex
+        and realtime (rows recorded before lanes were recorded count in none)."""
+        return {
+            "batch": {"rows": self.rows_batch, "cost_usd": shown(self.cost_batch_usd)},
+            "flex": {"rows": self.rows_flex, "cost_usd": shown(self.cost_flex_usd)},
+            "realtime": {"rows": self.rows_realtime, "cost_usd": shown(self.cost_realtime_usd)},
+        }
+
+    def saving(self) -> dict[str, Any]:
+        """What the job saved against all-realtime: its answered rows' tokens priced at
+        each one's realtime reference (``all_realtime_usd``), less what they cost
+        (``saved_usd``; ``saved_fraction`` of the realtime cost, None while it is 0)."""
+        realtime = self.all_realtime_usd
+        # to a billionth of a dollar: sums of the same rows in another order differ by less
+        saved = round(realtime - self.cost_usd, 9) if realtime > 0 else 0.0
+        return {
+            "all_realtime_usd": shown(realtime),
+            "saved_usd": shown(saved),
+            "saved_fraction": shown(saved / realtime) if realtime > 0 else None,
         }

@@ -31,21 +31,30 @@ def to_outcome(
     result: RowResult,
     latency_ms: int | None = None,
     price: Price | None = None,
+    reference: Price | None = None,
 ) -> RowOutcome:
     """The bus outcome of one row's router result, made storable by the ledger.
 
     ``latency_ms`` is the row's time in the router; ``price`` the answering deployment's
     (None: unpriced), which makes the answer's ``cost_usd`` (None for an error: no
-    deployment answered).
+    deployment answered); ``reference`` its realtime reference price
+    (:meth:`~relay_batches.router.aliases.AliasTable.realtime_references`), which makes
+    ``all_realtime_usd``, what the same tokens would have cost realtime.
     """
     completion = result.completion
     error = None if completion is not None else (result.error or "upstream_error: unknown")
     prompt_tokens = 0 if completion is None else _tokens(completion.prompt_tokens)
     completion_tokens = 0 if completion is None else _tokens(completion.completion_tokens)
+    cached = 0 if completion is None else min(_tokens(completion.cached_tokens), prompt_tokens)
     cost = (
         None
         if price is None or completion is None
-        else price.cost_usd(prompt_tokens, completion_tokens)
+        else price.cost_usd(prompt_tokens, completion_tokens, cached)
+    )
+    all_realtime = (
+        None
+        if reference is None or completion is None
+        else reference.cost_usd(prompt_tokens, completion_tokens, cached)
     )
     return RowOutcome(
         batch_id=batch_id,
@@ -64,6 +73,8 @@ def to_outcome(
         latency_ms=None if latency_ms is None else min(max(0, latency_ms), INT32_MAX),
         cost_usd=cost,
         body=None if completion is None else completion.body,
+        cached_tokens=cached,
+        all_realtime_usd=all_realtime,
     )
 
 

@@ -60,6 +60,7 @@ async def build(
         window_max=settings.dispatch_window_max,
         window_max_bytes=settings.dispatch_window_max_bytes,
         paced=True,
+        group_prefixes=settings.prefix_grouping == "on",
     )
     dispatcher = Dispatcher(
         DispatchStore(pool),

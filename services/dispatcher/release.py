@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from relay_batches.messages import JobEvent, SliceMessage, SliceRow
 from relay_batches.model import TERMINAL, JobStatus
+from relay_batches.prefixes import grouped
 from relay_batches.services.dispatcher.budget import rows_within_budget
 from relay_batches.services.dispatcher.pacing import paced_window, slice_size
 from relay_batches.services.dispatcher.sharing import (
@@ -28,6 +29,10 @@ from relay_batches.services.dispatcher.state import (
 )
 
 log = logging.getLogger("relay.dispatcher")
+
+
+def _request_text(row: tuple[int, str]) -> str:
+    return row[1]
 
 
 class Release(DispatcherState):
@@ -260,9 +265,12 @@ class Release(DispatcherState):
         if not rows:
             return
         job, sent_at = owned.job, self._clock()
+        first, last = rows[0][0], rows[-1][0]  # rows come in index order
+        if self._config.group_prefixes:
+            rows = grouped(rows, _request_text)
         slices = slice_rows(rows, self.slice_for(owned, len(rows)), MAX_SLICE_BYTES)
         level = self._broker_level(owned, len(rows))
-        owned.sent.record(rows[0][0], rows[-1][0] + 1, sent_at, level)
+        owned.sent.record(first, last + 1, sent_at, level)
         await asyncio.gather(
             *(
                 self._publish_slice(

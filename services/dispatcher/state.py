@@ -169,6 +169,9 @@ class DispatchConfig:
     # Size each job's slices and window by its pace (dispatcher/pacing.py), as the
     # service does; off, they are RELAY_SLICE_ROWS and the row window whatever the pace.
     paced: bool = False
+    # Order each release by the rows' request text (relay_batches.prefixes): rows
+    # sharing a prefix go out together, so the provider's prompt cache sees them so.
+    group_prefixes: bool = False
 
     @property
     def windows(self) -> Windows:

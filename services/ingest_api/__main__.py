@@ -92,6 +92,7 @@ async def build(
         files=FileStore(pool, long_stores),
         pool=pool,
         model_names=aliases.names,
+        aliases=aliases,
         routes_loaded_at=datetime.fromtimestamp(os.stat(settings.routes_file).st_mtime, UTC),
         public_base_url=settings.public_base_url,
         body_gate=BodyGate(

@@ -37,6 +37,7 @@ from relay_batches.services.ingest_api.surfaces.native.aliases import add_model_
 from relay_batches.services.ingest_api.surfaces.native.batches import add_batch_routes
 from relay_batches.services.ingest_api.surfaces.native.deliveries import add_delivery_routes
 from relay_batches.services.ingest_api.surfaces.native.errors import native_error
+from relay_batches.services.ingest_api.surfaces.native.estimate import add_estimate_routes
 from relay_batches.services.ingest_api.surfaces.native.upload import add_upload_routes
 from relay_batches.services.ingest_api.surfaces.openai import batches as openai_batches
 from relay_batches.services.ingest_api.surfaces.openai import files as openai_files
@@ -52,6 +53,7 @@ SURFACES: tuple[tuple[str, ErrorShape, tuple[AddRoutes, ...]], ...] = (
         native.PREFIX,
         native_error,
         (
+            add_estimate_routes,
             add_batch_routes,
             add_delivery_routes,
             add_activity_routes,

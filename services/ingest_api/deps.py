@@ -18,6 +18,7 @@ from relay_batches.ledger.jobs import JobStore
 from relay_batches.ledger.webhook_endpoints import WebhookEndpoints
 from relay_batches.model import Job
 from relay_batches.netguard import UrlGuard
+from relay_batches.router.aliases import AliasTable
 from relay_batches.services.ingest_api.edge.body import BodyGate
 from relay_batches.services.ingest_api.fleet import Fleet
 from relay_batches.services.ingest_api.rows.validation import (
@@ -49,6 +50,7 @@ class ApiDeps:
     files: FileStore  # the OpenAI surface's files and batch links
     pool: asyncpg.Pool  # the ledger, for the stores a surface builds on it
     model_names: Callable[[], list[str]] = list  # the router's public aliases
+    aliases: AliasTable | None = None  # the routes file (the estimate prices its lanes)
     # When the routes were loaded (the routes file's modification time): the models'
     # creation time on the OpenAI and Anthropic surfaces' ``GET /models``.
     routes_loaded_at: datetime = datetime(1970, 1, 1, tzinfo=UTC)

@@ -65,6 +65,7 @@ async def build(
             lease_s=settings.lease_seconds,
             shards=bus.names.shards,
             margin_s=settings.offload_margin.total_seconds(),
+            group_prefixes=settings.prefix_grouping == "on",
         ),
     )
     log.info("configured", extra={"owner": owner, "batch_deployments": sorted(clients)})

@@ -96,6 +96,7 @@ class OffloadConfig:
     shards: int = 1
     spool_dir: str | None = None
     margin_s: float = 3600.0  # RELAY_OFFLOAD_MARGIN: gather's deadline check, as the dispatcher's
+    group_prefixes: bool = False  # RELAY_PREFIX_GROUPING: each input page by request text
 
 
 class Offloader(Publishing):
@@ -116,6 +117,7 @@ class Offloader(Publishing):
         self._publish_slice = publish_slice
         self._config = config
         self._prices: Mapping[str, Price] = aliases.prices()
+        self._references: Mapping[str, Price] = aliases.realtime_references()
         self._lanes = LaneWatch(store, aliases)
         # Consecutive permanent refusals of a record's steps here (reset by a step that
         # passes or that ends it), at most MAX_TRACKED records.
@@ -177,7 +179,9 @@ class Offloader(Publishing):
         owner = self._config.owner
         if batch.polls > 0 and await self._adopt_made(batch, client):
             return
-        built = await build_input(self._store, client, batch.id, self._config.spool_dir)
+        built = await build_input(
+            self._store, client, batch.id, self._config.spool_dir, self._config.group_prefixes
+        )
         try:
             if built.rows == 0:
                 await self._store.set_ended(batch.id, owner, None, None, "no row could be sent")

@@ -27,6 +27,7 @@ import orjson
 from relay_batches.ledger.offload import OffloadLine, OffloadStore, RowState
 from relay_batches.messages import row_request
 from relay_batches.offload.lines import BatchClient
+from relay_batches.prefixes import grouped
 from relay_batches.router.types import UnsupportedRequest
 
 T = TypeVar("T")
@@ -60,6 +61,10 @@ def _line(client: BatchClient, offload_id: int, line: OffloadLine) -> bytes | No
         return None
 
 
+def _request_of(line: OffloadLine) -> str:
+    return line.request
+
+
 def _append(fd: int, parts: list[bytes]) -> None:
     os.write(fd, b"".join(parts))
 
@@ -81,10 +86,14 @@ def _write_page(
     page: list[OffloadLine],
     written: int,
     room: int | None,
+    group_prefixes: bool = False,
 ) -> _Page:
     """Build and append one page's lines after the ``written`` ones before it, within
-    ``room`` bytes (None: no cap; in a worker thread). Once a line does not fit, it and
-    every row after it are surplus; a line that could never fit is refused."""
+    ``room`` bytes (None: no cap; in a worker thread), grouped by request prefix when
+    asked. Once a line does not fit, it and every row after it are surplus; a line that
+    could never fit is refused."""
+    if group_prefixes:
+        page = grouped(page, _request_of)
     separator = client.frame()[1]
     parts: list[bytes] = []
     out = _Page()
@@ -130,11 +139,16 @@ async def run_in_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 async def build_input(
-    store: OffloadStore, client: BatchClient, offload_id: int, directory: str | None = None
+    store: OffloadStore,
+    client: BatchClient,
+    offload_id: int,
+    directory: str | None = None,
+    group_prefixes: bool = False,
 ) -> BuiltInput:
     """Write record ``offload_id``'s input to a new temporary file (the caller removes
     it), at most its deployment's ``max_bytes``; rows that cannot go in are forwarded,
-    rows beyond the cap put back pending."""
+    rows beyond the cap put back pending. With ``group_prefixes`` each page's lines go
+    in the order of their rows' request text (:mod:`relay_batches.prefixes`)."""
     opening, _, closing = client.frame()
     options = client.deployment.batch
     cap = None if options is None else options.max_bytes - len(opening) - len(closing)
@@ -146,7 +160,9 @@ async def build_input(
         while page := await store.lines(offload_id, after, PAGE, PAGE_BYTES):
             after = (page[-1].batch_id, page[-1].row_index)
             room = None if cap is None else cap - (size - len(opening))
-            out = await run_in_thread(_write_page, fd, client, offload_id, page, rows, room)
+            out = await run_in_thread(
+                _write_page, fd, client, offload_id, page, rows, room, group_prefixes
+            )
             await store.mark_rows(out.refused, RowState.FORWARD)
             await store.mark_rows(out.surplus, RowState.PENDING)
             rows, size = rows + out.rows, size + out.size

@@ -51,6 +51,7 @@ class Publishing:
     _store: OffloadStore
     _config: OffloadConfig
     _prices: Mapping[str, Price]
+    _references: Mapping[str, Price]
     _publish_outcomes: PublishOutcomes
     _publish_slice: PublishSlice
 
@@ -59,6 +60,7 @@ class Publishing:
         confirmed, then its rows marked done); mark the unanswered ones forward."""
         chunks = _Chunks(self._config.shards)
         price = self._prices.get(batch.deployment)
+        reference = self._references.get(batch.deployment)
         refused: list[tuple[str, int]] = []
         answered = 0
         async for line in lines:
@@ -69,7 +71,9 @@ class Publishing:
                     refused = []
                 continue
             result = RowResult(line.reply.completion, None, 1, batch.deployment, lane="batch")
-            full = chunks.add(to_outcome(line.batch_id, line.row_index, result, None, price))
+            full = chunks.add(
+                to_outcome(line.batch_id, line.row_index, result, None, price, reference)
+            )
             if full is not None:
                 answered += await self._flush(chunks, full)
         await self._store.mark_rows(refused, RowState.FORWARD)

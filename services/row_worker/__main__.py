@@ -84,6 +84,7 @@ async def build(
         settings.batch_concurrency,
         holdings,
         prices=aliases.prices(),
+        references=aliases.realtime_references(),
         flush=outcomes.flush_job,
         hand_over=lambda rest: bus.publish(
             bus.names.rows, rest.encode(), kind="rows", priority=hand_over_priority(rest.level)

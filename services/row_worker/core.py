@@ -104,11 +104,14 @@ class RowRunner:
         flush: Flush | None = None,
         hand_over: HandOver | None = None,
         controls: JobControls | None = None,
+        references: Mapping[str, Price] | None = None,
     ) -> None:
         self._router = router
         self.controls = controls  # pauses and budget stops (see .controls)
         self._clock = clock
         self._prices: Mapping[str, Price] = prices or {}
+        # Each deployment's realtime reference price (the saving against all-realtime).
+        self._references: Mapping[str, Price] = references or {}
         self._monotonic = monotonic
         self._sink = sink
         self._flush = flush
@@ -333,8 +336,10 @@ class RowRunner:
             ROWS_IN_FLIGHT.dec()
             self._slots.release()
         latency_ms = round((self._monotonic() - started) * 1000)
-        price = None if result.deployment is None else self._prices.get(result.deployment)
-        outcome = to_outcome(job_slice.batch_id, index, result, latency_ms, price)
+        deployment = result.deployment
+        price = None if deployment is None else self._prices.get(deployment)
+        reference = None if deployment is None else self._references.get(deployment)
+        outcome = to_outcome(job_slice.batch_id, index, result, latency_ms, price, reference)
         (ROWS_WITH_CONTENT if outcome.error is None else ROWS_WITH_ERROR).inc()
         if progress.finish_one():
             self._flush_soon(job_slice.batch_id)

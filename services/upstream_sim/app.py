@@ -49,6 +49,7 @@ from relay_batches.services.upstream_sim.echo import (
     ChatRequest,
     InvalidRequest,
     call_tokens,
+    estimate_tokens,
     json_object,
     json_response,
 )
@@ -60,6 +61,11 @@ from relay_batches.services.upstream_sim.openai_chat import (
     parse_chat_request,
 )
 from relay_batches.services.upstream_sim.openai_endpoints import ENDPOINTS, Answer, Read
+from relay_batches.services.upstream_sim.prompt_cache import (
+    PromptCache,
+    anthropic_cached,
+    openai_cached,
+)
 from relay_batches.services.upstream_sim.rate_limits import THROTTLE_RETRY_AFTER_S, RateWindows
 from relay_batches.services.upstream_sim.state import SimState
 
@@ -71,12 +77,14 @@ class _Dialect:
     parse: Callable[[web.Request, bytes], ChatRequest]
     success: Callable[[ChatRequest, int | None], dict[str, object]]
     error: Callable[[int, str, str, int | None], web.Response]
+    cached: Callable[[dict[str, object], int], None] | None = None  # notes cache reads
 
 
 CHAT_DIALECT = _Dialect(
     parse=lambda _request, body: parse_chat_request(body),
     success=completion_payload,
     error=error_response,
+    cached=openai_cached,
 )
 
 
@@ -98,6 +106,7 @@ MESSAGES_DIALECT = _Dialect(
     error=lambda status, message, _kind, retry_after: anthropic_error_response(
         status, message, retry_after
     ),
+    cached=anthropic_cached,
 )
 
 
@@ -174,7 +183,12 @@ class _Routes:
             message = f"simulated status {outcome.status}"
             return dialect.error(outcome.status, message, "sim_error", outcome.retry_after)
         self._state.answers.answer(chat)
-        return json_response(dialect.success(chat, triggers.reply_bytes))
+        payload = dialect.success(chat, triggers.reply_bytes)
+        if dialect.cached is not None:
+            cached = self._state.prompt_cache.cached(chat.contents, estimate_tokens)
+            if cached:
+                dialect.cached(payload, cached)
+        return json_response(payload)
 
     async def _pause(self, milliseconds: float) -> None:
         if milliseconds > 0:
@@ -214,7 +228,7 @@ def build_app(
     Serve it with ``handler_cancellation=True`` so a hung call ends when its client leaves.
     """
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    state = SimState(config.seed)
+    state = SimState(config.seed, PromptCache(config.cache_prefixes, config.cache_ttl_s))
     app[STATE_KEY] = state
     openai_batches = OpenAIBatches(config, state, clock, sleep)
     anthropic_batches = AnthropicBatches(config, state, clock, sleep)

@@ -33,6 +33,8 @@ class SimConfig:
     batch_input_delay_s: float = 0
     # A provider batch's results download stops this long halfway through its lines.
     batch_results_pause_s: float = 0
+    cache_prefixes: int = 0  # prompt prefixes the simulated prompt cache holds (0: none)
+    cache_ttl_s: float = 300.0  # how long a prefix stays cached after it was last seen
     # The flex lane (calls with service_tier "flex"): the share refused with 429 (capacity
     # short; deterministic: every 1/share-th flex call), and the latency they add.
     flex_refusal: float = 0.0

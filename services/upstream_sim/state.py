@@ -7,13 +7,16 @@ import asyncio
 import random
 
 from relay_batches.services.upstream_sim.answers import AnswerCounts
+from relay_batches.services.upstream_sim.prompt_cache import PromptCache
 
 
 class SimState:
     """Call counters, fail-first counters and the error-rate dice of one simulator."""
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None, prompt_cache: PromptCache | None = None) -> None:
         self._seed = seed
+        # Prefixes seen lately (none remembered by default: no cache reads).
+        self.prompt_cache = prompt_cache or PromptCache(0, 0.0)
         self._rng = random.Random(seed)
         self._failures: dict[str, int] = {}
         self._idle = asyncio.Event()
@@ -43,6 +46,7 @@ class SimState:
             "batch_rows_repeated": self.batch_rows_repeated,
             "flex_calls": self.flex_calls,
             "flex_refused": self.flex_refused,
+            **self.prompt_cache.stats(),
         }
 
     def count_batch(self, rows: int, custom_ids: set[str]) -> None:
@@ -60,6 +64,7 @@ class SimState:
         self.flex_calls = self.flex_refused = 0
         self._batch_ids.clear()
         self.answers.reset()
+        self.prompt_cache.reset()
         self._failures.clear()
         self._rng = random.Random(self._seed)
 

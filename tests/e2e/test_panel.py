@@ -289,7 +289,9 @@ async def test_an_expired_job_shows_as_ended_with_its_deadline_metadata_and_kept
     await expect(details.locator(".metadata li")).to_have_text(["team search"])
     await expect(page.get_by_role("button", name="Cancel job")).to_be_hidden()
     await expect(page.get_by_role("button", name="Download CSV")).to_be_enabled()
-    await expect(page.locator("#job-usage dt")).to_have_text(["prompt tokens", "completion tokens"])
+    await expect(page.locator("#job-usage dt")).to_have_text(
+        ["prompt tokens", "completion tokens", "cached tokens"]
+    )
     status, ended = await api.request("GET", f"/v1/batches/{job['id']}", key=panel_key)
     assert status == 200, ended
     kept = ended["completed"] + ended["failed"]

@@ -208,6 +208,11 @@ async def test_a_finished_job_shows_details_the_delivery_log_and_charts_and_rede
     assert first["data"][0]["response_status"] == 500
     await sign_in(page, panel_key)
     await open_job(page, job["id"])
+    # all realtime at the realtime reference's price: nothing saved
+    saved = page.locator("#job-details dt:text-is('Saved') + dd")
+    await expect(saved).to_have_text(re.compile(r"^\$0\.00 \(0%\) against \$0\.\d+ all-realtime$"))
+    lanes = page.locator("#job-details dt:text-is('Cost per lane') + dd li")
+    await expect(lanes).to_have_text([re.compile(r"^realtime: 6 rows, \$0\.\d+$")])
     attempts = page.locator("#deliveries-body tr")
     await expect(attempts).to_have_count(1)
     await expect(attempts.first.locator("td").nth(1)).to_have_text("failed")

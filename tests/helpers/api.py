@@ -76,6 +76,7 @@ async def start_api(
         files=FileStore(pool, jobs.long_stores),
         pool=pool,
         model_names=aliases.names,
+        aliases=aliases,
         public_base_url=public_base_url,
         body_gate=BodyGate(TEST_READ_TIMEOUT_S, TEST_LARGE_BODY, TEST_LARGE_SLOTS, TEST_MIN_RATE),
     )

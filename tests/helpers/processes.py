@@ -218,6 +218,14 @@ def build_system(
         f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
         "price = { prompt_per_mtok = 1000.0, completion_per_mtok = 2000.0 }\n"
         f"{offload_routes(sim_port, max_retries)}"
+        # Priced with a cached rate: prompt tokens read from the cache cost a tenth.
+        '\n[aliases.sim-cached]\ndeployments = ["sim-cached"]\n\n'
+        "[deployments.sim-cached]\n"
+        'provider = "openai"\n'
+        f'base_url = "http://127.0.0.1:{sim_port}/v1"\n'
+        f'model = "sim-echo"\ntimeout_s = 30\nmax_retries = {max_retries}\n'
+        "price = { prompt_per_mtok = 1000.0, completion_per_mtok = 2000.0,"
+        " cached_prompt_per_mtok = 100.0 }\n"
     )
     env = {
         **os.environ,

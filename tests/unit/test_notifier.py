@@ -13,6 +13,9 @@ from relay_batches.services.notifier.core import PostResult, deliver_webhook
 from relay_batches.webhooks import verify
 from tests.helpers.fakes import BATCH, EVENT, HOOK, SECRET, FakeDeliveryStore, FakePost
 
+# A job with no answered row recorded in any lane.
+NO_LANES = {lane: {"rows": 0, "cost_usd": 0.0} for lane in ("batch", "flex", "realtime")}
+
 
 def store_with(batch: Job) -> FakeDeliveryStore:
     return FakeDeliveryStore(batches={batch.id: batch})
@@ -34,6 +37,9 @@ async def test_delivers_the_api_webhook_body() -> None:
             "dead_letter": 1,
             "completed_at": "2026-10-04T09:20:01Z",
             "cost_usd": 0.0,
+            "cached_tokens": 0,
+            "saving": {"all_realtime_usd": 0.0, "saved_usd": 0.0, "saved_fraction": None},
+            "lanes": NO_LANES,
         }
     )
     assert store.claims == {BATCH.id: HOOK}
@@ -56,6 +62,9 @@ async def test_canceled_run_reports_canceled() -> None:
         "dead_letter": 0,
         "completed_at": "2026-10-04T09:20:01Z",
         "cost_usd": 0.0,
+        "cached_tokens": 0,
+        "saving": {"all_realtime_usd": 0.0, "saved_usd": 0.0, "saved_fraction": None},
+        "lanes": NO_LANES,
     }
 
 

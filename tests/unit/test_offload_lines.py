@@ -246,6 +246,25 @@ async def test_an_openai_input_is_one_line_per_row(tmp_path: Path) -> None:
     assert [orjson.loads(line)["custom_id"] for line in lines] == [f"9-{JOB}-{i}" for i in range(3)]
 
 
+async def test_a_page_of_an_input_is_grouped_by_request_prefix_when_asked(
+    tmp_path: Path,
+) -> None:
+    client = openai_batch.OpenAIBatches(batch_deployment("openai-batch"), NO_SESSION)
+
+    def asking(i: int) -> str:
+        system = {"role": "system", "content": f"shared prompt {'BA'[i % 2]}"}
+        return orjson.dumps([system, {"role": "user", "content": f"q{i}"}]).decode()
+
+    rows = [OffloadLine(JOB, i, asking(i), "{}") for i in range(6)]
+    orders = []
+    for group in (False, True):
+        built = await build_input(PagedLines(rows), client, 9, str(tmp_path), group)  # type: ignore[arg-type]
+        lines = (await asyncio.to_thread(Path(built.path).read_bytes)).splitlines()
+        orders.append([int(orjson.loads(line)["custom_id"].rsplit("-", 1)[1]) for line in lines])
+    # grouped within each page (the store's pages hold two rows here), never across pages
+    assert orders == [[0, 1, 2, 3, 4, 5], [1, 0, 3, 2, 5, 4]]
+
+
 async def chunked_server(body: bytes, pieces: int, pause_s: float = 0.05) -> TestServer:
     """A server answering every GET with ``body`` in ``pieces`` writes, ``pause_s``
     between each (no content length), so a client sees only part of it buffered at

@@ -494,7 +494,8 @@ def test_anthropic_reply_prompt_tokens_include_the_cached_ones() -> None:
         "output_tokens": 7,
     }
     raw = orjson.dumps({"content": [{"type": "text", "text": "ok"}], "usage": usage})
-    assert anthropic.parse_reply(raw) == ProviderReply(Completion("ok", 145, 7))
+    # the prompt tokens read from the cache are noted apart as well
+    assert anthropic.parse_reply(raw) == ProviderReply(Completion("ok", 145, 7, cached_tokens=40))
 
 
 @pytest.mark.parametrize(

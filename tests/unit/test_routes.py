@@ -324,7 +324,7 @@ def test_a_price_costs_tokens_per_million() -> None:
         (
             {"input_per_mtok": 1.0},
             "routes: deployment 'd1': price.input_per_mtok is not a price key"
-            " (expected prompt_per_mtok or completion_per_mtok)",
+            " (expected prompt_per_mtok, completion_per_mtok or cached_prompt_per_mtok)",
         ),
         (
             0.15,

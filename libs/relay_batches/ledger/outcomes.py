@@ -48,25 +48,28 @@ WITH input AS (
     FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[],
                 $6::bool[], $7::text[], $8::int[], $9::int[],
                 $12::text[], $13::text[], $14::text[], $15::int[],
-                $16::float8[], $20::text[], $21::text[]) WITH ORDINALITY
+                $16::float8[], $20::text[], $21::text[], $22::int[], $23::float8[])
+            WITH ORDINALITY
         AS t(batch_id, row_index, content, error, attempts, dead_letter, deployment,
              prompt_tokens, completion_tokens, tool_calls, finish_reason, model,
-             latency_ms, cost_usd, body, lane, n)
+             latency_ms, cost_usd, body, lane, cached_tokens, all_realtime_usd, n)
     ORDER BY batch_id, row_index, n
 ),
 ins AS (
     INSERT INTO row_results (batch_id, row_index, content, error, attempts, dead_letter,
                              deployment, prompt_tokens, completion_tokens, tool_calls,
-                             finish_reason, model, latency_ms, cost_usd, body, lane)
+                             finish_reason, model, latency_ms, cost_usd, body, lane,
+                             cached_tokens, all_realtime_usd)
     SELECT i.batch_id, i.row_index, i.content, i.error, i.attempts, i.dead_letter,
            i.deployment, i.prompt_tokens, i.completion_tokens, i.tool_calls,
            i.finish_reason, i.model, i.latency_ms, i.cost_usd, i.body,
-           CASE WHEN i.error IS NULL THEN COALESCE(i.lane, 'realtime') END
+           CASE WHEN i.error IS NULL THEN COALESCE(i.lane, 'realtime') END,
+           NULLIF(i.cached_tokens, 0), i.all_realtime_usd
     FROM input i JOIN batches b ON b.id = i.batch_id
     WHERE b.id = ANY($10::text[]) AND i.row_index >= 0 AND i.row_index < b.total
     ON CONFLICT (batch_id, row_index) DO NOTHING
     RETURNING batch_id, error IS NULL AS ok, dead_letter, prompt_tokens, completion_tokens,
-              cost_usd, error = $19 AS held, lane
+              cost_usd, error = $19 AS held, lane, cached_tokens, all_realtime_usd
 ),
 counts AS (
     SELECT batch_id,
@@ -76,6 +79,8 @@ counts AS (
            sum(prompt_tokens) AS pt,
            sum(completion_tokens) AS ct,
            COALESCE(sum(cost_usd), 0) AS cost,
+           COALESCE(sum(cached_tokens), 0) AS cached,
+           COALESCE(sum(all_realtime_usd), 0) AS all_realtime,
            count(*) FILTER (WHERE held) AS held,
            COALESCE(sum(cost_usd) FILTER (WHERE lane = 'batch'), 0) AS cost_b,
            COALESCE(sum(cost_usd) FILTER (WHERE lane = 'flex'), 0) AS cost_f,
@@ -100,6 +105,8 @@ UPDATE batches b SET
     prompt_tokens = b.prompt_tokens + c.pt,
     completion_tokens = b.completion_tokens + c.ct,
     cost_usd = b.cost_usd + c.cost,
+    cached_tokens = b.cached_tokens + c.cached,
+    all_realtime_usd = b.all_realtime_usd + c.all_realtime,
     cost_batch_usd = b.cost_batch_usd + c.cost_b,
     cost_flex_usd = b.cost_flex_usd + c.cost_f,
     cost_realtime_usd = b.cost_realtime_usd + c.cost_r,
@@ -247,8 +254,7 @@ class OutcomeStore:
                 RATE_WINDOW_S,
                 JobStatus.FAILED,
                 BUDGET_HELD_ERROR,
-                columns[14],
-                columns[15],
+                *columns[14:18],
             )
         return [_progress(r) for r in records]
 
@@ -376,6 +382,8 @@ def _columns(outcomes: Sequence[RowOutcome]) -> tuple[list[object], ...]:
         [o.cost_usd for o in outcomes],
         [o.body for o in outcomes],
         [o.lane for o in outcomes],
+        [o.cached_tokens for o in outcomes],
+        [o.all_realtime_usd for o in outcomes],
     )
 
 

@@ -34,6 +34,17 @@ ORDER BY 1, 2
 """
 
 
+# $1 workspace, $2 model: the completion tokens per answered row of the workspace's
+# latest jobs of that model (a range scan of batches_workspace_list, newest first).
+_MEAN_COMPLETION = """
+SELECT sum(completion_tokens)::float8 / NULLIF(sum(completed), 0)
+FROM (SELECT completion_tokens, completed FROM batches
+      WHERE workspace_id = $1 AND model = $2 AND completed > 0 AND cron IS NULL
+      ORDER BY created_at DESC LIMIT $3) recent
+"""
+RECENT_JOBS = 20  # the jobs the observed mean completion is taken over
+
+
 @dataclass(frozen=True)
 class UsageLine:
     """One day and model's sums."""
@@ -75,3 +86,25 @@ class UsageStore:
         async with translated():
             records = await self._pool.fetch(_USAGE, workspace_id, start, end)
         return [UsageLine(*r) for r in records]
+
+    async def mean_completion(self, workspace_id: str, model: str) -> float | None:
+        """The workspace's observed completion tokens per answered row of ``model``
+        over its latest :data:`RECENT_JOBS` jobs with answers (None: none yet)."""
+        async with translated():
+            value = await self._pool.fetchval(_MEAN_COMPLETION, workspace_id, model, RECENT_JOBS)
+        return None if value is None else float(value)
+
+    async def stored_requests(
+        self, rows_batch_id: str, after: int, limit: int
+    ) -> list[tuple[int, str]]:
+        """A keyset page of the stored requests of ``rows_batch_id`` (an uploaded file's
+        rows) after row ``after``, in row order."""
+        async with translated():
+            records = await self._pool.fetch(
+                "SELECT row_index, request FROM batch_rows WHERE batch_id = $1"
+                " AND row_index > $2 ORDER BY row_index LIMIT $3",
+                rows_batch_id,
+                after,
+                limit,
+            )
+        return [(r[0], r[1]) for r in records]

@@ -208,6 +208,9 @@ class RowOutcome:
     what the answering deployment's ``price`` makes of its tokens (None: unpriced).
     ``body`` is the provider's whole reply (JSON text) when it carries more than those
     fields hold (several choices, log probabilities, audio, …), else None.
+    ``cached_tokens`` counts the prompt tokens read from the provider's prompt cache,
+    ``all_realtime_usd`` what the tokens would have cost at the realtime reference
+    price (None: none priced).
     """
 
     batch_id: str
@@ -226,6 +229,8 @@ class RowOutcome:
     cost_usd: float | None = None
     body: str | None = None
     lane: str | None = None  # the lane that answered when not realtime: batch, flex
+    cached_tokens: int = 0
+    all_realtime_usd: float | None = None
 
     def as_list(self) -> list[Any]:
         """Compact positional form used on the wire."""
@@ -244,14 +249,17 @@ class RowOutcome:
             self.model,
             self.latency_ms,
             self.cost_usd,
-            *(
-                ()
-                if self.body is None and self.lane is None
-                else (self.body,)
-                if self.lane is None
-                else (self.body, self.lane)
-            ),
+            *self._tail(),
         ]
+
+    def _tail(self) -> tuple[Any, ...]:
+        """The optional fields after ``cost_usd`` (body, lane, cached tokens, all-realtime
+        cost), up to the last that carries something."""
+        tail = (self.body, self.lane, self.cached_tokens or None, self.all_realtime_usd)
+        end = len(tail)
+        while end and tail[end - 1] is None:
+            end -= 1
+        return tail[:end]
 
 
 @dataclass(frozen=True)
@@ -293,11 +301,15 @@ class OutcomesMessage:
 
 
 def _outcome(value: Any) -> RowOutcome:
-    """One outcome of the wire's positional form; the last six fields are optional
-    (a worker from before whole answers sends nine, one from before details twelve, and
-    an outcome without a ``body`` fourteen)."""
+    """One outcome of the wire's positional form; the last nine fields are optional
+    (a worker from before whole answers sends nine, one from before details twelve, an
+    outcome without a ``body`` fourteen, one without a lane fifteen, and one without
+    cached tokens or an all-realtime cost sixteen)."""
     b, i, c, e, a, dl, dep, pt, ct, *answer = value
-    tool_calls, finish_reason, model, latency_ms, cost_usd, body, lane = (*answer, *[None] * 7)[:7]
+    tool_calls, finish_reason, model, latency_ms, cost_usd, body, lane, cached, realtime = (
+        *answer,
+        *[None] * 9,
+    )[:9]
     return RowOutcome(
         batch_id=str(b),
         row_index=int(i),
@@ -315,4 +327,6 @@ def _outcome(value: Any) -> RowOutcome:
         cost_usd=None if cost_usd is None else float(cost_usd),
         body=None if body is None else str(body),
         lane=None if lane is None else str(lane),
+        cached_tokens=int(cached or 0),
+        all_realtime_usd=None if realtime is None else float(realtime),
     )

@@ -51,22 +51,36 @@ OPENAI_WINDOW = timedelta(hours=24)  # the one completion window OpenAI takes
 # A pattern: a name prefix of visible ASCII (no space, no glob character) and one "*".
 PATTERN = re.compile(r"([!-)+-Z^-~]+)\*")
 PATTERN_EXAMPLE = "gpt-4o-mini-*"
-PRICE_KEYS = ("prompt_per_mtok", "completion_per_mtok")
+PRICE_KEYS = ("prompt_per_mtok", "completion_per_mtok", "cached_prompt_per_mtok")
 ALIAS_KEYS = ("deployments", "patterns")
 TOKENS_PER_MTOK = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class Price:
-    """What a deployment's tokens cost: USD per million prompt and completion tokens."""
+    """What a deployment's tokens cost: USD per million prompt and completion tokens, and
+    per million prompt tokens read from the provider's prompt cache (None: the prompt
+    rate, no discount)."""
 
     prompt_per_mtok: float = 0.0
     completion_per_mtok: float = 0.0
+    cached_prompt_per_mtok: float | None = None
 
-    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """The cost of one answer's tokens, in USD."""
+    @property
+    def cached_rate(self) -> float:
+        """USD per million cached prompt tokens (the prompt rate when none is declared)."""
+        cached = self.cached_prompt_per_mtok
+        return self.prompt_per_mtok if cached is None else cached
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """The cost of one answer's tokens, in USD: ``cached_tokens`` (of ``prompt_tokens``,
+        read from the prompt cache) at the cached rate, the other prompt tokens at the
+        prompt rate."""
+        cached = max(0, min(cached_tokens, prompt_tokens))
         return (
-            prompt_tokens * self.prompt_per_mtok + completion_tokens * self.completion_per_mtok
+            (prompt_tokens - cached) * self.prompt_per_mtok
+            + cached * self.cached_rate
+            + completion_tokens * self.completion_per_mtok
         ) / TOKENS_PER_MTOK
 
 
@@ -186,6 +200,22 @@ class AliasTable:
             for d in deployments
             if d.limit is not None
         }
+
+    def realtime_references(self) -> dict[str, Price]:
+        """Each deployment's *realtime reference* price by deployment name: the price of
+        the first priced realtime deployment (not batch, not flex) of the first alias
+        that lists it (what the saving against all-realtime prices its rows' tokens at)."""
+        references: dict[str, Price] = {}
+        for deployments in self.aliases.values():
+            reference = next(
+                (d.price for d in deployments if d.lane == "realtime" and d.price is not None),
+                None,
+            )
+            if reference is None:
+                continue
+            for d in deployments:
+                references.setdefault(d.name, reference)
+        return references
 
     def prices(self) -> dict[str, Price]:
         """The priced deployments' prices by deployment name (what a row-worker looks a
@@ -420,10 +450,12 @@ def _price(name: str, value: Any, where: str) -> Price | None:
         if key not in PRICE_KEYS:
             raise ConfigError(
                 where + f"deployment {name!r}: price.{key} is not a price key"
-                f" (expected {' or '.join(PRICE_KEYS)})"
+                f" (expected {', '.join(PRICE_KEYS[:-1])} or {PRICE_KEYS[-1]})"
             )
-    rates = [value.get(key, 0.0) for key in PRICE_KEYS]
+    rates = [value.get(key, 0.0) for key in PRICE_KEYS[:2]] + [value.get(PRICE_KEYS[2])]
     for key, rate in zip(PRICE_KEYS, rates, strict=True):
+        if rate is None:  # no cached rate: cached tokens cost the prompt rate
+            continue
         if (
             isinstance(rate, bool)
             or not isinstance(rate, int | float)
@@ -434,7 +466,8 @@ def _price(name: str, value: Any, where: str) -> Price | None:
                 where + f"deployment {name!r}: price.{key} must be a non-negative number"
                 " (USD per million tokens)"
             )
-    return Price(float(rates[0]), float(rates[1]))
+    cached = None if rates[2] is None else float(rates[2])
+    return Price(float(rates[0]), float(rates[1]), cached)
 
 
 def _api_key(name: str, var: Any, env: Mapping[str, str], where: str) -> str | None:

@@ -23,6 +23,7 @@ class Completion:
     finish_reason: str | None = None
     model: str | None = None
     body: str | None = None
+    cached_tokens: int = 0  # of prompt_tokens: read from the provider's prompt cache
 
 
 class UnsupportedRequest(ValueError):
@@ -64,7 +65,8 @@ def reply_with_usage(
     body: str | None = None,
 ) -> ProviderReply:
     """A successful reply whose token counts come from a provider's ``usage`` object
-    (missing or malformed counts are 0)."""
+    (missing or malformed counts are 0), its cached prompt tokens included
+    (:func:`cached_tokens_of`)."""
     usage = usage if isinstance(usage, dict) else {}
     return ProviderReply(
         completion=Completion(
@@ -75,8 +77,21 @@ def reply_with_usage(
             finish_reason=finish_reason,
             model=model if isinstance(model, str) else None,
             body=body,
+            cached_tokens=cached_tokens_of(usage),
         )
     )
+
+
+def cached_tokens_of(usage: Any) -> int:
+    """The prompt tokens a provider's ``usage`` says were read from its prompt cache:
+    OpenAI's ``prompt_tokens_details.cached_tokens``, Anthropic's
+    ``cache_read_input_tokens`` (0 when neither is given)."""
+    if not isinstance(usage, dict):
+        return 0
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and "cached_tokens" in details:
+        return _count(details.get("cached_tokens"))
+    return _count(usage.get("cache_read_input_tokens"))
 
 
 def _count(value: Any) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from relay_batches.netguard import IPNetwork
+from relay_batches.prefixes import GROUPING
 from relay_batches.settings.declare import (
     AGGREGATOR,
     CAPACITY,
@@ -345,6 +346,12 @@ class Settings:
     )  # fmt: skip
     # Offload: a job runs on its alias's batch deployment only if it may wait the
     # provider's window plus this margin; how often the offloader's loops run.
+    prefix_grouping: str = setting(
+        "RELAY_PREFIX_GROUPING", Choice(GROUPING), "on", TUNING, (DISPATCHER, OFFLOADER),
+        "Order each release of rows, and each page of a provider batch's input, so rows"
+        " whose requests share a prefix go together (prompt-cache reads); `off` keeps"
+        " the stored order.",
+    )  # fmt: skip
     offload_margin: timedelta = setting(
         "RELAY_OFFLOAD_MARGIN", Duration(), timedelta(hours=1), TUNING,
         (OFFLOADER,),

@@ -127,6 +127,17 @@ class SimSettings:
         "RELAY_SIM_BATCH_RESULTS_PAUSE_S", Within(0, 3_600), 0.0, SIMULATOR, (UPSTREAM_SIM,),
         "Seconds a results download stops halfway.",
     )  # fmt: skip
+    cache_prefixes: int = setting(
+        "RELAY_SIM_CACHE_PREFIXES", Within(0, 1_000_000, whole=True), 0, SIMULATOR,
+        (UPSTREAM_SIM,),
+        "Prompt prefixes (every message but the last) the simulated prompt cache holds,"
+        " least recently used dropped first; a call whose prefix it holds reports the"
+        " prefix's tokens as cached (`0`: no cache).",
+    )  # fmt: skip
+    cache_ttl_s: float = setting(
+        "RELAY_SIM_CACHE_TTL_S", Within(0, 86_400), 300.0, SIMULATOR, (UPSTREAM_SIM,),
+        "Seconds a prefix stays in the simulated prompt cache after it was last seen.",
+    )  # fmt: skip
     flex_refusal: float = setting(
         "RELAY_SIM_FLEX_REFUSAL", Within(0, 1), 0.0, SIMULATOR, (UPSTREAM_SIM,),
         "Share of flex calls (`service_tier: \"flex\"`) refused with 429, evenly spread.",

@@ -110,6 +110,9 @@ function renderBatch(batch) {
     detail("Finished", timeEl(batch.completed_at)),
     batch.expires_at ? detail("Expires", timeEl(batch.expires_at)) : [],
     batch.budget_usd ? detail("Budget", money(batch.budget_usd)) : [],
+    savingDetail(batch.saving),
+    lanesDetail(batch.lanes),
+    planDetail(batch.plan),
     batch.error ? detail("Error", batch.error) : [],
     batch.cron ? detail("Cron", h("code", {}, batch.cron)) : [],
     batch.cron ? detail("Next run", timeEl(batch.next_run_at)) : [],
@@ -130,6 +133,35 @@ function renderBatch(batch) {
   document.getElementById("runs-section").hidden = !batch.cron;
   document.getElementById("charts-section").hidden = Boolean(batch.cron);
   document.getElementById("deliveries-section").hidden = !terminal;
+}
+
+/** The rows each lane answered and what they cost (only the lanes that answered any). */
+function lanesDetail(lanes) {
+  const used = Object.entries(lanes ?? {}).filter(([, spent]) => spent.rows > 0);
+  if (used.length === 0) return [];
+  return detail(
+    "Cost per lane",
+    h("ul", { class: "metadata" },
+      used.map(([lane, spent]) => h("li", { "data-lane": lane },
+        `${lane}: ${spent.rows} rows, ${money(spent.cost_usd)}`))),
+  );
+}
+
+/** The plan chosen when the job was claimed: each lane's rows, then its expected cost. */
+function planDetail(plan) {
+  if (!plan) return [];
+  const steps = plan.steps.map((step) => `${step.lane} ${step.rows} rows (${step.deployment})`);
+  return detail("Plan", `${steps.join(" + ") || "nothing"}; expected ${money(plan.cost_usd)}`);
+}
+
+/** What the job saved against all-realtime, when any answered row had a realtime price. */
+function savingDetail(saving) {
+  if (!saving || !(saving.all_realtime_usd > 0)) return [];
+  const share = Math.round((saving.saved_fraction ?? 0) * 100);
+  return detail(
+    "Saved",
+    `${money(saving.saved_usd)} (${share}%) against ${money(saving.all_realtime_usd)} all-realtime`,
+  );
 }
 
 /** {"temperature": 0.2, "max_tokens": 64}, one key after another. */

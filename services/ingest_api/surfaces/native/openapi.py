@@ -14,7 +14,11 @@ from pydantic import BaseModel
 
 from relay_batches.dialects.chat import Message, Params, RequestRow
 from relay_batches.services.ingest_api import webhook_endpoint_shapes as endpoints
-from relay_batches.services.ingest_api.surfaces.native import outcomes, shapes
+from relay_batches.services.ingest_api.surfaces.native import (
+    openapi_estimate,
+    outcomes,
+    shapes,
+)
 from relay_batches.services.ingest_api.surfaces.native.batches import (
     DEFAULT_PAGE,
     MAX_PAGE,
@@ -49,12 +53,14 @@ from relay_batches.services.ingest_api.surfaces.native.openapi_webhooks import (
 # Every schema the native surface names (the models they use come along).
 REQUESTS: tuple[type[BaseModel], ...] = (
     shapes.CreateBatch,
+    *openapi_estimate.REQUESTS,
     shapes.UploadForm,
     shapes.RetryBatch,
     endpoints.CreateWebhookEndpoint,
 )
 RESPONSES_MODELS: tuple[type[BaseModel], ...] = (
     shapes.Batch,
+    *openapi_estimate.RESPONSES,
     shapes.BatchList,
     shapes.BatchCreatedList,
     shapes.BatchDeleted,
@@ -372,6 +378,7 @@ def _paths() -> dict[str, Any]:
     return {
         "/v1/batches": _batches(),
         "/v1/batches/upload": _upload(),
+        "/v1/batches/estimate": openapi_estimate.estimate_path(),
         **_one_batch(),
         "/v1/usage": usage_path(),
         "/v1/workers": workers_path(),

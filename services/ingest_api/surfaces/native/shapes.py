@@ -292,6 +292,67 @@ Count = Annotated[int, Field(ge=0)]
 class _Usage(Closed):
     prompt_tokens: Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
     completion_tokens: Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
+    cached_tokens: Annotated[
+        int,
+        Field(
+            ge=0,
+            json_schema_extra={"format": "int64"},
+            description="Of the prompt tokens, those the providers read from their prompt"
+            " caches (priced at the deployment's cached rate).",
+        ),
+    ]
+
+
+class Saving(Closed):
+    """What the job saved against running every answered row realtime."""
+
+    all_realtime_usd: float = Field(
+        ge=0,
+        description="The answered rows' tokens priced at their alias's first priced realtime"
+        " deployment (0 when none is priced).",
+    )
+    saved_usd: float = Field(description="`all_realtime_usd` less `cost_usd`.")
+    saved_fraction: float | None = Field(
+        description="`saved_usd` over `all_realtime_usd` (null while that is 0)."
+    )
+
+
+class LaneSpent(Closed):
+    """What one lane answered of the job, and what that cost."""
+
+    rows: Count
+    cost_usd: float = Field(ge=0)
+
+
+class LanesSpent(Closed):
+    """The job's answered rows and cost per lane (their costs add up to `cost_usd`)."""
+
+    batch: LaneSpent = Field(description="A provider's batch API.")
+    flex: LaneSpent = Field(description="Flex deployments (`service_tier: flex`).")
+    realtime: LaneSpent
+
+
+Lane = Literal["batch", "flex", "realtime"]
+
+
+class PlanStep(Closed):
+    """Rows of a plan in one lane, and when they are expected done (seconds from start)."""
+
+    lane: Lane
+    deployment: str
+    rows: Count
+    cost_usd: float = Field(ge=0)
+    finish_s: float = Field(ge=0)
+
+
+class JobPlan(Closed):
+    """The plan the job's dispatcher chose when it claimed it."""
+
+    steps: list[PlanStep]
+    expected_finish_s: float = Field(ge=0)
+    cost_usd: float = Field(ge=0)
+    fits: bool = Field(description="Whether it met the completion window and the budget.")
+    reason: str
 
 
 class Batch(Closed):
@@ -328,6 +389,16 @@ class Batch(Closed):
         ge=0,
         description="What the rows answered so far cost in USD, by the `price` of the"
         " deployment that answered each (0 when no deployment is priced).",
+    )
+    saving: Saving
+    lanes: LanesSpent
+    late_answers: Count = Field(
+        description="Answers a provider batch gave for rows already moved to another lane:"
+        " discarded, neither recorded nor charged."
+    )
+    plan: JobPlan | None = Field(
+        description="The plan chosen when the job was claimed (null: none was made, e.g."
+        " an alias without a batch lane)."
     )
     budget_usd: float | None = Field(
         gt=0,
