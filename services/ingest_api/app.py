@@ -96,7 +96,7 @@ def build_app(
         app.add_subapp(prefix, surface_app(deps, shape, resolve_key, schema_current, routes))
     add_panel_routes(app)
     app.router.add_get("/", to_panel)
-    add_health_routes(app, ready, metrics=False)  # /metrics: the health port only
+    add_health_routes(app, ready)  # /metrics: the health port only
     add_openapi_route(app)
     return app
 
