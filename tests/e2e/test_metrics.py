@@ -117,6 +117,8 @@ def _expected_moves(batch: Mapping[str, int]) -> dict[Move, float]:
         ("aggregator", "relay_rows_recorded_total", (("outcome", "error"),)): failed,
         ("aggregator", "relay_job_transitions_total", (("status", "completed"),)): 1,
         ("dispatcher", "relay_job_transitions_total", (("status", "running"),)): 1,
+        ("dispatcher", "relay_job_queue_wait_seconds_count", ()): 1,
+        ("aggregator", "relay_job_time_to_finish_seconds_count", (("status", "completed"),)): 1,
         ("ingest-api", "relay_job_transitions_total", (("status", "queued"),)): 1,
         ("ingest-api", "relay_messages_published_total", (("kind", "dispatch"),)): 1,
         ("notifier", "relay_webhook_deliveries_total", (("outcome", "delivered"),)): 1,
