@@ -130,6 +130,13 @@ UPSTREAM_LATENCY = histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
     by=(ROW_WORKER,),
 )
+UPSTREAM_CALLS = counter(
+    "relay_upstream_calls_total",
+    "Upstream calls by deployment and outcome (ok: an answer; error: any failure, retried"
+    " or not)",
+    ["deployment", "outcome"],
+    by=(ROW_WORKER,),
+)
 UPSTREAM_RETRIES = counter(
     "relay_upstream_retries_total", "Upstream retries", ["deployment"], by=(ROW_WORKER,)
 )

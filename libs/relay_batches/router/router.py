@@ -48,6 +48,7 @@ from relay_batches.dialects.endpoints import CHAT, ENDPOINTS, RESPONSES
 from relay_batches.dialects.openai import upstream as openai
 from relay_batches.dialects.openai.endpoints import BodyWire
 from relay_batches.metrics import (
+    UPSTREAM_CALLS,
     UPSTREAM_FALLBACKS,
     UPSTREAM_LATENCY,
     UPSTREAM_RETRIES,
@@ -238,6 +239,7 @@ class ModelRouter:
                 await self._limiter.acquire(deployment.name, estimate)
             attempt = await self._call(deployment, provider, request, workspace)
             calls += 1
+            UPSTREAM_CALLS.labels(deployment.name, _call_outcome(attempt)).inc()
             if limited or attempt.throttled:
                 await self._account(deployment.name, attempt, cap, estimate, limited)
             if attempt.reply is not None:
@@ -318,3 +320,8 @@ class ModelRouter:
             retry_after=parse_retry_after(retry_after),
             status=status,
         )
+
+
+def _call_outcome(attempt: _Attempt) -> str:
+    """``ok`` for a call that brought an answer, ``error`` for any other."""
+    return "ok" if attempt.reply is not None and attempt.reply.completion is not None else "error"
