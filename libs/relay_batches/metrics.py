@@ -132,8 +132,7 @@ UPSTREAM_LATENCY = histogram(
 )
 UPSTREAM_CALLS = counter(
     "relay_upstream_calls_total",
-    "Upstream calls by deployment and outcome (ok: an answer; error: any failure, retried"
-    " or not)",
+    "Upstream calls by deployment and outcome (ok: an answer; error: any failure, retried or not)",
     ["deployment", "outcome"],
     by=(ROW_WORKER,),
 )
@@ -331,30 +330,38 @@ class BacklogGauges(Collector):
         """Serve nothing (another process holds the lease)."""
         self._until = 0.0
 
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges' families, without samples (what a registry checks names with)."""
+        yield from self._families()
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The gauges of the last reading, while it is fresh."""
         if time.monotonic() >= self._until:
             return
+        yield from self._families(with_samples=True)
+
+    def _families(self, *, with_samples: bool = False) -> Iterator[GaugeMetricFamily]:
         rows = GaugeMetricFamily(
             "relay_backlog_rows",
             "Rows of unfinished jobs without an outcome, by job status and state (waiting:"
             " not yet released; released: in the broker or held by a row-worker)",
             labels=["status", "state"],
         )
-        for (status, state), count in sorted(self._rows.items()):
+        for (status, state), count in sorted(self._rows.items()) if with_samples else ():
             rows.add_metric([status, state], count)
         jobs = GaugeMetricFamily(
             "relay_backlog_jobs", "Unfinished jobs by status", labels=["status"]
         )
-        for status, count in sorted(self._jobs.items()):
+        for status, count in sorted(self._jobs.items()) if with_samples else ():
             jobs.add_metric([status], count)
         yield rows
         yield jobs
-        yield GaugeMetricFamily(
-            "relay_backlog_oldest_queued_seconds",
-            "Age of the oldest queued job (0: none queued)",
-            value=self._oldest_queued_s,
+        oldest = GaugeMetricFamily(
+            "relay_backlog_oldest_queued_seconds", "Age of the oldest queued job (0: none queued)"
         )
+        if with_samples:
+            oldest.add_metric([], self._oldest_queued_s)
+        yield oldest
 
 
 BACKLOG = BacklogGauges()
