@@ -52,8 +52,12 @@ def _owned(metric: M, by: Sequence[str]) -> M:
         if service not in EVERY_SERVICE:
             raise ValueError(f"unknown service {service!r}")
         _OWNED[service].append(metric)
-    metric.moved_by = tuple(by)  # type: ignore[attr-defined]
     return metric
+
+
+def moved_by(collector: Collector) -> tuple[str, ...]:
+    """The services that move ``collector``'s series (and serve them)."""
+    return tuple(s for s in EVERY_SERVICE if collector in _OWNED.get(s, ()))
 
 
 def counter(
