@@ -113,6 +113,14 @@ def _expected_moves(batch: Mapping[str, int]) -> dict[Move, float]:
         ("row-worker", "relay_upstream_latency_seconds_count", (("deployment", "sim"),)): (
             done + failed
         ),
+        ("row-worker", "relay_upstream_calls_total", (("deployment", "sim"), ("outcome", "ok"))): (
+            done
+        ),
+        (
+            "row-worker",
+            "relay_upstream_calls_total",
+            (("deployment", "sim"), ("outcome", "error")),
+        ): (failed),
         ("aggregator", "relay_rows_recorded_total", (("outcome", "content"),)): done,
         ("aggregator", "relay_rows_recorded_total", (("outcome", "error"),)): failed,
         ("aggregator", "relay_job_transitions_total", (("status", "completed"),)): 1,

@@ -144,6 +144,7 @@ class ModelRouter:
         self._cooldowns = cooldowns or Cooldowns(CooldownPolicy())
         self._limiter: Limiter = limiter or NoLimiter()
         self._latency: dict[str, Any] = {}
+        self._calls: dict[tuple[str, str], Any] = {}
         self._realtime: dict[str, tuple[Deployment, ...]] = {}
 
     async def complete(
@@ -211,6 +212,14 @@ class ModelRouter:
             metric = self._latency[deployment.name] = UPSTREAM_LATENCY.labels(deployment.name)
         return metric
 
+    def _calls_of(self, deployment: str, outcome: str) -> Any:
+        """The deployment's call counter of ``outcome``, looked up once (hot path)."""
+        key = (deployment, outcome)
+        metric = self._calls.get(key)
+        if metric is None:
+            metric = self._calls[key] = UPSTREAM_CALLS.labels(deployment, outcome)
+        return metric
+
     async def _try_deployment(
         self,
         deployment: Deployment,
@@ -239,7 +248,7 @@ class ModelRouter:
                 await self._limiter.acquire(deployment.name, estimate)
             attempt = await self._call(deployment, provider, request, workspace)
             calls += 1
-            UPSTREAM_CALLS.labels(deployment.name, _call_outcome(attempt)).inc()
+            self._calls_of(deployment.name, _call_outcome(attempt)).inc()
             if limited or attempt.throttled:
                 await self._account(deployment.name, attempt, cap, estimate, limited)
             if attempt.reply is not None:
