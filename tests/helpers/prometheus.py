@@ -25,7 +25,7 @@ BINARY = "/usr/bin/prometheus"
 SCRAPE_S = 1
 
 
-def test_rules(for_: str) -> dict[str, Any]:
+def templated_rules(for_: str) -> dict[str, Any]:
     """The shipped rules with every ``for:`` set to ``for_`` (alerts fire at once)."""
     templated = rules()
     for group in templated["groups"]:
@@ -114,7 +114,7 @@ def _start(
 ) -> subprocess.Popen[bytes]:
     """Write the rules and the configuration into ``folder`` and start Prometheus."""
     rules_file = folder / "rules.yaml"
-    rules_file.write_text(yaml.safe_dump(test_rules(for_)))
+    rules_file.write_text(yaml.safe_dump(templated_rules(for_)))
     config = folder / "prometheus.yaml"
     config.write_text(yaml.safe_dump(scrape_config(system, rules_file)))
     log_dir.mkdir(parents=True, exist_ok=True)
