@@ -21,7 +21,10 @@ from tests.monitoring.files import dashboard_expressions
 
 system = system_fixture("prometheus", RELAY_BACKLOG_SECONDS="0.5", max_retries=1)
 SLOW_ROWS = 240
-FAILING_ROWS = 12
+# Slow enough that its failing calls span several scrapes: a counter child born at its
+# first increment shows no rate until a later scrape sees it grow.
+FAILING_ROWS = 40
+FAILING_DELAY_MS = 300
 KEY_SERIES = (
     "relay_rows_processed_total",
     "relay_rows_recorded_total",
@@ -136,7 +139,9 @@ async def test_every_dashboard_expression_evaluates(prometheus: Prometheus) -> N
 async def test_a_deployment_failing_every_call_fires_its_alert(
     prometheus: Prometheus, client: ApiClient
 ) -> None:
-    failing = rows(FAILING_ROWS, "failing row {i} [sim:status=500]")
+    failing = rows(
+        FAILING_ROWS, f"failing row {{i}} [sim:status=500] [sim:delay-ms={FAILING_DELAY_MS}]"
+    )
     created = await client.submit({"model": "sim-priced", "requests": failing})
     healthy = await client.submit({"model": "gpt-4o-mini", "requests": rows(20)})
 
