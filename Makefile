@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 
 .PHONY: setup run test unit deploy integration e2e chaos fuzz lint typecheck format migrate clean bench browser \
-	container-check lock config-docs docs
+	container-check lock config-docs docs monitoring-check prometheus
 
 setup: $(STAMP)
 
@@ -23,7 +23,7 @@ run: setup
 	$(BIN)/relay dev
 
 # The whole suite against the real Postgres and RabbitMQ (no benchmarks).
-test: setup lint docs browser
+test: setup lint docs browser monitoring-check
 	RELAY_CHAOS_SERVERS= $(PYTEST) tests/unit tests/deploy tests/integration tests/e2e tests/chaos/test_kills.py tests/chaos/test_two_workspaces.py tests/chaos/test_offload_kills.py
 
 unit: setup
@@ -37,7 +37,7 @@ deploy: setup
 integration: setup
 	$(PYTEST) tests/integration
 
-e2e: setup browser
+e2e: setup browser prometheus
 	$(PYTEST) tests/e2e
 
 # Debian's Chromium for the panel's browser tests (Playwright drives it; it never
@@ -52,6 +52,27 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq chromium; } \
 	    >$(APT_LOG) 2>&1 || { cat $(APT_LOG); exit 1; }; \
 	}
+
+# Debian's prometheus package: promtool for monitoring-check, and the prometheus server
+# the e2e test scrapes a running system with (tests/e2e/test_prometheus.py; it starts its
+# own on a free port; RUNLEVEL=1 keeps the package's own service from starting on 9090).
+# Installed only when missing; apt's output goes to a log.
+APT_PROMETHEUS_LOG := test-output/apt-prometheus.log
+prometheus:
+	@test -x /usr/bin/promtool -a -x /usr/bin/prometheus || { \
+	  echo "installing Debian's prometheus for the monitoring checks (log: $(APT_PROMETHEUS_LOG))"; \
+	  mkdir -p test-output; \
+	  sudo=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+	  { $$sudo apt-get update -qq && \
+	    RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends \
+	      prometheus; } >$(APT_PROMETHEUS_LOG) 2>&1 || { cat $(APT_PROMETHEUS_LOG); exit 1; }; \
+	}
+
+# promtool's checks of deploy/monitoring: the rules file, its unit tests (each alert fires
+# on a synthetic series, quiet on a healthy one), every dashboard expression, and the
+# PrometheusRule of the monitoring component in step with the rules file (tests/monitoring).
+monitoring-check: setup prometheus
+	$(BIN)/python -m tests.monitoring.check
 
 # Chaos: kill -9 of every service mid-batch, then RabbitMQ and Postgres restarted for real
 # (this disrupts every other user of those servers). RELAY_CHAOS_SERVERS=sever drops only

@@ -5,15 +5,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from relay_batches.metrics import render_metrics
 
 ReadyCheck = Callable[[], Awaitable[bool]]
 
 
-def add_health_routes(app: web.Application, ready: ReadyCheck, *, metrics: bool = True) -> None:
-    """Add the service endpoints to ``app``; ``ready`` says whether deps are up. Without
-    ``metrics``, only the probes (``/metrics`` is for the health port, never a public one)."""
+def add_health_routes(
+    app: web.Application, ready: ReadyCheck, *, metrics: CollectorRegistry | None = None
+) -> None:
+    """Add the service endpoints to ``app``; ``ready`` says whether deps are up; ``/metrics``
+    serves the registry ``metrics``. Without one, only the probes (``/metrics`` is for the
+    health port, never a public one)."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -24,19 +28,22 @@ def add_health_routes(app: web.Application, ready: ReadyCheck, *, metrics: bool 
         return web.json_response({"status": "not_ready"}, status=503)
 
     async def render(_: web.Request) -> web.Response:
-        body, content_type = render_metrics()
+        assert metrics is not None
+        body, content_type = render_metrics(metrics)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    if metrics:
+    if metrics is not None:
         app.router.add_get("/metrics", render)
 
 
-async def start_health_server(host: str, port: int, ready: ReadyCheck) -> web.AppRunner:
-    """Serve the health endpoints on ``host:port`` (port 0 picks a free one)."""
+async def start_health_server(
+    host: str, port: int, ready: ReadyCheck, metrics: CollectorRegistry
+) -> web.AppRunner:
+    """Serve the health endpoints and ``metrics`` on ``host:port`` (0 picks a free port)."""
     app = web.Application()
-    add_health_routes(app, ready)
+    add_health_routes(app, ready, metrics=metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

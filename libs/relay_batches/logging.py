@@ -1,15 +1,31 @@
-"""JSON logs: one line per event on stdout with a stable ``action`` key and the service name."""
+"""JSON logs: one line per event on stdout with a stable ``action`` key and the service name,
+and ``request_id`` in every line written while an API request is served
+(:func:`request_id_context`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
 
 _RESERVED = set(vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()) | {"message"}
+_REQUEST_ID: ContextVar[str | None] = ContextVar("relay_request_id", default=None)
+
+
+@contextlib.contextmanager
+def request_id_context(request_id: str) -> Iterator[None]:
+    """Within the block (and the tasks it starts), log lines carry ``request_id``."""
+    token = _REQUEST_ID.set(request_id)
+    try:
+        yield
+    finally:
+        _REQUEST_ID.reset(token)
 
 
 class JsonFormatter(logging.Formatter):
@@ -28,6 +44,9 @@ class JsonFormatter(logging.Formatter):
             "service": self._service,
             "action": record.getMessage(),
         }
+        request_id = _REQUEST_ID.get()
+        if request_id is not None:
+            out["request_id"] = request_id
         for key, value in record.__dict__.items():
             if key not in _RESERVED and not key.startswith("_"):
                 out[key] = value

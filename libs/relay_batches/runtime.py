@@ -14,7 +14,10 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry
+
 from relay_batches.health import bound_port, start_health_server
+from relay_batches.metrics import service_registry
 from relay_batches.reach import EXIT_UNREACHABLE, Unreachable
 from relay_batches.settings import ConfigError, Settings
 
@@ -36,13 +39,15 @@ class Service(Protocol):
 ServiceFactory = Callable[[Settings, logging.Logger, contextlib.AsyncExitStack], Awaitable[Service]]
 
 
-async def _serve(factory: ServiceFactory, settings: Settings, log: logging.Logger) -> int:
+async def _serve(
+    factory: ServiceFactory, settings: Settings, log: logging.Logger, metrics: CollectorRegistry
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as resources:
-        return await _run(factory, settings, log, stop, resources)
+        return await _run(factory, settings, log, stop, resources, metrics)
 
 
 async def _run(
@@ -51,9 +56,12 @@ async def _run(
     log: logging.Logger,
     stop: asyncio.Event,
     resources: contextlib.AsyncExitStack,
+    metrics: CollectorRegistry,
 ) -> int:
     service = await factory(settings, log, resources)
-    runner = await start_health_server(settings.health_host, settings.health_port, service.ready)
+    runner = await start_health_server(
+        settings.health_host, settings.health_port, service.ready, metrics
+    )
     log.info("health_listening", extra={"port": bound_port(runner)})
     task = asyncio.create_task(service.run(stop), name="service-run")
     stop_wait = asyncio.create_task(stop.wait(), name="stop-wait")
@@ -101,7 +109,7 @@ def run_service(name: str, factory: ServiceFactory, *, env: dict[str, str] | Non
     shown = {"settings": settings.describe()} if settings.log_settings == "full" else {}
     log.info("starting", extra=shown)
     try:
-        code = run_loop(_serve(factory, settings, log), settings.event_loop)
+        code = run_loop(_serve(factory, settings, log, service_registry(name)), settings.event_loop)
     except ConfigError as exc:
         print(f"relay-{name}: configuration error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -27,6 +27,7 @@ from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
 from relay_batches.metrics import (
     AGGREGATOR_TRANSACTION_ROWS,
     AGGREGATOR_TRANSACTION_SECONDS,
+    JOB_TIME_TO_FINISH,
     JOB_TRANSITIONS,
     ROWS_RECORDED,
 )
@@ -259,9 +260,17 @@ class Aggregator:
         finished = [job for job in progress if job.terminal]
         for job in finished:
             JOB_TRANSITIONS.labels(job.status).inc()
+            JOB_TIME_TO_FINISH.labels(job.status).observe(job.age_s)
             log.info(
                 "job_finished",
-                extra={"batch_id": job.id, "status": job.status, "total": job.total},
+                extra={
+                    "batch_id": job.id,
+                    "status": job.status,
+                    "total": job.total,
+                    "completed": job.completed,
+                    "failed": job.failed,
+                    "seconds": round(job.age_s, 3),
+                },
             )
         await self._announce_finished(finished)
 

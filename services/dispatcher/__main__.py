@@ -11,6 +11,7 @@ from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_OVERTAKING, MAX_PRIORITY
 from relay_batches.ids import new_id
 from relay_batches.kit.periodic import every
+from relay_batches.ledger.backlog import BacklogStore
 from relay_batches.ledger.dispatch import DispatchStore
 from relay_batches.ledger.outbox import mark_finished_published
 from relay_batches.ledger.schema import ledger_readiness
@@ -18,6 +19,7 @@ from relay_batches.ledger.statistics import StatisticsKeeper
 from relay_batches.messages import JobEvent, SliceMessage
 from relay_batches.router.aliases import load_aliases
 from relay_batches.runtime import Service, run_service
+from relay_batches.services.dispatcher.backlog import backlog_pass
 from relay_batches.services.dispatcher.budget import alias_price
 from relay_batches.services.dispatcher.core import DispatchConfig, Dispatcher
 from relay_batches.services.dispatcher.lanes import LanePlanner
@@ -86,6 +88,11 @@ async def build(
         statistics=(
             every("statistics", settings.statistics_seconds, StatisticsKeeper(pool).refresh)
             if settings.statistics_seconds > 0
+            else None
+        ),
+        backlog=(
+            backlog_pass(BacklogStore(pool), owner, settings.backlog_seconds)
+            if settings.backlog_seconds > 0
             else None
         ),
     )

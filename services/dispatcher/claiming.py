@@ -9,7 +9,7 @@ import logging
 
 from relay_batches.ledger.dispatch import RunningJob
 from relay_batches.messages import JobEvent
-from relay_batches.metrics import JOB_TRANSITIONS
+from relay_batches.metrics import JOB_QUEUE_WAIT, JOB_TRANSITIONS
 from relay_batches.model import JobStatus
 from relay_batches.services.dispatcher.inflight import SendLog
 from relay_batches.services.dispatcher.release import Release
@@ -72,13 +72,15 @@ class Claiming(Release):
         if len(claimed) < room:
             # A queued job below what we release for its workspace would only park.
             floors = outranking_floors(o.job for o in self.jobs.values() if not o.exhausted)
-            claimed += await self._store.claim_queued(
+            queued = await self._store.claim_queued(
                 cfg.owner,
                 room - len(claimed),
                 cfg.lease_s,
                 cfg.max_running_per_workspace,
                 floors,
             )
+            observe_queue_wait(queued)
+            claimed += queued
         return claimed
 
     async def _claim_outranking(self) -> list[RunningJob]:
@@ -91,9 +93,11 @@ class Claiming(Release):
         if self._slots_taken() < cfg.max_running_jobs or room <= 0:
             return []
         floors = outranking_floors(owned.job for owned in self.jobs.values())
-        return await self._store.claim_outranking(
+        claimed = await self._store.claim_outranking(
             cfg.owner, floors, room, cfg.lease_s, cfg.max_running_per_workspace
         )
+        observe_queue_wait(claimed)
+        return claimed
 
     async def _adopt_all(self, claimed: list[RunningJob]) -> None:
         """Take every claimed job in, then top them up: each workspace's part of our
@@ -157,3 +161,12 @@ class Claiming(Release):
             await self._announce_failed(
                 JobEvent(job.id, JobStatus.FAILED, job.total, job.completed, job.failed)
             )
+
+
+def observe_queue_wait(claimed: list[RunningJob]) -> None:
+    """Observe each job's wait from its creation to this claim, its first: a job claimed
+    from ``queued`` that was never paused (a resumed job keeps its first claim's
+    ``started_at``, and was observed then)."""
+    for job in claimed:
+        if job.pauses == 0 and job.created_at is not None and job.started_at is not None:
+            JOB_QUEUE_WAIT.observe(max(0.0, (job.started_at - job.created_at).total_seconds()))

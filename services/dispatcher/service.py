@@ -35,9 +35,11 @@ def dispatcher_service(
     reconcile_s: float,
     grace_s: float,
     statistics: Periodic | None = None,
+    backlog: Periodic | None = None,
 ) -> BusService:
     """The dispatcher's declaration; ``statistics``: the statistics keeper's periodic
-    pass (:mod:`relay_batches.ledger.statistics`), if it runs."""
+    pass (:mod:`relay_batches.ledger.statistics`), ``backlog``: the backlog gauges' (see
+    :mod:`.backlog`), each if it runs."""
 
     async def on_canceled(event: JobEvent) -> None:
         await dispatcher.drop(event.batch_id)
@@ -70,7 +72,7 @@ def dispatcher_service(
         [events, heartbeats, wakeups],
         periodic=[
             every("reconcile", reconcile_s, dispatcher.reconcile),
-            *([statistics] if statistics is not None else []),
+            *(task for task in (statistics, backlog) if task is not None),
         ],
         ledger=ledger,
         grace_s=grace_s,

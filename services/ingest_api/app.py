@@ -4,8 +4,8 @@ The root application serves what needs no key (the probes, ``/openapi.json``, th
 panel) and mounts each surface as a sub-application at its prefix: the native API at
 ``/v1``, the OpenAI-compatible one at ``/openai/v1``, the Anthropic-compatible one at
 ``/anthropic/v1``. Each surface has its own middlewares: its error object, the schema
-gate and key auth; the root's are what is truly global (timing, and the native error
-object for its own routes).
+gate and key auth; the root's are what is truly global (the request id, timing, and the
+native error object for its own routes).
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ from relay_batches.services.ingest_api.edge.middleware import (
     log_stream_aborts_once,
     schema_middleware,
     timing_middleware,
+)
+from relay_batches.services.ingest_api.edge.request_id import (
+    request_id_middleware,
+    send_request_id,
 )
 from relay_batches.services.ingest_api.openapi import add_openapi_route
 from relay_batches.services.ingest_api.panel.routes import add_panel_routes
@@ -90,15 +94,16 @@ def build_app(
     served on the health port, not here."""
     log_stream_aborts_once()
     app = web.Application(
-        middlewares=[timing_middleware, error_middleware(native_error)],
+        middlewares=[request_id_middleware, timing_middleware, error_middleware(native_error)],
         client_max_size=deps.max_body_bytes + BODY_SLACK,  # the root's applies to all
     )
     app[DEPS] = deps
+    app.on_response_prepare.append(send_request_id)
     for prefix, shape, routes in SURFACES:
         app.add_subapp(prefix, surface_app(deps, shape, resolve_key, schema_current, routes))
     add_panel_routes(app)
     app.router.add_get("/", to_panel)
-    add_health_routes(app, ready, metrics=False)  # /metrics: the health port only
+    add_health_routes(app, ready)  # /metrics: the health port only
     add_openapi_route(app)
     return app
 

@@ -9,7 +9,6 @@ import aio_pika
 import asyncpg
 import orjson
 import pytest
-from prometheus_client import REGISTRY
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import (
@@ -26,6 +25,7 @@ from relay_batches.ledger.jobs import JobStore, NewJob
 from relay_batches.ledger.keys import KeyStore
 from relay_batches.ledger.outcomes import JobProgress, OutcomeStore
 from relay_batches.messages import JobEvent, OutcomesMessage, RowOutcome
+from relay_batches.metrics import AGGREGATOR, service_registry
 from relay_batches.services.aggregator.core import Aggregator
 from relay_batches.services.aggregator.service import aggregator_service
 from tests.helpers.support import AMQP_URL, Isolation, wait_until
@@ -247,7 +247,10 @@ async def test_unstorable_outcomes_are_dead_lettered_and_the_rest_of_the_chunk_i
         OutcomesMessage((outcome(unended, 7),)).encode(),
     ]
     dead_queue = bus.names.results_dead
-    before = REGISTRY.get_sample_value(DEAD_LETTERED_SAMPLE, {"queue": dead_queue}) or 0.0
+    before = (
+        service_registry(AGGREGATOR).get_sample_value(DEAD_LETTERED_SAMPLE, {"queue": dead_queue})
+        or 0.0
+    )
     for body in bodies:
         await bus.publish(bus.names.results, body, kind="results")
 
@@ -274,7 +277,9 @@ async def test_unstorable_outcomes_are_dead_lettered_and_the_rest_of_the_chunk_i
         results = await channel.declare_queue(bus.names.results, passive=True)
         assert results.declaration_result.message_count == 0
     assert sorted(dead) == sorted(bodies[::2])
-    after = REGISTRY.get_sample_value(DEAD_LETTERED_SAMPLE, {"queue": dead_queue})
+    after = service_registry(AGGREGATOR).get_sample_value(
+        DEAD_LETTERED_SAMPLE, {"queue": dead_queue}
+    )
     assert after == before + 2
 
 

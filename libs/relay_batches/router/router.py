@@ -49,6 +49,7 @@ from relay_batches.dialects.endpoints import CHAT, ENDPOINTS, RESPONSES
 from relay_batches.dialects.openai import upstream as openai
 from relay_batches.dialects.openai.endpoints import BodyWire
 from relay_batches.metrics import (
+    UPSTREAM_CALLS,
     UPSTREAM_FALLBACKS,
     UPSTREAM_FLEX_REFUSED,
     UPSTREAM_LATENCY,
@@ -145,6 +146,7 @@ class ModelRouter:
         self._cooldowns = cooldowns or Cooldowns(CooldownPolicy())
         self._limiter: Limiter = limiter or NoLimiter()
         self._latency: dict[str, Any] = {}
+        self._calls: dict[tuple[str, str], Any] = {}
         self._realtime: dict[str, tuple[Deployment, ...]] = {}
 
     async def complete(
@@ -215,6 +217,14 @@ class ModelRouter:
             metric = self._latency[deployment.name] = UPSTREAM_LATENCY.labels(deployment.name)
         return metric
 
+    def _calls_of(self, deployment: str, outcome: str) -> Any:
+        """The deployment's call counter of ``outcome``, looked up once (hot path)."""
+        key = (deployment, outcome)
+        metric = self._calls.get(key)
+        if metric is None:
+            metric = self._calls[key] = UPSTREAM_CALLS.labels(deployment, outcome)
+        return metric
+
     async def _try_deployment(
         self,
         deployment: Deployment,
@@ -243,6 +253,7 @@ class ModelRouter:
                 await self._limiter.acquire(deployment.name, estimate)
             attempt = await self._call(deployment, provider, request, workspace)
             calls += 1
+            self._calls_of(deployment.name, _call_outcome(attempt)).inc()
             if limited or attempt.throttled:
                 await self._account(deployment.name, attempt, cap, estimate, limited)
             if attempt.reply is not None:
@@ -328,3 +339,8 @@ class ModelRouter:
             retry_after=parse_retry_after(retry_after),
             status=status,
         )
+
+
+def _call_outcome(attempt: _Attempt) -> str:
+    """``ok`` for a call that brought an answer, ``error`` for any other."""
+    return "ok" if attempt.reply is not None and attempt.reply.completion is not None else "error"

@@ -322,6 +322,11 @@ class Settings:
         "Interval of the dispatcher's statistics keeper, which analyzes the ledger's row "
         "tables once Relay changed them enough since their last analyze (`0`: off).",
     )  # fmt: skip
+    backlog_seconds: float = setting(
+        "RELAY_BACKLOG_SECONDS", Number(), 5.0, TUNING, (DISPATCHER,),
+        "Interval of the backlog gauges (`relay_backlog_*`): one dispatcher at a time (a "
+        "lease in the ledger) reads the unfinished jobs' counters (`0`: off).",
+    )  # fmt: skip
     heartbeat_seconds: float = setting(
         "RELAY_HEARTBEAT_SECONDS", POSITIVE, 2.0, TUNING, (ROW_WORKER,),
         "How often a row-worker reports the rows it holds (a report lasts 3× this).",

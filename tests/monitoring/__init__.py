@@ -1,0 +1,1 @@
+"""The monitoring files of ``deploy/monitoring`` and their checks (``make monitoring-check``)."""
