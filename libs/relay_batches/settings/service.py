@@ -65,11 +65,14 @@ class Settings:
         "RELAY_DATABASE_URL", Url(), "postgresql://postgres@127.0.0.1:5432/relay",
         ESSENTIALS, (*SERVICES, RELAY, RELAY_DEV),
         "The ledger: a Postgres connection URL (a row-worker only reads which rows of a "
-        "redelivered slice have an outcome).",
+        "redelivered slice have an outcome); with a standby, every host and "
+        "`target_session_attrs=read-write` (`postgresql://u@db-1:5432,db-2:5432/relay"
+        "?target_session_attrs=read-write`): connections go to whichever is primary.",
     )  # fmt: skip
     amqp_url: str = setting(
         "RELAY_AMQP_URL", Url(), "amqp://guest:guest@127.0.0.1:5672/", ESSENTIALS, ALL,
-        "The broker: a RabbitMQ URL (`amqps://` for TLS).",
+        "The broker: a RabbitMQ URL (`amqps://` for TLS), or one per node of a cluster, "
+        "comma-separated: a service whose node goes moves to the next one.",
     )  # fmt: skip
     namespace: str = setting(
         "RELAY_NAMESPACE", Namespace(), "relay", ESSENTIALS, ALL,
