@@ -184,6 +184,7 @@ async def faults_and_checks(
                           system, http, ids, FIRST_FAULT_AT)  # fmt: skip
     await node_back(record, cluster, rows_node, [names.rows, names.dispatch])
     faults.append(record)
+    report["faults"] = [asdict(f) for f in faults]
 
     shard = names.results_shard(results_shard(ids[0], SHARDS))
     leader = await asyncio.to_thread(cluster.leader_of, shard)
@@ -191,6 +192,7 @@ async def faults_and_checks(
                           system, http, ids, record.rows_done + STEP)  # fmt: skip
     await node_back(record, cluster, leader, [names.rows, names.dispatch])
     faults.append(record)
+    report["faults"] = [asdict(f) for f in faults]
 
     record = await strike("postgres failover", f"standby :{pair.ports[1]} promoted",
                           fail_over(pair), system, http, ids, record.rows_done + STEP)  # fmt: skip
@@ -287,6 +289,8 @@ def write_report(report: dict[str, Any]) -> None:
     (OUTPUT / "report.json").write_bytes(body)
     print_table(report)
     print(f"report: {OUTPUT / 'report.json'}; ok: {report['ok']}")
+    if "error" in report:
+        print(f"failed: {report['error']}")
 
 
 async def main() -> int:
