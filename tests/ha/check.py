@@ -56,6 +56,8 @@ LATENCY_MS = int(os.environ.get("RELAY_HA_LATENCY_MS", "100"))
 SHARDS = 4  # RELAY_RESULTS_SHARDS' default
 FIRST_FAULT_AT = 600  # rows done before the first fault
 STEP = 400  # rows done between faults
+# What docs/operations/high-availability.md asks of a cluster's services.
+CLUSTER_ENV = {"RELAY_QUEUE_TYPE": "quorum", "RELAY_REDELIVERY_WAIT_S": "10"}
 CRON_GRACE_S = 20  # a tick this close to the cancel may not have spawned its run yet
 
 
@@ -67,7 +69,7 @@ def ha_system(iso: Isolation, log_dir: Path, amqp_url: str) -> System:
         log_dir,
         workers=2,
         sim_env={"RELAY_SIM_LATENCY_MS": str(LATENCY_MS)},
-        **(CHAOS_ENV | {"RELAY_AMQP_URL": amqp_url, "RELAY_QUEUE_TYPE": "quorum"}),
+        **(CHAOS_ENV | CLUSTER_ENV | {"RELAY_AMQP_URL": amqp_url}),
     )
     for name in SERVICES:
         if name == "row-worker":

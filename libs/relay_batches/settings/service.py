@@ -142,6 +142,12 @@ class Settings:
         "Interval of the dispatcher's claim scan, the aggregator's outbox scan and the "
         "notifier's takeover pass.",
     )  # fmt: skip
+    redelivery_wait_s: float = setting(
+        "RELAY_REDELIVERY_WAIT_S", POSITIVE, 4.0, TUNING, (ROW_WORKER,),
+        "How long a row-worker waits before asking the ledger which rows of a slice that "
+        "came back have an outcome (its former holder's answers on their way); on a broker "
+        "cluster, above the results queues' leader election (10 s).",
+    )  # fmt: skip
     results_flush_ms: float = setting(
         "RELAY_RESULTS_FLUSH_MS", POSITIVE, 25.0, TUNING, (ROW_WORKER,),
         "Longest a row-worker holds a shard's outcomes while more are arriving fast.",
