@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 
 .PHONY: setup run test unit deploy integration e2e chaos fuzz lint typecheck format migrate clean bench browser \
-	container-check lock config-docs docs monitoring-check prometheus
+	container-check lock config-docs docs monitoring-check prometheus ha-check
 
 setup: $(STAMP)
 
@@ -79,6 +79,12 @@ monitoring-check: setup prometheus
 # this run's own connections instead. Reports: test-output/chaos/*.json.
 chaos: setup
 	RELAY_CHAOS_SERVERS=$${RELAY_CHAOS_SERVERS:-restart} $(PYTEST) tests/chaos
+
+# Relay on a three-node RabbitMQ cluster and a Postgres primary with a hot standby (its
+# own servers on their own ports, removed afterwards): broker nodes killed and the
+# database failed over mid-batch; report in test-output/ha/.
+ha-check: setup
+	$(BIN)/python -m tests.ha.check
 
 # Schemathesis against a live ingest-api, far longer than the bounded run in `make test`,
 # with a random seed (RELAY_FUZZ_SEED=n to replay one). Report in test-output/openapi/.

@@ -105,6 +105,7 @@ async def build(
         runner.handle_slice,
         answered,
         lambda batch_id, indexes: answered_rows(ledger, batch_id, indexes),
+        wait_s=settings.redelivery_wait_s,
     )
     prefetch = rows_prefetch(settings.batch_concurrency, settings.slice_rows)
     log.info(

@@ -52,7 +52,9 @@ log = logging.getLogger("relay.row_worker")
 
 # Long enough for a former holder that lost its connection to reconnect (clients retry
 # every RECONNECT_INTERVAL_S, 2 s), publish the answers it kept and the aggregator to
-# record them; a redelivered slice's rows start that much later.
+# record them; a redelivered slice's rows start that much later. RELAY_REDELIVERY_WAIT_S
+# (this by default): on a broker cluster the kept answers also wait for a new leader of
+# their results queue when the old one's node was lost.
 REDELIVERY_WAIT_S = 4.0
 LEDGER_WAIT_S = 60.0
 LEDGER_RETRY_S = 1.0

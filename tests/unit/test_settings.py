@@ -334,3 +334,16 @@ def test_the_ingest_api_refuses_a_pool_long_stores_could_take_whole(tmp_path: Pa
 def test_lowering_only_the_body_limit_lowers_the_json_limit_with_it() -> None:
     settings = Settings.from_env({"RELAY_MAX_BODY_BYTES": str(64 * 1024 * 1024)})
     assert (settings.max_body_bytes, settings.max_json_body_bytes) == (64 << 20, 64 << 20)
+
+
+def test_describe_masks_every_password_of_a_cluster_and_a_standby() -> None:
+    settings = Settings(
+        amqp_url="amqp://relay:one@mq-1:5672/,amqp://relay:two@mq-2:5672/",
+        database_url="postgresql://relay:three@db-1:5432,db-2:5432/relay"
+        "?target_session_attrs=read-write",
+    )
+    described = settings.describe()
+    assert described["amqp_url"] == "amqp://relay:***@mq-1:5672/,amqp://relay:***@mq-2:5672/"
+    assert described["database_url"] == (
+        "postgresql://relay:***@db-1:5432,db-2:5432/relay?target_session_attrs=read-write"
+    )

@@ -63,7 +63,7 @@ def test_every_section_is_a_heading_with_a_table_operator_settings_first() -> No
 
 def test_each_variable_is_declared_once_with_a_doc_a_section_and_its_readers() -> None:
     names = [declared.env for declared in every_setting()]
-    assert len(names) == len(set(names)) == 94
+    assert len(names) == len(set(names)) == 95
     readers = {*SERVICES, RELAY, RELAY_BATCH, RELAY_DEV, UPSTREAM_SIM}
     for declared in every_setting():
         assert NAME.fullmatch(declared.env), declared.env

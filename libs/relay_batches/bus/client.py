@@ -2,7 +2,9 @@
 
 After the broker restarts (or closes the connection), aio-pika reconnects and restores
 every channel, queue, binding and consumer this bus declared; :meth:`Bus.ready` is
-False from the moment the connection drops until that restore is complete.
+False from the moment the connection drops until that restore is complete. Given several
+broker addresses (the nodes of a cluster), the connection moves to the next one when
+its node goes (:mod:`relay_batches.bus.cluster`).
 
 Settling deliveries (the ack policy) is :mod:`relay_batches.kit.settle`'s job.
 """
@@ -26,6 +28,7 @@ from aio_pika.abc import (
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, ChannelNotFoundEntity
 from aiormq.exceptions import ChannelLockedResource
 
+from relay_batches.bus.cluster import connect_cluster
 from relay_batches.bus.topology import (
     Names,
     check_shard_count,
@@ -77,7 +80,7 @@ class Bus:
         broker that cannot be reached is :class:`~relay_batches.reach.Unreachable`.
         """
         async with reaching(BROKER, self._url):
-            connection = await aio_pika.connect_robust(
+            connection = await connect_cluster(
                 self._url,
                 timeout=CONNECT_TIMEOUT_S,
                 reconnect_interval=RECONNECT_INTERVAL_S,

@@ -419,7 +419,10 @@ def grouped(value: float) -> str:
 
 
 def mask_url(url: str) -> str:
-    """``url`` with the password of its credentials replaced by ``***``."""
+    """``url`` with the password of its credentials replaced by ``***`` (each URL's, in a
+    comma-separated list of them: a broker's nodes)."""
+    if "," in url:
+        return ",".join(mask_url(part) for part in url.split(","))
     if "@" not in url or "://" not in url:
         return url
     scheme, rest = url.split("://", 1)

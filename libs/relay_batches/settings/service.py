@@ -66,11 +66,14 @@ class Settings:
         "RELAY_DATABASE_URL", Url(), "postgresql://postgres@127.0.0.1:5432/relay",
         ESSENTIALS, (*SERVICES, RELAY, RELAY_DEV),
         "The ledger: a Postgres connection URL (a row-worker only reads which rows of a "
-        "redelivered slice have an outcome).",
+        "redelivered slice have an outcome); with a standby, every host and "
+        "`target_session_attrs=read-write` (`postgresql://u@db-1:5432,db-2:5432/relay"
+        "?target_session_attrs=read-write`): connections go to whichever is primary.",
     )  # fmt: skip
     amqp_url: str = setting(
         "RELAY_AMQP_URL", Url(), "amqp://guest:guest@127.0.0.1:5672/", ESSENTIALS, ALL,
-        "The broker: a RabbitMQ URL (`amqps://` for TLS).",
+        "The broker: a RabbitMQ URL (`amqps://` for TLS), or one per node of a cluster, "
+        "comma-separated: a service whose node goes moves to the next one.",
     )  # fmt: skip
     namespace: str = setting(
         "RELAY_NAMESPACE", Namespace(), "relay", ESSENTIALS, ALL,
@@ -139,6 +142,12 @@ class Settings:
         "RELAY_RECONCILE_SECONDS", POSITIVE, 2.0, TUNING, (DISPATCHER, AGGREGATOR, NOTIFIER),
         "Interval of the dispatcher's claim scan, the aggregator's outbox scan and the "
         "notifier's takeover pass.",
+    )  # fmt: skip
+    redelivery_wait_s: float = setting(
+        "RELAY_REDELIVERY_WAIT_S", POSITIVE, 4.0, TUNING, (ROW_WORKER,),
+        "How long a row-worker waits before asking the ledger which rows of a slice that "
+        "came back have an outcome (its former holder's answers on their way); on a broker "
+        "cluster, above the results queues' leader election (10 s).",
     )  # fmt: skip
     results_flush_ms: float = setting(
         "RELAY_RESULTS_FLUSH_MS", POSITIVE, 25.0, TUNING, (ROW_WORKER,),
