@@ -32,11 +32,15 @@ async def announce_finished(
     await mark_published([event.batch_id for event in events])
 
 
-async def wake_dispatcher(bus: Bus, job_id: str, priority: int) -> None:
-    """Tell a dispatcher that job ``job_id`` is queued, at the job's broker priority."""
+async def wake_dispatcher(
+    bus: Bus, job_id: str, priority: int, *, trace: str | None = None
+) -> None:
+    """Tell a dispatcher that job ``job_id`` is queued, at the job's broker priority (with
+    the job's trace context, if it is traced)."""
     await bus.publish(
         bus.names.dispatch,
         DispatchWakeup(job_id, priority).encode(),
         kind="dispatch",
         priority=broker_priority(priority),
+        trace=trace,
     )

@@ -207,6 +207,7 @@ class Job:
     rate_window_done: int = 0
     pauses: int = 0  # how many times it was paused (slices carry it, see row_worker.controls)
     endpoint: str = "/v1/chat/completions"  # the OpenAI endpoint its rows are bodies of
+    traceparent: str | None = None  # its W3C trace context, if traced (relay_batches.tracing)
 
     @classmethod
     def from_record(cls, record: Any) -> Job:

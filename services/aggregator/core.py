@@ -31,6 +31,7 @@ from relay_batches.metrics import (
     ROWS_RECORDED,
 )
 from relay_batches.model import JobStatus
+from relay_batches.services.aggregator.traced import record_spans
 
 log = logging.getLogger("relay.aggregator")
 
@@ -88,9 +89,10 @@ class Aggregator:
 
     async def record(self, outcomes: Sequence[RowOutcome]) -> list[JobProgress]:
         """Record one chunk and announce its effect; return the jobs' new counters."""
-        started = time.perf_counter()
+        started, started_ns = time.perf_counter(), time.time_ns()
         progress = await self._store.record(outcomes)
         _observe_transaction(outcomes, time.perf_counter() - started)
+        record_spans(progress, started_ns, time.time_ns())
         for job in progress:
             ROWS_RECORDED.labels("content").inc(job.new_completed)
             ROWS_RECORDED.labels("error").inc(job.new_failed)

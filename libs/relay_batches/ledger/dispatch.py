@@ -19,7 +19,7 @@ from relay_batches.model import JobStatus, allowed_from
 _JOB_COLUMNS = (
     "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params,"
     " workspace_id, expires_at, budget_exceeded_at, offload_deployment, budget_usd, cost_usd,"
-    " pauses"
+    " pauses, traceparent"
 )
 # Whether rows a row-worker handed back (a pause) wait to be released again.
 _RETURNED = (
@@ -49,6 +49,7 @@ class RunningJob:
     budget_usd: float | None = None  # its budget, if any (such a job is never offloaded)
     cost_usd: float = 0.0  # the cost of its outcomes recorded so far
     pauses: int = 0  # how many times it was paused: its slices carry it
+    traceparent: str | None = None  # its trace context, if traced (relay_batches.tracing)
     returned: bool = False  # rows handed back unstarted wait to be released again
 
     @property

@@ -121,7 +121,7 @@ UPDATE batches b SET
     lease_owner = CASE WHEN c.ends THEN NULL ELSE b.lease_owner END
 FROM moved c WHERE b.id = c.batch_id
 RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad, c.owner,
-          b.budget_exceeded_at IS NOT NULL, b.pauses
+          b.budget_exceeded_at IS NOT NULL, b.pauses, b.traceparent
 """.format(held_error=_BUDGET_JOB_ERROR.format(what="started"))
 
 # The budget settle, one step: one job its budget stopped, that has rows never released
@@ -173,7 +173,8 @@ UPDATE batches b SET
     completed_at = CASE WHEN m.ends THEN now() ELSE b.completed_at END,
     lease_owner = CASE WHEN m.ends THEN NULL ELSE b.lease_owner END
 FROM moved m WHERE b.id = $1
-RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad, m.owner, false, b.pauses
+RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad, m.owner, false, b.pauses,
+          b.traceparent
 """.format(withheld_error=_BUDGET_JOB_ERROR.format(what="released"))
 SETTLE_STEP_ROWS = 10_000
 
@@ -192,6 +193,7 @@ class JobProgress:
     owner: str | None = None  # the dispatcher whose lease the job was under, if any
     budget_stopped: bool = False  # its budget stopped it (this chunk's cost, or before)
     pauses: int = 0  # how many times it was paused
+    traceparent: str | None = None  # its trace context, if traced (relay_batches.tracing)
 
     @property
     def terminal(self) -> bool:
@@ -329,8 +331,8 @@ class OutcomeStore:
 
 def _progress(record: asyncpg.Record) -> JobProgress:
     """A :class:`JobProgress` from ``(id, status, total, completed, failed[, ok, bad,
-    owner, budget_stopped, pauses])``."""
-    return JobProgress(record[0], JobStatus(record[1]), *record[2:10])
+    owner, budget_stopped, pauses, traceparent])``."""
+    return JobProgress(record[0], JobStatus(record[1]), *record[2:11])
 
 
 def _refuse_out_of_range(outcomes: Sequence[RowOutcome], totals: dict[str, int]) -> None:
