@@ -104,6 +104,8 @@ def run_service(name: str, factory: ServiceFactory, *, env: dict[str, str] | Non
     log = setup_logging(name, settings.log_level)
     shown = {"settings": settings.describe()} if settings.log_settings == "full" else {}
     log.info("starting", extra=shown)
+    if stop_tracing is not None:
+        log.info("tracing_on")  # OTEL_* turned traces on (docs/operations/tracing.md)
     try:
         code = run_loop(_serve(factory, settings, log), settings.event_loop)
     except ConfigError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from contextvars import Token
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -76,7 +77,7 @@ def with_trace(headers: Mapping[str, str] | None, traceparent: str | None) -> di
     return {**(headers or {}), HEADER: traceparent}
 
 
-def attach_delivered(headers: Mapping[str, Any] | None) -> object | None:
+def attach_delivered(headers: Mapping[str, Any] | None) -> Token[otel_context.Context] | None:
     """Make the context a delivery's headers carry current (the kit's consumer, around
     its handler); a token for :func:`detach`, or None when there is none to attach."""
     if _STATE.tracer is None or not headers:
@@ -90,10 +91,10 @@ def attach_delivered(headers: Mapping[str, Any] | None) -> object | None:
     return None if parent is None else otel_context.attach(parent)
 
 
-def detach(token: object | None) -> None:
+def detach(token: Token[otel_context.Context] | None) -> None:
     """Undo :func:`attach_delivered`."""
     if token is not None:
-        otel_context.detach(token)  # type: ignore[arg-type]
+        otel_context.detach(token)
 
 
 @contextlib.contextmanager
