@@ -14,13 +14,15 @@ from relay_batches.ledger.outcomes import JobProgress
 from relay_batches.tracing import SpanKind, enabled, finished_span
 
 
-def record_spans(progress: Sequence[JobProgress], started_ns: int, ended_ns: int) -> None:
-    """A ``record`` span from ``started_ns`` to ``ended_ns`` for each traced job of a chunk."""
+def record_spans(progress: Sequence[JobProgress], started_ns: int, ended_ns: int) -> dict[str, str]:
+    """A ``record`` span from ``started_ns`` to ``ended_ns`` for each traced job of a
+    chunk; each span's ``traceparent`` by job id (what the job's events then carry)."""
+    traces: dict[str, str] = {}
     if not enabled():
-        return
+        return traces
     for job in progress:
         if job.traceparent:
-            finished_span(
+            recorded = finished_span(
                 "record",
                 job.traceparent,
                 started_ns,
@@ -38,3 +40,6 @@ def record_spans(progress: Sequence[JobProgress], started_ns: int, ended_ns: int
                     "messaging.operation.type": "process",
                 },
             )
+            if recorded is not None:
+                traces[job.id] = recorded
+    return traces

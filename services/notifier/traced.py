@@ -1,7 +1,8 @@
 """The notifier's span of a traced job: the POST of its completion webhook.
 
-A CLIENT span under the job's stored trace context (so the same whether the POST is the
-first, a retry or a redelivery), with the HTTP conventions' attributes (the receiver's
+A CLIENT span in the job's trace (under the aggregator's span that ended the job when
+the ``job.finished`` event carried it, else under the job's stored context: a retry, a
+redelivery), with the HTTP conventions' attributes (the receiver's
 address, never its path or query, which may hold a token) and the attempt's number. The
 POST carries the span's W3C ``traceparent`` header, so a receiver that traces continues
 the job's trace. Untraced jobs (or tracing off) POST as before.
@@ -15,7 +16,15 @@ from urllib.parse import urlsplit
 
 from opentelemetry.trace import StatusCode
 
-from relay_batches.tracing import SpanKind, enabled, job_span, traceparent_of, with_trace
+from relay_batches.tracing import (
+    SpanKind,
+    current_traceparent,
+    enabled,
+    in_traced_job,
+    job_span,
+    traceparent_of,
+    with_trace,
+)
 
 
 class _Result(Protocol):
@@ -41,13 +50,18 @@ async def traced_post(
     batch_id: str,
 ) -> R:
     """``post(url, body, headers)``, in a ``webhook POST`` span of the job whose
-    ``trace`` it is (just the POST when there is none)."""
-    if trace is None or not enabled():
+    ``trace`` it is (just the POST when there is none). Its parent is the context the
+    ``job.finished`` being handled carried (the aggregator's ``record`` that ended the
+    job), else (a retry, a deferred or taken-over delivery) the job's stored one."""
+    if not enabled():
+        return await post(url, body, headers)
+    parent = current_traceparent() if in_traced_job() else trace
+    if parent is None:
         return await post(url, body, headers)
     parts = urlsplit(url)
     with job_span(
         "webhook POST",
-        trace,
+        parent,
         kind=SpanKind.CLIENT,
         attributes={
             "http.request.method": "POST",

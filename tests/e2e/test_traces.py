@@ -165,9 +165,11 @@ async def test_a_sampled_job_is_one_trace_from_submit_to_webhook(
     assert sum(r.attributes["relay.rows"] for r in records) == ROWS
     assert [r.attributes["relay.finished"] for r in records].count(True) == 1
 
-    # The webhook POST is the notifier's CLIENT span; the receiver got its traceparent.
+    # The webhook POST is the notifier's CLIENT span, under the recording that ended the
+    # job (whose context job.finished carried); the receiver got the POST's traceparent.
     (post,) = [s for s in spans if s.name == "webhook POST"]
-    assert (post.service, post.kind, post.parent_id) == ("relay-notifier", CLIENT, submit.span_id)
+    (ended,) = [r for r in records if r.attributes["relay.finished"]]
+    assert (post.service, post.kind, post.parent_id) == ("relay-notifier", CLIENT, ended.span_id)
     assert post.attributes["http.response.status_code"] == 204
     assert webhook_headers["traceparent"].split("-")[1:3] == [trace_id, post.span_id]
 
