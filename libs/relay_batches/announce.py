@@ -12,31 +12,66 @@ single.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol
 
 from relay_batches.bus.client import Bus
 from relay_batches.bus.topology import EVENT_FINISHED, broker_priority
 from relay_batches.messages import DispatchWakeup, JobEvent
 
-PublishEvent = Callable[[str, bytes], Awaitable[None]]
 MarkPublished = Callable[[list[str]], Awaitable[None]]
 
 
-async def announce_finished(
-    publish: PublishEvent, mark_published: MarkPublished, events: Sequence[JobEvent]
+class PublishEvent(Protocol):
+    """Publish a job event (confirmed); ``trace``: the W3C context of the traced job it
+    is about, passed only when there is one (see :func:`publish_about`)."""
+
+    def __call__(
+        self, routing_key: str, body: bytes, *, trace: str | None = None
+    ) -> Awaitable[None]:
+        """Publish ``body`` with ``routing_key``."""
+        ...
+
+
+async def publish_about(
+    publish: PublishEvent, routing_key: str, body: bytes, trace: str | None
 ) -> None:
-    """Publish ``job.finished`` for each event, then record that they went out."""
+    """Publish an event about one job, carrying its trace context if it has one."""
+    if trace is None:
+        await publish(routing_key, body)
+    else:
+        await publish(routing_key, body, trace=trace)
+
+
+async def announce_finished(
+    publish: PublishEvent,
+    mark_published: MarkPublished,
+    events: Sequence[JobEvent],
+    traces: Mapping[str, str] | None = None,
+) -> None:
+    """Publish ``job.finished`` for each event (with its job's trace context of
+    ``traces``, by job id, if any), then record that they went out."""
     if not events:
         return
-    await asyncio.gather(*(publish(EVENT_FINISHED, event.encode()) for event in events))
+    known = traces or {}
+    await asyncio.gather(
+        *(
+            publish_about(publish, EVENT_FINISHED, event.encode(), known.get(event.batch_id))
+            for event in events
+        )
+    )
     await mark_published([event.batch_id for event in events])
 
 
-async def wake_dispatcher(bus: Bus, job_id: str, priority: int) -> None:
-    """Tell a dispatcher that job ``job_id`` is queued, at the job's broker priority."""
+async def wake_dispatcher(
+    bus: Bus, job_id: str, priority: int, *, trace: str | None = None
+) -> None:
+    """Tell a dispatcher that job ``job_id`` is queued, at the job's broker priority (with
+    the job's trace context, if it is traced)."""
     await bus.publish(
         bus.names.dispatch,
         DispatchWakeup(job_id, priority).encode(),
         kind="dispatch",
         priority=broker_priority(priority),
+        trace=trace,
     )

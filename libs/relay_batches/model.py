@@ -219,6 +219,7 @@ class Job:
     cost_realtime_usd: float = 0.0
     late_answers: int = 0
     lane_plan: str | None = None
+    traceparent: str | None = None  # its W3C trace context, if traced (relay_batches.tracing)
 
     @classmethod
     def from_record(cls, record: Any) -> Job:

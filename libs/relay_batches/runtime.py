@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -20,6 +21,7 @@ from relay_batches.health import bound_port, start_health_server
 from relay_batches.metrics import service_registry
 from relay_batches.reach import EXIT_UNREACHABLE, Unreachable
 from relay_batches.settings import ConfigError, Settings
+from relay_batches.tracing import setup_tracing
 
 # After the grace period a service has this long to cancel what is left and close, then
 # the process exits 1 (Kubernetes' terminationGracePeriodSeconds must cover both).
@@ -95,19 +97,23 @@ def run_loop(main: Coroutine[Any, Any, int], event_loop: str) -> int:
 
 
 def run_service(name: str, factory: ServiceFactory, *, env: dict[str, str] | None = None) -> None:
-    """Entry point body for ``relay-<name>``: read settings, set up logging, run, exit
-    (2 on a configuration error, or when Postgres or RabbitMQ cannot be reached at
+    """Entry point body for ``relay-<name>``: read settings, set up logging and tracing
+    (:mod:`relay_batches.tracing`: off unless ``OTEL_*`` turns it on), run, exit (2 on a
+    configuration error, or when Postgres or RabbitMQ cannot be reached at
     start-up: one line on stderr)."""
     from relay_batches.logging import setup_logging
 
     try:
         settings = Settings.from_env(env)
+        stop_tracing = setup_tracing(name, os.environ if env is None else env)
     except ConfigError as exc:
         print(f"relay-{name}: configuration error: {exc}", file=sys.stderr)
         sys.exit(2)
     log = setup_logging(name, settings.log_level)
     shown = {"settings": settings.describe()} if settings.log_settings == "full" else {}
     log.info("starting", extra=shown)
+    if stop_tracing is not None:
+        log.info("tracing_on")  # OTEL_* turned traces on (docs/operations/tracing.md)
     try:
         code = run_loop(_serve(factory, settings, log, service_registry(name)), settings.event_loop)
     except ConfigError as exc:
@@ -122,4 +128,6 @@ def run_service(name: str, factory: ServiceFactory, *, env: dict[str, str] | Non
         print(f"relay-{name}: stopped by an error: {exc!r}", file=sys.stderr)
         sys.exit(1)
     log.info("stopped", extra={"exit_code": code})
+    if stop_tracing is not None:
+        stop_tracing()  # the spans still queued go out before the process does
     sys.exit(code)

@@ -10,11 +10,11 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from relay_batches.announce import announce_finished
+from relay_batches.announce import PublishEvent, announce_finished, publish_about
 from relay_batches.bus.topology import (
     EVENT_BUDGET_STOPPED,
     EVENT_CANCELED,
@@ -32,10 +32,10 @@ from relay_batches.metrics import (
     ROWS_RECORDED,
 )
 from relay_batches.model import JobStatus
+from relay_batches.services.aggregator.traced import record_spans
 
 log = logging.getLogger("relay.aggregator")
 
-PublishEvent = Callable[[str, bytes], Awaitable[None]]
 CANCEL_REPEAT_S = 5.0
 CANCEL_MEMORY = 10_000
 SETTLE_PASS_S = 1.0  # budget settle steps run for at most this long per outbox pass
@@ -89,13 +89,14 @@ class Aggregator:
 
     async def record(self, outcomes: Sequence[RowOutcome]) -> list[JobProgress]:
         """Record one chunk and announce its effect; return the jobs' new counters."""
-        started = time.perf_counter()
+        started, started_ns = time.perf_counter(), time.time_ns()
         progress = await self._store.record(outcomes)
         _observe_transaction(outcomes, time.perf_counter() - started)
+        traces = record_spans(progress, started_ns, time.time_ns())
         for job in progress:
             ROWS_RECORDED.labels("content").inc(job.new_completed)
             ROWS_RECORDED.labels("error").inc(job.new_failed)
-        await self._announce(progress, mean_latencies(outcomes))
+        await self._announce(progress, mean_latencies(outcomes), traces)
         recorded = {job.id for job in progress}
         unrecorded = sorted({o.batch_id for o in outcomes} - recorded)
         if unrecorded:
@@ -244,12 +245,22 @@ class Aggregator:
         return len(jobs)
 
     async def _announce(
-        self, progress: list[JobProgress], latencies: Mapping[str, float] | None = None
+        self,
+        progress: list[JobProgress],
+        latencies: Mapping[str, float] | None = None,
+        traces: Mapping[str, str] | None = None,
     ) -> None:
-        paces = latencies or {}
+        """Publish the jobs' progress (and each finished job's end); ``traces``: the
+        context each traced job's events carry (its ``record`` span's), by job id."""
+        paces, known = latencies or {}, traces or {}
         await asyncio.gather(
             *(
-                self._publish(progress_key(j.owner), _event(j, paces.get(j.id, 0.0)).encode())
+                publish_about(
+                    self._publish,
+                    progress_key(j.owner),
+                    _event(j, paces.get(j.id, 0.0)).encode(),
+                    known.get(j.id),
+                )
                 for j in progress
                 if j.owner
             ),
@@ -272,11 +283,13 @@ class Aggregator:
                     "seconds": round(job.age_s, 3),
                 },
             )
-        await self._announce_finished(finished)
+        await self._announce_finished(finished, known)
 
-    async def _announce_finished(self, jobs: list[JobProgress]) -> None:
+    async def _announce_finished(
+        self, jobs: list[JobProgress], traces: Mapping[str, str] | None = None
+    ) -> None:
         await announce_finished(
-            self._publish, self._store.mark_finished_published, [_event(j) for j in jobs]
+            self._publish, self._store.mark_finished_published, [_event(j) for j in jobs], traces
         )
 
 

@@ -41,8 +41,10 @@ async def build(
     await bus.connect()
     resources.push_async_callback(bus.close)
 
-    async def publish_slice(job_slice: SliceMessage, level: int) -> None:
-        await bus.publish(bus.names.rows, job_slice.encode(), kind="rows", priority=level)
+    async def publish_slice(job_slice: SliceMessage, level: int, trace: str | None = None) -> None:
+        await bus.publish(
+            bus.names.rows, job_slice.encode(), kind="rows", priority=level, trace=trace
+        )
 
     async def announce_failed(event: JobEvent) -> None:
         await announce_finished(

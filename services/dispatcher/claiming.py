@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from relay_batches.ledger.dispatch import RunningJob
 from relay_batches.messages import JobEvent
@@ -20,6 +21,7 @@ from relay_batches.services.dispatcher.sharing import (
     releasing,
 )
 from relay_batches.services.dispatcher.state import OwnedJob
+from relay_batches.services.dispatcher.traced import claim_span
 
 log = logging.getLogger("relay.dispatcher")
 
@@ -39,14 +41,15 @@ class Claiming(Release):
     async def _claim(self) -> int:
         if self._stopped:
             return 0
+        started_ns = time.time_ns()  # a traced job's claim span starts here
         claimed = await self._claim_into_room()
-        await self._adopt_all(claimed)
+        await self._adopt_all(claimed, started_ns)
         outranking = await self._claim_outranking()
-        await self._adopt_all(outranking)
+        await self._adopt_all(outranking, started_ns)
         if outranking:
             # The jobs they outrank are parked now: their slots go round the workspaces.
             more = await self._claim_into_room()
-            await self._adopt_all(more)
+            await self._adopt_all(more, started_ns)
             claimed += more
         return len(claimed) + len(outranking)
 
@@ -99,14 +102,14 @@ class Claiming(Release):
         observe_queue_wait(claimed)
         return claimed
 
-    async def _adopt_all(self, claimed: list[RunningJob]) -> None:
+    async def _adopt_all(self, claimed: list[RunningJob], started_ns: int) -> None:
         """Take every claimed job in, then top them up: each workspace's part of our
         window is sized by every workspace we release for, so none is released under
         a part that a job claimed with it would have shrunk."""
         adopted = [
             owned
             for job in sorted(claimed, key=lambda j: -j.priority)
-            if job.id not in self.jobs and (owned := await self._adopt(job)) is not None
+            if job.id not in self.jobs and (owned := await self._adopt(job, started_ns)) is not None
         ]
         for owned in adopted:
             if owned.job.id in self.jobs:
@@ -116,13 +119,14 @@ class Claiming(Release):
         for workspace_id in dict.fromkeys(o.job.workspace_id for o in adopted):
             await self.resume_held(workspace_id)
 
-    async def _adopt(self, job: RunningJob) -> OwnedJob | None:
+    async def _adopt(self, job: RunningJob, started_ns: int) -> OwnedJob | None:
         if not self._model_known(job.model):
             await self._fail(job, f"model alias {job.model!r} is not in the routes file")
             return None
         if await self._offloaded(job):
             return None
         JOB_TRANSITIONS.labels(JobStatus.RUNNING).inc()
+        claim_span(job, started_ns)
         log.info(
             "job_claimed",
             extra={"batch_id": job.id, "total": job.total, "from_row": job.dispatched_upto},

@@ -27,6 +27,7 @@ from relay_batches.services.dispatcher.state import (
     byte_window_end,
     slice_rows,
 )
+from relay_batches.services.dispatcher.traced import release_span
 
 log = logging.getLogger("relay.dispatcher")
 
@@ -273,7 +274,8 @@ class Release(DispatcherState):
         owned.sent.record(first, last + 1, sent_at, level)
         await asyncio.gather(
             *(
-                self._publish_slice(
+                self._release_slice(
+                    owned,
                     SliceMessage(
                         job.id,
                         job.model,
@@ -294,6 +296,14 @@ class Release(DispatcherState):
         )
         if level > owned.announced_level:
             await self._announce_overtaken(owned, level)
+
+    async def _release_slice(self, owned: OwnedJob, job_slice: SliceMessage, level: int) -> None:
+        """Publish one slice; a traced job's in a release span, whose context it carries."""
+        with release_span(owned.job, job_slice) as trace:
+            if trace is None:
+                await self._publish_slice(job_slice, level)
+            else:
+                await self._publish_slice(job_slice, level, trace)
 
     async def _announce_overtaken(self, owned: OwnedJob, level: int) -> None:
         """Tell the row-workers that ``owned``'s rows are queued at ``level``: each hands

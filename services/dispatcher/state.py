@@ -25,8 +25,19 @@ from relay_batches.services.dispatcher.sharing import (
 
 log = logging.getLogger("relay.dispatcher")
 
-# A slice and its broker priority level (0..max_level, higher first).
-PublishSlice = Callable[[SliceMessage, int], Awaitable[None]]
+
+class PublishSlice(Protocol):
+    """Publish a slice at its broker priority level (0..max_level, higher first),
+    confirmed; ``trace``: the W3C context it
+    carries (a traced job's release span), passed only when there is one."""
+
+    def __call__(
+        self, job_slice: SliceMessage, level: int, trace: str | None = None
+    ) -> Awaitable[None]:
+        """Publish ``job_slice`` at ``level``."""
+        ...
+
+
 AnnounceFailed = Callable[[JobEvent], Awaitable[None]]
 # ``(ready messages, consumers)`` of each results queue.
 QueueState = Callable[[], Awaitable[ResultsQueues]]

@@ -39,6 +39,7 @@ from relay_batches.services.ingest_api.edge.idempotency import (
 )
 from relay_batches.services.ingest_api.edge.middleware import WORKSPACE_ID
 from relay_batches.services.ingest_api.submit import announce_created
+from relay_batches.services.ingest_api.traced import describe_submit, submit_span
 
 Body = TypeVar("Body")  # what a surface reads from the request
 Plan = TypeVar("Plan")  # what it plans from the body
@@ -76,7 +77,17 @@ class Creation(Generic[Body, Plan, Stored]):
 
 
 async def create(request: web.Request, how: Creation[Body, Plan, Stored]) -> web.Response:
-    """Create what ``request`` asks for through the surface's ``how`` (module docstring)."""
+    """Create what ``request`` asks for through the surface's ``how`` (module docstring),
+    in the submit's span (:mod:`.traced`: the jobs it stores keep its trace context)."""
+    with submit_span(request, request[WORKSPACE_ID]) as span:
+        response, jobs = await _create(request, how)
+        describe_submit(span, jobs, response)
+        return response
+
+
+async def _create(
+    request: web.Request, how: Creation[Body, Plan, Stored]
+) -> tuple[web.Response, Sequence[Job]]:
     deps = request.app[DEPS]
     workspace_id = request[WORKSPACE_ID]
     async with deps.body_gate.admit(workspace_id) as ticket:  # a large body holds its slot
@@ -85,7 +96,7 @@ async def create(request: web.Request, how: Creation[Body, Plan, Stored]) -> web
             claim = claim_for(request, workspace_id, how.claimed(body))
             replayed = None if claim is None else await how.replay(request, deps, claim)
             if replayed is not None:
-                return replayed
+                return replayed, ()
             now = datetime.now(UTC)
             loop = asyncio.get_running_loop()
             planned = await loop.run_in_executor(
@@ -99,10 +110,11 @@ async def create(request: web.Request, how: Creation[Body, Plan, Stored]) -> web
                 raced = await how.raced(request, deps, claim)
                 if raced is None:
                     raise ApiError(409, "a concurrent request holds this key", HEADER) from None
-                return raced
-    for job in how.jobs(stored):
+                return raced, ()
+    jobs = how.jobs(stored)
+    for job in jobs:
         await announce_created(deps, job)
-    return how.answer(request, stored)
+    return how.answer(request, stored), jobs
 
 
 async def read_json(

@@ -21,7 +21,7 @@ def publisher_for(bus: Bus, jobs: JobStore) -> Announcer:
     """The API's bus side-effects, each publish awaiting its confirm."""
 
     async def wake(job: Job) -> None:
-        await wake_dispatcher(bus, job.id, job.priority)
+        await wake_dispatcher(bus, job.id, job.priority, trace=job.traceparent)
 
     async def job_canceled(job: Job) -> None:
         event = JobEvent(job.id, job.status, job.total, job.completed, job.failed)

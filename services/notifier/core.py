@@ -53,6 +53,7 @@ from relay_batches.messages import JobEvent
 from relay_batches.metrics import WEBHOOK_DELIVERIES
 from relay_batches.model import DeliveryStatus, Job
 from relay_batches.services.notifier.receivers import ReceiverBusy, ReceiverGate
+from relay_batches.services.notifier.traced import traced_post
 from relay_batches.webhooks import signed_headers
 
 log = logging.getLogger("relay.notifier")
@@ -107,6 +108,7 @@ class Target:
     message_id: str
     body: bytes
     secret: str
+    trace: str | None = None  # the job's trace context, if traced (see .traced)
 
 
 @dataclass(frozen=True)
@@ -307,7 +309,8 @@ async def resolve_target(job: Job | None, claim: Claim, store: Store) -> Target 
     if job is None or not job.webhook_url:
         return "batch or webhook URL is gone"
     secret = await store.signing_secret(job.workspace_id)
-    return Target(job.webhook_url, f"msg_{job.id}", orjson.dumps(job.webhook_body()), secret)
+    body = orjson.dumps(job.webhook_body())
+    return Target(job.webhook_url, f"msg_{job.id}", body, secret, job.traceparent)
 
 
 async def post_claimed(target: Target, claim: Claim, store: Store, post: Post) -> Posted | None:
@@ -318,7 +321,10 @@ async def post_claimed(target: Target, claim: Claim, store: Store, post: Post) -
         return None
     marked_at = time.monotonic()
     body = target.body
-    result = await post(target.url, body, signed_headers(target.secret, target.message_id, body))
+    headers = signed_headers(target.secret, target.message_id, body)
+    result = await traced_post(
+        post, target.url, body, headers, target.trace, attempt.number, claim.batch_id
+    )
     duration_ms = round((time.monotonic() - marked_at) * 1000)
     return Posted(result, attempt, marked_at, duration_ms)
 

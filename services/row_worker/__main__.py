@@ -32,7 +32,9 @@ from relay_batches.services.row_worker.service import (
     outcome_batch_rows,
     row_worker_service,
 )
+from relay_batches.services.row_worker.traced import row_spans
 from relay_batches.settings import ConfigError, Settings
+from relay_batches.tracing import current_traceparent
 from relay_batches.usage import answer_help
 from relay_batches.wiring import open_bus
 
@@ -87,9 +89,14 @@ async def build(
         references=aliases.realtime_references(),
         flush=outcomes.flush_job,
         hand_over=lambda rest: bus.publish(
-            bus.names.rows, rest.encode(), kind="rows", priority=hand_over_priority(rest.level)
+            bus.names.rows,
+            rest.encode(),
+            kind="rows",
+            priority=hand_over_priority(rest.level),
+            trace=current_traceparent(),  # the slice's own, handed on with its rows
         ),
         controls=JobControls(publish_results, bus.names.shards),
+        spans=row_spans(aliases),
     )
     # Read-only, for redelivered and re-sent slices only; opened lazily (min size 0): a
     # row-worker starts, and runs first sends, with the ledger away.

@@ -30,6 +30,7 @@ from relay_batches.router.types import RowResult
 from relay_batches.services.row_worker.controls import Halt, JobControls
 from relay_batches.services.row_worker.holdings import Holdings
 from relay_batches.services.row_worker.start_gate import StartGate, Turn
+from relay_batches.services.row_worker.traced import RowSpans
 
 log = logging.getLogger("relay.row_worker")
 ROWS_WITH_CONTENT = ROWS_PROCESSED.labels("content")
@@ -105,8 +106,10 @@ class RowRunner:
         hand_over: HandOver | None = None,
         controls: JobControls | None = None,
         references: Mapping[str, Price] | None = None,
+        spans: RowSpans | None = None,
     ) -> None:
         self._router = router
+        self._spans = spans  # each row's span in a traced job's trace (None: tracing off)
         self.controls = controls  # pauses and budget stops (see .controls)
         self._clock = clock
         self._prices: Mapping[str, Price] = prices or {}
@@ -331,7 +334,7 @@ class RowRunner:
         ROWS_IN_FLIGHT.inc()
         started = self._monotonic()
         try:
-            result = await self._call(job_slice, index, request)
+            result = await self._traced(job_slice, index, request)
         finally:
             ROWS_IN_FLIGHT.dec()
             self._slots.release()
@@ -344,6 +347,16 @@ class RowRunner:
         if progress.finish_one():
             self._flush_soon(job_slice.batch_id)
         await self._sink(outcome)
+
+    def _traced(
+        self, job_slice: DecodedSlice, index: int, request: RowRequest
+    ) -> Awaitable[RowResult]:
+        """The row's call, in a span of its job's trace when tracing is on."""
+        call = self._call(job_slice, index, request)
+        if self._spans is None:
+            return call
+        alias = request.model or job_slice.model
+        return self._spans.traced(call, job_slice.batch_id, index, alias, request.endpoint or CHAT)
 
     async def _call(self, job_slice: DecodedSlice, index: int, request: RowRequest) -> RowResult:
         alias = request.model or job_slice.model

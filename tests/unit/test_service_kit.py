@@ -9,6 +9,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,7 @@ class FakeDelivery:
     body: bytes
     routing_key: str = "q"
     consumer_tag: str | None = None  # the consumer it came through (set by FakeBus.deliver)
+    headers: dict[str, Any] = field(default_factory=dict)
     settled: list[tuple[str, bool]] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 

@@ -39,6 +39,7 @@ from relay_batches.bus.topology import (
 )
 from relay_batches.metrics import MESSAGE_BYTES_PUBLISHED, MESSAGES_PUBLISHED
 from relay_batches.reach import BROKER, reaching
+from relay_batches.tracing import with_trace
 
 log = logging.getLogger("relay.bus")
 
@@ -142,13 +143,18 @@ class Bus:
         priority: int = 0,
         headers: Mapping[str, str] | None = None,
         persistent: bool = True,
+        trace: str | None = None,
     ) -> None:
         """Publish a message (persistent unless told otherwise: a grant is worth nothing
-        after a broker restart) to a durable queue and wait for the confirm."""
+        after a broker restart) to a durable queue and wait for the confirm. ``trace``:
+        the W3C ``traceparent`` of the job the message is about (a traced job's), carried
+        in its headers (the consumer's kit makes it current for the handler)."""
         channel = self._require_channel()
         mode = (
             aio_pika.DeliveryMode.PERSISTENT if persistent else aio_pika.DeliveryMode.NOT_PERSISTENT
         )
+        if trace is not None:
+            headers = with_trace(headers, trace)
         message = aio_pika.Message(
             body,
             headers=dict(headers) if headers else None,
@@ -162,15 +168,22 @@ class Bus:
         MESSAGES_PUBLISHED.labels(kind).inc()
         MESSAGE_BYTES_PUBLISHED.labels(kind).inc(len(body))
 
-    async def publish_event(self, routing_key: str, body: bytes) -> None:
-        """Publish a job event on the topic exchange and wait for the confirm.
+    async def publish_event(
+        self, routing_key: str, body: bytes, *, trace: str | None = None
+    ) -> None:
+        """Publish a job event on the topic exchange and wait for the confirm (``trace``:
+        as for :meth:`publish`).
 
         Events are not mandatory: nobody may be listening for progress right now.
         """
         self._require_channel()
         assert self._events is not None
+        headers = with_trace(None, trace)
         message = aio_pika.Message(
-            body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, content_type="application/json"
+            body,
+            headers=dict(headers) if headers else None,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            content_type="application/json",
         )
         await self._events.publish(
             message, routing_key=routing_key, mandatory=False, timeout=PUBLISH_TIMEOUT_S

@@ -43,6 +43,7 @@ from relay_batches.bus.client import SETTLE_ERRORS
 from relay_batches.errors import HandBack
 from relay_batches.messages import MessageError
 from relay_batches.metrics import MESSAGES_CONSUMED
+from relay_batches.tracing import attach_delivered, detach
 
 log = logging.getLogger("relay.consumer")
 
@@ -81,6 +82,9 @@ async def settle_one(
         await reject(message, requeue=False)
         return
     started = time.perf_counter()
+    # The job's trace context its headers carry (W3C traceparent), current for the
+    # handler: what it does of that job (a row-worker's rows) lands in the job's trace.
+    traced = attach_delivered(message.headers)
     try:
         await handle(value)
     except asyncio.CancelledError:
@@ -94,6 +98,8 @@ async def settle_one(
         await asyncio.sleep(retry_pause_s)
         await reject(message, requeue=True)
         return
+    finally:
+        detach(traced)
     await ack(message)
     log.debug("message_done", extra={"kind": kind, "elapsed_ms": elapsed_ms(started)})
 

@@ -19,7 +19,7 @@ from relay_batches.model import JobStatus, allowed_from
 _JOB_COLUMNS = (
     "id, model, priority, total, completed, failed, status, dispatched_upto, rows_batch_id, params,"
     " workspace_id, expires_at, budget_exceeded_at, offload_deployment, budget_usd, cost_usd,"
-    " pauses, created_at, started_at"
+    " pauses, created_at, started_at, traceparent"
 )
 # Whether rows a row-worker handed back (a pause) wait to be released again.
 _RETURNED = (
@@ -51,6 +51,7 @@ class RunningJob:
     pauses: int = 0  # how many times it was paused: its slices carry it
     created_at: datetime | None = None
     started_at: datetime | None = None  # its first claim's time (a claim sets it once)
+    traceparent: str | None = None  # its trace context, if traced (relay_batches.tracing)
     returned: bool = False  # rows handed back unstarted wait to be released again
 
     @property

@@ -31,6 +31,7 @@ from relay_batches.ledger.result_pages import (
 )
 from relay_batches.ledger.row_model import ROW_COLUMNS, with_models
 from relay_batches.model import PAUSABLE, Job, JobStatus, allowed_from
+from relay_batches.tracing import current_traceparent
 
 __all__ = [
     "DETAIL_BYTES",
@@ -382,9 +383,10 @@ async def _insert_batch(conn: Connection, new: NewJob) -> Job:
     record = await conn.fetchrow(
         "INSERT INTO batches (id, workspace_id, name, model, priority, status, total,"
         " webhook_url, cron, next_run_at, rows_batch_id, params, metadata, expires_at,"
-        " completion_window, budget_usd, retry_of, surface, endpoint)"
+        " completion_window, budget_usd, retry_of, surface, endpoint, traceparent)"
         " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE($12, $1), $11, $13,"
-        f" {EXPIRES_AT.format(deadline='$14', window='$15', cron='$9')}, $15, $16, $17, $18, $19)"
+        f" {EXPIRES_AT.format(deadline='$14', window='$15', cron='$9')}, $15, $16, $17, $18, $19,"
+        " $20)"
         " RETURNING *",
         new.id,
         new.workspace_id,
@@ -405,5 +407,8 @@ async def _insert_batch(conn: Connection, new: NewJob) -> Job:
         new.retry_of,
         new.surface,
         new.endpoint,
+        # A traced job's trace context: that of the submit it is stored under (None when
+        # tracing is off or the submit was not sampled; see relay_batches.tracing).
+        current_traceparent(),
     )
     return Job.from_record(record)

@@ -141,7 +141,7 @@ UPDATE batches b SET
     lease_owner = CASE WHEN c.ends THEN NULL ELSE b.lease_owner END
 FROM moved c WHERE b.id = c.batch_id
 RETURNING b.id, b.status, b.total, b.completed, b.failed, c.ok, c.bad, c.owner,
-          b.budget_exceeded_at IS NOT NULL, b.pauses,
+          b.budget_exceeded_at IS NOT NULL, b.pauses, b.traceparent,
           extract(epoch FROM COALESCE(b.completed_at, now()) - b.created_at)
 """.format(held_error=_BUDGET_JOB_ERROR.format(what="started"))
 
@@ -195,7 +195,7 @@ UPDATE batches b SET
     lease_owner = CASE WHEN m.ends THEN NULL ELSE b.lease_owner END
 FROM moved m WHERE b.id = $1
 RETURNING b.id, b.status, b.total, b.completed, b.failed, 0, m.bad, m.owner, false, b.pauses,
-          extract(epoch FROM COALESCE(b.completed_at, now()) - b.created_at)
+          b.traceparent, extract(epoch FROM COALESCE(b.completed_at, now()) - b.created_at)
 """.format(withheld_error=_BUDGET_JOB_ERROR.format(what="released"))
 SETTLE_STEP_ROWS = 10_000
 
@@ -214,6 +214,7 @@ class JobProgress:
     owner: str | None = None  # the dispatcher whose lease the job was under, if any
     budget_stopped: bool = False  # its budget stopped it (this chunk's cost, or before)
     pauses: int = 0  # how many times it was paused
+    traceparent: str | None = None  # its trace context, if traced (relay_batches.tracing)
     age_s: float = 0.0  # from its creation to its end (or to now while it runs)
 
     @property
@@ -352,9 +353,9 @@ class OutcomeStore:
 
 def _progress(record: asyncpg.Record) -> JobProgress:
     """A :class:`JobProgress` from ``(id, status, total, completed, failed[, ok, bad,
-    owner, budget_stopped, pauses, age in seconds])``."""
-    job = JobProgress(record[0], JobStatus(record[1]), *record[2:10])
-    return job if len(record) < 11 else replace(job, age_s=float(record[10]))
+    owner, budget_stopped, pauses, traceparent, age in seconds])``."""
+    job = JobProgress(record[0], JobStatus(record[1]), *record[2:11])
+    return job if len(record) < 12 else replace(job, age_s=float(record[11]))
 
 
 def _refuse_out_of_range(outcomes: Sequence[RowOutcome], totals: dict[str, int]) -> None:
