@@ -22,7 +22,7 @@ def storable_text(text: str) -> str:
 
 
 def _tokens(count: int) -> int:
-    return max(0, min(INT32_MAX, count))
+    return count if 0 <= count <= INT32_MAX else max(0, min(INT32_MAX, count))
 
 
 def to_outcome(
@@ -42,39 +42,46 @@ def to_outcome(
     ``all_realtime_usd``, what the same tokens would have cost realtime.
     """
     completion = result.completion
-    error = None if completion is not None else (result.error or "upstream_error: unknown")
-    prompt_tokens = 0 if completion is None else _tokens(completion.prompt_tokens)
-    completion_tokens = 0 if completion is None else _tokens(completion.completion_tokens)
-    cached = 0 if completion is None else min(_tokens(completion.cached_tokens), prompt_tokens)
-    cost = (
-        None
-        if price is None or completion is None
-        else price.cost_usd(prompt_tokens, completion_tokens, cached)
-    )
-    all_realtime = (
-        None
-        if reference is None or completion is None
-        else reference.cost_usd(prompt_tokens, completion_tokens, cached)
-    )
+    latency = None if latency_ms is None else min(max(0, latency_ms), INT32_MAX)
+    if completion is None:  # no deployment answered: no tokens, no cost
+        return RowOutcome(
+            batch_id=batch_id,
+            row_index=index,
+            content=None,
+            error=storable_text(result.error or "upstream_error: unknown"),
+            attempts=result.attempts,
+            dead_letter=result.dead_letter,
+            deployment=result.deployment,
+            latency_ms=latency,
+        )
+    prompt_tokens = _tokens(completion.prompt_tokens)
+    completion_tokens = _tokens(completion.completion_tokens)
+    cached = min(_tokens(completion.cached_tokens), prompt_tokens)
     return RowOutcome(
         batch_id=batch_id,
         row_index=index,
-        content=None if completion is None else storable_text(completion.content),
-        error=None if error is None else storable_text(error),
+        content=storable_text(completion.content),
+        error=None,
         attempts=result.attempts,
-        dead_letter=completion is None and result.dead_letter,
+        dead_letter=False,
         deployment=result.deployment,
-        lane=None if completion is None else result.lane,
+        lane=result.lane,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        tool_calls=None if completion is None else _tool_calls_json(completion.tool_calls),
-        finish_reason=None if completion is None else completion.finish_reason,
-        model=None if completion is None else completion.model,
-        latency_ms=None if latency_ms is None else min(max(0, latency_ms), INT32_MAX),
-        cost_usd=cost,
-        body=None if completion is None else completion.body,
+        tool_calls=_tool_calls_json(completion.tool_calls),
+        finish_reason=completion.finish_reason,
+        model=completion.model,
+        latency_ms=latency,
+        cost_usd=(
+            None if price is None else price.cost_usd(prompt_tokens, completion_tokens, cached)
+        ),
+        body=completion.body,
         cached_tokens=cached,
-        all_realtime_usd=all_realtime,
+        all_realtime_usd=(
+            None
+            if reference is None
+            else reference.cost_usd(prompt_tokens, completion_tokens, cached)
+        ),
     )
 
 

@@ -59,6 +59,44 @@ Flush = Callable[[str], None]  # send a job's outcomes gathered so far without w
 HandOver = Callable[[SliceMessage], Awaitable[None]]  # publish rows not started, confirmed
 
 
+# Rows calling a model in this process, read when /metrics is scraped (a gauge moved per
+# row would take a lock twice a row on the hot path).
+_in_flight = 0
+
+
+def _rows_in_flight() -> float:
+    return _in_flight
+
+
+ROWS_IN_FLIGHT.set_function(_rows_in_flight)
+
+
+class _RowStart:
+    """Whether a row's task ran its first step: one cancelled before (a cancel arriving
+    right after its slice created it) never runs its body, so its slot is given back by
+    its done callback instead of its ``finally``."""
+
+    __slots__ = ("began",)
+
+    def __init__(self) -> None:
+        self.began = False
+
+
+class _SlotOutcome:
+    """What became of a row's wait for a slot (see ``RowRunner._slot_after_wait``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+_START = _SlotOutcome("start")  # a slot is held: the row starts
+_SKIP = _SlotOutcome("skip")  # its job was canceled: the next row is looked at
+_STOP = _SlotOutcome("stop")  # no more rows of the slice start here
+_Slot = _SlotOutcome | Halt
+
+
 class _SliceProgress:
     """Rows of one slice started and still without an outcome; :meth:`finish_one` says
     whether the outcome being made is the slice's last (every row started, none left)."""
@@ -127,10 +165,6 @@ class RowRunner:
         self._holdings = holdings if holdings is not None else Holdings("row-worker", 1.0)
         self.canceled = CanceledJobs()
         self._running: dict[str, set[asyncio.Task[None]]] = {}
-        # Row tasks created whose first step has not run yet: one cancelled then (a cancel
-        # arriving right after the slice started it) never runs its body, so its slot is
-        # given back by its done callback instead of its ``finally``.
-        self._unstarted: set[asyncio.Task[None]] = set()
         self._stopping = False
 
     def stop_starting(self) -> None:
@@ -176,6 +210,7 @@ class RowRunner:
         hand_over = self._hand_over  # tried at most once per slice
         halted: tuple[int, Halt] | None = None  # from where, and why, the rest is set aside
         turn = self._slots.join(job_slice.level)
+        loop = asyncio.get_running_loop()
         try:
             for position, (index, request) in enumerate(job_slice.rows):
                 if self._dropped(job_slice):  # without waiting for a slot
@@ -183,17 +218,13 @@ class RowRunner:
                 if (halt := self._halt(job_slice)) is not None:
                     halted = (position, halt)
                     break
-                if not await self._slot_or_handed_back(turn, job_slice, position):
-                    break  # overtaken: its rows not started went back to the broker
-                if self._dropped(job_slice):  # canceled while it waited
-                    self._slots.release()
+                slot = self._slot_at_once(turn, job_slice, live)
+                if slot is None:
+                    slot = await self._slot_after_wait(turn, job_slice, position, live)
+                if slot is _SKIP:
                     continue
-                # Its delivery lost (its rows are the broker's again: another worker runs
-                # them), or its job paused or budget-stopped while it waited.
-                lost, halt = self._may_not_start(job_slice, live)
-                if lost or halt is not None:
-                    self._slots.release()
-                    halted = None if halt is None else (position, halt)
+                if slot is not _START:
+                    halted = (position, slot) if isinstance(slot, Halt) else None
                     break
                 if self._stopping and not started:
                     self._slots.release()
@@ -204,7 +235,7 @@ class RowRunner:
                     if handed:
                         self._slots.release()
                         break
-                started.append(self._start_row(job_slice, index, request, progress))
+                started.append(self._start_row(loop, job_slice, index, request, progress))
         finally:
             self._slots.leave(turn)
         progress.starting = False
@@ -231,17 +262,23 @@ class RowRunner:
         return sum(1 for r in results if r is None)
 
     def _start_row(
-        self, job_slice: DecodedSlice, index: int, request: RowRequest, progress: _SliceProgress
+        self,
+        loop: asyncio.AbstractEventLoop,
+        job_slice: DecodedSlice,
+        index: int,
+        request: RowRequest,
+        progress: _SliceProgress,
     ) -> asyncio.Task[None]:
-        """Start row ``index`` of ``job_slice`` on the slot just taken."""
-        row = asyncio.create_task(
-            self._run_row(job_slice, index, request, progress),
+        """Start row ``index`` of ``job_slice`` on the slot just taken (``loop`` is the
+        running loop, looked up once a slice)."""
+        start = _RowStart()
+        row = loop.create_task(
+            self._run_row(job_slice, index, request, progress, start),
             name=f"row-{job_slice.batch_id}-{index}",
         )
         progress.open += 1
         self._running.setdefault(job_slice.batch_id, set()).add(row)
-        self._unstarted.add(row)
-        row.add_done_callback(functools.partial(self._forget, job_slice.batch_id))
+        row.add_done_callback(functools.partial(self._forget, job_slice.batch_id, start))
         return row
 
     def overtaken_below(self, level: int) -> int:
@@ -252,6 +289,38 @@ class RowRunner:
         if self._hand_over is None:
             return 0
         return self._slots.overtake(level)
+
+    def _slot_at_once(
+        self, turn: Turn, job_slice: DecodedSlice, live: Callable[[], bool]
+    ) -> _Slot | None:
+        """The row's slot without waiting, if ``turn`` may take one now (nothing checked
+        before can have changed then): _START, or _STOP if its delivery is lost (its rows
+        are the broker's again: another worker runs them); None if it must wait."""
+        if not self._slots.take(turn):
+            return None
+        if live():
+            return _START
+        self._slots.release()
+        self._delivery_lost(job_slice)
+        return _STOP
+
+    async def _slot_after_wait(
+        self, turn: Turn, job_slice: DecodedSlice, position: int, live: Callable[[], bool]
+    ) -> _Slot:
+        """Wait for the row's slot, then check again what may have changed meanwhile:
+        _START (the slot held); else, holding none, _SKIP (its job canceled), _STOP
+        (overtaken: the rows not started went back to the broker; or its delivery lost),
+        or the :class:`Halt` (its job paused or budget-stopped)."""
+        if not await self._slot_or_handed_back(turn, job_slice, position):
+            return _STOP
+        if self._dropped(job_slice):
+            self._slots.release()
+            return _SKIP
+        lost, halt = self._may_not_start(job_slice, live)
+        if lost or halt is not None:
+            self._slots.release()
+            return _STOP if halt is None else halt
+        return _START
 
     async def _slot_or_handed_back(
         self, turn: Turn, job_slice: DecodedSlice, position: int
@@ -273,10 +342,14 @@ class RowRunner:
         """``(lost, halt)``: whether the slice's delivery is lost (its channel closed: the
         broker gives its rows to another worker), else why its next row may not start."""
         if not live():
-            DELIVERIES_LOST.inc()
-            log.warning("delivery_lost", extra={"batch_id": job_slice.batch_id})
+            self._delivery_lost(job_slice)
             return True, None
         return False, self._halt(job_slice)
+
+    def _delivery_lost(self, job_slice: DecodedSlice) -> None:
+        """Count and log a slice whose delivery's channel closed before all its rows started."""
+        DELIVERIES_LOST.inc()
+        log.warning("delivery_lost", extra={"batch_id": job_slice.batch_id})
 
     def _halt(self, job_slice: DecodedSlice) -> Halt | None:
         """Why the slice's next row may not start (its job paused or budget-stopped)."""
@@ -309,9 +382,8 @@ class RowRunner:
         started (the ledger records no outcome past the deadline; the job ends expired)."""
         return 0.0 < job_slice.expires_at <= self._clock()
 
-    def _forget(self, batch_id: str, task: asyncio.Task[None]) -> None:
-        if task in self._unstarted:  # cancelled before its first step: its slot goes back
-            self._unstarted.discard(task)
+    def _forget(self, batch_id: str, start: _RowStart, task: asyncio.Task[None]) -> None:
+        if not start.began:  # cancelled before its first step: its slot goes back
             self._slots.release()
         tasks = self._running.get(batch_id)
         if tasks is not None:
@@ -327,16 +399,22 @@ class RowRunner:
             asyncio.get_running_loop().call_soon(self._flush, batch_id)
 
     async def _run_row(
-        self, job_slice: DecodedSlice, index: int, request: RowRequest, progress: _SliceProgress
+        self,
+        job_slice: DecodedSlice,
+        index: int,
+        request: RowRequest,
+        progress: _SliceProgress,
+        start: _RowStart,
     ) -> None:
+        global _in_flight
         # From here on the ``finally`` below gives the slot back (no await before it).
-        self._unstarted.discard(asyncio.current_task())
-        ROWS_IN_FLIGHT.inc()
+        start.began = True
+        _in_flight += 1
         started = self._monotonic()
         try:
             result = await self._traced(job_slice, index, request)
         finally:
-            ROWS_IN_FLIGHT.dec()
+            _in_flight -= 1
             self._slots.release()
         latency_ms = round((self._monotonic() - started) * 1000)
         deployment = result.deployment

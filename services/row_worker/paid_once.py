@@ -73,25 +73,27 @@ class AnsweredRows:
     def __init__(self, capacity: int = ANSWERED_MEMORY) -> None:
         self._capacity = capacity
         self._confirmed: OrderedDict[Key, None] = OrderedDict()
-        self._pending: dict[Key, asyncio.Future[bool]] = {}
+        # Outcomes being published, each with the futures of those waiting to learn
+        # whether it lands (made only when one asks: a redelivered slice, seldom).
+        self._pending: dict[Key, _Publishing] = {}
 
     def sink(self, inner: OutcomeSink) -> OutcomeSink:
         """``inner`` (the outcome publisher's ``add``), remembering each outcome."""
 
         async def add(outcome: RowOutcome) -> None:
             key = (outcome.batch_id, outcome.row_index)
-            landed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            self._pending[key] = landed
+            publishing = _Publishing()
+            self._pending[key] = publishing
             confirmed = False
             try:
                 await inner(outcome)
                 confirmed = True
             finally:
-                if self._pending.get(key) is landed:
+                if self._pending.get(key) is publishing:
                     del self._pending[key]
                 if confirmed:
                     self._remember(key)
-                landed.set_result(confirmed)
+                publishing.settle(confirmed)
 
         return add
 
@@ -109,12 +111,35 @@ class AnsweredRows:
             key = (batch_id, index)
             if key in self._confirmed:
                 found.add(index)
-            elif (landed := self._pending.get(key)) is not None:
-                waits[index] = landed
+            elif (publishing := self._pending.get(key)) is not None:
+                waits[index] = publishing.landed()
         if waits:
             landed_all = await asyncio.gather(*(asyncio.shield(f) for f in waits.values()))
             found.update(index for index, ok in zip(waits, landed_all, strict=True) if ok)
         return found
+
+
+class _Publishing:
+    """One outcome being published, and the futures told whether it landed."""
+
+    __slots__ = ("waiters",)
+
+    def __init__(self) -> None:
+        self.waiters: list[asyncio.Future[bool]] | None = None
+
+    def landed(self) -> asyncio.Future[bool]:
+        """A future set to whether the outcome landed, once its publish ends."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if self.waiters is None:
+            self.waiters = []
+        self.waiters.append(future)
+        return future
+
+    def settle(self, confirmed: bool) -> None:
+        """The publish ended: tell the waiters whether it landed."""
+        for future in self.waiters or ():
+            if not future.done():
+                future.set_result(confirmed)
 
 
 class PaidOnce:

@@ -62,6 +62,19 @@ class StartGate:
         for _ in range(granted):
             self.release()
 
+    def take(self, turn: Turn) -> bool:
+        """Take a slot without waiting if one is ``turn``'s now: granted to it, or free
+        with no better slice in the gate (the common case, that needs no coroutine);
+        False, holding nothing, otherwise (then :meth:`acquire` waits for one)."""
+        if turn.granted:
+            turn.granted -= 1
+            turn.overtaken = False
+            return True
+        if self._free and self._best() is turn:
+            self._free -= 1
+            return True
+        return False
+
     async def acquire(self, turn: Turn) -> bool:
         """Wait until ``turn`` holds a slot (True): one granted to it, or a free one when
         no better slice is in the gate (a free slot goes to a better one first: it is

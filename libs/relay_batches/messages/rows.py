@@ -196,7 +196,7 @@ class DecodedSlice:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RowOutcome:
     """The outcome of one row: content or error, with attempts and usage.
 

@@ -100,7 +100,7 @@ def _estimate(
     return int(provider.estimate(params, cap))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Attempt:
     """One upstream call's result: a reply, or a failure and whether to retry it."""
 

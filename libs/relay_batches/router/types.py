@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Completion:
     """A successful reply of a model, in the chat-completions vocabulary whatever the
     provider: ``content`` is the text (``""`` when the model only called tools),
@@ -33,7 +33,7 @@ class UnsupportedRequest(ValueError):
     message names the field, e.g. ``anthropic deployments cannot take seed``."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ProviderReply:
     """A provider's parse of a 200 reply: a completion, or why it is unusable."""
 
@@ -41,7 +41,7 @@ class ProviderReply:
     error: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RowResult:
     """What the router made of one row after retries and fallback."""
 
