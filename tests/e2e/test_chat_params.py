@@ -25,6 +25,7 @@ from tests.helpers.support import ApiClient
 # Every alias of the test routes (tests/helpers/processes.py), sorted as the lists are.
 ALIASES = [
     "gpt-4o-mini",
+    "sim-cached",
     "sim-claude",
     "sim-claude-half",
     "sim-endpoints-half",

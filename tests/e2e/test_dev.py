@@ -339,4 +339,6 @@ async def test_relay_dev_rpm_makes_the_simulator_enforce_it_and_the_routes_carry
             "batches_created": 0,
             "batch_rows": 0,
             "batch_rows_repeated": 0,
+            "flex_calls": 0,
+            "flex_refused": 0,
         }

@@ -61,6 +61,14 @@ async def test_api_example_completes_with_exact_results_and_webhook(
             "dead_letter": 0,
             "completed_at": batch["completed_at"],
             "cost_usd": 0,
+            # Unpriced deployments (the simulator's): nothing saved, every row realtime.
+            "cached_tokens": 0,
+            "saving": {"all_realtime_usd": 0, "saved_usd": 0, "saved_fraction": None},
+            "lanes": {
+                "batch": {"rows": 0, "cost_usd": 0},
+                "flex": {"rows": 0, "cost_usd": 0},
+                "realtime": {"rows": 2, "cost_usd": 0},
+            },
         }
     ]
 

@@ -45,7 +45,9 @@ async def test_a_bus_whose_node_goes_moves_to_the_other_and_keeps_consuming(
     received: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def take(message: AbstractIncomingMessage) -> None:
-        await received.put(message.body)
+        # The session's notify queue also carries other tests' job events: only ours count.
+        if not message.body.startswith(b"{"):
+            await received.put(message.body)
         await message.ack()
 
     bus = Bus(",".join(_url(p) for p in nodes), Names(iso.namespace), "bus-cluster-tests")

@@ -165,9 +165,12 @@ def test_cached_tokens_are_read_from_either_providers_usage(usage: object, cache
 
 
 def test_the_realtime_reference_is_the_aliases_first_priced_realtime_deployment() -> None:
+    # Batch and flex rows are priced at the alias's first priced realtime deployment; a
+    # realtime row at its own price (it saved nothing), an unpriced one at none (a job
+    # it answered on the simulator does not claim a saving).
     references = TABLE.realtime_references()
     rt = TABLE.prices()["rt"]
-    assert references == {"batch": rt, "flex": rt, "rt": rt, "unpriced": rt}
+    assert references == {"batch": rt, "flex": rt, "rt": rt}
 
 
 def test_an_outcome_carries_its_cached_tokens_and_all_realtime_cost_over_the_wire() -> None:

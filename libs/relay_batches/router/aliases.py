@@ -202,19 +202,21 @@ class AliasTable:
         }
 
     def realtime_references(self) -> dict[str, Price]:
-        """Each deployment's *realtime reference* price by deployment name: the price of
-        the first priced realtime deployment (not batch, not flex) of the first alias
-        that lists it (what the saving against all-realtime prices its rows' tokens at)."""
+        """Each deployment's *realtime reference* price by deployment name (what the
+        saving against all-realtime prices its rows' tokens at): a realtime deployment's
+        own price (its rows saved nothing; an unpriced one has none), and for a batch or
+        flex deployment the price of the first priced realtime deployment of the first
+        alias that lists it."""
         references: dict[str, Price] = {}
         for deployments in self.aliases.values():
             reference = next(
                 (d.price for d in deployments if d.lane == "realtime" and d.price is not None),
                 None,
             )
-            if reference is None:
-                continue
             for d in deployments:
-                references.setdefault(d.name, reference)
+                own = d.price if d.lane == "realtime" else reference
+                if own is not None:
+                    references.setdefault(d.name, own)
         return references
 
     def prices(self) -> dict[str, Price]:

@@ -141,7 +141,7 @@ function lanesDetail(lanes) {
   if (used.length === 0) return [];
   return detail(
     "Cost per lane",
-    h("ul", { class: "metadata" },
+    h("ul", { class: "lanes" },
       used.map(([lane, spent]) => h("li", { "data-lane": lane },
         `${lane}: ${spent.rows} rows, ${money(spent.cost_usd)}`))),
   );
