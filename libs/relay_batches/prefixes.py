@@ -2,11 +2,14 @@
 
 Providers cache a prompt's leading tokens (a system prompt, a shared document): a row
 sent soon after another with the same prefix reads it from the cache, at the cached rate.
-Rows interleaved with rows of other prefixes lose that. :func:`grouped` orders a bounded
-run of rows (one release of a dispatcher, one page of a provider batch's input) by their
-stored request text, so rows sharing a leading run of it are adjacent: a stable sort on
-the first :data:`PREFIX_CHARS` characters, no decoding, no query. Grouping is per run,
-never across the whole job, so memory stays what the run already holds.
+Rows interleaved with rows of other prefixes lose that. :func:`grouped` gathers a
+bounded run of rows (one release of a dispatcher, one page of a provider batch's input)
+by the opening of their stored request text, its first :data:`PREFIX_CHARS` characters
+(a system prompt's, a document's): rows of one opening become adjacent, each group where
+its first row was, and rows keep their order within it. No decoding, no query. Rows that
+share no opening keep the job's order, so the rows a user put first still start first
+(a sort would reorder them alphabetically, for no cache gain). Grouping is per run, never
+across the whole job, so memory stays what the run already holds.
 ``RELAY_PREFIX_GROUPING=off`` keeps the stored order (to measure what grouping gains).
 """
 
@@ -17,12 +20,15 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-PREFIX_CHARS = 4096  # of a row's request text compared: bounds a sort's cost per row
+PREFIX_CHARS = 64  # of a row's request text that make its group (its opening)
 GROUPING = ("on", "off")
 
 
 def grouped(rows: Sequence[T], text_of: Callable[[T], str]) -> list[T]:
-    """``rows`` ordered so those whose request text starts alike are adjacent (a stable
-    sort on the text's first :data:`PREFIX_CHARS` characters: rows of one prefix keep
-    their order)."""
-    return sorted(rows, key=lambda row: text_of(row)[:PREFIX_CHARS])
+    """``rows`` with those whose request text opens alike (its first
+    :data:`PREFIX_CHARS` characters) adjacent: groups in the order of their first row,
+    rows in their order within each."""
+    groups: dict[str, list[T]] = {}
+    for row in rows:
+        groups.setdefault(text_of(row)[:PREFIX_CHARS], []).append(row)
+    return [row for group in groups.values() for row in group]

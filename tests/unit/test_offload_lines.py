@@ -202,15 +202,16 @@ def test_a_held_batch_refused_for_good_ends_after_a_bound_or_its_window(
 class PagedLines:
     """The store's side of building an input: rows two at a time, the refused recorded."""
 
-    def __init__(self, lines: list[OffloadLine]) -> None:
+    def __init__(self, lines: list[OffloadLine], page: int = 2) -> None:
         self._lines = lines
+        self.page = page
         self.marked: list[tuple[list[tuple[str, int]], RowState]] = []
 
     async def lines(
         self, offload_id: int, after: tuple[str, int] | None, limit: int, max_bytes: int
     ) -> list[OffloadLine]:
         rest = [x for x in self._lines if after is None or (x.batch_id, x.row_index) > after]
-        return rest[:2]
+        return rest[: self.page]
 
     async def mark_rows(self, keys: list[tuple[str, int]], state: RowState) -> int:
         if keys:
@@ -255,14 +256,16 @@ async def test_a_page_of_an_input_is_grouped_by_request_prefix_when_asked(
         system = {"role": "system", "content": f"shared prompt {'BA'[i % 2]}"}
         return orjson.dumps([system, {"role": "user", "content": f"q{i}"}]).decode()
 
-    rows = [OffloadLine(JOB, i, asking(i), "{}") for i in range(6)]
+    rows = [OffloadLine(JOB, i, asking(i), "{}") for i in range(8)]
     orders = []
     for group in (False, True):
-        built = await build_input(PagedLines(rows), client, 9, str(tmp_path), group)  # type: ignore[arg-type]
+        paged = PagedLines(rows, page=4)
+        built = await build_input(paged, client, 9, str(tmp_path), group)  # type: ignore[arg-type]
         lines = (await asyncio.to_thread(Path(built.path).read_bytes)).splitlines()
         orders.append([int(orjson.loads(line)["custom_id"].rsplit("-", 1)[1]) for line in lines])
-    # grouped within each page (the store's pages hold two rows here), never across pages
-    assert orders == [[0, 1, 2, 3, 4, 5], [1, 0, 3, 2, 5, 4]]
+    # grouped within each page (of four rows here), each group where its first row was,
+    # never across pages
+    assert orders == [[0, 1, 2, 3, 4, 5, 6, 7], [0, 2, 1, 3, 4, 6, 5, 7]]
 
 
 async def chunked_server(body: bytes, pieces: int, pause_s: float = 0.05) -> TestServer:
