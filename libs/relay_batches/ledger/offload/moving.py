@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from relay_batches.ledger.offload.records import (
     ENDED,
+    FORWARD_SUBMITTED,
     BatchState,
     PoolStore,
     RowState,
-    forward_or_drop,
 )
 from relay_batches.ledger.pool import translated
 
@@ -59,14 +59,7 @@ class Moving(PoolStore):
             )
             if ours is None:
                 return 0
-            status = await conn.execute(
-                f"UPDATE offload_rows o SET state = {forward_or_drop('$3')}"
-                " FROM batches b WHERE o.provider_batch = $1 AND o.state = $2"
-                " AND b.id = o.batch_id",
-                offload_id,
-                RowState.SUBMITTED,
-                ENDED,
-            )
+            status = await conn.execute(FORWARD_SUBMITTED, offload_id, RowState.SUBMITTED, ENDED)
         return int(status.split()[-1])
 
     async def still_submitted(

@@ -130,6 +130,14 @@ def forward_or_drop(ended: str) -> str:
     )
 
 
+# A provider batch's ($1) rows still in state $2 go realtime (dropped if their job ended:
+# $3 the ended statuses): a stalled or moved batch, and one that ended without them.
+FORWARD_SUBMITTED = (
+    f"UPDATE offload_rows o SET state = {forward_or_drop('$3')}"
+    " FROM batches b WHERE o.provider_batch = $1 AND o.state = $2 AND b.id = o.batch_id"
+)
+
+
 def batch_of(record: asyncpg.Record) -> OffloadBatch:
     """An :class:`OffloadBatch` of a record read as ``BATCH_COLUMNS`` lists them."""
     values = list(record)

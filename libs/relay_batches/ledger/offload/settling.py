@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from relay_batches.ledger.offload.records import (
     ENDED,
+    FORWARD_SUBMITTED,
     BatchState,
     ForwardRow,
     PoolStore,
@@ -81,14 +82,7 @@ class Settling(PoolStore):
             )
             if ours is None:
                 return 0
-            status = await conn.execute(
-                f"UPDATE offload_rows o SET state = {forward_or_drop('$3')}"
-                " FROM batches b WHERE o.provider_batch = $1 AND o.state = $2"
-                " AND b.id = o.batch_id",
-                offload_id,
-                RowState.SUBMITTED,
-                ENDED,
-            )
+            status = await conn.execute(FORWARD_SUBMITTED, offload_id, RowState.SUBMITTED, ENDED)
         return int(status.split()[-1])
 
     # --- forwarding --------------------------------------------------------------------
